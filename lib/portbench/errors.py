@@ -1,0 +1,58 @@
+"""Error types. Every error names what was wrong and what was expected."""
+
+from __future__ import annotations
+
+
+class PortbenchError(Exception):
+    """Base class of every error portbench raises on purpose."""
+
+
+class ParameterError(PortbenchError, ValueError):
+    """A parameter has an unknown name or an invalid value."""
+
+    def __init__(self, param: str, value, expected: str):
+        self.param, self.value, self.expected = param, value, expected
+        super().__init__(f"parameter {param!r} = {value!r}: expected {expected}")
+
+
+class DataError(PortbenchError, ValueError):
+    """A data file is missing, malformed or fails its checksum.
+
+    ``row`` is the 1-based data row (the header is row 0; for JSONL, the line number).
+    """
+
+    def __init__(self, file, problem: str, *, row: int | None = None, column: str | None = None):
+        self.file, self.problem, self.row, self.column = str(file), problem, row, column
+        where = self.file
+        if row is not None:
+            where += f", row {row}"
+        if column is not None:
+            where += f", column {column!r}"
+        super().__init__(f"{where}: {problem}")
+
+
+class IntegrityError(PortbenchError):
+    """A frozen window or the manifest does not match its recorded hash."""
+
+
+class ConservationError(PortbenchError, AssertionError):
+    """A simulation lost or invented requests (arrived != completed + unfinished + rejected)."""
+
+
+def check_choice(param: str, value, allowed) -> None:
+    """Raise ParameterError unless ``value`` is one of ``allowed`` (listed in the message)."""
+    allowed = list(allowed)
+    if value not in allowed:
+        raise ParameterError(param, value, "one of " + ", ".join(map(str, allowed)))
+
+
+def check_choices(param: str, values, allowed) -> list:
+    """Like check_choice for a list; ``"all"`` expands to every allowed value."""
+    allowed = list(allowed)
+    if values == "all" or values is None:
+        return allowed
+    if isinstance(values, str):
+        values = [values]
+    for i, v in enumerate(values):
+        check_choice(f"{param}[{i}]", v, allowed)
+    return list(values)

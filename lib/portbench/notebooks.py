@@ -1,0 +1,123 @@
+"""Execute the numbered notebooks with papermill, once (``make all``) or over a grid (``make sweep``).
+
+Sweep file (YAML)::
+
+    base: ../smoke.yaml                 # parameter file of every point (relative to the sweep file)
+    notebooks: ["03", "04", "09"]       # which notebooks each point runs (prefixes)
+    grid:                               # dotted parameter -> values; points = cartesian product
+      simulation.profile: [a100_40gb_llama2_7b, h100_80gb_llama3_8b]
+      simulation.horizon_factor: [1.5, 3.0]
+
+Each point writes its executed notebooks, results and figures under ``<out>/<sweep>/<point>/``
+and records its overrides in ``point.json``; a finished point (``done`` marker) is skipped when
+the sweep is rerun, so an interrupted sweep resumes. Points share the base's canonical tables
+and window cache unless the grid changes ``sources``, ``windows`` or ``standins``, in which case
+the point gets its own data folder and manifest and must run notebooks 01 and 02.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from pathlib import Path
+
+import yaml
+
+from .errors import ParameterError
+from .params import DEFAULT_FILE, load, project_root, undot
+
+DATA_SECTIONS = ("sources", "windows", "standins")
+
+
+def notebook_paths(only=None) -> list[Path]:
+    nbs = sorted((project_root() / "notebooks").glob("0*.ipynb"))
+    if only:
+        nbs = [p for p in nbs if any(p.name.startswith(o) for o in only)]
+        if not nbs:
+            raise ParameterError("--only", only, "prefixes of notebooks in notebooks/ (e.g. 03)")
+    return nbs
+
+
+def run_notebooks(params_file=None, out="build/notebooks", *, only=None, overrides=None,
+                  log_output: bool = False) -> list[Path]:
+    """Run the notebooks in order; each executed copy goes to ``out``. Stops at the first failure."""
+    import papermill as pm
+
+    root = project_root()
+    params_file = str(params_file or DEFAULT_FILE)
+    overrides = overrides or {}
+    load(params_file, overrides)  # fail fast on bad parameters, before any notebook starts
+    out = Path(out) if Path(out).is_absolute() else root / out
+    out.mkdir(parents=True, exist_ok=True)
+    done = []
+    for nb in notebook_paths(only):
+        t0 = time.perf_counter()
+        print(f"[portbench] {nb.name} ...", flush=True)
+        pm.execute_notebook(
+            str(nb), str(out / nb.name),
+            parameters={"params_file": params_file, "overrides": overrides},
+            cwd=str(root), kernel_name="python3", progress_bar=False, log_output=log_output,
+        )
+        print(f"[portbench] {nb.name} done in {time.perf_counter() - t0:.1f} s -> {out / nb.name}", flush=True)
+        done.append(out / nb.name)
+    return done
+
+
+def _slug(assign: dict) -> str:
+    parts = [f"{k.split('.')[-1]}={v}" for k, v in assign.items()]
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "-", "__".join(parts)) or "base"
+
+
+def sweep_points(spec: dict) -> list[dict]:
+    grid = spec.get("grid") or {}
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise ParameterError("grid", grid, "a mapping of dotted parameter names to non-empty lists")
+    keys = list(grid)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def run_sweep(sweep_file, out="build/sweeps") -> list[Path]:
+    """Run every point of a sweep; returns the point folders."""
+    root = project_root()
+    sweep_file = Path(sweep_file)
+    if not sweep_file.is_absolute():
+        sweep_file = root / sweep_file
+    if not sweep_file.is_file():
+        raise ParameterError("SWEEP", str(sweep_file), "an existing sweep YAML file")
+    spec = yaml.safe_load(sweep_file.read_text()) or {}
+    unknown = set(spec) - {"base", "notebooks", "grid", "description"}
+    if unknown:
+        raise ParameterError(f"sweep key {sorted(unknown)[0]}", spec[sorted(unknown)[0]],
+                             "one of base, notebooks, grid, description")
+    base = str((sweep_file.parent / spec.get("base", "../default.yaml")).resolve())
+    only = [str(n) for n in spec.get("notebooks") or ["03", "04", "05", "06", "07", "09"]]
+    out_dir = (Path(out) if Path(out).is_absolute() else root / out) / sweep_file.stem
+    folders = []
+    for assign in sweep_points(spec):
+        point = out_dir / _slug(assign)
+        overrides = dict(assign)
+        overrides.update({
+            "paths.results_dir": str(point / "results"),
+            "paths.figures_dir": str(point / "figures"),
+        })
+        if any(k.split(".")[0] in DATA_SECTIONS for k in assign):
+            if not {"01", "02"} <= {o[:2] for o in only}:
+                raise ParameterError("notebooks", only, "to include 01 and 02 when the grid changes "
+                                     + "/".join(DATA_SECTIONS))
+            overrides.update({"paths.data_dir": str(point / "data"),
+                              "paths.manifest": str(point / "data" / "windows" / "manifest.json")})
+        overrides = undot(overrides)
+        load(base, overrides)  # validate every point before running any
+        folders.append((point, overrides, assign))
+    for point, overrides, assign in folders:
+        if (point / "done").exists():
+            print(f"[portbench] sweep point {point.name}: done earlier, skipped", flush=True)
+            continue
+        point.mkdir(parents=True, exist_ok=True)
+        (point / "point.json").write_text(json.dumps({"base": base, "assign": assign,
+                                                      "overrides": overrides}, indent=2, default=str))
+        run_notebooks(base, point / "notebooks", only=only, overrides=overrides)
+        (point / "done").write_text("ok\n")
+    return [p for p, _, _ in folders]
