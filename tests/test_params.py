@@ -1,0 +1,66 @@
+"""Parameter files: schema, extends, overrides, clear errors, sweep expansion."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from portbench import params
+from portbench.errors import ParameterError
+from portbench.notebooks import sweep_points
+
+
+def test_default_and_smoke_load(root):
+    P = params.load()
+    assert P["windows"] == {"per_source": 40, "size": 200, "seed": P["windows"]["seed"], "tenants": 4}
+    S = params.load("papermill_params/smoke.yaml")
+    assert S["simulation"]["replicates"] == 1
+    assert S["windows"] == P["windows"], "smoke must use the committed manifest's windows"
+    assert S["paths"]["data_dir"].startswith(str(root)), "relative paths resolve against the project root"
+
+
+def test_unknown_key_names_the_parameter_and_the_known_ones():
+    with pytest.raises(ParameterError) as e:
+        params.load(overrides={"simulation.schedulerz": ["fcfs"]})
+    msg = str(e.value)
+    assert "simulation.schedulerz" in msg and "simulation.schedulers" in msg
+
+
+def test_unknown_source_mode_is_rejected():
+    with pytest.raises(ParameterError, match=r"sources\.azure\.mode.*real, standin, auto"):
+        params.load(overrides={"sources": {"azure": {"mode": "maybe"}}})
+
+
+def test_open_maps_accept_new_names():
+    P = params.load(overrides={"simulation.slo": {"strict": {"ttft_s": 0.2, "tpot_s": 0.03}}})
+    assert "strict" in P["simulation"]["slo"] and "tight" in P["simulation"]["slo"]
+
+
+def test_extends_chain_and_cycle(tmp_path):
+    a = tmp_path / "a.yaml"
+    b = tmp_path / "b.yaml"
+    a.write_text(yaml.safe_dump({"extends": "b.yaml", "windows": {"size": 50}}))
+    b.write_text(yaml.safe_dump({"extends": "a.yaml"}))
+    with pytest.raises(ParameterError, match="cycle"):
+        params.load(a)
+    b.write_text(yaml.safe_dump({"windows": {"per_source": 5, "size": 10}}))
+    P = params.load(a, validate=False)
+    assert (P["windows"]["per_source"], P["windows"]["size"]) == (5, 50)
+
+
+def test_missing_file_and_bad_values(tmp_path):
+    with pytest.raises(ParameterError, match="params_file"):
+        params.load(tmp_path / "nope.yaml")
+    with pytest.raises(ParameterError, match="windows.size"):
+        params.load(overrides={"windows.size": -3})
+
+
+def test_undot_merges_nested_and_dotted():
+    assert params.undot({"a.b": 1, "a": {"c": 2}}) in ({"a": {"b": 1, "c": 2}},)
+
+
+def test_sweep_grid_is_the_cartesian_product():
+    pts = sweep_points({"grid": {"x.a": [1, 2], "y": ["u", "v", "w"]}})
+    assert len(pts) == 6 and {"x.a": 2, "y": "w"} in pts
+    with pytest.raises(ParameterError):
+        sweep_points({"grid": {"x": []}})
