@@ -1,0 +1,848 @@
+"""SimPy model of one continuously-batched, paged-KV LLM serving replica (vLLM-like).
+
+The model
+---------
+**Requests.** Each window row is a request: arrival, prompt tokens P, output tokens O, tenant.
+State: ``generated`` g (tokens streamed so far), ``prefilled`` (tokens of the current prefill
+already computed), ``prefill_target``, KV ``blocks`` held, first-token time, finish time,
+preemption (eviction) count. A request is *waiting* (no KV), *running* (in the batch, holds KV),
+*paused* (descheduled by a preemptive policy, still holds KV), *finished* or *rejected*.
+
+**Iterations and tokens.** One iteration = one forward pass over the batch. A prefill of the
+request's known tokens produces the next token at the end of the iteration that completes it:
+a fresh request prefills its P prompt tokens and emits token 1 (its first token, TTFT). Each
+decode iteration feeds the last generated token and emits one more; a request finishes when
+g = O (a fresh request needs 1 prefill + O − 1 decode iterations). Iteration time comes from
+the profile: ``iteration_time(prefill_tokens, decode_seqs, context_tokens)`` with
+context_tokens = Σ over the iteration's sequences of their KV tokens *after* the iteration
+(decode: P + g with g counted before it; prefill chunk: tokens prefilled so far incl. the chunk).
+
+**KV cache (paged).** Block size and capacity from the profile. A request holds
+``ceil(kv_tokens / block_size)`` blocks, allocated when the iteration that writes them is
+scheduled: a decoding request with g tokens generated holds ceil((P + g)/16) blocks while its
+next decode iteration runs (prompt + all generated tokens, the last of which that iteration
+writes). A request admitted for a prefill (of P + g tokens) gets that prefill's
+ceil((P + g)/16) blocks at admission, also when the prefill is chunked (vLLM allocates the
+prompt's blocks when it first schedules it), so a chunked prefill never runs out of memory
+halfway. In both cases blocks = ceil((prompt + generated tokens known)/16). A request whose
+ceil((P + O)/16) exceeds the whole cache can never run and is *rejected* at arrival (counted).
+
+**Preemption by recompute** (vLLM's default): an evicted request frees all its blocks and loses
+its KV; its generated tokens stay generated (they were streamed to the user, g is kept), but when
+it is resumed it must prefill prompt + generated tokens again (target P + g) -- exactly vLLM's
+recompute, which re-runs the prompt and the output so far as one prefill. That prefill emits
+token g + 1, so no decode work is repeated; the lost work is the recomputed prefill.
+Which request is evicted, and whether a running request may be descheduled for priority, is the
+policy's choice: see :mod:`portbench.schedulers` (non-preemptive policies evict only for
+memory; preemptive ones pause while memory allows and evict when it does not).
+
+**Batch formation** at each decision point (:meth:`_Engine._plan`): ``max_num_seqs`` slots,
+KV capacity, and a prefill token budget (the scheduler's ``prefill_token_budget`` or the
+profile's ``max_batched_tokens``). Whole-prompt policies (vLLM V0 default) run a prefill-only
+iteration whenever they admit requests (decodes wait; a prompt longer than the budget is prefilled
+alone); chunked policies (Sarathi-Serve) put every running decode in every iteration and fill
+the rest of the budget with prompt chunks (the budget must exceed ``max_num_seqs``).
+
+**Speed.** Between decision points -- an arrival that could change the batch, a completion, a
+KV-block boundary that would overflow the cache, a quantum/ranking change announced by the
+policy (``next_decision``), the horizon -- a decode-only batch is fixed, so k iterations are
+advanced at once in closed form: with n decodes and first-iteration context C,
+``T(k) = k·(c0 + c_d·n + c_kv·C) + c_kv·n·k(k−1)/2``; the k at which an arrival, a time-based
+decision or the horizon falls solves this quadratic, the memory boundary comes from the
+members' block phases (the (F+1)-th block crossing, F = free blocks). SimPy drives an arrival
+process and a server process; the arithmetic between events is plain Python. ``naive=True``
+advances one iteration at a time through ``profile.iteration_time`` (the test reference of the
+closed form: same records up to float rounding).
+
+**Horizon.** The run stops at ``horizon_s``: an iteration that would end after it is not run.
+Requests not finished are *unfinished*; requests arriving after the horizon are not *arrived*
+(they stay in the records with NaN times; metrics ignore them). Every run checks
+``arrived == completed + unfinished + rejected`` and that KV blocks in use never exceed the
+capacity (:class:`~portbench.errors.ConservationError` otherwise).
+
+Determinism: the only randomness is ``numpy.random.default_rng(seed)`` handed to the scheduler;
+ties are broken by request id (= window row). Same inputs -> identical outputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+import simpy
+
+from .errors import ConservationError, DataError, ParameterError
+from .schedulers import BaseScheduler, RunContext, get_scheduler
+
+NOT_ARRIVED, WAITING, RUNNING, PAUSED, FINISHED, REJECTED = -1, 0, 1, 2, 3, 4
+STATE_NAMES = {NOT_ARRIVED: "not_arrived", WAITING: "waiting", RUNNING: "running", PAUSED: "paused",
+               FINISHED: "finished", REJECTED: "rejected"}
+WINDOW_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "tenant")
+RECORD_COLUMNS = ("req_id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
+                  "generated_tokens", "preemptions", "rejected", "tenant", "service_s")
+_NAN = float("nan")
+_INF = float("inf")
+
+
+class Request:
+    """One request's simulation state (attributes are read by schedulers; only the engine writes)."""
+
+    __slots__ = ("id", "arrival_s", "prompt_tokens", "output_tokens", "tenant", "generated", "prefilled",
+                 "prefill_target", "blocks", "state", "preemptions", "pauses", "first_token_s", "finish_s",
+                 "waiting_since", "rank", "never_fits", "mark", "chunk")
+
+    def __init__(self, rid: int, arrival_s: float, prompt: int, output: int, tenant):
+        self.id = rid
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt
+        self.output_tokens = output
+        self.tenant = tenant
+        self.generated = 0
+        self.prefilled = 0
+        self.prefill_target = prompt
+        self.blocks = 0
+        self.state = NOT_ARRIVED
+        self.preemptions = 0
+        self.pauses = 0
+        self.first_token_s = _NAN
+        self.finish_s = _NAN
+        self.waiting_since = arrival_s
+        self.rank = 0
+        self.never_fits = False
+        self.mark = -1
+        self.chunk = 0
+
+    @property
+    def resident(self) -> bool:
+        """Holds KV blocks (running or paused)."""
+        return self.state == RUNNING or self.state == PAUSED
+
+    @property
+    def running(self) -> bool:
+        return self.state == RUNNING
+
+    @property
+    def decoding(self) -> bool:
+        """Resident with its prefill complete (its next iteration is a decode)."""
+        return (self.state == RUNNING or self.state == PAUSED) and self.prefilled == self.prefill_target
+
+    def __repr__(self) -> str:
+        return (f"Request(id={self.id}, state={STATE_NAMES[self.state]}, P={self.prompt_tokens}, "
+                f"O={self.output_tokens}, g={self.generated}, prefilled={self.prefilled}/"
+                f"{self.prefill_target}, blocks={self.blocks})")
+
+
+@dataclass
+class SimResult:
+    """Result of one run: per-request ``requests`` (metrics records), ``counters``, optional
+    ``iterations`` trace (``record_iterations=True``)."""
+
+    requests: pl.DataFrame
+    counters: dict
+    iterations: pl.DataFrame | None = None
+    scheduler: str = ""
+
+    def check(self) -> "SimResult":
+        """Re-check conservation and the KV bound from the records and counters."""
+        c = self.counters
+        if c["arrived"] != c["completed"] + c["unfinished"] + c["rejected"]:
+            raise ConservationError(f"arrived {c['arrived']} != completed {c['completed']} + unfinished "
+                                    f"{c['unfinished']} + rejected {c['rejected']}")
+        if c["kv_max_used_blocks"] > c["kv_capacity_blocks"]:
+            raise ConservationError(f"KV blocks in use reached {c['kv_max_used_blocks']} > capacity "
+                                    f"{c['kv_capacity_blocks']}")
+        r = self.requests
+        if r.height:
+            arrived = r["arrival_s"] <= c["horizon_s"]
+            done = r["finish_s"].is_not_nan() & r["finish_s"].is_not_null()
+            n_done = int(done.sum())
+            n_rej = int(r["rejected"].sum())
+            if n_done != c["completed"] or n_rej != c["rejected"] or int(arrived.sum()) != c["arrived"]:
+                raise ConservationError("records disagree with counters: completed "
+                                        f"{n_done}/{c['completed']}, rejected {n_rej}/{c['rejected']}, "
+                                        f"arrived {int(arrived.sum())}/{c['arrived']}")
+            bad = r.filter(done & (r["generated_tokens"] != r["output_tokens"]))
+            if bad.height:
+                raise ConservationError(f"{bad.height} finished requests did not generate their output")
+            if int((r["generated_tokens"] > r["output_tokens"]).sum()):
+                raise ConservationError("a request generated more tokens than its output length")
+        return self
+
+
+def _window_arrays(window_df) -> tuple[list, list, list, list]:
+    if isinstance(window_df, pl.DataFrame):
+        missing = [c for c in WINDOW_COLUMNS[:3] if c not in window_df.columns]
+        if missing:
+            raise DataError("window", f"missing columns {missing}; expected {list(WINDOW_COLUMNS)}")
+        arr = window_df["arrival_s"].cast(pl.Float64).to_list()
+        pro = window_df["prompt_tokens"].cast(pl.Int64).to_list()
+        out = window_df["output_tokens"].cast(pl.Int64).to_list()
+        ten = (window_df["tenant"].cast(pl.Utf8).to_list() if "tenant" in window_df.columns
+               else ["t0"] * window_df.height)
+    else:  # a mapping of sequences
+        arr = [float(x) for x in window_df["arrival_s"]]
+        pro = [int(x) for x in window_df["prompt_tokens"]]
+        out = [int(x) for x in window_df["output_tokens"]]
+        ten = [str(x) for x in window_df["tenant"]] if "tenant" in window_df else ["t0"] * len(arr)
+    for name, col in (("arrival_s", arr), ("prompt_tokens", pro), ("output_tokens", out)):
+        if any(v is None for v in col):
+            raise DataError("window", "null values", column=name)
+    if any(not math.isfinite(a) or a < 0 for a in arr):
+        raise DataError("window", "arrival_s must be finite and >= 0", column="arrival_s")
+    if any(p <= 0 for p in pro) or any(o <= 0 for o in out):
+        raise DataError("window", "prompt_tokens and output_tokens must be > 0")
+    return arr, pro, out, ten
+
+
+def _requests_from_window(window_df, profile, rng, slo=None) -> tuple[list[Request], RunContext]:
+    arr, pro, out, ten = _window_arrays(window_df)
+    reqs = [Request(i, arr[i], pro[i], out[i], ten[i]) for i in range(len(arr))]
+    ctx = RunContext(n=len(reqs), arrival_s=np.asarray(arr, dtype=float), prompt_tokens=np.asarray(pro),
+                     output_tokens=np.asarray(out), tenant=ten, profile=profile, rng=rng, slo=slo)
+    return reqs, ctx
+
+
+class _Engine:
+    """One run. See the module docstring for the model; ``_plan`` is the scheduler walk."""
+
+    def __init__(self, reqs: list[Request], sched: BaseScheduler, profile, horizon_s: float,
+                 naive: bool, record_iterations: bool):
+        self.sched = sched
+        self.prof = profile
+        self.H = float(horizon_s)
+        self.naive = naive
+        self.trace = [] if record_iterations else None
+        self.bs = bs = int(getattr(profile, "block_size", 16))
+        self.cap = int(profile.kv_capacity_blocks)
+        self.max_seqs = int(profile.max_num_seqs)
+        self.chunked = bool(getattr(sched, "chunked_prefill", False))
+        budget = getattr(sched, "prefill_token_budget", None)
+        self.B = int(budget if budget is not None else profile.max_batched_tokens)
+        if self.chunked and self.B <= self.max_seqs:
+            raise ParameterError(f"simulation.scheduler_options.{sched.name}.prefill_token_budget", self.B,
+                                 f"more tokens than max_num_seqs ({self.max_seqs}) for chunked prefill")
+        self.ckv = float(profile.c_kv_s)
+        self.preemptive = bool(getattr(sched, "preemptive", False))
+        self.static = bool(getattr(sched, "static_priority", True))
+        # arrival order (stable by row)
+        order = sorted(range(len(reqs)), key=lambda i: (reqs[i].arrival_s, i))
+        self.reqs = reqs
+        self.arrivals = [reqs[i] for i in order]
+        self.arr_t = [r.arrival_s for r in self.arrivals]
+        self.n_arrivable = sum(1 for t in self.arr_t if t <= self.H)
+        cap_tokens = self.cap * bs
+        for r in reqs:
+            r.never_fits = r.prompt_tokens + r.output_tokens > cap_tokens
+        self.cursor = 0
+        self.res: list[Request] = []        # residents (running + paused)
+        self.wait_heap: list = []           # static non-preemptive: (rank, id, request)
+        self.wait_list: list[Request] = []  # otherwise
+        self.use_heap = self.static and not self.preemptive
+        self.n_wait = 0
+        self.used = 0
+        self.max_used = 0
+        self.n_preempt = 0
+        self.n_pause = 0
+        self.n_iter = 0
+        self.n_decisions = 0
+        self.n_finished = 0
+        self.plan_seq = 0
+        self.wake = None
+        self.end_time = 0.0
+        self.stopped_by_horizon = False
+
+    # ---------------------------------------------------------------------------------- setup
+
+    def prepare_static_ranks(self) -> None:
+        """Static policies: dense rank of (priority at arrival, id) -> ints compare fast."""
+        if not self.static:
+            return
+        S = self.sched
+        keyed = sorted(((S.priority(r, r.arrival_s), r.id) for r in self.reqs))
+        rank_of = {rid: k for k, (_, rid) in enumerate(keyed)}
+        for r in self.reqs:
+            r.rank = rank_of[r.id]
+        # suffix minimum of ranks over future arrivals (rejected ones never wait: +inf)
+        n = len(self.arrivals)
+        big = n + 1
+        suf = [big] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            r = self.arrivals[i]
+            v = big if r.never_fits else r.rank
+            suf[i] = v if v < suf[i + 1] else suf[i + 1]
+        self.suffix_min_rank = suf
+
+    # ---------------------------------------------------------------------------------- SimPy
+
+    def run(self) -> None:
+        env = simpy.Environment()
+        env.process(self._arrival_process(env))
+        env.process(self._server(env))
+        env.run()
+
+    def _arrival_process(self, env):
+        """Sleeps until each arrival; wakes the idle server. (The server ingests by time, so
+        simultaneous events are ordered deterministically whatever SimPy's queue order.)"""
+        last = None
+        for i in range(self.n_arrivable):
+            t = self.arr_t[i]
+            if t == last:
+                continue
+            last = t
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            ev = self.wake
+            if ev is not None and not ev.triggered:
+                ev.succeed()
+
+    def _server(self, env):
+        while True:
+            now = env.now
+            if self.cursor < self.n_arrivable and self.arr_t[self.cursor] <= now:
+                self._ingest(now)
+            if not self.res and not self.n_wait:
+                if self.cursor >= self.n_arrivable:
+                    self.end_time = now
+                    return
+                self.wake = env.event()
+                yield self.wake
+                self.wake = None
+                continue
+            dt = self._plan(now)
+            if dt is None:
+                self.stopped_by_horizon = True
+                self.end_time = self.H
+                return
+            yield env.timeout(dt)
+            self._commit(now, env.now)
+
+    # ---------------------------------------------------------------------------------- arrivals
+
+    def _ingest(self, now: float) -> None:
+        S = self.sched
+        c = self.cursor
+        arr_t, arrivals, n = self.arr_t, self.arrivals, self.n_arrivable
+        while c < n and arr_t[c] <= now:
+            r = arrivals[c]
+            c += 1
+            if r.never_fits:
+                r.state = REJECTED
+                continue
+            r.state = WAITING
+            r.waiting_since = r.arrival_s
+            S.on_arrival(r, now)
+            self._push_waiting(r)
+        self.cursor = c
+
+    def _push_waiting(self, r: Request) -> None:
+        if self.use_heap:
+            heapq.heappush(self.wait_heap, (r.rank, r.id, r))
+        else:
+            self.wait_list.append(r)
+        self.n_wait += 1
+
+    def _evict(self, r: Request, now: float) -> None:
+        r.state = WAITING
+        r.blocks = 0
+        r.prefilled = 0
+        r.prefill_target = r.prompt_tokens + r.generated
+        r.preemptions += 1
+        r.waiting_since = now
+        r.chunk = 0
+        self.n_preempt += 1
+        self.sched.on_evict(r, now)
+        self._push_waiting(r)
+
+    # ---------------------------------------------------------------------------------- planning
+
+    def _plan(self, now: float):
+        """Decide the next iteration (or decode run); allocate KV; return its duration or None
+        when it would end after the horizon."""
+        S = self.sched
+        bs, cap = self.bs, self.cap
+        self.plan_seq += 1
+        seq = self.plan_seq
+        self.n_decisions += 1
+        chunked = self.chunked
+        slots = self.max_seqs
+        dec: list[Request] = []      # decoding members
+        pf: list[Request] = []       # members with a prefill chunk (r.chunk tokens) this iteration
+        displaced: list[Request] = []
+        admitted = 0
+        pf_tokens = 0
+        if chunked:
+            n_dec_res = 0
+            for r in self.res:
+                if r.prefilled == r.prefill_target:
+                    n_dec_res += 1
+            budget = self.B - n_dec_res
+            if budget < 0:
+                budget = 0
+        else:
+            budget = self.B
+
+        if not self.preemptive:
+            # 1) residents keep running; memory pressure -> evict victims until the batch fits
+            res = self.res
+            if chunked and res:
+                res.sort(key=(lambda r: r.rank) if self.static else (lambda r: (S.priority(r, now), r.id)))
+            while True:
+                total = 0
+                b = budget
+                for r in res:
+                    left = r.prefill_target - r.prefilled
+                    if left == 0:
+                        total += (r.prompt_tokens + r.generated + bs - 1) // bs
+                    else:  # mid-prefill (chunked): holds its whole prefill's blocks already
+                        c = left if left < b else b
+                        b -= c
+                        r.chunk = c
+                        total += r.blocks
+                if total <= cap:
+                    break
+                v = S.victim(res, now)
+                res.remove(v)
+                self._evict(v, now)
+                if chunked:
+                    budget = max(0, self.B - sum(1 for r in res if r.prefilled == r.prefill_target))
+            budget_left = b if chunked else budget
+            free = cap - total
+            for r in res:
+                r.mark = seq
+                if r.prefilled == r.prefill_target:
+                    r.blocks = (r.prompt_tokens + r.generated + bs - 1) // bs
+                    dec.append(r)
+                elif r.chunk:
+                    pf.append(r)
+                    pf_tokens += r.chunk
+            slots -= len(res)
+            # 2) admission in the policy's order; stop at the first request that does not fit
+            if self.n_wait and slots > 0:
+                if self.use_heap:
+                    heap = self.wait_heap
+                    while heap and slots > 0:
+                        r = heap[0][2]
+                        need = self._admit_need(r, chunked, budget_left, pf_tokens, admitted)
+                        if need is None or need > free:
+                            break
+                        heapq.heappop(heap)
+                        free -= need
+                        slots -= 1
+                        admitted += 1
+                        pf_tokens += r.chunk
+                        budget_left -= r.chunk
+                        self._admit(r, need, now, seq)
+                        pf.append(r)
+                else:
+                    got = []
+                    for r in S.admission_order(self.wait_list, now):
+                        if slots <= 0:
+                            break
+                        need = self._admit_need(r, chunked, budget_left, pf_tokens, admitted)
+                        if need is None or need > free:
+                            break
+                        free -= need
+                        slots -= 1
+                        admitted += 1
+                        pf_tokens += r.chunk
+                        budget_left -= r.chunk
+                        self._admit(r, need, now, seq)
+                        pf.append(r)
+                        got.append(r)
+                    if got:
+                        self.wait_list = [r for r in self.wait_list if r.state == WAITING]
+                res.extend(pf[len(pf) - admitted:] if admitted else ())
+            used = cap - free
+        else:
+            # preemptive: rank every live request; the batch is the best-ranked prefix that fits
+            live = self.res + self.wait_list
+            if self.static:
+                live.sort(key=lambda r: r.rank)
+            else:
+                live.sort(key=lambda r: (S.priority(r, now), r.id))
+            free = cap
+            hol = False
+            b = budget
+            new_res = []
+            for r in live:
+                if r.state == WAITING:
+                    if hol or slots <= 0:
+                        hol = True
+                        continue
+                    need = self._admit_need(r, chunked, b, pf_tokens, admitted)
+                    if need is None or need > free:
+                        hol = True
+                        continue
+                    free -= need
+                    slots -= 1
+                    admitted += 1
+                    pf_tokens += r.chunk
+                    b -= r.chunk
+                    self._admit(r, need, now, seq)
+                    pf.append(r)
+                    new_res.append(r)
+                    continue
+                left = r.prefill_target - r.prefilled
+                if left == 0:
+                    need = (r.prompt_tokens + r.generated + bs - 1) // bs
+                    c = 0
+                else:
+                    c = left if left < b else b
+                    need = r.blocks
+                if slots > 0 and need <= free:
+                    free -= need
+                    slots -= 1
+                    r.mark = seq
+                    r.blocks = need
+                    r.state = RUNNING
+                    new_res.append(r)
+                    if left == 0:
+                        dec.append(r)
+                    elif c:
+                        r.chunk = c
+                        b -= c
+                        pf_tokens += c
+                        pf.append(r)
+                else:
+                    displaced.append(r)
+            used = cap - free
+            if displaced:
+                total = used + sum(r.blocks for r in displaced)
+                while total > cap:
+                    v = S.victim(displaced, now)
+                    displaced.remove(v)
+                    total -= v.blocks
+                    self._evict(v, now)
+                for r in displaced:
+                    if r.state == RUNNING:
+                        r.state = PAUSED
+                        r.pauses += 1
+                        self.n_pause += 1
+                    new_res.append(r)
+                used = total
+            if admitted:
+                self.wait_list = [r for r in self.wait_list if r.state == WAITING]
+            self.res = new_res
+        self.n_wait -= admitted
+        if used > cap:
+            raise ConservationError(f"KV blocks in use {used} > capacity {cap} at t={now}")
+        self.used = used
+        if used > self.max_used:
+            self.max_used = used
+        self._dec = dec
+        self._pf = pf
+        # ---- the iteration(s)
+        if pf:
+            if chunked:
+                ctx = 0
+                for r in dec:
+                    ctx += r.prompt_tokens + r.generated
+                for r in pf:
+                    ctx += r.prefilled + r.chunk
+                nd = len(dec)
+            else:
+                ctx = pf_tokens
+                nd = 0
+                # whole-prompt prefill-first: running decodes wait for this iteration
+            dt = self.prof.iteration_time(pf_tokens, nd, ctx)
+            if now + dt > self.H:
+                return None
+            self._k = 1
+            self._kind = 1 if chunked else 2
+            if self.trace is not None:
+                self.trace.append((now, now + dt, 1, pf_tokens, nd, ctx, used))
+            return dt
+        if not dec:
+            raise RuntimeError(f"simulator made no progress at t={now}: {len(self.res)} residents, "
+                               f"{self.n_wait} waiting (scheduler {S.name})")
+        return self._decode_run(now, dec)
+
+    def _admit_need(self, r: Request, chunked: bool, budget_left: int, pf_tokens: int, admitted: int):
+        """Blocks a waiting request needs to be admitted -- those of its whole prefill (prompt +
+        generated tokens), allocated at admission as vLLM does, also when the prefill is chunked --
+        or None if the token budget stops admission. Sets ``r.chunk`` (this iteration's tokens)."""
+        target = r.prompt_tokens + r.generated
+        if chunked:
+            c = target if target < budget_left else budget_left
+            if c <= 0:
+                return None
+        else:
+            c = target
+            if admitted and pf_tokens + c > self.B:   # a longer prompt is prefilled alone
+                return None
+        r.chunk = c
+        return (target + self.bs - 1) // self.bs
+
+    def _admit(self, r: Request, need: int, now: float, seq: int) -> None:
+        r.state = RUNNING
+        r.prefilled = 0
+        r.prefill_target = r.prompt_tokens + r.generated
+        r.blocks = need
+        r.mark = seq
+        self.sched.on_admit(r, now)
+
+    def _decode_run(self, now: float, dec: list[Request]):
+        n = len(dec)
+        C = 0
+        kmin = 1 << 60
+        for r in dec:
+            C += r.prompt_tokens + r.generated
+            rem = r.output_tokens - r.generated
+            if rem < kmin:
+                kmin = rem
+        if self.naive:
+            dt = self.prof.iteration_time(0, n, C)
+            if now + dt > self.H:
+                return None
+            self._k = 1
+            self._kind = 0
+            if self.trace is not None:
+                self.trace.append((now, now + dt, 1, 0, n, C, self.used))
+            return dt
+        k = kmin
+        bs = self.bs
+        # memory: the (F+1)-th block crossing among members ends the run
+        F = self.cap - self.used
+        if k > 1 and F < n * ((k - 2) // bs + 1):
+            offs = sorted([((1 - r.prompt_tokens - r.generated) % bs) or bs for r in dec])
+            q, rem = divmod(F, n)
+            kmem = bs * q + offs[rem]
+            if kmem < k:
+                k = kmem
+        a0 = self.prof.iteration_time(0, n, C)   # first iteration; each adds n tokens of context
+        inc = self.ckv * n
+        self._a0, self._inc = a0, inc
+        t_bound = _INF
+        # arrivals that could change the batch
+        if self.cursor < self.n_arrivable:
+            if self.use_heap and self.wait_heap:
+                head = self.wait_heap[0][0]
+                c = self.cursor
+                if self.suffix_min_rank[c] < head:
+                    arrivals = self.arrivals
+                    while arrivals[c].never_fits or arrivals[c].rank > head:
+                        c += 1
+                    t_bound = self.arr_t[c]
+            else:
+                t_bound = self.arr_t[self.cursor]
+        # policy-announced ranking changes (only when someone is outside the batch)
+        if not self.static and (self.n_wait or len(self.res) > n):
+            seq = self.plan_seq
+            outside = [r for r in self.res if r.mark != seq] + self.wait_list
+            if outside:
+                kq, tq = self.sched.next_decision(dec, outside, now)
+                if kq is not None and kq < k:
+                    k = max(int(kq), 1)
+                if tq is not None and tq < t_bound:
+                    t_bound = tq
+        if t_bound < _INF:
+            x = t_bound - now
+            if x > a0 and k > 1:
+                kt = _first_k_reaching(a0, inc, x)
+                if kt < k:
+                    k = kt
+            elif k > 1:
+                k = 1
+        dt = k * a0 + inc * k * (k - 1) / 2
+        if now + dt > self.H:
+            x = self.H - now
+            k = _last_k_within(a0, inc, x)
+            if k <= 0:
+                return None
+            dt = k * a0 + inc * k * (k - 1) / 2
+        self._k = k
+        self._kind = 0
+        if self.trace is not None:
+            self.trace.append((now, now + dt, k, 0, n, C, self.used))
+        return dt
+
+    # ---------------------------------------------------------------------------------- commit
+
+    def _commit(self, t0: float, t1: float) -> None:
+        S = self.sched
+        k = self._k
+        self.n_iter += k
+        bs = self.bs
+        finished = None
+        if self._kind == 0:                       # decode run of k iterations
+            dec = self._dec
+            used = self.used
+            for r in dec:
+                g = r.generated + k
+                r.generated = g
+                nb = (r.prompt_tokens + g - 2) // bs + 1      # ceil((P + g − 1)/bs)
+                used += nb - r.blocks
+                r.blocks = nb
+                if g == r.output_tokens:
+                    finished = finished or []
+                    finished.append(r)
+            if used > self.cap:
+                raise ConservationError(f"KV blocks in use {used} > capacity {self.cap} during a decode run "
+                                        f"ending at t={t1}")
+            if used > self.max_used:
+                self.max_used = used
+            if k == 1:
+                S.on_tokens(dec, 1, lambda i: t1)
+            else:
+                a0, inc = self._a0, self._inc
+                S.on_tokens(dec, k, lambda i: t0 + (i * a0 + inc * i * (i - 1) / 2) if i < k else t1)
+        else:
+            produced = []
+            if self._kind == 1:                  # chunked: decodes run too
+                for r in self._dec:
+                    r.generated += 1
+                    produced.append(r)
+                    if r.generated == r.output_tokens:
+                        finished = finished or []
+                        finished.append(r)
+            for r in self._pf:
+                r.prefilled += r.chunk
+                r.chunk = 0
+                if r.prefilled == r.prefill_target:
+                    r.generated += 1
+                    if r.first_token_s != r.first_token_s:   # NaN: first token
+                        r.first_token_s = t1
+                    produced.append(r)
+                    if r.generated == r.output_tokens:
+                        finished = finished or []
+                        finished.append(r)
+            if produced:
+                S.on_tokens(produced, 1, lambda i: t1)
+        if finished:
+            for r in finished:
+                r.state = FINISHED
+                r.finish_s = t1
+                r.blocks = 0
+                self.n_finished += 1
+                S.on_finish(r, t1)
+            self.res = [r for r in self.res if r.state != FINISHED]
+        self.end_time = t1
+
+
+def _first_k_reaching(a0: float, inc: float, x: float) -> int:
+    """Smallest k >= 1 with T(k) = k·a0 + inc·k(k−1)/2 >= x."""
+    if inc > 0:
+        b = a0 - inc / 2
+        k = math.ceil((-b + math.sqrt(b * b + 2 * inc * x)) / inc)
+    else:
+        k = math.ceil(x / a0)
+    if k < 1:
+        k = 1
+    while k > 1 and (k - 1) * a0 + inc * (k - 1) * (k - 2) / 2 >= x:
+        k -= 1
+    while k * a0 + inc * k * (k - 1) / 2 < x:
+        k += 1
+    return k
+
+
+def _last_k_within(a0: float, inc: float, x: float) -> int:
+    """Largest k >= 0 with T(k) <= x."""
+    if x < a0:
+        return 0
+    if inc > 0:
+        b = a0 - inc / 2
+        k = math.floor((-b + math.sqrt(b * b + 2 * inc * x)) / inc)
+    else:
+        k = math.floor(x / a0)
+    while k > 0 and k * a0 + inc * k * (k - 1) / 2 > x:
+        k -= 1
+    while (k + 1) * a0 + inc * (k + 1) * k / 2 <= x:
+        k += 1
+    return k
+
+
+def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=None,
+             naive: bool = False, record_iterations: bool = False) -> SimResult:
+    """Simulate one window under one scheduler on one replica.
+
+    ``window_df``: the window table (``arrival_s, prompt_tokens, output_tokens, tenant``);
+    ``scheduler``: a registered name or a :class:`~portbench.schedulers.BaseScheduler` instance;
+    ``profile``: a :class:`~portbench.profiles.Profile` (or anything with its fields);
+    ``horizon_s``: end of the observation (``inf`` = run until every request finished);
+    ``seed``: the run's seed (``numpy.random.default_rng(seed)`` is handed to the scheduler);
+    ``slo``: the SLO definition ``{ttft_s, tpot_s}`` for deadline-based policies (edf).
+    ``naive=True`` steps one iteration at a time (test reference); ``record_iterations=True``
+    adds ``SimResult.iterations`` (one row per iteration or closed-form decode run).
+
+    Returns a :class:`SimResult` whose ``requests`` are the metrics records (one row per window
+    row, ``req_id`` = row) and ``counters`` = arrived, completed, unfinished, rejected,
+    preemptions (recompute evictions), pauses, iterations, decision_points, sim_end_s,
+    horizon_s, kv_capacity_blocks, kv_max_used_blocks. Raises ConservationError if a request is
+    lost or the KV cache overflows.
+    """
+    try:
+        H = float(horizon_s)
+    except (TypeError, ValueError):
+        raise ParameterError("horizon_s", horizon_s, "a number of seconds > 0") from None
+    if not H > 0:
+        raise ParameterError("horizon_s", horizon_s, "a number of seconds > 0 (inf: run to the end)")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ParameterError("seed", seed, "a non-negative integer")
+    sched = get_scheduler(scheduler) if isinstance(scheduler, str) else scheduler
+    rng = np.random.default_rng(int(seed))
+    reqs, ctx = _requests_from_window(window_df, profile, rng, slo)
+    sched.reset(ctx)
+    eng = _Engine(reqs, sched, profile, H, naive, record_iterations)
+    eng.prepare_static_ranks()
+    if reqs:
+        eng.run()
+    return _result(eng, reqs, profile, H)
+
+
+def _result(eng: _Engine, reqs: list[Request], profile, H: float) -> SimResult:
+    # requests that arrived but were never ingested (the server stopped at the horizon)
+    for i in range(eng.cursor, eng.n_arrivable):
+        r = eng.arrivals[i]
+        r.state = REJECTED if r.never_fits else WAITING
+    arrived = completed = unfinished = rejected = 0
+    for r in reqs:
+        st = r.state
+        if st == NOT_ARRIVED:
+            continue
+        arrived += 1
+        if st == FINISHED:
+            completed += 1
+        elif st == REJECTED:
+            rejected += 1
+        else:
+            unfinished += 1
+    n = len(reqs)
+    pro = np.fromiter((r.prompt_tokens for r in reqs), dtype=np.int64, count=n)
+    out = np.fromiter((r.output_tokens for r in reqs), dtype=np.int64, count=n)
+    svc = profile.isolated_service_s(pro, out) if n else np.zeros(0)
+    records = pl.DataFrame({
+        "req_id": np.arange(n, dtype=np.int64),
+        "arrival_s": np.fromiter((r.arrival_s for r in reqs), dtype=float, count=n),
+        "first_token_s": np.fromiter((r.first_token_s for r in reqs), dtype=float, count=n),
+        "finish_s": np.fromiter((r.finish_s for r in reqs), dtype=float, count=n),
+        "prompt_tokens": pro,
+        "output_tokens": out,
+        "generated_tokens": np.fromiter((r.generated for r in reqs), dtype=np.int64, count=n),
+        "preemptions": np.fromiter((r.preemptions for r in reqs), dtype=np.int64, count=n),
+        "rejected": np.fromiter((r.state == REJECTED for r in reqs), dtype=bool, count=n),
+        "tenant": pl.Series("tenant", [str(r.tenant) for r in reqs], dtype=pl.Utf8),
+        "service_s": np.asarray(svc, dtype=float).reshape(n),
+    })
+    counters = {
+        "arrived": arrived, "completed": completed, "unfinished": unfinished, "rejected": rejected,
+        "preemptions": eng.n_preempt, "pauses": eng.n_pause, "iterations": eng.n_iter,
+        "decision_points": eng.n_decisions, "sim_end_s": float(eng.end_time), "horizon_s": H,
+        "kv_capacity_blocks": eng.cap, "kv_max_used_blocks": eng.max_used,
+    }
+    if arrived != completed + unfinished + rejected or eng.n_finished != completed:
+        raise ConservationError(f"arrived {arrived} != completed {completed} + unfinished {unfinished} + "
+                                f"rejected {rejected} (engine finished {eng.n_finished})")
+    if eng.max_used > eng.cap:
+        raise ConservationError(f"KV blocks in use reached {eng.max_used} > capacity {eng.cap}")
+    counters["conserved"] = True
+    iters = None
+    if eng.trace is not None:
+        iters = pl.DataFrame(eng.trace, schema=[("start_s", pl.Float64), ("end_s", pl.Float64),
+                                                 ("n_iterations", pl.Int64), ("prefill_tokens", pl.Int64),
+                                                 ("decode_seqs", pl.Int64), ("context_tokens", pl.Int64),
+                                                 ("kv_blocks_used", pl.Int64)], orient="row")
+    return SimResult(requests=records, counters=counters, iterations=iters, scheduler=eng.sched.name)

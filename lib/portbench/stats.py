@@ -1,0 +1,390 @@
+"""Statistics of the portability analysis: ranks, rank agreement, paired tests, reversals.
+
+Everything here works on plain numpy arrays; :mod:`portbench.analysis` builds the arrays from the
+campaign's run table and turns the results into tables. Conventions:
+
+* **Orientation.** A metric's values are *oriented* by its direction (``"higher"`` or ``"lower"``
+  is better, from the metric registry): oriented = value for higher-is-better, -value for
+  lower-is-better. After orientation, larger is always better, so a positive oriented difference
+  ``a - b`` means *a is better than b*.
+* **Ranks.** 1 = best; ties get the average of the ranks they span (``scipy.stats.rankdata``).
+* **Unit of resampling and pairing.** The window. Replicates are averaged within a window first;
+  paired tests pair two schedulers on the same windows; the bootstrap resamples windows.
+* **Kendall tau-b** is ``scipy.stats.kendalltau`` (variant b). For bootstrap resamples a
+  vectorised tau-b (:func:`tau_b_from_signs`) is used; ``tests/test_stats.py`` shows it equals
+  scipy's on many cases with ties and on bootstrap resamples.
+* **Kendall's W** with the tie correction (Kendall & Babington Smith; Siegel & Castellan):
+  ``W = 12 S / (m^2 (n^3 - n) - m sum_j T_j)``, ``T_j = sum over tie groups of (t^3 - t)`` in
+  ranking j. It equals Friedman's chi-square / (m (n - 1)) (scipy, tie-corrected); a test checks it.
+* **Relative effect** of a scheduler pair: the symmetric relative difference of the two means,
+  ``|mean_a - mean_b| / ((|mean_a| + |mean_b|) / 2)`` (0 when both are 0). It does not depend on
+  which scheduler is called a, lies in [0, 2], and reads like a percentage difference for small
+  effects (0.05 = the two means differ by 5% of their average).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.stats as st
+from statsmodels.stats.multitest import multipletests
+
+ORIENTATION = {"higher": 1.0, "lower": -1.0}
+CORRECTIONS = ("holm", "fdr_bh")
+CI_LEVEL = 0.95
+
+
+# --------------------------------------------------------------------------- orientation, ranks
+
+def orient(values, direction: str) -> np.ndarray:
+    """Values oriented so that larger is better (``direction`` is "higher" or "lower")."""
+    return ORIENTATION[direction] * np.asarray(values, dtype=float)
+
+
+def ranks_best_first(oriented_means, axis: int = -1) -> np.ndarray:
+    """Ranks along ``axis`` with 1 = best (largest oriented value), ties averaged.
+
+    A slice containing NaN gets NaN ranks (nothing is ranked against a missing value).
+    """
+    return st.rankdata(-np.asarray(oriented_means, dtype=float), method="average", axis=axis)
+
+
+def window_ranks(oriented_block, axis: int = -1) -> np.ndarray:
+    """Per-window ranks of the schedulers (1 = best), e.g. for Friedman average ranks."""
+    return ranks_best_first(oriented_block, axis=axis)
+
+
+# --------------------------------------------------------------------------- Kendall tau-b
+
+def kendall_tau(x, y) -> float:
+    """Kendall tau-b between two rankings (or score vectors) — ``scipy.stats.kendalltau``.
+
+    NaN when either vector is constant (all tied), as in scipy.
+    """
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if np.isnan(x).any() or np.isnan(y).any() or len(x) < 2:
+        return float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # constant input -> NaN, which is what we report
+        return float(st.kendalltau(x, y, variant="b").statistic)
+
+
+def pair_signs(x, axis: int = -1) -> np.ndarray:
+    """``sign(x_i - x_j)`` for every pair i < j of the items along ``axis`` (moved last).
+
+    Shape: ``x.shape`` without ``axis``, plus a last axis of n (n - 1) / 2 pairs; float32 (NaN
+    propagates from missing values). Items whose values are exactly equal give 0 (a tie).
+    """
+    x = np.moveaxis(np.asarray(x, dtype=float), axis, -1)
+    i, j = np.triu_indices(x.shape[-1], 1)
+    return np.sign(x[..., i] - x[..., j]).astype(np.float32)
+
+
+def tau_b_from_signs(sx, sy) -> np.ndarray:
+    """Vectorised Kendall tau-b from :func:`pair_signs` of two rankings (pairs on the last axis).
+
+    ``tau_b = sum(sx * sy) / sqrt(#pairs untied in x * #pairs untied in y)``: concordant minus
+    discordant pairs over the tau-b denominator ``sqrt((n0 - n1)(n0 - n2))``. NaN where a ranking
+    is all tied or has a missing value — exactly where scipy returns NaN.
+    """
+    sx, sy = np.asarray(sx, dtype=np.float64), np.asarray(sy, dtype=np.float64)
+    num = np.sum(sx * sy, axis=-1)
+    den = np.sqrt(np.sum(sx != 0, axis=-1, dtype=np.float64) * np.sum(sy != 0, axis=-1, dtype=np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tau = num / den
+    tau = np.where(den > 0, tau, np.nan)
+    return np.where(np.isnan(num), np.nan, tau)
+
+
+def tau_b(x, y, axis: int = -1) -> np.ndarray:
+    """Vectorised Kendall tau-b between ``x`` and ``y`` along ``axis`` (equal to scipy's)."""
+    return tau_b_from_signs(pair_signs(x, axis), pair_signs(y, axis))
+
+
+def tau_b_matrix(signs) -> np.ndarray:
+    """tau-b between every pair of rankings: ``signs`` ``(..., raters, pairs)`` from
+    :func:`pair_signs` -> ``(..., raters, raters)`` (one matrix product; diagonal 1 where defined).
+    """
+    s = np.asarray(signs, dtype=np.float64)
+    num = s @ np.swapaxes(s, -1, -2)
+    untied = np.sum(s != 0, axis=-1).astype(np.float64)
+    den = np.sqrt(untied[..., :, None] * untied[..., None, :])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / den, np.nan)
+
+
+# --------------------------------------------------------------------------- Kendall's W
+
+def tie_sums(ranks, axis: int = -1) -> np.ndarray:
+    """``sum over tie groups of (t^3 - t)`` of each ranking along ``axis`` (0 = no ties)."""
+    r = np.moveaxis(np.asarray(ranks, dtype=float), axis, -1)
+    group_size = np.sum(r[..., :, None] == r[..., None, :], axis=-1)  # t of each item's tie group
+    return np.sum(group_size.astype(float) ** 2 - 1.0, axis=-1)        # sum_items (t^2-1) = sum_groups (t^3-t)
+
+
+def kendall_w(ranks) -> np.ndarray | float:
+    """Kendall's coefficient of concordance W with the tie correction.
+
+    ``ranks``: array ``(..., m raters, n items)`` of within-rater ranks (ties averaged). Returns
+    W in [0, 1] per leading index. NaN when a ranking ties every item (that rater expresses no
+    order, and the tie-corrected W would then only measure the other raters' spread — e.g. W = 1/3
+    for three raters of which two tie everything), or has a missing value: the same cases where
+    Kendall's tau-b is undefined.
+    """
+    r = np.asarray(ranks, dtype=float)
+    m, n = r.shape[-2], r.shape[-1]
+    totals = r.sum(axis=-2)
+    s = np.sum((totals - m * (n + 1) / 2.0) ** 2, axis=-1)
+    ties = tie_sums(r)                                              # (..., m)
+    den = m * m * (n ** 3 - n) - m * ties.sum(axis=-1)
+    degenerate = np.any(ties >= n ** 3 - n, axis=-1) | np.isnan(r).any(axis=(-2, -1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = np.where((den > 0) & ~degenerate, 12.0 * s / den, np.nan)
+    return float(w) if w.ndim == 0 else w
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+def bootstrap_indices(n_windows: int, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """``(n_boot, n_windows)`` window indices drawn with replacement (one resample per row)."""
+    return rng.integers(0, n_windows, size=(n_boot, n_windows))
+
+
+def bootstrap_means(x, idx) -> np.ndarray:
+    """Means over the last (window) axis of ``x`` for every resample in ``idx`` ``(B, W)``.
+
+    Result shape ``x.shape[:-1] + (B,)``. Fancy indexing then one reduction: identical rows of
+    ``x`` give bit-identical means (so exact ties between schedulers survive resampling).
+    Missing values (NaN) are left out of each mean.
+    """
+    x = np.asarray(x, dtype=float)
+    g = x[..., idx]                                     # (..., B, W)
+    if np.isnan(x).any():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nanmean(g, axis=-1)
+    return g.mean(axis=-1)
+
+
+def percentile_ci(samples, level: float = CI_LEVEL, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap interval of ``samples`` along ``axis`` (NaN resamples left out)."""
+    q = [(1 - level) / 2, 1 - (1 - level) / 2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN slices -> NaN
+        lo, hi = np.nanquantile(np.asarray(samples, dtype=float), q, axis=axis)
+    return lo, hi
+
+
+# --------------------------------------------------------------------------- paired tests
+
+@dataclass
+class PairedTest:
+    """Per-slice Wilcoxon signed-rank results (arrays of the slice shape)."""
+
+    pvalue: np.ndarray      # two-sided p-value (1.0 when every difference is zero)
+    statistic: np.ndarray   # scipy's statistic, min(R+, R-)  (NaN when every difference is zero)
+    direction: np.ndarray   # sign(R+ - R-): +1 the positive differences dominate the ranks, -1, 0
+    n: np.ndarray           # windows with both values present
+    n_nonzero: np.ndarray   # of which with a non-zero difference (the Wilcoxon sample size)
+    method: np.ndarray      # "exact" | "permutation" | "asymptotic" | "all_zero" | "too_few"
+
+
+def _has_ties(absd: np.ndarray) -> np.ndarray:
+    s = np.sort(absd, axis=-1)
+    return np.any(s[..., 1:] == s[..., :-1], axis=-1)
+
+
+def _wilcoxon_group(d: np.ndarray, method) -> tuple[np.ndarray, np.ndarray]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = st.wilcoxon(d, axis=-1, zero_method="wilcox", method=method)
+    return np.atleast_1d(res.pvalue), np.atleast_1d(res.statistic)
+
+
+def paired_wilcoxon(d) -> PairedTest:
+    """Two-sided Wilcoxon signed-rank test of each slice of paired differences ``d`` (..., W).
+
+    Zeros are dropped (Wilcoxon's convention, ``zero_method="wilcox"``); a slice whose differences
+    are all zero has p = 1 (no evidence of a difference); missing windows (NaN) are left out of
+    that slice. The p-value of every slice is what ``scipy.stats.wilcoxon(d_slice)`` returns with
+    ``method="auto"`` (exact without ties or zeros for n <= 50; a deterministic permutation test
+    for n <= 13 with ties or zeros; the normal approximation with continuity and tie correction
+    otherwise). scipy decides the method once per call, so slices are grouped by the method their
+    own call would use and each group is tested in one vectorised call.
+    """
+    d = np.asarray(d, dtype=float)
+    shape = d.shape[:-1]
+    flat = d.reshape(-1, d.shape[-1])
+    n_slices = flat.shape[0]
+    valid = ~np.isnan(flat)
+    n = valid.sum(axis=-1)
+    nonzero = valid & (flat != 0)
+    n_nz = nonzero.sum(axis=-1)
+
+    # direction: sign(R+ - R-) with ranks of |d| among the non-zero, present differences
+    absd = np.where(nonzero, np.abs(flat), -1.0)          # excluded values rank lowest
+    ranks = st.rankdata(absd, axis=-1) - (flat.shape[-1] - n_nz)[:, None]
+    r_plus = np.sum(np.where(nonzero & (flat > 0), ranks, 0.0), axis=-1)
+    r_minus = np.sum(np.where(nonzero & (flat < 0), ranks, 0.0), axis=-1)
+    direction = np.sign(r_plus - r_minus)
+
+    p = np.full(n_slices, np.nan)
+    stat = np.full(n_slices, np.nan)
+    method = np.full(n_slices, "asymptotic", dtype=object)
+    all_zero = n_nz == 0
+    p[all_zero], method[all_zero] = 1.0, "all_zero"
+    too_few = n < 1
+    p[too_few], method[too_few] = np.nan, "too_few"
+
+    complete = valid.all(axis=-1) & ~all_zero & ~too_few
+    width = flat.shape[-1]
+    has_zero = (flat == 0).any(axis=-1)
+    ties = _has_ties(np.abs(np.where(valid, flat, np.nan)))
+    clean = complete & ~has_zero & ~ties
+    if width <= 50:
+        groups = {"exact": clean, "asymptotic": complete & ~clean}
+        if width <= 13:
+            groups = {"exact": clean, "permutation": complete & ~clean}
+    else:
+        groups = {"asymptotic": complete}
+    for name, mask in groups.items():
+        if mask.any():
+            m = "exact" if name == "exact" else ("asymptotic" if name == "asymptotic" else "auto")
+            p[mask], stat[mask] = _wilcoxon_group(flat[mask], m)
+            method[mask] = name
+    # slices with missing windows: one call each on the windows present (rare)
+    for i in np.flatnonzero(~valid.all(axis=-1) & ~all_zero & ~too_few):
+        di = flat[i][valid[i]]
+        pi, si = _wilcoxon_group(di[None, :], "auto")
+        p[i], stat[i] = pi[0], si[0]
+        method[i] = "auto_missing"
+    return PairedTest(pvalue=p.reshape(shape), statistic=stat.reshape(shape),
+                      direction=direction.reshape(shape), n=n.reshape(shape),
+                      n_nonzero=n_nz.reshape(shape), method=method.reshape(shape))
+
+
+def adjust_pvalues(p, method: str = "holm", groups=None) -> np.ndarray:
+    """Multiple-comparison adjusted p-values (statsmodels ``multipletests``), per family.
+
+    ``groups``: one family label per p-value (None = one family). NaN p-values are left out of
+    their family and stay NaN. ``method``: "holm" (family-wise error) or "fdr_bh" (false
+    discovery rate, Benjamini-Hochberg).
+    """
+    if method not in CORRECTIONS:
+        raise ValueError(f"correction {method!r}: expected one of {CORRECTIONS}")
+    p = np.asarray(p, dtype=float).ravel()
+    out = np.full(p.shape, np.nan)
+    labels = np.zeros(p.shape, dtype=int) if groups is None else np.asarray(groups).ravel()
+    for g in np.unique(labels):
+        sel = (labels == g) & ~np.isnan(p)
+        if sel.any():
+            out[sel] = multipletests(p[sel], method=method)[1]
+    return out
+
+
+# --------------------------------------------------------------------------- effects and verdicts
+
+def relative_effect(mean_a, mean_b) -> np.ndarray:
+    """Symmetric relative difference ``|a - b| / ((|a| + |b|) / 2)``; 0 when both are 0."""
+    a, b = np.asarray(mean_a, dtype=float), np.asarray(mean_b, dtype=float)
+    scale = (np.abs(a) + np.abs(b)) / 2.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = np.abs(a - b) / scale
+    return np.where(scale > 0, rel, np.where(np.isnan(scale), np.nan, 0.0))
+
+
+def side_significant(p_adj, direction, mean_diff, alpha: float) -> np.ndarray:
+    """A side rejects: adjusted p < alpha and the test's direction agrees with the mean's sign."""
+    p_adj = np.asarray(p_adj, dtype=float)
+    with np.errstate(invalid="ignore"):
+        return (p_adj < alpha) & (np.asarray(direction) == np.sign(mean_diff)) & (np.sign(mean_diff) != 0)
+
+
+def reversal_verdicts(diff_1, diff_2, sig_1, sig_2, rel_1, rel_2, delta: float) -> dict[str, np.ndarray]:
+    """Verdict columns of a reversal: each is a separate condition, combine them for the stages.
+
+    ``reversal``: the oriented mean differences have strictly opposite signs;
+    ``significant``: both sides reject (see :func:`side_significant`);
+    ``practical``: both relative effects are at least ``delta``.
+    """
+    reversal = np.sign(diff_1) * np.sign(diff_2) < 0
+    significant = np.asarray(sig_1, bool) & np.asarray(sig_2, bool)
+    with np.errstate(invalid="ignore"):
+        practical = (np.asarray(rel_1) >= delta) & (np.asarray(rel_2) >= delta)
+    return {"reversal": reversal, "significant": significant, "practical": practical}
+
+
+def stage(reversal, significant, practical) -> np.ndarray:
+    """Furthest nested stage: none -> sign -> significant -> significant_and_practical."""
+    reversal, significant, practical = (np.asarray(v, bool) for v in (reversal, significant, practical))
+    out = np.full(reversal.shape, "none", dtype=object)
+    out[reversal] = "sign"
+    out[reversal & significant] = "significant"
+    out[reversal & significant & practical] = "significant_and_practical"
+    return out
+
+
+# --------------------------------------------------------------------------- top-1
+
+def top1_mask(oriented_means, axis: int = -1) -> np.ndarray:
+    """True for the best scheduler(s) along ``axis`` (every scheduler tied for best)."""
+    x = np.asarray(oriented_means, dtype=float)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        best = np.nanmax(x, axis=axis, keepdims=True)
+    return x == best
+
+
+def top1_changes(mask) -> np.ndarray:
+    """True where no scheduler is top-1 under every metric (the winner depends on the metric).
+
+    ``mask``: :func:`top1_mask` of shape ``(..., metrics, schedulers)``. With ties, every
+    scheduler tied for best counts as top-1, so a change means the metrics' sets of winners have
+    no member in common.
+    """
+    return ~np.any(np.all(np.asarray(mask, bool), axis=-2), axis=-1)
+
+
+# --------------------------------------------------------------------------- Friedman / Nemenyi
+
+def friedman(block) -> tuple[float, float]:
+    """Friedman test over a ``(windows, schedulers)`` block matrix (scipy, tie-corrected).
+
+    Returns (statistic, p). When every window ties every scheduler the statistic is undefined:
+    (NaN, 1.0). Windows with a missing value are left out.
+    """
+    b = np.asarray(block, dtype=float)
+    b = b[~np.isnan(b).any(axis=1)]
+    if b.shape[0] < 2 or b.shape[1] < 3:
+        return float("nan"), float("nan")
+    if np.all(b == b[:, :1]):
+        return float("nan"), 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = st.friedmanchisquare(*b.T)
+    return float(res.statistic), float(res.pvalue)
+
+
+def nemenyi(block, names):
+    """Nemenyi post-hoc p-values (scikit-posthocs ``posthoc_nemenyi_friedman``) as a DataFrame."""
+    import pandas as pd
+    import scikit_posthocs as sp
+
+    b = np.asarray(block, dtype=float)
+    b = b[~np.isnan(b).any(axis=1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = sp.posthoc_nemenyi_friedman(pd.DataFrame(b, columns=list(names)))
+    out.index, out.columns = list(names), list(names)
+    return out.fillna(1.0)
+
+
+def nemenyi_cd(k: int, n_blocks: int, alpha: float = 0.05) -> float:
+    """Nemenyi critical difference of average ranks, ``q_alpha sqrt(k (k + 1) / (6 N))``.
+
+    ``q_alpha`` is the studentized range quantile / sqrt(2) (Demsar 2006), from scipy.
+    """
+    q = st.studentized_range.ppf(1 - alpha, k, np.inf) / np.sqrt(2)
+    return float(q * np.sqrt(k * (k + 1) / (6.0 * n_blocks)))

@@ -1,0 +1,242 @@
+"""Which simulated findings the vLLM replay checks: the key reversal and a stable control.
+
+Input: the analysis' reversal table (``{results_dir}/analysis/reversals.parquet``; columns in
+``portbench.analysis.COLUMNS["reversals"]``: ``a, b, source_1, source_2, region, metric, direction,
+diff_1, diff_2`` (oriented: positive = a better), ``rel_1, rel_2, min_rel, p_1, p_2, p_adj_1,
+p_adj_2, n_1, n_2, reversal, significant, practical``, ...). Only pairs whose two policies vLLM can
+run (:func:`portbench.validation.replay.runnable`) are eligible.
+
+* **Key reversal**: among rows with ``reversal & significant & practical`` (the analysis' stage
+  ``significant_and_practical``), the one with the largest smaller-side relative effect
+  ``min(rel_1, rel_2)`` — the analysis' ``most_dramatic`` definition restricted to runnable pairs.
+  Ties: region, metric, a, b, source_1, source_2 in alphabetical order.
+* **Stable control**: a runnable pair whose order is the same and significant on *every* source:
+  for a (pair, region, metric), every source-pair row has no reversal, both sides significant and
+  ``sign(diff_1) == sign(diff_2)``, and the rows cover every source of the table. Preferred at the
+  key reversal's region and metric (so both cases are replayed under the same conditions), then the
+  largest smallest effect over the sources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import polars as pl
+
+from ..errors import DataError
+from . import replay
+
+REQUIRED = ("a", "b", "source_1", "source_2", "region", "metric", "diff_1", "diff_2", "rel_1", "rel_2",
+            "reversal", "significant", "practical")
+OPTIONAL_FLOAT = ("p_1", "p_2", "p_adj_1", "p_adj_2", "mean_a_1", "mean_b_1", "mean_a_2", "mean_b_2")
+
+
+@dataclass(frozen=True)
+class SideResult:
+    """The simulation's verdict for one source: oriented mean difference (a - b), effect, p-values."""
+
+    source: str
+    diff: float
+    rel: float
+    p: float = float("nan")
+    p_adj: float = float("nan")
+    significant: bool = False
+    mean_a: float = float("nan")
+    mean_b: float = float("nan")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One finding to replay: scheduler pair, region, metric, and the simulation's per-source verdicts."""
+
+    kind: str                      # "reversal" | "control"
+    a: str
+    b: str
+    region: str
+    metric: str
+    sides: tuple[SideResult, ...]  # one per source the case involves
+    rho: float | None = None
+    direction: str | None = None
+    notes: str = ""
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return tuple(s.source for s in self.sides)
+
+    @property
+    def schedulers(self) -> tuple[str, str]:
+        return (self.a, self.b)
+
+    @property
+    def min_rel(self) -> float:
+        return float(min(s.rel for s in self.sides))
+
+    def side(self, source: str) -> SideResult:
+        for s in self.sides:
+            if s.source == source:
+                return s
+        raise KeyError(source)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sources"] = list(self.sources)
+        d["min_rel"] = self.min_rel
+        return d
+
+    def describe(self) -> str:
+        """One line: what the simulation found."""
+        parts = []
+        for s in self.sides:
+            who = self.a if s.diff > 0 else self.b
+            parts.append(f"{s.source}: {who} better by {100 * s.rel:.1f}% (p_adj={s.p_adj:.2g})")
+        return (f"{self.kind}: {self.a} vs {self.b} on {self.metric} at {self.region} — " + "; ".join(parts))
+
+
+def read_reversals(path: str | Path) -> pl.DataFrame:
+    """The reversal table, checked for the columns case selection needs."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(path, "no reversal table: run the analysis (notebook 06 / `portbench analyze`) first")
+    return check_reversals(pl.read_parquet(path), where=str(path))
+
+
+def check_reversals(rev: pl.DataFrame, where: str = "reversals") -> pl.DataFrame:
+    missing = [c for c in REQUIRED if c not in rev.columns]
+    if missing:
+        raise DataError(where, f"missing columns {missing}; expected at least {list(REQUIRED)}")
+    for c in OPTIONAL_FLOAT:
+        if c not in rev.columns:
+            rev = rev.with_columns(pl.lit(float("nan")).alias(c))
+    return rev
+
+
+def _runnable_rows(rev: pl.DataFrame) -> pl.DataFrame:
+    names = sorted(set(rev["a"].to_list()) | set(rev["b"].to_list()))
+    ok = [n for n in names if replay.runnable(n)]
+    return rev.filter(pl.col("a").is_in(ok) & pl.col("b").is_in(ok))
+
+
+def _side(row: Mapping, k: int, significant: bool) -> SideResult:
+    f = lambda key: float(row[key]) if row.get(key) is not None else float("nan")  # noqa: E731
+    return SideResult(source=row[f"source_{k}"], diff=f(f"diff_{k}"), rel=f(f"rel_{k}"), p=f(f"p_{k}"),
+                      p_adj=f(f"p_adj_{k}"), significant=significant, mean_a=f(f"mean_a_{k}"),
+                      mean_b=f(f"mean_b_{k}"))
+
+
+def key_reversal(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = None) -> Case | None:
+    """The significant-and-practical reversal of a runnable pair with the largest min(rel_1, rel_2)."""
+    rev = _runnable_rows(check_reversals(rev))
+    cand = rev.filter(pl.col("reversal") & pl.col("significant") & pl.col("practical"))
+    if cand.height == 0:
+        return None
+    cand = cand.with_columns(pl.min_horizontal("rel_1", "rel_2").alias("_min_rel"))
+    best = cand.sort(["_min_rel", "region", "metric", "a", "b", "source_1", "source_2"],
+                     descending=[True, False, False, False, False, False, False]).row(0, named=True)
+    return Case("reversal", best["a"], best["b"], best["region"], best["metric"],
+                (_side(best, 1, True), _side(best, 2, True)),
+                rho=(region_loads or {}).get(best["region"]), direction=best.get("direction"),
+                notes="largest smaller-side relative effect among significant-and-practical reversals "
+                      "of pairs vLLM can run")
+
+
+def stable_control(rev: pl.DataFrame, prefer: Case | None = None,
+                   region_loads: Mapping[str, float] | None = None) -> Case | None:
+    """A runnable pair with the same, significant order on every source (see the module docstring)."""
+    rev = _runnable_rows(check_reversals(rev))
+    if rev.height == 0:
+        return None
+    all_sources = sorted(set(rev["source_1"].to_list()) | set(rev["source_2"].to_list()))
+    if prefer is not None:  # the control must not be the reversal's own pair
+        rev = rev.filter(~((pl.col("a") == prefer.a) & (pl.col("b") == prefer.b)))
+    rev = rev.with_columns(same=(pl.col("diff_1").sign() * pl.col("diff_2").sign()) > 0)
+    groups = (rev.group_by(["a", "b", "region", "metric"])
+              .agg(ok=(pl.col("same") & pl.col("significant") & ~pl.col("reversal")).all(),
+                   srcs=pl.concat_list("source_1", "source_2").flatten().unique().sort(),
+                   min_rel=pl.min_horizontal("rel_1", "rel_2").min()))
+    groups = groups.filter(pl.col("ok") & (pl.col("srcs").list.len() == len(all_sources)))
+    if groups.height == 0:
+        return None
+    groups = groups.with_columns(
+        pref=(pl.col("region") == (prefer.region if prefer else None)).fill_null(False).cast(pl.Int8)
+        + (pl.col("metric") == (prefer.metric if prefer else None)).fill_null(False).cast(pl.Int8))
+    g = groups.sort(["pref", "min_rel", "region", "metric", "a", "b"],
+                    descending=[True, True, False, False, False, False]).row(0, named=True)
+    rows = rev.filter((pl.col("a") == g["a"]) & (pl.col("b") == g["b"]) & (pl.col("region") == g["region"])
+                      & (pl.col("metric") == g["metric"]))
+    sides: dict[str, SideResult] = {}
+    for row in rows.iter_rows(named=True):
+        for k in (1, 2):
+            sides.setdefault(row[f"source_{k}"], _side(row, k, True))
+    return Case("control", g["a"], g["b"], g["region"], g["metric"],
+                tuple(sides[s] for s in sorted(sides)), rho=(region_loads or {}).get(g["region"]),
+                direction=rows["direction"][0] if "direction" in rows.columns else None,
+                notes="same order, significant on every source"
+                      + (" (at the reversal's region and metric)" if g["pref"] == 2 else ""))
+
+
+@dataclass
+class Selection:
+    """The cases to replay, and what was left out of selection and why."""
+
+    cases: list[Case]
+    excluded: dict[str, str] = field(default_factory=dict)   # scheduler -> why vLLM cannot run it
+    messages: list[str] = field(default_factory=list)
+
+    def table(self) -> pl.DataFrame:
+        """One row per (case, source): what the simulation found."""
+        rows = [{"case": c.kind, "a": c.a, "b": c.b, "region": c.region, "rho": c.rho, "metric": c.metric,
+                 "source": s.source, "diff_oriented": s.diff, "rel_effect": s.rel, "p_adj": s.p_adj,
+                 "better": c.a if s.diff > 0 else c.b} for c in self.cases for s in c.sides]
+        schema = {"case": pl.Utf8, "a": pl.Utf8, "b": pl.Utf8, "region": pl.Utf8, "rho": pl.Float64,
+                  "metric": pl.Utf8, "source": pl.Utf8, "diff_oriented": pl.Float64, "rel_effect": pl.Float64,
+                  "p_adj": pl.Float64, "better": pl.Utf8}
+        return pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
+
+
+def select_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = None,
+                 schedulers: Sequence[str] | None = None) -> Selection:
+    """The key reversal and the stable control from a reversal table (either may be missing)."""
+    rev = check_reversals(rev)
+    names = sorted(set(schedulers or []) | set(rev["a"].to_list()) | set(rev["b"].to_list()))
+    excluded = {n: replay.engine_policy(n).note for n in names if not replay.runnable(n)}
+    msgs = []
+    key = key_reversal(rev, region_loads)
+    if key is None:
+        n_sp = rev.filter(pl.col("reversal") & pl.col("significant") & pl.col("practical")).height
+        msgs.append(f"no significant-and-practical reversal of a pair vLLM can run ({n_sp} such reversals in "
+                    "total, all involving an excluded policy)" if n_sp else
+                    "the analysis found no significant-and-practical reversal")
+    ctrl = stable_control(rev, key, region_loads)
+    if ctrl is None:
+        msgs.append("no runnable pair keeps the same significant order on every source")
+    return Selection([c for c in (key, ctrl) if c is not None], excluded, msgs)
+
+
+def planted_reversals(sources: Sequence[str] = ("azure", "burstgpt", "bailian"),
+                      region: str = "overload", metric: str = "ttft_p99") -> pl.DataFrame:
+    """A small reversal table with a known answer (for tests and demonstrations).
+
+    sjf_prompt vs fcfs reverses between azure and the others (large effect), srpt_oracle vs fcfs
+    reverses even more (but srpt_oracle cannot run in vLLM), and sjf_oracle beats random on every
+    source (the stable control).
+    """
+    rows = []
+
+    def add(a, b, diffs, rels, p):
+        for i in range(len(sources)):
+            for j in range(i + 1, len(sources)):
+                d1, d2 = diffs[i], diffs[j]
+                rows.append({"a": a, "b": b, "source_1": sources[i], "source_2": sources[j], "region": region,
+                             "metric": metric, "direction": "lower", "diff_1": d1, "diff_2": d2,
+                             "rel_1": rels[i], "rel_2": rels[j], "p_1": p, "p_2": p, "p_adj_1": p * 10,
+                             "p_adj_2": p * 10, "reversal": bool(np.sign(d1) * np.sign(d2) < 0),
+                             "significant": True, "practical": bool(min(rels[i], rels[j]) >= 0.05)})
+
+    n = len(sources)
+    add("fcfs", "sjf_prompt", [0.8] + [-0.5] * (n - 1), [0.30] + [0.20] * (n - 1), 1e-4)
+    add("fcfs", "srpt_oracle", [1.5] + [-1.2] * (n - 1), [0.60] + [0.50] * (n - 1), 1e-5)
+    add("random", "sjf_oracle", [-0.9] * n, [0.40] * n, 1e-5)
+    return pl.DataFrame(rows)

@@ -1,0 +1,861 @@
+"""Frozen workload windows: stride sampling, the committed manifest, hash verification.
+
+**Placement (stride sampling).** A source's valid requests (the canonical table, in file order)
+are split into ``windows.per_source`` equal buckets: bucket ``k`` holds positions
+``[k*N//n, (k+1)*N//n)``. One window of ``windows.size`` consecutive valid requests sits at a seeded
+offset inside each bucket, so windows never overlap, cover the whole trace evenly and do not all
+start at a bucket edge. The offsets come from ``numpy.random.default_rng(SeedSequence([windows.seed,
+key(source), key("placement")]))`` where ``key`` is the first 8 bytes of the SHA-256 of the name
+(never Python's ``hash()``, which changes between processes).
+
+**Window table.** Columns exactly :data:`COLUMNS`: ``arrival_s`` (seconds from the window's first
+request; requests ordered by arrival time, ties by file row), ``prompt_tokens``, ``output_tokens``,
+``tenant``.
+
+**Tenants.** A source whose canonical table has tenant fields (:data:`TENANT_FIELDS`: BurstGPT's
+``model`` and ``log_type``) uses them: tenant = ``"<model>/<log_type>"`` (a missing value reads
+``unknown``). Sessions (Bailian's ``session_id``) are conversations, not tenants. Every other
+source (Azure, Bailian/Qwen) gets a seeded assignment of ``windows.tenants`` tenants ``t1 .. tT``
+drawn i.i.d. per request with Zipf shares ``p_k ∝ 1/k`` (multi-tenant traffic is skewed: one big
+client and a tail of small ones), from ``SeedSequence([windows.seed, key(source), key("tenant"),
+key(window_id)])``. The rule used is recorded per source in the manifest (``sources.<s>.tenants``).
+
+**Manifest.** Canonical JSON (sorted keys, indent 1, ASCII, trailing newline) of
+``{"version", "params", "sources", "source_files", "windows", "checksum"}``; ``checksum`` is the
+SHA-256 of the canonical JSON of everything else. :func:`load_manifest` re-serialises the parsed
+file and compares bytes *and* checksum, so any single-byte change (whitespace included) is an
+:class:`~portbench.errors.IntegrityError`; each window's ``sha256`` (:func:`window_sha256`) catches
+any change to its content.
+
+**Cache.** ``{paths.data_dir}/windows/windows.parquet`` holds the materialised windows (long
+format, ``window_id`` first) tagged with the manifest checksum; a cache from another manifest is
+ignored and rebuilt, a cache whose content does not match the manifest is an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import struct
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from .errors import DataError, IntegrityError, ParameterError, PortbenchError
+from .sources import SOURCES, label
+
+MANIFEST_VERSION = 1
+COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "tenant")
+SCHEMA = {"arrival_s": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "tenant": pl.String}
+TENANT_FIELDS = ("model", "log_type")
+TENANT_MISSING = "unknown"
+STAT_KEYS = ("rate_rps", "interarrival_cv", "prompt_mean", "prompt_p90", "output_mean", "output_p90")
+STATS_SIGNIFICANT_DIGITS = 10  # stats are rounded so float summation order can never change the manifest
+P90 = 90
+CACHE_FILE = "windows.parquet"
+CACHE_META_KEY = b"portbench_manifest_checksum"
+HASH_MAGIC = b"portbench-window-v1"
+# Parameter sections a manifest is frozen from; freezing with different values needs --refreeze.
+FROZEN_SECTIONS = ("windows", "sources", "standins")
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+def name_key(name: str) -> int:
+    """A stable 64-bit integer for a name (first 8 bytes of its SHA-256, little-endian)."""
+    return int.from_bytes(hashlib.sha256(str(name).encode()).digest()[:8], "little")
+
+
+def source_rng(seed: int, source: str, *stream: str) -> np.random.Generator:
+    """Generator seeded from ``(seed, source, *stream)`` via SeedSequence (platform independent)."""
+    return np.random.default_rng(np.random.SeedSequence([int(seed), name_key(source), *map(name_key, stream)]))
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def stride_starts(n_rows: int, n_windows: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Start positions of ``n_windows`` windows of ``size`` rows, one at a seeded offset per bucket.
+
+    Bucket ``k`` covers ``[k*n_rows//n_windows, (k+1)*n_rows//n_windows)``; the window starts at
+    ``bucket_start + offset`` with ``offset`` uniform on ``0 .. bucket_len - size``.
+    """
+    if n_windows <= 0 or size <= 0:
+        raise ParameterError("windows", {"per_source": n_windows, "size": size}, "positive integers")
+    if n_rows < n_windows * size:
+        raise ValueError(f"{n_rows} rows cannot hold {n_windows} non-overlapping windows of {size} "
+                         f"(need at least {n_windows * size})")
+    edges = (np.arange(n_windows + 1, dtype=np.int64) * n_rows) // n_windows
+    room = edges[1:] - edges[:-1] - size  # >= 0 because n_rows >= n_windows * size
+    offsets = np.array([rng.integers(0, r + 1) for r in room], dtype=np.int64)
+    return edges[:-1] + offsets
+
+
+def window_ids(source: str, n_windows: int) -> list[str]:
+    """``["azure-00", ..., "azure-39"]`` (at least two digits, more when needed)."""
+    width = max(2, len(str(n_windows - 1)))
+    return [f"{source}-{k:0{width}d}" for k in range(n_windows)]
+
+
+def tenant_fields_of(canonical: pl.DataFrame) -> list[str]:
+    """The tenant fields a canonical table carries (present and not entirely null)."""
+    return [f for f in TENANT_FIELDS if f in canonical.columns and canonical[f].null_count() < canonical.height]
+
+
+def tenant_shares(n_tenants: int) -> np.ndarray:
+    """Zipf shares ``p_k ∝ 1/k`` of the seeded tenants ``t1 .. tT``."""
+    w = 1.0 / np.arange(1, n_tenants + 1, dtype=np.float64)
+    return w / w.sum()
+
+
+def seeded_tenants(n: int, n_tenants: int, seed: int, source: str, window_id: str) -> list[str]:
+    """The documented seeded tenant assignment of one window (see the module docstring)."""
+    if not isinstance(n_tenants, int) or n_tenants <= 0:
+        raise ParameterError("windows.tenants", n_tenants, "a positive integer")
+    rng = source_rng(seed, source, "tenant", window_id)
+    draws = rng.choice(n_tenants, size=n, p=tenant_shares(n_tenants))
+    return [f"t{k + 1}" for k in draws]
+
+
+def window_from_rows(rows: pl.DataFrame, *, window_id: str, source: str, seed: int, n_tenants: int,
+                     tenant_fields: Sequence[str]) -> pl.DataFrame:
+    """Window table from consecutive canonical rows: order by arrival (ties by row), relative time, tenants."""
+    rows = rows.sort(["arrival_s", "row"], maintain_order=True)
+    t0 = rows["arrival_s"][0]
+    if tenant_fields:
+        tenant = rows.select(pl.concat_str([pl.col(f).cast(pl.String).fill_null(TENANT_MISSING)
+                                            for f in tenant_fields], separator="/"))
+        tenant = tenant.to_series()
+    else:
+        tenant = pl.Series(seeded_tenants(rows.height, n_tenants, seed, source, window_id), dtype=pl.String)
+    df = rows.select(
+        (pl.col("arrival_s") - t0).alias("arrival_s"),
+        pl.col("prompt_tokens").cast(pl.Int64),
+        pl.col("output_tokens").cast(pl.Int64),
+    ).with_columns(tenant.alias("tenant"))
+    return as_window_table(df, window_id)
+
+
+def cut_windows(canonical: pl.DataFrame, n_windows: int, size: int, seed: int, source: str,
+                n_tenants: int) -> list[tuple[dict, pl.DataFrame]]:
+    """Stride-sample ``n_windows`` windows of ``size`` valid requests from one canonical table.
+
+    Returns ``[(meta, window_df)]`` in bucket order; ``meta`` holds ``id``, ``file``,
+    ``row_start``/``row_end`` (1-based raw-file rows, inclusive), ``t_start`` (seconds from the
+    file's first request) and ``tenant_fields``.
+    """
+    canon = _ordered(canonical, source)
+    try:
+        starts = stride_starts(canon.height, n_windows, size, source_rng(seed, source, "placement"))
+    except ValueError as e:
+        raise DataError(_file_of(canon, source), f"{e} (valid requests of source {source!r}); "
+                        "lower windows.per_source or windows.size") from None
+    fields = tenant_fields_of(canon)
+    out = []
+    for wid, start in zip(window_ids(source, n_windows), starts.tolist()):
+        rows = canon.slice(start, size)
+        df = window_from_rows(rows, window_id=wid, source=source, seed=seed, n_tenants=n_tenants,
+                              tenant_fields=fields)
+        meta = {"id": wid, "file": rows["file"][0], "row_start": int(rows["row"][0]),
+                "row_end": int(rows["row"][-1]), "t_start": float(rows["arrival_s"].min()),
+                "tenant_fields": fields}
+        out.append((meta, df))
+    return out
+
+
+def _ordered(canonical: pl.DataFrame, source: str) -> pl.DataFrame:
+    need = {"file", "row", "arrival_s", "prompt_tokens", "output_tokens"}
+    missing = need - set(canonical.columns)
+    if missing:
+        raise DataError(f"canonical table of {source}", f"missing column(s) {sorted(missing)}")
+    files = canonical["file"].unique().to_list()
+    if len(files) != 1:
+        raise DataError(f"canonical table of {source}", f"expected rows from one file, found {files}")
+    canon = canonical.sort("row")
+    if canon["row"].n_unique() != canon.height:
+        raise DataError(files[0], "duplicate row numbers in the canonical table")
+    return canon
+
+
+def _file_of(canonical: pl.DataFrame, source: str) -> str:
+    return canonical["file"][0] if canonical.height else f"canonical table of {source}"
+
+
+# --------------------------------------------------------------------------- window tables
+
+
+def as_window_table(df: pl.DataFrame, window_id: str = "window") -> pl.DataFrame:
+    """``df`` checked and cast to the window schema (:data:`COLUMNS`, in order); DataError otherwise."""
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise DataError(window_id, f"window table lacks column(s) {missing}")
+    try:
+        out = df.select([pl.col(c).cast(t, strict=True) for c, t in SCHEMA.items()])
+    except pl.exceptions.PolarsError as e:
+        raise DataError(window_id, f"window table has a column of the wrong type ({e})") from None
+    for c in COLUMNS:
+        if out[c].null_count():
+            raise DataError(window_id, "missing value", column=c)
+    if out.height == 0:
+        raise DataError(window_id, "empty window")
+    arr = out["arrival_s"].to_numpy()
+    if not np.all(np.isfinite(arr)) or arr[0] != 0.0 or np.any(np.diff(arr) < 0):
+        raise DataError(window_id, "arrival_s must be finite, start at 0.0 and never decrease", column="arrival_s")
+    for c in ("prompt_tokens", "output_tokens"):
+        if out[c].min() <= 0:
+            raise DataError(window_id, "token counts must be positive", column=c)
+    return out
+
+
+def _hash_field(h, data: bytes) -> None:
+    h.update(struct.pack("<Q", len(data)))
+    h.update(data)
+
+
+def window_sha256(df: pl.DataFrame) -> str:
+    """SHA-256 of a table's canonical bytes: column names, dtypes and little-endian values.
+
+    Layout: magic, row and column counts, then per column its name, a dtype code (``f8``, ``i8``,
+    ``str``) and its values (``<f8`` / ``<i8`` arrays; strings as length-prefixed UTF-8). Every
+    field is length-prefixed, so the bytes do not depend on the platform, polars' chunking or
+    its version. Nulls are not allowed.
+    """
+    h = hashlib.sha256()
+    _hash_field(h, HASH_MAGIC)
+    h.update(struct.pack("<QQ", df.height, df.width))
+    for name in df.columns:
+        s = df[name]
+        if s.null_count():
+            raise DataError("window", "cannot hash a column with missing values", column=name)
+        _hash_field(h, name.encode())
+        if s.dtype == pl.Float64:
+            _hash_field(h, b"f8")
+            _hash_field(h, np.ascontiguousarray(s.to_numpy(), dtype="<f8").tobytes())
+        elif s.dtype == pl.Int64:
+            _hash_field(h, b"i8")
+            _hash_field(h, np.ascontiguousarray(s.to_numpy(), dtype="<i8").tobytes())
+        elif s.dtype == pl.String:
+            _hash_field(h, b"str")
+            for v in s.to_list():
+                _hash_field(h, v.encode())
+        else:
+            raise DataError("window", f"cannot hash dtype {s.dtype}", column=name)
+    return h.hexdigest()
+
+
+def _round(x: float) -> float | None:
+    if x is None or not np.isfinite(x):
+        return None
+    return float(f"{float(x):.{STATS_SIGNIFICANT_DIGITS}g}")
+
+
+def window_stats(df: pl.DataFrame) -> dict[str, float | None]:
+    """Summary of one window table.
+
+    ``rate_rps`` = (n-1)/duration (the reciprocal of the mean inter-arrival gap),
+    ``interarrival_cv`` = population std / mean of the gaps, token means and 90th percentiles
+    (numpy's linear interpolation). ``None`` where undefined (zero duration).
+    """
+    arr = df["arrival_s"].to_numpy()
+    gaps = np.diff(arr)
+    duration = float(arr[-1] - arr[0])
+    mean_gap = float(gaps.mean()) if gaps.size else 0.0
+    p = df["prompt_tokens"].to_numpy().astype(np.float64)
+    o = df["output_tokens"].to_numpy().astype(np.float64)
+    return {
+        "rate_rps": _round(gaps.size / duration) if duration > 0 else None,
+        "interarrival_cv": _round(gaps.std() / mean_gap) if mean_gap > 0 else None,
+        "prompt_mean": _round(p.mean()), "prompt_p90": _round(np.percentile(p, P90)),
+        "output_mean": _round(o.mean()), "output_p90": _round(np.percentile(o, P90)),
+    }
+
+
+# --------------------------------------------------------------------------- manifest I/O
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The one serialisation of a manifest: sorted keys, indent 1, ASCII, trailing newline."""
+    return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False) + "\n").encode()
+
+
+def manifest_checksum(manifest: Mapping) -> str:
+    """SHA-256 of the canonical JSON of the manifest without its ``checksum`` field."""
+    return hashlib.sha256(canonical_json({k: v for k, v in manifest.items() if k != "checksum"})).hexdigest()
+
+
+def manifest_path(P: Mapping) -> Path:
+    """Where the manifest lives (``paths.manifest``)."""
+    return Path(P["paths"]["manifest"])
+
+
+def cache_path(P: Mapping) -> Path:
+    """The window cache, ``{paths.data_dir}/windows/windows.parquet``."""
+    return Path(P["paths"]["data_dir"]) / "windows" / CACHE_FILE
+
+
+def parse_manifest(raw: bytes, where: str = "manifest") -> dict:
+    """Parse manifest bytes; IntegrityError unless they are exactly the canonical JSON with a valid checksum."""
+    try:
+        m = json.loads(raw.decode("ascii"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise IntegrityError(f"{where}: not a valid manifest ({e})") from None
+    if not isinstance(m, dict) or "checksum" not in m:
+        raise IntegrityError(f"{where}: not a valid manifest (no checksum field)")
+    try:
+        canon = canonical_json(m)
+    except ValueError as e:  # NaN / infinity smuggled in
+        raise IntegrityError(f"{where}: not a valid manifest ({e})") from None
+    want, got = m["checksum"], manifest_checksum(m)
+    if want != got:
+        raise IntegrityError(f"{where}: checksum mismatch: file records {want}, content hashes to {got}")
+    if canon != raw:
+        raise IntegrityError(f"{where}: bytes differ from the canonical serialisation (edited by hand?); "
+                             "the content checksum matches, so only formatting changed")
+    if m.get("version") != MANIFEST_VERSION:
+        raise IntegrityError(f"{where}: manifest version {m.get('version')!r}, this code reads {MANIFEST_VERSION}")
+    return m
+
+
+def load_manifest(P: Mapping) -> dict:
+    """The committed manifest, checked byte for byte and by checksum (IntegrityError otherwise)."""
+    path = manifest_path(P)
+    if not path.is_file():
+        raise DataError(path, "no window manifest here; run `portbench freeze` (notebook 02) to create it")
+    return parse_manifest(path.read_bytes(), str(path))
+
+
+def write_manifest(manifest: dict, path: Path) -> dict:
+    """Set the checksum and write the canonical bytes atomically; returns the manifest."""
+    manifest = dict(manifest)
+    manifest["checksum"] = manifest_checksum(manifest)
+    _atomic_write(path, canonical_json(manifest))
+    return manifest
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _atomic_replace(path: Path, write) -> None:
+    """Write through ``write(tmp_path)`` into a temporary file next to ``path``, then rename it over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file ordinary permissions
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    _atomic_replace(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file (streamed)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tree_sha256(folder: str | Path) -> str:
+    """SHA-256 of a folder: over its files' relative paths and SHA-256s, in sorted order."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
+        _hash_field(h, p.relative_to(folder).as_posix().encode())
+        _hash_field(h, file_sha256(p).encode())
+    return h.hexdigest()
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return [_jsonable(v) for v in x.tolist()]
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x)
+    if isinstance(x, Path):
+        return x.as_posix()
+    return x
+
+
+# --------------------------------------------------------------------------- sources and evidence
+
+
+def optional_module(module: str):
+    """``portbench.<module>`` or None when it is not part of this build."""
+    try:
+        return importlib.import_module(f"portbench.{module}")
+    except ModuleNotFoundError as e:
+        if e.name != f"portbench.{module}":
+            raise
+        return None
+
+
+def _loud(msg: str) -> None:
+    print(f"[portbench windows] WARNING: {msg}", file=sys.stderr, flush=True)
+
+
+def _mirror(P: Mapping) -> Path | None:
+    registry = optional_module("registry")
+    return registry.resolve_mirror(P) if registry is not None else None
+
+
+def provenance_reason(mode: str | None, provenance: str | None, file: str | None, detail: str = "") -> str:
+    """Why a source has its provenance, in words that do not depend on the machine.
+
+    The registry's own reason names local paths and download errors; the committed manifest must
+    be byte-identical wherever it is frozen, so it records this fixed wording instead.
+    """
+    if provenance == "real":
+        return f"mode {mode}: official file {file} found and verified (SHA-256 in source_files)"
+    if provenance == "standin":
+        if mode == "standin":
+            return "mode standin: the labelled stand-in was requested"
+        return (f"mode {mode}: official file {file} not available in this environment; "
+                "labelled stand-in built from the real evidence (see source_files)")
+    skipped = detail.rsplit(";", 1)[-1].strip() if "skipped" in detail else "skipped"
+    return f"mode {mode}: {skipped}"
+
+
+def evidence_checksums(P: Mapping, source: str) -> dict[str, str]:
+    """``{name: sha256}`` of the real evidence a stand-in is built from (names relative to the mirror).
+
+    From ``standins.evidence_sha256(P, source)``, or else by hashing ``standins.evidence_files(P,
+    source)``; a folder is recorded as ``"<folder>/"`` with :func:`tree_sha256`.
+    """
+    standins = importlib.import_module("portbench.standins")
+    if hasattr(standins, "evidence_sha256"):
+        return dict(standins.evidence_sha256(P, source))
+    mirror = _mirror(P)
+    out = {}
+    for p in map(Path, standins.evidence_files(P, source)):
+        name = p.relative_to(mirror).as_posix() if mirror is not None and p.is_relative_to(mirror) else p.name
+        if p.is_dir():
+            out[name.rstrip("/") + "/"] = tree_sha256(p)
+        elif p.is_file():
+            out[name] = file_sha256(p)
+        else:
+            raise DataError(p, f"evidence file of the {source} stand-in not found")
+    return out
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _params_record(P: Mapping) -> dict:
+    return _jsonable({k: P.get(k) for k in FROZEN_SECTIONS if k in P})
+
+
+def _entry(meta: Mapping, df: pl.DataFrame, *, source: str, provenance: str) -> dict:
+    """One manifest window entry from a window's metadata and table."""
+    synthetic = provenance != "real"
+    extra = {k: v for k, v in meta.items() if k not in ("id", "tenant_fields", "synthetic")}
+    e = {
+        **_jsonable(extra),
+        "id": meta["id"], "source": source, "provenance": provenance,
+        "synthetic": bool(meta.get("synthetic", False) or synthetic),
+        "file": meta.get("file"),
+        "row_start": meta.get("row_start") if not synthetic else None,
+        "row_end": meta.get("row_end") if not synthetic else None,
+        "n_requests": df.height,
+        "t_start": float(meta["t_start"]),
+        "duration_s": float(df["arrival_s"][-1]),
+        "sha256": window_sha256(df),
+        "stats": window_stats(df),
+    }
+    if provenance == "standin" and "generator" not in e:
+        raise DataError(meta.get("file") or source, f"stand-in window {meta['id']} has no generator record")
+    return e
+
+
+def _build_source(P: Mapping, source: str, info: Mapping, record: dict) -> list[tuple[dict, pl.DataFrame]]:
+    """Windows of one source, by its provenance; fills ``record`` (the manifest's sources entry)."""
+    w = P["windows"]
+    n, size = w["per_source"], w["size"]
+    if info["provenance"] == "real":
+        traces = importlib.import_module("portbench.traces")
+        canonical = traces.load_canonical(P, source)
+        cut = cut_windows(canonical, n, size, w["seed"], source, w["tenants"])
+        fields = cut[0][0]["tenant_fields"] if cut else []
+        record["tenants"] = _tenant_rule(fields, w["tenants"])
+        record["valid_requests"] = canonical.height
+        return cut
+    standins = importlib.import_module("portbench.standins")
+    built = []
+    for k, (meta, df) in enumerate(standins.build_windows(P, source, n, size)):
+        meta = dict(meta)
+        meta.setdefault("id", window_ids(source, n)[k])
+        if "tenant" not in df.columns:
+            df = df.with_columns(pl.Series("tenant", seeded_tenants(df.height, w["tenants"], w["seed"], source,
+                                                                    meta["id"]), dtype=pl.String))
+        built.append((meta, as_window_table(df, meta["id"])))
+    record["tenants"] = _tenant_rule(None, w["tenants"])
+    rule = built[0][0].get("generator", {}).get("params", {}).get("tenant") if built else None
+    if isinstance(rule, str):
+        record["tenants"]["generator_rule"] = rule
+    return built
+
+
+def _tenant_rule(fields: Sequence[str] | None, n_tenants: int) -> dict:
+    if fields is None:
+        return {"rule": "generator", "note": "tenants come from the stand-in generator (seeded rule if it has none)"}
+    if fields:
+        return {"rule": "fields", "fields": list(fields)}
+    return {"rule": "seeded", "tenants": n_tenants, "shares": "zipf 1/k"}
+
+
+def build_manifest(P: Mapping) -> tuple[dict, dict[str, pl.DataFrame]]:
+    """Build the manifest (without checksum) and the window tables from the current data."""
+    registry = importlib.import_module("portbench.registry")
+    resolved = registry.resolve_sources(P)
+    sources_rec: dict[str, dict] = {}
+    source_files: dict[str, str] = {}
+    entries: list[dict] = []
+    tables: dict[str, pl.DataFrame] = {}
+    for source in [s for s in SOURCES if s in P.get("sources", {})]:
+        info = resolved.get(source) or {"provenance": None, "file": None, "path": None, "reason": "not resolved"}
+        spec = P["sources"][source]
+        file = info.get("file") or spec.get("file")
+        rec = {"mode": spec.get("mode"), "file": file, "provenance": info.get("provenance"),
+               "reason": provenance_reason(spec.get("mode"), info.get("provenance"), file,
+                                           str(info.get("reason", "")))}
+        sources_rec[source] = rec
+        prov = info.get("provenance")
+        if prov is None:
+            _loud(f"{source}: skipped ({rec['reason']})")
+            continue
+        if prov == "standin" and optional_module("standins") is None:
+            rec["provenance"] = None
+            rec["reason"] = (f"mode {spec.get('mode')}: skipped: it needs the stand-in, and the stand-in "
+                             "generator (portbench.standins) is not available in this build")
+            _loud(f"{source}: SKIPPED - it would be a stand-in, but portbench.standins is not importable yet")
+            continue
+        if prov == "real":
+            source_files[info["file"]] = file_sha256(info["path"])
+        else:
+            source_files.update(evidence_checksums(P, source))
+        for meta, df in _build_source(P, source, info, rec):
+            e = _entry(meta, df, source=source, provenance=prov)
+            entries.append(e)
+            tables[e["id"]] = df
+        rec["windows"] = sum(1 for e in entries if e["source"] == source)
+    manifest = {"version": MANIFEST_VERSION, "params": _params_record(P), "sources": sources_rec,
+                "source_files": source_files, "windows": entries}
+    return _jsonable(manifest), tables
+
+
+def freeze(P: Mapping, refreeze: bool = False) -> dict:
+    """Freeze the windows (no manifest yet, or ``refreeze``) or verify the existing manifest.
+
+    With a manifest present and ``refreeze`` false the manifest is never rewritten: every window
+    is rebuilt from the source data and checked against its hash (IntegrityError on any
+    mismatch), and the window cache is materialised.
+    """
+    path = manifest_path(P)
+    if path.is_file() and not refreeze:
+        manifest = load_manifest(P)
+        _check_params(P, manifest)
+        _note_provenance_changes(P, manifest)
+        ok, total, problems, tables = _verify(P, manifest, check_cache=False)
+        if problems:
+            raise IntegrityError(f"{path}: {total - ok} of {total} windows fail verification:\n  "
+                                 + "\n  ".join(problems))
+        _write_cache(P, manifest, tables)
+        return manifest
+    manifest, tables = build_manifest(P)
+    manifest = write_manifest(manifest, path)
+    _write_cache(P, manifest, tables)
+    return manifest
+
+
+def _check_params(P: Mapping, manifest: Mapping) -> None:
+    """ParameterError unless P has the values the manifest was frozen with (``standins`` only matters
+    when the manifest has stand-in windows)."""
+    now, frozen = _params_record(P), manifest.get("params", {})
+    has_standins = any(e["provenance"] == "standin" for e in manifest["windows"])
+    for section in [s for s in FROZEN_SECTIONS if s != "standins" or has_standins]:
+        if now.get(section) != frozen.get(section):
+            raise ParameterError(section, now.get(section),
+                                 f"the values the manifest {manifest_path(P)} was frozen with "
+                                 f"({frozen.get(section)!r}); run `portbench freeze --refreeze` to refreeze, "
+                                 "or point paths.manifest at another file")
+
+
+def _note_provenance_changes(P: Mapping, manifest: Mapping) -> None:
+    registry = optional_module("registry")
+    if registry is None:
+        return
+    resolved = registry.resolve_sources(P)
+    for source, rec in manifest.get("sources", {}).items():
+        now = (resolved.get(source) or {}).get("provenance")
+        if rec.get("provenance") != now:
+            _loud(f"{source}: the manifest has provenance {rec.get('provenance')!r} but the data here "
+                  f"now resolves to {now!r}; the frozen windows are kept (refreeze to change)")
+
+
+# --------------------------------------------------------------------------- loading and verifying
+
+
+def select_entries(manifest: Mapping, sources: Iterable[str] | None = None,
+                   per_source: int | None = None) -> list[dict]:
+    """Manifest window entries of ``sources`` (default: all), the first ``per_source`` of each."""
+    wanted = None if sources is None else ([sources] if isinstance(sources, str) else list(sources))
+    seen: dict[str, int] = {}
+    out = []
+    for e in manifest["windows"]:
+        if wanted is not None and e["source"] not in wanted:
+            continue
+        seen[e["source"]] = seen.get(e["source"], 0) + 1
+        if per_source is None or seen[e["source"]] <= per_source:
+            out.append(e)
+    return out
+
+
+def _mismatch(entry: Mapping, got: str, where: str) -> str:
+    return (f"window {entry['id']} ({where}): sha256 {got} but the manifest records {entry['sha256']}")
+
+
+def rebuild_window(entry: Mapping, manifest: Mapping, canonical: pl.DataFrame | None = None,
+                   P: Mapping | None = None) -> pl.DataFrame:
+    """A window's table rebuilt from its source: canonical rows ``row_start..row_end`` or the stand-in generator."""
+    if entry["provenance"] == "real":
+        if canonical is None:
+            raise ValueError("a real window needs its source's canonical table")
+        canon_file = canonical["file"][0] if canonical.height else None
+        if canon_file != entry["file"]:
+            raise DataError(entry["file"], f"window {entry['id']} was frozen from this file, but the canonical "
+                            f"table of {entry['source']} comes from {canon_file!r}")
+        rows = canonical.filter(pl.col("row").is_between(entry["row_start"], entry["row_end"])).sort("row")
+        if rows.height != entry["n_requests"]:
+            raise IntegrityError(f"window {entry['id']}: rows {entry['row_start']}..{entry['row_end']} of "
+                                 f"{entry['file']} hold {rows.height} valid requests, the manifest records "
+                                 f"{entry['n_requests']}")
+        w = manifest["params"]["windows"]
+        rule = manifest["sources"][entry["source"]]["tenants"]
+        return window_from_rows(rows, window_id=entry["id"], source=entry["source"], seed=w["seed"],
+                                n_tenants=w["tenants"], tenant_fields=rule.get("fields", []))
+    standins = optional_module("standins")
+    if standins is None:
+        raise DataError(entry.get("file") or entry["source"], f"window {entry['id']} is a stand-in and "
+                        "portbench.standins is not available to regenerate it")
+    takes_params = len(inspect.signature(standins.regenerate).parameters) > 1
+    df = standins.regenerate(dict(entry), P) if takes_params and P is not None else standins.regenerate(dict(entry))
+    if "tenant" not in df.columns:
+        w = manifest["params"]["windows"]
+        df = df.with_columns(pl.Series("tenant", seeded_tenants(df.height, w["tenants"], w["seed"],
+                                                                entry["source"], entry["id"]), dtype=pl.String))
+    return as_window_table(df, entry["id"])
+
+
+def _rebuild_many(P: Mapping, manifest: Mapping, entries: Sequence[Mapping]
+                  ) -> tuple[dict[str, pl.DataFrame], list[str]]:
+    """Rebuild ``entries`` from source data; returns (verified tables, problems)."""
+    tables, problems = {}, []
+    by_source: dict[str, list[Mapping]] = {}
+    for e in entries:
+        by_source.setdefault(e["source"], []).append(e)
+    for source, group in by_source.items():
+        canonical = None
+        try:
+            if group[0]["provenance"] == "real":
+                canonical = importlib.import_module("portbench.traces").load_canonical(P, source)
+        except PortbenchError as err:
+            problems += [f"window {e['id']}: cannot read the {source} data ({err})" for e in group]
+            continue
+        for e in group:
+            try:
+                df = rebuild_window(e, manifest, canonical, P)
+            except PortbenchError as err:
+                problems.append(f"window {e['id']}: {err}")
+                continue
+            got = window_sha256(df)
+            if got != e["sha256"]:
+                problems.append(_mismatch(e, got, "rebuilt from the source data"))
+            else:
+                tables[e["id"]] = df
+    return tables, problems
+
+
+def _source_file_problems(P: Mapping, manifest: Mapping) -> list[str]:
+    """Recorded source-file SHA-256s that the files here do not match (or that cannot be found)."""
+    registry = optional_module("registry")
+    mirror = _mirror(P)
+    real_files = {rec.get("file"): s for s, rec in manifest.get("sources", {}).items()
+                  if rec.get("provenance") == "real"}
+    problems = []
+    for name, want in manifest.get("source_files", {}).items():
+        try:
+            if name in real_files:
+                if registry is None:
+                    raise DataError(name, "portbench.registry is not available to locate it")
+                path = Path(registry.locate(name, P))
+            else:
+                path = (mirror / name) if mirror is not None else Path(name)
+                if not path.exists():
+                    raise DataError(path, "evidence file not found")
+            got = tree_sha256(path) if name.endswith("/") else file_sha256(path)
+        except PortbenchError as err:
+            problems.append(f"source file {name}: {err}")
+            continue
+        if got != want:
+            problems.append(f"source file {name}: sha256 {got} but the manifest records {want}")
+    return problems
+
+
+def _read_cache(P: Mapping, manifest: Mapping) -> dict[str, pl.DataFrame]:
+    """Window tables in the cache, if it belongs to this manifest (else {})."""
+    import pyarrow.parquet as pq
+
+    path = cache_path(P)
+    if not path.is_file():
+        return {}
+    try:
+        meta = pq.read_schema(path).metadata or {}
+        if meta.get(CACHE_META_KEY, b"").decode(errors="replace") != manifest["checksum"]:
+            _loud(f"{path} was built for another manifest; rebuilding it")
+            return {}
+        df = pl.read_parquet(path)
+    except (OSError, ValueError, pl.exceptions.PolarsError) as e:  # pyarrow's errors derive from these
+        raise IntegrityError(f"window cache {path} cannot be read ({type(e).__name__}: {e}); "
+                             "delete it to rebuild it from the source data") from None
+    if df.columns != ["window_id", *COLUMNS]:
+        raise IntegrityError(f"window cache {path} has columns {df.columns}, expected window_id + {list(COLUMNS)}; "
+                             "delete it to rebuild it from the source data")
+    return {wid: part.drop("window_id") for (wid,), part in df.partition_by("window_id", as_dict=True,
+                                                                              maintain_order=True).items()}
+
+
+def _write_cache(P: Mapping, manifest: Mapping, tables: Mapping[str, pl.DataFrame]) -> Path:
+    """Write the window cache (long format, manifest order) atomically, tagged with the manifest checksum."""
+    import pyarrow.parquet as pq
+
+    order = [e["id"] for e in manifest["windows"] if e["id"] in tables]
+    frames = [tables[i].with_columns(pl.lit(i).alias("window_id")).select(["window_id", *COLUMNS]) for i in order]
+    df = pl.concat(frames) if frames else pl.DataFrame(schema={"window_id": pl.String, **SCHEMA})
+    table = df.to_arrow()
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                           CACHE_META_KEY: manifest["checksum"].encode()})
+    path = cache_path(P)
+    _atomic_replace(path, lambda tmp: pq.write_table(table, tmp))
+    return path
+
+
+def load_windows(P: Mapping, sources: Iterable[str] | None = None, per_source: int | None = None,
+                 *, manifest: Mapping | None = None) -> dict[str, pl.DataFrame]:
+    """Verified window tables ``{id: df}`` (manifest order), from the cache or rebuilt from the source data.
+
+    Every table is checked against the manifest's SHA-256; a mismatch raises IntegrityError naming
+    the window and both hashes. Windows missing from the cache are rebuilt (ingesting or
+    regenerating as needed) and added to it.
+    """
+    manifest = manifest if manifest is not None else load_manifest(P)
+    entries = select_entries(manifest, sources, per_source)
+    cached = _read_cache(P, manifest)
+    out: dict[str, pl.DataFrame] = {}
+    for e in entries:
+        if e["id"] in cached:
+            got = window_sha256(cached[e["id"]])
+            if got != e["sha256"]:
+                raise IntegrityError(_mismatch(e, got, f"cache {cache_path(P)}")
+                                     + "; delete the cache to rebuild it from the source data")
+            out[e["id"]] = cached[e["id"]]
+    missing = [e for e in entries if e["id"] not in out]
+    if missing:
+        built, problems = _rebuild_many(P, manifest, missing)
+        if problems:
+            raise IntegrityError("; ".join(problems))
+        out.update(built)
+        _write_cache(P, manifest, {**cached, **built})
+    return {e["id"]: out[e["id"]] for e in entries}
+
+
+def _verify(P: Mapping, manifest: Mapping, *, check_cache: bool = True
+            ) -> tuple[int, int, list[str], dict[str, pl.DataFrame]]:
+    entries = manifest["windows"]
+    problems = _source_file_problems(P, manifest)
+    tables, window_problems = _rebuild_many(P, manifest, entries)
+    problems += window_problems
+    bad = {e["id"] for e in entries if e["id"] not in tables}
+    if check_cache and cache_path(P).is_file():
+        cached = _read_cache(P, manifest)
+        for e in entries:
+            if e["id"] in cached and (got := window_sha256(cached[e["id"]])) != e["sha256"]:
+                problems.append(_mismatch(e, got, f"cache {cache_path(P)}"))
+                bad.add(e["id"])
+    return len(entries) - len(bad), len(entries), problems, tables
+
+
+def verify(P: Mapping) -> tuple[int, int, list[str]]:
+    """Check the manifest (bytes and checksum), the source files' SHA-256 and every window's hash.
+
+    Windows are rebuilt from the source data (and the cache, when present, is checked too).
+    Returns ``(n_ok, n_total, problems)``; a damaged manifest gives ``(0, n_listed, [problem])``.
+    """
+    path = manifest_path(P)
+    try:
+        manifest = load_manifest(P)
+    except IntegrityError as e:
+        try:
+            n_listed = len(json.loads(path.read_bytes())["windows"])
+        except Exception:  # noqa: BLE001 - the file is damaged; its window count is unknown
+            n_listed = 0
+        return 0, n_listed, [str(e)]
+    ok, total, problems, _ = _verify(P, manifest)
+    return ok, total, problems
+
+
+# --------------------------------------------------------------------------- tables for reading
+
+
+def window_table(manifest: Mapping) -> pl.DataFrame:
+    """One row per window: id, source, label, provenance, synthetic, file, rows, timing, stats, sha256."""
+    rows = []
+    for e in manifest["windows"]:
+        rows.append({
+            "id": e["id"], "source": e["source"], "label": label(e["source"], e["provenance"]),
+            "provenance": e["provenance"], "synthetic": e["synthetic"], "file": e["file"],
+            "row_start": e["row_start"], "row_end": e["row_end"], "n_requests": e["n_requests"],
+            "t_start": e["t_start"], "duration_s": e["duration_s"],
+            **{k: e["stats"].get(k) for k in STAT_KEYS}, "sha256": e["sha256"],
+        })
+    schema = {"id": pl.String, "source": pl.String, "label": pl.String, "provenance": pl.String,
+              "synthetic": pl.Boolean, "file": pl.String, "row_start": pl.Int64, "row_end": pl.Int64,
+              "n_requests": pl.Int64, "t_start": pl.Float64, "duration_s": pl.Float64,
+              **{k: pl.Float64 for k in STAT_KEYS}, "sha256": pl.String}
+    return pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
+
+
+def provenance(manifest: Mapping) -> dict[str, str]:
+    """``{source: provenance}`` of the sources with windows in the manifest."""
+    from .sources import provenance_from_manifest
+
+    return provenance_from_manifest(manifest)
+
+
+def skipped_sources(manifest: Mapping) -> list[str]:
+    """Sources configured but without windows (no official file and no stand-in available)."""
+    return [s for s, rec in manifest.get("sources", {}).items() if rec.get("provenance") is None]

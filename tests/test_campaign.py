@@ -1,0 +1,429 @@
+"""Campaign orchestration: seeds, sharding, resume, stale-shard protection, executors, parameters.
+
+Most tests inject a deterministic fake engine (``FakeEngine``: every number is a function of the
+run's seed and window) so that they check the orchestration alone, fast; the ``real_*`` tests run
+the real simulator on a tiny grid when the simulation modules are present.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from portbench import campaign, params
+from portbench.campaign import Engine, RunResult, WindowRef
+from portbench.errors import DataError, ParameterError
+
+TESTS_DIR = Path(__file__).resolve().parent
+SMOKE = "papermill_params/smoke.yaml"
+
+
+# --------------------------------------------------------------------------- the fake engine
+
+
+def make_windows(per_source: int = 2, size: int = 12) -> list[tuple[WindowRef, pl.DataFrame]]:
+    """Small synthetic window tables (contract columns) with refs; deterministic."""
+    out = []
+    for s_i, source in enumerate(("azure", "burstgpt", "bailian")):
+        for k in range(per_source):
+            rng = np.random.default_rng(1000 * s_i + k)
+            df = pl.DataFrame({
+                "arrival_s": np.cumsum(rng.exponential(1.0, size)) - 0.0,
+                "prompt_tokens": rng.integers(1, 500, size),
+                "output_tokens": rng.integers(1, 300, size),
+                "tenant": [f"t{1 + i % 3}" for i in range(size)],
+            }).with_columns(pl.col("arrival_s") - pl.col("arrival_s").min())
+            sha = hashlib.sha256(df.write_csv().encode()).hexdigest()
+            prov = "real" if source == "azure" else "standin"
+            out.append((WindowRef(f"{source}-{k:02d}", source, prov, sha), df))
+    return out
+
+
+class FakeEngine(Engine):
+    """Deterministic stand-in for the simulator. Logs each call as a file in ``calls_dir`` (so calls
+    are counted across processes); raises on the ``fail_after``-th run call of a process."""
+
+    METRICS = ("completed", "throughput_tok_s", "e2e_p99", "ttft_p50")
+
+    def __init__(self, calls_dir=None, fail_after: int | None = None, sleep_s: float = 0.0, version: int = 1):
+        self.calls_dir = str(calls_dir) if calls_dir else None
+        self.fail_after, self.sleep_s, self.version = fail_after, sleep_s, version
+        self._n = 0
+
+    def fingerprint(self, P):
+        return {"engine": "fake", "version": self.version}
+
+    def metric_names(self, P):
+        return list(self.METRICS) + [f"slo_{k}" for k in P["simulation"]["slo"]]
+
+    def profile_name(self, P):
+        return "fake_profile"
+
+    def _log(self, kind):
+        if self.calls_dir:
+            Path(self.calls_dir, f"{kind}-{os.getpid()}-{uuid.uuid4().hex}").touch()
+
+    def capacity(self, window_df, P):
+        self._log("capacity")
+        return float(window_df.height) / (1.0 + float(window_df["arrival_s"].max()))
+
+    def prepare(self, window_df, rho, capacity_rps, P):
+        span = float(window_df["arrival_s"].max()) or 1.0
+        target = window_df.height / (rho * capacity_rps)
+        scaled = window_df.with_columns(pl.col("arrival_s") * (target / span))
+        return scaled, P["simulation"]["horizon_factor"] * target
+
+    def run(self, scaled_df, scheduler, seed, horizon_s, P):
+        self._n += 1
+        if self.fail_after is not None and self._n >= self.fail_after:
+            raise RuntimeError(f"injected failure at run call {self._n}")
+        self._log("run")
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        rng = np.random.default_rng(seed)
+        n = scaled_df.height
+        completed = int(rng.integers(0, n + 1))
+        rejected = int(rng.integers(0, n - completed + 1))
+        counters = {"arrived": n, "completed": completed, "rejected": rejected,
+                    "unfinished": n - completed - rejected, "preemptions": int(rng.integers(0, 5))}
+        metrics = {m: float(rng.random()) for m in self.metric_names(P)}
+        metrics["completed"] = float(completed)
+        metrics["horizon_echo"] = horizon_s  # not a metric name: must be ignored
+        records = pl.DataFrame({"req_id": np.arange(n, dtype=np.int64), "arrival_s": scaled_df["arrival_s"],
+                                "finish_s": scaled_df["arrival_s"] + rng.random(n),
+                                "prompt_tokens": scaled_df["prompt_tokens"], "tenant": scaled_df["tenant"]})
+        return RunResult(counters=counters, metrics=metrics, records=records)
+
+
+def n_calls(calls_dir: Path, kind: str = "run") -> int:
+    return len(list(Path(calls_dir).glob(f"{kind}-*")))
+
+
+@pytest.fixture()
+def smoke(tmp_path):
+    """Smoke parameters with results under tmp_path/<name> (2 replicates, so replicate seeds matter)."""
+
+    def make(name: str = "a", validate: bool = True, **overrides):
+        o = {"paths.data_dir": str(tmp_path / "data"), "paths.results_dir": str(tmp_path / name),
+             "paths.figures_dir": str(tmp_path / "figures"), "simulation.replicates": 2}
+        o.update(overrides)
+        return params.load(SMOKE, params.undot(o), validate=validate)
+
+    return make
+
+
+WINDOWS = make_windows()
+
+
+def run_fake(P, calls_dir=None, **kw):
+    engine = kw.pop("engine", None) or FakeEngine(calls_dir)
+    kw.setdefault("workers", 1)
+    return campaign.run_campaign(P, engine=engine, windows=WINDOWS, progress=False, verbose=False, **kw)
+
+
+# --------------------------------------------------------------------------- seeds
+
+
+def test_seed_is_pinned_distinct_and_process_independent():
+    assert campaign.run_seed(0, "azure-00", "fcfs", "light", 0) == 1010745406291831005  # never changes silently
+    keys = [(b, w, s, r, k) for b in (0, 1) for w in ("azure-00", "azure-01", "bailian-00")
+            for s in ("fcfs", "las", "random") for r in ("light", "overload") for k in (0, 1, 2)]
+    seeds = [campaign.run_seed(*k) for k in keys]
+    assert len(set(seeds)) == len(keys), "every key gets its own seed"
+    assert all(0 <= x < 2 ** 63 for x in seeds)
+    code = ("import json,sys; from portbench.campaign import run_seed; "
+            f"print(json.dumps([run_seed(*k) for k in {keys!r}]))")
+    for hashseed in ("1", "12345"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": hashseed}).stdout
+        assert json.loads(out) == seeds, "seeds must not depend on the process (no hash())"
+
+
+def test_rows_carry_the_derived_seed_and_every_cell_of_the_grid(smoke, tmp_path):
+    P = smoke()
+    res = run_fake(P)
+    runs = res.runs
+    plan = res.plan
+    assert runs.height == plan.n_runs == 6 * 3 * 6 * 2
+    assert list(runs.columns) == list(campaign.RUN_COLUMNS) + FakeEngine().metric_names(P)
+    assert runs.select(["window_id", "region", "scheduler", "replicate"]).n_unique() == runs.height
+    assert runs["seed"].n_unique() == runs.height
+    for row in runs.sample(10, seed=1).iter_rows(named=True):
+        assert row["seed"] == campaign.run_seed(P["simulation"]["seed"], row["window_id"], row["scheduler"],
+                                                row["region"], row["replicate"])
+        assert row["arrived"] == row["completed_n"] + row["unfinished"] + row["rejected"]
+    assert runs["profile"].unique().to_list() == ["fake_profile"]
+    assert runs.sort(campaign.SORT_COLUMNS).equals(runs), "rows are sorted deterministically"
+    # the base seed changes every seed (and so the results)
+    P2 = smoke("b", **{"simulation.seed": 1})
+    runs2 = run_fake(P2).runs
+    assert not set(runs["seed"].to_list()) & set(runs2["seed"].to_list())
+
+
+def test_same_parameters_same_results(smoke):
+    a = run_fake(smoke("a")).runs
+    b = run_fake(smoke("b")).runs
+    assert a.equals(b)
+
+
+# --------------------------------------------------------------------------- shards, capacity, records
+
+
+def test_shard_layout_capacity_cache_and_records(smoke, tmp_path):
+    P = smoke()
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    res = run_fake(P, calls)
+    out = Path(P["paths"]["results_dir"])
+    shards = sorted((out / "runs").glob("*.parquet"))
+    assert len(shards) == 6 * 3 == len(res.plan.shards)
+    for sh in res.plan.shards:
+        path = campaign.shard_path(P, sh)
+        assert path.name.startswith(f"{sh.window.id}__{sh.region}__") and len(sh.key) == 16
+        meta = campaign.read_meta(path)
+        assert meta["shard"] == sh.name and meta["fingerprint"]["window"]["sha256"] == sh.window.sha256
+        df = pl.read_parquet(path)
+        assert df.height == 6 * 2 and set(df["window_id"]) == {sh.window.id} and set(df["region"]) == {sh.region}
+    # capacity measured once per window and reused by all its regions
+    assert n_calls(calls, "capacity") == 6
+    assert len(list((out / "capacity").glob("*.json"))) == 6
+    caps = campaign.load_capacities(P, res.plan)
+    for row in res.runs.select(["window_id", "capacity_rps"]).unique().iter_rows():
+        assert caps[row[0]] == row[1]
+    # records: first window per source, region overload, replicate 0 (smoke.yaml)
+    req = campaign.load_requests(P, engine=FakeEngine(), windows=WINDOWS)
+    assert set(req["window_id"]) == {"azure-00", "burstgpt-00", "bailian-00"}
+    assert set(req["region"]) == {"overload"} and set(req["replicate"]) == {0}
+    assert req.height == 3 * 6 * 12
+    assert list(req.columns[:8]) == list(campaign.KEY_COLUMNS)
+    assert len(list((out / "requests").glob("*.parquet"))) == 3
+    # consolidated file tagged with the plan
+    assert campaign.read_meta(out / "runs.parquet")["plan"] == res.plan.hash
+    assert campaign.load_runs(P, engine=FakeEngine(), windows=WINDOWS).equals(res.runs)
+
+
+def test_rerun_reuses_every_shard(smoke, tmp_path):
+    P = smoke()
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    first = run_fake(P, calls)
+    before = n_calls(calls)
+    again = run_fake(P, calls)
+    assert n_calls(calls) == before and n_calls(calls, "capacity") == 6
+    assert again.computed_shards == 0 and again.reused_shards == len(first.plan.shards)
+    assert again.runs.equals(first.runs)
+    # parameters that do not change results do not change shard keys
+    P2 = smoke(**{"campaign.workers": 1, "analysis.alpha": 0.01})
+    assert run_fake(P2, calls).computed_shards == 0
+
+
+@pytest.mark.parametrize("override", [
+    {"simulation.horizon_factor": 3.0},
+    {"simulation.seed": 5},
+    {"simulation.predictor_sigma": 0.9},
+    {"simulation.slo": {"tight": {"ttft_s": 0.25, "tpot_s": 0.05}}},
+    {"simulation.edf_slo": "tight"},
+    {"simulation.scheduler_options": {"las": {"quantum_tokens": 7}}},
+    {"simulation.region_loads.light": 0.35},
+    {"simulation.capacity_policy": "sarathi"},
+    {"simulation.profile": "other"},
+])
+def test_changing_a_result_parameter_never_reuses_old_shards(smoke, tmp_path, override, monkeypatch):
+    if "simulation.profile" in override:  # the fake engine's model fingerprint stands in for the profile
+        monkeypatch.setattr(FakeEngine, "fingerprint", lambda self, P: {"engine": "fake",
+                                                                        "profile": P["simulation"]["profile"]})
+    P = smoke()
+    run_fake(P)
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    P2 = smoke(validate=False, **override)  # the fake engine accepts any profile / option name
+    plan1, plan2 = (campaign.make_plan(x, engine=FakeEngine(), windows=WINDOWS) for x in (P, P2))
+    changed = {a.name for a in plan1.shards} ^ {b.name for b in plan2.shards}
+    affected = [b for b in plan2.shards if b.name not in {a.name for a in plan1.shards}]
+    assert changed and affected
+    res = run_fake(P2, calls)
+    assert res.computed_shards == len(affected)
+    assert n_calls(calls) == len(affected) * 6 * 2
+    if "simulation.region_loads.light" in override:  # only the light region is affected
+        assert {sh.region for sh in affected} == {"light"}
+    else:
+        assert len(affected) == len(plan2.shards)
+
+
+def test_engine_model_change_invalidates_shards_and_capacities(smoke, tmp_path):
+    P = smoke()
+    run_fake(P)
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    res = run_fake(P, engine=FakeEngine(calls, version=2))
+    assert res.computed_shards == len(res.plan.shards) and n_calls(calls, "capacity") == 6
+
+
+def test_request_record_selection_change_recomputes_only_those_shards(smoke, tmp_path):
+    P = smoke()
+    first = run_fake(P)
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    P2 = smoke(**{"campaign.request_records": {"windows_per_source": 1, "regions": ["overload", "light"],
+                                               "replicates": [0]}})
+    res = run_fake(P2, calls)
+    assert res.computed_shards == 3 and n_calls(calls) == 3 * 12  # the three light shards gain records
+    assert res.runs.equals(first.runs)
+
+
+def test_load_runs_refuses_other_parameters(smoke):
+    P = smoke()
+    run_fake(P)
+    P2 = smoke(**{"simulation.horizon_factor": 2.5})
+    with pytest.raises(DataError, match="shards of this parameter set are missing.*portbench simulate"):
+        campaign.load_runs(P2, engine=FakeEngine(), windows=WINDOWS)
+
+
+# --------------------------------------------------------------------------- resume after a crash
+
+
+def test_resume_after_an_exception_mid_campaign(smoke, tmp_path):
+    reference = run_fake(smoke("ref")).runs
+    P = smoke("crash")
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    with pytest.raises(campaign.RunFailed, match="injected failure.*|run window=.*injected failure"):
+        run_fake(P, engine=FakeEngine(calls, fail_after=5 * 12 + 3))  # dies inside the 6th shard
+    out = Path(P["paths"]["results_dir"])
+    done = len(list((out / "runs").glob("*.parquet")))
+    assert done == 5 and not (out / "runs.parquet").exists()
+    assert not list((out / "runs").glob(".*")), "no temporary file left behind"
+    calls2 = tmp_path / "calls2"
+    calls2.mkdir()
+    res = run_fake(P, calls2)
+    assert res.computed_shards == 18 - 5 and res.reused_shards == 5
+    assert n_calls(calls2) == (18 - 5) * 12, "finished shards are not recomputed"
+    assert n_calls(calls2, "capacity") == 0, "capacities measured before the crash are reused"
+    assert res.runs.equals(reference), "exactly the rows of an uninterrupted run, no duplicates"
+
+
+def test_resume_after_sigkill(smoke, tmp_path):
+    reference = run_fake(smoke("ref")).runs
+    P = smoke("killed")
+    (tmp_path / "P.json").write_text(json.dumps(P))
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    script = (f"import json, sys; sys.path.insert(0, {str(TESTS_DIR)!r}); "
+              "from test_campaign import FakeEngine, WINDOWS; from portbench import campaign; "
+              f"P = json.load(open({str(tmp_path / 'P.json')!r})); "
+              f"campaign.run_campaign(P, engine=FakeEngine({str(calls)!r}, sleep_s=0.02), windows=WINDOWS, "
+              "workers=1, progress=False)")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    runs_dir = Path(P["paths"]["results_dir"]) / "runs"
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline and len(list(runs_dir.glob("*.parquet"))) < 4:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    done = len(list(runs_dir.glob("*.parquet")))
+    assert 4 <= done < 18, "killed mid-way"
+    calls2 = tmp_path / "calls2"
+    calls2.mkdir()
+    res = run_fake(P, calls2)
+    assert res.reused_shards == done and n_calls(calls2) == (18 - done) * 12
+    assert res.runs.equals(reference)
+
+
+# --------------------------------------------------------------------------- executors
+
+
+def test_one_two_workers_and_dask_give_identical_rows(smoke, tmp_path):
+    one = run_fake(smoke("one")).runs
+    two = run_fake(smoke("two"), workers=2).runs
+    assert two.equals(one)
+    pytest.importorskip("distributed")
+    dask = run_fake(smoke("dask"), executor="dask", workers=2).runs
+    assert dask.equals(one)
+    for name in ("one", "two", "dask"):
+        req = campaign.load_requests(smoke(name), engine=FakeEngine(), windows=WINDOWS)
+        assert req.height == 3 * 6 * 12
+
+
+def test_a_worker_failure_is_reported_with_the_run(smoke, tmp_path):
+    with pytest.raises(campaign.RunFailed, match=r"run window=\S+ region=\S+ .*scheduler=\S+ replicate=\d"):
+        run_fake(smoke(), engine=FakeEngine(fail_after=1), workers=2)
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+@pytest.mark.parametrize("override, param, allowed", [
+    ({"campaign.executor": "spark"}, "campaign.executor", "process, dask"),
+    ({"campaign.workers": 0}, "campaign.workers", "positive integer"),
+    ({"campaign.windows_per_source": -1}, "campaign.windows_per_source", "positive integer"),
+    ({"campaign.request_records": {"regions": ["nowhere"]}}, "campaign.request_records.regions",
+     "light, moderate"),
+    ({"simulation.region_loads.light": -0.3}, "simulation.region_loads.light", "rho"),
+    ({"simulation.regions": ["light", "hyperdrive"]}, "simulation.regions", "light, moderate, busy"),
+    ({"simulation.replicates": 0}, "simulation.replicates", "positive integer"),
+])
+def test_bad_parameters_name_the_parameter_and_allowed_values(override, param, allowed):
+    with pytest.raises(ParameterError) as e:
+        params.load(SMOKE, params.undot(override))
+    msg = str(e.value)
+    assert param in msg and allowed in msg, msg
+
+
+def test_unknown_scheduler_and_profile_are_rejected():
+    if campaign._registered_schedulers() is None:
+        pytest.skip("schedulers module not present yet")
+    with pytest.raises(ParameterError, match=r"simulation\.schedulers.*fcfs"):
+        params.load(SMOKE, params.undot({"simulation.schedulers": ["fcfs", "fifo_magic"]}))
+    with pytest.raises(ParameterError, match=r"simulation\.profile"):
+        params.load(SMOKE, params.undot({"simulation.profile": "tpu_v9_llama9"}))
+
+
+# --------------------------------------------------------------------------- the real simulator
+
+
+def _real_modules_present() -> bool:
+    return all(campaign._optional(m) is not None for m in ("simulator", "schedulers", "regions", "metrics"))
+
+
+real = pytest.mark.skipif(not _real_modules_present(), reason="simulation modules not present yet")
+
+
+def _real_windows(P):
+    from portbench import windows
+
+    refs = campaign.window_refs(P)
+    tables = windows.load_windows(P, per_source=P["campaign"]["windows_per_source"])
+    return [(r, tables[r.id]) for r in refs]
+
+
+@real
+def test_real_campaign_is_deterministic_across_executors(smoke, shared_traces):
+    over = {"campaign.windows_per_source": 1, "simulation.schedulers": ["fcfs", "sjf_oracle", "random"],
+            "simulation.regions": ["light", "overload"]}
+    P1 = smoke("r1", **over)
+    wins = _real_windows(P1)
+    kw = dict(windows=wins, progress=False, verbose=False)
+    one = campaign.run_campaign(P1, workers=1, **kw).runs
+    assert one.height == len(wins) * 2 * 3 * 2
+    assert (one["arrived"] == one["completed_n"] + one["unfinished"] + one["rejected"]).all()
+    again = campaign.run_campaign(smoke("r1b", **over), workers=1, **kw).runs
+    assert again.equals(one), "same seed, same results"
+    two = campaign.run_campaign(smoke("r2", **over), workers=2, **kw).runs
+    assert two.equals(one)
+    pytest.importorskip("distributed")
+    dask = campaign.run_campaign(smoke("rd", **over), executor="dask", workers=2, **kw).runs
+    assert dask.equals(one)
