@@ -427,3 +427,45 @@ def test_real_campaign_is_deterministic_across_executors(smoke, shared_traces):
     pytest.importorskip("distributed")
     dask = campaign.run_campaign(smoke("rd", **over), executor="dask", workers=2, **kw).runs
     assert dask.equals(one)
+
+
+@real
+def test_cli_simulate_runs_the_campaign_from_the_manifest(tmp_path, shared_traces, capsys):
+    from portbench import cli
+
+    sets = [f"paths.data_dir={tmp_path / 'data'}", f"paths.results_dir={tmp_path / 'results'}",
+            "campaign.windows_per_source=1", "campaign.workers=1", "simulation.schedulers=[fcfs, las]",
+            "simulation.regions=[overload]"]
+    argv = ["simulate", "--params", SMOKE] + [a for s in sets for a in ("--set", s)]
+    assert cli.main(argv) == 0
+    assert "6 runs in 3 shards (3 computed, 0 reused)" in capsys.readouterr().out
+    assert cli.main(argv) == 0
+    assert "(0 computed, 3 reused)" in capsys.readouterr().out
+    P = params.load(SMOKE, params.undot(dict(s.split("=", 1) for s in sets[:2])) | {
+        "campaign": {"windows_per_source": 1, "workers": 1},
+        "simulation": {"schedulers": ["fcfs", "las"], "regions": ["overload"]}})
+    runs = campaign.load_runs(P)
+    assert runs.height == 6 and set(runs["provenance"]) <= {"real", "standin"}
+    from portbench import windows
+
+    manifest = windows.load_manifest(P)
+    sha = {w["id"]: w["sha256"] for w in manifest["windows"]}
+    for sh in campaign.make_plan(P).shards:
+        assert campaign.read_meta(campaign.shard_path(P, sh))["fingerprint"]["window"]["sha256"] == sha[sh.window.id]
+
+
+@real
+def test_scheduler_defined_in_main_needs_one_worker(smoke, monkeypatch):
+    from portbench import schedulers
+
+    class Mine(schedulers.SCHEDULERS["fcfs"]):
+        pass
+
+    Mine.__module__ = "__main__"
+    monkeypatch.setitem(schedulers.SCHEDULERS, "mine_main", Mine)
+    P = smoke("m", **{"simulation.schedulers": ["fcfs", "mine_main"], "simulation.regions": ["light"]})
+    wins = _real_windows(smoke("m2", **{"campaign.windows_per_source": 1}))[:1]
+    with pytest.raises(ParameterError, match="campaign.workers.*defined in the notebook"):
+        campaign.run_campaign(P, windows=wins, workers=2, progress=False, verbose=False)
+    runs = campaign.run_campaign(P, windows=wins, workers=1, progress=False, verbose=False).runs
+    assert set(runs["scheduler"]) == {"fcfs", "mine_main"}

@@ -131,8 +131,10 @@ def test_run_s_and_max_iterations_match_loops(variant, p_tokens, b, c, k):
         k_max = p.max_iterations_within(3.7, b, c)
         assert p.run_s(k_max, 0, b, c) <= 3.7 < p.run_s(k_max + 1, 0, b, c)
         # the smallest run reaching a time: exactly at a run's end, and just after it
-        assert p.min_iterations_reaching(loop, b, c) == k
-        assert p.min_iterations_reaching(loop * (1 + 1e-9), b, c) == k + 1
+        end = p.run_s(k, 0, b, c)
+        assert p.min_iterations_reaching(end, b, c) == k
+        assert p.min_iterations_reaching(end * (1 - 1e-9), b, c) == k
+        assert p.min_iterations_reaching(end * (1 + 1e-9), b, c) == k + 1
         assert p.min_iterations_reaching(0.0, b, c) == 1
         kr = p.min_iterations_reaching(2.9, b, c)
         assert p.run_s(kr, 0, b, c) >= 2.9 and (kr == 1 or p.run_s(kr - 1, 0, b, c) < 2.9)

@@ -131,7 +131,8 @@ COLUMNS: dict[str, dict[str, str]] = {
         "source_1": "first source", "source_2": "second source",
         "provenance_1": "provenance of source_1", "provenance_2": "provenance of source_2", **_TAU,
     },
-    "cross_source_w": {"region": _KEYS["region"], "metric": _KEYS["metric"], **_W},
+    "cross_source_w": {"region": _KEYS["region"], "metric": _KEYS["metric"],
+                       "provenance": "provenance of every source compared, 'source:provenance' comma-joined", **_W},
     "cross_region_tau": {
         "source": _KEYS["source"], "provenance": _KEYS["provenance"], "metric": _KEYS["metric"],
         "region_1": "first region (lighter load)", "region_2": "second region (heavier load)", **_TAU,
@@ -761,6 +762,7 @@ def _cross_source(cube: Cube, means, boot, tables) -> dict:
             Wb, wlo, whi = None, np.full(W.shape, np.nan), np.full(W.shape, np.nan)
         tables["cross_source_w"] = _frame({"region": R, "metric": M}, W=W, ci_low=wlo, ci_high=whi,
                                           n_rankings=len(S), n_items=len(cube.schedulers)) \
+            .with_columns(pl.lit(",".join(f"{s}:{cube.provenance[s]}" for s in S)).alias("provenance")) \
             .select(list(COLUMNS["cross_source_w"]))
     else:
         W, Wb = np.full((len(R), len(M)), np.nan), None

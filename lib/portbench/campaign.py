@@ -413,7 +413,7 @@ class SimEngine(Engine):
         out = []
         for name in scheduler_names(P):
             m = getattr((reg or {}).get(name), "__module__", None)
-            if m and m != "__main__" and m not in out:
+            if m and m not in out:
                 out.append(m)
         return out
 
@@ -445,7 +445,7 @@ class ShardSpec:
 
     @property
     def records_name(self) -> str:
-        return f"{self.name}__r{''.join(map(str, self.record_replicates))}" if self.record_replicates else ""
+        return f"{self.name}__r{'-'.join(map(str, self.record_replicates))}" if self.record_replicates else ""
 
 
 @dataclass
@@ -648,7 +648,8 @@ def _init_worker(ctx: WorkerContext) -> None:
     global _CTX
     os.environ.setdefault("MPLBACKEND", "Agg")
     for m in ctx.modules:
-        importlib.import_module(m)
+        if m != "__main__":
+            importlib.import_module(m)
     _CTX = ctx
 
 
@@ -730,8 +731,8 @@ def _dask_capacity(ctx, window_id):
 
 
 def _dask_shard(ctx, shard, capacity_rps, profile, metric_names):
-    if ctx.modules:
-        for m in ctx.modules:
+    for m in ctx.modules:
+        if m != "__main__" and m not in sys.modules:
             importlib.import_module(m)
     return compute_shard(ctx, shard, capacity_rps, profile, metric_names)
 
@@ -745,6 +746,10 @@ class _Executor:
     def __init__(self, kind: str, workers: int, ctx: WorkerContext, dask_address: str | None = None):
         self.kind, self.workers, self.ctx = kind, workers, ctx
         self._pool = self._client = self._cluster = self._ctx_future = None
+        if "__main__" in ctx.modules and (kind == "dask" or workers > 1):
+            raise ParameterError("campaign.workers", workers, "1 (runs in this process) when a scheduler is "
+                                 "defined in the notebook or script itself: worker processes cannot import "
+                                 "it; or move the scheduler into an importable module")
         if kind == "process" and workers > 1:
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
@@ -1034,9 +1039,36 @@ def conservation_summary(runs):
     return pl.concat([per, total.select(per.columns)], how="vertical")
 
 
+def _source_rank(source: str) -> tuple:
+    from .sources import SOURCES
+
+    return (SOURCES.index(source), "") if source in SOURCES else (len(SOURCES), source)
+
+
+def capacity_summary(runs):
+    """Per source (in the study's source order): windows and median / min / max capacity (req/s)."""
+    import polars as pl
+
+    cap = capacity_by_window(runs).group_by(["source", "provenance"]).agg(
+        pl.len().alias("windows"), pl.col("capacity_rps").median().alias("median"),
+        pl.col("capacity_rps").min().alias("min"), pl.col("capacity_rps").max().alias("max"))
+    return cap.sort(pl.col("source").map_elements(lambda s: _source_rank(s)[0], return_dtype=pl.Int64))
+
+
 def capacity_by_window(runs):
     """One row per window: source, provenance, window id, measured capacity (req/s)."""
     return runs.select(["source", "provenance", "window_id", "capacity_rps"]).unique().sort(["source", "window_id"])
+
+
+def _plain_log_axis(ax, axis: str = "y") -> None:
+    """Log scale with plain-number tick labels at 1-2-5 steps (readable without exponents)."""
+    import matplotlib.ticker as mticker
+
+    getattr(ax, f"set_{axis}scale")("log")
+    a = ax.yaxis if axis == "y" else ax.xaxis
+    a.set_major_locator(mticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    a.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    a.set_minor_formatter(mticker.NullFormatter())
 
 
 def _labels_for(runs, labels: Mapping | None) -> dict:
@@ -1062,7 +1094,7 @@ def plot_capacity(runs, labels: Mapping | None = None):
         ax.scatter(i + rng.uniform(-0.18, 0.18, y.size), y, s=14, alpha=0.7, label=None)
         ax.hlines(np.median(y), i - 0.3, i + 0.3, color="black", lw=2)
     ax.set_xticks(range(len(srcs)), [lab[s] for s in srcs])
-    ax.set_yscale("log")
+    _plain_log_axis(ax)
     ax.set_ylabel("capacity (requests/s, log scale)")
     ax.set_title("Measured saturation capacity per window (bar = median)")
     return fig
@@ -1093,7 +1125,7 @@ def load_curves(runs, metrics: Sequence[str], schedulers: Sequence[str] | None =
 
 def _metric_axis_label(name: str) -> str:
     if name == "completed_frac":
-        return "completed within horizon (fraction of arrived)"
+        return "completed in horizon (fraction)"
     try:
         from . import metrics as mm
 
@@ -1132,7 +1164,7 @@ def plot_load_curves(runs, labels: Mapping | None = None, metrics: Sequence[str]
                 ax.fill_between(x, c[f"{m}_q25"].to_numpy(), c[f"{m}_q75"].to_numpy(), color=f"C{k}", alpha=0.12,
                                 lw=0)
             if m in LOG_METRICS:
-                ax.set_yscale("log")
+                _plain_log_axis(ax)
             ax.axvline(1.0, color="0.5", lw=0.8, ls=":")
             if i == 0:
                 ax.set_title(lab[s])
@@ -1142,8 +1174,7 @@ def plot_load_curves(runs, labels: Mapping | None = None, metrics: Sequence[str]
                 ax.set_xlabel("offered load ρ (x window capacity)")
                 ax.set_xticks(rho_ticks["rho"].to_list(), [f"{r:g}" for r in rho_ticks["rho"].to_list()])
     axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), title="scheduler", frameon=False)
-    fig.suptitle("Sanity check: latency and completions against load (median over windows; band = IQR; "
-                 "dotted line = capacity)", y=1.01, fontsize=11)
+    fig.tight_layout()
     return fig
 
 
@@ -1167,7 +1198,7 @@ def load_story(runs, schedulers: Sequence[str] | None = None) -> list[dict]:
             row["e2e_p99_light"] = float(light["e2e_p99"].median())
             row["e2e_p99_heavy"] = float(heavy["e2e_p99"].median())
         out.append(row)
-    return sorted(out, key=lambda r: r["source"])
+    return sorted(out, key=lambda r: _source_rank(r["source"]))
 
 
 def preemption_table(runs):
@@ -1191,7 +1222,10 @@ def plot_preemptions(runs, labels: Mapping | None = None):
     srcs = [s for s in ("azure", "burstgpt", "bailian") if s in lab] + sorted(set(lab) - {"azure", "burstgpt", "bailian"})
     regions = runs.select(["region", "rho"]).unique().sort("rho")["region"].to_list()
     scheds = sorted(runs["scheduler"].unique().to_list())
+    import matplotlib.colors as mcolors
+
     vmax = max(1.0, float(t["preemptions_per_run"].max() or 0.0))
+    norm = mcolors.PowerNorm(gamma=0.5, vmin=0.0, vmax=vmax)  # square-root colour scale: small counts stay visible
     fig, axes = figure(1, len(srcs), figsize=(0.75 * len(regions) * len(srcs) + 2.8, 0.32 * len(scheds) + 1.8),
                        squeeze=False, sharey=True)
     im = None
@@ -1200,15 +1234,15 @@ def plot_preemptions(runs, labels: Mapping | None = None):
         grid = np.full((len(scheds), len(regions)), np.nan)
         for r in t.filter(t["source"] == s).iter_rows(named=True):
             grid[scheds.index(r["scheduler"]), regions.index(r["region"])] = r["preemptions_per_run"]
-        im = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=0, vmax=vmax)
+        im = ax.imshow(grid, aspect="auto", cmap="viridis", norm=norm)
         for (a, b), v in np.ndenumerate(grid):
             if not np.isnan(v):
-                ax.text(b, a, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center", va="center", fontsize=7,
-                        color="white" if v < 0.6 * vmax else "black")
-        ax.set_xticks(range(len(regions)), regions, rotation=40, ha="right")
+                ax.text(b, a, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center", va="center", fontsize=7.5,
+                        color="white" if norm(v) < 0.6 else "black")
+        ax.set_xticks(range(len(regions)), regions, rotation=35, ha="right")
         ax.set_yticks(range(len(scheds)), scheds)
         ax.set_title(lab[s])
         ax.grid(False)
-        ax.set_xlabel("operating region (increasing load)")
-    fig.colorbar(im, ax=axes[0].tolist(), label="preemptions per run (mean)", shrink=0.9)
+    axes[0][len(srcs) // 2].set_xlabel("operating region (load increases to the right)")
+    fig.colorbar(im, ax=axes[0].tolist(), label="recompute preemptions per run (mean; sqrt scale)", shrink=0.9)
     return fig

@@ -95,7 +95,7 @@ def cross_source_heatmaps(P, A, close: bool = False) -> list:
         arr = np.array([[piv.get((r, m), (np.nan,) * 3) for r in R] for m in M], dtype=float)
         fig, ax = figures.figure(figsize=(1.25 * len(R) + 3, 0.48 * len(M) + 1.8))
         _heatmap(ax, arr[..., 0], _metric_ticks(M), _region_ticks(A), lo=arr[..., 1], hi=arr[..., 2],
-                 nan_text="n/a\n(all tied)")
+                 nan_text="n/a")
         l1, l2 = A.labels[s1], A.labels[s2]
         ax.set_title(f"Rank agreement between {l1} and {l2}: Kendall τ-b [95% bootstrap CI]\n"
                      f"{len(A.summary['parameters']['schedulers'])} schedulers ranked by mean over windows; "
@@ -155,11 +155,10 @@ def kendall_w_heatmap(P, A, close: bool = False):
     arr = np.array([[d.get((r, m), (np.nan,) * 3) for r in R] for m in M], dtype=float)
     fig, ax = figures.figure(figsize=(1.25 * len(R) + 3, 0.48 * len(M) + 1.8))
     _heatmap(ax, arr[..., 0], _metric_ticks(M), _region_ticks(A), lo=arr[..., 1], hi=arr[..., 2], vmin=0, vmax=1,
-             cmap="viridis", cbar_label="Kendall's W (dimensionless; 0 = no agreement, 1 = identical)",
-             nan_text="n/a\n(all tied)")
+             cmap="viridis", cbar_label="Kendall's W (dimensionless; 0 = no agreement, 1 = identical)")
     names = ", ".join(A.labels.values())
     ax.set_title(f"Concordance of the scheduler rankings across all sources ({names}):\n"
-                 "Kendall's W (tie-corrected) [95% bootstrap CI]")
+                 "Kendall's W (tie-corrected) [95% bootstrap CI]; n/a = a source's ranking is all ties")
     ax.set_xlabel("operating region (offered load ρ relative to capacity)")
     ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
     return _save(P, fig, "04", "kendall_w_sources", "Kendall's W across all sources per metric and region, "
@@ -222,6 +221,7 @@ def bump_charts(P, A, metrics=None, close: bool = False) -> list:
     allm = A.summary["parameters"]["metrics"]
     metrics = [m for m in (metrics or an.settings(P)["headline_metrics"] or allm[:4]) if m in allm] or allm[:4]
     import seaborn as sns
+    from matplotlib.lines import Line2D
 
     palette = dict(zip(K, sns.color_palette("husl", len(K))))
     styles = ["-", "--", ":", "-."]
@@ -245,7 +245,7 @@ def bump_charts(P, A, metrics=None, close: bool = False) -> list:
                     ax.text(x[-1] + 0.12, yv + (j - (len(names) - 1) / 2) * 0.42, sc, fontsize=7.5,
                             va="center", color=palette[sc])
             ax.set_xticks(x, _region_ticks(A), fontsize=8)
-            ax.set_xlim(-0.2, len(R) - 1 + 1.1)
+            ax.set_xlim(-0.2, len(R) - 1 + max(0.6, 0.22 * (len(R) - 1)))   # room for the end labels
             ax.set_ylim(len(K) + 0.7, 0.3)
             ax.set_yticks(range(1, len(K) + 1))
             ax.set_ylabel("rank (1 = best; ties averaged)")
@@ -253,9 +253,7 @@ def bump_charts(P, A, metrics=None, close: bool = False) -> list:
             ax.set_title(an.metric_label(m))
         for ax in axes.flat[len(metrics):]:
             ax.set_visible(False)
-        handles = [__import__("matplotlib.lines", fromlist=["Line2D"]).Line2D([], [], color=palette[sc],
-                                                                              ls=styles[i % 4], marker="o", ms=4)
-                   for i, sc in enumerate(K)]
+        handles = [Line2D([], [], color=palette[sc], ls=styles[i % 4], marker="o", ms=4) for i, sc in enumerate(K)]
         fig.legend(handles, K, loc="lower center", ncol=min(len(K), 7), frameon=False, bbox_to_anchor=(0.5, -0.04),
                    fontsize=8)
         fig.suptitle(f"{A.labels[s]}: scheduler ranks across operating regions (rank of the mean over windows)",

@@ -712,12 +712,12 @@ def build_profile(spec: ProfileSpec, *, max_num_seqs: int = MAX_NUM_SEQS,
     # How the whole model (one formula, through Profile.iteration_time) fits the rows, per regime,
     # next to the strictly linear model it replaced (c0 carrying the decode intercept a_d:
     # decode-regime line for decode batches, a_d + c_p·N for prefill-only iterations).
-    model = model_gemm_ms(profile, n)
+    charged = model_gemm_ms(profile, n)
     linear_prefill = decode["intercept_ms"] + prefill["slope_ms"] * n
     linear_decode = decode["intercept_ms"] + decode["slope_ms"] * n
     regimes = {"decode": (n >= DECODE_FIT_MIN_TOKENS) & (n <= max_num_seqs),
-               "prefill": (n >= PREFILL_FIT_MIN_TOKENS) & (n <= MODELS[spec.model].max_model_len)}
-    provenance["model_fit"] = {r: _errors(model[m], t_ms[m]) for r, m in regimes.items()}
+               "prefill": (n >= PREFILL_FIT_MIN_TOKENS) & (n <= model.max_model_len)}
+    provenance["model_fit"] = {r: _errors(charged[m], t_ms[m]) for r, m in regimes.items()}
     provenance["linear_model_fit"] = {"decode": _errors(linear_decode[regimes["decode"]], t_ms[regimes["decode"]]),
                                       "prefill": _errors(linear_prefill[regimes["prefill"]],
                                                          t_ms[regimes["prefill"]])}

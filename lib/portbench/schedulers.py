@@ -257,7 +257,9 @@ def _passing_iterations(sched: BaseScheduler, batch, outside, now, iters_until_a
     """
     if not outside or not batch:
         return None
-    okeys = sorted((sched.priority(x, now), x.id) for x in outside)
+    # the engine keeps each live request's last (priority, id) in ``key``; keys of requests
+    # outside the batch do not change while they wait (``frozen_waiting_keys``)
+    okeys = sorted([x.key if x.key is not None else (sched.priority(x, now), x.id) for x in outside])
     best = None
     for m in batch:
         km = (sched.priority(m, now), m.id)

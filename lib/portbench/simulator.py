@@ -66,6 +66,7 @@ ties are broken by request id (= window row). Same inputs -> identical outputs.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -93,7 +94,7 @@ class Request:
 
     __slots__ = ("id", "arrival_s", "prompt_tokens", "output_tokens", "tenant", "generated", "prefilled",
                  "prefill_target", "blocks", "state", "preemptions", "pauses", "first_token_s", "finish_s",
-                 "waiting_since", "rank", "never_fits", "mark", "chunk")
+                 "waiting_since", "rank", "never_fits", "chunk", "gbase", "cver", "key", "mark")
 
     def __init__(self, rid: int, arrival_s: float, prompt: int, output: int, tenant):
         self.id = rid
@@ -113,8 +114,11 @@ class Request:
         self.waiting_since = arrival_s
         self.rank = 0
         self.never_fits = False
-        self.mark = -1
         self.chunk = 0
+        self.gbase = 0
+        self.cver = 0
+        self.key = None
+        self.mark = -1
 
     @property
     def resident(self) -> bool:
@@ -207,14 +211,30 @@ def _requests_from_window(window_df, profile, rng, slo=None) -> tuple[list[Reque
 
 
 class _Engine:
-    """One run. See the module docstring for the model; ``_plan`` is the scheduler walk."""
+    """One run. See the module docstring for the model.
+
+    Data structures (for speed; ``_check`` recomputes everything from scratch in tests):
+
+    * ``res``: residents (hold KV) by id; ``prefilling``: residents whose prefill is incomplete;
+      ``paused``: residents a preemptive policy descheduled at the last decision.
+    * the **decode cohort** ``cohort``: the decoding requests of the current batch. They all
+      advance together, so their state is kept relative to a shared ``clock`` (decode iterations
+      of the cohort): ``generated = gbase + clock``. Aggregates: ``SL`` = Σ (P + gbase) (context
+      = SL + n·clock), ``cnt[m]`` = members with (P + gbase) ≡ m (mod block size) (block-boundary
+      phases), ``need_now`` = Σ ceil((P + g)/bs) (their KV blocks for the next iteration), and a
+      heap of the clock values at which members finish. Advancing k iterations is O(bs); members'
+      ``generated`` is brought up to date (``_materialize``) before any scheduler hook sees them.
+    * waiting: a heap of static ranks (static non-preemptive), a list kept sorted by cached key
+      (preemptive with keys frozen while waiting), or a plain list.
+    """
 
     def __init__(self, reqs: list[Request], sched: BaseScheduler, profile, horizon_s: float,
-                 naive: bool, record_iterations: bool):
+                 naive: bool, record_iterations: bool, check: bool = False):
         self.sched = sched
         self.prof = profile
         self.H = float(horizon_s)
         self.naive = naive
+        self.check = check
         self.trace = [] if record_iterations else None
         self.bs = bs = int(getattr(profile, "block_size", 16))
         self.cap = int(profile.kv_capacity_blocks)
@@ -228,7 +248,9 @@ class _Engine:
         self.ckv = float(profile.c_kv_s)
         self.preemptive = bool(getattr(sched, "preemptive", False))
         self.static = bool(getattr(sched, "static_priority", True))
-        # arrival order (stable by row)
+        self.frozen = self.static or bool(getattr(sched, "frozen_waiting_keys", False))
+        self.wants_tokens = not (isinstance(sched, BaseScheduler)
+                                 and type(sched).on_tokens is BaseScheduler.on_tokens)
         order = sorted(range(len(reqs)), key=lambda i: (reqs[i].arrival_s, i))
         self.reqs = reqs
         self.arrivals = [reqs[i] for i in order]
@@ -238,10 +260,19 @@ class _Engine:
         for r in reqs:
             r.never_fits = r.prompt_tokens + r.output_tokens > cap_tokens
         self.cursor = 0
-        self.res: list[Request] = []        # residents (running + paused)
-        self.wait_heap: list = []           # static non-preemptive: (rank, id, request)
-        self.wait_list: list[Request] = []  # otherwise
+        self.res: dict[int, Request] = {}
+        self.prefilling: list[Request] = []
+        self.paused: list[Request] = []
+        self.cohort: dict[int, Request] = {}
+        self.clock = 0
+        self.SL = 0
+        self.cnt = [0] * bs
+        self.need_now = 0
+        self.fheap: list = []
+        self.other_blocks = 0
         self.use_heap = self.static and not self.preemptive
+        self.wait_heap: list = []
+        self.wlist: list[Request] = []
         self.n_wait = 0
         self.used = 0
         self.max_used = 0
@@ -250,10 +281,13 @@ class _Engine:
         self.n_iter = 0
         self.n_decisions = 0
         self.n_finished = 0
-        self.plan_seq = 0
         self.wake = None
+        self.plan_seq = 0
         self.end_time = 0.0
-        self.stopped_by_horizon = False
+        self.suffix_min_rank = None
+        self._pf: list[Request] = []
+        self._kind = 0
+        self._k = 0
 
     # ---------------------------------------------------------------------------------- setup
 
@@ -262,11 +296,9 @@ class _Engine:
         if not self.static:
             return
         S = self.sched
-        keyed = sorted(((S.priority(r, r.arrival_s), r.id) for r in self.reqs))
-        rank_of = {rid: k for k, (_, rid) in enumerate(keyed)}
-        for r in self.reqs:
-            r.rank = rank_of[r.id]
-        # suffix minimum of ranks over future arrivals (rejected ones never wait: +inf)
+        keyed = sorted((S.priority(r, r.arrival_s), r.id) for r in self.reqs)
+        for k, (_, rid) in enumerate(keyed):
+            self.reqs[rid].rank = k
         n = len(self.arrivals)
         big = n + 1
         suf = [big] * (n + 1)
@@ -312,15 +344,111 @@ class _Engine:
                 yield self.wake
                 self.wake = None
                 continue
-            dt = self._plan(now)
+            self.n_decisions += 1
+            dt = self._plan_preemptive(now) if self.preemptive else self._plan(now)
+            if self.check:
+                self._check_state(now)
             if dt is None:
-                self.stopped_by_horizon = True
                 self.end_time = self.H
                 return
             yield env.timeout(dt)
             self._commit(now, env.now)
 
-    # ---------------------------------------------------------------------------------- arrivals
+    # ---------------------------------------------------------------------------------- cohort
+
+    def _join(self, r: Request) -> None:
+        bs = self.bs
+        P, g = r.prompt_tokens, r.generated
+        gb = g - self.clock
+        r.gbase = gb
+        L = P + gb
+        self.SL += L
+        self.cnt[L % bs] += 1
+        b = (P + g + bs - 1) // bs
+        r.blocks = b
+        self.need_now += b
+        r.cver += 1
+        heapq.heappush(self.fheap, (r.output_tokens - gb, r.id, r.cver, r))
+        self.cohort[r.id] = r
+
+    def _leave(self, r: Request) -> None:
+        bs = self.bs
+        P = r.prompt_tokens
+        g = r.gbase + self.clock
+        r.generated = g
+        L = P + r.gbase
+        self.SL -= L
+        self.cnt[L % bs] -= 1
+        b = (P + g + bs - 1) // bs
+        self.need_now -= b
+        r.blocks = b
+        r.cver += 1
+        del self.cohort[r.id]
+
+    def _materialize(self) -> list[Request]:
+        c, bs = self.clock, self.bs
+        members = list(self.cohort.values())
+        for r in members:
+            g = r.gbase + c
+            r.generated = g
+            r.blocks = (r.prompt_tokens + g + bs - 1) // bs
+        return members
+
+    def _advance(self, k: int) -> None:
+        bs, c, cnt = self.bs, self.clock, self.cnt
+        d = 0
+        for m in range(bs):
+            w = cnt[m]
+            if w:
+                d += w * (((m + c - 1) % bs + k) // bs)
+        self.need_now += d
+        self.clock = c + k
+
+    def _pop_finished(self) -> list[Request]:
+        h, clock = self.fheap, self.clock
+        out = []
+        while h:
+            e = h[0]
+            if e[2] != e[3].cver:
+                heapq.heappop(h)
+            elif e[0] == clock:
+                heapq.heappop(h)
+                out.append(e[3])
+            else:
+                break
+        return out
+
+    def _k_complete(self) -> int:
+        h = self.fheap
+        while h and h[0][2] != h[0][3].cver:
+            heapq.heappop(h)
+        return h[0][0] - self.clock
+
+    def _k_memory(self, F: int, kmax: int) -> int:
+        """Largest k <= kmax such that the cohort's block needs over k iterations fit in F more
+        blocks: the (F+1)-th block crossing ends the run (a decision point evicts there)."""
+        n = len(self.cohort)
+        bs = self.bs
+        if kmax <= 1 or F >= n * ((kmax - 2) // bs + 1):
+            return kmax
+        c = self.clock
+        offs = []
+        cnt = self.cnt
+        for m in range(bs):
+            w = cnt[m]
+            if w:
+                offs.append((bs - (m + c - 1) % bs, w))
+        offs.sort()
+        q, rem = divmod(F, n)
+        acc = 0
+        for o, w in offs:
+            acc += w
+            if acc > rem:
+                k = bs * q + o
+                return k if k < kmax else kmax
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ---------------------------------------------------------------------------------- queues
 
     def _ingest(self, now: float) -> None:
         S = self.sched
@@ -335,17 +463,27 @@ class _Engine:
             r.state = WAITING
             r.waiting_since = r.arrival_s
             S.on_arrival(r, now)
-            self._push_waiting(r)
+            self._push_waiting(r, now)
         self.cursor = c
 
-    def _push_waiting(self, r: Request) -> None:
+    def _push_waiting(self, r: Request, now: float) -> None:
         if self.use_heap:
             heapq.heappush(self.wait_heap, (r.rank, r.id, r))
+        elif self.preemptive and self.frozen:
+            r.key = r.rank if self.static else (self.sched.priority(r, now), r.id)
+            bisect.insort(self.wlist, r, key=_key_of)
         else:
-            self.wait_list.append(r)
+            self.wlist.append(r)
         self.n_wait += 1
 
     def _evict(self, r: Request, now: float) -> None:
+        if r.id in self.cohort:
+            self._leave(r)
+        else:
+            self.other_blocks -= r.blocks
+            if r.prefilled != r.prefill_target:
+                self.prefilling.remove(r)
+        del self.res[r.id]
         r.state = WAITING
         r.blocks = 0
         r.prefilled = 0
@@ -355,218 +493,14 @@ class _Engine:
         r.chunk = 0
         self.n_preempt += 1
         self.sched.on_evict(r, now)
-        self._push_waiting(r)
+        self._push_waiting(r, now)
 
-    # ---------------------------------------------------------------------------------- planning
-
-    def _plan(self, now: float):
-        """Decide the next iteration (or decode run); allocate KV; return its duration or None
-        when it would end after the horizon."""
-        S = self.sched
-        bs, cap = self.bs, self.cap
-        self.plan_seq += 1
-        seq = self.plan_seq
-        self.n_decisions += 1
-        chunked = self.chunked
-        slots = self.max_seqs
-        dec: list[Request] = []      # decoding members
-        pf: list[Request] = []       # members with a prefill chunk (r.chunk tokens) this iteration
-        displaced: list[Request] = []
-        admitted = 0
-        pf_tokens = 0
-        if chunked:
-            n_dec_res = 0
-            for r in self.res:
-                if r.prefilled == r.prefill_target:
-                    n_dec_res += 1
-            budget = self.B - n_dec_res
-            if budget < 0:
-                budget = 0
-        else:
-            budget = self.B
-
-        if not self.preemptive:
-            # 1) residents keep running; memory pressure -> evict victims until the batch fits
-            res = self.res
-            if chunked and res:
-                res.sort(key=(lambda r: r.rank) if self.static else (lambda r: (S.priority(r, now), r.id)))
-            while True:
-                total = 0
-                b = budget
-                for r in res:
-                    left = r.prefill_target - r.prefilled
-                    if left == 0:
-                        total += (r.prompt_tokens + r.generated + bs - 1) // bs
-                    else:  # mid-prefill (chunked): holds its whole prefill's blocks already
-                        c = left if left < b else b
-                        b -= c
-                        r.chunk = c
-                        total += r.blocks
-                if total <= cap:
-                    break
-                v = S.victim(res, now)
-                res.remove(v)
-                self._evict(v, now)
-                if chunked:
-                    budget = max(0, self.B - sum(1 for r in res if r.prefilled == r.prefill_target))
-            budget_left = b if chunked else budget
-            free = cap - total
-            for r in res:
-                r.mark = seq
-                if r.prefilled == r.prefill_target:
-                    r.blocks = (r.prompt_tokens + r.generated + bs - 1) // bs
-                    dec.append(r)
-                elif r.chunk:
-                    pf.append(r)
-                    pf_tokens += r.chunk
-            slots -= len(res)
-            # 2) admission in the policy's order; stop at the first request that does not fit
-            if self.n_wait and slots > 0:
-                if self.use_heap:
-                    heap = self.wait_heap
-                    while heap and slots > 0:
-                        r = heap[0][2]
-                        need = self._admit_need(r, chunked, budget_left, pf_tokens, admitted)
-                        if need is None or need > free:
-                            break
-                        heapq.heappop(heap)
-                        free -= need
-                        slots -= 1
-                        admitted += 1
-                        pf_tokens += r.chunk
-                        budget_left -= r.chunk
-                        self._admit(r, need, now, seq)
-                        pf.append(r)
-                else:
-                    got = []
-                    for r in S.admission_order(self.wait_list, now):
-                        if slots <= 0:
-                            break
-                        need = self._admit_need(r, chunked, budget_left, pf_tokens, admitted)
-                        if need is None or need > free:
-                            break
-                        free -= need
-                        slots -= 1
-                        admitted += 1
-                        pf_tokens += r.chunk
-                        budget_left -= r.chunk
-                        self._admit(r, need, now, seq)
-                        pf.append(r)
-                        got.append(r)
-                    if got:
-                        self.wait_list = [r for r in self.wait_list if r.state == WAITING]
-                res.extend(pf[len(pf) - admitted:] if admitted else ())
-            used = cap - free
-        else:
-            # preemptive: rank every live request; the batch is the best-ranked prefix that fits
-            live = self.res + self.wait_list
-            if self.static:
-                live.sort(key=lambda r: r.rank)
-            else:
-                live.sort(key=lambda r: (S.priority(r, now), r.id))
-            free = cap
-            hol = False
-            b = budget
-            new_res = []
-            for r in live:
-                if r.state == WAITING:
-                    if hol or slots <= 0:
-                        hol = True
-                        continue
-                    need = self._admit_need(r, chunked, b, pf_tokens, admitted)
-                    if need is None or need > free:
-                        hol = True
-                        continue
-                    free -= need
-                    slots -= 1
-                    admitted += 1
-                    pf_tokens += r.chunk
-                    b -= r.chunk
-                    self._admit(r, need, now, seq)
-                    pf.append(r)
-                    new_res.append(r)
-                    continue
-                left = r.prefill_target - r.prefilled
-                if left == 0:
-                    need = (r.prompt_tokens + r.generated + bs - 1) // bs
-                    c = 0
-                else:
-                    c = left if left < b else b
-                    need = r.blocks
-                if slots > 0 and need <= free:
-                    free -= need
-                    slots -= 1
-                    r.mark = seq
-                    r.blocks = need
-                    r.state = RUNNING
-                    new_res.append(r)
-                    if left == 0:
-                        dec.append(r)
-                    elif c:
-                        r.chunk = c
-                        b -= c
-                        pf_tokens += c
-                        pf.append(r)
-                else:
-                    displaced.append(r)
-            used = cap - free
-            if displaced:
-                total = used + sum(r.blocks for r in displaced)
-                while total > cap:
-                    v = S.victim(displaced, now)
-                    displaced.remove(v)
-                    total -= v.blocks
-                    self._evict(v, now)
-                for r in displaced:
-                    if r.state == RUNNING:
-                        r.state = PAUSED
-                        r.pauses += 1
-                        self.n_pause += 1
-                    new_res.append(r)
-                used = total
-            if admitted:
-                self.wait_list = [r for r in self.wait_list if r.state == WAITING]
-            self.res = new_res
-        self.n_wait -= admitted
-        if used > cap:
-            raise ConservationError(f"KV blocks in use {used} > capacity {cap} at t={now}")
-        self.used = used
-        if used > self.max_used:
-            self.max_used = used
-        self._dec = dec
-        self._pf = pf
-        # ---- the iteration(s)
-        if pf:
-            if chunked:
-                ctx = 0
-                for r in dec:
-                    ctx += r.prompt_tokens + r.generated
-                for r in pf:
-                    ctx += r.prefilled + r.chunk
-                nd = len(dec)
-            else:
-                ctx = pf_tokens
-                nd = 0
-                # whole-prompt prefill-first: running decodes wait for this iteration
-            dt = self.prof.iteration_time(pf_tokens, nd, ctx)
-            if now + dt > self.H:
-                return None
-            self._k = 1
-            self._kind = 1 if chunked else 2
-            if self.trace is not None:
-                self.trace.append((now, now + dt, 1, pf_tokens, nd, ctx, used))
-            return dt
-        if not dec:
-            raise RuntimeError(f"simulator made no progress at t={now}: {len(self.res)} residents, "
-                               f"{self.n_wait} waiting (scheduler {S.name})")
-        return self._decode_run(now, dec)
-
-    def _admit_need(self, r: Request, chunked: bool, budget_left: int, pf_tokens: int, admitted: int):
+    def _admit_need(self, r: Request, budget_left: int, pf_tokens: int, admitted: int):
         """Blocks a waiting request needs to be admitted -- those of its whole prefill (prompt +
         generated tokens), allocated at admission as vLLM does, also when the prefill is chunked --
         or None if the token budget stops admission. Sets ``r.chunk`` (this iteration's tokens)."""
         target = r.prompt_tokens + r.generated
-        if chunked:
+        if self.chunked:
             c = target if target < budget_left else budget_left
             if c <= 0:
                 return None
@@ -577,47 +511,269 @@ class _Engine:
         r.chunk = c
         return (target + self.bs - 1) // self.bs
 
-    def _admit(self, r: Request, need: int, now: float, seq: int) -> None:
+    def _admit(self, r: Request, need: int, now: float) -> None:
         r.state = RUNNING
         r.prefilled = 0
         r.prefill_target = r.prompt_tokens + r.generated
         r.blocks = need
-        r.mark = seq
+        self.other_blocks += need
+        self.res[r.id] = r
+        self.prefilling.append(r)
         self.sched.on_admit(r, now)
 
-    def _decode_run(self, now: float, dec: list[Request]):
-        n = len(dec)
-        C = 0
-        kmin = 1 << 60
-        for r in dec:
-            C += r.prompt_tokens + r.generated
-            rem = r.output_tokens - r.generated
-            if rem < kmin:
-                kmin = rem
-        if self.naive:
-            dt = self.prof.iteration_time(0, n, C)
+    # ---------------------------------------------------------------------------------- planning
+
+    def _chunks(self, budget: int, now: float) -> int:
+        """Chunked prefill: give the residents' ongoing prefills their chunks (policy order)."""
+        pre = self.prefilling
+        if len(pre) > 1:
+            S = self.sched
+            pre.sort(key=(lambda r: r.rank) if self.static else (lambda r: (S.priority(r, now), r.id)))
+        b = budget
+        for r in pre:
+            left = r.prefill_target - r.prefilled
+            c = left if left < b else b
+            r.chunk = c
+            b -= c
+        return b
+
+    def _plan(self, now: float):
+        """Non-preemptive decision: running requests stay (evict victims only if their next
+        iteration does not fit), then admit waiting requests in the policy's order."""
+        S = self.sched
+        cap = self.cap
+        chunked = self.chunked
+        budget = self.B
+        while True:
+            total = self.need_now + self.other_blocks
+            if chunked:
+                budget = self._chunks(max(0, self.B - len(self.cohort)), now)
+            if total <= cap:
+                break
+            self._materialize()
+            self._evict(S.victim(list(self.res.values()), now), now)
+        free = cap - total
+        slots = self.max_seqs - len(self.res)
+        admitted = 0
+        pf_tokens = 0
+        if chunked:
+            for r in self.prefilling:
+                pf_tokens += r.chunk
+        if self.n_wait and slots > 0:
+            if self.use_heap:
+                heap = self.wait_heap
+                while heap and slots > 0:
+                    r = heap[0][2]
+                    need = self._admit_need(r, budget, pf_tokens, admitted)
+                    if need is None or need > free:
+                        break
+                    heapq.heappop(heap)
+                    free -= need
+                    slots -= 1
+                    admitted += 1
+                    pf_tokens += r.chunk
+                    budget -= r.chunk
+                    self._admit(r, need, now)
+            else:
+                for r in S.admission_order(self.wlist, now):
+                    if slots <= 0:
+                        break
+                    need = self._admit_need(r, budget, pf_tokens, admitted)
+                    if need is None or need > free:
+                        break
+                    free -= need
+                    slots -= 1
+                    admitted += 1
+                    pf_tokens += r.chunk
+                    budget -= r.chunk
+                    self._admit(r, need, now)
+                if admitted:
+                    self.wlist = [r for r in self.wlist if r.state == WAITING]
+            self.n_wait -= admitted
+        return self._iteration(now, cap - free, pf_tokens)
+
+    def _plan_preemptive(self, now: float):
+        """Preemptive decision: rank every live request; the batch is the best-ranked prefix that
+        fits (slots, KV, token budget; admission of waiting requests stops at the first that does
+        not fit, residents further down still run if they fit). Descheduled residents are paused
+        (KV kept) unless the batch needs their memory: then victims are evicted."""
+        if not self.n_wait and not self.paused and self.need_now + self.other_blocks <= self.cap:
+            return self._plan(now)      # nobody to rank against: every resident runs
+        S = self.sched
+        bs, cap = self.bs, self.cap
+        chunked = self.chunked
+        members = self._materialize()
+        self.plan_seq += 1
+        seq = self.plan_seq
+        residents = list(self.res.values())
+        if self.static:
+            for r in residents:
+                r.key = r.rank
+        else:
+            for r in residents:
+                r.key = (S.priority(r, now), r.id)
+        residents.sort(key=_key_of)
+        wl = self.wlist
+        if not self.frozen:
+            for r in wl:
+                r.key = (S.priority(r, now), r.id)
+            wl.sort(key=_key_of)
+        if chunked:
+            n_dec = 0
+            for r in residents:
+                if r.prefilled == r.prefill_target:
+                    n_dec += 1
+            b = max(0, self.B - n_dec)
+        else:
+            b = self.B
+        free, slots = cap, self.max_seqs
+        pf_tokens = admitted = 0
+        selected_dec: list[Request] = []
+        prefilling: list[Request] = []
+        displaced: list[Request] = []
+        i = j = 0
+        nr, nw = len(residents), len(wl)
+        hol = nw == 0
+        while i < nr or not hol:
+            if not hol and (i >= nr or wl[j].key < residents[i].key):
+                r = wl[j]
+                need = self._admit_need(r, b, pf_tokens, admitted) if slots > 0 else None
+                if need is None or need > free:
+                    hol = True
+                    continue
+                j += 1
+                if j >= nw:
+                    hol = True
+                free -= need
+                slots -= 1
+                admitted += 1
+                pf_tokens += r.chunk
+                b -= r.chunk
+                r.state = RUNNING
+                r.prefilled = 0
+                r.prefill_target = r.prompt_tokens + r.generated
+                r.blocks = need
+                r.mark = seq
+                self.res[r.id] = r
+                prefilling.append(r)
+                S.on_admit(r, now)
+                continue
+            r = residents[i]
+            i += 1
+            left = r.prefill_target - r.prefilled
+            need = (r.prompt_tokens + r.generated + bs - 1) // bs if left == 0 else r.blocks
+            if slots > 0 and need <= free:
+                free -= need
+                slots -= 1
+                r.state = RUNNING
+                r.mark = seq
+                if left == 0:
+                    selected_dec.append(r)
+                else:
+                    c = left if left < b else b
+                    r.chunk = c
+                    b -= c
+                    pf_tokens += c
+                    prefilling.append(r)
+            else:
+                displaced.append(r)
+        if admitted:
+            del wl[:admitted]
+            self.n_wait -= admitted
+        for r in members:                      # cohort members that lost their place
+            if r.mark != seq:
+                self._leave(r)
+        for r in selected_dec:                 # resumed (paused) decoders join the cohort
+            if r.id not in self.cohort:
+                self._join(r)
+        self.prefilling = prefilling
+        self.paused = []
+        if displaced:
+            total = (cap - free) + sum(r.blocks for r in displaced)
+            while total > cap:
+                v = S.victim(displaced, now)
+                displaced.remove(v)
+                total -= v.blocks
+                del self.res[v.id]
+                v.state = WAITING
+                v.blocks = 0
+                v.prefilled = 0
+                v.prefill_target = v.prompt_tokens + v.generated
+                v.preemptions += 1
+                v.waiting_since = now
+                v.chunk = 0
+                self.n_preempt += 1
+                S.on_evict(v, now)
+                self._push_waiting(v, now)
+            for r in displaced:
+                if r.state == RUNNING:
+                    r.state = PAUSED
+                    r.pauses += 1
+                    self.n_pause += 1
+                r.chunk = 0
+                if r.prefilled != r.prefill_target:
+                    prefilling.append(r)
+            self.paused = displaced
+        other = 0
+        for r in prefilling:
+            other += r.blocks
+        for r in self.paused:
+            if r.prefilled == r.prefill_target:
+                other += r.blocks
+        self.other_blocks = other
+        return self._iteration(now, self.need_now + other, pf_tokens)
+
+    def _iteration(self, now: float, used: int, pf_tokens: int):
+        """Compose the iteration after a decision; return its duration (None: past the horizon)."""
+        if used > self.cap:
+            raise ConservationError(f"KV blocks in use {used} > capacity {self.cap} at t={now}")
+        self.used = used
+        if used > self.max_used:
+            self.max_used = used
+        if pf_tokens:
+            pf = [r for r in self.prefilling if r.chunk]
+            self._pf = pf
+            if self.chunked:
+                n = len(self.cohort)
+                ctx = self.SL + n * self.clock
+                for r in pf:
+                    ctx += r.prefilled + r.chunk
+                nd = n
+                self._kind = 1
+            else:
+                ctx = pf_tokens
+                nd = 0
+                self._kind = 2   # whole-prompt prefill-first: the cohort waits for this iteration
+            dt = self.prof.iteration_time(pf_tokens, nd, ctx)
             if now + dt > self.H:
                 return None
             self._k = 1
-            self._kind = 0
             if self.trace is not None:
-                self.trace.append((now, now + dt, 1, 0, n, C, self.used))
+                self.trace.append((now, now + dt, 1, pf_tokens, nd, ctx, used))
             return dt
-        k = kmin
-        bs = self.bs
-        # memory: the (F+1)-th block crossing among members ends the run
-        F = self.cap - self.used
-        if k > 1 and F < n * ((k - 2) // bs + 1):
-            offs = sorted([((1 - r.prompt_tokens - r.generated) % bs) or bs for r in dec])
-            q, rem = divmod(F, n)
-            kmem = bs * q + offs[rem]
-            if kmem < k:
-                k = kmem
+        if not self.cohort:
+            raise RuntimeError(f"simulator made no progress at t={now}: {len(self.res)} residents, "
+                               f"{self.n_wait} waiting (scheduler {self.sched.name})")
+        return self._decode_run(now)
+
+    def _decode_run(self, now: float):
+        n = len(self.cohort)
+        C = self.SL + n * self.clock
         a0 = self.prof.iteration_time(0, n, C)   # first iteration; each adds n tokens of context
+        self._kind = 0
+        if self.naive:
+            if now + a0 > self.H:
+                return None
+            self._k = 1
+            if self.trace is not None:
+                self.trace.append((now, now + a0, 1, 0, n, C, self.used))
+            return a0
+        k = self._k_complete()
+        k = self._k_memory(self.cap - self.used, k)
         inc = self.ckv * n
         self._a0, self._inc = a0, inc
         t_bound = _INF
-        # arrivals that could change the batch
+        # the next arrival that could change the batch
         if self.cursor < self.n_arrivable:
             if self.use_heap and self.wait_heap:
                 head = self.wait_heap[0][0]
@@ -630,32 +786,28 @@ class _Engine:
             else:
                 t_bound = self.arr_t[self.cursor]
         # policy-announced ranking changes (only when someone is outside the batch)
-        if not self.static and (self.n_wait or len(self.res) > n):
-            seq = self.plan_seq
-            outside = [r for r in self.res if r.mark != seq] + self.wait_list
-            if outside:
-                kq, tq = self.sched.next_decision(dec, outside, now)
-                if kq is not None and kq < k:
-                    k = max(int(kq), 1)
-                if tq is not None and tq < t_bound:
-                    t_bound = tq
-        if t_bound < _INF:
+        if not self.static and k > 1 and (self.n_wait or self.paused):
+            outside = self.paused + self.wlist if self.paused else self.wlist
+            kq, tq = self.sched.next_decision(self._materialize(), outside, now)
+            if kq is not None and kq < k:
+                k = kq if kq > 1 else 1
+            if tq is not None and tq < t_bound:
+                t_bound = tq
+        if t_bound < _INF and k > 1:
             x = t_bound - now
-            if x > a0 and k > 1:
+            if x > a0:
                 kt = _first_k_reaching(a0, inc, x)
                 if kt < k:
                     k = kt
-            elif k > 1:
+            else:
                 k = 1
         dt = k * a0 + inc * k * (k - 1) / 2
         if now + dt > self.H:
-            x = self.H - now
-            k = _last_k_within(a0, inc, x)
+            k = _last_k_within(a0, inc, self.H - now)
             if k <= 0:
                 return None
             dt = k * a0 + inc * k * (k - 1) / 2
         self._k = k
-        self._kind = 0
         if self.trace is not None:
             self.trace.append((now, now + dt, k, 0, n, C, self.used))
         return dt
@@ -665,62 +817,93 @@ class _Engine:
     def _commit(self, t0: float, t1: float) -> None:
         S = self.sched
         k = self._k
+        kind = self._kind
         self.n_iter += k
-        bs = self.bs
-        finished = None
-        if self._kind == 0:                       # decode run of k iterations
-            dec = self._dec
-            used = self.used
-            for r in dec:
-                g = r.generated + k
-                r.generated = g
-                nb = (r.prompt_tokens + g - 2) // bs + 1      # ceil((P + g − 1)/bs)
-                used += nb - r.blocks
-                r.blocks = nb
-                if g == r.output_tokens:
-                    finished = finished or []
-                    finished.append(r)
-            if used > self.cap:
-                raise ConservationError(f"KV blocks in use {used} > capacity {self.cap} during a decode run "
-                                        f"ending at t={t1}")
-            if used > self.max_used:
-                self.max_used = used
-            if k == 1:
-                S.on_tokens(dec, 1, lambda i: t1)
+        if kind != 2:                      # the cohort decodes k iterations (k = 1 when mixed)
+            if k > 1:
+                # KV in use during the run's last iteration (its peak): must fit
+                self._advance(k - 1)
+                used = self.need_now + self.other_blocks
+                if used > self.cap:
+                    raise ConservationError(f"KV blocks in use {used} > capacity {self.cap} in a decode "
+                                            f"run ending at t={t1}")
+                if used > self.max_used:
+                    self.max_used = used
+                self._advance(1)
             else:
-                a0, inc = self._a0, self._inc
-                S.on_tokens(dec, k, lambda i: t0 + (i * a0 + inc * i * (i - 1) / 2) if i < k else t1)
-        else:
+                self._advance(1)
+            if self.wants_tokens:
+                members = self._materialize()
+                if k == 1:
+                    S.on_tokens(members, 1, lambda i: t1)
+                else:
+                    a0, inc = self._a0, self._inc
+                    S.on_tokens(members, k, lambda i: t0 + (i * a0 + inc * i * (i - 1) / 2) if i < k else t1)
+            for r in self._pop_finished():
+                self._leave(r)
+                self._finish(r, t1)
+        if kind != 0:                      # prefill chunks of this iteration
             produced = []
-            if self._kind == 1:                  # chunked: decodes run too
-                for r in self._dec:
-                    r.generated += 1
-                    produced.append(r)
-                    if r.generated == r.output_tokens:
-                        finished = finished or []
-                        finished.append(r)
+            done_prefill = False
             for r in self._pf:
                 r.prefilled += r.chunk
                 r.chunk = 0
                 if r.prefilled == r.prefill_target:
+                    done_prefill = True
                     r.generated += 1
-                    if r.first_token_s != r.first_token_s:   # NaN: first token
+                    if r.first_token_s != r.first_token_s:   # NaN: this is the first token
                         r.first_token_s = t1
                     produced.append(r)
+                    self.other_blocks -= r.blocks
                     if r.generated == r.output_tokens:
-                        finished = finished or []
-                        finished.append(r)
-            if produced:
+                        r.blocks = 0
+                        self._finish(r, t1)
+                    else:
+                        self._join(r)
+            if done_prefill:
+                self.prefilling = [r for r in self.prefilling if r.prefilled != r.prefill_target]
+            if produced and self.wants_tokens:
                 S.on_tokens(produced, 1, lambda i: t1)
-        if finished:
-            for r in finished:
-                r.state = FINISHED
-                r.finish_s = t1
-                r.blocks = 0
-                self.n_finished += 1
-                S.on_finish(r, t1)
-            self.res = [r for r in self.res if r.state != FINISHED]
         self.end_time = t1
+
+    def _finish(self, r: Request, t: float) -> None:
+        r.state = FINISHED
+        r.finish_s = t
+        r.blocks = 0
+        del self.res[r.id]
+        self.n_finished += 1
+        self.sched.on_finish(r, t)
+
+    # ---------------------------------------------------------------------------------- checks
+
+    def _check_state(self, now: float) -> None:
+        """Recompute the incremental bookkeeping from scratch (tests: ``check=True``)."""
+        bs = self.bs
+        c = self.clock
+        need = SL = 0
+        cnt = [0] * bs
+        for r in self.cohort.values():
+            g = r.gbase + c
+            assert r.state == RUNNING and r.prefilled == r.prefill_target, r
+            assert 1 <= g < r.output_tokens, r
+            need += (r.prompt_tokens + g + bs - 1) // bs
+            SL += r.prompt_tokens + r.gbase
+            cnt[(r.prompt_tokens + r.gbase) % bs] += 1
+        assert (need, SL, cnt) == (self.need_now, self.SL, self.cnt), (need, SL, self.need_now, self.SL)
+        other = sum(r.blocks for r in self.res.values() if r.id not in self.cohort)
+        assert other == self.other_blocks, (other, self.other_blocks)
+        assert self.used == need + other and self.used <= self.cap
+        assert all(r.state in (RUNNING, PAUSED) for r in self.res.values())
+        pre = {r.id for r in self.res.values() if r.prefilled != r.prefill_target}
+        assert pre == {r.id for r in self.prefilling}, (pre, [r.id for r in self.prefilling])
+        waiting = [r for r in self.reqs if r.state == WAITING]
+        assert len(waiting) == self.n_wait == (len(self.wait_heap) if self.use_heap else len(self.wlist))
+        if not self.preemptive:
+            assert not any(r.state == PAUSED for r in self.res.values())
+
+
+def _key_of(r: Request):
+    return r.key
 
 
 def _first_k_reaching(a0: float, inc: float, x: float) -> int:
@@ -756,7 +939,8 @@ def _last_k_within(a0: float, inc: float, x: float) -> int:
 
 
 def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=None,
-             naive: bool = False, record_iterations: bool = False) -> SimResult:
+             naive: bool = False, record_iterations: bool = False,
+             check_invariants: bool = False) -> SimResult:
     """Simulate one window under one scheduler on one replica.
 
     ``window_df``: the window table (``arrival_s, prompt_tokens, output_tokens, tenant``);
@@ -766,7 +950,9 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
     ``seed``: the run's seed (``numpy.random.default_rng(seed)`` is handed to the scheduler);
     ``slo``: the SLO definition ``{ttft_s, tpot_s}`` for deadline-based policies (edf).
     ``naive=True`` steps one iteration at a time (test reference); ``record_iterations=True``
-    adds ``SimResult.iterations`` (one row per iteration or closed-form decode run).
+    adds ``SimResult.iterations`` (one row per iteration or closed-form decode run);
+    ``check_invariants=True`` recomputes the engine's incremental bookkeeping from scratch at
+    every decision point (slow; for tests).
 
     Returns a :class:`SimResult` whose ``requests`` are the metrics records (one row per window
     row, ``req_id`` = row) and ``counters`` = arrived, completed, unfinished, rejected,
@@ -786,7 +972,7 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
     rng = np.random.default_rng(int(seed))
     reqs, ctx = _requests_from_window(window_df, profile, rng, slo)
     sched.reset(ctx)
-    eng = _Engine(reqs, sched, profile, H, naive, record_iterations)
+    eng = _Engine(reqs, sched, profile, H, naive, record_iterations, check_invariants)
     eng.prepare_static_ranks()
     if reqs:
         eng.run()
@@ -794,6 +980,7 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
 
 
 def _result(eng: _Engine, reqs: list[Request], profile, H: float) -> SimResult:
+    eng._materialize()
     # requests that arrived but were never ingested (the server stopped at the horizon)
     for i in range(eng.cursor, eng.n_arrivable):
         r = eng.arrivals[i]

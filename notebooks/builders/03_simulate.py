@@ -44,7 +44,7 @@ import polars as pl
 from IPython.display import Markdown, display
 
 import portbench
-from portbench import campaign, figures, metrics, profiles, schedulers, sources, windows
+from portbench import campaign, figures, metrics, params, profiles, schedulers, sources, windows
 
 P = portbench.params.load(params_file, overrides)
 figures_dir = P["paths"]["figures_dir"]
@@ -60,8 +60,9 @@ display(Markdown(sources.banner(prov, windows.skipped_sources(manifest))))
 of vLLM. Each request carries its arrival time, prompt and output lengths (from the window), the
 prompt tokens prefilled so far, the tokens generated, the KV-cache blocks it holds, its first-token
 and finish times and its preemption count. The KV cache is paged; when it runs out, the policy
-chooses a victim to preempt by *recompute* (its KV blocks are freed and its prefill is redone
-later). A request that could never fit in the cache is rejected at arrival and counted, so that
+evicts a victim by *recompute* (its KV blocks are freed and its prompt plus the tokens generated
+so far are prefilled again when it resumes); preemptive policies may also *pause* a running
+request while memory allows (its KV is kept). The preemption counts below are recompute evictions. A request that could never fit in the cache is rejected at arrival and counted, so that
 arrived = completed + unfinished at the horizon + rejected holds in every run (checked by the
 simulator and again below). In each iteration the scheduler chooses the running batch and the
 prefill tokens of each request (whole prompts, or chunks under a token budget for chunked-prefill
@@ -80,10 +81,11 @@ cost that the linear model does not capture (for example prefill attention's qua
     md("""
 ## The hardware profile
 
-The cost of one iteration is `c0 + c_prefill·prefill_tokens + c_decode·decode_seqs + c_kv·context_tokens`,
-with coefficients derived from public hardware specifications and calibrated against measured GPU
-operator times (`portbench profiles`; the table below lists every registered profile, and says which
-part of each rests on measurements and which on the roofline).
+The duration of one iteration is a function of the prefill tokens, the decode sequences and the
+context (KV) tokens of the batch, with coefficients derived from public hardware specifications
+and calibrated against measured GPU operator times (`portbench profiles`; the table below lists
+every registered profile and says which part of each rests on measurements and which on the
+roofline).
 """),
     code("""
 prof = profiles.get_profile(P["simulation"]["profile"])
@@ -92,8 +94,7 @@ display(Markdown(
     f"**Profile of this campaign: `{prof.name}`** ({prof.gpu}, {prof.model}). KV cache: "
     f"{prof.kv_capacity_tokens:,} tokens ({prof.kv_capacity_blocks:,} blocks of {prof.block_size}); at most "
     f"{prof.max_num_seqs} running sequences and {prof.max_batched_tokens:,} prefill tokens per chunked iteration. "
-    f"Iteration time = {prof.c0_s * 1e3:.2f} ms + {prof.c_prefill_s * 1e6:.2f} µs × prefill tokens + "
-    f"{prof.c_decode_s * 1e6:.2f} µs × decode sequences + {prof.c_kv_s * 1e9:.1f} ns × context tokens. "
+    f"Iteration time = {prof.formula()}. "
     f"A request of {example_prompt:,} prompt and {example_output:,} output tokens alone on the replica takes "
     f"{prof.isolated_service_s(example_prompt, example_output):.2f} s."))
 display(Markdown(profiles.describe()))
@@ -112,8 +113,7 @@ information it uses (arrival order only, prompt length, a *predicted* output len
 output length — an oracle no real system has — or the tenant).
 """),
     code("""
-scheduler_text = schedulers.describe()
-display(Markdown(scheduler_text) if scheduler_text.lstrip().startswith(("|", "#", "*", "-")) else print(scheduler_text))
+display(Markdown(schedulers.describe()))
 s = P["simulation"]
 display(Markdown(
     f"This campaign runs {len(campaign.scheduler_names(P))} of them: "
@@ -195,9 +195,7 @@ take longer to serve); the load of every region is relative to each window's own
     code("""
 fig = campaign.plot_capacity(runs, labels)
 figures.save(fig, "03_simulate/capacity_by_window", figures_dir)
-cap = campaign.capacity_by_window(runs).group_by("source").agg(
-    pl.col("capacity_rps").median().alias("median"), pl.col("capacity_rps").min().alias("min"),
-    pl.col("capacity_rps").max().alias("max"), pl.len().alias("windows")).sort("source")
+cap = campaign.capacity_summary(runs)
 display(Markdown("Measured capacity (requests/s) per source: " + "; ".join(
     f"{labels[r['source']]}: median {r['median']:.3g} over {r['windows']} windows (range {r['min']:.3g}–{r['max']:.3g})"
     for r in cap.iter_rows(named=True)) + "."))
@@ -208,7 +206,9 @@ display(Markdown("Measured capacity (requests/s) per source: " + "; ".join(
 For a few schedulers: tail end-to-end latency, median time to first token and the fraction of
 arrived requests completed within the horizon, against the offered load. Below capacity (ρ < 1)
 every policy should keep up and latencies should be low; past it, queues build, latencies climb
-and completions within the horizon fall — and the policies start to differ.
+and completions within the horizon fall — and the policies start to differ. Lines are medians over
+windows and replicates, bands the inter-quartile range; the dotted vertical line marks ρ = 1
+(the window's measured capacity); latency axes are logarithmic.
 """),
     code("""
 curve_scheds = campaign.curve_schedulers(runs)
@@ -216,10 +216,10 @@ fig = campaign.plot_load_curves(runs, labels, schedulers=curve_scheds)
 figures.save(fig, "03_simulate/load_curves", figures_dir)
 story = campaign.load_story(runs, curve_scheds)
 display(Markdown("\\n".join(
-    f"* **{labels[r['source']]}**: at {r['region_light']} load (ρ = {r['rho_light']:g}) the median run completes "
+    f"* **{labels[r['source']]}**: in region *{r['region_light']}* (ρ = {r['rho_light']:g}) the median run completes "
     f"{r['completed_light']:.0%} of its requests within the horizon"
     + (f" with a tail E2E latency (p99) of {r['e2e_p99_light']:.3g} s" if 'e2e_p99_light' in r else "")
-    + f"; at {r['region_heavy']} load (ρ = {r['rho_heavy']:g}) {r['completed_heavy']:.0%}"
+    + f"; in region *{r['region_heavy']}* (ρ = {r['rho_heavy']:g}) {r['completed_heavy']:.0%}"
     + (f", p99 {r['e2e_p99_heavy']:.3g} s ({r['e2e_p99_heavy'] / r['e2e_p99_light']:.1f}× the light-load value)"
        if 'e2e_p99_light' in r else "") + "."
     for r in story)))

@@ -231,6 +231,11 @@ display(Markdown(f"""**What the numbers show.** Of {n:,} comparisons, {pc('sign_
 {pc('significant')} are significant reversals, and {pc('significant_and_practical')} are significant *and* at least
 {rp['delta']:.0%} apart on both sources. So {1 - rv['significant']['value'] / max(rv['sign_reversals']['value'], 1):.0%}
 of the raw sign flips do not survive the paired test and the correction."""))
+n_min = min(data["n_windows"].values())
+if 2 / 2 ** n_min >= rp["alpha"]:
+    display(Markdown(f"""**Caution: too few windows for significance.** With {n_min} windows per source, the smallest
+possible two-sided Wilcoxon p-value is 2/2^{n_min} = {2 / 2 ** n_min:.3g} ≥ α = {rp['alpha']}, so no side test can reject
+even before the correction; the significant counts are zero by construction, not because rankings are stable."""))
 '''),
         md('''
 ### Where the reversals concentrate

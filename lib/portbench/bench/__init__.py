@@ -13,8 +13,9 @@ Parts (each a median of several runs unless stated):
   replicate of the parameters, on ``campaign.workers`` local processes) in a fresh results folder,
   run in a child process so that its memory can be measured. It is measured, not extrapolated,
   when a measured fraction predicts that it fits in 15 minutes; otherwise (and with ``--quick``) a
-  fraction is measured and the full time extrapolated from its runs per second, and the report
-  says so. Peak memory: ``resource.getrusage`` max RSS of the campaign's main process plus
+  fraction is measured and the full time extrapolated (the fraction's fixed cost — worker
+  start-up, window loading, consolidation — plus the full number of runs at the fraction's compute
+  time per run, divided by the workers), and the report says so. Peak memory: ``resource.getrusage`` max RSS of the campaign's main process plus
   ``workers`` x the largest worker's max RSS (an upper bound of the simultaneous total; tracemalloc
   would miss the worker processes and non-Python allocations);
 * **window size**: wall time of the same runs on windows of 200/400/800/1600 consecutive real
@@ -170,14 +171,19 @@ def _bench_campaign(P: Mapping, quick: bool, work: Path) -> dict:
     repeats = 3
     fracs = [_campaign_once(P, frac_over, workers, f"fraction{i}", work) for i in range(repeats)]
     frac = {k: _median([f[k] for f in fracs]) for k in fracs[0]}
-    est_s = full_runs / frac["runs_per_s"]
+    # Extrapolation: the fraction's fixed cost (worker start-up, window loading, consolidation) plus
+    # the full campaign's runs at the fraction's compute time per run, spread over the workers.
+    per_run_s = frac["shard_wall_s_sum"] / frac["runs"]
+    fixed_s = max(0.0, frac["wall_s"] - frac["shard_wall_s_sum"] / workers)
+    est_s = fixed_s + full_runs * per_run_s / workers
     out = {"workers": workers, "full_runs": full_runs, "full_shards": len(full_plan.shards),
            "fraction": {"overrides": frac_over, "runs": int(frac["runs"]), "repeats": repeats,
                         "wall_s": [f["wall_s"] for f in fracs], "wall_s_median": frac["wall_s"],
                         "runs_per_s": frac["runs_per_s"], "peak_mem_mib": max(f["peak_mem_mib"] for f in fracs)},
-           "estimated_full_s": est_s}
+           "fixed_s": fixed_s, "compute_s_per_run": per_run_s, "estimated_full_s": est_s,
+           "estimated_full_s_naive": full_runs / frac["runs_per_s"]}
     if quick or est_s > MEASURE_LIMIT_S:
-        out.update(full_campaign_s=est_s, full_campaign_measured=False, runs_per_s=frac["runs_per_s"],
+        out.update(full_campaign_s=est_s, full_campaign_measured=False, runs_per_s=full_runs / est_s,
                    peak_mem_mib=out["fraction"]["peak_mem_mib"],
                    note=("extrapolated from a fraction ({} runs): {}".format(
                        int(frac["runs"]), "--quick" if quick else f"the estimate {est_s:.0f} s exceeds 15 min")))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ def _planted():
         raise FileNotFoundError(f"{path} (the planted-table generator of the test suite) is needed")
     spec = importlib.util.spec_from_file_location("portbench_planted", path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod            # dataclasses look their module up while the class is built
     spec.loader.exec_module(mod)
     return mod
 

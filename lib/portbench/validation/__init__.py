@@ -42,7 +42,7 @@ from . import cases, replay, verdict
 DEVICES = ("auto", "cuda", "cpu")
 KV_BLOCKS = ("profile", "engine")
 DEFAULTS = {"model_config": "llama3_8b", "max_windows": 10, "vllm_version": None, "device": "auto",
-            "kv_blocks": "profile", "calibration_requests": 200, "drain_factor": 2.0, "dtype": "auto",
+            "kv_blocks": "profile", "calibration_requests": 200, "dtype": "auto",
             "gpu_memory_utilization": 0.9, "enforce_eager": False, "seed": 0}
 
 
@@ -70,8 +70,6 @@ def validate_params(P: Mapping) -> None:
     kb = v["kv_blocks"]
     if not (kb in KV_BLOCKS or (isinstance(kb, int) and not isinstance(kb, bool) and kb > 0)):
         raise ParameterError("validation.kv_blocks", kb, "profile, engine or a positive integer")
-    if isinstance(v["drain_factor"], bool) or not isinstance(v["drain_factor"], (int, float)) or v["drain_factor"] < 1:
-        raise ParameterError("validation.drain_factor", v["drain_factor"], "a number >= 1")
     g = v["gpu_memory_utilization"]
     if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
         raise ParameterError("validation.gpu_memory_utilization", g, "a number in (0, 1]")
@@ -275,7 +273,7 @@ def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
                                       max_model_len=mml)
     with replay.Replayer(spec_fcfs, log) as r:
         startup = {"fcfs": r.startup_s}
-        r.replay(reqs, horizon_s=1e6, drain_s=1e6, rejected=rej, window_df=calib_df, tag="calib")
+        r.replay(reqs, horizon_s=1e6, rejected=rej, window_df=calib_df, tag="calib")
     calib_rows = replay.iteration_rows(log)
     calib_prof = verdict.fit_engine_profile(calib_rows, base, f"vllm_{v['model_config']}_calibration")
     calib_path = profiles.save_profile(calib_prof, out / "engine_profile_calibration.json")
@@ -320,7 +318,7 @@ def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
                 _log(progress, f"[{mode} {i + 1}/{len(keys)}] {wid} {region} {sched}: {len(reqs)} requests, "
                                f"horizon {horizon:.1f} s")
                 svc = calib_prof.isolated_service_s(scaled["prompt_tokens"].to_numpy(), scaled["output_tokens"].to_numpy())
-                rec = r.replay(reqs, horizon_s=horizon, drain_s=float(v["drain_factor"]) * horizon, rejected=rej,
+                rec = r.replay(reqs, horizon_s=horizon, rejected=rej,
                                window_df=scaled, tag=f"{wid}-{sched}", service_s=svc)
                 records[key], horizons[key] = rec, horizon
 

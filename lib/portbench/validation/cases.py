@@ -154,14 +154,16 @@ def stable_control(rev: pl.DataFrame, prefer: Case | None = None,
     rev = rev.with_columns(same=(pl.col("diff_1").sign() * pl.col("diff_2").sign()) > 0)
     groups = (rev.group_by(["a", "b", "region", "metric"])
               .agg(ok=(pl.col("same") & pl.col("significant") & ~pl.col("reversal")).all(),
-                   srcs=pl.concat_list("source_1", "source_2").flatten().unique().sort(),
+                   n_src=pl.col("source_1").append(pl.col("source_2")).n_unique(),
                    min_rel=pl.min_horizontal("rel_1", "rel_2").min()))
-    groups = groups.filter(pl.col("ok") & (pl.col("srcs").list.len() == len(all_sources)))
+    groups = groups.filter(pl.col("ok") & (pl.col("n_src") == len(all_sources)))
     if groups.height == 0:
         return None
-    groups = groups.with_columns(
-        pref=(pl.col("region") == (prefer.region if prefer else None)).fill_null(False).cast(pl.Int8)
-        + (pl.col("metric") == (prefer.metric if prefer else None)).fill_null(False).cast(pl.Int8))
+    if prefer is not None:
+        groups = groups.with_columns(pref=(pl.col("region") == prefer.region).cast(pl.Int8)
+                                     + (pl.col("metric") == prefer.metric).cast(pl.Int8))
+    else:
+        groups = groups.with_columns(pref=pl.lit(0, dtype=pl.Int8))
     g = groups.sort(["pref", "min_rel", "region", "metric", "a", "b"],
                     descending=[True, True, False, False, False, False]).row(0, named=True)
     rows = rev.filter((pl.col("a") == g["a"]) & (pl.col("b") == g["b"]) & (pl.col("region") == g["region"])

@@ -14,9 +14,11 @@ profile too.
 
 **Client.** One asyncio task per request sleeps until ``t0 + arrival_s`` (monotonic clock), then
 calls ``AsyncLLM.generate(TokensPrompt(prompt_token_ids=...), SamplingParams(max_tokens=output,
-ignore_eos=True, temperature=0, detokenize=False, output_kind=DELTA), request_id, priority=...)`` and
-counts the streamed tokens. Requests still running at ``drain_s`` after the window start are cancelled
-(AsyncLLM aborts them); the metric function handles requests that drained past the horizon.
+ignore_eos=True, temperature=0, detokenize=False, output_kind=FINAL_ONLY), request_id,
+priority=...)``. FINAL_ONLY keeps the client's event loop free of per-token work, so submissions stay
+on time. At the observation horizon every request still running is aborted (``AsyncLLM.abort``: the
+generator then receives a final output with the tokens generated so far and the request's stats),
+exactly as the simulator stops at the horizon; its ``generated_tokens`` are those tokens.
 
 **Timings (vLLM 0.32, read in ``vllm/v1/metrics/stats.py`` and ``vllm/v1/engine/output_processor.py``).**
 ``RequestOutput.metrics`` is the request's ``RequestStateStats`` (present when stats logging is on:
@@ -62,7 +64,7 @@ MODEL_CONFIGS = Path(__file__).resolve().parent / "model_configs"
 ITERATION_LOG_ENV = "PORTBENCH_VLLM_ITERATION_LOG"
 RECORDING_SCHEDULER = "portbench.validation.engine_scheduler.RecordingScheduler"
 EXTRA_RECORD_COLUMNS = ("scheduled_arrival_s", "submit_lag_s", "engine_arrival_s", "queued_s", "scheduled_s",
-                        "client_first_s", "client_finish_s", "priority", "streamed_tokens", "status")
+                        "client_finish_s", "priority", "streamed_tokens", "status")
 
 
 class EngineUnavailable(PortbenchError):
@@ -297,12 +299,11 @@ class RequestTrace:
     tenant: str
     priority: int = 0
     submit_mono: float = math.nan   # client monotonic clock at submission
-    client_first_mono: float = math.nan
     client_last_mono: float = math.nan
     tokens_total: int = 0
     tokens_by_horizon: int = 0
     finished: bool = False
-    status: str = "pending"         # finished | cancelled | rejected | error:<msg>
+    status: str = "pending"         # finished | aborted_at_horizon | not_sent | cancelled | rejected | error:<msg>
     arrival_time_wall: float = math.nan  # RequestStateStats.arrival_time (wall clock)
     queued_ts: float = math.nan     # engine-core monotonic
     scheduled_ts: float = math.nan
@@ -337,11 +338,12 @@ def records_from_traces(traces: Sequence[RequestTrace], *, t0_mono: float, t0_wa
 
     ``arrival_s`` = submission (monotonic) − t0; ``first_token_s`` = ``first_token_ts`` − t0;
     ``finish_s`` = ``last_token_ts`` − t0 for finished requests (NaN otherwise); ``generated_tokens``
-    = the output length for finished requests, else the tokens streamed to the client by the horizon;
+    = the output length for finished requests, else the tokens generated when the request was aborted
+    at the horizon;
     ``preemptions`` = ``num_preemptions``; ``service_s``: the isolated service time per request
     (from the cost-model profile; NaN when not given). Rejected requests keep their scheduled arrival.
     Diagnostics: ``engine_arrival_s`` = ``arrival_time`` (wall) − t0 (wall), ``queued_s``,
-    ``scheduled_s``, ``client_first_s``, ``client_finish_s``, ``submit_lag_s``.
+    ``scheduled_s``, ``client_finish_s`` (final output received), ``submit_lag_s``, ``streamed_tokens``.
     """
     nan = math.nan
     rows = []
@@ -359,13 +361,13 @@ def records_from_traces(traces: Sequence[RequestTrace], *, t0_mono: float, t0_wa
             "submit_lag_s": arrival - t.scheduled_arrival_s if not rej else nan,
             "engine_arrival_s": t.arrival_time_wall - t0_wall,
             "queued_s": t.queued_ts - t0_mono, "scheduled_s": t.scheduled_ts - t0_mono,
-            "client_first_s": t.client_first_mono - t0_mono, "client_finish_s": t.client_last_mono - t0_mono,
+            "client_finish_s": t.client_last_mono - t0_mono,
             "priority": t.priority, "streamed_tokens": t.tokens_total, "status": t.status,
         })
     schema = {"req_id": pl.Int64, "arrival_s": pl.Float64, "first_token_s": pl.Float64, "finish_s": pl.Float64,
               "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "generated_tokens": pl.Int64,
               "preemptions": pl.Int64, "rejected": pl.Boolean, "tenant": pl.Utf8,
-              **{c: pl.Float64 for c in EXTRA_RECORD_COLUMNS[:7]}, "priority": pl.Int64,
+              **{c: pl.Float64 for c in EXTRA_RECORD_COLUMNS[:6]}, "priority": pl.Int64,
               "streamed_tokens": pl.Int64, "status": pl.Utf8}
     df = pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
     svc = np.full(df.height, np.nan) if service_s is None else np.asarray(service_s, dtype=float)
@@ -378,14 +380,14 @@ def records_from_traces(traces: Sequence[RequestTrace], *, t0_mono: float, t0_wa
 
 def clock_problems(records: pl.DataFrame, tol_s: float = 0.5) -> list[str]:
     """Checks that the two clocks were read right: per request, on the monotonic clock,
-    submission <= queued <= scheduled <= first token <= finish, the client saw the first token after
-    the engine stamped it, and the wall-clock arrival agrees with the monotonic submission within
+    submission <= queued <= scheduled <= first token <= finish, the client received the final output
+    after the engine stamped the last token, and the wall-clock arrival agrees with the monotonic submission within
     ``tol_s``. Returns readable problems (empty = consistent)."""
     out = []
     r = records.filter(~pl.col("rejected"))
     eps = 1e-6
     chains = [("arrival_s", "queued_s"), ("queued_s", "scheduled_s"), ("scheduled_s", "first_token_s"),
-              ("first_token_s", "finish_s"), ("first_token_s", "client_first_s")]
+              ("first_token_s", "finish_s"), ("finish_s", "client_finish_s")]
     for a, b in chains:
         bad = r.filter(pl.col(a).is_not_nan() & pl.col(b).is_not_nan() & (pl.col(b) < pl.col(a) - eps))
         if bad.height:
@@ -550,18 +552,18 @@ class Replayer:
                 self._loop = None
             os.environ.pop(ITERATION_LOG_ENV, None)
 
-    def replay(self, requests: Sequence[ReplayRequest], *, horizon_s: float, drain_s: float | None = None,
+    def replay(self, requests: Sequence[ReplayRequest], *, horizon_s: float,
                rejected: Sequence[int] = (), window_df: pl.DataFrame | None = None, tag: str = "w",
                service_s=None) -> pl.DataFrame:
         """Replay one window; returns its records (contract columns + diagnostics), sorted by req_id.
 
-        ``horizon_s``: observation horizon (tokens streamed by then count for unfinished requests);
-        ``drain_s``: when to cancel what is still running (default 2 x horizon); ``rejected``: ids
+        ``horizon_s``: end of the observation, seconds after the window's start: requests still running
+        then are aborted (``AsyncLLM.abort``), and their tokens generated so far are their
+        ``generated_tokens`` — the simulator's semantics (it stops at the horizon). ``rejected``: ids
         recorded as rejected without being sent (needs ``window_df`` for their sizes).
         """
         if self.engine is None:
             raise PortbenchError("Replayer.replay outside its `with` block")
-        drain_s = float(drain_s if drain_s is not None else 2.0 * horizon_s)
         traces = {r.req_id: RequestTrace(r.req_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.tenant,
                                          r.priority) for r in requests}
         for i in rejected:
@@ -570,13 +572,13 @@ class Replayer:
                                           int(row.get("prompt_tokens", 0)), int(row.get("output_tokens", 0)),
                                           str(row.get("tenant", "")), status="rejected")
         t0_mono, t0_wall = self._loop.run_until_complete(
-            _replay(self.engine, requests, traces, horizon_s=float(horizon_s), drain_s=drain_s, tag=tag))
+            _replay(self.engine, requests, traces, horizon_s=float(horizon_s), tag=tag))
         ordered = [traces[k] for k in sorted(traces)]
         return records_from_traces(ordered, t0_mono=t0_mono, t0_wall=t0_wall, service_s=service_s)
 
 
 async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, RequestTrace], *,
-                  horizon_s: float, drain_s: float, tag: str) -> tuple[float, float]:
+                  horizon_s: float, tag: str) -> tuple[float, float]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
@@ -584,45 +586,52 @@ async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, R
     # small lead so the first request is not late because the tasks are still being created
     t0_mono = time.monotonic() + 0.05
     t0_wall = time.time() + (t0_mono - time.monotonic())
-    horizon_mono = t0_mono + horizon_s
 
     async def one(r: ReplayRequest) -> None:
         tr = traces[r.req_id]
         delay = t0_mono + r.arrival_s - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+        # FINAL_ONLY: one output per request (at the end, or at the abort), so the client does no
+        # per-token work that could delay the next submission.
         sp = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0, detokenize=False,
-                            output_kind=RequestOutputKind.DELTA)
+                            output_kind=RequestOutputKind.FINAL_ONLY)
         tr.submit_mono = time.monotonic()
+        tr.status = "sent"
         last = None
         try:
             async for out in engine.generate(TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)), sp,
                                              request_id=f"{tag}-{r.req_id}", priority=int(r.priority)):
-                now = time.monotonic()
-                k = len(out.outputs[0].token_ids) if out.outputs else 0
-                if k:
-                    if math.isnan(tr.client_first_mono):
-                        tr.client_first_mono = now
-                    tr.client_last_mono = now
-                    tr.tokens_total += k
-                    if now <= horizon_mono:
-                        tr.tokens_by_horizon += k
                 last = out
-                if out.finished:
-                    tr.finished = tr.tokens_total >= r.output_tokens
-            tr.status = "finished" if tr.finished else "stopped_early"
         except asyncio.CancelledError:
             tr.status = "cancelled"
         except Exception as e:  # noqa: BLE001 - recorded per request; the window still completes
             tr.status = f"error:{type(e).__name__}: {e}"
+        tr.client_last_mono = time.monotonic()
         if last is not None:
+            comp = last.outputs[0] if last.outputs else None
+            k = len(comp.token_ids) if comp is not None else 0
+            reason = str(getattr(comp, "finish_reason", "") or "")
+            tr.tokens_total = tr.tokens_by_horizon = k
+            tr.finished = bool(last.finished and reason != "abort" and k >= r.output_tokens)
+            tr.status = "finished" if tr.finished else ("aborted_at_horizon" if reason == "abort" else
+                                                        f"stopped:{reason or 'unknown'}")
             absorb_stats(tr, getattr(last, "metrics", None))
 
     tasks = [asyncio.ensure_future(one(r)) for r in requests]
     if tasks:
-        timeout = max(0.0, t0_mono + drain_s - time.monotonic())
-        done, pending = await asyncio.wait(tasks, timeout=timeout)
-        for t in pending:
-            t.cancel()
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, t0_mono + horizon_s - time.monotonic()))
+        if pending:
+            # the observation ends: abort what is still running; AsyncLLM then hands each generator a
+            # final output (finish_reason "abort") with the tokens generated so far and its stats
+            running = [f"{tag}-{rid}" for rid, t in traces.items() if t.status == "sent"]
+            if running:
+                await engine.abort(running)
+            _, pending = await asyncio.wait(pending, timeout=60.0)
+            for t in pending:            # not sent yet (or no final output): cancel
+                t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    for t in traces.values():
+        if t.status == "pending":
+            t.status = "not_sent"
     return t0_mono, t0_wall

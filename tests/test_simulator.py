@@ -1,0 +1,388 @@
+"""The SimPy serving simulator: invariants, a hand-computed case, closed form == step-by-step,
+determinism, parameter errors.
+
+Helpers used by test_schedulers.py / test_regions.py too: :class:`StubProfile` (a linear cost
+model with round coefficients, so cases can be computed by hand) and :func:`azure_windows`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import pytest
+
+from portbench import regions, schedulers, simulator
+from portbench.errors import ConservationError, DataError, ParameterError
+
+REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9, "overload": 1.2,
+                "severe": 2.0}
+SLO = {"ttft_s": 2.0, "tpot_s": 0.1}
+
+
+@dataclass(frozen=True)
+class StubProfile:
+    """A local stand-in with the Profile contract's fields (linear cost model, round numbers)."""
+
+    name: str = "stub"
+    c0_s: float = 0.01
+    c_prefill_s: float = 0.001
+    c_decode_s: float = 0.002
+    c_kv_s: float = 0.0001
+    block_size: int = 16
+    kv_capacity_blocks: int = 1000
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 512
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv_capacity_blocks * self.block_size
+
+    def iteration_time(self, prefill_tokens, decode_seqs, context_tokens):
+        t = (self.c0_s + self.c_prefill_s * np.asarray(prefill_tokens, dtype=float)
+             + self.c_decode_s * np.asarray(decode_seqs, dtype=float)
+             + self.c_kv_s * np.asarray(context_tokens, dtype=float))
+        return float(t) if np.ndim(t) == 0 else t
+
+    def isolated_service_s(self, prompt_tokens, output_tokens):
+        p = np.asarray(prompt_tokens, dtype=float)
+        k = np.asarray(output_tokens, dtype=float) - 1.0
+        t = (self.c0_s + (self.c_prefill_s + self.c_kv_s) * p
+             + k * (self.c0_s + self.c_decode_s + self.c_kv_s * p) + self.c_kv_s * k * (k + 1) / 2)
+        return float(t) if np.ndim(t) == 0 else t
+
+
+def real_profile():
+    """The study's default profile (profiles.py), or the stub while it is missing."""
+    try:
+        from portbench import profiles
+        return profiles.get_profile(getattr(profiles, "DEFAULT_PROFILE", "a100_40gb_llama2_7b"))
+    except Exception:  # pragma: no cover - only before profiles.py exists
+        return StubProfile(kv_capacity_blocks=2800, c0_s=0.0035, c_prefill_s=6.4e-5, c_decode_s=6.5e-5,
+                           c_kv_s=4.4e-7)
+
+
+def window(arrival, prompt, output, tenant=None) -> pl.DataFrame:
+    n = len(arrival)
+    return pl.DataFrame({"arrival_s": [float(a) for a in arrival],
+                         "prompt_tokens": pl.Series([int(p) for p in prompt], dtype=pl.Int64),
+                         "output_tokens": pl.Series([int(o) for o in output], dtype=pl.Int64),
+                         "tenant": list(tenant) if tenant is not None else ["t0"] * n})
+
+
+def azure_windows(shared_traces, starts=(1000, 8000, 15000), size=200) -> dict[str, pl.DataFrame]:
+    """Windows of ``size`` consecutive rows of the real Azure conversation trace (read directly;
+    tenants: a seeded assignment of 4)."""
+    raw = pl.read_csv(shared_traces / "azure2023" / "AzureLLMInferenceTrace_conv.csv")
+    ts = raw["TIMESTAMP"].str.to_datetime("%Y-%m-%d %H:%M:%S%.f")
+    t = ((ts - ts[0]).dt.total_microseconds() / 1e6).to_numpy()
+    out = {}
+    for s in starts:
+        rng = np.random.default_rng(s)
+        a = t[s:s + size] - t[s]
+        out[f"azure-{s}"] = pl.DataFrame({
+            "arrival_s": a,
+            "prompt_tokens": raw["ContextTokens"][s:s + size].cast(pl.Int64),
+            "output_tokens": raw["GeneratedTokens"][s:s + size].cast(pl.Int64),
+            "tenant": [f"tenant{i}" for i in rng.integers(0, 4, size)],
+        })
+    return out
+
+
+def run(df, sched, prof=None, horizon=math.inf, seed=0, **kw):
+    return simulator.simulate(df, sched, prof or StubProfile(), horizon_s=horizon, seed=seed, slo=SLO, **kw)
+
+
+@pytest.fixture(scope="module")
+def windows(shared_traces):
+    return azure_windows(shared_traces)
+
+
+@pytest.fixture(scope="module")
+def scaled(windows):
+    """Every window in every region: {(window, region): (scaled_df, horizon_s)} (default profile)."""
+    prof = real_profile()
+    out = {}
+    for wid, df in windows.items():
+        cap = regions.capacity(df, prof)
+        for reg, rho in REGION_LOADS.items():
+            sdf = regions.rescale(df, rho, cap)
+            out[(wid, reg)] = (sdf, regions.horizon_s(sdf, 1.5))
+    return out
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+@pytest.mark.parametrize("name", list(schedulers.SCHEDULERS)[:13])
+def test_conservation_and_kv_bound_every_region(name, scaled):
+    """arrived = completed + unfinished + rejected and KV never above capacity, every region."""
+    prof = real_profile()
+    for (wid, reg), (sdf, h) in scaled.items():
+        res = simulator.simulate(sdf, name, prof, horizon_s=h, seed=7, slo=SLO, check_invariants=(reg == "overload"))
+        c = res.check().counters
+        assert c["arrived"] == sdf.height
+        assert c["arrived"] == c["completed"] + c["unfinished"] + c["rejected"]
+        assert 0 < c["kv_max_used_blocks"] <= c["kv_capacity_blocks"] == prof.kv_capacity_blocks
+        recs = res.requests
+        assert recs.columns == list(simulator.RECORD_COLUMNS)
+        done = recs.filter(pl.col("finish_s").is_not_nan())
+        assert (done["generated_tokens"] == done["output_tokens"]).all()
+        assert (done["finish_s"] <= h + 1e-9).all() and (done["first_token_s"] <= done["finish_s"]).all()
+        assert (done["first_token_s"] > done["arrival_s"]).all()
+        assert (recs["generated_tokens"] <= recs["output_tokens"]).all()
+        if reg == "light":
+            assert c["unfinished"] == 0, f"{name} left requests unfinished at light load on {wid}"
+
+
+def test_overload_leaves_work_and_preempts(scaled):
+    """The default profile's KV cache binds at overload: preemptions happen and requests remain."""
+    prof = real_profile()
+    tot_pre = tot_unf = 0
+    for (wid, reg), (sdf, h) in scaled.items():
+        if reg == "severe":
+            c = simulator.simulate(sdf, "fcfs", prof, horizon_s=h, seed=0).counters
+            tot_pre += c["preemptions"]
+            tot_unf += c["unfinished"]
+            assert c["kv_max_used_blocks"] >= 0.95 * prof.kv_capacity_blocks
+    assert tot_pre > 0 and tot_unf > 0
+
+
+def test_conservation_check_catches_a_lost_request():
+    res = run(window([0, 0.1], [10, 10], [3, 3]), "fcfs")
+    res.check()
+    bad = simulator.SimResult(res.requests, {**res.counters, "completed": res.counters["completed"] - 1})
+    with pytest.raises(ConservationError):
+        bad.check()
+    worse = simulator.SimResult(res.requests, {**res.counters, "kv_max_used_blocks": 10**6})
+    with pytest.raises(ConservationError):
+        worse.check()
+
+
+def test_rejected_when_it_can_never_fit():
+    prof = StubProfile(kv_capacity_blocks=10)            # 160 tokens
+    res = run(window([0, 0, 0], [100, 150, 20], [61, 10, 5]), "fcfs", prof)
+    r = res.requests
+    assert r["rejected"].to_list() == [True, False, False]   # 161 > 160 tokens; 150+10 = 160 fits exactly
+    assert res.counters["rejected"] == 1 and res.counters["completed"] == 2
+    assert math.isnan(r["first_token_s"][0]) and r["generated_tokens"][0] == 0
+
+
+# --------------------------------------------------------------------------- hand-computed
+
+
+def test_hand_computed_fcfs_prefill_first():
+    """c0 = 0.01, c_p = 0.001/token, c_d = 0.002/seq, c_kv = 0.0001/context token.
+
+    A (P=100, O=3) and B (P=50, O=2) arrive at 0; C (P=20, O=1) at 0.18.
+    t=0      prefill A+B (150 tokens, context 150): 0.01 + 0.150 + 0.0150 = 0.1750 -> first tokens
+    t=0.1750 decode A,B (context 101+51=152):       0.01 + 0.004 + 0.0152 = 0.0292 -> t=0.2042, B done
+             (C arrived at 0.18, seen at this iteration boundary)
+    t=0.2042 prefill C alone, A waits (prefill-first): 0.01 + 0.020 + 0.0020 = 0.0320 -> t=0.2362, C done
+    t=0.2362 decode A (context 102):                 0.01 + 0.002 + 0.0102 = 0.0222 -> t=0.2584, A done
+    """
+    res = run(window([0, 0, 0.18], [100, 50, 20], [3, 2, 1]), "fcfs", record_iterations=True)
+    r = res.requests
+    assert r["first_token_s"].to_list() == pytest.approx([0.1750, 0.1750, 0.2362], abs=1e-12)
+    assert r["finish_s"].to_list() == pytest.approx([0.2584, 0.2042, 0.2362], abs=1e-12)
+    ttft = (r["first_token_s"] - r["arrival_s"]).to_list()
+    assert ttft == pytest.approx([0.1750, 0.1750, 0.0562], abs=1e-12)
+    tpot_a = (0.2584 - 0.1750) / 2          # two decode gaps, one of them stalled by C's prefill
+    assert (r["finish_s"][0] - r["first_token_s"][0]) / 2 == pytest.approx(tpot_a, abs=1e-12)
+    assert res.counters["iterations"] == 4
+    it = res.iterations
+    assert it["prefill_tokens"].to_list() == [150, 0, 20, 0]
+    assert it["decode_seqs"].to_list() == [0, 2, 0, 1]
+    assert it["context_tokens"].to_list() == [150, 152, 20, 102]
+
+
+def test_hand_computed_chunked_prefill():
+    """Sarathi with a 300-token budget: A (P=400, O=2) at 0, B (P=10, O=3) at 0.
+
+    t=0      chunk A 300 (context 300):                        0.01 + 0.300 + 0.0300 = 0.3400
+    t=0.34   chunk A 100 (context 400) + B 10 (context 10):   0.01 + 0.110 + 0.0410 = 0.1610 -> t=0.501,
+             A and B first tokens
+    t=0.501  decode A (401), B (11), context 412:             0.01 + 0.004 + 0.0412 = 0.0552 -> t=0.5562,
+             A done (O=2)
+    t=0.5562 decode B (context 12):                           0.01 + 0.002 + 0.0012 = 0.0132 -> t=0.5694
+    """
+    prof = StubProfile(max_num_seqs=4)
+    sched = schedulers.get_scheduler("sarathi", prefill_token_budget=300)
+    res = run(window([0, 0], [400, 10], [2, 3]), sched, prof, record_iterations=True)
+    r = res.requests
+    assert r["first_token_s"].to_list() == pytest.approx([0.501, 0.501], abs=1e-12)
+    assert r["finish_s"].to_list() == pytest.approx([0.5562, 0.5694], abs=1e-12)
+    assert res.iterations["prefill_tokens"].to_list() == [300, 110, 0, 0]
+
+
+def test_single_request_takes_its_isolated_service_time():
+    """Alone on the replica, E2E == profile.isolated_service_s (same cost convention)."""
+    for prof in (StubProfile(), real_profile()):
+        res = run(window([0.0], [777], [123]), "fcfs", prof)
+        r = res.requests
+        assert r["finish_s"][0] == pytest.approx(prof.isolated_service_s(777, 123), rel=1e-9)
+        assert r["service_s"][0] == pytest.approx(prof.isolated_service_s(777, 123), rel=1e-12)
+
+
+def test_recompute_preemption_keeps_generated_tokens_and_reprefills_prompt_plus_output():
+    """KV of 6 blocks (96 tokens); A (P=40, O=50) at 0, B (P=40, O=50) at 0.001.
+
+    A prefills (3 blocks), then B (3 blocks; A waits, prefill-first); both decode with g equal.
+    At g = 9 each needs ceil((40+9)/16) = 4 blocks: 8 > 6, so FCFS evicts the latest arrival, B,
+    which keeps its 9 streamed tokens. A finishes alone (at most ceil(89/16) = 6 blocks); then B is
+    resumed by a recompute prefill of prompt + generated = 40 + 9 = 49 tokens, which yields its
+    10th token, and decodes to 50.
+    """
+    prof = StubProfile(kv_capacity_blocks=6)
+    res = run(window([0, 0.001], [40, 40], [50, 50]), "fcfs", prof, record_iterations=True)
+    r = res.requests
+    assert r["preemptions"].to_list() == [0, 1]
+    assert r["generated_tokens"].to_list() == [50, 50]
+    assert res.counters["preemptions"] == 1 and res.counters["completed"] == 2
+    assert res.counters["kv_max_used_blocks"] == 6
+    it = res.iterations
+    assert it.filter(pl.col("prefill_tokens") > 0)["prefill_tokens"].to_list() == [40, 40, 49]
+    assert r["finish_s"][0] < r["finish_s"][1]
+    # B's first token came from its first prefill, not from the recompute
+    assert r["first_token_s"][1] == pytest.approx(it["end_s"][1], abs=1e-12)
+
+
+def test_horizon_stops_the_run():
+    res = run(window([0, 0, 5.0], [100, 100, 10], [500, 500, 5]), "fcfs", horizon=1.0)
+    c = res.counters
+    assert c["arrived"] == 2 and c["completed"] == 0 and c["unfinished"] == 2
+    assert c["sim_end_s"] == 1.0
+    r = res.requests
+    assert math.isnan(r["first_token_s"][2]) and r["generated_tokens"][2] == 0   # arrives after horizon
+    assert 0 < r["generated_tokens"][0] < 500
+
+
+# --------------------------------------------------------------------------- closed form == naive
+
+
+def _assert_same(a, b):
+    ra, rb = a.requests, b.requests
+    for c in ("generated_tokens", "preemptions", "rejected", "req_id"):
+        assert ra[c].to_list() == rb[c].to_list(), c
+    for c in ("first_token_s", "finish_s"):
+        np.testing.assert_allclose(ra[c].to_numpy(), rb[c].to_numpy(), rtol=1e-9, atol=1e-9)
+    skip = ("decision_points", "sim_end_s")
+    assert {k: v for k, v in a.counters.items() if k not in skip} == \
+        {k: v for k, v in b.counters.items() if k not in skip}
+
+
+@pytest.mark.parametrize("region", ["near_saturation", "severe"])
+def test_closed_form_equals_step_by_step_on_real_windows(region, scaled):
+    """The key test of the fast path: advancing k iterations at once in closed form gives the
+    same records as a naive reference that re-decides after every single iteration (and computes
+    every iteration's time with profile.iteration_time)."""
+    prof = real_profile()
+    n_decisions = n_iters = 0
+    for (wid, reg), (sdf, h) in scaled.items():
+        if reg != region or wid == "azure-15000":
+            continue
+        for name in schedulers.SCHEDULERS:
+            if name not in SCHEDULER_NAMES:
+                continue
+            fast = simulator.simulate(sdf, name, prof, horizon_s=h, seed=11, slo=SLO, check_invariants=True)
+            slow = simulator.simulate(sdf, name, prof, horizon_s=h, seed=11, slo=SLO, naive=True)
+            _assert_same(fast, slow)
+            # one decision per iteration (+1: the decision whose iteration would cross the horizon)
+            assert slow.counters["decision_points"] - slow.counters["iterations"] in (0, 1)
+            n_decisions += fast.counters["decision_points"]
+            n_iters += fast.counters["iterations"]
+    assert n_iters > 1.5 * n_decisions   # the fast path does skip iterations
+
+
+SCHEDULER_NAMES = ("fcfs", "sarathi", "sjf_prompt", "sjf_oracle", "srpt_oracle", "sjf_predicted", "ltr",
+                   "mlfq", "las", "rr", "edf", "vtc", "random")
+
+
+@pytest.mark.parametrize("variant", ["tight_kv", "few_slots"])
+def test_closed_form_equals_step_by_step_under_pressure(variant, windows):
+    """Same, with memory or batch slots binding hard (evictions, pauses) and non-default options."""
+    base = real_profile()
+    prof = (dataclasses.replace(base, kv_capacity_blocks=600) if variant == "tight_kv"
+            else dataclasses.replace(base, max_num_seqs=6, max_batched_tokens=256))
+    df = windows["azure-8000"].head(120)
+    cap = regions.capacity(df, prof)
+    cases = [(n, {}) for n in SCHEDULER_NAMES] + [
+        ("sjf_oracle", {"preemptive": True}), ("las", {"quantum_tokens": 4}), ("rr", {"quantum_tokens": 8}),
+        ("mlfq", {"quantum_tokens": 2}), ("ltr", {"starvation_s": 1.0}), ("vtc", {"w_output": 1})]
+    events = {"preemptions": 0, "pauses": 0}
+    for rho in (0.8, 2.0):
+        sdf = regions.rescale(df, rho, cap)
+        h = regions.horizon_s(sdf, 1.5)
+        for name, opts in cases:
+            fast = simulator.simulate(sdf, schedulers.get_scheduler(name, **opts), prof, horizon_s=h, seed=3,
+                                      slo=SLO, check_invariants=True)
+            slow = simulator.simulate(sdf, schedulers.get_scheduler(name, **opts), prof, horizon_s=h, seed=3,
+                                      slo=SLO, naive=True)
+            _assert_same(fast, slow)
+            for k in events:
+                events[k] += fast.counters[k]
+    assert events["preemptions"] > 0
+    if variant == "few_slots":
+        assert events["pauses"] > 0
+
+
+# --------------------------------------------------------------------------- determinism, errors
+
+
+def test_same_seed_identical_records(scaled):
+    prof = real_profile()
+    sdf, h = scaled[("azure-1000", "overload")]
+    for name in SCHEDULER_NAMES:
+        a = simulator.simulate(sdf, name, prof, horizon_s=h, seed=5, slo=SLO)
+        b = simulator.simulate(sdf, schedulers.get_scheduler(name), prof, horizon_s=h, seed=5, slo=SLO)
+        assert a.requests.equals(b.requests), name
+        assert a.counters == b.counters
+
+
+def test_scheduler_instances_are_reusable():
+    """reset() clears per-run state: one instance, two runs, same result."""
+    df = window(np.linspace(0, 1, 30), [50 + 10 * i for i in range(30)], [20] * 30,
+                [f"t{i % 3}" for i in range(30)])
+    for name in SCHEDULER_NAMES:
+        s = schedulers.get_scheduler(name)
+        a = run(df, s, StubProfile(max_num_seqs=3), seed=1)
+        b = run(df, s, StubProfile(max_num_seqs=3), seed=1)
+        assert a.requests.equals(b.requests), name
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"horizon_s": 0}, "horizon_s"),
+    ({"horizon_s": -1.0}, "horizon_s"),
+    ({"horizon_s": "soon"}, "horizon_s"),
+    ({"seed": -1}, "seed"),
+    ({"seed": 1.5}, "seed"),
+])
+def test_bad_parameters_raise_one_clear_error(kwargs, param):
+    args = {"horizon_s": 10.0, "seed": 0, **kwargs}
+    with pytest.raises(ParameterError) as e:
+        simulator.simulate(window([0], [10], [2]), "fcfs", StubProfile(), **args)
+    assert e.value.param == param
+
+
+def test_unknown_scheduler_and_bad_windows():
+    with pytest.raises(ParameterError) as e:
+        simulator.simulate(window([0], [10], [2]), "shortest_first", StubProfile(), horizon_s=1, seed=0)
+    assert e.value.param == "simulation.schedulers" and "fcfs" in str(e.value)
+    with pytest.raises(DataError):
+        simulator.simulate(pl.DataFrame({"arrival_s": [0.0]}), "fcfs", StubProfile(), horizon_s=1, seed=0)
+    with pytest.raises(DataError):
+        simulator.simulate(window([0], [0], [2]), "fcfs", StubProfile(), horizon_s=1, seed=0)
+    with pytest.raises(ParameterError):   # chunked prefill needs a budget above max_num_seqs
+        simulator.simulate(window([0], [10], [2]), "sarathi", StubProfile(max_batched_tokens=100), horizon_s=1,
+                           seed=0)
+    with pytest.raises(ParameterError) as e:   # edf without an SLO
+        simulator.simulate(window([0], [10], [2]), "edf", StubProfile(), horizon_s=1, seed=0)
+    assert e.value.param == "simulation.edf_slo"
+
+
+def test_empty_window():
+    res = simulator.simulate(window([], [], []), "fcfs", StubProfile(), horizon_s=1.0, seed=0)
+    assert res.requests.height == 0 and res.counters["arrived"] == 0

@@ -1,0 +1,253 @@
+"""portbench.stats: agreement with scipy / statsmodels and with hand computations."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.stats as st
+from statsmodels.stats.multitest import multipletests
+
+from portbench import stats
+
+
+def _scipy_tau(x, y):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return st.kendalltau(x, y).statistic
+
+
+# --------------------------------------------------------------------------- tau-b
+
+def test_vectorised_tau_b_equals_scipy_on_many_cases_with_ties():
+    rng = np.random.default_rng(1)
+    n_cases, checked_ties, checked_nan = 3000, 0, 0
+    for n_items in (2, 3, 5, 13):
+        x = rng.integers(0, 4, (n_cases, n_items)).astype(float)   # few distinct values: many ties
+        y = rng.integers(0, 4, (n_cases, n_items)).astype(float)
+        x[:5] = 1.0                                                # all tied -> NaN in scipy
+        vec = stats.tau_b(x, y)
+        for i in range(n_cases):
+            ref = _scipy_tau(x[i], y[i])
+            if np.isnan(ref):
+                assert np.isnan(vec[i]), (x[i], y[i])
+                checked_nan += 1
+            else:
+                assert vec[i] == pytest.approx(ref, abs=1e-12), (x[i], y[i])
+                checked_ties += len(np.unique(x[i])) < n_items
+    assert checked_ties > 1000 and checked_nan >= 20
+
+
+def test_vectorised_tau_b_equals_scipy_without_ties_and_on_continuous_data():
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(500, 13)), rng.normal(size=(500, 13))
+    vec = stats.tau_b(x, y)
+    assert np.allclose(vec, [_scipy_tau(a, b) for a, b in zip(x, y)], atol=1e-12)
+    assert stats.tau_b(x[0], x[0]) == pytest.approx(1.0)
+    assert stats.tau_b(x[0], -x[0]) == pytest.approx(-1.0)
+
+
+def test_kendall_tau_wrapper_and_hand_case():
+    # x = [1,2,3,4], y = [1,3,2,4]: 5 concordant, 1 discordant, no ties -> (5-1)/6
+    assert stats.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    # ties: x = [1,1,2,3], y = [1,2,3,4]: n0 = 6, n1 = 1 tied pair in x; P - Q = 5 -> 5 / sqrt(5 * 6)
+    assert stats.kendall_tau([1, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(5 / np.sqrt(30))
+    assert np.isnan(stats.kendall_tau([1, 1, 1], [1, 2, 3]))
+    assert np.isnan(stats.kendall_tau([1, np.nan, 2], [1, 2, 3]))
+
+
+def test_tau_b_matrix_equals_pairwise_scipy():
+    rng = np.random.default_rng(3)
+    rankings = rng.integers(0, 5, (6, 9)).astype(float)           # 6 raters, 9 items, ties
+    tm = stats.tau_b_matrix(stats.pair_signs(rankings))
+    for i in range(6):
+        for j in range(6):
+            ref = _scipy_tau(rankings[i], rankings[j])
+            assert (np.isnan(ref) and np.isnan(tm[i, j])) or tm[i, j] == pytest.approx(ref, abs=1e-12)
+
+
+def test_bootstrap_tau_equals_scipy_on_each_resample():
+    """Spot-check of the vectorised bootstrap: resample windows, compute means, tau on every resample."""
+    rng = np.random.default_rng(4)
+    # two sources, 13 schedulers, 40 windows, integer-valued metric (exact ties between schedulers)
+    x1 = rng.integers(0, 6, (13, 40)).astype(float)
+    x2 = rng.integers(0, 6, (13, 40)).astype(float)
+    x1[1] = x1[0]                                                  # schedulers 0 and 1 identical on source 1
+    idx1 = stats.bootstrap_indices(40, 300, np.random.default_rng(10))
+    idx2 = stats.bootstrap_indices(40, 300, np.random.default_rng(11))
+    m1, m2 = stats.bootstrap_means(x1, idx1), stats.bootstrap_means(x2, idx2)   # (13, B)
+    assert np.array_equal(m1[0], m1[1])                            # the tie survives every resample
+    vec = stats.tau_b_from_signs(stats.pair_signs(m1, axis=0), stats.pair_signs(m2, axis=0))
+    for b in range(300):
+        assert np.allclose(m1[:, b], x1[:, idx1[b]].mean(axis=1))
+        assert vec[b] == pytest.approx(_scipy_tau(m1[:, b], m2[:, b]), abs=1e-12)
+
+
+def test_bootstrap_means_leave_out_missing_values():
+    x = np.array([[1.0, np.nan, 3.0], [2.0, 2.0, 2.0]])
+    idx = np.array([[0, 1, 2], [1, 1, 1], [2, 2, 0]])
+    m = stats.bootstrap_means(x, idx)
+    assert m[0, 0] == pytest.approx(2.0) and np.isnan(m[0, 1]) and m[0, 2] == pytest.approx(7 / 3)
+    assert np.allclose(m[1], 2.0)
+
+
+def test_percentile_ci():
+    lo, hi = stats.percentile_ci(np.arange(1001.0))
+    assert lo == pytest.approx(25.0) and hi == pytest.approx(975.0)
+
+
+# --------------------------------------------------------------------------- Kendall's W
+
+def test_kendall_w_hand_computation_with_ties():
+    r = np.array([[1, 2, 3, 4], [1, 3, 2, 4], [1.5, 1.5, 3, 4]])
+    # totals 3.5, 6.5, 8, 12; mean m(n+1)/2 = 7.5; S = 16 + 1 + 0.25 + 20.25 = 37.5
+    # tie correction: rater 3 has one tie of 2 -> T = 2^3 - 2 = 6; den = 9 * 60 - 3 * 6 = 522
+    assert stats.kendall_w(r) == pytest.approx(12 * 37.5 / 522)
+
+
+def test_kendall_w_equals_friedman_over_m_times_n_minus_1():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        m, n = rng.integers(2, 5), rng.integers(3, 9)
+        ranks = st.rankdata(rng.integers(0, 4, (m, n)), axis=1)
+        if np.any(np.all(ranks == ranks[:, :1], axis=1)):
+            continue                                               # an all-tied rater: W is NaN by definition
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            chi2 = st.friedmanchisquare(*ranks.T).statistic
+        assert stats.kendall_w(ranks) == pytest.approx(chi2 / (m * (n - 1)), rel=1e-10)
+
+
+def test_kendall_w_extremes_and_vectorised():
+    a = np.array([1.0, 2, 3, 4, 5])
+    assert stats.kendall_w(np.stack([a, a, a])) == pytest.approx(1.0)
+    assert stats.kendall_w(np.stack([a, a[::-1]])) == pytest.approx(0.0)
+    assert np.isnan(stats.kendall_w(np.stack([a, np.full(5, 3.0), a])))        # a rater ties everything
+    batch = np.stack([np.stack([a, a]), np.stack([a, a[::-1]])])
+    assert np.allclose(stats.kendall_w(batch), [1.0, 0.0])
+
+
+# --------------------------------------------------------------------------- orientation and ranks
+
+def test_ranks_best_first_respects_direction_and_averages_ties():
+    latency = np.array([3.0, 1.0, 2.0, 2.0])          # lower is better
+    r = stats.ranks_best_first(stats.orient(latency, "lower"))
+    assert list(r) == [4.0, 1.0, 2.5, 2.5]
+    throughput = np.array([3.0, 1.0, 2.0, 2.0])       # higher is better
+    assert list(stats.ranks_best_first(stats.orient(throughput, "higher"))) == [1.0, 4.0, 2.5, 2.5]
+
+
+# --------------------------------------------------------------------------- paired tests
+
+def _scipy_wilcoxon_p(d):
+    d = d[~np.isnan(d)]
+    if np.all(d == 0):
+        return 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return st.wilcoxon(d).pvalue
+
+
+def test_paired_wilcoxon_equals_scipy_slice_by_slice():
+    rng = np.random.default_rng(6)
+    for width in (8, 20, 40, 60):
+        d = rng.normal(0.2, 1, (120, width))
+        d[10:20, :3] = 0                                  # zeros
+        d[20:40] = np.round(d[20:40], 1)                  # ties
+        d[40:45] = 0                                      # all zero -> p = 1
+        d[45:50, 1] = np.nan                              # a missing window
+        d[50:55] = np.abs(d[50:55]) + 0.1                 # all positive: strong evidence
+        res = stats.paired_wilcoxon(d)
+        for i in range(d.shape[0]):
+            assert res.pvalue[i] == pytest.approx(_scipy_wilcoxon_p(d[i]), rel=1e-9), (width, i, res.method[i])
+        assert np.all(res.pvalue[40:45] == 1.0) and set(res.method[40:45]) == {"all_zero"}
+        assert np.all(res.n[45:50] == width - 1)
+        assert np.all(res.direction[50:55] == 1)
+
+
+def test_paired_wilcoxon_direction_follows_the_ranks():
+    d = np.array([[-0.1, -0.2, -0.3, 5.0, 6.0, 7.0, 8.0]])   # 3 small negatives, 4 large positives
+    assert stats.paired_wilcoxon(d).direction[0] == 1
+    assert stats.paired_wilcoxon(-d).direction[0] == -1
+
+
+# --------------------------------------------------------------------------- multiple comparisons
+
+@pytest.mark.parametrize("method", ["holm", "fdr_bh"])
+def test_adjust_pvalues_equals_statsmodels(method):
+    rng = np.random.default_rng(7)
+    p = rng.uniform(0, 0.2, 300) ** 2
+    assert np.allclose(stats.adjust_pvalues(p, method), multipletests(p, method=method)[1])
+    groups = rng.integers(0, 3, 300)
+    adj = stats.adjust_pvalues(p, method, groups)
+    for g in range(3):
+        assert np.allclose(adj[groups == g], multipletests(p[groups == g], method=method)[1])
+    p[5] = np.nan
+    adj = stats.adjust_pvalues(p, method)
+    assert np.isnan(adj[5])
+    keep = ~np.isnan(p)
+    assert np.allclose(adj[keep], multipletests(p[keep], method=method)[1])
+
+
+def test_adjust_pvalues_rejects_unknown_method():
+    with pytest.raises(ValueError):
+        stats.adjust_pvalues([0.1], "bonferonni")
+
+
+# --------------------------------------------------------------------------- effects and verdicts
+
+def test_relative_effect_is_symmetric_and_defined_at_zero():
+    assert stats.relative_effect(110.0, 100.0) == pytest.approx(10 / 105)
+    assert stats.relative_effect(100.0, 110.0) == stats.relative_effect(110.0, 100.0)
+    assert stats.relative_effect(0.0, 0.0) == 0.0
+    assert stats.relative_effect(0.0, 1.0) == pytest.approx(2.0)
+    assert np.isnan(stats.relative_effect(np.nan, 1.0))
+
+
+def test_verdicts_and_stages():
+    v = stats.reversal_verdicts(np.array([1.0, 1.0, 1.0, 1.0]), np.array([-1.0, 1.0, -1.0, -1.0]),
+                                np.array([True, True, True, False]), np.array([True, True, True, True]),
+                                np.array([0.2, 0.2, 0.01, 0.2]), np.array([0.2, 0.2, 0.2, 0.2]), 0.05)
+    assert list(v["reversal"]) == [True, False, True, True]
+    assert list(v["significant"]) == [True, True, True, False]
+    assert list(v["practical"]) == [True, True, False, True]
+    assert list(stats.stage(**v)) == ["significant_and_practical", "none", "significant", "sign"]
+
+
+def test_side_significant_needs_the_test_to_agree_with_the_mean():
+    sig = stats.side_significant(np.array([0.01, 0.01, 0.2, 0.01]), np.array([1, -1, 1, 0]),
+                                 np.array([0.5, 0.5, 0.5, 0.0]), 0.05)
+    assert list(sig) == [True, False, False, False]
+
+
+# --------------------------------------------------------------------------- top-1
+
+def test_top1_changes_on_crafted_conditions():
+    # (conditions, metrics, schedulers), oriented (larger = better)
+    same = np.array([[[3, 1, 2], [5, 0, 1]]], float)            # scheduler 0 best under both metrics
+    changes = np.array([[[3, 1, 2], [0, 5, 1]]], float)         # 0 best, then 1 best
+    tied = np.array([[[3, 3, 2], [0, 5, 5]]], float)            # 1 is tied-best under both: no change
+    assert list(stats.top1_changes(stats.top1_mask(np.concatenate([same, changes, tied])))) == [False, True, False]
+
+
+# --------------------------------------------------------------------------- Friedman / Nemenyi
+
+def test_friedman_equals_scipy_and_handles_all_ties():
+    rng = np.random.default_rng(8)
+    block = rng.normal(size=(12, 5))
+    stat, p = stats.friedman(block)
+    ref = st.friedmanchisquare(*block.T)
+    assert stat == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue)
+    stat, p = stats.friedman(np.ones((10, 4)))
+    assert np.isnan(stat) and p == 1.0
+
+
+def test_nemenyi_matrix_and_critical_difference():
+    rng = np.random.default_rng(9)
+    block = rng.normal(size=(30, 4)) + np.array([0, 0, 2, 4])
+    nm = stats.nemenyi(block, ["a", "b", "c", "d"])
+    assert list(nm.index) == ["a", "b", "c", "d"] and np.allclose(nm.values, nm.values.T)
+    assert nm.loc["a", "d"] < 0.05 < nm.loc["a", "b"]
+    # Demsar (2006), Table 5: q_0.05 = 2.569 for k = 4 -> CD = 2.569 * sqrt(4*5 / (6*30))
+    assert stats.nemenyi_cd(4, 30) == pytest.approx(2.569 * np.sqrt(20 / 180), rel=1e-3)
