@@ -68,6 +68,11 @@ def test_get_scheduler_errors_name_the_parameter():
         schedulers.get_scheduler("edf", slo={"ttft_s": 0})
     with pytest.raises(ParameterError):
         schedulers.get_scheduler("fcfs", preemptive="yes")
+    with pytest.raises(ParameterError):
+        schedulers.get_scheduler("fcfs", chunked_prefill=1)
+    assert schedulers.get_scheduler("sjf_oracle", chunked_prefill=True).chunked_prefill
+    assert not schedulers.get_scheduler("sarathi", chunked_prefill=False).chunked_prefill
+    assert schedulers.get_scheduler("sarathi").chunked_prefill
 
 
 def test_options_from_params():
@@ -117,9 +122,7 @@ def test_a_user_scheduler_runs_with_one_decorator(user_scheduler, tmp_path):
     regions.validate_simulation_params(P)
     campaign = pytest.importorskip("portbench.campaign")
     if hasattr(campaign, "SimEngine"):
-        from test_simulator import real_profile
         eng = campaign.SimEngine()
-        eng._profile, eng._profile_key = real_profile(), "a100_40gb_llama2_7b"
         rr = eng.run(df.with_columns(pl.Series("arrival_s", [0.0, 0.5, 1.0, 1.5])), "test_lpf", 0, 30.0, P)
         assert rr.counters["completed"] == 4
 
@@ -211,7 +214,7 @@ def test_preemption_for_priority_evicts_when_memory_is_needed(name):
     assert finish_order(fc) == [0, 1] and fc.counters["preemptions"] == 0
 
 
-def test_non_preemptive_policies_only_preempt_for_memory(windows_fixture=None):
+def test_non_preemptive_policies_only_preempt_for_memory():
     """Plenty of KV, few batch slots, arrivals far above capacity: the non-preemptive policies never
     pause or evict; the preemptive ones pause (and never need to evict)."""
     rng = np.random.default_rng(3)
@@ -275,7 +278,7 @@ def test_edf_meets_deadlines_fcfs_misses():
     """Serial engine, all at t=0; deadline = arrival + ttft + tpot x (output - 1)."""
     out = [120, 3, 40, 2, 8, 90]
     df = window([0] * 6, [50] * 6, out)
-    slo = {"ttft_s": 0.3, "tpot_s": 0.03}
+    slo = {"ttft_s": 0.3, "tpot_s": 0.05}
     deadline = np.array([slo["ttft_s"] + slo["tpot_s"] * (o - 1) for o in out])
 
     def met(name):
@@ -333,12 +336,17 @@ def test_mlfq_demotes_by_token_quantum():
     assert set(levels[28:]) == {3}
     # skip-join: a long prompt's prefill is worth many decode iterations -> it joins lower
     assert s.level(long_prompt) > 0
-    # behaviour: a new job preempts a demoted one, not one still inside its first quantum
-    prof = SERIAL
-    late = run(window([0, 1.0], [16, 16], [300, 5]), schedulers.get_scheduler("mlfq", quantum_tokens=4), prof)
-    assert finish_order(late) == [1, 0]
-    early = run(window([0, 0.015], [16, 16], [300, 5]), schedulers.get_scheduler("mlfq", quantum_tokens=64), prof)
-    assert finish_order(early) == [1, 0] or early.counters["pauses"] == 0
+    # behaviour (one batch slot): job 1 arrives while job 0 is in level 0. Same level -> FCFS, so
+    # job 1 waits until job 0 has used its level-0 quantum and is demoted; then it preempts it.
+    df = window([0, 0.015], [16, 16], [300, 5])
+    ttft = {}
+    for q in (4, 64):
+        res = run(df, schedulers.get_scheduler("mlfq", quantum_tokens=q), SERIAL, record_iterations=True)
+        assert finish_order(res) == [1, 0] and res.counters["pauses"] >= 1
+        ttft[q] = res.requests["first_token_s"][1] - 0.015
+    per_token = SERIAL.iteration_time(0, 1, 17)
+    assert ttft[4] < 6 * per_token + 0.1
+    assert ttft[64] > 60 * per_token              # waited for job 0's 64-token quantum
 
 
 def test_rr_time_slices_when_the_batch_is_full():
@@ -354,16 +362,16 @@ def test_rr_time_slices_when_the_batch_is_full():
 
 
 def test_ltr_starvation_protection():
-    """A long request in a stream of short ones: ranked last, it starves until it has waited
-    starvation_s; then it is served first."""
+    """A long request (id 1) in a stream of short ones arriving faster than they are served:
+    ranked last, it starves until it has waited starvation_s; then it is served first."""
     n = 60
-    arr = [0.0] + [0.001 + 0.05 * i for i in range(n)]
-    df = window(arr, [50] * (n + 1), [400] + [3] * n)
+    arr = [0.0, 0.001] + [0.002 + 0.05 * i for i in range(n)]
+    df = window(arr, [50] * (n + 2), [3, 400] + [3] * n)
     with_protection = run(df, schedulers.get_scheduler("ltr", sigma=0.0, starvation_s=0.5), SERIAL)
     without = run(df, schedulers.get_scheduler("ltr", sigma=0.0, starvation_s=None), SERIAL)
-    t_with = with_protection.requests["first_token_s"][0]
-    t_without = without.requests["first_token_s"][0]
-    assert t_with < 0.5 + 0.2 < t_without
+    t_with = with_protection.requests["first_token_s"][1]
+    t_without = without.requests["first_token_s"][1]
+    assert 0.5 < t_with < 0.5 + 0.2 < 2.0 < t_without
 
 
 def test_sjf_predicted_noise():

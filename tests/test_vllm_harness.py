@@ -9,6 +9,7 @@ environment's ``make test`` deselects it (``-m "not vllm"``) and then runs ``mak
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -30,6 +31,9 @@ OVERTAKE = pl.DataFrame({                # a long request, three long prompts qu
     "tenant": ["t0"] * 5,
 })
 WINDOWS = {"simultaneous": SIMULTANEOUS, "overtake": OVERTAKE}
+LONG = pl.DataFrame({"arrival_s": [0.0, 0.0], "prompt_tokens": [32, 8], "output_tokens": [1500, 2],
+                     "tenant": ["t0", "t1"]})   # request 0 cannot finish within SHORT_HORIZON_S
+SHORT_HORIZON_S = 0.3
 SHORT = 4            # req_id of OVERTAKE's short-prompt request
 QUEUED = (1, 2, 3)   # OVERTAKE's requests waiting behind request 0 when SHORT arrives
 HORIZON_S = 30.0
@@ -75,12 +79,16 @@ def replays(env, tmp_path_factory):
                 assert not rej
                 recs[name] = r.replay(reqs, horizon_s=HORIZON_S, tag=f"{mode}-{name}")
             startup = r.startup_s
+            if mode == "fcfs":
+                reqs, _ = replay.build_requests(LONG, vocab_size=1000, seed=8, max_model_len=2048)
+                long_rec = r.replay(reqs, horizon_s=SHORT_HORIZON_S, tag="long")
         out[mode] = {"records": recs, "iterations": replay.iteration_rows(log), "startup_s": startup}
+    out["long"] = long_rec
     return out
 
 
 def _all_records(replays):
-    return [(mode, name, rec) for mode, d in replays.items() for name, rec in d["records"].items()]
+    return [(mode, name, rec) for mode, d in replays.items() if mode != "long" for name, rec in d["records"].items()]
 
 
 def test_every_request_finishes_with_exactly_its_output_length(replays):
@@ -149,16 +157,35 @@ def test_iterations_are_recorded_and_a_profile_is_fitted(replays, tmp_path):
     from portbench import profiles
     from portbench.validation import verdict
 
-    for mode, d in replays.items():
-        it = d["iterations"]
+    for mode in ("fcfs", "priority"):
+        it = replays[mode]["iterations"]
         prompts = sum(int(w["prompt_tokens"].sum()) for w in WINDOWS.values())
         decodes = sum(int((w["output_tokens"] - 1).sum()) for w in WINDOWS.values())
         # every prompt token prefilled once, every later token decoded once (no preemption)
+        if mode == "fcfs":   # this engine also replayed LONG, cut at the horizon
+            long_gen = replays["long"]["generated_tokens"].to_numpy()
+            prompts += int(LONG["prompt_tokens"].sum())
+            decodes += int((long_gen - 1).sum())
         assert int(it["prefill_tokens"].sum()) == prompts, mode
-        assert int(it["decode_seqs"].sum()) == decodes, mode
+        # the aborted request may have one more iteration in flight when the abort lands
+        assert decodes <= int(it["decode_seqs"].sum()) <= decodes + 1, mode
         assert (it["iteration_s"] > 0).all() and (it["num_reqs"] <= 1).all()
-    rows = pl.concat([d["iterations"] for d in replays.values()])
+    rows = pl.concat([replays[m]["iterations"] for m in ("fcfs", "priority")])
     prof = verdict.fit_engine_profile(rows, profiles.get_profile(profiles.DEFAULT_PROFILE), "vllm_cpu_tiny")
     assert all(np.isfinite(c) and c >= 0 for c in prof.coefficients) and prof.c0_s > 0
     path = profiles.save_profile(prof, tmp_path / "engine_profile.json")
     assert profiles.get_profile(str(path)).coefficients == pytest.approx(prof.coefficients)
+
+
+def test_requests_still_running_at_the_horizon_are_aborted_with_their_partial_output(replays):
+    from portbench import metrics
+
+    rec = replays["long"].sort("req_id")
+    cut, short = rec.row(0, named=True), rec.row(1, named=True)
+    assert short["status"] == "finished" and short["generated_tokens"] == 2
+    assert cut["status"] == "aborted_at_horizon" and math.isnan(cut["finish_s"])
+    assert 0 < cut["generated_tokens"] < 1500 and cut["first_token_s"] < SHORT_HORIZON_S
+    # the simulator's semantics: one completed request, throughput counts the partial output
+    m = metrics.compute(rec, SHORT_HORIZON_S, {})
+    assert m["completed"] == 1
+    assert m["throughput_tok_s"] == pytest.approx((2 + cut["generated_tokens"]) / SHORT_HORIZON_S)

@@ -62,8 +62,7 @@ module before running it.
 from __future__ import annotations
 
 import bisect
-import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -106,7 +105,9 @@ class Scheduler(Protocol):
     """What the simulator needs from a scheduling policy (implemented by :class:`BaseScheduler`).
 
     Class attributes: ``name`` (registry name), ``information`` (one of :data:`INFORMATION`),
-    ``models`` (paper/system it models), ``preemptive``, ``chunked_prefill``, ``static_priority``.
+    ``models`` (paper/system it models), ``preemptive``, ``chunked_prefill``, ``static_priority``,
+    ``frozen_waiting_keys`` (a waiting request's priority does not change while it waits: the
+    engine may cache it -- SRPT, LAS, MLFQ, RR).
     Hooks are called by the engine in simulated time order; ``now`` is the decision time.
     """
 
@@ -136,8 +137,11 @@ class BaseScheduler:
 
     Options are keyword arguments declared in ``OPTIONS`` (``{name: default}``, merged along
     the class hierarchy); :func:`get_scheduler` passes ``simulation.scheduler_options[name]``.
-    Every class accepts ``prefill_token_budget`` (None: the profile's ``max_batched_tokens``).
-    An instance is reusable: :meth:`reset` is called at the start of every run.
+    Every class accepts ``prefill_token_budget`` (tokens per iteration; None: the engine's default
+    for the prefill mode -- the profile's ``max_batched_tokens`` for chunked prefill, vLLM's
+    max(max_model_len, 2048) for whole prompts) and ``chunked_prefill`` (None: the class's mode;
+    true/false switches it, e.g. ``sjf_oracle`` with chunked prefill is what vLLM V1's priority
+    policy does). An instance is reusable: :meth:`reset` is called at the start of every run.
 
     Request attributes a policy may read (see :class:`portbench.simulator.Request`): ``id``,
     ``arrival_s``, ``prompt_tokens``, ``output_tokens`` (the truth -- only ``oracle`` policies
@@ -152,8 +156,9 @@ class BaseScheduler:
     preemptive: bool = False
     chunked_prefill: bool = False
     static_priority: ClassVar[bool] = True    # priority(r) depends only on r's own static fields + rng
+    frozen_waiting_keys: ClassVar[bool] = False  # a waiting request's priority does not change while it waits
     prefill_token_budget: int | None = None
-    OPTIONS: ClassVar[dict[str, Any]] = {"prefill_token_budget": None}
+    OPTIONS: ClassVar[dict[str, Any]] = {"prefill_token_budget": None, "chunked_prefill": None}
 
     def __init__(self, **options):
         allowed = self.option_defaults()
@@ -164,6 +169,8 @@ class BaseScheduler:
         merged = {**allowed, **options}
         for key, value in merged.items():
             self._check_option(key, value)
+            if key == "chunked_prefill" and value is None:
+                continue   # keep the class's prefill mode
             setattr(self, key, value)
         self.options = dict(options)
 
@@ -179,6 +186,9 @@ class BaseScheduler:
         if key == "prefill_token_budget":
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ParameterError(param, value, "null or a positive integer (tokens per iteration)")
+        elif key == "chunked_prefill":
+            if value is not None and not isinstance(value, bool):
+                raise ParameterError(param, value, "null (the policy's mode), true or false")
         elif key == "preemptive":
             if not isinstance(value, bool):
                 raise ParameterError(param, value, "true or false")
@@ -395,9 +405,12 @@ def describe() -> str:
 
 
 class _StaticPolicy(BaseScheduler):
-    """Static-priority policies may be run preemptively (option ``preemptive: true``), which is
-    what vLLM's ``scheduling_policy="priority"`` does (it evicts lower-priority running requests
-    when a higher-priority waiting one does not fit)."""
+    """Static-priority policies. By default they are what vLLM V1's ``scheduling_policy=
+    "priority"`` does: the waiting queue is ordered by the priority and, when a running request
+    cannot get its next KV block, the running request with the worst priority is evicted -- no
+    preemption for priority alone (V1 always chunks prefills: add ``chunked_prefill: true`` to
+    match it). Option ``preemptive: true`` also evicts/pauses running requests for a better-ranked
+    waiting one (vLLM V0's priority preemption)."""
 
     OPTIONS = {"preemptive": False}
 
@@ -481,6 +494,7 @@ class SRPTOracle(BaseScheduler):
     models = "SRPT with oracle lengths (Schrage 1968), preemptive at iteration boundaries"
     preemptive = True
     static_priority = False
+    frozen_waiting_keys = True
 
     def priority(self, r, now):
         return (r.output_tokens - r.generated, r.arrival_s)
@@ -537,7 +551,7 @@ class LTR(BaseScheduler):
         self._score = (np.log(np.asarray(ctx.output_tokens, dtype=float)) + self.sigma * noise).tolist()
 
     def _starving(self, r, now) -> bool:
-        return self.starvation_s is not None and not r.resident and now - r.waiting_since >= self.starvation_s
+        return self.starvation_s is not None and not r.resident and now >= r.waiting_since + self.starvation_s
 
     def priority(self, r, now):
         if self._starving(r, now):
@@ -548,6 +562,7 @@ class LTR(BaseScheduler):
         return self._score[r.id]
 
     def next_decision(self, batch, outside, now):
+        """The earliest time a waiting request starts starving (running keys never change)."""
         if self.starvation_s is None:
             return (None, None)
         t = None
@@ -556,8 +571,6 @@ class LTR(BaseScheduler):
                 tx = x.waiting_since + self.starvation_s
                 if t is None or tx < t:
                     t = tx
-        if self.preemptive:
-            return (None, t)  # keys of running requests do not change (they are not starving)
         return (None, t)
 
 
@@ -566,6 +579,7 @@ class _LevelPolicy(BaseScheduler):
 
     preemptive = True
     static_priority = False
+    frozen_waiting_keys = True
     attained = True
 
     def level(self, r) -> int:  # pragma: no cover - abstract
@@ -683,6 +697,7 @@ class RoundRobin(BaseScheduler):
     attained = True
     preemptive = True
     static_priority = False
+    frozen_waiting_keys = True
     OPTIONS = {"quantum_tokens": 64}
 
     def reset(self, ctx):

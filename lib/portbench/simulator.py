@@ -37,22 +37,30 @@ policy's choice: see :mod:`portbench.schedulers` (non-preemptive policies evict 
 memory; preemptive ones pause while memory allows and evict when it does not).
 
 **Batch formation** at each decision point (:meth:`_Engine._plan`): ``max_num_seqs`` slots,
-KV capacity, and a prefill token budget (the scheduler's ``prefill_token_budget`` or the
-profile's ``max_batched_tokens``). Whole-prompt policies (vLLM V0 default) run a prefill-only
-iteration whenever they admit requests (decodes wait; a prompt longer than the budget is prefilled
-alone); chunked policies (Sarathi-Serve) put every running decode in every iteration and fill
-the rest of the budget with prompt chunks (the budget must exceed ``max_num_seqs``).
+KV capacity, and a prefill token budget (the scheduler's ``prefill_token_budget`` option, else
+the vLLM default of each mode). Whole-prompt policies (vLLM V0 default) run a prefill-only
+iteration whenever they admit requests (decodes wait), batching whole prompts up to
+:func:`whole_prefill_budget` tokens (vLLM: max(max_model_len, 2048); a longer prompt is
+prefilled alone); chunked policies (Sarathi-Serve) put every running decode in every iteration
+and fill the rest of the profile's ``max_batched_tokens`` with prompt chunks (the budget must
+exceed ``max_num_seqs``).
 
 **Speed.** Between decision points -- an arrival that could change the batch, a completion, a
 KV-block boundary that would overflow the cache, a quantum/ranking change announced by the
 policy (``next_decision``), the horizon -- a decode-only batch is fixed, so k iterations are
 advanced at once in closed form: with n decodes and first-iteration context C,
-``T(k) = k·(c0 + c_d·n + c_kv·C) + c_kv·n·k(k−1)/2``; the k at which an arrival, a time-based
-decision or the horizon falls solves this quadratic, the memory boundary comes from the
-members' block phases (the (F+1)-th block crossing, F = free blocks). SimPy drives an arrival
-process and a server process; the arithmetic between events is plain Python. ``naive=True``
-advances one iteration at a time through ``profile.iteration_time`` (the test reference of the
-closed form: same records up to float rounding).
+``T(k) = k·iteration_time(0, n, C) + c_kv·n·k(k−1)/2`` (= k(c0 + c_d·n + c_kv·C) + … for the
+linear model; any term that depends only on the batch composition, like the profiles' roofline
+floor, is constant over the run); the k at which an arrival, a time-based decision or the
+horizon falls solves this quadratic; the memory boundary comes from the members' block phases
+(the (F+1)-th block crossing, F = free blocks). The decoding requests are kept as a *cohort*
+relative to a shared iteration clock, so a decision of a non-preemptive policy costs
+O(log n), not O(n) (see :class:`_Engine`). An arrival that cannot change the batch (static
+non-preemptive policy, head of the queue blocked, the newcomer ranked behind it) is not a
+decision point. SimPy drives an arrival process and a server process; the arithmetic between
+events is plain Python. ``naive=True`` re-decides after every single iteration and computes each
+with ``profile.iteration_time`` -- the test reference of the closed form (same records up to
+float rounding; this also checks that every policy announces its ranking changes).
 
 **Horizon.** The run stops at ``horizon_s``: an iteration that would end after it is not run.
 Requests not finished are *unfinished*; requests arriving after the horizon are not *arrived*
@@ -69,8 +77,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -90,7 +97,17 @@ _INF = float("inf")
 
 
 class Request:
-    """One request's simulation state (attributes are read by schedulers; only the engine writes)."""
+    """One request's simulation state (schedulers read it; only the engine writes it).
+
+    ``id`` (window row), ``arrival_s``, ``prompt_tokens``, ``output_tokens`` (the truth: only
+    oracle policies should read it), ``tenant``, ``generated`` (tokens streamed so far; for
+    requests in the decode batch it is brought up to date before any scheduler hook sees them),
+    ``prefilled`` / ``prefill_target`` (progress of the current prefill: P + g tokens),
+    ``blocks`` (KV blocks held), ``state`` (WAITING, RUNNING, PAUSED, FINISHED, REJECTED),
+    ``preemptions`` (recompute evictions), ``pauses``, ``first_token_s``, ``finish_s``,
+    ``waiting_since`` (arrival or last eviction), ``key`` (the (priority, id) the engine last
+    ranked it by, preemptive policies). The rest is engine bookkeeping.
+    """
 
     __slots__ = ("id", "arrival_s", "prompt_tokens", "output_tokens", "tenant", "generated", "prefilled",
                  "prefill_target", "blocks", "state", "preemptions", "pauses", "first_token_s", "finish_s",
@@ -210,6 +227,36 @@ def _requests_from_window(window_df, profile, rng, slo=None) -> tuple[list[Reque
     return reqs, ctx
 
 
+WHOLE_PREFILL_TOKENS = 4096
+
+
+def _check_cost_model(profile, ckv: float) -> None:
+    """The closed form needs iteration times > 0 that are affine in context_tokens with slope
+    ``c_kv_s`` for a fixed batch composition (any function of prefill tokens and decode
+    sequences is fine, e.g. the profiles' roofline floor)."""
+    t1 = profile.iteration_time(0, 1, 1000)
+    t2 = profile.iteration_time(0, 1, 3000)
+    if not (t1 > 0 and profile.iteration_time(1, 0, 1) > 0):
+        raise ParameterError("profile", getattr(profile, "name", profile), "positive iteration times")
+    if not math.isclose(t2 - t1, 2000 * ckv, rel_tol=1e-6, abs_tol=1e-12):
+        raise ParameterError("profile", getattr(profile, "name", profile),
+                             "iteration_time affine in context_tokens with slope c_kv_s")
+
+
+def whole_prefill_budget(profile) -> int:
+    """Token budget of a whole-prompt (prefill-first) iteration: the profile's
+    ``max_prefill_tokens`` if it has one, else vLLM's default without chunked prefill,
+    ``max_num_batched_tokens = max(max_model_len, 2048)`` (max_model_len from the profile's
+    provenance, else :data:`WHOLE_PREFILL_TOKENS` = 4096, Llama-2's context). The profile's
+    ``max_batched_tokens`` is the *chunked*-prefill budget (Sarathi-Serve)."""
+    v = getattr(profile, "max_prefill_tokens", None)
+    if v:
+        return int(v)
+    prov = getattr(profile, "provenance", None) or {}
+    mml = (prov.get("model_spec") or {}).get("max_model_len") if isinstance(prov, dict) else None
+    return max(int(mml), 2048) if mml else WHOLE_PREFILL_TOKENS
+
+
 class _Engine:
     """One run. See the module docstring for the model.
 
@@ -241,11 +288,14 @@ class _Engine:
         self.max_seqs = int(profile.max_num_seqs)
         self.chunked = bool(getattr(sched, "chunked_prefill", False))
         budget = getattr(sched, "prefill_token_budget", None)
-        self.B = int(budget if budget is not None else profile.max_batched_tokens)
+        if budget is None:
+            budget = profile.max_batched_tokens if self.chunked else whole_prefill_budget(profile)
+        self.B = int(budget)
         if self.chunked and self.B <= self.max_seqs:
             raise ParameterError(f"simulation.scheduler_options.{sched.name}.prefill_token_budget", self.B,
                                  f"more tokens than max_num_seqs ({self.max_seqs}) for chunked prefill")
         self.ckv = float(profile.c_kv_s)
+        _check_cost_model(profile, self.ckv)
         self.preemptive = bool(getattr(sched, "preemptive", False))
         self.static = bool(getattr(sched, "static_priority", True))
         self.frozen = self.static or bool(getattr(sched, "frozen_waiting_keys", False))

@@ -37,7 +37,7 @@ from typing import Any, Mapping
 import polars as pl
 
 from ..errors import ParameterError, PortbenchError, check_choice
-from . import cases, replay, verdict
+from . import cases, replay   # verdict (scipy, statsmodels) is imported where used: params.load imports this
 
 DEVICES = ("auto", "cuda", "cpu")
 KV_BLOCKS = ("profile", "engine")
@@ -235,9 +235,23 @@ def run(P: Mapping, reversals: pl.DataFrame | None = None, *, progress: bool = T
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
-    report = _run(P, the_plan, out, progress=progress)
+    report = _outside_event_loop(_run, P, the_plan, out, progress=progress)
     _write_json(out / "report.json", report)
     return report
+
+
+def _outside_event_loop(fn, *args, **kwargs):
+    """Call ``fn`` here, or in a worker thread when this thread already runs an asyncio loop (a Jupyter
+    kernel does): the replay drives vLLM's AsyncLLM on an event loop of its own."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return fn(*args, **kwargs)
+    with ThreadPoolExecutor(1, thread_name_prefix="portbench-replay") as ex:
+        return ex.submit(fn, *args, **kwargs).result()
 
 
 def _log(progress: bool, msg: str) -> None:
@@ -247,6 +261,7 @@ def _log(progress: bool, msg: str) -> None:
 
 def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
     from .. import campaign, params, profiles, windows
+    from . import verdict
 
     v, sim = settings(P), _sim(P)
     t_start = time.perf_counter()

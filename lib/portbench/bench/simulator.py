@@ -1,0 +1,193 @@
+"""Simulator benchmark: how fast one run is, per scheduler and operating region, on real windows.
+
+``run(quick)`` measures (medians of several repetitions, one process = one core):
+
+* per (scheduler, region): wall milliseconds per run, simulated seconds per wall second
+  (``sim_end_s / wall``), decision points and iterations per run, microseconds per decision;
+* overall: runs per second, aggregate simulated seconds per wall second per core
+  (``speedup_per_core``), and the projected wall time of the full default campaign
+  (13 schedulers x 120 windows x 6 regions x 3 replicates) on 2 cores;
+* wall time against window size: 200/400/800/1600 consecutive real requests (FCFS and LAS at
+  near-saturation and overload), with the log-log slope (1 = linear).
+
+Windows are consecutive rows of the real Azure conversation trace from the data mirror, stride
+placed through the file, with a seeded assignment of 4 tenants. Numbers are reported, not asserted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9, "overload": 1.2,
+                "severe": 2.0}
+SIZES = (200, 400, 800, 1600)
+AZURE_FILE = "AzureLLMInferenceTrace_conv.csv"
+FULL_CAMPAIGN_RUNS = 13 * 120 * 6 * 3
+
+
+def _azure_path(P=None) -> Path:
+    cands = []
+    try:
+        from portbench import registry
+        m = registry.resolve_mirror(P) if P is not None else None
+        if m is not None:
+            cands.append(Path(m) / "azure2023" / AZURE_FILE)
+    except Exception:  # noqa: BLE001 - the bench falls back to the usual mirror locations
+        pass
+    env = os.environ.get("PORTBENCH_DATA_MIRROR")
+    if env:
+        cands.append(Path(env) / "azure2023" / AZURE_FILE)
+    here = Path(__file__).resolve()
+    cands += [p / "shared" / "traces" / "azure2023" / AZURE_FILE for p in here.parents]
+    for c in cands:
+        if c.is_file():
+            return c
+    raise FileNotFoundError(f"{AZURE_FILE} not found in the data mirror (set PORTBENCH_DATA_MIRROR)")
+
+
+def real_windows(sizes=(200,), n_windows: int = 3, P=None) -> dict[int, list[pl.DataFrame]]:
+    """``{size: [window_df, ...]}``: ``n_windows`` windows of ``size`` consecutive Azure requests,
+    placed evenly through the trace; tenants seeded (4)."""
+    raw = pl.read_csv(_azure_path(P))
+    ts = raw["TIMESTAMP"].str.to_datetime("%Y-%m-%d %H:%M:%S%.f")
+    t = ((ts - ts[0]).dt.total_microseconds() / 1e6).to_numpy()
+    out: dict[int, list[pl.DataFrame]] = {}
+    for size in sizes:
+        starts = np.linspace(0, raw.height - size, n_windows + 2)[1:-1].astype(int)
+        dfs = []
+        for s in starts:
+            rng = np.random.default_rng(int(s))
+            dfs.append(pl.DataFrame({
+                "arrival_s": t[s:s + size] - t[s],
+                "prompt_tokens": raw["ContextTokens"][s:s + size].cast(pl.Int64),
+                "output_tokens": raw["GeneratedTokens"][s:s + size].cast(pl.Int64),
+                "tenant": [f"tenant{i}" for i in rng.integers(0, 4, size)],
+            }))
+        out[size] = dfs
+    return out
+
+
+def _profile():
+    from portbench import profiles
+    return profiles.get_profile(getattr(profiles, "DEFAULT_PROFILE", "a100_40gb_llama2_7b"))
+
+
+def _prepare(dfs, profile, loads):
+    from portbench import regions
+    cases = []
+    for i, df in enumerate(dfs):
+        cap = regions.capacity(df, profile)
+        for reg, rho in loads.items():
+            s = regions.rescale(df, rho, cap)
+            cases.append((i, reg, s, regions.horizon_s(s, 1.5)))
+    return cases
+
+
+def run(quick: bool = False, windows: dict | None = None) -> dict:
+    """Benchmark the simulator; returns a dict of numbers (see the module docstring).
+
+    ``windows``: optional ``{size: [window_df, ...]}`` (or ``{name: window_df}`` of 200-request
+    windows) instead of the Azure windows."""
+    from portbench import schedulers, simulator
+
+    profile = _profile()
+    slo = {"ttft_s": 2.0, "tpot_s": 0.1}
+    names = [n for n in schedulers.SCHEDULERS if not n.startswith("test_")]
+    repeats = 1 if quick else 3
+    n_win = 2 if quick else 3
+    if windows is None:
+        windows = real_windows(SIZES if not quick else (200, 800), n_win)
+    elif windows and not all(isinstance(k, int) for k in windows):
+        windows = {200: list(windows.values())}
+    base = windows.get(200) or next(iter(windows.values()))
+    cases = _prepare(base, profile, REGION_LOADS)
+
+    t_all = time.perf_counter()
+    per: dict[tuple, list] = {}
+    total_wall = total_sim = 0.0
+    total_runs = 0
+    for rep in range(repeats):
+        for name in names:
+            sched = schedulers.get_scheduler(name)
+            for i, reg, sdf, h in cases:
+                t0 = time.perf_counter()
+                res = simulator.simulate(sdf, sched, profile, horizon_s=h, seed=rep, slo=slo)
+                wall = time.perf_counter() - t0
+                c = res.counters
+                per.setdefault((name, reg), []).append((wall, c["sim_end_s"], c["decision_points"],
+                                                        c["iterations"]))
+                total_wall += wall
+                total_sim += c["sim_end_s"]
+                total_runs += 1
+    rows = []
+    for (name, reg), xs in per.items():
+        walls = [x[0] for x in xs]
+        rows.append({
+            "scheduler": name, "region": reg,
+            "ms_per_run": 1000 * statistics.median(walls),
+            "sim_s_per_wall_s": statistics.median([x[1] / x[0] for x in xs]),
+            "decisions": statistics.median([x[2] for x in xs]),
+            "iterations": statistics.median([x[3] for x in xs]),
+            "us_per_decision": 1e6 * statistics.median([x[0] / max(x[2], 1) for x in xs]),
+        })
+    by_region = {}
+    for reg in REGION_LOADS:
+        sub = [r for r in rows if r["region"] == reg]
+        fc = next(r for r in sub if r["scheduler"] == "fcfs")
+        slow = max(sub, key=lambda r: r["ms_per_run"])
+        by_region[reg] = {"fcfs_ms": fc["ms_per_run"], "slowest": slow["scheduler"],
+                          "slowest_ms": slow["ms_per_run"],
+                          "median_ms": statistics.median(r["ms_per_run"] for r in sub)}
+    runs_per_s = total_runs / total_wall
+    result = {
+        "profile": getattr(profile, "name", str(profile)),
+        "windows": len(base), "window_size": base[0].height, "repeats": repeats,
+        "runs": total_runs, "runs_per_s": runs_per_s,
+        "ms_per_run_mean": 1000 * total_wall / total_runs,
+        "ms_per_run_median": statistics.median(r["ms_per_run"] for r in rows),
+        "speedup_per_core": total_sim / total_wall,
+        "speedup_per_core_median": statistics.median(r["sim_s_per_wall_s"] for r in rows),
+        "full_campaign_sim_only_s_2_cores": FULL_CAMPAIGN_RUNS / runs_per_s / 2,
+        "by_region": by_region,
+        "rows": sorted(rows, key=lambda r: (list(REGION_LOADS).index(r["region"]), r["scheduler"])),
+    }
+    # wall time against window size
+    size_rows = []
+    sizes = sorted(k for k in windows if isinstance(k, int))
+    loads = {k: REGION_LOADS[k] for k in ("near_saturation", "overload")}
+    for size in sizes:
+        sc = _prepare(windows[size][:1 if quick else 2], profile, loads)
+        for name in ("fcfs", "las"):
+            walls = []
+            for rep in range(repeats):
+                t0 = time.perf_counter()
+                for _, reg, sdf, h in sc:
+                    simulator.simulate(sdf, name, profile, horizon_s=h, seed=rep, slo=slo)
+                walls.append((time.perf_counter() - t0) / len(sc))
+            size_rows.append({"size": size, "scheduler": name, "ms_per_run": 1000 * statistics.median(walls)})
+    result["window_size_rows"] = size_rows
+    slopes = {}
+    for name in ("fcfs", "las"):
+        pts = [(math.log(r["size"]), math.log(r["ms_per_run"])) for r in size_rows if r["scheduler"] == name]
+        if len(pts) >= 2:
+            mx = statistics.fmean(p[0] for p in pts)
+            my = statistics.fmean(p[1] for p in pts)
+            slopes[name] = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    result["loglog_slope"] = slopes
+    result["bench_s"] = time.perf_counter() - t_all
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import json
+    import sys
+
+    out = run(quick="--quick" in sys.argv)
+    print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))

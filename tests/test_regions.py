@@ -1,0 +1,152 @@
+"""Operating regions: capacity definition, rescaling, horizon, parameter validation."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from portbench import regions, simulator
+from portbench.errors import DataError, ParameterError
+from test_simulator import StubProfile, azure_windows, real_profile, window
+
+
+@pytest.fixture(scope="module")
+def windows(shared_traces):
+    return azure_windows(shared_traces)
+
+
+@pytest.fixture(scope="module")
+def P():
+    from portbench import params
+    return params.load(validate=False)
+
+
+def test_capacity_is_saturation_throughput_of_the_burst(windows):
+    prof = real_profile()
+    for df in windows.values():
+        cap = regions.capacity(df, prof)
+        burst = df.with_columns(pl.lit(0.0).alias("arrival_s"))
+        res = simulator.simulate(burst, "fcfs", prof, horizon_s=math.inf, seed=0)
+        assert cap == pytest.approx(res.counters["completed"] / res.requests["finish_s"].max(), rel=1e-12)
+        # the burst keeps the engine saturated: KV (or the batch) is full at some point
+        assert res.counters["kv_max_used_blocks"] >= 0.9 * prof.kv_capacity_blocks
+        # and capacity is above what the window needs in isolation, served one at a time
+        serial = df.height / float(np.sum(prof.isolated_service_s(df["prompt_tokens"].to_numpy(),
+                                                                   df["output_tokens"].to_numpy())))
+        assert cap > 3 * serial
+
+
+def test_capacity_of_a_hand_case():
+    """Two identical requests that fit together, all at t=0: prefill both (200 tokens), then 4
+    decodes of both; capacity = 2 / makespan."""
+    prof = StubProfile()
+    df = window([0.3, 0.9], [100, 100], [5, 5])
+    t = prof.iteration_time(200, 0, 200) + sum(prof.iteration_time(0, 2, 2 * (100 + j)) for j in range(1, 5))
+    assert regions.capacity(df, prof) == pytest.approx(2 / t, rel=1e-12)
+    assert regions.capacity(df, prof, policy="sarathi") > 0
+
+
+def test_rescale_hits_the_offered_rate_and_keeps_the_pattern(windows):
+    prof = real_profile()
+    df = windows["azure-1000"]
+    cap = regions.capacity(df, prof)
+    gaps = np.diff(df["arrival_s"].to_numpy())
+    for rho in (0.3, 0.9, 2.0):
+        s = regions.rescale(df, rho, cap)
+        assert s.columns == df.columns and s.dtypes == df.dtypes
+        assert s.select(pl.exclude("arrival_s")).equals(df.select(pl.exclude("arrival_s")))
+        n = s.height
+        assert (n - 1) / s["arrival_s"].max() == pytest.approx(rho * cap, rel=1e-12)
+        assert regions.offered_rate(s) == pytest.approx(rho * cap, rel=1e-12)
+        sgaps = np.diff(s["arrival_s"].to_numpy())
+        f = regions.scale_factor(df, rho, cap)
+        np.testing.assert_allclose(sgaps, gaps * f, rtol=1e-12, atol=1e-12)   # bursts kept
+        assert s["arrival_s"][0] == 0.0
+        h = regions.horizon_s(s, 1.5)
+        assert h == pytest.approx(1.5 * s["arrival_s"].max())
+
+
+def test_load_orders_the_regions(windows):
+    """Higher rho -> more waiting: FCFS mean TTFT grows with the load, and only overload leaves
+    requests unfinished at the horizon."""
+    prof = real_profile()
+    df = windows["azure-8000"]
+    cap = regions.capacity(df, prof)
+    ttft, unfinished = [], []
+    for rho in (0.3, 0.7, 1.2, 2.0):
+        s = regions.rescale(df, rho, cap)
+        res = simulator.simulate(s, "fcfs", prof, horizon_s=regions.horizon_s(s, 1.5), seed=0)
+        r = res.requests
+        ttft.append(float((r["first_token_s"] - r["arrival_s"]).drop_nans().mean()))
+        unfinished.append(res.counters["unfinished"])
+    assert ttft == sorted(ttft)
+    assert unfinished[0] == 0 and unfinished[-1] > 0
+
+
+@pytest.mark.parametrize("rho", [0, -0.5, float("nan"), float("inf"), True, "high"])
+def test_bad_rho(rho):
+    with pytest.raises(ParameterError) as e:
+        regions.rescale(window([0, 1, 2], [5, 5, 5], [2, 2, 2]), rho, 3.0)
+    assert e.value.param == "rho" and "> 0" in e.value.expected
+
+
+def test_bad_capacity_and_windows():
+    df = window([0, 1, 2], [5, 5, 5], [2, 2, 2])
+    with pytest.raises(ParameterError) as e:
+        regions.rescale(df, 0.5, 0.0)
+    assert e.value.param == "capacity_rps"
+    with pytest.raises(DataError):
+        regions.rescale(window([0, 0], [5, 5], [2, 2]), 0.5, 1.0)      # zero span
+    with pytest.raises(DataError):
+        regions.rescale(window([0], [5], [2]), 0.5, 1.0)               # one request
+    with pytest.raises(ParameterError) as e:
+        regions.horizon_s(df, 0)
+    assert e.value.param == "simulation.horizon_factor"
+    with pytest.raises(DataError):
+        regions.capacity(window([0], [10_000], [10_000]), StubProfile(kv_capacity_blocks=10))
+
+
+def test_region_names(P):
+    assert regions.region_loads(P) == {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9,
+                                       "overload": 1.2, "severe": 2.0}
+    assert regions.region_rho("overload", P) == 1.2
+    with pytest.raises(ParameterError) as e:
+        regions.region_rho("meltdown", P)
+    assert e.value.param == "simulation.regions" and "near_saturation" in e.value.expected
+    Q = copy.deepcopy(P)
+    Q["simulation"]["regions"] = ["light", "severe"]
+    assert regions.regions(Q) == {"light": 0.3, "severe": 2.0}
+
+
+def test_validate_simulation_params_accepts_the_defaults(P):
+    regions.validate_simulation_params(P)
+
+
+@pytest.mark.parametrize("path, value, param", [
+    ("schedulers", ["fcfs", "fifo"], "simulation.schedulers[1]"),
+    ("regions", ["light", "meltdown"], "simulation.regions[1]"),
+    ("region_loads", {"light": 0.3, "bad": -1.0}, "simulation.region_loads.bad"),
+    ("region_loads", {"light": 0}, "simulation.region_loads.light"),
+    ("capacity_policy", "best", "simulation.capacity_policy"),
+    ("horizon_factor", 0, "simulation.horizon_factor"),
+    ("replicates", 0, "simulation.replicates"),
+    ("seed", -3, "simulation.seed"),
+    ("predictor_sigma", -0.1, "simulation.predictor_sigma"),
+    ("slo", {"tight": {"ttft_s": 0.5}}, "simulation.slo.tight.tpot_s"),
+    ("slo", {"tight": {"ttft_s": -1, "tpot_s": 0.1}}, "simulation.slo.tight.ttft_s"),
+    ("edf_slo", "strict", "simulation.edf_slo"),
+    ("scheduler_options", {"rr": {"quantum": 4}}, "simulation.scheduler_options.rr"),
+    ("scheduler_options", {"rr": {"quantum_tokens": -4}}, "simulation.scheduler_options.rr.quantum_tokens"),
+    ("scheduler_options", {"nope": {}}, "simulation.scheduler_options"),
+    ("profile", "tpu_v9", "simulation.profile"),
+])
+def test_validate_simulation_params_rejects(P, path, value, param):
+    Q = copy.deepcopy(P)
+    Q["simulation"][path] = value
+    with pytest.raises(ParameterError) as e:
+        regions.validate_simulation_params(Q)
+    assert e.value.param == param
