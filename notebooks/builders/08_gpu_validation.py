@@ -189,8 +189,12 @@ if ran:
   release as the pinned CUDA `vllm`) runs this harness end to end on a tiny Llama config with dummy
   weights — every request finishes with exactly its output length, FCFS serves simultaneous arrivals
   in arrival order, a high-priority request queued behind low-priority ones is served first under the
-  priority policy, per-iteration rows are recorded, vLLM's two clocks are reconciled, and the metrics
-  come out of the shared metric function.
+  priority policy, requests still running at the horizon are aborted with their partial output,
+  per-iteration rows are recorded (every prompt token prefilled once, every later token decoded once),
+  vLLM's two clocks are reconciled, and the metrics come out of the shared metric function. The whole
+  of this notebook (calibration, replays, re-simulation, verdicts, figures) was also run once on the
+  CPU build with a tiny model and a planted reversal table — a check that the code runs, not a
+  measurement.
 * **Not verified in this project's CI (no GPU there)**: the CUDA path — the 8B architecture on a GPU,
   CUDA graphs, the KV-cache size override, timings on real hardware. It shares every line of the
   client, the records conversion and the scheduler subclass with the CPU path; only the engine
