@@ -860,6 +860,8 @@ def run_campaign(P: Mapping, *, engine: Engine | None = None, executor: str | No
 
     t0 = time.perf_counter()
     engine = engine or SimEngine()
+    # a terminal gets a live bar; a notebook or a log gets an update every 15 s (not hundreds of lines)
+    interval = 1.0 if getattr(sys.stderr, "isatty", lambda: False)() else 15.0
     executor = executor or _camp(P).get("executor", "process")
     workers = int(workers or _camp(P).get("workers", 1))
     check_choice("campaign.executor", executor, EXECUTORS)
@@ -883,7 +885,7 @@ def run_campaign(P: Mapping, *, engine: Engine | None = None, executor: str | No
         try:
             if need_cap:
                 bar = tqdm(total=len(need_cap), desc="capacity", unit="window", disable=not progress,
-                           file=sys.stderr, mininterval=1.0)
+                           file=sys.stderr, mininterval=interval)
                 for wid, cap, wall in ex.map_unordered("capacity", [(w,) for w in need_cap]):
                     _atomic_write_bytes(capacity_path(P, wid, plan.capacity_keys[wid]), json.dumps({
                         "window_id": wid, "capacity_rps": cap, "profile": plan.profile,
@@ -893,7 +895,7 @@ def run_campaign(P: Mapping, *, engine: Engine | None = None, executor: str | No
                     bar.update(1)
                 bar.close()
             bar = tqdm(total=len(plan.shards), initial=len(plan.shards) - len(todo), desc="campaign",
-                       unit="shard", disable=not progress, file=sys.stderr, mininterval=1.0)
+                       unit="shard", disable=not progress, file=sys.stderr, mininterval=interval)
             by_name = {sh.name: sh for sh in todo}
             args = [(sh, caps[sh.window.id], plan.profile, plan.metrics) for sh in todo]
             for res in ex.map_unordered("shard", args):
@@ -1060,13 +1062,13 @@ def capacity_by_window(runs):
     return runs.select(["source", "provenance", "window_id", "capacity_rps"]).unique().sort(["source", "window_id"])
 
 
-def _plain_log_axis(ax, axis: str = "y") -> None:
+def _plain_log_axis(ax, axis: str = "y", subs=(1.0, 2.0, 5.0)) -> None:
     """Log scale with plain-number tick labels at 1-2-5 steps (readable without exponents)."""
     import matplotlib.ticker as mticker
 
     getattr(ax, f"set_{axis}scale")("log")
     a = ax.yaxis if axis == "y" else ax.xaxis
-    a.set_major_locator(mticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    a.set_major_locator(mticker.LogLocator(base=10, subs=subs))
     a.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
     a.set_minor_formatter(mticker.NullFormatter())
 
@@ -1094,7 +1096,7 @@ def plot_capacity(runs, labels: Mapping | None = None):
         ax.scatter(i + rng.uniform(-0.18, 0.18, y.size), y, s=14, alpha=0.7, label=None)
         ax.hlines(np.median(y), i - 0.3, i + 0.3, color="black", lw=2)
     ax.set_xticks(range(len(srcs)), [lab[s] for s in srcs])
-    _plain_log_axis(ax)
+    _plain_log_axis(ax, subs=(1.0, 2.0, 3.0, 5.0))
     ax.set_ylabel("capacity (requests/s, log scale)")
     ax.set_title("Measured saturation capacity per window (bar = median)")
     return fig

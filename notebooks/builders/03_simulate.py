@@ -241,8 +241,10 @@ top = heavy.group_by("scheduler").agg(pl.col("preemptions_per_run").mean()).sort
 display(Markdown(
     "Share of runs with at least one preemption, by region: "
     + ", ".join(f"{r['region']} {r['share']:.0%}" for r in by_region.iter_rows(named=True))
-    + f". At the heaviest load the most preempting policy is `{top['scheduler']}` "
-    f"({top['preemptions_per_run']:.1f} preemptions per run on average over sources)."))
+    + (f". At the heaviest load the most preempting policy is `{top['scheduler']}` "
+       f"({top['preemptions_per_run']:.1f} preemptions per run on average over sources)."
+       if top["preemptions_per_run"] > 0 else
+       f". No run preempted: the KV cache of `{prof.name}` never binds on these windows at these loads.")))
 """),
     md("""
 ## Per-request records
