@@ -33,6 +33,7 @@ setup: $(STAMP)  ## create .venv with pinned dependencies and the portbench CLI
 
 all: $(STAMP)  ## run every notebook (01..09) in order into build/notebooks, writing data/ and figures/
 	$(BIN)/portbench notebooks --params $(PARAMS) --out $(BUILD)/notebooks
+	@if [ "$(PARAMS)" = "papermill_params/default.yaml" ]; then $(BIN)/portbench report --params $(PARAMS) --readme README.md >/dev/null && echo "README results block updated"; fi
 
 figures: all  ## every figure is written by the notebooks; alias of `make all`
 

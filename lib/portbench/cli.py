@@ -77,6 +77,21 @@ def cmd_bench(args):
     return bench.main(_params(args), quick=args.quick)
 
 
+def cmd_report(args):
+    from pathlib import Path
+
+    from . import report
+
+    P = _params(args)
+    summary = Path(P["paths"]["results_dir"]) / "summary.json"
+    if args.readme:
+        print(report.update_readme(args.readme, summary))
+    else:
+        import json
+
+        print(report.results_markdown(json.loads(summary.read_text())))
+
+
 def cmd_validate(args):
     from . import validation
 
@@ -118,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("analyze", cmd_analyze, "run the portability analysis on the campaign's results")
     add("bench", cmd_bench, "benchmark the simulator, ingest and analysis") \
         .add_argument("--quick", action="store_true", help="a representative subset (about a minute)")
+    add("report", cmd_report, "print the headline results from summary.json (or write them into the README)") \
+        .add_argument("--readme", default=None, help="README file whose results block to replace")
     add("validate", cmd_validate, "replay the selected cases through vLLM (needs a GPU and the [gpu] extra)")
     nb = add("notebooks", cmd_notebooks, "execute the numbered notebooks in order with papermill")
     nb.add_argument("--out", default="build/notebooks", help="folder for the executed notebooks")

@@ -1,0 +1,67 @@
+"""The README's results block is written from summary.json, and only the block changes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import planted
+from portbench import analysis, report
+from portbench.errors import DataError
+
+
+@pytest.fixture()
+def summary_file(tmp_params, tmp_path):
+    effects = [planted.Effect("fcfs", "azure", "overload", "e2e_mean", 0.5, 0.05),
+               planted.Effect("fcfs", "burstgpt", "overload", "e2e_mean", -0.5, 0.05)]
+    runs = planted.make_runs(schedulers=("fcfs", "sarathi", "las"), regions={"busy": 0.7, "overload": 1.2},
+                             metrics=("e2e_mean", "slo_medium"), n_windows=12, replicates=1,
+                             effects=effects, noise_sd=0.05, seed=1)
+    path = planted.write_runs(tmp_path / "results", runs)
+    P = tmp_params("papermill_params/default.yaml", **{
+        "analysis.runs_file": str(path), "analysis.metrics": ["e2e_mean", "slo_medium"],
+        "analysis.bootstrap": 50, "analysis.headline_metrics": ["e2e_mean"]})
+    A = analysis.compute(P)
+    out = tmp_path / "summary.json"
+    out.write_text(json.dumps(A.summary, default=str))
+    return out, A.summary
+
+
+def test_block_quotes_the_summary(summary_file):
+    _, s = summary_file
+    md = report.results_markdown(s)
+    rv = s["reversals"]
+    assert f"of {rv['comparisons']['value']:,} comparisons" in md
+    assert f"{rv['significant_and_practical']['value']:,} significantly and by" in md
+    assert f"mean τ-b {s['cross_source']['mean_tau']['value']:.2f}" in md
+    assert "Azure" in md and "BurstGPT (stand-in)" not in md.split("real sources:")[1].split(";")[0]
+    most = rv["most_dramatic"]
+    assert f"**{most['a']} vs {most['b']}**, {most['metric']} at {most['region']}" in md
+
+
+def test_update_readme_replaces_only_the_block(summary_file, tmp_path):
+    path, s = summary_file
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nintro\n\n{report.START}\nold numbers\n{report.END}\n\n## after\ntext\n")
+    block = report.update_readme(readme, path)
+    text = readme.read_text()
+    assert "old numbers" not in text and block in text
+    assert text.startswith("# title\n\nintro\n\n") and text.endswith("\n\n## after\ntext\n")
+    report.update_readme(readme, path)
+    assert readme.read_text() == text  # idempotent
+
+
+def test_update_readme_errors(summary_file, tmp_path):
+    path, _ = summary_file
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers here\n")
+    with pytest.raises(DataError, match="markers"):
+        report.update_readme(readme, path)
+    with pytest.raises(DataError, match="no analysis summary"):
+        report.update_readme(readme, tmp_path / "missing.json")
+
+
+def test_project_readme_has_the_markers(root):
+    text = (root / "README.md").read_text()
+    assert text.count(report.START) == 1 and text.count(report.END) == 1
