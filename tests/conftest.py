@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Tests never touch the network: absent official files are not downloaded (tests of the download
+# path patch pooch and clear this variable themselves).
+os.environ.setdefault("PORTBENCH_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TRACES = (ROOT.parent / "shared" / "traces").resolve()
