@@ -292,4 +292,4 @@ def test_every_figure_is_saved_and_indexed(params_for):
 
     for f in index:
         png = Path(f["file"]) if Path(f["file"]).is_absolute() else Path(P["_root"]) / f["file"]
-        assert png.is_file() and png.with_suffix(".pdf").is_file() and f["shows"]
+        assert png.is_file() and png.with_suffix(".pdf").is_file() and f["description"]

@@ -2,7 +2,7 @@
 
 Most tests inject a deterministic fake engine (``FakeEngine``: every number is a function of the
 run's seed and window) so that they check the orchestration alone, fast; the ``real_*`` tests run
-the real simulator on a tiny grid when the simulation modules are present.
+the real simulator on a tiny grid.
 """
 
 from __future__ import annotations
@@ -384,8 +384,6 @@ def test_bad_parameters_name_the_parameter_and_allowed_values(override, param, a
 
 
 def test_unknown_scheduler_and_profile_are_rejected():
-    if campaign._registered_schedulers() is None:
-        pytest.skip("schedulers module not present yet")
     with pytest.raises(ParameterError, match=r"simulation\.schedulers.*fcfs"):
         params.load(SMOKE, params.undot({"simulation.schedulers": ["fcfs", "fifo_magic"]}))
     with pytest.raises(ParameterError, match=r"simulation\.profile"):
@@ -393,13 +391,6 @@ def test_unknown_scheduler_and_profile_are_rejected():
 
 
 # --------------------------------------------------------------------------- the real simulator
-
-
-def _real_modules_present() -> bool:
-    return all(campaign._optional(m) is not None for m in ("simulator", "schedulers", "regions", "metrics"))
-
-
-real = pytest.mark.skipif(not _real_modules_present(), reason="simulation modules not present yet")
 
 
 def _real_windows(P):
@@ -410,7 +401,6 @@ def _real_windows(P):
     return [(r, tables[r.id]) for r in refs]
 
 
-@real
 def test_real_campaign_is_deterministic_across_executors(smoke, shared_traces):
     over = {"campaign.windows_per_source": 1, "simulation.schedulers": ["fcfs", "sjf_oracle", "random"],
             "simulation.regions": ["light", "overload"]}
@@ -429,7 +419,6 @@ def test_real_campaign_is_deterministic_across_executors(smoke, shared_traces):
     assert dask.equals(one)
 
 
-@real
 def test_cli_simulate_runs_the_campaign_from_the_manifest(tmp_path, shared_traces, capsys):
     from portbench import cli
 
@@ -454,7 +443,6 @@ def test_cli_simulate_runs_the_campaign_from_the_manifest(tmp_path, shared_trace
         assert campaign.read_meta(campaign.shard_path(P, sh))["fingerprint"]["window"]["sha256"] == sha[sh.window.id]
 
 
-@real
 def test_scheduler_defined_in_main_needs_one_worker(smoke, monkeypatch):
     from portbench import schedulers
 
@@ -469,3 +457,21 @@ def test_scheduler_defined_in_main_needs_one_worker(smoke, monkeypatch):
         campaign.run_campaign(P, windows=wins, workers=2, progress=False, verbose=False)
     runs = campaign.run_campaign(P, windows=wins, workers=1, progress=False, verbose=False).runs
     assert set(runs["scheduler"]) == {"fcfs", "mine_main"}
+
+
+def test_preemption_markdown_quotes_the_heaviest_region_per_run_numbers():
+    rows = []
+    for source, prov, factor in (("azure", "real", 1.0), ("bailian", "standin", 0.0)):
+        for sched, base in (("fcfs", 4), ("las", 40), ("rr", 30), ("random", 5)):
+            for region, rho, load in (("light", 0.3, 0), ("severe", 2.0, 1)):
+                for k in range(2):  # two runs: 2*base and 0 preemptions -> mean = base
+                    rows.append({"source": source, "provenance": prov, "scheduler": sched, "region": region,
+                                 "rho": rho, "preemptions": int(2 * base * load * factor) if k == 0 else 0,
+                                 "rejected": 0, "arrived": 200})
+    runs = pl.DataFrame(rows)
+    text = campaign.preemption_markdown(runs)
+    assert "`las`, `rr` preempt more than `fcfs`" in text and "region *severe* (ρ = 2)" in text
+    assert "Azure: `las` 40.0, `rr` 30.0 vs `fcfs` 4.0" in text
+    assert "On Bailian (stand-in) the cache almost never fills" in text and "mlfq" not in text
+    assert campaign.preemption_markdown(runs.filter(pl.col("scheduler") != "fcfs")) is None
+    assert campaign.preemption_markdown(runs.with_columns(pl.lit(0).alias("preemptions"))) is None

@@ -120,11 +120,11 @@ def test_a_user_scheduler_runs_with_one_decorator(user_scheduler, tmp_path):
                         "predictor_sigma": 0.5, "scheduler_options": {}, "edf_slo": "medium",
                         "slo": {"medium": {"ttft_s": 2.0, "tpot_s": 0.1}}, "profile": "a100_40gb_llama2_7b"}}
     regions.validate_simulation_params(P)
-    campaign = pytest.importorskip("portbench.campaign")
-    if hasattr(campaign, "SimEngine"):
-        eng = campaign.SimEngine()
-        rr = eng.run(df.with_columns(pl.Series("arrival_s", [0.0, 0.5, 1.0, 1.5])), "test_lpf", 0, 30.0, P)
-        assert rr.counters["completed"] == 4
+    from portbench import campaign
+
+    eng = campaign.SimEngine()
+    rr = eng.run(df.with_columns(pl.Series("arrival_s", [0.0, 0.5, 1.0, 1.5])), "test_lpf", 0, 30.0, P)
+    assert rr.counters["completed"] == 4
 
 
 def test_register_forms_and_conflicts():

@@ -1,7 +1,7 @@
 """Frozen windows: stride placement, window tables and hashes, the manifest, freeze/verify/load.
 
-Placement and manifest logic run on a synthetic canonical table served by stand-in
-``registry``/``traces`` modules (so they do not depend on the ingest code); the real-data tests
+Placement and manifest logic run on a synthetic canonical table served by patched
+``registry``/``traces`` functions (so they do not depend on the ingest code); the real-data tests
 freeze windows from the real Azure conversation trace in the data mirror.
 """
 
@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from portbench import registry, standins, traces
 from portbench import windows as W
 from portbench.errors import DataError, IntegrityError, ParameterError
 
@@ -49,10 +48,10 @@ def synthetic_canonical(n: int, *, seed: int = 0, file: str = "synthetic.csv", s
 
 @pytest.fixture()
 def fake_data(tmp_path, monkeypatch):
-    """Replace portbench.registry / portbench.traces by tiny modules serving synthetic canonical tables.
+    """Patch portbench.registry / portbench.traces to serve synthetic canonical tables.
 
-    Both sources are "real"; bailian has no file and no stand-in module (portbench.standins is
-    blocked), so it must be skipped loudly.
+    Both sources are "real"; bailian has no file and no stand-in (the registry resolves it to no
+    provenance), so it must be skipped loudly.
     """
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -62,27 +61,21 @@ def fake_data(tmp_path, monkeypatch):
         df.write_csv(raw / df["file"][0])
     state = {"canon": canon, "loads": 0}
 
-    registry = types.ModuleType("portbench.registry")
-    registry.resolve_mirror = lambda P: raw
-    registry.locate = lambda name, P: raw / name
-
     def resolve_sources(P):
         out = {s: {"provenance": "real", "file": df["file"][0], "path": raw / df["file"][0],
                    "reason": f"official file found in {raw}"} for s, df in state["canon"].items()}
-        out["bailian"] = {"provenance": "standin", "file": "q.jsonl", "path": None, "reason": "no official file"}
+        out["bailian"] = {"provenance": None, "file": "q.jsonl", "path": None,
+                          "reason": "no official file -> skipped: no stand-in is defined"}
         return out
-
-    registry.resolve_sources = resolve_sources
-    traces = types.ModuleType("portbench.traces")
 
     def load_canonical(P, source):
         state["loads"] += 1
         return state["canon"][source]
 
-    traces.load_canonical = load_canonical
-    monkeypatch.setitem(sys.modules, "portbench.registry", registry)
-    monkeypatch.setitem(sys.modules, "portbench.traces", traces)
-    monkeypatch.setitem(sys.modules, "portbench.standins", None)
+    monkeypatch.setattr(registry, "resolve_mirror", lambda P: raw)
+    monkeypatch.setattr(registry, "locate", lambda name, P: raw / name)
+    monkeypatch.setattr(registry, "resolve_sources", resolve_sources)
+    monkeypatch.setattr(traces, "load_canonical", load_canonical)
     return state
 
 
@@ -296,16 +289,16 @@ def test_freeze_builds_manifest_and_cache(fake_data, small_params, capsys, tmp_p
     P = small_params()
     m = W.freeze(P)
     err = capsys.readouterr().err
-    assert "bailian" in err and "SKIPPED" in err, "a stand-in source without portbench.standins is skipped loudly"
+    assert "bailian" in err and "SKIPPED" in err, "a source without data or stand-in is skipped loudly"
     assert [e["id"] for e in m["windows"]] == W.window_ids("azure", 10) + W.window_ids("burstgpt", 10)
     assert m["sources"]["bailian"]["provenance"] is None and W.skipped_sources(m) == ["bailian"]
     assert m["sources"]["azure"]["tenants"] == {"rule": "seeded", "tenants": 4, "shares": "zipf 1/k"}
     assert m["sources"]["burstgpt"]["tenants"] == {"rule": "fields", "fields": ["model", "log_type"]}
     assert str(tmp_path) not in W.manifest_path(P).read_text(), "no machine-specific paths in the manifest"
     assert "official file az.csv found" in m["sources"]["azure"]["reason"]
-    assert "portbench.standins" in m["sources"]["bailian"]["reason"]
-    raw_dir = Path(sys.modules["portbench.registry"].resolve_mirror(P))
-    assert m["source_files"] == {f: W.file_sha256(raw_dir / f) for f in ("az.csv", "bg.csv")}
+    assert "no stand-in" in m["sources"]["bailian"]["reason"]
+    raw_dir = Path(registry.resolve_mirror(P))
+    assert m["source_files"] == {f: registry.sha256_of(raw_dir / f) for f in ("az.csv", "bg.csv")}
     assert m["params"]["windows"] == P["windows"]
     assert W.manifest_path(P).read_bytes() == W.canonical_json(m)
     assert W.cache_path(P).is_file()
@@ -411,7 +404,7 @@ def test_tampered_source_data_is_detected(fake_data, small_params):
 def test_changed_source_file_is_reported(fake_data, small_params):
     P = small_params()
     W.freeze(P)
-    raw = Path(sys.modules["portbench.registry"].resolve_mirror(P)) / "bg.csv"
+    raw = Path(registry.resolve_mirror(P)) / "bg.csv"
     raw.write_bytes(raw.read_bytes() + b"\n")
     ok, total, problems = W.verify(P)
     assert ok == total and any(p.startswith("source file bg.csv: sha256") for p in problems)
@@ -441,8 +434,6 @@ def test_verify_reports_a_damaged_manifest(fake_data, small_params):
 def azure_only(monkeypatch, shared_traces):
     """The real registry/traces, with every source but Azure switched off (test speed)."""
     monkeypatch.setenv("PORTBENCH_OFFLINE", "1")  # absent official files: no download attempts
-    registry = pytest.importorskip("portbench.registry")
-    pytest.importorskip("portbench.traces")
     real = registry.resolve_sources
 
     def only_azure(P):
@@ -530,9 +521,6 @@ def test_real_azure_every_single_value_change_of_a_window_is_detected(azure_only
 def test_standin_windows_freeze_regenerate_and_verify(monkeypatch, shared_traces, tmp_params, tmp_path):
     """Stand-in sources through the real stand-in module: recorded generator, evidence checksums, regeneration."""
     monkeypatch.setenv("PORTBENCH_OFFLINE", "1")
-    registry = pytest.importorskip("portbench.registry")
-    standins = pytest.importorskip("portbench.standins")
-    pytest.importorskip("portbench.traces")
     real = registry.resolve_sources
     monkeypatch.setattr(registry, "resolve_sources", lambda P: {
         s: (r if s != "azure" else {**r, "provenance": None, "reason": "switched off in this test"})

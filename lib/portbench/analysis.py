@@ -53,34 +53,17 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from . import metrics as metric_registry
 from . import stats
+from . import schedulers as scheduler_registry
 from .errors import DataError, ParameterError, check_choice, check_choices
-from .sources import SOURCES, label
+from .sources import SOURCES, configured, label
 
 FAMILIES = ("all", "per_metric", "per_region")
+# Notebooks whose figures show the analysis (plots_analysis saves them under these folders).
+FIGURE_NOTEBOOKS = ("04_cross_workload", "05_cross_region", "06_reversals", "07_cross_metric")
 STAGES = ("sign", "significant", "significant_and_practical")
 SCHEMA = "portbench.summary/1"
-
-# Metric registry as the contract states it. Used only while portbench.metrics is not part of the
-# build (it is written concurrently); the registry, when present, always wins.
-_CONTRACT_METRICS = {
-    "completed": ("higher", "requests"),
-    "throughput_tok_s": ("higher", "tokens/s"),
-    "slo_tight": ("higher", "fraction of requests"),
-    "slo_medium": ("higher", "fraction of requests"),
-    "slo_loose": ("higher", "fraction of requests"),
-    "ttft_p50": ("lower", "s"),
-    "ttft_p99": ("lower", "s"),
-    "tpot_mean": ("lower", "s/token"),
-    "tpot_p99": ("lower", "s/token"),
-    "e2e_mean": ("lower", "s"),
-    "e2e_p99": ("lower", "s"),
-    "norm_latency_mean": ("lower", "s/token"),
-    "jain_fairness": ("higher", "index, 0-1"),
-    "max_slowdown": ("lower", "x isolated service time"),
-}
-_CONTRACT_SCHEDULERS = ("fcfs", "sarathi", "sjf_prompt", "sjf_oracle", "srpt_oracle", "sjf_predicted",
-                        "ltr", "mlfq", "las", "rr", "edf", "vtc", "random")
 
 # --------------------------------------------------------------------------- column dictionaries
 
@@ -235,47 +218,19 @@ TABLES = tuple(COLUMNS)
 
 # --------------------------------------------------------------------------- metric registry
 
-def _metrics_module():
-    try:
-        from . import metrics
-    except ModuleNotFoundError as e:
-        if e.name != "portbench.metrics":
-            raise
-        return None
-    return metrics
-
-
 def metric_names(P: dict) -> list[str]:
-    """Every metric the study defines (``metrics.metric_names(P)``; the contract list as fallback)."""
-    mod = _metrics_module()
-    if mod is not None and hasattr(mod, "metric_names"):
-        return list(mod.metric_names(P))
-    slos = list((P.get("simulation") or {}).get("slo") or {"tight": 0, "medium": 0, "loose": 0})
-    base = [m for m in _CONTRACT_METRICS if not m.startswith("slo_")]
-    return base[:2] + [f"slo_{s}" for s in slos] + base[2:]
+    """Every metric the study defines (``metrics.metric_names(P)``)."""
+    return list(metric_registry.metric_names(P))
 
 
 def metric_direction(name: str) -> str:
     """"higher" or "lower" (which way is better), from the metric registry."""
-    mod = _metrics_module()
-    if mod is not None and hasattr(mod, "direction"):
-        return mod.direction(name)
-    if name in _CONTRACT_METRICS:
-        return _CONTRACT_METRICS[name][0]
-    if name.startswith("slo_"):
-        return "higher"
-    raise ParameterError("analysis.metrics", name, "a registered metric name")
+    return metric_registry.direction(name)
 
 
 def metric_unit(name: str) -> str:
-    """The metric's unit (for axis labels)."""
-    mod = _metrics_module()
-    reg = getattr(mod, "METRICS", None) if mod is not None else None
-    if reg is not None and name in reg and getattr(reg[name], "unit", None):
-        return reg[name].unit
-    if name in _CONTRACT_METRICS:
-        return _CONTRACT_METRICS[name][1]
-    return "fraction of requests" if name.startswith("slo_") else ""
+    """The metric's unit (for axis labels), from the metric registry."""
+    return metric_registry.metric(name).unit
 
 
 def metric_label(name: str) -> str:
@@ -323,7 +278,7 @@ def validate_params(P: dict) -> None:
             if parts is None:
                 raise ParameterError(f"analysis.cd_conditions[{i}]", c,
                                      "'source/region/metric' or [source, region, metric]")
-            check_choice(f"analysis.cd_conditions[{i}] source", parts[0], SOURCES)
+            check_choice(f"analysis.cd_conditions[{i}] source", parts[0], configured(P))
             if regions:
                 check_choice(f"analysis.cd_conditions[{i}] region", parts[1], regions)
             check_choice(f"analysis.cd_conditions[{i}] metric", parts[2], names)
@@ -410,12 +365,7 @@ def _scheduler_order(names, P: dict) -> list[str]:
     if isinstance(want, list):
         order = list(want)
     else:
-        try:
-            from . import schedulers as _s
-
-            order = list(getattr(_s, "SCHEDULERS", {})) or list(_CONTRACT_SCHEDULERS)
-        except ImportError:
-            order = list(_CONTRACT_SCHEDULERS)
+        order = list(scheduler_registry.SCHEDULERS)
     pos = {n: i for i, n in enumerate(order)}
     return sorted(names, key=lambda n: (pos.get(n, len(pos)), n))
 
@@ -1340,42 +1290,23 @@ def load(P: dict, *, recompute: bool = False, progress: bool = False) -> Analysi
             return Analysis(tables=tables, summary=summary, meta=meta)
     A = compute(P, runs, progress=progress)
     write(P, A)
-    (d / "figure_index.json").unlink(missing_ok=True)    # figures of an older analysis are not indexed
+    from . import figures   # (matplotlib is imported only where figures are made or indexed)
+
+    figures.forget(P["paths"]["figures_dir"], FIGURE_NOTEBOOKS)  # figures of an older analysis are not indexed
     write_summary(P, A)
     return A
 
 
 def figure_index(P: dict) -> list[dict]:
-    """``[{file, pdf, shows, notebook}]`` of every figure saved for the current analysis."""
-    p = analysis_dir(P) / "figure_index.json"
-    if not p.is_file():
-        return []
-    idx = json.loads(p.read_text())
-    return [v for _, v in sorted(idx.items()) if Path(P.get("_root", "."), v["file"]).exists()
-            or Path(v["file"]).exists()]
+    """``[{name, file, pdf, notebook, description}]`` of every figure in ``paths.figures_dir`` (notebooks
+    01-08, each recorded by ``figures.save``), paths relative to the project root where possible."""
+    from . import figures
 
-
-def register_figure(P: dict, name: str, paths: dict, shows: str, notebook: str) -> dict:
-    """Record a saved figure in ``{results_dir}/analysis/figure_index.json``."""
-    p = analysis_dir(P) / "figure_index.json"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    idx = json.loads(p.read_text()) if p.is_file() else {}
-    root = Path(P.get("_root", "."))
-
-    def rel(x):
-        try:
-            return str(Path(x).resolve().relative_to(root.resolve()))
-        except ValueError:
-            return str(x)
-
-    idx[name] = {"name": name, "file": rel(paths["png"]), "pdf": rel(paths["pdf"]), "shows": shows,
-                 "notebook": notebook}
-    p.write_text(json.dumps(idx, indent=1))
-    return idx[name]
+    return figures.index(P["paths"]["figures_dir"], P.get("_root"))
 
 
 def write_summary(P: dict, A: Analysis | None = None) -> dict:
-    """Write ``{results_dir}/summary.json``: the summary numbers plus the current figure index."""
+    """Write ``{results_dir}/summary.json``: the summary numbers plus the index of every figure."""
     A = A or load(P)
     summary = dict(A.summary)
     summary["figures"] = figure_index(P)

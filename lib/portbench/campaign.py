@@ -59,12 +59,13 @@ import re
 import sys
 import time
 import traceback
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import registry, regions
+from . import schedulers as scheduler_registry
 from .errors import DataError, ParameterError, PortbenchError, check_choice, check_choices
 
 FORMAT_VERSION = 1
@@ -130,20 +131,6 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _optional(module: str):
-    """``portbench.<module>`` if it exists in this build, else None."""
-    try:
-        return importlib.import_module(f"portbench.{module}")
-    except ModuleNotFoundError as e:
-        if e.name != f"portbench.{module}":
-            raise
-        return None
-
-
 def _sim(P: Mapping) -> dict:
     return P.get("simulation", {})
 
@@ -159,22 +146,10 @@ def results_dir(P: Mapping) -> Path:
 # --------------------------------------------------------------------------- parameters
 
 
-def _registered_schedulers() -> list[str] | None:
-    mod = _optional("schedulers")
-    reg = getattr(mod, "SCHEDULERS", None) if mod is not None else None
-    return list(reg) if reg is not None else None
-
-
 def scheduler_names(P: Mapping) -> list[str]:
     """The schedulers of the campaign (``simulation.schedulers``; ``all`` = every registered one)."""
-    value = _sim(P).get("schedulers", "all")
-    registered = _registered_schedulers()
-    if registered is None:
-        if value == "all" or value is None:
-            raise ParameterError("simulation.schedulers", value,
-                                 "an explicit list (the schedulers module is not available to expand 'all')")
-        return [value] if isinstance(value, str) else list(value)
-    return check_choices("simulation.schedulers", value, registered)
+    return check_choices("simulation.schedulers", _sim(P).get("schedulers", "all"),
+                         list(scheduler_registry.SCHEDULERS))
 
 
 def region_loads(P: Mapping) -> dict[str, float]:
@@ -188,65 +163,10 @@ def replicates(P: Mapping) -> list[int]:
     return list(range(int(_sim(P).get("replicates", 1))))
 
 
-def _validate_simulation_fallback(P: Mapping) -> None:
-    """Checks of the ``simulation`` section used while regions.validate_simulation_params is absent."""
-    s = _sim(P)
-    registered = _registered_schedulers()
-    if registered is not None:
-        check_choices("simulation.schedulers", s.get("schedulers", "all"), registered)
-        check_choice("simulation.capacity_policy", s.get("capacity_policy"), registered)
-    elif not (s.get("schedulers") == "all" or isinstance(s.get("schedulers"), (list, str))):
-        raise ParameterError("simulation.schedulers", s.get("schedulers"), "'all' or a list of scheduler names")
-    loads = s.get("region_loads")
-    if not isinstance(loads, dict) or not loads:
-        raise ParameterError("simulation.region_loads", loads, "a non-empty mapping region -> load rho > 0")
-    for name, rho in loads.items():
-        if not _is_number(rho) or not rho > 0:
-            raise ParameterError(f"simulation.region_loads.{name}", rho, "a load rho > 0 (a number)")
-    check_choices("simulation.regions", s.get("regions", "all"), list(loads))
-    hf = s.get("horizon_factor")
-    if not _is_number(hf) or not hf > 0:
-        raise ParameterError("simulation.horizon_factor", hf, "a number > 0 (horizon = factor x rescaled span)")
-    if not _is_int(s.get("replicates")) or s["replicates"] < 1:
-        raise ParameterError("simulation.replicates", s.get("replicates"), "a positive integer")
-    if not _is_int(s.get("seed")) or s["seed"] < 0:
-        raise ParameterError("simulation.seed", s.get("seed"), "a non-negative integer")
-    sig = s.get("predictor_sigma")
-    if not _is_number(sig) or sig < 0:
-        raise ParameterError("simulation.predictor_sigma", sig, "a number >= 0")
-    opts = s.get("scheduler_options") or {}
-    if not isinstance(opts, dict):
-        raise ParameterError("simulation.scheduler_options", opts, "a mapping scheduler -> {option: value}")
-    for name, o in opts.items():
-        if registered is not None:
-            check_choice("simulation.scheduler_options", name, registered)
-        if not isinstance(o, dict):
-            raise ParameterError(f"simulation.scheduler_options.{name}", o, "a mapping option -> value")
-    slo = s.get("slo")
-    if not isinstance(slo, dict) or not slo:
-        raise ParameterError("simulation.slo", slo, "a non-empty mapping name -> {ttft_s, tpot_s}")
-    for name, d in slo.items():
-        for k in ("ttft_s", "tpot_s"):
-            v = d.get(k) if isinstance(d, dict) else None
-            if not _is_number(v) or not v > 0:
-                raise ParameterError(f"simulation.slo.{name}.{k}", v, "a number of seconds > 0")
-    check_choice("simulation.edf_slo", s.get("edf_slo"), list(slo))
-    profiles = _optional("profiles")
-    reg = getattr(profiles, "PROFILES", None) if profiles is not None else None
-    prof = s.get("profile")
-    if reg is not None and prof not in reg and not (isinstance(prof, str) and Path(prof).is_file()):
-        raise ParameterError("simulation.profile", prof,
-                             "a registered profile (" + ", ".join(map(str, reg)) + ") or a path to a profile JSON")
-
-
 def validate_params(P: Mapping) -> None:
-    """Validate the ``simulation`` and ``campaign`` sections (ParameterError naming the parameter)."""
-    regions_mod = _optional("regions")
-    delegate = getattr(regions_mod, "validate_simulation_params", None) if regions_mod is not None else None
-    if delegate is not None:
-        delegate(P)
-    else:
-        _validate_simulation_fallback(P)
+    """Validate the ``simulation`` (``regions.validate_simulation_params``) and ``campaign`` sections
+    (ParameterError naming the parameter)."""
+    regions.validate_simulation_params(P)
     c = _camp(P)
     check_choice("campaign.executor", c.get("executor"), EXECUTORS)
     if not _is_int(c.get("workers")) or c["workers"] < 1:
@@ -325,10 +245,8 @@ class Engine:
         return []
 
 
-def _source_hash(module: str) -> str | None:
+def _source_hash(module: str) -> str:
     spec = importlib.util.find_spec(f"portbench.{module}")
-    if spec is None:
-        return None
     h = hashlib.sha256()
     if spec.submodule_search_locations:
         files = sorted(p for loc in spec.submodule_search_locations for p in Path(loc).rglob("*.py"))
@@ -340,14 +258,9 @@ def _source_hash(module: str) -> str | None:
 
 
 def scheduler_options(P: Mapping, name: str) -> dict:
-    """Keyword options of scheduler ``name``: ``simulation.scheduler_options[name]``, plus the
-    predictor sigma / edf SLO when the schedulers module says how to pass them."""
-    opts = dict((_sim(P).get("scheduler_options") or {}).get(name) or {})
-    mod = _optional("schedulers")
-    hook = getattr(mod, "options_from_params", None) if mod is not None else None
-    if hook is not None:
-        return dict(hook(P, name))
-    return opts
+    """Keyword options of scheduler ``name`` (``schedulers.options_from_params``:
+    ``simulation.scheduler_options[name]`` plus the predictor sigma / edf SLO)."""
+    return dict(scheduler_registry.options_from_params(P, name))
 
 
 class SimEngine(Engine):
@@ -387,32 +300,26 @@ class SimEngine(Engine):
         return list(metrics.metric_names(P))
 
     def capacity(self, window_df, P: Mapping) -> float:
-        from . import regions
-
         return float(regions.capacity(window_df, self.profile(P), policy=_sim(P).get("capacity_policy", "fcfs")))
 
     def prepare(self, window_df, rho: float, capacity_rps: float, P: Mapping):
-        from . import regions
-
         scaled = regions.rescale(window_df, rho, capacity_rps)
         return scaled, float(regions.horizon_s(scaled, _sim(P)["horizon_factor"]))
 
     def run(self, scaled_df, scheduler: str, seed: int, horizon_s: float, P: Mapping) -> RunResult:
-        from . import metrics, schedulers, simulator
+        from . import metrics, simulator
 
         s = _sim(P)
-        sched = schedulers.get_scheduler(scheduler, **scheduler_options(P, scheduler))
+        sched = scheduler_registry.get_scheduler(scheduler, **scheduler_options(P, scheduler))
         slo = (s.get("slo") or {}).get(s.get("edf_slo"))
         res = simulator.simulate(scaled_df, sched, self.profile(P), horizon_s=horizon_s, seed=seed, slo=slo)
         values = metrics.compute(res.requests, horizon_s, s.get("slo") or {})
         return RunResult(counters=dict(res.counters), metrics=dict(values), records=res.requests)
 
     def worker_modules(self, P: Mapping) -> list[str]:
-        mod = _optional("schedulers")
-        reg = getattr(mod, "SCHEDULERS", None) if mod is not None else None
         out = []
         for name in scheduler_names(P):
-            m = getattr((reg or {}).get(name), "__module__", None)
+            m = scheduler_registry.SCHEDULERS[name].__module__
             if m and m not in out:
                 out.append(m)
         return out
@@ -569,37 +476,19 @@ def capacity_path(P: Mapping, window_id: str, key: str) -> Path:
     return results_dir(P) / "capacity" / f"{_safe(window_id)}__{key}.json"
 
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    registry.atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def write_parquet_atomic(df, path: Path, meta: Mapping | None = None) -> None:
     """Write a polars DataFrame to ``path`` via a temporary file + rename, with JSON metadata."""
     import pyarrow.parquet as pq
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = df.to_arrow()
     if meta is not None:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                META_KEY: canonical_json(meta).encode()})
-    tmp = _tmp_name(path)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    registry.atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def read_meta(path: Path) -> dict | None:
@@ -614,7 +503,7 @@ def _clean_stale_tmp(folder: Path, older_than_s: float = 600.0) -> None:
     if not folder.is_dir():
         return
     now = time.time()
-    for p in folder.glob(".*.tmp-*"):
+    for p in folder.glob(".*.tmp"):  # left by a killed worker (registry.atomic_write's temporary names)
         try:
             if now - p.stat().st_mtime > older_than_s:
                 p.unlink()
@@ -1128,12 +1017,11 @@ def load_curves(runs, metrics: Sequence[str], schedulers: Sequence[str] | None =
 def _metric_axis_label(name: str) -> str:
     if name == "completed_frac":
         return "completed in horizon (fraction)"
-    try:
-        from . import metrics as mm
+    from . import metrics
 
-        m = mm.metric(name) if hasattr(mm, "metric") else mm.METRICS[name]
-        return f"{name} ({m.unit})"
-    except Exception:
+    try:
+        return f"{name} ({metrics.metric(name).unit})"
+    except ParameterError:  # not a registered metric: the bare name
         return name
 
 
@@ -1211,6 +1099,47 @@ def preemption_table(runs):
         pl.col("preemptions").mean().alias("preemptions_per_run"),
         (pl.col("rejected").sum() / pl.col("arrived").sum()).alias("rejected_frac")).sort(
         ["source", "scheduler", "rho"])
+
+
+# How the attained-service policies rank requests (for :func:`preemption_markdown`).
+ATTAINED_RANKING = {
+    "las": "`las`: tokens generated",
+    "mlfq": "`mlfq`: the feedback level a request has been demoted to",
+    "rr": "`rr`: a cyclic queue that a request rejoins at the tail each time it uses up a quantum",
+}
+
+
+def preemption_markdown(runs, labels: Mapping | None = None) -> str | None:
+    """Notebook 03's explanation of why the attained-service policies (las, mlfq, rr) preempt more than
+    fcfs, with their mean preemptions per run at the heaviest region of ``runs``; None when the runs
+    have none of them, no fcfs, or no preemption at that load."""
+    import polars as pl
+
+    names = set(runs["scheduler"])
+    ranked = [p for p in ATTAINED_RANKING if p in names]
+    pre = preemption_table(runs)
+    heavy = pre.filter(pl.col("rho") == pre["rho"].max())
+    if not ranked or "fcfs" not in names or not heavy["preemptions_per_run"].max() > 0:
+        return None
+    lab = _labels_for(runs, labels)
+    per_run = {(r["source"], r["scheduler"]): r["preemptions_per_run"] for r in heavy.iter_rows(named=True)}
+    srcs = sorted((s for s in lab if (s, "fcfs") in per_run), key=_source_rank)
+    idle = [lab[s] for s in srcs if max(per_run[(s, p)] for p in [*ranked, "fcfs"]) < 1]
+    one = len(ranked) == 1
+    numbers = "; ".join(f"{lab[s]}: " + ", ".join(f"`{p}` {per_run[(s, p)]:.1f}" for p in ranked)
+                        + f" vs `fcfs` {per_run[(s, 'fcfs')]:.1f}" for s in srcs)
+    return (
+        f"**Why {', '.join(f'`{p}`' for p in ranked)} preempt{'s' if one else ''} more than `fcfs` when memory is "
+        f"short.** {'It ranks' if one else 'They rank'} requests by the service received so far "
+        f"({'; '.join(ATTAINED_RANKING[p] for p in ranked)}), so newly arrived requests, with zero attained service, "
+        "rank above running requests that have already been served. When the KV cache is full, serving the newcomers "
+        "means evicting running requests, and each evicted request must later recompute its prompt and every token "
+        "it has generated so far (KV swapping to CPU memory is not modelled, so recompute is the only way to free "
+        "memory). `fcfs` never lets a newcomer overtake: it evicts (the latest arrival) only when the running "
+        f"requests' own growth overflows the cache. Mean preemptions per run in region *{heavy['region'][0]}* "
+        f"(ρ = {heavy['rho'][0]:g}): {numbers}."
+        + (f" On {' and '.join(idle)} the cache almost never fills at this load (under one preemption per run for "
+           "every policy shown), so the ranking costs almost no recomputation there." if idle else ""))
 
 
 def plot_preemptions(runs, labels: Mapping | None = None):

@@ -13,7 +13,6 @@ Notebooks take two papermill parameters, ``params_file`` and ``overrides`` (a ne
 from __future__ import annotations
 
 import copy
-import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -143,29 +142,31 @@ def load(params_file: str | os.PathLike | None = None, overrides: dict | None = 
 
 def validate_params(P: dict) -> None:
     """Check every section; raises ParameterError naming the parameter and what is allowed."""
-    from .sources import SOURCES
+    from .sources import SOURCE_NAME, SOURCES
 
     for name, spec in P.get("sources", {}).items():
-        check_choice("sources", name, SOURCES)
+        if spec is None:  # `sources: {bailian: null}` leaves a source out of the study
+            continue
+        if not SOURCE_NAME.match(str(name)):
+            raise ParameterError("sources", name, f"a source name matching {SOURCE_NAME.pattern} "
+                                 f"(built in: {', '.join(SOURCES)})")
         if not isinstance(spec, dict):
             raise ParameterError(f"sources.{name}", spec, "a mapping with keys mode, file")
         check_choice(f"sources.{name}.mode", spec.get("mode"), SOURCE_MODES)
+        if name not in SOURCES and (spec.get("mode") == "standin" or not spec.get("file")):
+            raise ParameterError(f"sources.{name}", spec, "for a source of your own: mode real or auto and a "
+                                 "file (a path to a trace in a supported format); it has no stand-in")
     w = P.get("windows", {})
     for key in ("per_source", "size"):
         if key in w and (not isinstance(w[key], int) or w[key] <= 0):
             raise ParameterError(f"windows.{key}", w[key], "a positive integer")
+    # imported here, not at the top, so that importing this module stays light (the owners import scipy)
+    from . import analysis, campaign, standins, validation
+
+    owners = {"standins": standins, "campaign": campaign, "analysis": analysis, "validation": validation}
     for section in SECTION_OWNERS:
-        if section not in P:
-            continue
-        try:
-            mod = importlib.import_module(f"portbench.{section}")
-        except ModuleNotFoundError as e:  # the owning module is not part of this build
-            if e.name != f"portbench.{section}":
-                raise
-            continue
-        check = getattr(mod, "validate_params", None)
-        if check is not None:
-            check(P)
+        if section in P:
+            owners[section].validate_params(P)
 
 
 def get(P: dict, dotted: str, default: Any = None) -> Any:

@@ -1,5 +1,5 @@
 """Figures of the portability analysis (notebooks 04-07). Every figure goes through
-``portbench.figures.save`` and is recorded in the analysis figure index (``summary.json``).
+``portbench.figures.save``, which records it in the figure index (``summary.json``).
 
 Each function takes the parameters ``P`` and an :class:`portbench.analysis.Analysis`, saves its
 figure(s) under ``{figures_dir}/<notebook>/`` and returns the figure (or a list of figures).
@@ -14,17 +14,12 @@ import polars as pl
 from . import analysis as an
 from . import figures
 
-NB = {"04": "04_cross_workload", "05": "05_cross_region", "06": "06_reversals", "07": "07_cross_metric"}
+NB = {name[:2]: name for name in an.FIGURE_NOTEBOOKS}  # "04" -> "04_cross_workload"
 TAU_LABEL = "Kendall τ-b (dimensionless; 1 = same order, 0 = unrelated, −1 = reversed)"
 
 
 def _save(P, fig, notebook: str, name: str, shows: str, close: bool = False):
-    paths = figures.save(fig, f"{NB[notebook]}/{name}", P["paths"]["figures_dir"])
-    an.register_figure(P, f"{NB[notebook]}/{name}", paths, shows, notebook)
-    if close:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
+    figures.save(fig, f"{NB[notebook]}/{name}", P["paths"]["figures_dir"], description=shows, close=close)
     return fig
 
 

@@ -345,8 +345,8 @@ def ingest_table(report: Mapping) -> pl.DataFrame:
 def real_slices(P: Mapping, source: str) -> dict[str, pl.DataFrame]:
     """The small real slices of a stand-in source held in the mirror (``standins.<source>`` names them).
 
-    Read through :func:`portbench.traces.read_file` with the format :data:`portbench.registry.SLICES`
-    gives; ``{file name: canonical rows}``.
+    Read through :func:`portbench.traces.read_slice` (the format :data:`portbench.registry.SLICES`
+    gives); ``{file name: canonical rows}``.
     """
     from . import registry, traces
 
@@ -354,11 +354,8 @@ def real_slices(P: Mapping, source: str) -> dict[str, pl.DataFrame]:
     spec = (P.get("standins") or {}).get(source) or {}
     names = [v for vals in spec.values() for v in (vals if isinstance(vals, list) else [vals])
              if isinstance(v, str) and v in registry.SLICES]
-    out = {}
-    for name in names:
-        if mirror is not None and (mirror / name).is_file():
-            out[Path(name).name] = traces.read_file(mirror / name, registry.SLICES[name], source=source)[0]
-    return out
+    return {Path(name).name: traces.read_slice(P, name)[0] for name in names
+            if mirror is not None and (mirror / name).is_file()}
 
 
 def representative_window(table: pl.DataFrame, provenance: str = "real") -> str | None:

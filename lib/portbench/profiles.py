@@ -1006,7 +1006,10 @@ def plot_calibration(figures_dir: str | Path, profiles: list[str] | None = None,
                      f"R² decode-sized {mf['decode']['r2']:.2f}, prefill-sized {mf['prefill']['r2']:.3f}",
                      fontsize="medium")
     axes[0][0].legend(loc="upper left")
-    return figures.save(fig, name, figures_dir)
+    return figures.save(fig, name, figures_dir,
+                        description="measured vs modelled token-linear time per iteration for each hardware "
+                                    "profile: memory-bound and compute-bound fits and their maximum (the "
+                                    "roofline floor)")
 
 
 def _fit_cell(e: dict) -> str:

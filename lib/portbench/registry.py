@@ -23,13 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import DataError
-from .sources import SOURCES
+from .sources import configured
 
 MIRROR_ENV = "PORTBENCH_DATA_MIRROR"
 OFFLINE_ENV = "PORTBENCH_OFFLINE"
@@ -194,6 +195,29 @@ def _hash_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> None:
+    """Write ``path`` through ``write(tmp_path)`` into a temporary file next to it, then rename it over
+    ``path`` (atomic on POSIX): readers never see a half-written file. The file gets ordinary
+    permissions (``0o666`` less the umask), not ``mkstemp``'s 0600."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _load_cache(cache: Path) -> dict:
     try:
         data = json.loads(cache.read_text())
@@ -203,36 +227,55 @@ def _load_cache(cache: Path) -> dict:
 
 
 def _save_cache(cache: Path, data: dict) -> None:
-    tmp = None
+    text = json.dumps(data, indent=1, sort_keys=True)
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=".verified.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, cache)
+        atomic_write(cache, lambda tmp: Path(tmp).write_text(text))
     except OSError:  # a read-only data_dir only costs a re-hash next time
-        if tmp and os.path.exists(tmp):
-            os.remove(tmp)
+        pass
+
+
+# In-process memo of file hashes, {(resolved path, size, mtime_ns): sha256}: without a parameter set
+# (no data_dir for the on-disk cache) a file is still hashed only once per process.
+_MEMO: dict[tuple[str, int, int], str] = {}
 
 
 def sha256_of(path: str | os.PathLike, P: Mapping | None = None) -> str:
-    """SHA-256 of a file, cached by (path, size, mtime) in ``{data_dir}/raw/.verified.json`` when ``P`` is given."""
+    """SHA-256 of a file, the one file checksum of the project.
+
+    Cached by (path, size, mtime) in this process and, when ``P`` is given, in
+    ``{data_dir}/raw/.verified.json`` (so a large file is hashed once, not on every run).
+    """
     path = Path(path).resolve()
     st = path.stat()
     key = str(path)
+    memo_key = (key, st.st_size, st.st_mtime_ns)
     stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
     cache = raw_dir(P) / VERIFIED_CACHE if P is not None else None
-    data = _load_cache(cache) if cache is not None else {}
-    hit = data.get(key)
-    if isinstance(hit, dict) and all(hit.get(k) == v for k, v in stamp.items()) and hit.get("sha256"):
-        return hit["sha256"]
-    digest = _hash_file(path)
+    if cache is not None:
+        hit = _load_cache(cache).get(key)
+        if isinstance(hit, dict) and all(hit.get(k) == v for k, v in stamp.items()) and hit.get("sha256"):
+            _MEMO[memo_key] = hit["sha256"]
+            return hit["sha256"]
+    digest = _MEMO.get(memo_key) or _hash_file(path)
+    _MEMO[memo_key] = digest
     if cache is not None:
         data = _load_cache(cache)  # re-read: another process may have added entries meanwhile
         data[key] = {**stamp, "sha256": digest}
         _save_cache(cache, data)
     return digest
+
+
+def tree_sha256(folder: str | os.PathLike, P: Mapping | None = None) -> str:
+    """SHA-256 of a folder: over its files' relative paths and :func:`sha256_of` digests, in sorted
+    order, each field length-prefixed (8 bytes, little-endian). How a folder of evidence (e.g.
+    ServeGen's client files) is recorded in the window manifest (as ``"<folder>/"``)."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
+        for data in (p.relative_to(folder).as_posix().encode(), sha256_of(p, P).encode()):
+            h.update(struct.pack("<Q", len(data)))
+            h.update(data)
+    return h.hexdigest()
 
 
 def verify(path: str | os.PathLike, spec: OfficialFile, P: Mapping | None = None) -> str:
@@ -379,4 +422,4 @@ def resolve_sources(P: Mapping) -> dict[str, dict]:
     SHA-256 mismatch) is an error in every mode. A source without a stand-in (no ``standins.<source>``
     entry) that would need one is skipped (provenance ``None``).
     """
-    return {s: resolve_source(P, s) for s in SOURCES if s in (P.get("sources") or {})}
+    return {s: resolve_source(P, s) for s in configured(P)}

@@ -533,6 +533,12 @@ class _Engine:
             self.other_blocks -= r.blocks
             if r.prefilled != r.prefill_target:
                 self.prefilling.remove(r)
+        self._requeue_evicted(r, now)
+
+    def _requeue_evicted(self, r: Request, now: float) -> None:
+        """Recompute preemption of a resident already out of the cohort and prefill lists: its KV
+        blocks are freed, its prefill (prompt + tokens generated so far) is redone when it is
+        admitted again, and it goes back to the waiting queue."""
         del self.res[r.id]
         r.state = WAITING
         r.blocks = 0
@@ -610,37 +616,31 @@ class _Engine:
             for r in self.prefilling:
                 pf_tokens += r.chunk
         if self.n_wait and slots > 0:
-            if self.use_heap:
-                heap = self.wait_heap
-                while heap and slots > 0:
-                    r = heap[0][2]
-                    need = self._admit_need(r, budget, pf_tokens, admitted)
-                    if need is None or need > free:
-                        break
-                    heapq.heappop(heap)
-                    free -= need
-                    slots -= 1
-                    admitted += 1
-                    pf_tokens += r.chunk
-                    budget -= r.chunk
-                    self._admit(r, need, now)
-            else:
-                for r in S.admission_order(self.wlist, now):
-                    if slots <= 0:
-                        break
-                    need = self._admit_need(r, budget, pf_tokens, admitted)
-                    if need is None or need > free:
-                        break
-                    free -= need
-                    slots -= 1
-                    admitted += 1
-                    pf_tokens += r.chunk
-                    budget -= r.chunk
-                    self._admit(r, need, now)
-                if admitted:
-                    self.wlist = [r for r in self.wlist if r.state == WAITING]
+            use_heap = self.use_heap
+            for r in (self._heap_order() if use_heap else S.admission_order(self.wlist, now)):
+                if slots <= 0:
+                    break
+                need = self._admit_need(r, budget, pf_tokens, admitted)
+                if need is None or need > free:
+                    break
+                if use_heap:
+                    heapq.heappop(self.wait_heap)
+                free -= need
+                slots -= 1
+                admitted += 1
+                pf_tokens += r.chunk
+                budget -= r.chunk
+                self._admit(r, need, now)
+            if admitted and not use_heap:
+                self.wlist = [r for r in self.wlist if r.state == WAITING]
             self.n_wait -= admitted
         return self._iteration(now, cap - free, pf_tokens)
+
+    def _heap_order(self):
+        """Waiting requests of the static-rank heap, best first (the caller pops each one it admits)."""
+        heap = self.wait_heap
+        while heap:
+            yield heap[0][2]
 
     def _plan_preemptive(self, now: float):
         """Preemptive decision: rank every live request; the batch is the best-ranked prefix that
@@ -744,17 +744,7 @@ class _Engine:
                 v = S.victim(displaced, now)
                 displaced.remove(v)
                 total -= v.blocks
-                del self.res[v.id]
-                v.state = WAITING
-                v.blocks = 0
-                v.prefilled = 0
-                v.prefill_target = v.prompt_tokens + v.generated
-                v.preemptions += 1
-                v.waiting_since = now
-                v.chunk = 0
-                self.n_preempt += 1
-                S.on_evict(v, now)
-                self._push_waiting(v, now)
+                self._requeue_evicted(v, now)
             for r in displaced:
                 if r.state == RUNNING:
                     r.state = PAUSED

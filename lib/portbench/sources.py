@@ -7,12 +7,22 @@ column and every figure labels sources through :func:`label`, so a stand-in is n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
-SOURCES = ("azure", "burstgpt", "bailian")
+SOURCES = ("azure", "burstgpt", "bailian")  # the study's three sources (built in)
 PROVENANCES = ("real", "standin")
+# A user's own trace is one more entry under ``sources`` (any name matching this pattern) whose
+# ``file`` is a path to a file in one of the supported formats; it has no stand-in.
+SOURCE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 DISPLAY = {"azure": "Azure", "burstgpt": "BurstGPT", "bailian": "Bailian"}
+
+
+def configured(P: Mapping) -> list[str]:
+    """The sources of a parameter set: the built-in ones it lists, in study order, then the user's own."""
+    names = [s for s, spec in (P.get("sources") or {}).items() if spec is not None]  # null = left out
+    return [s for s in SOURCES if s in names] + [s for s in names if s not in SOURCES]
 
 
 def label(source: str, provenance: str) -> str:

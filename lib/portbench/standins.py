@@ -9,8 +9,9 @@ as e.g. "BurstGPT (stand-in)" (``sources.label``). Its results describe the stan
 (``standins.burstgpt.slices``: the first 400 rows of ``BurstGPT_1.csv`` and of ``BurstGPT_3.csv``):
 
 * lengths and tenants: (prompt, output, model, log type) rows resampled with replacement from the
-  slices' valid rows (failures, i.e. 0 response tokens, and rows with 0 request tokens excluded and
-  counted); tenant = ``"<model>/<log type>"`` as for real BurstGPT windows.
+  slices' valid rows, read by the canonical BurstGPT adapter (``traces.read_file``: failures, i.e.
+  0 response tokens, excluded and counted); tenant = ``"<model>/<log type>"`` as for real BurstGPT
+  windows.
 * arrivals: a Gamma renewal process (the BurstGPT paper's arrival model). The slices cover the
   first ~10 hours of two files at ~35 requests/hour, far below the full files' mean rates (959 and
   2,628 requests/hour for without_fails_1 and _2, from the guanxi data-quality table), so their
@@ -74,7 +75,6 @@ import hashlib
 import json
 import math
 import re
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +84,7 @@ import numpy as np
 import polars as pl
 from scipy import stats as sstats
 
-from . import synth
+from . import registry, synth, traces
 from .errors import DataError, IntegrityError, ParameterError, check_choice
 from .sources import label
 
@@ -98,10 +98,8 @@ GUANXI_TABLE = "guanxi_table_00_data_quality.csv"
 FNSTGGL_ROLLUP = "fnstggl_burstgpt1_first60k_statistical_rollups.json"
 PERCENTILES = (50, 90, 95, 99)
 TIMESTAMP_RESOLUTION_S = 1.0          # BurstGPT timestamps are whole seconds
-BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Log Type")
 SERVEGEN_TRACE_COLUMNS = ("start", "rate", "cv", "pattern", "shape", "scale")
 SERVEGEN_FAMILIES = {"Gamma": "gamma", "Weibull": "weibull"}
-_LEN_PREFIX = struct.Struct("<Q")  # length prefix of hashed fields (as windows.tree_sha256)
 FIGURE_PREFIX = "02_freeze_windows"
 
 
@@ -157,52 +155,16 @@ def mirror(P: Mapping | None = None) -> Path:
 # --------------------------------------------------------------------------- checksums
 
 
-_HASH_CACHE: dict[tuple[str, int, int], str] = {}
-
-
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file (memoised by path, size and modification time)."""
-    p = Path(path)
-    st = p.stat()
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _HASH_CACHE:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        _HASH_CACHE[key] = h.hexdigest()
-    return _HASH_CACHE[key]
-
-
-def tree_sha256(folder: str | Path) -> str:
-    """SHA-256 over a folder's files' relative paths and SHA-256s (sorted, length-prefixed).
-
-    Same definition as ``windows.tree_sha256``, so the manifest's ``source_files`` entry agrees.
-    """
-    folder = Path(folder)
-    h = hashlib.sha256()
-    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
-        for data in (p.relative_to(folder).as_posix().encode(), file_sha256(p).encode()):
-            h.update(_LEN_PREFIX.pack(len(data)))
-            h.update(data)
-    return h.hexdigest()
-
-
-def _evidence_digest(root: Path, rel: str) -> str:
+def _evidence_digest(root: Path, rel: str, P: Mapping | None = None) -> str:
+    """SHA-256 of one evidence file, or (``rel`` ending in ``/``) of a folder (``registry.tree_sha256``)."""
     p = root / rel.rstrip("/")
     if rel.endswith("/"):
         if not p.is_dir():
             raise DataError(p, "evidence folder not found")
-        return tree_sha256(p)
+        return registry.tree_sha256(p, P)
     if not p.is_file():
         raise DataError(p, "evidence file not found")
-    return file_sha256(p)
-
-
-def evidence_files(P: Mapping, source: str) -> list[Path]:
-    """The real files (and folders) a stand-in's windows are generated from."""
-    root = mirror(P)
-    return [root / rel.rstrip("/") for rel in _evidence_names(P, source)]
+    return registry.sha256_of(p, P)
 
 
 def _evidence_names(P: Mapping, source: str) -> list[str]:
@@ -218,14 +180,14 @@ def _evidence_names(P: Mapping, source: str) -> list[str]:
 def evidence_sha256(P: Mapping, source: str) -> dict[str, str]:
     """``{relative path: sha256}`` of a stand-in's evidence (a folder ends with ``/``)."""
     root = mirror(P)
-    return {rel: _evidence_digest(root, rel) for rel in _evidence_names(P, source)}
+    return {rel: _evidence_digest(root, rel, P) for rel in _evidence_names(P, source)}
 
 
-def verify_evidence(root: Path, recorded: Mapping[str, str]) -> None:
+def verify_evidence(root: Path, recorded: Mapping[str, str], P: Mapping | None = None) -> None:
     """IntegrityError naming the first evidence file whose SHA-256 differs from ``recorded``."""
     for rel, want in recorded.items():
         try:
-            got = _evidence_digest(root, rel)
+            got = _evidence_digest(root, rel, P)
         except DataError as e:
             raise IntegrityError(f"stand-in evidence {rel}: {e.problem} under {root}") from None
         if got != want:
@@ -242,74 +204,16 @@ def window_seed(P: Mapping, source: str, index: int) -> int:
 
 
 def read_burstgpt_slice(path: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """Valid rows of a BurstGPT CSV slice: ``row, timestamp_s, prompt_tokens, output_tokens, model,
-    log_type``, and counts of excluded rows (failures: 0 response tokens; 0 request tokens).
-
-    Uses ``traces.read_file`` when it is available (the canonical reader), else reads the CSV here.
-    """
-    traces = _optional_module("traces")
-    if traces is not None and hasattr(traces, "read_file"):
-        return _slice_via_traces(traces, path)
-    return _slice_direct(path)
-
-
-def _optional_module(name: str):
-    import importlib
-
-    try:
-        return importlib.import_module(f"portbench.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"portbench.{name}":
-            raise
-        return None
-
-
-def _slice_via_traces(traces, path: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """Valid rows of a BurstGPT CSV slice through the canonical reader (``traces.read_file``):
+    ``row, timestamp_s, prompt_tokens, output_tokens, model, log_type``, and counts of the rows it
+    excludes (failures: 0 response tokens)."""
     df, report = traces.read_file(path, "burstgpt")
-    need = ("row", "arrival_s", "prompt_tokens", "output_tokens", "model", "log_type")
-    missing = [c for c in need if c not in df.columns]
-    if missing:
-        raise DataError(path, f"traces.read_file gave no column(s) {missing}")
     out = df.select(pl.col("row").cast(pl.Int64), pl.col("arrival_s").alias("timestamp_s").cast(pl.Float64),
                     pl.col("prompt_tokens").cast(pl.Int64), pl.col("output_tokens").cast(pl.Int64),
                     pl.col("model").cast(pl.String), pl.col("log_type").cast(pl.String)).sort("row")
-    excluded = {str(k): int(v) for k, v in (report.get("excluded") or {}).items()}
-    return out, {"rows": int(report.get("rows_read", out.height + sum(excluded.values()))), "valid": out.height,
+    excluded = {str(k): int(v) for k, v in report["excluded"].items()}
+    return out, {"rows": int(report["rows_read"]), "valid": out.height,
                  "excluded": sum(excluded.values()), "excluded_by_reason": excluded}
-
-
-def _slice_direct(path: Path) -> tuple[pl.DataFrame, dict[str, Any]]:
-    try:
-        raw = pl.read_csv(path, infer_schema=False)
-    except (pl.exceptions.PolarsError, OSError) as e:
-        raise DataError(path, f"cannot read as CSV ({e})") from None
-    missing = [c for c in BURSTGPT_COLUMNS if c not in raw.columns]
-    if missing:
-        raise DataError(path, f"missing column(s) {missing}; expected BurstGPT columns {list(BURSTGPT_COLUMNS)}")
-    numeric = {"Timestamp": pl.Float64, "Request tokens": pl.Int64, "Response tokens": pl.Int64}
-    for col, dtype in numeric.items():
-        parsed = raw[col].str.strip_chars().cast(pl.Float64, strict=False)
-        bad = np.nonzero(parsed.is_null().to_numpy())[0]
-        if bad.size:
-            raise DataError(path, f"unparsable value {raw[col][int(bad[0])]!r}", row=int(bad[0]) + 1, column=col)
-        if dtype == pl.Int64 and (parsed != parsed.round(0)).any():
-            i = int(np.nonzero((parsed != parsed.round(0)).to_numpy())[0][0])
-            raise DataError(path, f"token count {raw[col][i]!r} is not an integer", row=i + 1, column=col)
-    df = raw.with_row_index("row", offset=1).select(
-        pl.col("row").cast(pl.Int64),
-        pl.col("Timestamp").str.strip_chars().cast(pl.Float64).alias("timestamp_s"),
-        pl.col("Request tokens").str.strip_chars().cast(pl.Float64).cast(pl.Int64).alias("prompt_tokens"),
-        pl.col("Response tokens").str.strip_chars().cast(pl.Float64).cast(pl.Int64).alias("output_tokens"),
-        pl.col("Model").alias("model"), pl.col("Log Type").alias("log_type"))
-    ts = df["timestamp_s"].to_numpy()
-    if np.any(np.diff(ts) < 0):
-        i = int(np.nonzero(np.diff(ts) < 0)[0][0]) + 2
-        raise DataError(path, "timestamps decrease", row=i, column="Timestamp")
-    failures = int((df["output_tokens"] == 0).sum())
-    valid = df.filter((pl.col("output_tokens") > 0) & (pl.col("prompt_tokens") > 0))
-    excluded = {"failure_zero_response": failures, "zero_request_tokens": df.height - valid.height - failures}
-    return valid, {"rows": df.height, "valid": valid.height, "excluded": df.height - valid.height,
-                   "excluded_by_reason": {k: v for k, v in excluded.items() if v}}
 
 
 @dataclass
@@ -391,7 +295,7 @@ def burstgpt_evidence(P: Mapping) -> BurstGPTEvidence:
     b = P["standins"]["burstgpt"]
     agg = root / b["aggregates"]
     key = ("burstgpt", str(root), tuple(b["slices"]), b["aggregates"],
-           tuple(_evidence_digest(root, rel) for rel in b["slices"]))
+           tuple(_evidence_digest(root, rel, P) for rel in b["slices"]))
     if key not in _CACHE:
         pool, gaps, counts = _burstgpt_pool(root, b["slices"])
         rollup = read_rollup(agg / FNSTGGL_ROLLUP) if (agg / FNSTGGL_ROLLUP).is_file() else None
@@ -684,7 +588,7 @@ def load_servegen(folder: str | Path) -> ServeGenData:
     folder = Path(folder)
     if not folder.is_dir():
         raise DataError(folder, "ServeGen folder not found")
-    digest = tree_sha256(folder)
+    digest = registry.tree_sha256(folder)
     key = ("servegen", str(folder.resolve()), digest)
     if key in _CACHE:
         return _CACHE[key]
@@ -877,7 +781,7 @@ def regenerate(window_entry: Mapping, P: Mapping | None = None) -> pl.DataFrame:
         raise DataError(window_entry.get("id", "window"), "stand-in entry has no generator {name, params, seed}")
     name, params, seed = gen["name"], gen["params"], int(gen["seed"])
     root = mirror(P)
-    verify_evidence(root, params["evidence"])
+    verify_evidence(root, params["evidence"], P)
     if name == BURSTGPT_GENERATOR:
         key = ("pool", str(root), tuple(params["slices"]), tuple(sorted(params["evidence"].items())))
         if key not in _CACHE:  # keyed by the verified checksums, so a cached pool is the evidence's
@@ -896,9 +800,10 @@ def regenerate(window_entry: Mapping, P: Mapping | None = None) -> pl.DataFrame:
     else:
         raise DataError(window_entry.get("id", "window"), f"unknown stand-in generator {name!r}")
     want = window_entry.get("sha256")
-    windows = _optional_module("windows")
-    if want and windows is not None and hasattr(windows, "window_sha256"):
-        got = windows.window_sha256(df)
+    if want:
+        from .windows import window_sha256  # windows imports this module: imported here, not at the top
+
+        got = window_sha256(df)
         if got != want:
             raise IntegrityError(f"stand-in window {window_entry.get('id', '?')}: regenerated sha256 {got} differs "
                                  f"from the frozen {want} (generator code or numpy changed?)")
@@ -1475,7 +1380,10 @@ def plot_evidence(P: Mapping, figures_dir: str | Path) -> list[str]:
         ax.set_ylabel("cumulative fraction of requests")
     axes[0].legend(loc="lower right", fontsize=7)
     fig.suptitle("BurstGPT stand-in lengths vs. the real evidence")
-    paths += list(figures.save(fig, f"{FIGURE_PREFIX}/standin_burstgpt_lengths", figures_dir, close=True).values())
+    paths += list(figures.save(fig, f"{FIGURE_PREFIX}/standin_burstgpt_lengths", figures_dir, close=True,
+                               description="ECDFs of prompt and output lengths: BurstGPT stand-in vs the real "
+                                           "slices it resamples and the third-party percentiles of the "
+                                           "first 60k rows").values())
 
     real_w = real_burstgpt_windows(P)
     fig, axes = figures.figure(1, 2, figsize=(10, 3.8))
@@ -1501,7 +1409,10 @@ def plot_evidence(P: Mapping, figures_dir: str | Path) -> list[str]:
     axes[1].set_ylabel("inter-arrival CV per window (dimensionless)")
     axes[1].legend(fontsize=7)
     fig.suptitle("BurstGPT stand-in burstiness vs. the real slices")
-    paths += list(figures.save(fig, f"{FIGURE_PREFIX}/standin_burstgpt_arrivals", figures_dir, close=True).values())
+    paths += list(figures.save(fig, f"{FIGURE_PREFIX}/standin_burstgpt_arrivals", figures_dir, close=True,
+                               description="BurstGPT stand-in burstiness vs the real slices: ECDF of "
+                                           "window-normalised gaps and per-window inter-arrival CVs, with the "
+                                           "Gamma CV used and its 95% CI").values())
 
     bl_windows = _standin_windows(P, "bailian")
     bl = _pooled(bl_windows)
@@ -1515,7 +1426,10 @@ def plot_evidence(P: Mapping, figures_dir: str | Path) -> list[str]:
         ax.set_ylabel("cumulative fraction of requests")
     axes[0].legend(loc="lower right", fontsize=7)
     fig.suptitle("Bailian stand-in lengths vs. the only real Qwen rows available (weak comparison)")
-    paths += list(figures.save(fig, f"{FIGURE_PREFIX}/standin_bailian_lengths", figures_dir, close=True).values())
+    paths += list(figures.save(fig, f"{FIGURE_PREFIX}/standin_bailian_lengths", figures_dir, close=True,
+                               description="ECDFs of prompt and output lengths: Bailian stand-in (ServeGen "
+                                           "m-small) vs the only real Qwen rows available (a weak comparison: "
+                                           "a different service)").values())
 
     data = load_servegen(servegen_folder(P))
     used = data.used_rows()
@@ -1537,7 +1451,10 @@ def plot_evidence(P: Mapping, figures_dir: str | Path) -> list[str]:
     ax.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=7)
     ax.set_title(f"ServeGen m-small: {len(data.clients)} clients used "
                  f"({len(data.excluded)} without a dataset file excluded)")
-    paths += list(figures.save(fig, f"{FIGURE_PREFIX}/standin_servegen_timeline", figures_dir, close=True).values())
+    paths += list(figures.save(fig, f"{FIGURE_PREFIX}/standin_servegen_timeline", figures_dir, close=True,
+                               description="ServeGen m-small over 14 days: total request rate and active "
+                                           "clients of the used clients, with the Bailian stand-in window "
+                                           "starts").values())
     return paths
 
 
@@ -1568,5 +1485,31 @@ def counterfactual_demo(P: Mapping, window_df: pl.DataFrame, figures_dir: str | 
     ax.set_ylabel("requests arrived (count)")
     ax.legend(fontsize=8)
     ax.set_title(f"Same requests and mean rate, different burstiness ({window_id or 'window'})")
-    paths = figures.save(fig, f"{FIGURE_PREFIX}/counterfactual_burstiness", figures_dir)
+    paths = figures.save(fig, f"{FIGURE_PREFIX}/counterfactual_burstiness", figures_dir,
+                         description=f"cumulative arrivals of window {window_id or '(unnamed)'} and of its "
+                                     f"burstiness counterfactual (target CV {target:g}): same requests and "
+                                     "span, gaps redrawn")
     return table, paths
+
+
+def counterfactual_markdown(table: pl.DataFrame) -> str:
+    """Notebook 02's sentence on what the burstiness counterfactual changed, from the table of
+    :func:`counterfactual_demo` (first row the window, second the variant)."""
+    base, cf = table.row(0, named=True), table.row(1, named=True)
+    d = json.loads(cf["definition"])
+    same_requests = (base["n"] == cf["n"] and base["prompt_mean"] == cf["prompt_mean"]
+                     and base["output_mean"] == cf["output_mean"])
+    same_rate = math.isclose(base["rate_rps"], cf["rate_rps"], rel_tol=1e-9)
+    kept = (f"The same {base['n']} requests, in the same order and with the same lengths (mean prompt "
+            f"{base['prompt_mean']:,.0f}, mean output {base['output_mean']:,.0f} tokens)," if same_requests else
+            f"{cf['n']} requests (the window has {base['n']}),")
+    rate = (f"over the same span of {base['span_s']:,.4g} s, so the mean rate is unchanged at "
+            f"{base['rate_rps']:.3g} req/s" if same_rate else
+            f"at {cf['rate_rps']:.3g} req/s (the window: {base['rate_rps']:.3g} req/s)")
+    only = same_requests and same_rate
+    return (f"**What changed.** {'Only the' if only else 'The'} gaps between arrivals: the inter-arrival CV "
+            f"goes from {base['interarrival_cv']:.2f} in the window to {cf['interarrival_cv']:.2f} in the variant "
+            f"(a {d['params']['family']} renewal process with target CV {d['params']['cv']:g}; a "
+            f"{cf['n']}-request sample scatters around its target, and below it for heavy-tailed gaps). {kept} "
+            f"arrive {rate}" + (": simulated on the two, schedulers would face the same work and load, "
+                                "differing only in how bunched the arrivals are." if only else "."))

@@ -36,7 +36,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -46,6 +45,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from . import registry
 from .errors import DataError
 
 FORMATS = ("azure2023", "azure2024", "burstgpt", "qwen_jsonl", "qwen_csv")
@@ -546,8 +546,6 @@ def read_slice(P: Mapping, relpath: str) -> tuple[pl.DataFrame, dict]:
 
     The format comes from :data:`portbench.registry.SLICES` (detected for other files).
     """
-    from . import registry
-
     mirror = registry.resolve_mirror(P)
     if mirror is None:
         raise DataError(relpath, "no data mirror (set paths.mirror or $PORTBENCH_DATA_MIRROR)")
@@ -583,26 +581,13 @@ def _read_report(P: Mapping) -> dict:
         return {}
 
 
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; these are ordinary shared outputs
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def _write_report(P: Mapping, entries: Mapping[str, dict]) -> dict:
     """Merge ``entries`` into ingest_report.json; returns the whole report."""
     report = _read_report(P)
     report.setdefault("sources", {}).update(entries)
     report["canonical_version"] = CANONICAL_VERSION
     text = json.dumps(report, indent=1, sort_keys=True, default=str) + "\n"
-    _atomic_write(report_path(P), lambda tmp: Path(tmp).write_text(text))
+    registry.atomic_write(report_path(P), lambda tmp: Path(tmp).write_text(text))
     return report
 
 
@@ -614,8 +599,6 @@ def ingest_source(P: Mapping, source: str, *, write: bool = True) -> tuple[pl.Da
     raises DataError (from :func:`portbench.registry.resolve_source`). With ``write`` the table goes
     to ``{data_dir}/canonical/{source}.parquet`` and the report entry into ``ingest_report.json``.
     """
-    from . import registry
-
     info = registry.resolve_source(P, source)
     if info["provenance"] != "real":
         _loud(f"SKIPPED {source}: no real file in this run -> {info['provenance'] or 'not used'} "
@@ -636,7 +619,7 @@ def ingest_source(P: Mapping, source: str, *, write: bool = True) -> tuple[pl.Da
             "sha256_verified": bool(spec and spec.sha256), "canonical_version": CANONICAL_VERSION}
     if write:
         target = canonical_dir(P) / f"{source}.parquet"
-        _atomic_write(target, lambda tmp: table.write_parquet(tmp))
+        registry.atomic_write(target, lambda tmp: table.write_parquet(tmp))
         rep["canonical"] = str(target)
         _write_report(P, {source: rep})
     return table, rep
@@ -644,10 +627,10 @@ def ingest_source(P: Mapping, source: str, *, write: bool = True) -> tuple[pl.Da
 
 def ingest_all(P: Mapping) -> dict:
     """Ingest every configured source; writes the canonical parquet files and ``ingest_report.json``."""
-    from .sources import SOURCES
+    from .sources import configured
 
     entries = {}
-    for source in [s for s in SOURCES if s in (P.get("sources") or {})]:
+    for source in configured(P):
         _, entries[source] = ingest_source(P, source, write=True)
     report = _write_report(P, entries)
     return {**report, "sources": {s: report["sources"][s] for s in entries}}
@@ -659,8 +642,6 @@ def load_canonical(P: Mapping, source: str) -> pl.DataFrame:
     Stale: the recorded file name, SHA-256 or adapter version differs from the file resolved now.
     DataError when the source has no real file in this run.
     """
-    from . import registry
-
     info = registry.resolve_source(P, source)
     if info["provenance"] != "real":
         raise DataError(info["file"] or f"sources.{source}.file",

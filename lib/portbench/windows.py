@@ -35,13 +35,9 @@ ignored and rebuilt, a cache whose content does not match the manifest is an err
 from __future__ import annotations
 
 import hashlib
-import importlib
-import inspect
 import json
-import os
 import struct
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,8 +45,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from . import registry, standins, synth, traces
 from .errors import DataError, IntegrityError, ParameterError, PortbenchError
-from .sources import SOURCES, label
+from .sources import configured, label
 
 MANIFEST_VERSION = 1
 COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "tenant")
@@ -70,14 +67,12 @@ FROZEN_SECTIONS = ("windows", "sources", "standins")
 # --------------------------------------------------------------------------- seeds
 
 
-def name_key(name: str) -> int:
-    """A stable 64-bit integer for a name (first 8 bytes of its SHA-256, little-endian)."""
-    return int.from_bytes(hashlib.sha256(str(name).encode()).digest()[:8], "little")
+name_key = synth.name_key  # a stable 64-bit integer for a name (first 8 bytes of its SHA-256)
 
 
 def source_rng(seed: int, source: str, *stream: str) -> np.random.Generator:
     """Generator seeded from ``(seed, source, *stream)`` via SeedSequence (platform independent)."""
-    return np.random.default_rng(np.random.SeedSequence([int(seed), name_key(source), *map(name_key, stream)]))
+    return synth.rng_from(seed, source, *stream)
 
 
 # --------------------------------------------------------------------------- placement
@@ -337,51 +332,9 @@ def write_manifest(manifest: dict, path: Path) -> dict:
     """Set the checksum and write the canonical bytes atomically; returns the manifest."""
     manifest = dict(manifest)
     manifest["checksum"] = manifest_checksum(manifest)
-    _atomic_write(path, canonical_json(manifest))
+    data = canonical_json(manifest)
+    registry.atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
     return manifest
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _atomic_replace(path: Path, write) -> None:
-    """Write through ``write(tmp_path)`` into a temporary file next to ``path``, then rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file ordinary permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    _atomic_replace(path, lambda tmp: Path(tmp).write_bytes(data))
-
-
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file (streamed)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def tree_sha256(folder: str | Path) -> str:
-    """SHA-256 of a folder: over its files' relative paths and SHA-256s, in sorted order."""
-    folder = Path(folder)
-    h = hashlib.sha256()
-    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
-        _hash_field(h, p.relative_to(folder).as_posix().encode())
-        _hash_field(h, file_sha256(p).encode())
-    return h.hexdigest()
 
 
 def _jsonable(x: Any) -> Any:
@@ -405,23 +358,8 @@ def _jsonable(x: Any) -> Any:
 # --------------------------------------------------------------------------- sources and evidence
 
 
-def optional_module(module: str):
-    """``portbench.<module>`` or None when it is not part of this build."""
-    try:
-        return importlib.import_module(f"portbench.{module}")
-    except ModuleNotFoundError as e:
-        if e.name != f"portbench.{module}":
-            raise
-        return None
-
-
 def _loud(msg: str) -> None:
     print(f"[portbench windows] WARNING: {msg}", file=sys.stderr, flush=True)
-
-
-def _mirror(P: Mapping) -> Path | None:
-    registry = optional_module("registry")
-    return registry.resolve_mirror(P) if registry is not None else None
 
 
 def provenance_reason(mode: str | None, provenance: str | None, file: str | None, detail: str = "") -> str:
@@ -442,25 +380,9 @@ def provenance_reason(mode: str | None, provenance: str | None, file: str | None
 
 
 def evidence_checksums(P: Mapping, source: str) -> dict[str, str]:
-    """``{name: sha256}`` of the real evidence a stand-in is built from (names relative to the mirror).
-
-    From ``standins.evidence_sha256(P, source)``, or else by hashing ``standins.evidence_files(P,
-    source)``; a folder is recorded as ``"<folder>/"`` with :func:`tree_sha256`.
-    """
-    standins = importlib.import_module("portbench.standins")
-    if hasattr(standins, "evidence_sha256"):
-        return dict(standins.evidence_sha256(P, source))
-    mirror = _mirror(P)
-    out = {}
-    for p in map(Path, standins.evidence_files(P, source)):
-        name = p.relative_to(mirror).as_posix() if mirror is not None and p.is_relative_to(mirror) else p.name
-        if p.is_dir():
-            out[name.rstrip("/") + "/"] = tree_sha256(p)
-        elif p.is_file():
-            out[name] = file_sha256(p)
-        else:
-            raise DataError(p, f"evidence file of the {source} stand-in not found")
-    return out
+    """``{name: sha256}`` of the real evidence a stand-in is built from (names relative to the mirror;
+    a folder is recorded as ``"<folder>/"`` with :func:`portbench.registry.tree_sha256`)."""
+    return dict(standins.evidence_sha256(P, source))
 
 
 # --------------------------------------------------------------------------- building
@@ -497,14 +419,12 @@ def _build_source(P: Mapping, source: str, info: Mapping, record: dict) -> list[
     w = P["windows"]
     n, size = w["per_source"], w["size"]
     if info["provenance"] == "real":
-        traces = importlib.import_module("portbench.traces")
         canonical = traces.load_canonical(P, source)
         cut = cut_windows(canonical, n, size, w["seed"], source, w["tenants"])
         fields = cut[0][0]["tenant_fields"] if cut else []
         record["tenants"] = _tenant_rule(fields, w["tenants"])
         record["valid_requests"] = canonical.height
         return cut
-    standins = importlib.import_module("portbench.standins")
     built = []
     for k, (meta, df) in enumerate(standins.build_windows(P, source, n, size)):
         meta = dict(meta)
@@ -530,13 +450,12 @@ def _tenant_rule(fields: Sequence[str] | None, n_tenants: int) -> dict:
 
 def build_manifest(P: Mapping) -> tuple[dict, dict[str, pl.DataFrame]]:
     """Build the manifest (without checksum) and the window tables from the current data."""
-    registry = importlib.import_module("portbench.registry")
     resolved = registry.resolve_sources(P)
     sources_rec: dict[str, dict] = {}
     source_files: dict[str, str] = {}
     entries: list[dict] = []
     tables: dict[str, pl.DataFrame] = {}
-    for source in [s for s in SOURCES if s in P.get("sources", {})]:
+    for source in configured(P):
         info = resolved.get(source) or {"provenance": None, "file": None, "path": None, "reason": "not resolved"}
         spec = P["sources"][source]
         file = info.get("file") or spec.get("file")
@@ -546,16 +465,10 @@ def build_manifest(P: Mapping) -> tuple[dict, dict[str, pl.DataFrame]]:
         sources_rec[source] = rec
         prov = info.get("provenance")
         if prov is None:
-            _loud(f"{source}: skipped ({rec['reason']})")
-            continue
-        if prov == "standin" and optional_module("standins") is None:
-            rec["provenance"] = None
-            rec["reason"] = (f"mode {spec.get('mode')}: skipped: it needs the stand-in, and the stand-in "
-                             "generator (portbench.standins) is not available in this build")
-            _loud(f"{source}: SKIPPED - it would be a stand-in, but portbench.standins is not importable yet")
+            _loud(f"{source}: SKIPPED ({rec['reason']})")
             continue
         if prov == "real":
-            source_files[info["file"]] = file_sha256(info["path"])
+            source_files[info["file"]] = registry.sha256_of(info["path"], P)
         else:
             source_files.update(evidence_checksums(P, source))
         for meta, df in _build_source(P, source, info, rec):
@@ -606,9 +519,6 @@ def _check_params(P: Mapping, manifest: Mapping) -> None:
 
 
 def _note_provenance_changes(P: Mapping, manifest: Mapping) -> None:
-    registry = optional_module("registry")
-    if registry is None:
-        return
     resolved = registry.resolve_sources(P)
     for source, rec in manifest.get("sources", {}).items():
         now = (resolved.get(source) or {}).get("provenance")
@@ -658,12 +568,7 @@ def rebuild_window(entry: Mapping, manifest: Mapping, canonical: pl.DataFrame | 
         rule = manifest["sources"][entry["source"]]["tenants"]
         return window_from_rows(rows, window_id=entry["id"], source=entry["source"], seed=w["seed"],
                                 n_tenants=w["tenants"], tenant_fields=rule.get("fields", []))
-    standins = optional_module("standins")
-    if standins is None:
-        raise DataError(entry.get("file") or entry["source"], f"window {entry['id']} is a stand-in and "
-                        "portbench.standins is not available to regenerate it")
-    takes_params = len(inspect.signature(standins.regenerate).parameters) > 1
-    df = standins.regenerate(dict(entry), P) if takes_params and P is not None else standins.regenerate(dict(entry))
+    df = standins.regenerate(dict(entry), P)
     if "tenant" not in df.columns:
         w = manifest["params"]["windows"]
         df = df.with_columns(pl.Series("tenant", seeded_tenants(df.height, w["tenants"], w["seed"],
@@ -682,7 +587,7 @@ def _rebuild_many(P: Mapping, manifest: Mapping, entries: Sequence[Mapping]
         canonical = None
         try:
             if group[0]["provenance"] == "real":
-                canonical = importlib.import_module("portbench.traces").load_canonical(P, source)
+                canonical = traces.load_canonical(P, source)
         except PortbenchError as err:
             problems += [f"window {e['id']}: cannot read the {source} data ({err})" for e in group]
             continue
@@ -702,22 +607,19 @@ def _rebuild_many(P: Mapping, manifest: Mapping, entries: Sequence[Mapping]
 
 def _source_file_problems(P: Mapping, manifest: Mapping) -> list[str]:
     """Recorded source-file SHA-256s that the files here do not match (or that cannot be found)."""
-    registry = optional_module("registry")
-    mirror = _mirror(P)
+    mirror = registry.resolve_mirror(P)
     real_files = {rec.get("file"): s for s, rec in manifest.get("sources", {}).items()
                   if rec.get("provenance") == "real"}
     problems = []
     for name, want in manifest.get("source_files", {}).items():
         try:
             if name in real_files:
-                if registry is None:
-                    raise DataError(name, "portbench.registry is not available to locate it")
                 path = Path(registry.locate(name, P))
             else:
                 path = (mirror / name) if mirror is not None else Path(name)
                 if not path.exists():
                     raise DataError(path, "evidence file not found")
-            got = tree_sha256(path) if name.endswith("/") else file_sha256(path)
+            got = registry.tree_sha256(path, P) if name.endswith("/") else registry.sha256_of(path, P)
         except PortbenchError as err:
             problems.append(f"source file {name}: {err}")
             continue
@@ -760,7 +662,7 @@ def _write_cache(P: Mapping, manifest: Mapping, tables: Mapping[str, pl.DataFram
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            CACHE_META_KEY: manifest["checksum"].encode()})
     path = cache_path(P)
-    _atomic_replace(path, lambda tmp: pq.write_table(table, tmp))
+    registry.atomic_write(path, lambda tmp: pq.write_table(table, tmp))
     return path
 
 

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 
 import polars as pl
 
+from .. import schedulers
 from ..errors import ParameterError, PortbenchError, check_choice
 from . import cases, replay   # verdict (scipy, statsmodels) is imported where used: params.load imports this
 
@@ -388,12 +389,7 @@ def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
 def policy_table(names=None) -> pl.DataFrame:
     """How each scheduler would run in vLLM (mode and how), for every registered scheduler."""
     if names is None:
-        try:
-            from .. import schedulers
-
-            names = list(schedulers.SCHEDULERS)
-        except ImportError:
-            names = ["fcfs", "sarathi", *replay.FALLBACK_STATIC, *replay.DYNAMIC]
+        names = list(schedulers.SCHEDULERS)
     rows = [dataclasses.asdict(replay.engine_policy(n)) for n in names]
     return pl.DataFrame(rows).rename({"name": "scheduler", "mode": "vllm_mode", "note": "how / why not"})
 

@@ -7,7 +7,8 @@ from typing import Mapping
 import numpy as np
 import polars as pl
 
-from .. import figures
+from .. import figures, metrics
+from ..errors import ParameterError
 from ..sources import label
 from .cases import Case
 from .verdict import window_values
@@ -15,10 +16,8 @@ from .verdict import window_values
 
 def _unit(metric: str) -> str:
     try:
-        from .. import metrics
-
         return metrics.metric(metric).unit
-    except Exception:  # noqa: BLE001 - a label, never fatal
+    except ParameterError:  # not a registered metric: no unit in the label
         return ""
 
 
@@ -48,5 +47,8 @@ def case_figure(case: Case, engine_runs: pl.DataFrame, provenance: Mapping[str, 
         ax.set_title(label(src, provenance.get(src, "real")))
         ax.legend(loc="best")
     fig.suptitle(f"{case.kind}: {case.a} vs {case.b} at {case.region}, one point per window")
-    paths = figures.save(fig, f"08_gpu_validation/{case.kind}_{case.a}_vs_{case.b}", figures_dir)
+    paths = figures.save(fig, f"08_gpu_validation/{case.kind}_{case.a}_vs_{case.b}", figures_dir,
+                         description=f"{case.kind} case: {case.metric} of {case.a} vs {case.b} at region "
+                                     f"{case.region}, one point per replayed window (vLLM measured, simulator "
+                                     "re-run on the fitted profile)")
     return fig, paths

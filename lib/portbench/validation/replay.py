@@ -54,6 +54,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import polars as pl
 
+from .. import schedulers
 from ..errors import PortbenchError
 
 # vLLM versions this harness was written against and tested with (the same source release; the CPU
@@ -161,15 +162,8 @@ class EnginePolicy:
 
 def static_priority_names() -> tuple[str, ...]:
     """Schedulers vLLM runs through ``scheduling_policy="priority"`` (``schedulers.VLLM_STATIC_PRIORITY``)."""
-    try:
-        from .. import schedulers
-    except ImportError:
-        return FALLBACK_STATIC
-    return tuple(getattr(schedulers, "VLLM_STATIC_PRIORITY", FALLBACK_STATIC))
+    return tuple(schedulers.VLLM_STATIC_PRIORITY)
 
-
-# Used only while portbench.schedulers is not part of the build (its VLLM_STATIC_PRIORITY wins).
-FALLBACK_STATIC = ("sjf_prompt", "sjf_oracle", "sjf_predicted", "edf", "ltr", "random")
 
 # Dynamic policies: their key changes while a request runs, and they preempt running requests for
 # waiting ones. vLLM's priority policy only orders the waiting queue by a key fixed at arrival and
