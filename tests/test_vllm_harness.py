@@ -153,6 +153,9 @@ def test_metrics_come_from_the_shared_metric_function(replays):
         assert m["throughput_tok_s"] == pytest.approx(rec["output_tokens"].sum() / HORIZON_S)
 
 
+ABORT_LAG_STEPS = 4
+
+
 def test_iterations_are_recorded_and_a_profile_is_fitted(replays, tmp_path):
     from portbench import profiles
     from portbench.validation import verdict
@@ -167,8 +170,10 @@ def test_iterations_are_recorded_and_a_profile_is_fitted(replays, tmp_path):
             prompts += int(LONG["prompt_tokens"].sum())
             decodes += int((long_gen - 1).sum())
         assert int(it["prefill_tokens"].sum()) == prompts, mode
-        # the aborted request may have one more iteration in flight when the abort lands
-        assert decodes <= int(it["decode_seqs"].sum()) <= decodes + 1, mode
+        # The abort travels from the client to the engine-core process asynchronously: until it lands the
+        # core keeps decoding the aborted request, one step per iteration (up to 2 steps seen on a loaded
+        # 2-core machine). Those steps produce tokens nobody receives; allow a few, never fewer than needed.
+        assert decodes <= int(it["decode_seqs"].sum()) <= decodes + ABORT_LAG_STEPS, mode
         assert (it["iteration_s"] > 0).all() and (it["num_reqs"] <= 1).all()
     rows = pl.concat([replays[m]["iterations"] for m in ("fcfs", "priority")])
     prof = verdict.fit_engine_profile(rows, profiles.get_profile(profiles.DEFAULT_PROFILE), "vllm_cpu_tiny")
