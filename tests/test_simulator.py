@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from portbench import regions, schedulers, simulator
+from portbench import profiles, regions, schedulers, simulator
 from portbench.errors import ConservationError, DataError, ParameterError
 
 REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9, "overload": 1.2,
@@ -23,46 +23,17 @@ REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0
 SLO = {"ttft_s": 2.0, "tpot_s": 0.1}
 
 
-@dataclass(frozen=True)
-class StubProfile:
-    """A local stand-in with the Profile contract's fields (linear cost model, round numbers)."""
-
-    name: str = "stub"
-    c0_s: float = 0.01
-    c_prefill_s: float = 0.001
-    c_decode_s: float = 0.002
-    c_kv_s: float = 0.0001
-    block_size: int = 16
-    kv_capacity_blocks: int = 1000
-    max_num_seqs: int = 256
-    max_batched_tokens: int = 512
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.kv_capacity_blocks * self.block_size
-
-    def iteration_time(self, prefill_tokens, decode_seqs, context_tokens):
-        t = (self.c0_s + self.c_prefill_s * np.asarray(prefill_tokens, dtype=float)
-             + self.c_decode_s * np.asarray(decode_seqs, dtype=float)
-             + self.c_kv_s * np.asarray(context_tokens, dtype=float))
-        return float(t) if np.ndim(t) == 0 else t
-
-    def isolated_service_s(self, prompt_tokens, output_tokens):
-        p = np.asarray(prompt_tokens, dtype=float)
-        k = np.asarray(output_tokens, dtype=float) - 1.0
-        t = (self.c0_s + (self.c_prefill_s + self.c_kv_s) * p
-             + k * (self.c0_s + self.c_decode_s + self.c_kv_s * p) + self.c_kv_s * k * (k + 1) / 2)
-        return float(t) if np.ndim(t) == 0 else t
+def StubProfile(**fields) -> profiles.Profile:
+    """A real :class:`portbench.profiles.Profile` with round numbers (linear: no floor), for hand arithmetic."""
+    base = dict(name="round", gpu="test", model="test", kv_capacity_blocks=1000, c0_s=0.01, c_prefill_s=0.001,
+                c_decode_s=0.002, c_kv_s=0.0001, max_num_seqs=256, max_batched_tokens=512,
+                provenance={"note": "round numbers for hand-computed tests"})
+    return profiles.Profile(**(base | fields))
 
 
-def real_profile():
-    """The study's default profile (profiles.py), or the stub while it is missing."""
-    try:
-        from portbench import profiles
-        return profiles.get_profile(getattr(profiles, "DEFAULT_PROFILE", "a100_40gb_llama2_7b"))
-    except Exception:  # pragma: no cover - only before profiles.py exists
-        return StubProfile(kv_capacity_blocks=2800, c0_s=0.0035, c_prefill_s=6.4e-5, c_decode_s=6.5e-5,
-                           c_kv_s=4.4e-7)
+def real_profile() -> profiles.Profile:
+    """The study's default profile."""
+    return profiles.get_profile(profiles.DEFAULT_PROFILE)
 
 
 def window(arrival, prompt, output, tenant=None) -> pl.DataFrame:
@@ -385,12 +356,13 @@ def test_unknown_scheduler_and_bad_windows():
 
 def test_profile_must_be_affine_in_context():
     @dataclass(frozen=True)
-    class Quadratic(StubProfile):
+    class Quadratic(profiles.Profile):
         def iteration_time(self, prefill_tokens, decode_seqs, context_tokens):
             return super().iteration_time(prefill_tokens, decode_seqs, context_tokens) + 1e-9 * context_tokens ** 2
 
+    quadratic = Quadratic(**dataclasses.asdict(StubProfile()))
     with pytest.raises(ParameterError) as e:
-        simulator.simulate(window([0], [10], [2]), "fcfs", Quadratic(), horizon_s=1, seed=0)
+        simulator.simulate(window([0], [10], [2]), "fcfs", quadratic, horizon_s=1, seed=0)
     assert "affine" in e.value.expected
 
 
