@@ -160,9 +160,11 @@ def test_top1_change_is_detected_on_a_crafted_table_and_not_on_a_consistent_one(
 
 # --------------------------------------------------------------------------- bootstrap CIs
 
-def test_bootstrap_ci_of_cross_source_tau_equals_scipy_on_every_resample(params_for):
-    """End-to-end spot-check: rebuild the resamples and compute tau with scipy on each."""
-    P = params_for(small_runs(skill=None), **{"analysis.bootstrap": 150})
+@pytest.mark.parametrize("tol", [0.0, 0.01])
+def test_bootstrap_ci_of_cross_source_tau_equals_scipy_on_every_resample(params_for, tol):
+    """End-to-end spot-check: rebuild the resamples, rank each one (practically tied ranks, one vector at a
+    time) and compute tau with scipy on each."""
+    P = params_for(small_runs(skill=None), **{"analysis.bootstrap": 150, "analysis.rank_tolerance": tol})
     A = analysis.compute(P)
     cube = analysis.build_cube(analysis.load_runs(P), P)
     r, m = cube.regions.index("overload"), cube.metrics.index("e2e_mean")
@@ -170,15 +172,21 @@ def test_bootstrap_ci_of_cross_source_tau_equals_scipy_on_every_resample(params_
     for s in ("azure", "bailian"):
         idx = stats.bootstrap_indices(len(cube.windows[s]), 150, analysis._source_rng(0, s))
         boot[s] = stats.bootstrap_means(cube.oriented(s)[r, m], idx)             # (K, B)
+
+    def rank(v):
+        return stats.tolerant_ranks(v, tol)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        taus = np.array([st.kendalltau(boot["azure"][:, b], boot["bailian"][:, b]).statistic for b in range(150)])
+        taus = np.array([st.kendalltau(rank(boot["azure"][:, b]), rank(boot["bailian"][:, b])).statistic
+                         for b in range(150)])
     row = A["cross_source_tau"].filter((pl.col("region") == "overload") & (pl.col("metric") == "e2e_mean")
                                        & (pl.col("source_1") == "azure") & (pl.col("source_2") == "bailian"))
     lo, hi = np.nanquantile(taus, [0.025, 0.975])
     assert row["ci_low"][0] == pytest.approx(lo) and row["ci_high"][0] == pytest.approx(hi)
+    assert row["n_boot_valid"][0] == np.sum(~np.isnan(taus))
     means = {s: np.nanmean(cube.oriented(s)[r, m], axis=-1) for s in ("azure", "bailian")}
-    assert row["tau"][0] == pytest.approx(st.kendalltau(means["azure"], means["bailian"]).statistic)
+    assert row["tau"][0] == pytest.approx(st.kendalltau(rank(means["azure"]), rank(means["bailian"])).statistic)
 
 
 def test_kendall_w_across_sources_matches_the_rankings_table(params_for):
@@ -205,8 +213,14 @@ def test_summary_json_has_the_required_keys_and_agrees_with_the_tables(params_fo
                 "by_metric", "by_scheduler_pair", "by_source_pair", "most_dramatic"):
         assert key in rv, key
     assert {"mean_tau", "top1_change_rate", "conditions"} <= set(on_disk["cross_metric"])
-    for key in ("alpha", "delta", "correction", "family", "bootstrap"):
+    for key in ("alpha", "delta", "correction", "family", "bootstrap", "rank_tolerance", "tied_ranks"):
         assert key in on_disk["parameters"]
+    assert on_disk["parameters"]["rank_tolerance"] == 0.01 and "0.01" in on_disk["parameters"]["tied_ranks"]
+    assert {"conditions_with_new_ties", "all_tied", "tie_groups", "chained_groups", "max_group_spread"} \
+        <= set(on_disk["rank_ties"])
+    sens = on_disk["cross_source"]["by_rank_tolerance"]
+    assert [v["rank_tolerance"] for v in sens.values()] == [0.0, 0.005, 0.01, 0.02]
+    assert sens["0.01"]["chosen"] and sens["0.01"]["value"] == on_disk["cross_source"]["mean_tau"]["value"]
     assert on_disk["provenance"]["azure"]["provenance"] == "real"
     assert on_disk["provenance"]["burstgpt"]["label"] == "BurstGPT (stand-in)"
 
@@ -273,10 +287,93 @@ def test_missing_columns_and_mixed_provenance_are_clear_errors(params_for):
 
 @pytest.mark.parametrize("key,value", [("alpha", 1.5), ("delta", -0.1), ("correction", "bonferroni"),
                                        ("family", "per_pair"), ("bootstrap", -1), ("metrics", ["nope"]),
-                                       ("cd_conditions", ["azure/busy"]), ("headline_metrics", ["nope"])])
+                                       ("cd_conditions", ["azure/busy"]), ("headline_metrics", ["nope"]),
+                                       ("rank_tolerance", 1.0), ("rank_tolerance", -0.01), ("rank_tolerance", "1%"),
+                                       ("rank_tolerance", True), ("rank_tolerance", None),
+                                       ("rank_tolerance", float("nan"))])
 def test_bad_analysis_parameters_are_rejected(tmp_params, key, value):
     with pytest.raises(ParameterError, match=f"analysis.{key}"):
         tmp_params("papermill_params/default.yaml", **{f"analysis.{key}": value})
+
+
+def test_rank_tolerance_parameter_default_and_accepted_values(tmp_params):
+    assert analysis.settings(tmp_params("papermill_params/default.yaml"))["rank_tolerance"] == 0.01
+    for ok in (0, 0.0, 0.05, 0.999):
+        P = tmp_params("papermill_params/default.yaml", **{"analysis.rank_tolerance": ok})
+        assert analysis.settings(P)["rank_tolerance"] == float(ok)
+
+
+# --------------------------------------------------------------------------- practically tied ranks
+
+def test_negligible_differences_are_ties_not_disagreements(params_for):
+    """Azure: the schedulers differ by ~1e-5 (relative) in one condition; BurstGPT and Bailian: by ~20%, in
+    the opposite / the same order. Exact ranks call Azure vs BurstGPT a complete disagreement (tau = -1);
+    at tolerance 0.01 Azure's ranking is all ties, so tau is undefined (n/a), not a disagreement."""
+    order = ("fcfs", "sarathi", "sjf_oracle", "las")
+    effects = ([planted.Effect(k, "azure", "busy", "e2e_mean", 1e-5 * i) for i, k in enumerate(order)]
+               + [planted.Effect(k, "burstgpt", "busy", "e2e_mean", -0.2 * i) for i, k in enumerate(order)]
+               + [planted.Effect(k, "bailian", "busy", "e2e_mean", -0.2 * i) for i, k in enumerate(order)])
+    df = planted.make_runs(schedulers=SCHEDS, regions=REGIONS, metrics=METRICS, n_windows=20, replicates=2,
+                           effects=effects, skill=EQUAL, noise_sd=0.0, replicate_sd=0.0)  # only the planted differences
+
+    def cell(A, table, **keys):
+        t = A[table]
+        for k, v in keys.items():
+            t = t.filter(pl.col(k) == v)
+        return t
+
+    exact = analysis.compute(params_for(df, **{"analysis.rank_tolerance": 0.0}))
+    tol = analysis.compute(params_for(df, **{"analysis.rank_tolerance": 0.01}))
+    az = dict(region="busy", metric="e2e_mean", source="azure")
+    rk0 = cell(exact, "rankings", **az).sort("scheduler")
+    rel = rk0["mean"].max() / rk0["mean"].min() - 1
+    assert 1e-6 < rel < 1e-4                                               # a negligible but real difference
+    assert sorted(rk0["rank"]) == [1.0, 2.0, 3.0, 4.0]                     # exact ranks order it
+    assert cell(tol, "rankings", **az)["rank"].to_list() == [2.5] * 4      # tied at 1%
+    assert cell(tol, "rankings", **az)["n_tied"].to_list() == [4] * 4
+
+    pair = dict(region="busy", metric="e2e_mean", source_1="azure", source_2="burstgpt")
+    assert cell(exact, "cross_source_tau", **pair)["tau"][0] == pytest.approx(-1.0)   # spurious disagreement
+    t = cell(tol, "cross_source_tau", **pair).row(0, named=True)
+    assert np.isnan(t["tau"]) and t["n_boot_valid"] == 0                 # undefined, in every resample too
+    ok = dict(region="busy", metric="e2e_mean", source_1="burstgpt", source_2="bailian")
+    assert cell(tol, "cross_source_tau", **ok)["tau"][0] == pytest.approx(1.0)        # 20% differences kept
+    assert cell(exact, "cross_source_tau", **ok)["tau"][0] == pytest.approx(1.0)
+    assert np.isnan(cell(tol, "cross_source_w", region="busy", metric="e2e_mean")["W"][0])
+
+    # counted as undefined, not averaged; the sensitivity recomputes the exact-rank mean
+    cs = tol.summary["cross_source"]
+    tau_tab = tol["cross_source_tau"]["tau"].to_numpy()
+    assert cs["mean_tau"]["undefined"] == int(np.isnan(tau_tab).sum())
+    assert cs["by_rank_tolerance"]["0"]["value"] == exact.summary["cross_source"]["mean_tau"]["value"]
+    assert cs["by_rank_tolerance"]["0"]["undefined"] == exact.summary["cross_source"]["mean_tau"]["undefined"]
+    assert cs["by_rank_tolerance"]["0.01"]["value"] == cs["mean_tau"]["value"]
+    # top-1: every Azure scheduler is tied for best at 1% (all tied: left out of the winner counts)
+    top = cell(tol, "top1", **az).row(0, named=True)
+    assert top["n_tied"] == 4 and top["winner"] == "+".join(SCHEDS)
+    assert cell(exact, "top1", **az)["n_tied"][0] == 1
+    # the reversal tests and Friedman do not use the rank tolerance
+    assert tol["reversals"].equals(exact["reversals"]) and tol["friedman"].equals(exact["friedman"])
+    assert tol["avg_ranks"].equals(exact["avg_ranks"])
+    assert tol.summary["rank_ties"]["all_tied"]["value"] >= tol.summary["rank_ties"]["all_tied"]["exact"] + 1
+
+
+def test_tolerance_zero_reproduces_the_exact_rank_analysis(params_for):
+    """rank_tolerance = 0 gives the ranks of scipy.stats.rankdata and tau on the raw means (exact ties only)."""
+    df = small_runs(skill=None)
+    A = analysis.compute(params_for(df, **{"analysis.rank_tolerance": 0.0}))
+    cube = analysis.build_cube(df, params_for(df))
+    for s in cube.sources:
+        means = np.nanmean(cube.oriented(s), axis=-1)
+        rk = A["rankings"].filter(pl.col("source") == s)["rank"].to_numpy().reshape(means.shape)
+        assert np.array_equal(rk, st.rankdata(-means, axis=-1))
+    t = A["cross_source_tau"].filter((pl.col("source_1") == "azure") & (pl.col("source_2") == "bailian"))
+    ma = np.nanmean(cube.oriented("azure"), axis=-1)
+    mb = np.nanmean(cube.oriented("bailian"), axis=-1)
+    ref = [st.kendalltau(ma[r, m], mb[r, m]).statistic for r in range(len(cube.regions))
+           for m in range(len(cube.metrics))]
+    assert np.allclose(t["tau"].to_numpy(), ref, equal_nan=True)
+    assert list(A.summary["cross_source"]["by_rank_tolerance"]) == ["0"]
 
 
 @pytest.mark.slow

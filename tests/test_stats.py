@@ -251,3 +251,130 @@ def test_nemenyi_matrix_and_critical_difference():
     assert nm.loc["a", "d"] < 0.05 < nm.loc["a", "b"]
     # Demsar (2006), Table 5: q_0.05 = 2.569 for k = 4 -> CD = 2.569 * sqrt(4*5 / (6*30))
     assert stats.nemenyi_cd(4, 30) == pytest.approx(2.569 * np.sqrt(20 / 180), rel=1e-3)
+
+
+# --------------------------------------------------------------------------- practically tied ranks
+
+def _rel(a, b):
+    scale = (abs(a) + abs(b)) / 2.0
+    return abs(a - b) / scale if scale > 0 else 0.0
+
+
+def _reference_tolerant_ranks(v, tol):
+    """Plain per-vector reference: sort best first, start a new group at every gap >= tol, average ranks."""
+    v = [float(x) for x in v]
+    if any(np.isnan(x) for x in v):
+        return [np.nan] * len(v)
+    order = sorted(range(len(v)), key=lambda i: -v[i])
+    groups = []
+    for i in order:
+        if groups and (v[groups[-1][-1]] == v[i] or _rel(v[groups[-1][-1]], v[i]) < tol):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    ranks, pos = [0.0] * len(v), 1
+    for g in groups:
+        for i in g:
+            ranks[i] = pos + (len(g) - 1) / 2
+        pos += len(g)
+    return ranks
+
+
+def _near_ties(rng, shape):
+    """Values with planted exact ties, near-ties (relative 1e-5 .. 2e-2), chains, zeros and negatives."""
+    base = rng.choice([1.0, 3.3, 250.0, 0.02], size=shape[:-1] + (1,))
+    rel = rng.choice([0.0, 1e-5, 3e-3, 8e-3, 0.0099, 0.0101, 0.015, 0.05, 0.3], size=shape)
+    x = base * np.cumprod(1 + rel, axis=-1)                         # chains of small gaps
+    x = rng.permuted(x, axis=-1)
+    flat = x.reshape(-1, shape[-1])
+    flat[::7, 0] = 0.0                                            # zeros
+    flat[::11, :2] = 0.0                                          # two zeros: an exact tie at 0
+    flat[::5] *= -1                                               # negative (oriented lower-is-better) values
+    if shape[-1] >= 3:
+        flat[::13, 1] = -flat[::13, 2]                            # opposite signs
+    return x
+
+
+def test_tolerant_ranks_hand_cases():
+    # tolerance 0 = exact ties only, as ranks_best_first
+    assert list(stats.tolerant_ranks(stats.orient([3.0, 1.0, 2.0, 2.0], "lower"), 0.0)) == [4.0, 1.0, 2.5, 2.5]
+    # 100 and 100.5 differ by 0.5 / 100.25 < 1%: tied for best
+    assert list(stats.tolerant_ranks([100.0, 100.5, 50.0, 0.0], 0.01)) == [1.5, 1.5, 3.0, 4.0]
+    # a gap of exactly the tolerance starts a new group; just below it, tied
+    assert list(stats.tolerant_ranks([101.0, 99.0], 0.02)) == [1.0, 2.0]
+    assert list(stats.tolerant_ranks([101.0, 99.0], 0.0201)) == [1.5, 1.5]
+    # zeros: two zeros tie exactly; 0 vs a tiny positive value is a relative gap of 2 (never tied)
+    assert list(stats.tolerant_ranks([0.0, 0.0, 1e-12, 5.0], 0.01)) == [3.5, 3.5, 2.0, 1.0]
+    assert list(stats.tolerant_ranks([0.0, 0.0, 0.0], 0.5)) == [2.0, 2.0, 2.0]
+    # negative (oriented lower-is-better) values: latencies 3.0 and 3.0001 tie, 1.0 is best
+    lat = np.array([3.0, 3.0001, 1.0])
+    assert list(stats.tolerant_ranks(stats.orient(lat, "lower"), 0.01)) == [2.5, 2.5, 1.0]
+    assert list(stats.tolerant_ranks(stats.orient(lat, "higher"), 0.01)) == [1.5, 1.5, 3.0]
+    assert list(stats.tolerant_ranks([-0.001, 0.001], 0.5)) == [2.0, 1.0]     # opposite signs: gap 2
+    # all tied within the tolerance
+    assert list(stats.tolerant_ranks([1.0, 1.001, 0.999], 0.01)) == [2.0, 2.0, 2.0]
+    # chain: 1.000, 1.008, 1.016 have gaps < 1% but span 1.6% end to end: single linkage ties all three
+    x = [1.0, 1.008, 1.016, 2.0]
+    assert list(stats.tolerant_ranks(x, 0.01)) == [3.0, 3.0, 3.0, 1.0]
+    spread = stats.tie_group_spread(x, 0.01)
+    assert spread[0] == spread[1] == spread[2] == pytest.approx(0.016 / 1.008) and spread[3] == 0.0
+    assert spread[0] >= 0.01                                        # wider than the tolerance
+    # a missing value: the slice gets NaN ranks; other slices are unaffected (any axis)
+    r = stats.tolerant_ranks(np.array([[1.0, np.nan], [2.0, 2.01], [3.0, 1.0]]), 0.01, axis=0)
+    assert np.isnan(r[:, 1]).all() and list(r[:, 0]) == [3.0, 2.0, 1.0]
+
+
+def test_tolerant_ranks_vectorised_equals_the_per_vector_reference():
+    rng = np.random.default_rng(12)
+    for tol in (0.0, 0.005, 0.01, 0.02, 0.5):
+        for n in (1, 2, 5, 13):
+            x = _near_ties(rng, (40, 6, n))                          # leading axes (40, 6)
+            x[3, 2, 0] = np.nan
+            vec = stats.tolerant_ranks(x, tol)
+            for idx in np.ndindex(x.shape[:-1]):
+                assert np.array_equal(vec[idx], _reference_tolerant_ranks(x[idx], tol), equal_nan=True), (tol, x[idx])
+            # the same along another axis (the bootstrap ranks along axis 2 of (R, M, K, B))
+            xs = np.moveaxis(x, -1, 1)                               # (40, n, 6)
+            assert np.array_equal(stats.tolerant_ranks(xs, tol, axis=1), np.moveaxis(vec, -1, 1), equal_nan=True)
+    # the planted near-ties produce real ties and chains at 1%
+    x = _near_ties(np.random.default_rng(13), (500, 13))
+    r = stats.tolerant_ranks(x, 0.01)
+    assert np.mean([len(np.unique(row)) < 13 for row in r]) > 0.5
+    assert (stats.tie_group_spread(x, 0.01) >= 0.01).any()
+
+
+def test_tolerance_zero_reproduces_the_exact_ranks():
+    rng = np.random.default_rng(14)
+    for x in (rng.integers(0, 4, (300, 9)).astype(float), rng.normal(size=(300, 9)), _near_ties(rng, (300, 9)),
+              rng.integers(-3, 3, (7, 5, 4, 30)).astype(float)):
+        for axis in range(x.ndim):
+            assert np.array_equal(stats.tolerant_ranks(x, 0.0, axis=axis), stats.ranks_best_first(x, axis=axis))
+    x = rng.normal(size=(4, 6))
+    x[1, 2] = np.nan
+    assert np.array_equal(stats.tolerant_ranks(x, 0.0), stats.ranks_best_first(x), equal_nan=True)
+    with pytest.raises(ValueError):
+        stats.tolerant_ranks(x, -0.1)
+
+
+def _old_top1_mask(x, axis=-1):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return x == np.nanmax(x, axis=axis, keepdims=True)
+
+
+def test_top1_mask_with_a_tolerance():
+    x = np.array([[10.0, 10.05, 9.0, np.nan],     # 10 and 10.05 tied for best at 1%
+                  [10.0, 10.2, 9.0, 10.19],       # 10.2 and 10.19 tied; 10.0 is 1.9% below 10.19: not
+                  [np.nan] * 4])
+    m = stats.top1_mask(x, tolerance=0.01)
+    assert m.tolist() == [[True, True, False, False], [False, True, False, True], [False] * 4]
+    rng = np.random.default_rng(15)
+    for y in (rng.integers(0, 3, (200, 3, 6)).astype(float), _near_ties(rng, (200, 3, 6))):
+        y[5, 1, 2] = np.nan
+        for axis in (-1, 1):
+            assert np.array_equal(stats.top1_mask(y, axis=axis), _old_top1_mask(y, axis=axis))
+        # with a tolerance, the winners are the schedulers of rank-1 group (the group of the best mean)
+        r = stats.tolerant_ranks(y, 0.01)
+        ok = ~np.isnan(y).any(axis=-1)
+        best_group = r == np.min(r, axis=-1, keepdims=True)
+        assert np.array_equal(stats.top1_mask(y, tolerance=0.01)[ok], best_group[ok])

@@ -7,7 +7,12 @@ first: the window is the unit of pairing and of resampling.
 What is computed (see :data:`COLUMNS` for every column of every table):
 
 * **rankings** — per (source, region, metric): each scheduler's mean over windows and its rank
-  (1 = best, direction from the metric registry, ties averaged).
+  (1 = best, direction from the metric registry, ties averaged). Ranks are *practically tied*
+  (``analysis.rank_tolerance``, :func:`portbench.stats.tolerant_ranks`): sorted best first, a new
+  tie group starts wherever the relative gap to the previous mean is at least the tolerance, so
+  means that differ negligibly share a rank. Every ranking-based statistic below (tau, W, top-1,
+  SLO sensitivity, bump charts, winners) uses these ranks, in the bootstrap too; the reversal
+  tests and Friedman / Nemenyi do not (they work on per-window values).
 * **cross_source_tau / cross_source_w** — Kendall tau-b between the rankings of two sources (same
   region and metric) with a 95% percentile-bootstrap CI, and Kendall's W across all sources.
 * **cross_region_tau / cross_region_w** — the same between operating regions, per source and metric.
@@ -77,7 +82,8 @@ _KEYS = {
     "scheduler": "scheduling policy",
 }
 _TAU = {
-    "tau": "Kendall tau-b between the two rankings (scipy.stats.kendalltau); NaN if a ranking is all ties",
+    "tau": "Kendall tau-b between the two rankings (scipy.stats.kendalltau on the practically tied ranks, "
+           "analysis.rank_tolerance); NaN if a ranking is all ties",
     "ci_low": "2.5th percentile of tau over the bootstrap resamples (windows resampled within each source)",
     "ci_high": "97.5th percentile of tau over the bootstrap resamples",
     "n_items": "number of schedulers ranked",
@@ -105,7 +111,9 @@ COLUMNS: dict[str, dict[str, str]] = {
         "mean": "mean of the per-window values over windows (metric's unit)",
         "sd": "standard deviation of the per-window values over windows",
         "n_windows": "windows with a value",
-        "rank": "rank of the mean among the schedulers, 1 = best (ties averaged)",
+        "rank": "rank of the mean among the schedulers, 1 = best; means within analysis.rank_tolerance "
+                "(relative gap to the next-better mean, chained) are tied and share the average rank",
+        "n_tied": "schedulers sharing this rank (size of the tie group; 1 = not tied)",
         "ci_low": "2.5th percentile of the mean over the bootstrap resamples",
         "ci_high": "97.5th percentile of the mean over the bootstrap resamples",
     },
@@ -170,16 +178,16 @@ COLUMNS: dict[str, dict[str, str]] = {
         "ci_low": "2.5th percentile of mean_tau over the bootstrap resamples",
         "ci_high": "97.5th percentile of mean_tau over the bootstrap resamples",
         "n_metric_pairs": "metric pairs with a defined tau",
-        "top1_changes": "no scheduler is best (or tied best) under every metric",
+        "top1_changes": "no scheduler is best (or tied best, within rank_tolerance) under every metric",
         "common_winners": "schedulers best under every metric ('' if none)",
         "n_distinct_winners": "distinct schedulers that are best under at least one metric",
     },
     "top1": {
         "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
         "metric": _KEYS["metric"], "winner": "best scheduler(s), '+'-joined when tied",
-        "n_tied": "how many schedulers share the best mean",
+        "n_tied": "how many schedulers are tied for best (the best tie group, within rank_tolerance)",
         "runner_up": "best scheduler among the others",
-        "margin_rel": "relative effect between winner and runner-up means",
+        "margin_rel": "relative effect between the best winner's mean and the runner-up's",
     },
     "slo_tau": {
         "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
@@ -190,7 +198,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "W": "Kendall's W across the SLO definitions' rankings",
         "ci_low": "2.5th percentile of W over the bootstrap resamples",
         "ci_high": "97.5th percentile of W over the bootstrap resamples",
-        "top1_changes": "no scheduler is best under every SLO definition",
+        "top1_changes": "no scheduler is best (or tied best, within rank_tolerance) under every SLO definition",
         "winners": "best scheduler under each SLO definition, 'slo=winner; ...'",
     },
     "friedman": {
@@ -282,6 +290,11 @@ def validate_params(P: dict) -> None:
             if regions:
                 check_choice(f"analysis.cd_conditions[{i}] region", parts[1], regions)
             check_choice(f"analysis.cd_conditions[{i}] metric", parts[2], names)
+    tol = a.get("rank_tolerance", 0.01)
+    if (not isinstance(tol, (int, float)) or isinstance(tol, bool) or not math.isfinite(tol)
+            or not 0 <= tol < 1):
+        raise ParameterError("analysis.rank_tolerance", tol,
+                             "a relative difference in [0, 1) (0.01 = means within 1% are tied; 0 = exact ties only)")
     rf = a.get("runs_file")
     if rf is not None and not isinstance(rf, str):
         raise ParameterError("analysis.runs_file", rf, "null or a path to a runs parquet file")
@@ -305,6 +318,7 @@ def settings(P: dict) -> dict:
         "family": a.get("family", "all"),
         "bootstrap": int(a.get("bootstrap", 1000)),
         "seed": int(a.get("seed", 0)),
+        "rank_tolerance": float(a.get("rank_tolerance", 0.01)),
         "ci_level": stats.CI_LEVEL,
         "metrics": a.get("metrics", "all"),
         "headline_metrics": list(a.get("headline_metrics") or []),
@@ -586,17 +600,19 @@ def compute(P: dict, runs: pl.DataFrame | None = None, *, progress: bool = False
 
     tables: dict[str, pl.DataFrame] = {}
     tables["window_values"] = _window_values_table(cube)
-    tables["rankings"] = _rankings_table(cube, means, boot)
+    tol = cfg["rank_tolerance"]
+    tables["rankings"] = _rankings_table(cube, means, boot, tol)
+    ties = _rank_ties(cube, means, tol)
     tick("rankings")
-    cs = _cross_source(cube, means, boot, tables)
+    cs = _cross_source(cube, means, boot, tables, tol)
     tick("cross_source")
-    cr = _cross_region(cube, means, boot, tables)
+    cr = _cross_region(cube, means, boot, tables, tol)
     tick("cross_region")
     rv = _reversals(cube, cfg, tables)
     tick("reversals")
-    cm = _cross_metric(cube, means, boot, tables)
+    cm = _cross_metric(cube, means, boot, tables, tol)
     tick("cross_metric")
-    slo = _slo_sensitivity(cube, means, boot, tables)
+    slo = _slo_sensitivity(cube, means, boot, tables, tol)
     tick("slo_sensitivity")
     fr = _friedman(cube, cfg, tables, rv)
     tick("friedman")
@@ -604,7 +620,8 @@ def compute(P: dict, runs: pl.DataFrame | None = None, *, progress: bool = False
     summary = {
         "schema": SCHEMA,
         "parameters": {**{k: cfg[k] for k in ("alpha", "delta", "correction", "family", "bootstrap",
-                                              "seed", "ci_level")},
+                                              "seed", "ci_level", "rank_tolerance")},
+                       "tied_ranks": tied_ranks_definition(tol),
                        "bootstrap_scheme": "percentile bootstrap; windows resampled with replacement "
                                            "within each source, one index matrix per source shared by "
                                            "every scheduler, region and metric",
@@ -620,7 +637,7 @@ def compute(P: dict, runs: pl.DataFrame | None = None, *, progress: bool = False
                  "n_windows": {s: len(cube.windows[s]) for s in cube.sources},
                  "rho": {r: _num(cube.rho[r]) for r in cube.regions},
                  "directions": dict(zip(cube.metrics, cube.directions)), "notes": cube.notes},
-        "cross_source": cs, "cross_region": cr, "reversals": rv, "cross_metric": cm,
+        "rank_ties": ties, "cross_source": cs, "cross_region": cr, "reversals": rv, "cross_metric": cm,
         "slo_sensitivity": slo, "friedman": fr, "figures": [],
     }
     timings["total"] = round(time.perf_counter() - t0, 3)
@@ -647,7 +664,23 @@ def _window_values_table(cube: Cube) -> pl.DataFrame:
     return pl.concat(frames).select(cols)
 
 
-def _rankings_table(cube: Cube, means, boot) -> pl.DataFrame:
+def tied_ranks_definition(tol: float) -> str:
+    """How scheduler means are ranked (for summary.json and the notebooks' method text)."""
+    base = ("schedulers are ranked by their mean over windows, 1 = best (direction from the metric registry); "
+            "tied schedulers share the average of the ranks they span")
+    if tol == 0:
+        return base + "; rank_tolerance = 0: only exactly equal means are tied"
+    return (base + f"; practically tied ranks with rank_tolerance = {tol:g}: sorted best first, a new tie group "
+            f"starts wherever the relative gap |x - y| / ((|x| + |y|) / 2) to the next-better mean is at least "
+            f"{tol:g} ({100 * tol:g}%), so means closer than that are tied (single linkage: a chain of small gaps "
+            "can tie means that differ by more than the tolerance end to end; see rank_ties)")
+
+
+def _tie_note(tol: float) -> str:
+    return "exact ranks" if tol == 0 else f"means within {100 * tol:g}% tied"
+
+
+def _rankings_table(cube: Cube, means, boot, tol: float) -> pl.DataFrame:
     frames = []
     for s in cube.sources:
         raw = cube.values[s]
@@ -656,13 +689,14 @@ def _rankings_table(cube: Cube, means, boot) -> pl.DataFrame:
             mean = np.nanmean(raw, axis=-1)
             sd = np.nanstd(raw, axis=-1, ddof=1) if raw.shape[-1] > 1 else np.full(mean.shape, np.nan)
         n = (~np.isnan(raw)).sum(axis=-1)
-        rank = stats.ranks_best_first(means[s], axis=-1)
+        rank = stats.tolerant_ranks(means[s], tol, axis=-1)
+        n_tied = np.sum(rank[..., :, None] == rank[..., None, :], axis=-1)
         if boot[s] is not None:
             lo, hi = stats.percentile_ci(boot[s] * cube.sign[None, :, None, None])
         else:
             lo = hi = np.full(mean.shape, np.nan)
         f = _frame({"region": cube.regions, "metric": cube.metrics, "scheduler": cube.schedulers},
-                   mean=mean, sd=sd, n_windows=n, rank=rank, ci_low=lo, ci_high=hi)
+                   mean=mean, sd=sd, n_windows=n, rank=rank, n_tied=n_tied, ci_low=lo, ci_high=hi)
         f = f.with_columns(pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"),
                            pl.col("region").replace_strict(cube.rho, return_dtype=pl.Float64).alias("rho"),
                            pl.col("metric").replace_strict(dict(zip(cube.metrics, cube.directions)),
@@ -671,20 +705,89 @@ def _rankings_table(cube: Cube, means, boot) -> pl.DataFrame:
     return pl.concat(frames).select(list(COLUMNS["rankings"]))
 
 
-def _boot_ranks(b):
-    return None if b is None else stats.ranks_best_first(b, axis=2)        # (R, M, K, B)
+def _boot_ranks(b, tol: float):
+    return None if b is None else stats.tolerant_ranks(b, tol, axis=2)     # (R, M, K, B)
 
 
-def _cross_source(cube: Cube, means, boot, tables) -> dict:
+def _rank_ties(cube: Cube, means, tol: float) -> dict:
+    """How often the rank tolerance ties schedulers, and how wide single linkage makes a tie group."""
+    n_cond = changed = all_tied = all_tied_exact = groups = chained = 0
+    widest, chains = None, []
+    K = np.asarray(cube.schedulers)
+    for s in cube.sources:
+        rk = stats.tolerant_ranks(means[s], tol, axis=-1)                    # (R, M, K)
+        ex = stats.ranks_best_first(means[s], axis=-1)
+        spread = stats.tie_group_spread(means[s], tol, axis=-1)
+        for r, region in enumerate(cube.regions):
+            for m, metric in enumerate(cube.metrics):
+                x = rk[r, m]
+                if np.isnan(x).any():
+                    continue
+                n_cond += 1
+                changed += bool(np.any(x != ex[r, m]))
+                all_tied += bool(np.all(x == x[0]))
+                all_tied_exact += bool(np.all(ex[r, m] == ex[r, m][0]))
+                for v in np.unique(x):
+                    members = x == v
+                    if members.sum() < 2:
+                        continue
+                    groups += 1
+                    sp = float(spread[r, m][members][0])
+                    entry = {"source": s, "region": region, "metric": metric, "spread": _num(sp),
+                             "schedulers": K[members].tolist()}
+                    if widest is None or sp > widest[0]:
+                        widest = (sp, entry)
+                    if tol > 0 and sp >= tol:
+                        chained += 1
+                        chains.append((sp, entry))
+    chains.sort(key=lambda e: -e[0])
+    note = _tie_note(tol)
+    return {
+        "definition": "ties made by the rank tolerance in the rankings of scheduler means (every source x region "
+                      f"x metric): {tied_ranks_definition(tol)}",
+        "rank_tolerance": tol,
+        "conditions_with_new_ties": _stat(changed, f"conditions whose ranking has a tie that exact ranks do not "
+                                                   f"have ({note})", n_cond,
+                                          rate=(changed / n_cond if n_cond else None)),
+        "all_tied": _stat(all_tied, f"conditions where every scheduler is tied ({note}; tau-b undefined there)",
+                          n_cond, exact=all_tied_exact),
+        "tie_groups": _stat(groups, "tie groups of two or more schedulers, over every condition", n_cond),
+        "chained_groups": _stat(chained, "tie groups whose best and worst means differ by at least the tolerance "
+                                         "(single linkage chained several smaller gaps)", groups,
+                                rate=(chained / groups if groups else None)),
+        "max_group_spread": _stat(widest[0] if widest else 0.0, "largest relative difference between the best and "
+                                  "the worst mean of one tie group", groups,
+                                  where=widest[1] if widest else None),
+        "widest_chains": [e for _, e in chains[:5]],
+    }
+
+
+def _cross_source_tau_points(cube: Cube, means, tol: float) -> np.ndarray:
+    """scipy tau-b between every source pair's practically tied rankings: (R, M, source pairs)."""
+    S, R, M = cube.sources, cube.regions, cube.metrics
+    pairs = list(combinations(range(len(S)), 2))
+    rk = {s: stats.tolerant_ranks(means[s], tol, axis=-1) for s in S}
+    tau = np.full((len(R), len(M), len(pairs)), np.nan)
+    for q, (i, j) in enumerate(pairs):
+        tau[:, :, q] = _tau_points(rk[S[i]], rk[S[j]], (len(R), len(M)))
+    return tau
+
+
+def sensitivity_tolerances(tol: float) -> list[float]:
+    """The rank tolerances of the sensitivity table: 0 (exact ranks), half, the chosen one, double."""
+    return sorted({0.0, tol / 2, tol, tol * 2})
+
+
+def _cross_source(cube: Cube, means, boot, tables, tol: float) -> dict:
     S, R, M = cube.sources, cube.regions, cube.metrics
     pairs = list(combinations(range(len(S)), 2))
     has_boot = all(boot[s] is not None for s in S)
     pair_names = [f"{S[i]}|{S[j]}" for i, j in pairs]
-    tau = np.full((len(R), len(M), len(pairs)), np.nan)
+    tau = _cross_source_tau_points(cube, means, tol)
     tau_b = np.full((len(R), len(M), len(pairs), boot[S[0]].shape[-1] if has_boot else 0), np.nan)
-    signs_b = {s: stats.pair_signs(boot[s], axis=2) for s in S} if has_boot else {}   # (R, M, B, P)
+    ranks_b = {s: _boot_ranks(boot[s], tol) for s in S} if has_boot else {}           # (R, M, K, B)
+    signs_b = {s: stats.pair_signs(ranks_b[s], axis=2) for s in S} if has_boot else {}  # (R, M, B, P)
     for q, (i, j) in enumerate(pairs):
-        tau[:, :, q] = _tau_points(means[S[i]], means[S[j]], (len(R), len(M)))
         if has_boot:
             tau_b[:, :, q, :] = stats.tau_b_from_signs(signs_b[S[i]], signs_b[S[j]])
     lo, hi = stats.percentile_ci(tau_b) if has_boot else (np.full(tau.shape, np.nan),) * 2
@@ -702,10 +805,10 @@ def _cross_source(cube: Cube, means, boot, tables) -> dict:
 
     # Kendall's W across sources
     if len(S) >= 2:
-        ranks = np.stack([stats.ranks_best_first(means[s], axis=-1) for s in S], axis=2)   # (R, M, S, K)
+        ranks = np.stack([stats.tolerant_ranks(means[s], tol, axis=-1) for s in S], axis=2)  # (R, M, S, K)
         W = stats.kendall_w(ranks)
         if has_boot:
-            rb = np.stack([_boot_ranks(boot[s]) for s in S], axis=2)                      # (R, M, S, K, B)
+            rb = np.stack([ranks_b[s] for s in S], axis=2)                                # (R, M, S, K, B)
             Wb = stats.kendall_w(np.moveaxis(rb, -1, 2))                                    # (R, M, B)
             wlo, whi = stats.percentile_ci(Wb)
         else:
@@ -718,7 +821,7 @@ def _cross_source(cube: Cube, means, boot, tables) -> dict:
         W, Wb = np.full((len(R), len(M)), np.nan), None
         tables["cross_source_w"] = _empty("cross_source_w")
 
-    defn = ("Kendall tau-b between two sources' scheduler rankings (same region and metric), "
+    defn = (f"Kendall tau-b between two sources' scheduler rankings (same region and metric; {_tie_note(tol)}), "
             "averaged over every region x metric x source pair where defined")
     tb = tau_b if has_boot else None
     out: dict = {"definition": "agreement between the scheduler rankings of different workload sources",
@@ -729,6 +832,26 @@ def _cross_source(cube: Cube, means, boot, tables) -> dict:
         return out
     v, ci, n = _mean_with_ci(tau, tb)
     out["mean_tau"] = _stat(v, defn, n, ci, undefined=int(np.isnan(tau).sum()))
+    # sensitivity to the rank tolerance (point estimates only): the mean over the conditions defined at that
+    # tolerance, and over the conditions defined at every tolerance compared (the same set for every row)
+    tols = sensitivity_tolerances(tol)
+    taus = {t: tau if t == tol else _cross_source_tau_points(cube, means, t) for t in tols}
+    common = np.all([~np.isnan(taus[t]) for t in tols], axis=0)
+
+    def _means_by_region(tt, sel):
+        return {name: _num(tt[r][sel[r]].mean()) if sel[r].any() else None for r, name in enumerate(R)}
+
+    out["by_rank_tolerance"] = {}
+    for t in tols:
+        tt = taus[t]
+        sel = ~np.isnan(tt)
+        out["by_rank_tolerance"][f"{t:g}"] = _stat(
+            float(tt[sel].mean()) if sel.any() else None,
+            f"mean tau-b as mean_tau but with rank_tolerance = {t:g} ({_tie_note(t)}); point estimate, no bootstrap",
+            int(sel.sum()), rank_tolerance=t, undefined=int((~sel).sum()), chosen=bool(t == tol),
+            by_region=_means_by_region(tt, sel),
+            common_value=float(tt[common].mean()) if common.any() else None, common_count=int(common.sum()),
+            common_by_region=_means_by_region(tt, common))
     out["by_source_pair"] = {}
     for q, name in enumerate(pair_names):
         m = np.zeros(tau.shape, bool)
@@ -764,8 +887,8 @@ def _cross_source(cube: Cube, means, boot, tables) -> dict:
         int((~np.isnan(hi)).sum()))
     if len(S) >= 2:
         v, ci, n = _mean_with_ci(W, Wb)
-        out["kendall_w"] = _stat(v, f"Kendall's W across the {len(S)} sources' rankings (tie-corrected), "
-                                    "averaged over region x metric", n, ci)
+        out["kendall_w"] = _stat(v, f"Kendall's W across the {len(S)} sources' rankings (tie-corrected; "
+                                    f"{_tie_note(tol)}), averaged over region x metric", n, ci)
     return out
 
 
@@ -773,7 +896,7 @@ def _empty(table: str) -> pl.DataFrame:
     return pl.DataFrame({c: [] for c in COLUMNS[table]})
 
 
-def _cross_region(cube: Cube, means, boot, tables) -> dict:
+def _cross_region(cube: Cube, means, boot, tables, tol: float) -> dict:
     S, R, M = cube.sources, cube.regions, cube.metrics
     rpairs = list(combinations(range(len(R)), 2))
     has_boot = all(boot[s] is not None for s in S)
@@ -783,19 +906,19 @@ def _cross_region(cube: Cube, means, boot, tables) -> dict:
     W_all = np.full((len(S), len(M)), np.nan)
     W_all_b = np.full((len(S), len(M), tau_all_b.shape[-1]), np.nan)
     for si, s in enumerate(S):
-        mm = np.transpose(means[s], (1, 0, 2))                       # (M, R, K)
+        mm = stats.tolerant_ranks(np.transpose(means[s], (1, 0, 2)), tol, axis=-1)   # (M, R, K) ranks
+        rb = _boot_ranks(boot[s], tol) if has_boot else None                      # (R, M, K, B)
         for q, (i, j) in enumerate(rpairs):
             tau_all[si, :, q] = _tau_points(mm[:, i], mm[:, j], (len(M),))
         if has_boot and rpairs:
-            sg = np.transpose(stats.pair_signs(boot[s], axis=2), (1, 2, 0, 3))   # (M, B, R, P)
+            sg = np.transpose(stats.pair_signs(rb, axis=2), (1, 2, 0, 3))        # (M, B, R, P)
             tm = stats.tau_b_matrix(sg)                                          # (M, B, R, R)
             ii, jj = zip(*rpairs)
             tau_all_b[si] = np.moveaxis(tm[:, :, list(ii), list(jj)], 1, -1)     # (M, Q, B)
         if len(R) >= 2:
-            W_all[si] = stats.kendall_w(stats.ranks_best_first(mm, axis=-1))
+            W_all[si] = stats.kendall_w(mm)
             if has_boot:
-                rb = np.transpose(_boot_ranks(boot[s]), (1, 3, 0, 2))            # (M, B, R, K)
-                W_all_b[si] = stats.kendall_w(rb)
+                W_all_b[si] = stats.kendall_w(np.transpose(rb, (1, 3, 0, 2)))    # (M, B, R, K)
         lo, hi = stats.percentile_ci(tau_all_b[si]) if has_boot else (np.full(tau_all[si].shape, np.nan),) * 2
         nvalid = (~np.isnan(tau_all_b[si])).sum(axis=-1)
         if rpairs:
@@ -822,8 +945,8 @@ def _cross_region(cube: Cube, means, boot, tables) -> dict:
         return out
     tb = tau_all_b if has_boot else None
     v, ci, n = _mean_with_ci(tau_all, tb)
-    out["mean_tau"] = _stat(v, "Kendall tau-b between two regions' rankings, averaged over every region "
-                               "pair x source x metric where defined", n, ci,
+    out["mean_tau"] = _stat(v, f"Kendall tau-b between two regions' rankings ({_tie_note(tol)}), averaged over "
+                               "every region pair x source x metric where defined", n, ci,
                             undefined=int(np.isnan(tau_all).sum()))
     q_ext = rpairs.index((0, len(R) - 1))
     m = np.zeros(tau_all.shape, bool)
@@ -995,7 +1118,7 @@ def reversal_summary(rev: pl.DataFrame, cfg: dict, labels: dict, n_side_tests: i
     return out
 
 
-def _cross_metric(cube: Cube, means, boot, tables) -> dict:
+def _cross_metric(cube: Cube, means, boot, tables, tol: float) -> dict:
     S, R, M, K = cube.sources, cube.regions, cube.metrics, cube.schedulers
     mpairs = list(combinations(range(len(M)), 2))
     has_boot = all(boot[s] is not None for s in S)
@@ -1006,10 +1129,11 @@ def _cross_metric(cube: Cube, means, boot, tables) -> dict:
     cond_tau_b = []
     for si, s in enumerate(S):
         tau = np.full((len(R), len(mpairs)), np.nan)
+        rk = stats.tolerant_ranks(means[s], tol, axis=-1)                           # (R, M, K)
         for q, (i, j) in enumerate(mpairs):
-            tau[:, q] = _tau_points(means[s][:, i], means[s][:, j], (len(R),))
+            tau[:, q] = _tau_points(rk[:, i], rk[:, j], (len(R),))
         if has_boot and mpairs:
-            sg = np.transpose(stats.pair_signs(boot[s], axis=2), (0, 2, 1, 3))     # (R, B, M, P)
+            sg = np.transpose(stats.pair_signs(_boot_ranks(boot[s], tol), axis=2), (0, 2, 1, 3))  # (R, B, M, P)
             tm = stats.tau_b_matrix(sg)                                             # (R, B, M, M)
             ii, jj = zip(*mpairs)
             tb = np.moveaxis(tm[:, :, list(ii), list(jj)], 1, -1)                   # (R, Q, B)
@@ -1033,10 +1157,10 @@ def _cross_metric(cube: Cube, means, boot, tables) -> dict:
         cond_tau[si] = ct
         if ctb is not None:
             cond_tau_b.append(ctb)
-        mask = stats.top1_mask(means[s], axis=-1)                                    # (R, M, K)
+        mask = stats.top1_mask(means[s], axis=-1, tolerance=tol)                     # (R, M, K)
         change[si] = stats.top1_changes(mask)
         if has_boot:
-            mb = stats.top1_mask(boot[s], axis=2)                                    # (R, M, K, B)
+            mb = stats.top1_mask(boot[s], axis=2, tolerance=tol)                     # (R, M, K, B)
             change_b.append(stats.top1_changes(np.transpose(mb, (0, 3, 1, 2))))      # (R, B)
         clo, chi = stats.percentile_ci(ctb) if ctb is not None else (np.full(len(R), np.nan),) * 2
         common = [",".join(np.asarray(K)[np.all(mask[r], axis=0)]) for r in range(len(R))]
@@ -1062,9 +1186,10 @@ def _cross_metric(cube: Cube, means, boot, tables) -> dict:
         "conditions": len(S) * len(R),
         "n_metrics": len(M),
         "mean_tau": _stat(v, "mean over (source, region) conditions of the mean Kendall tau-b between every pair "
-                             "of metric rankings", n, ci),
+                             f"of metric rankings ({_tie_note(tol)})", n, ci),
         "top1_change_rate": _stat(r, "fraction of (source, region) conditions in which no scheduler is best "
-                                     "(or tied best) under every metric", len(S) * len(R), rci, changed=nchg),
+                                     f"(or tied best; {_tie_note(tol)}) under every metric", len(S) * len(R), rci,
+                                  changed=nchg),
         "winners_by_metric": winners,
     }
 
@@ -1096,7 +1221,7 @@ def _top1_rows(s: str, cube: Cube, means_s, mask) -> pl.DataFrame:
             x = means_s[r, m]
             others = np.where(mk, np.nan, x)
             ru = int(np.nanargmax(others)) if not np.isnan(others).all() else None
-            raw_best = cube.sign[m] * x[mk][0] if mk.any() else np.nan
+            raw_best = cube.sign[m] * np.max(x[mk]) if mk.any() else np.nan   # the best of the tied winners
             raw_ru = cube.sign[m] * x[ru] if ru is not None else np.nan
             rows.append({"source": s, "provenance": cube.provenance[s], "region": region, "metric": metric,
                          "winner": "+".join(K[mk]), "n_tied": int(mk.sum()),
@@ -1105,7 +1230,7 @@ def _top1_rows(s: str, cube: Cube, means_s, mask) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def _slo_sensitivity(cube: Cube, means, boot, tables) -> dict:
+def _slo_sensitivity(cube: Cube, means, boot, tables, tol: float) -> dict:
     S, R = cube.sources, cube.regions
     idx = [i for i, m in enumerate(cube.metrics) if m.startswith("slo_")]
     names = [cube.metrics[i] for i in idx]
@@ -1120,21 +1245,24 @@ def _slo_sensitivity(cube: Cube, means, boot, tables) -> dict:
     tau_all_b, W_all, W_all_b, change, change_b = [], np.full((len(S), len(R)), np.nan), [], np.zeros((len(S), len(R)), bool), []
     for si, s in enumerate(S):
         ms = means[s][:, idx]                                                       # (R, L, K)
+        rk = stats.tolerant_ranks(ms, tol, axis=-1)
         for q, (i, j) in enumerate(pairs):
-            tau_all[si, :, q] = _tau_points(ms[:, i], ms[:, j], (len(R),))
-        W_all[si] = stats.kendall_w(stats.ranks_best_first(ms, axis=-1))
-        mask = stats.top1_mask(ms, axis=-1)
+            tau_all[si, :, q] = _tau_points(rk[:, i], rk[:, j], (len(R),))
+        W_all[si] = stats.kendall_w(rk)
+        mask = stats.top1_mask(ms, axis=-1, tolerance=tol)
         change[si] = stats.top1_changes(mask)
         if has_boot:
             bs = boot[s][:, idx]                                                    # (R, L, K, B)
-            sg = np.transpose(stats.pair_signs(bs, axis=2), (0, 2, 1, 3))          # (R, B, L, P)
+            rbs = _boot_ranks(bs, tol)
+            sg = np.transpose(stats.pair_signs(rbs, axis=2), (0, 2, 1, 3))         # (R, B, L, P)
             tm = stats.tau_b_matrix(sg)
             ii, jj = zip(*pairs)
             tb = np.moveaxis(tm[:, :, list(ii), list(jj)], 1, -1)                  # (R, Q, B)
             tau_all_b.append(tb)
-            wb = stats.kendall_w(np.transpose(stats.ranks_best_first(bs, axis=2), (0, 3, 1, 2)))  # (R, B)
+            wb = stats.kendall_w(np.transpose(rbs, (0, 3, 1, 2)))                  # (R, B)
             W_all_b.append(wb)
-            change_b.append(stats.top1_changes(np.transpose(stats.top1_mask(bs, axis=2), (0, 3, 1, 2))))
+            change_b.append(stats.top1_changes(np.transpose(stats.top1_mask(bs, axis=2, tolerance=tol),
+                                                            (0, 3, 1, 2))))
             lo, hi = stats.percentile_ci(tb)
             nvalid = (~np.isnan(tb)).sum(axis=-1)
             wlo, whi = stats.percentile_ci(wb)
@@ -1162,12 +1290,13 @@ def _slo_sensitivity(cube: Cube, means, boot, tables) -> dict:
     return {
         "definition": "how much the scheduler ranking depends on the SLO definition used by SLO-attainment metrics",
         "available": True, "slo_metrics": names, "conditions": len(S) * len(R),
-        "mean_tau": _stat(v, "mean Kendall tau-b between the rankings under two SLO definitions, over every SLO "
-                             "pair x source x region", n, ci),
+        "mean_tau": _stat(v, f"mean Kendall tau-b between the rankings under two SLO definitions ({_tie_note(tol)}), "
+                             "over every SLO pair x source x region", n, ci),
         "kendall_w": _stat(wv, "Kendall's W across the SLO definitions' rankings, averaged over source x region",
                            wn, wci),
-        "top1_change_rate": _stat(r, "fraction of (source, region) conditions where no scheduler is best under "
-                                     "every SLO definition", len(S) * len(R), rci, changed=nchg),
+        "top1_change_rate": _stat(r, "fraction of (source, region) conditions where no scheduler is best (or tied "
+                                     f"best; {_tie_note(tol)}) under every SLO definition", len(S) * len(R), rci,
+                                  changed=nchg),
     }
 
 
@@ -1365,16 +1494,44 @@ def headline_table(summary: dict) -> pl.DataFrame:
                          else float("nan"), "ci_low": ci[0], "ci_high": ci[1], "count": st.get("count"),
                          "definition": st["definition"]})
 
-    for section in ("cross_source", "cross_region", "reversals", "cross_metric", "slo_sensitivity", "friedman"):
+    for section in ("rank_ties", "cross_source", "cross_region", "reversals", "cross_metric", "slo_sensitivity",
+                    "friedman"):
         sec = summary.get(section) or {}
         for name, st in sec.items():
             add(section, name, st)
-        for group in ("by_source_pair", "by_source"):
+        for group in ("by_source_pair", "by_source", "by_rank_tolerance"):
             for name, st in (sec.get(group) or {}).items():
                 add(section, f"{group}: {name}", st)
     return pl.DataFrame(rows, schema={"section": pl.Utf8, "number": pl.Utf8, "value": pl.Float64,
                                       "ci_low": pl.Float64, "ci_high": pl.Float64, "count": pl.Int64,
                                       "definition": pl.Utf8})
+
+
+def tied_ranks_markdown(tol: float) -> str:
+    """One paragraph for the notebooks' method text: how scheduler means are tied (from the parameter)."""
+    if not tol:
+        return ("Only exactly equal means are tied (`analysis.rank_tolerance` = 0, exact ranks); tied schedulers share "
+                "the average rank.")
+    return (f"**Practically tied ranks** (`analysis.rank_tolerance` = {tol:g}): sorted best first, a scheduler whose "
+            f"mean is within {100 * tol:g}% of the next-better mean (relative gap |x − y| / ((|x| + |y|) / 2) below "
+            f"{tol:g}) is tied with it, and tied schedulers share the average rank; so differences of a few parts per "
+            "million (e.g. microseconds of simulator noise at light load) do not count as an order. Ties chain "
+            f"(single linkage), so a tie group can span more than {100 * tol:g}% end to end. Every ranking-based "
+            "number (τ-b, W, top-1, bump charts, winners) uses these ranks, in the bootstrap too; the reversal "
+            "tests and Friedman/Nemenyi work on per-window values instead.")
+
+
+def tolerance_sensitivity_table(A: Analysis) -> pl.DataFrame:
+    """The cross-source mean tau-b at each rank tolerance of the sensitivity (``by_rank_tolerance``)."""
+    sens = (A.summary.get("cross_source") or {}).get("by_rank_tolerance") or {}
+    R = A.summary["parameters"]["regions"]
+    rows = [{"rank_tolerance": v["rank_tolerance"], "chosen": v["chosen"], "mean_tau": v["value"],
+             "n_defined": v["count"], "n_undefined": v["undefined"], "mean_tau_common": v["common_value"],
+             "n_common": v["common_count"], **{f"{r}": v["by_region"][r] for r in R}} for v in sens.values()]
+    schema = {"rank_tolerance": pl.Float64, "chosen": pl.Boolean, "mean_tau": pl.Float64, "n_defined": pl.Int64,
+              "n_undefined": pl.Int64, "mean_tau_common": pl.Float64, "n_common": pl.Int64,
+              **{r: pl.Float64 for r in R}}
+    return pl.DataFrame(rows, schema=schema)
 
 
 def rank_changes(A: Analysis, metrics=None, top: int = 10) -> pl.DataFrame:

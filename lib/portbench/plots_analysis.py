@@ -30,6 +30,12 @@ def _region_ticks(A, oneline: bool = False) -> list[str]:
             for r in A.summary["parameters"]["regions"]]
 
 
+def _ties(A) -> str:
+    """How ranks are tied, for titles: 'means within 1% tied' or 'exact ties only'."""
+    tol = A.summary["parameters"].get("rank_tolerance", 0.0)
+    return f"means within {100 * tol:g}% tied" if tol else "exact ties only"
+
+
 def _metric_ticks(metrics) -> list[str]:
     arrow = {"higher": "↑", "lower": "↓"}
     return [f"{m} {arrow[an.metric_direction(m)]}" for m in metrics]
@@ -93,8 +99,8 @@ def cross_source_heatmaps(P, A, close: bool = False) -> list:
                  nan_text="n/a")
         l1, l2 = A.labels[s1], A.labels[s2]
         ax.set_title(f"Rank agreement between {l1} and {l2}: Kendall τ-b [95% bootstrap CI]\n"
-                     f"{len(A.summary['parameters']['schedulers'])} schedulers ranked by mean over windows; "
-                     "n/a = a ranking is all ties")
+                     f"{len(A.summary['parameters']['schedulers'])} schedulers ranked by mean over windows "
+                     f"({_ties(A)}); n/a = a ranking is all ties")
         ax.set_xlabel("operating region (offered load ρ relative to capacity)")
         ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
         figs.append(_save(P, fig, "04", f"tau_{s1}_vs_{s2}",
@@ -153,7 +159,7 @@ def kendall_w_heatmap(P, A, close: bool = False):
              cmap="viridis", cbar_label="Kendall's W (dimensionless; 0 = no agreement, 1 = identical)")
     names = ", ".join(A.labels.values())
     ax.set_title(f"Concordance of the scheduler rankings across all sources ({names}):\n"
-                 "Kendall's W (tie-corrected) [95% bootstrap CI]; n/a = a source's ranking is all ties")
+                 f"Kendall's W (tie-corrected; {_ties(A)}) [95% bootstrap CI]; n/a = a source's ranking is all ties")
     ax.set_xlabel("operating region (offered load ρ relative to capacity)")
     ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
     return _save(P, fig, "04", "kendall_w_sources", "Kendall's W across all sources per metric and region, "
@@ -184,7 +190,7 @@ def cross_region_matrices(P, A, close: bool = False):
         axes[0, k].tick_params(axis="x", labelsize=7)
         axes[0, k].tick_params(axis="y", labelsize=7)
     fig.suptitle(f"Rank agreement between operating regions, mean τ-b over the "
-                 f"{len(A.summary['parameters']['metrics'])} metrics", y=1.0)
+                 f"{len(A.summary['parameters']['metrics'])} metrics ({_ties(A)})", y=1.0)
     fig.tight_layout()
     return _save(P, fig, "05", "region_tau_matrices", "per source, Kendall tau-b between the rankings of every "
                  "pair of operating regions, averaged over metrics", close)
@@ -243,7 +249,7 @@ def bump_charts(P, A, metrics=None, close: bool = False) -> list:
             ax.set_xlim(-0.2, len(R) - 1 + max(0.6, 0.22 * (len(R) - 1)))   # room for the end labels
             ax.set_ylim(len(K) + 0.7, 0.3)
             ax.set_yticks(range(1, len(K) + 1))
-            ax.set_ylabel("rank (1 = best; ties averaged)")
+            ax.set_ylabel(f"rank (1 = best; {_ties(A)}, average rank)")
             ax.set_xlabel("operating region (offered load ρ)")
             ax.set_title(an.metric_label(m))
         for ax in axes.flat[len(metrics):]:
@@ -251,8 +257,8 @@ def bump_charts(P, A, metrics=None, close: bool = False) -> list:
         handles = [Line2D([], [], color=palette[sc], ls=styles[i % 4], marker="o", ms=4) for i, sc in enumerate(K)]
         fig.legend(handles, K, loc="lower center", ncol=min(len(K), 7), frameon=False, bbox_to_anchor=(0.5, -0.04),
                    fontsize=8)
-        fig.suptitle(f"{A.labels[s]}: scheduler ranks across operating regions (rank of the mean over windows)",
-                     y=1.0)
+        fig.suptitle(f"{A.labels[s]}: scheduler ranks across operating regions (rank of the mean over windows; "
+                     f"{_ties(A)})", y=1.0)
         fig.tight_layout(rect=(0, 0.05, 1, 0.98))
         figs.append(_save(P, fig, "05", f"bump_{s}", f"bump chart: rank of every scheduler in each operating region "
                           f"on {A.labels[s]}, for {', '.join(metrics)}", close))
@@ -431,7 +437,8 @@ def metric_agreement(P, A, close: bool = False):
              cbar_label="mean Kendall τ-b over sources x regions (dimensionless)")
     ax.tick_params(axis="x", rotation=60)
     n = A.summary["cross_metric"]["conditions"]
-    ax.set_title(f"Agreement between metric rankings: τ-b averaged over the {n} (source, region) conditions")
+    ax.set_title(f"Agreement between metric rankings: τ-b averaged over the {n} (source, region) conditions "
+                 f"({_ties(A)})")
     ax.set_xlabel("metric")
     ax.set_ylabel("metric")
     return _save(P, fig, "07", "metric_agreement", "Kendall tau-b between the rankings under every pair of metrics, "
@@ -455,7 +462,7 @@ def winners(P, A, close: bool = False):
     ax.set_xlabel("scheduler")
     ax.set_ylabel("metric")
     ax.set_title("Which scheduler is best under which metric: number of (source, region) conditions won "
-                 "(ties count for each)")
+                 f"(ties count for each; {_ties(A)})")
     return _save(P, fig, "07", "winners", "number of source x region conditions in which each scheduler is top-1 "
                  "under each metric", close)
 
@@ -477,7 +484,8 @@ def slo_sensitivity(P, A, close: bool = False):
              lo=arr[..., 1], hi=arr[..., 2], fontsize=7.5)
     ax.set_xlabel("pair of SLO definitions")
     ax.set_ylabel("source · operating region")
-    ax.set_title("SLO-definition sensitivity: τ-b between the rankings under two SLO definitions [95% CI]")
+    ax.set_title(f"SLO-definition sensitivity: τ-b between the rankings under two SLO definitions [95% CI]; "
+                 f"{_ties(A)}")
     return _save(P, fig, "07", "slo_sensitivity", "Kendall tau-b between the rankings under every pair of SLO "
                  "definitions, per source and region, with 95% CI", close)
 

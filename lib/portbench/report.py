@@ -45,7 +45,9 @@ def results_markdown(summary: Mapping) -> str:
         + ", ".join(f"{v['n_windows']} {labels[s]}" for s, v in prov.items())
         + f" windows × {len(par['regions'])} regions × {data['replicates']} replicates; "
         f"real sources: {', '.join(real) or 'none'}"
-        + (f"; stand-ins: {', '.join(stand)}" if stand else "") + ". Kendall τ-b means with 95% bootstrap CIs.*",
+        + (f"; stand-ins: {', '.join(stand)}" if stand else "") + ". Kendall τ-b means with 95% bootstrap CIs"
+        + (f"; ranks tie means within {100 * par['rank_tolerance']:g}% (analysis.rank_tolerance)"
+           if par.get("rank_tolerance") else "") + ".*",
         "",
         "| question | answer |",
         "|---|---|",

@@ -8,6 +8,10 @@ campaign's run table and turns the results into tables. Conventions:
   lower-is-better. After orientation, larger is always better, so a positive oriented difference
   ``a - b`` means *a is better than b*.
 * **Ranks.** 1 = best; ties get the average of the ranks they span (``scipy.stats.rankdata``).
+  Rankings of scheduler *means* use **practically tied ranks** (:func:`tolerant_ranks`): means
+  within a relative tolerance of each other are tied, so that differences of a few parts per
+  million (microsecond noise at light load) do not count as orders. Tolerance 0 = exact ties only
+  (identical to ``rankdata``). Per-window ranks (Friedman, Nemenyi) keep exact ties.
 * **Unit of resampling and pairing.** The window. Replicates are averaged within a window first;
   paired tests pair two schedulers on the same windows; the bootstrap resamples windows.
 * **Kendall tau-b** is ``scipy.stats.kendalltau`` (variant b). For bootstrap resamples a
@@ -49,6 +53,83 @@ def ranks_best_first(oriented_means, axis: int = -1) -> np.ndarray:
     A slice containing NaN gets NaN ranks (nothing is ranked against a missing value).
     """
     return st.rankdata(-np.asarray(oriented_means, dtype=float), method="average", axis=axis)
+
+
+def _new_group(prev, nxt, tolerance: float) -> np.ndarray:
+    """True where the sorted value ``nxt`` starts a new tie group after ``prev``: the two differ
+    and their relative gap (:func:`relative_effect`) is at least ``tolerance`` (a NaN gap, e.g.
+    next to a missing value, also separates)."""
+    with np.errstate(invalid="ignore"):
+        return (prev != nxt) & ~(relative_effect(prev, nxt) < tolerance)
+
+
+def _tie_structure(x: np.ndarray, tolerance: float):
+    """Sort the last axis best first and find the tie groups.
+
+    Returns ``order`` (argsort, best first, NaN last), the sorted values ``s`` and, for every
+    sorted position, the first and last position of its tie group (``start``, ``end``).
+    """
+    n = x.shape[-1]
+    order = np.argsort(-x, axis=-1, kind="stable")
+    s = np.take_along_axis(x, order, axis=-1)
+    new = np.ones(s.shape, dtype=bool)
+    new[..., 1:] = _new_group(s[..., :-1], s[..., 1:], tolerance)          # group boundaries
+    pos = np.arange(n)
+    start = np.maximum.accumulate(np.where(new, pos, 0), axis=-1)          # first position of the group
+    is_end = np.ones(s.shape, dtype=bool)
+    is_end[..., :-1] = new[..., 1:]
+    end = np.flip(np.minimum.accumulate(np.flip(np.where(is_end, pos, n - 1), -1), axis=-1), -1)
+    return order, s, start, end
+
+
+def _check_tolerance(tolerance) -> float:
+    t = float(tolerance)
+    if not (np.isfinite(t) and t >= 0):
+        raise ValueError(f"rank tolerance {tolerance!r}: expected a non-negative relative difference")
+    return t
+
+
+def tolerant_ranks(oriented_means, tolerance: float = 0.0, axis: int = -1) -> np.ndarray:
+    """Practically tied ranks along ``axis``: 1 = best (largest oriented value), tie groups averaged.
+
+    Sort the values best first; a new tie group starts at every value whose relative gap to the
+    previous (better) value, ``|x - y| / ((|x| + |y|) / 2)`` (the relative effect; 0 when both are
+    0), is at least ``tolerance``. Exactly equal values are always tied, so ``tolerance = 0`` gives
+    exactly :func:`ranks_best_first` (``scipy.stats.rankdata``, ties averaged). Every member of a
+    group gets the average of the positions the group spans.
+
+    This is single linkage on the sorted values: a chain of gaps each below the tolerance ties
+    values that differ by more than the tolerance end to end (e.g. 1.000, 1.008, 1.016 at 0.01:
+    one group although 1.000 and 1.016 differ by 1.6%); :func:`tie_group_spread` measures it.
+    The relative gap is orientation-free (it is the same for a value and its negation), and two
+    values of opposite sign always differ by the maximum gap 2. Vectorised over every leading axis;
+    a slice containing NaN gets NaN ranks (nothing is ranked against a missing value).
+    """
+    tolerance = _check_tolerance(tolerance)
+    x = np.moveaxis(np.asarray(oriented_means, dtype=float), axis, -1)
+    if x.shape[-1] == 0:
+        return np.moveaxis(x.copy(), -1, axis)
+    order, _, start, end = _tie_structure(x, tolerance)
+    ranks = np.empty(x.shape)
+    np.put_along_axis(ranks, order, (start + end) / 2.0 + 1.0, axis=-1)
+    ranks[np.isnan(x).any(axis=-1)] = np.nan
+    return np.moveaxis(ranks, -1, axis)
+
+
+def tie_group_spread(oriented_means, tolerance: float = 0.0, axis: int = -1) -> np.ndarray:
+    """For every item, the relative effect between the best and the worst value of its tie group
+    (:func:`tolerant_ranks`): 0 for an untied item or an exact tie. Above ``tolerance`` only where
+    single linkage chained small gaps into a group wider than the tolerance. NaN slices give NaN."""
+    tolerance = _check_tolerance(tolerance)
+    x = np.moveaxis(np.asarray(oriented_means, dtype=float), axis, -1)
+    if x.shape[-1] == 0:
+        return np.moveaxis(x.copy(), -1, axis)
+    order, s, start, end = _tie_structure(x, tolerance)
+    spread_sorted = relative_effect(np.take_along_axis(s, start, axis=-1), np.take_along_axis(s, end, axis=-1))
+    spread = np.empty(x.shape)
+    np.put_along_axis(spread, order, spread_sorted, axis=-1)
+    spread[np.isnan(x).any(axis=-1)] = np.nan
+    return np.moveaxis(spread, -1, axis)
 
 
 def window_ranks(oriented_block, axis: int = -1) -> np.ndarray:
@@ -328,13 +409,17 @@ def stage(reversal, significant, practical) -> np.ndarray:
 
 # --------------------------------------------------------------------------- top-1
 
-def top1_mask(oriented_means, axis: int = -1) -> np.ndarray:
-    """True for the best scheduler(s) along ``axis`` (every scheduler tied for best)."""
-    x = np.asarray(oriented_means, dtype=float)
+def top1_mask(oriented_means, axis: int = -1, tolerance: float = 0.0) -> np.ndarray:
+    """True for the best scheduler(s) along ``axis``: every scheduler in the best tie group of
+    :func:`tolerant_ranks` (``tolerance = 0``: every scheduler whose mean equals the best).
+    Missing values (NaN) are never top-1 and do not stop the others from being ranked."""
+    x = np.moveaxis(np.asarray(oriented_means, dtype=float), axis, -1)
+    missing = np.isnan(x)
+    r = tolerant_ranks(np.where(missing, -np.inf, x), tolerance)       # -inf: ranked last, never tied to a value
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        best = np.nanmax(x, axis=axis, keepdims=True)
-    return x == best
+        mask = (r == np.min(r, axis=-1, keepdims=True)) & ~missing
+    return np.moveaxis(mask, -1, axis)
 
 
 def top1_changes(mask) -> np.ndarray:
