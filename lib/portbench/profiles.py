@@ -101,6 +101,49 @@ DTYPE_BYTES = 2  # FP16/BF16 weights, activations and KV cache
 # --------------------------------------------------------------------------------------------
 
 
+
+# --------------------------------------------------------------------------- decode runs in closed form
+# A run of k decode iterations of one composition: the first costs a = iteration_time(0, B, C), each
+# later one g = c_kv·B more (B new context tokens). The simulator advances whole runs with these; the
+# Profile methods below are the same functions with a and g taken from the profile.
+
+
+def decode_run_s(k, a: float, g: float):
+    """T(k) = k·a + g·k(k−1)/2: seconds of k iterations starting at cost a, growing by g each."""
+    return k * a + g * k * (k - 1) / 2
+
+
+def last_k_within(a: float, g: float, x: float) -> int:
+    """Largest k >= 0 with T(k) <= x (a quadratic, then a rounding guard against T itself)."""
+    if x < a:
+        return 0
+    if g > 0:
+        b = a - g / 2
+        k = math.floor((-b + math.sqrt(b * b + 2 * g * x)) / g)
+    else:
+        k = math.floor(x / a)
+    while k > 0 and decode_run_s(k, a, g) > x:
+        k -= 1
+    while decode_run_s(k + 1, a, g) <= x:
+        k += 1
+    return k
+
+
+def first_k_reaching(a: float, g: float, x: float) -> int:
+    """Smallest k >= 1 with T(k) >= x (the run that reaches an event time x)."""
+    if g > 0:
+        b = a - g / 2
+        k = math.ceil((-b + math.sqrt(b * b + 2 * g * x)) / g)
+    else:
+        k = math.ceil(x / a)
+    if k < 1:
+        k = 1
+    while k > 1 and decode_run_s(k - 1, a, g) >= x:
+        k -= 1
+    while decode_run_s(k, a, g) < x:
+        k += 1
+    return k
+
 @dataclass(frozen=True)
 class Profile:
     """One GPU x model cost model: iteration-time coefficients (seconds) and memory limits.
@@ -213,40 +256,28 @@ class Profile:
         return float(t) if np.ndim(t) == 0 else t
 
     def max_iterations_within(self, budget_s: float, decode_seqs: int, context_tokens: int) -> int:
-        """Largest k >= 0 with ``run_s(k, 0, decode_seqs, context_tokens) <= budget_s``.
-
-        With a = iteration_time(0, B, C) (floor included: constant over the run) and g = c_kv·B:
-        run_s(k) = g/2·k² + (a − g/2)·k, solved for k, then corrected by at most a step or two
-        against :meth:`run_s` itself for rounding.
-        """
+        """Largest k >= 0 with ``run_s(k, 0, decode_seqs, context_tokens) <= budget_s`` (:func:`last_k_within`
+        with a = iteration_time(0, B, C), floor included, and g = c_kv·B)."""
         if budget_s <= 0:
             return 0
-        a = self.iteration_time(0, decode_seqs, context_tokens)   # first iteration
-        g = self.c_kv_s * decode_seqs                              # growth per iteration
-        if a <= 0 and g <= 0:
-            raise ParameterError("iteration time", a, "> 0 (a profile whose iterations cost nothing "
-                                 "has no finite iteration count)")
-        # g/2·k² + (a − g/2)·k − budget <= 0
-        if g <= 0:
-            k = math.floor(budget_s / a)
-        else:
-            h = a - g / 2.0
-            k = math.floor((-h + math.sqrt(h * h + 2.0 * g * budget_s)) / g)
-        while k > 0 and self.run_s(k, 0, decode_seqs, context_tokens) > budget_s:  # rounding guard
-            k -= 1
-        while self.run_s(k + 1, 0, decode_seqs, context_tokens) <= budget_s:
-            k += 1
-        return int(k)
+        a, g = self._decode_run(decode_seqs, context_tokens)
+        return last_k_within(a, g, budget_s)
 
     def min_iterations_reaching(self, target_s: float, decode_seqs: int, context_tokens: int) -> int:
-        """Smallest k >= 1 with ``run_s(k, 0, decode_seqs, context_tokens) >= target_s`` (the
-        decode run that reaches an event time), from :meth:`max_iterations_within`."""
+        """Smallest k >= 1 with ``run_s(k, 0, decode_seqs, context_tokens) >= target_s`` (the decode run that
+        reaches an event time; :func:`first_k_reaching`)."""
         if target_s <= 0:
             return 1
-        k = self.max_iterations_within(target_s, decode_seqs, context_tokens)
-        if k >= 1 and self.run_s(k, 0, decode_seqs, context_tokens) >= target_s:
-            return k
-        return k + 1
+        a, g = self._decode_run(decode_seqs, context_tokens)
+        return first_k_reaching(a, g, target_s)
+
+    def _decode_run(self, decode_seqs: int, context_tokens: int) -> tuple[float, float]:
+        a = self.iteration_time(0, decode_seqs, context_tokens)   # first iteration
+        g = self.c_kv_s * decode_seqs                              # growth per iteration
+        if a <= 0:
+            raise ParameterError("iteration time", a, "> 0 (a profile whose iterations cost nothing "
+                                 "has no finite iteration count)")
+        return a, g
 
     def isolated_service_s(self, prompt_tokens, output_tokens):
         """Service time of a request alone on the replica (vectorised closed form).

@@ -84,6 +84,7 @@ import polars as pl
 import simpy
 
 from .errors import ConservationError, DataError, ParameterError
+from .profiles import decode_run_s, first_k_reaching, last_k_within
 from .schedulers import BaseScheduler, RunContext, get_scheduler
 
 NOT_ARRIVED, WAITING, RUNNING, PAUSED, FINISHED, REJECTED = -1, 0, 1, 2, 3, 4
@@ -836,17 +837,17 @@ class _Engine:
         if t_bound < _INF and k > 1:
             x = t_bound - now
             if x > a0:
-                kt = _first_k_reaching(a0, inc, x)
+                kt = first_k_reaching(a0, inc, x)
                 if kt < k:
                     k = kt
             else:
                 k = 1
-        dt = k * a0 + inc * k * (k - 1) / 2
+        dt = decode_run_s(k, a0, inc)
         if now + dt > self.H:
-            k = _last_k_within(a0, inc, self.H - now)
+            k = last_k_within(a0, inc, self.H - now)
             if k <= 0:
                 return None
-            dt = k * a0 + inc * k * (k - 1) / 2
+            dt = decode_run_s(k, a0, inc)
         self._k = k
         if self.trace is not None:
             self.trace.append((now, now + dt, k, 0, n, C, self.used))
@@ -878,7 +879,7 @@ class _Engine:
                     S.on_tokens(members, 1, lambda i: t1)
                 else:
                     a0, inc = self._a0, self._inc
-                    S.on_tokens(members, k, lambda i: t0 + (i * a0 + inc * i * (i - 1) / 2) if i < k else t1)
+                    S.on_tokens(members, k, lambda i: t0 + decode_run_s(i, a0, inc) if i < k else t1)
             for r in self._pop_finished():
                 self._leave(r)
                 self._finish(r, t1)
@@ -944,38 +945,6 @@ class _Engine:
 
 def _key_of(r: Request):
     return r.key
-
-
-def _first_k_reaching(a0: float, inc: float, x: float) -> int:
-    """Smallest k >= 1 with T(k) = k·a0 + inc·k(k−1)/2 >= x."""
-    if inc > 0:
-        b = a0 - inc / 2
-        k = math.ceil((-b + math.sqrt(b * b + 2 * inc * x)) / inc)
-    else:
-        k = math.ceil(x / a0)
-    if k < 1:
-        k = 1
-    while k > 1 and (k - 1) * a0 + inc * (k - 1) * (k - 2) / 2 >= x:
-        k -= 1
-    while k * a0 + inc * k * (k - 1) / 2 < x:
-        k += 1
-    return k
-
-
-def _last_k_within(a0: float, inc: float, x: float) -> int:
-    """Largest k >= 0 with T(k) <= x."""
-    if x < a0:
-        return 0
-    if inc > 0:
-        b = a0 - inc / 2
-        k = math.floor((-b + math.sqrt(b * b + 2 * inc * x)) / inc)
-    else:
-        k = math.floor(x / a0)
-    while k > 0 and k * a0 + inc * k * (k - 1) / 2 > x:
-        k -= 1
-    while (k + 1) * a0 + inc * (k + 1) * k / 2 <= x:
-        k += 1
-    return k
 
 
 def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=None,
