@@ -1,4 +1,4 @@
-"""portbench.analysis on planted run tables: planted effects are found, noise is not, and the tables,
+"""portbench.study.analysis on planted run tables: planted effects are found, noise is not, and the tables,
 summary.json and CIs are consistent with each other and with scipy / statsmodels."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import scipy.stats as st
 from statsmodels.stats.multitest import multipletests
 
 import planted
-from portbench import analysis, stats
-from portbench.errors import DataError, ParameterError
+from portbench.study import analysis, stats
+from portbench.core.errors import DataError, ParameterError
 
 SCHEDS = ("fcfs", "sarathi", "sjf_oracle", "las")
 REGIONS = {"busy": 0.7, "overload": 1.2}
@@ -378,7 +378,7 @@ def test_tolerance_zero_reproduces_the_exact_rank_analysis(params_for):
 
 @pytest.mark.slow
 def test_every_figure_is_saved_and_indexed(params_for):
-    from portbench import plots_analysis
+    from portbench.present import plots_analysis
 
     P = params_for(small_runs(REVERSAL, skill=None))
     A = analysis.load(P)

@@ -21,9 +21,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from portbench import campaign, params
-from portbench.campaign import Engine, RunResult, WindowRef
-from portbench.errors import DataError, ParameterError
+from portbench.study import campaign
+from portbench import params
+from portbench.study.campaign import Engine, RunResult, WindowRef
+from portbench.core.errors import DataError, ParameterError
 
 TESTS_DIR = Path(__file__).resolve().parent
 SMOKE = "papermill_params/smoke.yaml"
@@ -142,7 +143,7 @@ def test_seed_is_pinned_distinct_and_process_independent():
     seeds = [campaign.run_seed(*k) for k in keys]
     assert len(set(seeds)) == len(keys), "every key gets its own seed"
     assert all(0 <= x < 2 ** 63 for x in seeds)
-    code = ("import json,sys; from portbench.campaign import run_seed; "
+    code = ("import json,sys; from portbench.study.campaign import run_seed; "
             f"print(json.dumps([run_seed(*k) for k in {keys!r}]))")
     for hashseed in ("1", "12345"):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -320,7 +321,7 @@ def test_resume_after_sigkill(smoke, tmp_path):
     calls = tmp_path / "calls"
     calls.mkdir()
     script = (f"import json, sys; sys.path.insert(0, {str(TESTS_DIR)!r}); "
-              "from test_campaign import FakeEngine, WINDOWS; from portbench import campaign; "
+              "from test_campaign import FakeEngine, WINDOWS; from portbench.study import campaign; "
               f"P = json.load(open({str(tmp_path / 'P.json')!r})); "
               f"campaign.run_campaign(P, engine=FakeEngine({str(calls)!r}, sleep_s=0.02), windows=WINDOWS, "
               "workers=1, progress=False)")
@@ -394,7 +395,7 @@ def test_unknown_scheduler_and_profile_are_rejected():
 
 
 def _real_windows(P):
-    from portbench import windows
+    from portbench.data import windows
 
     refs = campaign.window_refs(P)
     tables = windows.load_windows(P, per_source=P["campaign"]["windows_per_source"])
@@ -435,7 +436,7 @@ def test_cli_simulate_runs_the_campaign_from_the_manifest(tmp_path, shared_trace
         "simulation": {"schedulers": ["fcfs", "las"], "regions": ["overload"]}})
     runs = campaign.load_runs(P)
     assert runs.height == 6 and set(runs["provenance"]) <= {"real", "standin"}
-    from portbench import windows
+    from portbench.data import windows
 
     manifest = windows.load_manifest(P)
     sha = {w["id"]: w["sha256"] for w in manifest["windows"]}
@@ -444,7 +445,7 @@ def test_cli_simulate_runs_the_campaign_from_the_manifest(tmp_path, shared_trace
 
 
 def test_scheduler_defined_in_main_needs_one_worker(smoke, monkeypatch):
-    from portbench import schedulers
+    from portbench.sim import schedulers
 
     class Mine(schedulers.SCHEDULERS["fcfs"]):
         pass

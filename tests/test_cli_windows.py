@@ -8,7 +8,7 @@ import subprocess
 import polars as pl
 import pytest
 
-from portbench import windows as W
+from portbench.data import windows as W
 from portbench.cli import main
 from test_windows import azure_only, fake_data  # noqa: F401 - shared fixtures
 

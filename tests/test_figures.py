@@ -7,7 +7,7 @@ import time
 
 import matplotlib.pyplot as plt
 
-from portbench import figures
+from portbench.present import figures
 
 
 def _draw():

@@ -9,9 +9,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from portbench import metrics, params
-from portbench.errors import DataError, ParameterError
-from portbench.metrics import Metric
+from portbench.sim import metrics
+from portbench import params
+from portbench.core.errors import DataError, ParameterError
+from portbench.sim.metrics import Metric
 
 NAN = float("nan")
 SLO = {"strict": {"ttft_s": 1.0, "tpot_s": 0.5}, "lax": {"ttft_s": 5.0, "tpot_s": 10.0}}

@@ -8,7 +8,9 @@ import nbformat
 import polars as pl
 import pytest
 
-from portbench import params, registry, sources, windows
+from portbench import params
+from portbench.data import registry, windows
+from portbench.core import provenance as sources
 from portbench.notebooks import notebook_paths, run_notebooks
 
 pytestmark = pytest.mark.slow

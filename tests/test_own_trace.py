@@ -5,8 +5,11 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from portbench import analysis, campaign, params, registry, sources, traces, windows
-from portbench.errors import ParameterError
+from portbench.study import analysis, campaign
+from portbench import params
+from portbench.data import registry, traces, windows
+from portbench.core import provenance as sources
+from portbench.core.errors import ParameterError
 
 
 @pytest.fixture()

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from portbench import params
-from portbench.errors import ParameterError
+from portbench.core.errors import ParameterError
 from portbench.notebooks import sweep_points
 
 

@@ -11,9 +11,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from portbench import params, profiles
-from portbench.errors import DataError, ParameterError
-from portbench.profiles import Profile
+from portbench import params
+from portbench.sim import profiles
+from portbench.core.errors import DataError, ParameterError
+from portbench.sim.profiles import Profile
 
 GPU_PROFILES = Path(__file__).resolve().parents[2] / "shared" / "gpu_profiles"
 DEFAULT = profiles.PROFILES[profiles.DEFAULT_PROFILE]

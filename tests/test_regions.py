@@ -9,8 +9,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from portbench import regions, simulator
-from portbench.errors import DataError, ParameterError
+from portbench.sim import regions, engine as simulator
+from portbench.core.errors import DataError, ParameterError
 from test_simulator import StubProfile, azure_windows, real_profile, window
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from portbench import params, registry, traces
-from portbench.errors import DataError
-from portbench.sources import SOURCES
+from portbench import params
+from portbench.data import registry, traces
+from portbench.core.errors import DataError
+from portbench.core.provenance import SOURCES
 
 CONV = "AzureLLMInferenceTrace_conv.csv"
 

@@ -7,8 +7,9 @@ import json
 import pytest
 
 import planted
-from portbench import analysis, report
-from portbench.errors import DataError
+from portbench.study import analysis
+from portbench.present import report
+from portbench.core.errors import DataError
 
 
 @pytest.fixture()

@@ -9,9 +9,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from portbench import schedulers, simulator
-from portbench.errors import ParameterError
-from portbench.schedulers import BaseScheduler, register_scheduler
+from portbench.sim import schedulers, engine as simulator
+from portbench.core.errors import ParameterError
+from portbench.sim.schedulers import BaseScheduler, register_scheduler
 from test_simulator import SLO, StubProfile, run, window
 
 ALL13 = ("fcfs", "sarathi", "sjf_prompt", "sjf_oracle", "srpt_oracle", "sjf_predicted", "ltr", "mlfq", "las",
@@ -114,13 +114,13 @@ def test_a_user_scheduler_runs_with_one_decorator(user_scheduler, tmp_path):
     assert first_token_order(res) == [1, 3, 2, 0]
     res.check()
     # the parameter layer accepts it like a built-in, and so does the campaign's engine
-    from portbench import regions
+    from portbench.sim import regions
     P = {"simulation": {"schedulers": ["fcfs", "test_lpf"], "regions": "all", "capacity_policy": "fcfs",
                         "region_loads": {"light": 0.3}, "horizon_factor": 1.5, "replicates": 1, "seed": 0,
                         "predictor_sigma": 0.5, "scheduler_options": {}, "edf_slo": "medium",
                         "slo": {"medium": {"ttft_s": 2.0, "tpot_s": 0.1}}, "profile": "a100_40gb_llama2_7b"}}
     regions.validate_simulation_params(P)
-    from portbench import campaign
+    from portbench.study import campaign
 
     eng = campaign.SimEngine()
     rr = eng.run(df.with_columns(pl.Series("arrival_s", [0.0, 0.5, 1.0, 1.5])), "test_lpf", 0, 30.0, P)
@@ -262,7 +262,7 @@ def test_vtc_equalises_service_across_tenants():
 def test_vtc_counter_lift_and_charges():
     s = schedulers.get_scheduler("vtc")
     df = window([0, 0, 0], [10, 10, 10], [3, 3, 3], ["a", "b", "a"])
-    from portbench.simulator import _requests_from_window
+    from portbench.sim.engine import _requests_from_window
     reqs, ctx = _requests_from_window(df, StubProfile(), np.random.default_rng(0))
     s.reset(ctx)
     s.on_arrival(reqs[0], 0.0)
@@ -322,7 +322,7 @@ def test_sarathi_never_exceeds_the_token_budget_and_never_stalls_decodes():
 def test_mlfq_demotes_by_token_quantum():
     s = schedulers.get_scheduler("mlfq", quantum_tokens=4, levels=4)
     df = window([0, 0], [10, 3000], [100, 100])
-    from portbench.simulator import _requests_from_window
+    from portbench.sim.engine import _requests_from_window
     reqs, ctx = _requests_from_window(df, StubProfile(), np.random.default_rng(0))
     s.reset(ctx)
     short, long_prompt = reqs

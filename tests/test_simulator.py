@@ -15,8 +15,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from portbench import profiles, regions, schedulers, simulator
-from portbench.errors import ConservationError, DataError, ParameterError
+from portbench.sim import profiles, regions, schedulers, engine as simulator
+from portbench.core.errors import ConservationError, DataError, ParameterError
 
 REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9, "overload": 1.2,
                 "severe": 2.0}
@@ -24,7 +24,7 @@ SLO = {"ttft_s": 2.0, "tpot_s": 0.1}
 
 
 def StubProfile(**fields) -> profiles.Profile:
-    """A real :class:`portbench.profiles.Profile` with round numbers (linear: no floor), for hand arithmetic."""
+    """A real :class:`portbench.sim.profiles.Profile` with round numbers (linear: no floor), for hand arithmetic."""
     base = dict(name="round", gpu="test", model="test", kv_capacity_blocks=1000, c0_s=0.01, c_prefill_s=0.001,
                 c_decode_s=0.002, c_kv_s=0.0001, max_num_seqs=256, max_batched_tokens=512,
                 provenance={"note": "round numbers for hand-computed tests"})

@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 from scipy import stats
 
-from portbench import registry, standins, synth
-from portbench.errors import IntegrityError, ParameterError
+from portbench.data import registry, standins, synth
+from portbench.core.errors import IntegrityError, ParameterError
 
 Z = 4.0  # standard errors allowed (see test_synth.py)
 SERVEGEN = "servegen/language/m-small"
@@ -35,7 +35,7 @@ def P(tmp_params, mirror_root):
 
 def _entry(meta: dict, df: pl.DataFrame) -> dict:
     """What the manifest stores for a window: the JSON round trip of its meta plus its hash."""
-    from portbench import windows
+    from portbench.data import windows
 
     return {**json.loads(json.dumps(meta, allow_nan=False)), "sha256": windows.window_sha256(df)}
 
@@ -140,7 +140,7 @@ def test_burstgpt_resampled_pairs_match_the_real_pairs(P):
 
 @pytest.mark.parametrize("source", ["burstgpt", "bailian"])
 def test_windows_have_the_window_schema_and_records(P, mirror_root, source):
-    from portbench import windows
+    from portbench.data import windows
 
     built = standins.build_windows(P, source, 6, 200)
     assert len(built) == 6
@@ -188,7 +188,7 @@ def test_bailian_build_is_fast(P):
 
 @pytest.mark.parametrize("source", ["burstgpt", "bailian"])
 def test_builds_are_deterministic_and_seeded(P, tmp_params, mirror_root, source):
-    from portbench import windows
+    from portbench.data import windows
 
     a = standins.build_windows(P, source, 5, 200)
     b = standins.build_windows(P, source, 5, 200)
@@ -208,7 +208,7 @@ def test_regenerate_equals_build(P, source):
 
 
 def test_tampered_window_is_detected(P):
-    from portbench import windows
+    from portbench.data import windows
 
     meta, df = standins.build_windows(P, "burstgpt", 1, 200)[0]
     entry = _entry(meta, df)

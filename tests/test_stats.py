@@ -1,4 +1,4 @@
-"""portbench.stats: agreement with scipy / statsmodels and with hand computations."""
+"""portbench.study.stats: agreement with scipy / statsmodels and with hand computations."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import scipy.stats as st
 from statsmodels.stats.multitest import multipletests
 
-from portbench import stats
+from portbench.study import stats
 
 
 def _scipy_tau(x, y):

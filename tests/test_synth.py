@@ -16,8 +16,8 @@ import polars as pl
 import pytest
 from scipy import stats
 
-from portbench import synth
-from portbench.errors import DataError, ParameterError
+from portbench.data import synth
+from portbench.core.errors import DataError, ParameterError
 
 Z = 4.0
 

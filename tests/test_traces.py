@@ -9,8 +9,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from portbench import params, registry, traces
-from portbench.errors import DataError
+from portbench import params
+from portbench.data import registry, traces
+from portbench.core.errors import DataError
 
 CONV = "AzureLLMInferenceTrace_conv.csv"
 CODE = "AzureLLMInferenceTrace_code.csv"

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from portbench import traces
-from portbench.errors import DataError
+from portbench.data import traces
+from portbench.core.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
 MIRROR = (ROOT.parent / "shared" / "traces").resolve()

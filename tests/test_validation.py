@@ -14,7 +14,8 @@ import polars as pl
 import pytest
 import scipy.stats as st
 
-from portbench import metrics, stats
+from portbench.sim import metrics
+from portbench.study import stats
 from portbench.validation import cases, replay, verdict
 
 SOURCES = ("azure", "burstgpt", "bailian")
@@ -24,7 +25,7 @@ SOURCES = ("azure", "burstgpt", "bailian")
 
 
 def test_engine_policies_cover_every_scheduler():
-    from portbench import schedulers
+    from portbench.sim import schedulers
 
     modes = {n: replay.engine_policy(n).mode for n in schedulers.SCHEDULERS}
     assert modes["fcfs"] == "fcfs" and modes["sarathi"] == "chunked"
@@ -178,7 +179,7 @@ def test_clock_problems_catch_an_inverted_clock():
 
 
 def test_iteration_rows_and_the_fitted_profile(tmp_path):
-    from portbench import profiles
+    from portbench.sim import profiles
 
     true = (2e-3, 5e-5, 3e-4, 1e-7)
     rng = np.random.default_rng(0)
@@ -272,7 +273,7 @@ def test_engine_status_explains_why_not(monkeypatch):
 
 
 def test_engine_arguments_follow_the_profile():
-    from portbench import profiles
+    from portbench.sim import profiles
 
     prof = profiles.get_profile(profiles.DEFAULT_PROFILE)
     base = replay.EngineSpec(model="llama3_8b", max_num_seqs=prof.max_num_seqs, max_batched_tokens=prof.max_batched_tokens,
@@ -303,7 +304,7 @@ def test_model_configs_are_real_architectures():
 
 
 def test_validation_params_are_checked(tmp_params):
-    from portbench.errors import ParameterError
+    from portbench.core.errors import ParameterError
 
     P = tmp_params()
     assert P["validation"]["device"] == "auto"

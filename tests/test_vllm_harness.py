@@ -138,7 +138,8 @@ def test_priority_policy_serves_the_short_prompt_before_the_queued_ones(replays)
 
 
 def test_metrics_come_from_the_shared_metric_function(replays):
-    from portbench import metrics, params
+    from portbench.sim import metrics
+    from portbench import params
 
     P = params.load("papermill_params/smoke.yaml")
     slo = P["simulation"]["slo"]
@@ -157,7 +158,7 @@ ABORT_LAG_STEPS = 4
 
 
 def test_iterations_are_recorded_and_a_profile_is_fitted(replays, tmp_path):
-    from portbench import profiles
+    from portbench.sim import profiles
     from portbench.validation import verdict
 
     for mode in ("fcfs", "priority"):
@@ -183,7 +184,7 @@ def test_iterations_are_recorded_and_a_profile_is_fitted(replays, tmp_path):
 
 
 def test_requests_still_running_at_the_horizon_are_aborted_with_their_partial_output(replays):
-    from portbench import metrics
+    from portbench.sim import metrics
 
     rec = replays["long"].sort("req_id")
     cut, short = rec.row(0, named=True), rec.row(1, named=True)

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from portbench import registry, standins, traces
-from portbench import windows as W
-from portbench.errors import DataError, IntegrityError, ParameterError
+from portbench.data import registry, standins, traces
+from portbench.data import windows as W
+from portbench.core.errors import DataError, IntegrityError, ParameterError
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -48,7 +48,7 @@ def synthetic_canonical(n: int, *, seed: int = 0, file: str = "synthetic.csv", s
 
 @pytest.fixture()
 def fake_data(tmp_path, monkeypatch):
-    """Patch portbench.registry / portbench.traces to serve synthetic canonical tables.
+    """Patch portbench.data.registry / portbench.data.traces to serve synthetic canonical tables.
 
     Both sources are "real"; bailian has no file and no stand-in (the registry resolves it to no
     provenance), so it must be skipped loudly.
@@ -557,7 +557,7 @@ def test_standin_windows_freeze_regenerate_and_verify(monkeypatch, shared_traces
 
 
 def test_rate_over_time_by_hand():
-    from portbench import plots_data
+    from portbench.present import plots_data
 
     r = plots_data.rate_over_time(np.arange(10.0), bin_s=5.0)  # last bin covers 5..9 (4 s, kept)
     assert r["t_s"].to_list() == [0.0, 5.0] and r["requests"].to_list() == [5, 5]
@@ -568,7 +568,7 @@ def test_rate_over_time_by_hand():
 
 
 def test_interarrival_cv_by_bucket_by_hand():
-    from portbench import plots_data
+    from portbench.present import plots_data
 
     periodic = np.arange(0.0, 1200.0, 2.0)                         # gaps all 2 s -> CV 0
     cv = plots_data.interarrival_cv_by_bucket(periodic, bucket_s=600.0)
@@ -581,7 +581,8 @@ def test_interarrival_cv_by_bucket_by_hand():
 
 
 def test_window_figures_label_stand_ins(fake_data, small_params):
-    from portbench import plots_data, sources
+    from portbench.present import plots_data
+    from portbench.core import provenance as sources
 
     m = W.freeze(small_params())
     m = {**m, "windows": [{**e, "provenance": "standin", "synthetic": True} if e["source"] == "burstgpt" else e

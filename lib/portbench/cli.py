@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import PortbenchError
+from .core.errors import PortbenchError
 
 
 def _params(args):
@@ -24,21 +24,21 @@ def _kv(text: str):
 
 
 def cmd_ingest(args):
-    from . import traces
+    from .data import traces
 
     report = traces.ingest_all(_params(args))
     print(traces.format_report(report))
 
 
 def cmd_freeze(args):
-    from . import windows
+    from .data import windows
 
     manifest = windows.freeze(_params(args), refreeze=args.refreeze)
     print(f"manifest: {len(manifest['windows'])} windows")
 
 
 def cmd_verify(args):
-    from . import windows
+    from .data import windows
 
     ok, total, problems = windows.verify(_params(args))
     for p in problems:
@@ -48,25 +48,25 @@ def cmd_verify(args):
 
 
 def cmd_schedulers(args):
-    from . import schedulers
+    from .sim import schedulers
 
     print(schedulers.describe())
 
 
 def cmd_profiles(args):
-    from . import profiles
+    from .sim import profiles
 
     print(profiles.describe())
 
 
 def cmd_simulate(args):
-    from . import campaign
+    from .study import campaign
 
     campaign.run_campaign(_params(args))
 
 
 def cmd_analyze(args):
-    from . import analysis
+    from .study import analysis
 
     analysis.run_analysis(_params(args))
 
@@ -80,7 +80,7 @@ def cmd_bench(args):
 def cmd_report(args):
     from pathlib import Path
 
-    from . import report
+    from .present import report
 
     P = _params(args)
     summary = Path(P["paths"]["results_dir"]) / "summary.json"

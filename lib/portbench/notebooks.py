@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import ParameterError
+from .core.errors import ParameterError
 from .params import DEFAULT_FILE, load, project_root, undot
 
 DATA_SECTIONS = ("sources", "windows", "standins")

@@ -42,7 +42,9 @@ def run(quick: bool = False) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
-    from .. import analysis, params, plots_analysis
+    from ..study import analysis
+    from .. import params
+    from ..present import plots_analysis
     from ..notebooks import run_notebooks
 
     planted = _planted()

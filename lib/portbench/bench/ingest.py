@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from .. import registry, traces
+from ..data import registry, traces
 
 SEED = 20241129
 # BurstGPT_1.csv: 25,443 failures in 1,429,737 rows (PROVENANCE.md).

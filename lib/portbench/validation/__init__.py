@@ -36,8 +36,8 @@ from typing import Any, Mapping
 
 import polars as pl
 
-from .. import schedulers
-from ..errors import ParameterError, PortbenchError, check_choice
+from ..sim import schedulers
+from ..core.errors import ParameterError, PortbenchError, check_choice
 from . import cases, replay   # verdict (scipy, statsmodels) is imported where used: params.load imports this
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -95,7 +95,7 @@ def _sim(P: Mapping) -> dict:
 
 
 def base_profile(P: Mapping):
-    from .. import profiles
+    from ..sim import profiles
 
     return profiles.get_profile(_sim(P).get("profile"))
 
@@ -156,7 +156,7 @@ class Plan:
 
 
 def _manifest_window_ids(P: Mapping, sources, per_source: int) -> dict[str, list[str]]:
-    from .. import windows
+    from ..data import windows
 
     man = windows.load_manifest(P)
     out: dict[str, list[str]] = {}
@@ -195,7 +195,7 @@ def plan(P: Mapping, reversals: pl.DataFrame | None = None) -> Plan:
 
 
 def _seed(P: Mapping, window_id: str, what: str, region: str) -> int:
-    from ..campaign import run_seed
+    from ..study.campaign import run_seed
 
     return run_seed(int(_sim(P).get("seed", 0)), window_id, what, region, 0)
 
@@ -261,7 +261,10 @@ def _log(progress: bool, msg: str) -> None:
 
 
 def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
-    from .. import campaign, params, profiles, windows
+    from ..study import campaign
+    from .. import params
+    from ..sim import profiles
+    from ..data import windows
     from . import verdict
 
     v, sim = settings(P), _sim(P)

@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import polars as pl
 
-from ..errors import DataError
+from ..core.errors import DataError
 from . import replay
 
 REQUIRED = ("a", "b", "source_1", "source_2", "region", "metric", "diff_1", "diff_2", "rel_1", "rel_2",

@@ -7,9 +7,10 @@ from typing import Mapping
 import numpy as np
 import polars as pl
 
-from .. import figures, metrics
-from ..errors import ParameterError
-from ..sources import label
+from ..present import figures
+from ..sim import metrics
+from ..core.errors import ParameterError
+from ..core.provenance import label
 from .cases import Case
 from .verdict import window_values
 

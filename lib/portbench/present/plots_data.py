@@ -348,7 +348,7 @@ def real_slices(P: Mapping, source: str) -> dict[str, pl.DataFrame]:
     Read through :func:`portbench.traces.read_slice` (the format :data:`portbench.registry.SLICES`
     gives); ``{file name: canonical rows}``.
     """
-    from . import registry, traces
+    from ..data import registry, traces
 
     mirror = registry.resolve_mirror(P)
     spec = (P.get("standins") or {}).get(source) or {}

@@ -68,10 +68,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from .errors import ParameterError
+from ..core.errors import ParameterError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .simulator import Request
+    from .engine import Request
 
 INFORMATION = ("none", "arrival", "prompt", "predicted", "oracle", "tenant")
 
@@ -904,8 +904,8 @@ def static_priority(name: str, window_df, seed: int, *, profile=None, slo=None, 
     scheduler's static key (ties by row = arrival order). ``ltr`` exports its score (vLLM has no
     starvation protection); ``edf`` needs ``slo`` (or option ``slo``).
     """
-    from .errors import check_choice
-    from .simulator import _requests_from_window
+    from ..core.errors import check_choice
+    from .engine import _requests_from_window
 
     check_choice("name", name, VLLM_STATIC_PRIORITY)
     sched = get_scheduler(name, **options)

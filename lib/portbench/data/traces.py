@@ -46,7 +46,7 @@ import numpy as np
 import polars as pl
 
 from . import registry
-from .errors import DataError
+from ..core.errors import DataError
 
 FORMATS = ("azure2023", "azure2024", "burstgpt", "qwen_jsonl", "qwen_csv")
 SOURCE_OF_FORMAT = {"azure2023": "azure", "azure2024": "azure", "burstgpt": "burstgpt",
@@ -627,7 +627,7 @@ def ingest_source(P: Mapping, source: str, *, write: bool = True) -> tuple[pl.Da
 
 def ingest_all(P: Mapping) -> dict:
     """Ingest every configured source; writes the canonical parquet files and ``ingest_report.json``."""
-    from .sources import configured
+    from ..core.provenance import configured
 
     entries = {}
     for source in configured(P):

@@ -46,7 +46,7 @@ import polars as pl
 from scipy.optimize import brentq
 from scipy.special import gammaln
 
-from .errors import DataError, ParameterError
+from ..core.errors import DataError, ParameterError
 
 FAMILIES = ("poisson", "gamma", "weibull")
 WINDOW_SCHEMA = {"arrival_s": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,

@@ -85,8 +85,8 @@ import polars as pl
 from scipy import stats as sstats
 
 from . import registry, synth, traces
-from .errors import DataError, IntegrityError, ParameterError, check_choice
-from .sources import label
+from ..core.errors import DataError, IntegrityError, ParameterError, check_choice
+from ..core.provenance import label
 
 BURSTGPT_GENERATOR = "burstgpt-standin/gamma-renewal+resampled-pairs/v1"
 BAILIAN_GENERATOR = "bailian-standin/servegen-superposed-renewal/v1"
@@ -141,7 +141,7 @@ def validate_params(P: Mapping) -> None:
 
 def mirror(P: Mapping | None = None) -> Path:
     """The data mirror holding the evidence (``registry.resolve_mirror``); DataError when absent."""
-    from . import params as params_mod
+    from ..core import config as params_mod
     from . import registry
 
     P = P if P is not None else params_mod.load()
@@ -1356,7 +1356,7 @@ def _ecdf(ax, values: np.ndarray, lbl: str, **kw: Any) -> None:
 
 def plot_evidence(P: Mapping, figures_dir: str | Path) -> list[str]:
     """Figures of the stand-ins beside their real evidence (PNG + PDF through ``figures.save``)."""
-    from . import figures
+    from ..present import figures
 
     ev = burstgpt_evidence(P)
     fit = burstgpt_arrival_estimates(P)
@@ -1464,7 +1464,7 @@ def counterfactual_demo(P: Mapping, window_df: pl.DataFrame, figures_dir: str | 
     """One window beside its ``burstiness`` variant (target CV ``standins.counterfactual.burstiness_cv``):
     a table (one row each: ``provenance`` of the window, ``counterfactual`` for the variant, whose
     row carries its definition as JSON) and a figure of cumulative arrivals (paths returned)."""
-    from . import figures
+    from ..present import figures
 
     cf = P["standins"]["counterfactual"]
     target = float(cv if cv is not None else cf["burstiness_cv"])

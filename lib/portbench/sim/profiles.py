@@ -86,7 +86,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .errors import DataError, ParameterError, check_choice
+from ..core.errors import DataError, ParameterError, check_choice
 
 _SCALARS = (int, float)
 FORMAT = "portbench-profile"
@@ -473,7 +473,7 @@ DATASETS: dict[str, tuple[str, str]] = {
 
 def default_gpu_profiles_dir() -> Path:
     """``../shared/gpu_profiles`` next to the project root."""
-    from .params import project_root
+    from ..core.config import project_root
 
     return project_root().parent / "shared" / "gpu_profiles"
 
@@ -515,7 +515,7 @@ def build_operator_table(gpu_profiles_dir: str | Path | None = None) -> dict:
 
 def write_operator_table(gpu_profiles_dir: str | Path | None = None, out: str | Path | None = None) -> Path:
     """Rebuild ``portbench/data/gpu_operator_times.json`` from the measured rows."""
-    path = Path(out) if out else Path(__file__).parent / "data" / OPERATOR_TABLE
+    path = Path(out) if out else Path(__file__).parent / "resources" / OPERATOR_TABLE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(build_operator_table(gpu_profiles_dir), indent=1) + "\n")
     return path
@@ -524,7 +524,7 @@ def write_operator_table(gpu_profiles_dir: str | Path | None = None, out: str | 
 @lru_cache(maxsize=1)
 def operator_table() -> dict:
     """The shipped operator table (package data)."""
-    return json.loads(resources.files("portbench").joinpath("data", OPERATOR_TABLE).read_text())
+    return json.loads(resources.files("portbench.sim").joinpath("resources", OPERATOR_TABLE).read_text())
 
 
 def _curve(folder: str) -> dict[str, np.ndarray]:
@@ -781,7 +781,7 @@ def get_profile(name_or_path: str | Path | Profile) -> Profile:
         return PROFILES[key]
     path = Path(key)
     if not path.is_file() and not path.is_absolute():
-        from .params import project_root
+        from ..core.config import project_root
 
         if (project_root() / path).is_file():
             path = project_root() / path
@@ -1016,7 +1016,7 @@ def plot_calibration(figures_dir: str | Path, profiles: list[str] | None = None,
                      name: str = "profile_calibration") -> dict[str, str]:
     """Measured vs modelled token-linear time for each profile (one panel each), saved via
     :func:`portbench.figures.save`; returns the PNG/PDF paths."""
-    from . import figures
+    from ..present import figures
 
     names = list(profiles or PROFILE_SPECS)
     fig, axes = figures.figure(1, len(names), figsize=(4.6 * len(names), 4.0), squeeze=False)

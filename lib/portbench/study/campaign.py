@@ -64,9 +64,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import registry, regions
-from . import schedulers as scheduler_registry
-from .errors import DataError, ParameterError, PortbenchError, check_choice, check_choices
+from ..data import registry
+from ..sim import regions
+from ..sim import schedulers as scheduler_registry
+from ..core.errors import DataError, ParameterError, PortbenchError, check_choice, check_choices
 
 FORMAT_VERSION = 1
 SEED_TAG = "portbench-run-seed-v1"
@@ -82,7 +83,7 @@ COUNTER_COLUMNS = {"arrived": "arrived", "completed": "completed_n", "unfinished
                    "rejected": "rejected", "preemptions": "preemptions"}
 SORT_COLUMNS = ["source", "window_id", "rho", "region", "scheduler", "replicate"]
 # Modules whose source code is part of the model fingerprint (a code change invalidates shards).
-MODEL_MODULES = ("profiles", "schedulers", "simulator", "regions", "metrics")
+MODEL_MODULES = ("sim",)
 
 
 class RunFailed(PortbenchError):
@@ -279,7 +280,7 @@ class SimEngine(Engine):
     def profile(self, P: Mapping):
         key = _sim(P).get("profile")
         if self._profile is None or self._profile_key != key:
-            from . import profiles
+            from ..sim import profiles
 
             self._profile, self._profile_key = profiles.get_profile(key), key
         return self._profile
@@ -295,7 +296,7 @@ class SimEngine(Engine):
                 "code": {m: _source_hash(m) for m in MODEL_MODULES}}
 
     def metric_names(self, P: Mapping) -> list[str]:
-        from . import metrics
+        from ..sim import metrics
 
         return list(metrics.metric_names(P))
 
@@ -307,7 +308,7 @@ class SimEngine(Engine):
         return scaled, float(regions.horizon_s(scaled, _sim(P)["horizon_factor"]))
 
     def run(self, scaled_df, scheduler: str, seed: int, horizon_s: float, P: Mapping) -> RunResult:
-        from . import metrics, simulator
+        from ..sim import metrics, engine as simulator
 
         s = _sim(P)
         sched = scheduler_registry.get_scheduler(scheduler, **scheduler_options(P, scheduler))
@@ -396,7 +397,7 @@ def _records_selection(P: Mapping, windows: Sequence[WindowRef], regions: Iterab
 
 def window_refs(P: Mapping, manifest: Mapping | None = None) -> list[WindowRef]:
     """The campaign's windows (manifest order; the first ``campaign.windows_per_source`` per source)."""
-    from . import windows
+    from ..data import windows
 
     manifest = manifest if manifest is not None else windows.load_manifest(P)
     entries = windows.select_entries(manifest, None, _camp(P).get("windows_per_source"))
@@ -824,7 +825,7 @@ def _plain(P: Mapping) -> dict:
 
 
 def _load_window_tables(P: Mapping, plan: Plan, needed: Sequence[str]) -> dict:
-    from . import windows as windows_mod
+    from ..data import windows as windows_mod
 
     wps = _camp(P).get("windows_per_source")
     tables = windows_mod.load_windows(P, per_source=wps)
@@ -931,7 +932,7 @@ def conservation_summary(runs):
 
 
 def _source_rank(source: str) -> tuple:
-    from .sources import SOURCES
+    from ..core.provenance import SOURCES
 
     return (SOURCES.index(source), "") if source in SOURCES else (len(SOURCES), source)
 
@@ -963,7 +964,7 @@ def _plain_log_axis(ax, axis: str = "y", subs=(1.0, 2.0, 5.0)) -> None:
 
 
 def _labels_for(runs, labels: Mapping | None) -> dict:
-    from .sources import label
+    from ..core.provenance import label
 
     prov = dict(runs.select(["source", "provenance"]).unique().iter_rows())
     return {s: (labels or {}).get(s) or label(s, p) for s, p in prov.items()}
@@ -973,7 +974,7 @@ def plot_capacity(runs, labels: Mapping | None = None):
     """Capacity per window (req/s, log scale), one column of dots per source, median marked."""
     import numpy as np
 
-    from .figures import figure
+    from ..present.figures import figure
 
     cap = capacity_by_window(runs)
     lab = _labels_for(runs, labels)
@@ -1017,7 +1018,7 @@ def load_curves(runs, metrics: Sequence[str], schedulers: Sequence[str] | None =
 def _metric_axis_label(name: str) -> str:
     if name == "completed_frac":
         return "completed in horizon (fraction)"
-    from . import metrics
+    from ..sim import metrics
 
     try:
         return f"{name} ({metrics.metric(name).unit})"
@@ -1033,7 +1034,7 @@ def plot_load_curves(runs, labels: Mapping | None = None, metrics: Sequence[str]
                      "completed_frac"), schedulers: Sequence[str] | None = None):
     """Metric against offered load rho: one row per metric, one column per source, one line per
     scheduler (median over windows x replicates, band = inter-quartile range)."""
-    from .figures import figure
+    from ..present.figures import figure
 
     schedulers = list(schedulers or curve_schedulers(runs))
     curves = load_curves(runs, metrics, schedulers)
@@ -1146,7 +1147,7 @@ def plot_preemptions(runs, labels: Mapping | None = None):
     """Heatmaps of mean preemptions per run, scheduler x region, one panel per source."""
     import numpy as np
 
-    from .figures import figure
+    from ..present.figures import figure
 
     t = preemption_table(runs)
     lab = _labels_for(runs, labels)

@@ -83,7 +83,7 @@ import numpy as np
 import polars as pl
 import simpy
 
-from .errors import ConservationError, DataError, ParameterError
+from ..core.errors import ConservationError, DataError, ParameterError
 from .profiles import decode_run_s, first_k_reaching, last_k_within
 from .schedulers import BaseScheduler, RunContext, get_scheduler
 

@@ -46,8 +46,8 @@ import numpy as np
 import polars as pl
 
 from . import registry, standins, synth, traces
-from .errors import DataError, IntegrityError, ParameterError, PortbenchError
-from .sources import configured, label
+from ..core.errors import DataError, IntegrityError, ParameterError, PortbenchError
+from ..core.provenance import configured, label
 
 MANIFEST_VERSION = 1
 COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "tenant")
@@ -753,7 +753,7 @@ def window_table(manifest: Mapping) -> pl.DataFrame:
 
 def provenance(manifest: Mapping) -> dict[str, str]:
     """``{source: provenance}`` of the sources with windows in the manifest."""
-    from .sources import provenance_from_manifest
+    from ..core.provenance import provenance_from_manifest
 
     return provenance_from_manifest(manifest)
 

@@ -37,7 +37,7 @@ from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from .errors import DataError, ParameterError, check_choices
+from ..core.errors import DataError, ParameterError, check_choices
 
 
 class Metric(NamedTuple):
@@ -123,9 +123,9 @@ def unregister_metric(name: str) -> None:
 
 def _slo_defs(P: Mapping | None) -> dict:
     if P is None:
-        from . import params
+        from ..core import config as params
 
-        P = params.load(validate=False)
+        P = params.load()
     return dict((P.get("simulation") or {}).get("slo") or {})
 
 

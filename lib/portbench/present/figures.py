@@ -80,7 +80,7 @@ def _read_index(figures_dir: Path) -> dict[str, dict]:
 
 
 def _write_index(figures_dir: Path, idx: dict[str, dict]) -> None:
-    from .registry import atomic_write
+    from ..data.registry import atomic_write
 
     text = json.dumps(idx, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
     atomic_write(figures_dir / INDEX_FILE, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

@@ -58,11 +58,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import metrics as metric_registry
+from ..sim import metrics as metric_registry
 from . import stats
-from . import schedulers as scheduler_registry
-from .errors import DataError, ParameterError, check_choice, check_choices
-from .sources import SOURCES, configured, label
+from ..sim import schedulers as scheduler_registry
+from ..core.errors import DataError, ParameterError, check_choice, check_choices
+from ..core.provenance import SOURCES, configured, label
 
 FAMILIES = ("all", "per_metric", "per_region")
 # Notebooks whose figures show the analysis (plots_analysis saves them under these folders).
@@ -1419,7 +1419,7 @@ def load(P: dict, *, recompute: bool = False, progress: bool = False) -> Analysi
             return Analysis(tables=tables, summary=summary, meta=meta)
     A = compute(P, runs, progress=progress)
     write(P, A)
-    from . import figures   # (matplotlib is imported only where figures are made or indexed)
+    from ..present import figures   # (matplotlib is imported only where figures are made or indexed)
 
     figures.forget(P["paths"]["figures_dir"], FIGURE_NOTEBOOKS)  # figures of an older analysis are not indexed
     write_summary(P, A)
@@ -1429,7 +1429,7 @@ def load(P: dict, *, recompute: bool = False, progress: bool = False) -> Analysi
 def figure_index(P: dict) -> list[dict]:
     """``[{name, file, pdf, notebook, description}]`` of every figure in ``paths.figures_dir`` (notebooks
     01-08, each recorded by ``figures.save``), paths relative to the project root where possible."""
-    from . import figures
+    from ..present import figures
 
     return figures.index(P["paths"]["figures_dir"], P.get("_root"))
 
@@ -1452,7 +1452,7 @@ def run_analysis(P: dict, *, figures: bool = True, progress: bool = True) -> dic
     t0 = time.perf_counter()
     A = load(P, recompute=True, progress=progress)
     if figures:
-        from . import plots_analysis
+        from ..present import plots_analysis
 
         plots_analysis.make_all(P, A, close=True)
     summary = write_summary(P, A)

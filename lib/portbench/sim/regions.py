@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 import polars as pl
 
-from .errors import DataError, ParameterError, check_choice, check_choices
+from ..core.errors import DataError, ParameterError, check_choice, check_choices
 
 DEFAULT_REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9,
                         "overload": 1.2, "severe": 2.0}
@@ -78,7 +78,7 @@ def _check_window(window_df) -> None:
 def capacity(window_df, profile, policy: str = "fcfs", *, seed: int = 0) -> float:
     """Saturation throughput (requests/s) of the window under ``policy``: all requests at t=0,
     capacity = completed / makespan (see the module docstring)."""
-    from . import simulator
+    from . import engine as simulator
     from .profiles import get_profile
 
     _check_window(window_df)

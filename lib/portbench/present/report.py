@@ -10,8 +10,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import DataError
-from .sources import DISPLAY
+from ..core.errors import DataError
+from ..core.provenance import DISPLAY
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 

@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DataError
-from .sources import configured
+from ..core.errors import DataError
+from ..core.provenance import configured
 
 MIRROR_ENV = "PORTBENCH_DATA_MIRROR"
 OFFLINE_ENV = "PORTBENCH_OFFLINE"
@@ -165,7 +165,7 @@ SLICES: dict[str, str] = {
 def _root(P: Mapping) -> Path:
     if P.get("_root"):
         return Path(P["_root"])
-    from .params import project_root
+    from ..core.config import project_root
 
     return project_root()
 
@@ -392,7 +392,7 @@ def resolve_source(P: Mapping, source: str) -> dict:
     spec = (P.get("sources") or {}).get(source) or {}
     mode, name = spec.get("mode", "auto"), spec.get("file")
     if mode not in MODES:
-        from .errors import ParameterError
+        from ..core.errors import ParameterError
 
         raise ParameterError(f"sources.{source}.mode", mode, "one of " + ", ".join(MODES))
     has_standin = _standin_defined(P, source)
