@@ -3,43 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
+import yaml
+
+from . import bench, notebooks, params, validation
 from .core.errors import PortbenchError
+from .data import traces, windows
+from .present import plots_analysis, report, text
+from .study import campaign
 
 
 def _params(args):
-    from . import params
-
     return params.load(args.params, params.undot(dict(_kv(o) for o in args.set or [])))
 
 
-def _kv(text: str):
-    import yaml
-
-    if "=" not in text:
-        raise PortbenchError(f"--set {text!r}: expected KEY=VALUE, e.g. simulation.replicates=1")
-    k, v = text.split("=", 1)
+def _kv(item: str):
+    if "=" not in item:
+        raise PortbenchError(f"--set {item!r}: expected KEY=VALUE, e.g. simulation.replicates=1")
+    k, v = item.split("=", 1)
     return k, yaml.safe_load(v)
 
 
 def cmd_ingest(args):
-    from .data import traces
-
     report = traces.ingest_all(_params(args))
-    print(traces.format_report(report))
+    print(text.format_report(report))
 
 
 def cmd_freeze(args):
-    from .data import windows
-
     manifest = windows.freeze(_params(args), refreeze=args.refreeze)
     print(f"manifest: {len(manifest['windows'])} windows")
 
 
 def cmd_verify(args):
-    from .data import windows
-
     ok, total, problems = windows.verify(_params(args))
     for p in problems:
         print(f"MISMATCH {p}", file=sys.stderr)
@@ -48,65 +46,43 @@ def cmd_verify(args):
 
 
 def cmd_schedulers(args):
-    from .sim import schedulers
-
-    print(schedulers.describe())
+    print(text.schedulers_markdown())
 
 
 def cmd_profiles(args):
-    from .sim import profiles
-
-    print(profiles.describe())
+    print(text.profiles_markdown())
 
 
 def cmd_simulate(args):
-    from .study import campaign
-
-    campaign.run_campaign(_params(args))
+    campaign.run(_params(args))
 
 
 def cmd_analyze(args):
-    from .study import analysis
-
-    analysis.run_analysis(_params(args))
+    plots_analysis.run(_params(args))
 
 
 def cmd_bench(args):
-    from . import bench
-
     return bench.main(_params(args), quick=args.quick)
 
 
 def cmd_report(args):
-    from pathlib import Path
-
-    from .present import report
-
-    P = _params(args)
-    summary = Path(P["paths"]["results_dir"]) / "summary.json"
+    cfg = _params(args)
+    summary = Path(cfg.paths.results_dir) / "summary.json"
     if args.readme:
         print(report.update_readme(args.readme, summary))
     else:
-        import json
-
         print(report.results_markdown(json.loads(summary.read_text())))
 
 
 def cmd_validate(args):
-    from . import validation
-
     validation.run(_params(args))
 
 
 def cmd_notebooks(args):
-    from . import notebooks
-
     notebooks.run_notebooks(args.params, args.out, only=args.only, overrides=None)
 
 
 def cmd_sweep(args):
-    from . import notebooks
-
     notebooks.run_sweep(args.sweep, args.out)
 
 

@@ -43,6 +43,12 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..core import config
+from ..core.config import Config
+from ..data import traces, windows
+from ..sim import schedulers
+from ..study import campaign
+
 TARGET_SPEEDUP = 10_000.0
 TARGET_CAMPAIGN_S = 300.0
 TARGET_PEAK_MIB = 2048.0
@@ -112,11 +118,9 @@ def _sub_bench(name: str, quick: bool) -> dict:
 def _probe() -> None:
     """Child-process entry: run one campaign from a JSON spec, print its timing and memory as JSON."""
     spec = json.loads(sys.argv[1])
-    from portbench import campaign
-
-    P = json.loads(Path(spec["params_json"]).read_text())
+    cfg = config.build(json.loads(Path(spec["params_json"]).read_text()))
     t0 = time.perf_counter()
-    res = campaign.run_campaign(P, executor="process", workers=spec["workers"], progress=spec.get("progress", False),
+    res = campaign.run(cfg, executor="process", workers=spec["workers"], progress=spec.get("progress", False),
                                 verbose=False)
     wall = time.perf_counter() - t0
     print("PROBE " + json.dumps({
@@ -126,18 +130,16 @@ def _probe() -> None:
         "children_maxrss_mib": _maxrss_mib(resource.RUSAGE_CHILDREN)}), flush=True)
 
 
-def _campaign_once(P: Mapping, overrides: Mapping, workers: int, tag: str, work: Path) -> dict:
-    from portbench import params
-
+def _campaign_once(cfg: Config, overrides: Mapping, workers: int, tag: str, work: Path) -> dict:
     results = work / f"campaign-{tag}"
     shutil.rmtree(results, ignore_errors=True)
-    Pp = params.deep_merge(dict(P), params.undot({**overrides, "paths.results_dir": str(results)}))
+    tree = config.deep_merge(cfg.tree, config.undot({**overrides, "paths.results_dir": str(results)}))
     pfile = work / f"params-{tag}.json"
-    pfile.write_text(json.dumps(Pp, default=str))
+    pfile.write_text(json.dumps(tree, default=str))
     spec = json.dumps({"params_json": str(pfile), "workers": workers})
     env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0"}
     out = subprocess.run([sys.executable, "-c", "from portbench.bench import _probe; _probe()", spec],
-                         capture_output=True, text=True, env=env, cwd=str(P.get("_root") or os.getcwd()))
+                         capture_output=True, text=True, env=env, cwd=str(cfg.paths.root))
     shutil.rmtree(results, ignore_errors=True)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("PROBE ")]
     if out.returncode != 0 or not line:
@@ -149,12 +151,10 @@ def _campaign_once(P: Mapping, overrides: Mapping, workers: int, tag: str, work:
     return r
 
 
-def _bench_campaign(P: Mapping, quick: bool, work: Path) -> dict:
-    from portbench import campaign, windows
-
-    workers = int(P["campaign"]["workers"])
-    windows.load_windows(P, per_source=P["campaign"].get("windows_per_source"))  # warm the window cache
-    full_plan = campaign.make_plan(P)
+def _bench_campaign(cfg: Config, quick: bool, work: Path) -> dict:
+    workers = int(cfg.campaign.workers)
+    windows.load_windows(cfg, per_source=cfg.campaign.windows_per_source)  # warm the window cache
+    full_plan = campaign.make_plan(cfg)
     full_runs = full_plan.n_runs
     n_windows = len(full_plan.windows)
     n_sources = len({w.source for w in full_plan.windows})
@@ -164,7 +164,7 @@ def _bench_campaign(P: Mapping, quick: bool, work: Path) -> dict:
     if quick:
         frac_over["simulation.replicates"] = 1
     repeats = 3
-    fracs = [_campaign_once(P, frac_over, workers, f"fraction{i}", work) for i in range(repeats)]
+    fracs = [_campaign_once(cfg, frac_over, workers, f"fraction{i}", work) for i in range(repeats)]
     frac = {k: _median([f[k] for f in fracs]) for k in fracs[0]}
     # Extrapolation: the fraction's fixed cost (worker start-up, window loading, consolidation) plus
     # the full campaign's runs at the fraction's compute time per run, spread over the workers.
@@ -184,9 +184,9 @@ def _bench_campaign(P: Mapping, quick: bool, work: Path) -> dict:
                        int(frac["runs"]), "--quick" if quick else f"the estimate {est_s:.0f} s exceeds 15 min")))
         return out
     # the full campaign: once, and twice more (median of 3) when one run takes under 2 minutes
-    fulls = [_campaign_once(P, {}, workers, "full0", work)]
+    fulls = [_campaign_once(cfg, {}, workers, "full0", work)]
     if fulls[0]["wall_s"] < 120:
-        fulls += [_campaign_once(P, {}, workers, f"full{i}", work) for i in (1, 2)]
+        fulls += [_campaign_once(cfg, {}, workers, f"full{i}", work) for i in (1, 2)]
     full_repeats = len(fulls)
     out.update(full_campaign_s=_median([f["wall_s"] for f in fulls]), full_campaign_measured=True,
                full_repeats=full_repeats, full_wall_s=[f["wall_s"] for f in fulls],
@@ -201,43 +201,39 @@ def _bench_campaign(P: Mapping, quick: bool, work: Path) -> dict:
 # --------------------------------------------------------------------------- window size
 
 
-def _size_windows(P: Mapping, sizes, n_windows: int) -> dict:
+def _size_windows(cfg: Config, sizes, n_windows: int) -> dict:
     """``{size: [window_df, ...]}``: stride-sampled windows of consecutive real requests (Azure)."""
-    from portbench import traces, windows
-
-    real = [s for s, spec in P["sources"].items() if s == "azure"] or list(P["sources"])
-    canon = traces.load_canonical(P, real[0])
+    real = [s for s in cfg.sources if s == "azure"] or list(cfg.sources)
+    canon = traces.load_canonical(cfg, real[0])
     out = {}
     for size in sizes:
-        cut = windows.cut_windows(canon, n_windows, size, int(P["windows"]["seed"]), real[0],
-                                  int(P["windows"]["tenants"]))
+        cut = windows.cut_windows(canon, n_windows, size, int(cfg.windows.seed), real[0], int(cfg.windows.tenants))
         out[size] = [df for _, df in cut]
     return out
 
 
-def _bench_window_size(P: Mapping, quick: bool) -> dict:
-    from portbench import campaign
-
+def _bench_window_size(cfg: Config, quick: bool) -> dict:
     engine = campaign.SimEngine()
-    scheds = ["fcfs", "sarathi", "srpt_oracle"] if quick else campaign.scheduler_names(P)
-    loads = campaign.region_loads(P)
+    sim = cfg.simulation
+    scheds = ["fcfs", "sarathi", "srpt_oracle"] if quick else schedulers.names(sim.schedulers)
+    loads = sim.loads
     regions = {k: v for k, v in loads.items() if k in ("near_saturation", "overload")} or \
         dict(list(loads.items())[-2:])
     n_windows = 2 if quick else 3
     repeats = 1 if quick else 3
-    tables = _size_windows(P, WINDOW_SIZES, n_windows)
+    tables = _size_windows(cfg, WINDOW_SIZES, n_windows)
     rows = []
     for size, dfs in tables.items():
-        caps = [engine.capacity(df, P) for df in dfs]
+        caps = [engine.capacity(df, sim) for df in dfs]
         walls, sim_s = [], 0.0
         for rep in range(repeats):
             t0 = time.perf_counter()
             sim_total = 0.0
             for df, cap in zip(dfs, caps):
                 for region, rho in regions.items():
-                    scaled, horizon = engine.prepare(df, rho, cap, P)
+                    scaled, horizon = engine.prepare(df, rho, cap, sim)
                     for s in scheds:
-                        r = engine.run(scaled, s, campaign.run_seed(0, f"size{size}", s, region, rep), horizon, P)
+                        r = engine.run(scaled, s, campaign.run_seed(0, f"size{size}", s, region, rep), horizon, sim)
                         sim_total += float(r.counters.get("sim_end_s", horizon))
             walls.append(time.perf_counter() - t0)
             sim_s = sim_total
@@ -254,7 +250,7 @@ def _bench_window_size(P: Mapping, quick: bool) -> dict:
             "speedup_per_core": _median([r["sim_s_per_wall_s"] for r in rows if r["size"] == 200])}
 
 
-def _window_size(P: Mapping, quick: bool, sim: Mapping) -> dict:
+def _window_size(cfg: Config, quick: bool, sim: Mapping) -> dict:
     """Window-size scaling: from the simulator bench when it measured it, else measured here."""
     slopes = sim.get("loglog_slope") if isinstance(sim, Mapping) else None
     if isinstance(slopes, Mapping) and slopes and sim.get("window_size_rows"):
@@ -262,7 +258,7 @@ def _window_size(P: Mapping, quick: bool, sim: Mapping) -> dict:
         return {"from": "bench/simulator.py", "rows": sim["window_size_rows"], "slopes": dict(slopes),
                 "loglog_slope": float(slopes[worst]), "worst_scheduler": worst}
     try:
-        return {"from": "portbench.bench (campaign engine)", **_bench_window_size(P, quick)}
+        return {"from": "portbench.bench (campaign engine)", **_bench_window_size(cfg, quick)}
     except Exception as e:
         return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
 
@@ -285,31 +281,29 @@ def _verdict(ok) -> str:
     return "n/a" if ok is None else ("met" if ok else "NOT MET")
 
 
-def main(P: Mapping, quick: bool = False) -> int:
+def main(cfg: Config, quick: bool = False) -> int:
     """Run the benchmark; prints the report and the ``BENCH`` line; writes ``build/bench/bench.json``."""
-    from portbench.params import project_root
-
     t_start = time.perf_counter()
-    root = Path(P.get("_root") or project_root())
+    root = Path(cfg.paths.root)
     out_dir = root / "build" / "bench"
     out_dir.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"portbench bench ({'quick' if quick else 'full'}) on {platform.node()}: {os.cpu_count()} cores, "
           f"load average {load[0]:.2f} (other work on the machine slows every number below)", flush=True)
     report: dict = {"quick": quick, "cpu_count": os.cpu_count(), "loadavg_start": load,
-                    "python": platform.python_version(), "params_file": P.get("_params_file")}
+                    "python": platform.python_version(), "params_file": str(cfg.paths.params_file)}
 
     report["simulator"] = _sub_bench("simulator", quick)
     _print_result("simulator (simulated s per wall s per core)", report["simulator"])
 
     with tempfile.TemporaryDirectory(prefix="campaign-", dir=out_dir) as work:
         try:
-            report["campaign"] = _bench_campaign(P, quick, Path(work))
+            report["campaign"] = _bench_campaign(cfg, quick, Path(work))
         except Exception as e:
             report["campaign"] = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
     _print_result("campaign", report["campaign"])
 
-    report["window_size"] = _window_size(P, quick, report["simulator"])
+    report["window_size"] = _window_size(cfg, quick, report["simulator"])
     _print_result("window size", report["window_size"])
 
     report["ingest"] = _sub_bench("ingest", quick)

@@ -15,18 +15,23 @@ request at light load) and a few planted reversals. Timed, with ``analysis.boots
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from .. import params
+from ..core.config import project_root
+from ..notebooks import run_notebooks
+from ..present import plots_analysis
+from ..study import analysis
+
 TARGET_NOTEBOOKS_S = 180.0
 
 
 def _planted():
-    from ..params import project_root
-
     path = project_root() / "tests" / "planted.py"
     if not path.is_file():
         raise FileNotFoundError(f"{path} (the planted-table generator of the test suite) is needed")
@@ -39,14 +44,6 @@ def _planted():
 
 def run(quick: bool = False) -> dict:
     """Time the analysis at default size; returns the timings (seconds) and the target verdict."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from ..study import analysis
-    from .. import params
-    from ..present import plots_analysis
-    from ..notebooks import run_notebooks
-
     planted = _planted()
     df = planted.make_runs(effects=planted.realistic_effects())
     out: dict = {"runs": df.height, "schedulers": df["scheduler"].n_unique(), "windows": df["window_id"].n_unique(),
@@ -56,23 +53,21 @@ def run(quick: bool = False) -> dict:
         planted.write_runs(tmp / "results", df)
         overrides = {"paths": {"results_dir": str(tmp / "results"), "figures_dir": str(tmp / "figures")},
                      "analysis": {"runs_file": str(tmp / "results" / "runs.parquet")}}
-        P = params.load("papermill_params/default.yaml", overrides)
-        out["bootstrap"] = analysis.settings(P)["bootstrap"]
+        cfg = params.load("papermill_params/default.yaml", overrides)
+        out["bootstrap"] = cfg.analysis.bootstrap
         walls = []
         for _ in range(1 if quick else 3):
             t0 = time.perf_counter()
-            A = analysis.compute(P)
+            A = analysis.compute(cfg)
             walls.append(time.perf_counter() - t0)
         out["compute_s"] = walls
         out["compute_s_median"] = statistics.median(walls)
         out["compute_parts_s"] = A.meta["timings_s"]
-        analysis.write(P, A)
+        analysis.write(cfg.paths.results_dir, A)
         t0 = time.perf_counter()
-        plots_analysis.make_all(P, A, close=True)
+        plots_analysis.make_all(cfg, A, close=True)
         out["figures_s"] = time.perf_counter() - t0
         if not quick:
-            import shutil
-
             shutil.rmtree(tmp / "results" / "analysis", ignore_errors=True)
             shutil.rmtree(tmp / "figures", ignore_errors=True)
             t0 = time.perf_counter()

@@ -25,6 +25,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ..sim import profiles, regions, schedulers
+from ..sim import engine as simulator
+
 REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9, "overload": 1.2,
                 "severe": 2.0}
 SIZES = (200, 400, 800, 1600)
@@ -32,15 +35,10 @@ AZURE_FILE = "AzureLLMInferenceTrace_conv.csv"
 FULL_CAMPAIGN_RUNS = 13 * 120 * 6 * 3
 
 
-def _azure_path(P=None) -> Path:
+def _azure_path(mirror: Path | None = None) -> Path:
     cands = []
-    try:
-        from portbench import registry
-        m = registry.resolve_mirror(P) if P is not None else None
-        if m is not None:
-            cands.append(Path(m) / "azure2023" / AZURE_FILE)
-    except Exception:  # noqa: BLE001 - the bench falls back to the usual mirror locations
-        pass
+    if mirror is not None:
+        cands.append(Path(mirror) / "azure2023" / AZURE_FILE)
     env = os.environ.get("PORTBENCH_DATA_MIRROR")
     if env:
         cands.append(Path(env) / "azure2023" / AZURE_FILE)
@@ -52,10 +50,10 @@ def _azure_path(P=None) -> Path:
     raise FileNotFoundError(f"{AZURE_FILE} not found in the data mirror (set PORTBENCH_DATA_MIRROR)")
 
 
-def real_windows(sizes=(200,), n_windows: int = 3, P=None) -> dict[int, list[pl.DataFrame]]:
+def real_windows(sizes=(200,), n_windows: int = 3, mirror: Path | None = None) -> dict[int, list[pl.DataFrame]]:
     """``{size: [window_df, ...]}``: ``n_windows`` windows of ``size`` consecutive Azure requests,
     placed evenly through the trace; tenants seeded (4)."""
-    raw = pl.read_csv(_azure_path(P))
+    raw = pl.read_csv(_azure_path(mirror))
     ts = raw["TIMESTAMP"].str.to_datetime("%Y-%m-%d %H:%M:%S%.f")
     t = ((ts - ts[0]).dt.total_microseconds() / 1e6).to_numpy()
     out: dict[int, list[pl.DataFrame]] = {}
@@ -75,12 +73,10 @@ def real_windows(sizes=(200,), n_windows: int = 3, P=None) -> dict[int, list[pl.
 
 
 def _profile():
-    from portbench import profiles
-    return profiles.get_profile(getattr(profiles, "DEFAULT_PROFILE", "a100_40gb_llama2_7b"))
+    return profiles.get_profile(profiles.DEFAULT_PROFILE)
 
 
 def _prepare(dfs, profile, loads):
-    from portbench import regions
     cases = []
     for i, df in enumerate(dfs):
         cap = regions.capacity(df, profile)
@@ -95,8 +91,6 @@ def run(quick: bool = False, windows: dict | None = None) -> dict:
 
     ``windows``: optional ``{size: [window_df, ...]}`` (or ``{name: window_df}`` of 200-request
     windows) instead of the Azure windows."""
-    from portbench import schedulers, simulator
-
     profile = _profile()
     slo = {"ttft_s": 2.0, "tpot_s": 0.1}
     names = [n for n in schedulers.SCHEDULERS if not n.startswith("test_")]

@@ -20,23 +20,18 @@ never a silent fallback. Hashes are cached in ``{paths.data_dir}/raw/.verified.j
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import struct
-import tempfile
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core import io
+from ..core.config import Config, PathsConfig, SourceConfig
 from ..core.errors import DataError
-from ..core.provenance import configured
 
 MIRROR_ENV = "PORTBENCH_DATA_MIRROR"
 OFFLINE_ENV = "PORTBENCH_OFFLINE"
 VERIFIED_CACHE = ".verified.json"
 DOWNLOAD_TIMEOUT_S = (10, 60)  # (connect, read) timeouts of one HTTP request (pooch -> requests)
-MODES = ("auto", "real", "standin")
 
 
 @dataclass(frozen=True)
@@ -159,133 +154,58 @@ SLICES: dict[str, str] = {
 }
 
 
-# --------------------------------------------------------------------------- mirror and cache
+# --------------------------------------------------------------------------- the store
 
 
-def _root(P: Mapping) -> Path:
-    if P.get("_root"):
-        return Path(P["_root"])
-    from ..core.config import project_root
+@dataclass(frozen=True)
+class Store:
+    """Where trace files are found and how they are verified: the project ``root``, the data
+    ``mirror`` (None: no mirror) and ``raw_dir`` (``{paths.data_dir}/raw``: downloads and the
+    checksum cache ``.verified.json``)."""
 
-    return project_root()
+    root: Path
+    mirror: Path | None
+    raw_dir: Path
+
+    @property
+    def hash_cache(self) -> Path:
+        return self.raw_dir / VERIFIED_CACHE
+
+    def sha256(self, path: str | os.PathLike) -> str:
+        """:func:`portbench.core.io.sha256_of` with this store's on-disk cache."""
+        return io.sha256_of(path, self.hash_cache)
+
+    def tree_sha256(self, folder: str | os.PathLike) -> str:
+        """:func:`portbench.core.io.tree_sha256` (how a folder of evidence is recorded in the manifest)."""
+        return io.tree_sha256(folder, self.hash_cache)
 
 
-def resolve_mirror(P: Mapping) -> Path | None:
-    """The data mirror: ``paths.mirror``, else ``$PORTBENCH_DATA_MIRROR``, else ``<root>/../shared/traces``."""
-    configured = (P.get("paths") or {}).get("mirror")
+def resolve_mirror(configured: Path | None, root: Path) -> Path | None:
+    """The data mirror: ``configured`` (``paths.mirror``), else ``$PORTBENCH_DATA_MIRROR``, else
+    ``<root>/../shared/traces`` when it exists."""
     if configured:
         return Path(configured)
     env = os.environ.get(MIRROR_ENV, "").strip()
     if env:
         return Path(env)
-    default = (_root(P) / ".." / "shared" / "traces").resolve()
+    default = (Path(root) / ".." / "shared" / "traces").resolve()
     return default if default.is_dir() else None
 
 
-def raw_dir(P: Mapping) -> Path:
-    """``{paths.data_dir}/raw``: downloads and the verification cache."""
-    return Path(P["paths"]["data_dir"]) / "raw"
+def store(paths: PathsConfig) -> Store:
+    """The :class:`Store` of a parameter set's ``paths`` section."""
+    return Store(root=paths.root, mirror=resolve_mirror(paths.mirror, paths.root),
+                 raw_dir=Path(paths.data_dir) / "raw")
 
 
-def _hash_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> None:
-    """Write ``path`` through ``write(tmp_path)`` into a temporary file next to it, then rename it over
-    ``path`` (atomic on POSIX): readers never see a half-written file. The file gets ordinary
-    permissions (``0o666`` less the umask), not ``mkstemp``'s 0600."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _load_cache(cache: Path) -> dict:
-    try:
-        data = json.loads(cache.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _save_cache(cache: Path, data: dict) -> None:
-    text = json.dumps(data, indent=1, sort_keys=True)
-    try:
-        atomic_write(cache, lambda tmp: Path(tmp).write_text(text))
-    except OSError:  # a read-only data_dir only costs a re-hash next time
-        pass
-
-
-# In-process memo of file hashes, {(resolved path, size, mtime_ns): sha256}: without a parameter set
-# (no data_dir for the on-disk cache) a file is still hashed only once per process.
-_MEMO: dict[tuple[str, int, int], str] = {}
-
-
-def sha256_of(path: str | os.PathLike, P: Mapping | None = None) -> str:
-    """SHA-256 of a file, the one file checksum of the project.
-
-    Cached by (path, size, mtime) in this process and, when ``P`` is given, in
-    ``{data_dir}/raw/.verified.json`` (so a large file is hashed once, not on every run).
-    """
-    path = Path(path).resolve()
-    st = path.stat()
-    key = str(path)
-    memo_key = (key, st.st_size, st.st_mtime_ns)
-    stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    cache = raw_dir(P) / VERIFIED_CACHE if P is not None else None
-    if cache is not None:
-        hit = _load_cache(cache).get(key)
-        if isinstance(hit, dict) and all(hit.get(k) == v for k, v in stamp.items()) and hit.get("sha256"):
-            _MEMO[memo_key] = hit["sha256"]
-            return hit["sha256"]
-    digest = _MEMO.get(memo_key) or _hash_file(path)
-    _MEMO[memo_key] = digest
-    if cache is not None:
-        data = _load_cache(cache)  # re-read: another process may have added entries meanwhile
-        data[key] = {**stamp, "sha256": digest}
-        _save_cache(cache, data)
-    return digest
-
-
-def tree_sha256(folder: str | os.PathLike, P: Mapping | None = None) -> str:
-    """SHA-256 of a folder: over its files' relative paths and :func:`sha256_of` digests, in sorted
-    order, each field length-prefixed (8 bytes, little-endian). How a folder of evidence (e.g.
-    ServeGen's client files) is recorded in the window manifest (as ``"<folder>/"``)."""
-    folder = Path(folder)
-    h = hashlib.sha256()
-    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
-        for data in (p.relative_to(folder).as_posix().encode(), sha256_of(p, P).encode()):
-            h.update(struct.pack("<Q", len(data)))
-            h.update(data)
-    return h.hexdigest()
-
-
-def verify(path: str | os.PathLike, spec: OfficialFile, P: Mapping | None = None) -> str:
+def verify(path: str | os.PathLike, spec: OfficialFile, st: Store | None = None) -> str:
     """Check ``path`` against the recorded size and SHA-256; returns its SHA-256 (DataError on mismatch)."""
     path = Path(path)
     size = path.stat().st_size
     if spec.size is not None and size != spec.size:
         raise DataError(path, f"size {size:,} bytes, but the official {spec.name} has {spec.size:,} bytes "
                               "(a truncated or different copy)")
-    digest = sha256_of(path, P)
+    digest = st.sha256(path) if st is not None else io.sha256_of(path)
     if spec.sha256 is not None and digest != spec.sha256:
         raise DataError(path, f"SHA-256 mismatch for {spec.name}: expected {spec.sha256}, got {digest}")
     return digest
@@ -294,9 +214,9 @@ def verify(path: str | os.PathLike, spec: OfficialFile, P: Mapping | None = None
 # --------------------------------------------------------------------------- locating
 
 
-def mirror_candidates(name: str, P: Mapping) -> list[Path]:
+def mirror_candidates(name: str, st: Store) -> list[Path]:
     """Where :func:`locate` looks for ``name`` inside the mirror, in order."""
-    mirror = resolve_mirror(P)
+    mirror = st.mirror
     if mirror is None:
         return []
     spec = OFFICIAL_FILES.get(name)
@@ -321,11 +241,11 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:120]}" if text else type(e).__name__
 
 
-def _download(spec: OfficialFile, P: Mapping) -> tuple[Path | None, list[str]]:
+def _download(spec: OfficialFile, st: Store) -> tuple[Path | None, list[str]]:
     """Fetch ``spec`` with pooch into ``{data_dir}/raw``; returns (path or None, failure reasons)."""
     if os.environ.get(OFFLINE_ENV, "").strip():
         return None, [f"not attempted (${OFFLINE_ENV} is set)"]
-    target = raw_dir(P)
+    target = st.raw_dir
     key = (spec.name, str(target))
     if key in _FAILED_DOWNLOADS:
         return None, _FAILED_DOWNLOADS[key] + ["(not retried in this process)"]
@@ -344,36 +264,36 @@ def _download(spec: OfficialFile, P: Mapping) -> tuple[Path | None, list[str]]:
     return None, tried
 
 
-def locate(name: str, P: Mapping) -> Path:
+def locate(name: str, st: Store) -> Path:
     """A verified local copy of official file ``name`` (mirror, earlier download, or a new download).
 
     A name that is not an official file is looked up as a path, then in the mirror, unverified.
     """
     spec = OFFICIAL_FILES.get(name)
     looked: list[str] = []
-    mirror = resolve_mirror(P)
+    mirror = st.mirror
     if spec is None:
         direct = Path(name)
-        for p in ([direct] if direct.is_absolute() else [_root(P) / direct]) + mirror_candidates(name, P):
+        for p in ([direct] if direct.is_absolute() else [st.root / direct]) + mirror_candidates(name, st):
             if p.is_file():
                 return p
             looked.append(str(p))
         raise MissingFileError(name, "not an official file (see portbench.registry.OFFICIAL_FILES) and not "
                                      "found at " + "; ".join(looked or ["(no data mirror configured)"]))
-    for p in mirror_candidates(name, P):
+    for p in mirror_candidates(name, st):
         if p.is_file():
-            verify(p, spec, P)
+            verify(p, spec, st)
             return p
         looked.append(str(p.relative_to(mirror)))
     where = (f"not in the data mirror {mirror} (looked at {', '.join(looked)})" if mirror is not None
              else "no data mirror (set paths.mirror or $PORTBENCH_DATA_MIRROR)")
-    cached = raw_dir(P) / name
+    cached = st.raw_dir / name
     if cached.is_file():
-        verify(cached, spec, P)
+        verify(cached, spec, st)
         return cached
-    got, tried = _download(spec, P)
+    got, tried = _download(spec, st)
     if got is not None:
-        verify(got, spec, P)
+        verify(got, spec, st)
         return got
     raise MissingFileError(name, f"official file not found: {where}; not downloaded before ({cached}); "
                                  "download failed: " + "; ".join(tried))
@@ -382,39 +302,28 @@ def locate(name: str, P: Mapping) -> Path:
 # --------------------------------------------------------------------------- sources
 
 
-def _standin_defined(P: Mapping, source: str) -> bool:
-    """A source has a stand-in when the ``standins`` section has an entry for it."""
-    return isinstance((P.get("standins") or {}).get(source), Mapping)
-
-
-def resolve_source(P: Mapping, source: str) -> dict:
+def resolve_source(st: Store, source: SourceConfig, has_standin: bool) -> dict:
     """``{"provenance", "file", "path", "reason"}`` of one source (see :func:`resolve_sources`)."""
-    spec = (P.get("sources") or {}).get(source) or {}
-    mode, name = spec.get("mode", "auto"), spec.get("file")
-    if mode not in MODES:
-        from ..core.errors import ParameterError
-
-        raise ParameterError(f"sources.{source}.mode", mode, "one of " + ", ".join(MODES))
-    has_standin = _standin_defined(P, source)
+    mode, name = source.mode, source.file
     fallback = ("standin", "using the stand-in") if has_standin else (None, "skipped: no stand-in is defined")
     if mode == "standin":
         reason = "mode standin requested" + ("" if has_standin else "; skipped: no stand-in is defined")
         return {"provenance": fallback[0], "file": name, "path": None, "reason": reason}
     if not name:
         if mode == "real":
-            raise DataError(f"sources.{source}.file", "mode real needs an official file name")
+            raise DataError(f"sources.{source.name}.file", "mode real needs an official file name")
         return {"provenance": fallback[0], "file": None, "path": None,
                 "reason": f"no file configured; {fallback[1]}"}
     try:
-        path = locate(name, P)
+        path = locate(name, st)
     except MissingFileError as e:
         if mode == "real":
-            raise DataError(e.file, f"sources.{source}.mode is real, but the {e.problem}") from None
+            raise DataError(e.file, f"sources.{source.name}.mode is real, but the {e.problem}") from None
         return {"provenance": fallback[0], "file": name, "path": None, "reason": f"{e.problem} -> {fallback[1]}"}
     return {"provenance": "real", "file": name, "path": path, "reason": f"official file found at {path}"}
 
 
-def resolve_sources(P: Mapping) -> dict[str, dict]:
+def resolve_sources(cfg: Config) -> dict[str, dict]:
     """Per configured source: provenance ``real`` / ``standin`` / ``None`` (skipped), file, path, reason.
 
     Mode ``auto``: real when the official file can be located, else the stand-in; ``standin``:
@@ -422,4 +331,5 @@ def resolve_sources(P: Mapping) -> dict[str, dict]:
     SHA-256 mismatch) is an error in every mode. A source without a stand-in (no ``standins.<source>``
     entry) that would need one is skipped (provenance ``None``).
     """
-    return {s: resolve_source(P, s) for s in configured(P)}
+    st = store(cfg.paths)
+    return {s: resolve_source(st, cfg.sources[s], cfg.standins.of(s) is not None) for s in cfg.source_names()}

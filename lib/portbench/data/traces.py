@@ -32,7 +32,6 @@ files according to third-party full-file audits), which catches truncated values
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sys
@@ -46,6 +45,8 @@ import numpy as np
 import polars as pl
 
 from . import registry
+from ..core import io
+from ..core.config import Config
 from ..core.errors import DataError
 
 FORMATS = ("azure2023", "azure2024", "burstgpt", "qwen_jsonl", "qwen_csv")
@@ -541,12 +542,11 @@ def read_file(path: str | os.PathLike, fmt: str | None = None, *, source: str | 
     return table, report
 
 
-def read_slice(P: Mapping, relpath: str) -> tuple[pl.DataFrame, dict]:
-    """A real slice in the data mirror (e.g. ``burstgpt/BurstGPT_1_first400.csv``) through its adapter.
+def read_slice(mirror: Path | None, relpath: str) -> tuple[pl.DataFrame, dict]:
+    """A real slice in the data ``mirror`` (e.g. ``burstgpt/BurstGPT_1_first400.csv``) through its adapter.
 
-    The format comes from :data:`portbench.registry.SLICES` (detected for other files).
+    The format comes from :data:`portbench.data.registry.SLICES` (detected for other files).
     """
-    mirror = registry.resolve_mirror(P)
     if mirror is None:
         raise DataError(relpath, "no data mirror (set paths.mirror or $PORTBENCH_DATA_MIRROR)")
     return read_file(mirror / relpath, registry.SLICES.get(relpath))
@@ -559,39 +559,39 @@ def _median(df: pl.DataFrame, col: str) -> float | None:
 # --------------------------------------------------------------------------- ingest stage
 
 
-def canonical_dir(P: Mapping) -> Path:
+def canonical_dir(data_dir: Path) -> Path:
     """``{paths.data_dir}/canonical``."""
-    return Path(P["paths"]["data_dir"]) / "canonical"
+    return Path(data_dir) / "canonical"
 
 
-def report_path(P: Mapping) -> Path:
+def report_path(data_dir: Path) -> Path:
     """``{paths.data_dir}/canonical/ingest_report.json``."""
-    return canonical_dir(P) / "ingest_report.json"
+    return canonical_dir(data_dir) / "ingest_report.json"
 
 
 def _loud(msg: str) -> None:
     print(f"[portbench ingest] {msg}", file=sys.stderr, flush=True)
 
 
-def _read_report(P: Mapping) -> dict:
+def _read_report(data_dir: Path) -> dict:
     try:
-        data = json.loads(report_path(P).read_text())
+        data = json.loads(report_path(data_dir).read_text())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
-def _write_report(P: Mapping, entries: Mapping[str, dict]) -> dict:
+def _write_report(data_dir: Path, entries: Mapping[str, dict]) -> dict:
     """Merge ``entries`` into ingest_report.json; returns the whole report."""
-    report = _read_report(P)
+    report = _read_report(data_dir)
     report.setdefault("sources", {}).update(entries)
     report["canonical_version"] = CANONICAL_VERSION
     text = json.dumps(report, indent=1, sort_keys=True, default=str) + "\n"
-    registry.atomic_write(report_path(P), lambda tmp: Path(tmp).write_text(text))
+    io.write_text(report_path(data_dir), text)
     return report
 
 
-def ingest_source(P: Mapping, source: str, *, write: bool = True) -> tuple[pl.DataFrame | None, dict]:
+def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.DataFrame | None, dict]:
     """Ingest one source's official file (``sources.<source>.file``) into its canonical table.
 
     A source with no real file in this run (mode standin, or auto with the file absent) is
@@ -599,14 +599,16 @@ def ingest_source(P: Mapping, source: str, *, write: bool = True) -> tuple[pl.Da
     raises DataError (from :func:`portbench.registry.resolve_source`). With ``write`` the table goes
     to ``{data_dir}/canonical/{source}.parquet`` and the report entry into ``ingest_report.json``.
     """
-    info = registry.resolve_source(P, source)
+    st = registry.store(cfg.paths)
+    data_dir = cfg.paths.data_dir
+    info = registry.resolve_source(st, cfg.sources[source], cfg.standins.of(source) is not None)
     if info["provenance"] != "real":
         _loud(f"SKIPPED {source}: no real file in this run -> {info['provenance'] or 'not used'} "
               f"({info['reason']})")
         rep = {"source": source, "file": info["file"], "provenance": info["provenance"], "skipped": True,
                "reason": info["reason"]}
         if write:
-            _write_report(P, {source: rep})
+            _write_report(data_dir, {source: rep})
         return None, rep
     name, path = info["file"], Path(info["path"])
     spec = registry.OFFICIAL_FILES.get(name)
@@ -615,75 +617,42 @@ def ingest_source(P: Mapping, source: str, *, write: bool = True) -> tuple[pl.Da
     rep["file"] = name
     if spec is not None and spec.rows is not None and rep["rows_read"] != spec.rows:
         raise DataError(path, f"read {rep['rows_read']:,} data rows, but the official {name} has {spec.rows:,}")
-    rep |= {"provenance": "real", "skipped": False, "sha256": registry.sha256_of(path, P),
+    rep |= {"provenance": "real", "skipped": False, "sha256": st.sha256(path),
             "sha256_verified": bool(spec and spec.sha256), "canonical_version": CANONICAL_VERSION}
     if write:
-        target = canonical_dir(P) / f"{source}.parquet"
-        registry.atomic_write(target, lambda tmp: table.write_parquet(tmp))
+        target = canonical_dir(data_dir) / f"{source}.parquet"
+        io.atomic_write(target, lambda tmp: table.write_parquet(tmp))
         rep["canonical"] = str(target)
-        _write_report(P, {source: rep})
+        _write_report(data_dir, {source: rep})
     return table, rep
 
 
-def ingest_all(P: Mapping) -> dict:
+def ingest_all(cfg: Config) -> dict:
     """Ingest every configured source; writes the canonical parquet files and ``ingest_report.json``."""
-    from ..core.provenance import configured
-
     entries = {}
-    for source in configured(P):
-        _, entries[source] = ingest_source(P, source, write=True)
-    report = _write_report(P, entries)
+    for source in cfg.source_names():
+        _, entries[source] = ingest_source(cfg, source, write=True)
+    report = _write_report(cfg.paths.data_dir, entries)
     return {**report, "sources": {s: report["sources"][s] for s in entries}}
 
 
-def load_canonical(P: Mapping, source: str) -> pl.DataFrame:
+def load_canonical(cfg: Config, source: str) -> pl.DataFrame:
     """The canonical table of ``source``, ingesting first when it is missing or stale.
 
     Stale: the recorded file name, SHA-256 or adapter version differs from the file resolved now.
     DataError when the source has no real file in this run.
     """
-    info = registry.resolve_source(P, source)
+    st = registry.store(cfg.paths)
+    info = registry.resolve_source(st, cfg.sources[source], cfg.standins.of(source) is not None)
     if info["provenance"] != "real":
         raise DataError(info["file"] or f"sources.{source}.file",
                         f"no canonical table for {source}: {info['reason']}")
-    target = canonical_dir(P) / f"{source}.parquet"
-    entry = _read_report(P).get("sources", {}).get(source) or {}
+    target = canonical_dir(cfg.paths.data_dir) / f"{source}.parquet"
+    entry = _read_report(cfg.paths.data_dir).get("sources", {}).get(source) or {}
     fresh = (target.is_file() and entry.get("file") == info["file"]
              and entry.get("canonical_version") == CANONICAL_VERSION
-             and entry.get("sha256") == registry.sha256_of(info["path"], P))
+             and entry.get("sha256") == st.sha256(info["path"]))
     if not fresh:
-        table, _ = ingest_source(P, source, write=True)
+        table, _ = ingest_source(cfg, source, write=True)
         return table
     return pl.read_parquet(target)
-
-
-def format_report(report: Mapping) -> str:
-    """A readable text table of an ingest report (one line per source, reasons for skipped ones)."""
-    head = ("source", "provenance", "file", "format", "rows read", "valid", "excluded", "span", "rate", "sha256")
-    rows, notes = [], []
-    for source, r in (report.get("sources") or {}).items():
-        if r.get("skipped"):
-            rows.append((source, str(r.get("provenance")), str(r.get("file")), "-", "-", "-", "-", "-", "-", "-"))
-            notes.append(f"  {source}: skipped - {r.get('reason')}")
-            continue
-        excluded = ", ".join(f"{k} {v:,}" for k, v in (r.get("excluded") or {}).items()) or "none"
-        span = r.get("span_s")
-        rate = r.get("rate_rps")
-        sha = (r.get("sha256") or "")[:12] + (" (verified)" if r.get("sha256_verified") else "")
-        rows.append((source, str(r.get("provenance", "")), str(r.get("file")), str(r.get("format")),
-                     f"{r['rows_read']:,}", f"{r['rows_valid']:,}", excluded,
-                     _duration(span), f"{rate:.3g} req/s" if rate else "-", sha or "-"))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    out = [line(head), line(["-" * w for w in widths]), *map(line, rows)]
-    return "\n".join(out + (["", "Skipped sources:", *notes] if notes else []))
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "-"
-    if seconds >= 2 * 86400:
-        return f"{seconds / 86400:.1f} d"
-    if seconds >= 2 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds:,.0f} s"

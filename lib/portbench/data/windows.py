@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import struct
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -46,20 +45,18 @@ import numpy as np
 import polars as pl
 
 from . import registry, standins, synth, traces
+from ..core import io
+from ..core.config import Config
 from ..core.errors import DataError, IntegrityError, ParameterError, PortbenchError
-from ..core.provenance import configured, label
+from ..core.provenance import label, provenance_from_manifest
+from .registry import Store
+from .window_table import COLUMNS, SCHEMA, STAT_KEYS, as_window_table, window_sha256, window_stats  # noqa: F401
 
 MANIFEST_VERSION = 1
-COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "tenant")
-SCHEMA = {"arrival_s": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "tenant": pl.String}
 TENANT_FIELDS = ("model", "log_type")
 TENANT_MISSING = "unknown"
-STAT_KEYS = ("rate_rps", "interarrival_cv", "prompt_mean", "prompt_p90", "output_mean", "output_p90")
-STATS_SIGNIFICANT_DIGITS = 10  # stats are rounded so float summation order can never change the manifest
-P90 = 90
 CACHE_FILE = "windows.parquet"
 CACHE_META_KEY = b"portbench_manifest_checksum"
-HASH_MAGIC = b"portbench-window-v1"
 # Parameter sections a manifest is frozen from; freezing with different values needs --refreeze.
 FROZEN_SECTIONS = ("windows", "sources", "standins")
 
@@ -185,95 +182,6 @@ def _file_of(canonical: pl.DataFrame, source: str) -> str:
     return canonical["file"][0] if canonical.height else f"canonical table of {source}"
 
 
-# --------------------------------------------------------------------------- window tables
-
-
-def as_window_table(df: pl.DataFrame, window_id: str = "window") -> pl.DataFrame:
-    """``df`` checked and cast to the window schema (:data:`COLUMNS`, in order); DataError otherwise."""
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        raise DataError(window_id, f"window table lacks column(s) {missing}")
-    try:
-        out = df.select([pl.col(c).cast(t, strict=True) for c, t in SCHEMA.items()])
-    except pl.exceptions.PolarsError as e:
-        raise DataError(window_id, f"window table has a column of the wrong type ({e})") from None
-    for c in COLUMNS:
-        if out[c].null_count():
-            raise DataError(window_id, "missing value", column=c)
-    if out.height == 0:
-        raise DataError(window_id, "empty window")
-    arr = out["arrival_s"].to_numpy()
-    if not np.all(np.isfinite(arr)) or arr[0] != 0.0 or np.any(np.diff(arr) < 0):
-        raise DataError(window_id, "arrival_s must be finite, start at 0.0 and never decrease", column="arrival_s")
-    for c in ("prompt_tokens", "output_tokens"):
-        if out[c].min() <= 0:
-            raise DataError(window_id, "token counts must be positive", column=c)
-    return out
-
-
-def _hash_field(h, data: bytes) -> None:
-    h.update(struct.pack("<Q", len(data)))
-    h.update(data)
-
-
-def window_sha256(df: pl.DataFrame) -> str:
-    """SHA-256 of a table's canonical bytes: column names, dtypes and little-endian values.
-
-    Layout: magic, row and column counts, then per column its name, a dtype code (``f8``, ``i8``,
-    ``str``) and its values (``<f8`` / ``<i8`` arrays; strings as length-prefixed UTF-8). Every
-    field is length-prefixed, so the bytes do not depend on the platform, polars' chunking or
-    its version. Nulls are not allowed.
-    """
-    h = hashlib.sha256()
-    _hash_field(h, HASH_MAGIC)
-    h.update(struct.pack("<QQ", df.height, df.width))
-    for name in df.columns:
-        s = df[name]
-        if s.null_count():
-            raise DataError("window", "cannot hash a column with missing values", column=name)
-        _hash_field(h, name.encode())
-        if s.dtype == pl.Float64:
-            _hash_field(h, b"f8")
-            _hash_field(h, np.ascontiguousarray(s.to_numpy(), dtype="<f8").tobytes())
-        elif s.dtype == pl.Int64:
-            _hash_field(h, b"i8")
-            _hash_field(h, np.ascontiguousarray(s.to_numpy(), dtype="<i8").tobytes())
-        elif s.dtype == pl.String:
-            _hash_field(h, b"str")
-            for v in s.to_list():
-                _hash_field(h, v.encode())
-        else:
-            raise DataError("window", f"cannot hash dtype {s.dtype}", column=name)
-    return h.hexdigest()
-
-
-def _round(x: float) -> float | None:
-    if x is None or not np.isfinite(x):
-        return None
-    return float(f"{float(x):.{STATS_SIGNIFICANT_DIGITS}g}")
-
-
-def window_stats(df: pl.DataFrame) -> dict[str, float | None]:
-    """Summary of one window table.
-
-    ``rate_rps`` = (n-1)/duration (the reciprocal of the mean inter-arrival gap),
-    ``interarrival_cv`` = population std / mean of the gaps, token means and 90th percentiles
-    (numpy's linear interpolation). ``None`` where undefined (zero duration).
-    """
-    arr = df["arrival_s"].to_numpy()
-    gaps = np.diff(arr)
-    duration = float(arr[-1] - arr[0])
-    mean_gap = float(gaps.mean()) if gaps.size else 0.0
-    p = df["prompt_tokens"].to_numpy().astype(np.float64)
-    o = df["output_tokens"].to_numpy().astype(np.float64)
-    return {
-        "rate_rps": _round(gaps.size / duration) if duration > 0 else None,
-        "interarrival_cv": _round(gaps.std() / mean_gap) if mean_gap > 0 else None,
-        "prompt_mean": _round(p.mean()), "prompt_p90": _round(np.percentile(p, P90)),
-        "output_mean": _round(o.mean()), "output_p90": _round(np.percentile(o, P90)),
-    }
-
-
 # --------------------------------------------------------------------------- manifest I/O
 
 
@@ -287,14 +195,14 @@ def manifest_checksum(manifest: Mapping) -> str:
     return hashlib.sha256(canonical_json({k: v for k, v in manifest.items() if k != "checksum"})).hexdigest()
 
 
-def manifest_path(P: Mapping) -> Path:
+def manifest_path(cfg: Config) -> Path:
     """Where the manifest lives (``paths.manifest``)."""
-    return Path(P["paths"]["manifest"])
+    return Path(cfg.paths.manifest)
 
 
-def cache_path(P: Mapping) -> Path:
+def cache_path(cfg: Config) -> Path:
     """The window cache, ``{paths.data_dir}/windows/windows.parquet``."""
-    return Path(P["paths"]["data_dir"]) / "windows" / CACHE_FILE
+    return Path(cfg.paths.data_dir) / "windows" / CACHE_FILE
 
 
 def parse_manifest(raw: bytes, where: str = "manifest") -> dict:
@@ -320,9 +228,9 @@ def parse_manifest(raw: bytes, where: str = "manifest") -> dict:
     return m
 
 
-def load_manifest(P: Mapping) -> dict:
+def load_manifest(cfg: Config) -> dict:
     """The committed manifest, checked byte for byte and by checksum (IntegrityError otherwise)."""
-    path = manifest_path(P)
+    path = manifest_path(cfg)
     if not path.is_file():
         raise DataError(path, "no window manifest here; run `portbench freeze` (notebook 02) to create it")
     return parse_manifest(path.read_bytes(), str(path))
@@ -332,27 +240,11 @@ def write_manifest(manifest: dict, path: Path) -> dict:
     """Set the checksum and write the canonical bytes atomically; returns the manifest."""
     manifest = dict(manifest)
     manifest["checksum"] = manifest_checksum(manifest)
-    data = canonical_json(manifest)
-    registry.atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+    io.write_bytes(path, canonical_json(manifest))
     return manifest
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return [_jsonable(v) for v in x.tolist()]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x)
-    if isinstance(x, Path):
-        return x.as_posix()
-    return x
+_jsonable = io.plain
 
 
 # --------------------------------------------------------------------------- sources and evidence
@@ -379,17 +271,18 @@ def provenance_reason(mode: str | None, provenance: str | None, file: str | None
     return f"mode {mode}: {skipped}"
 
 
-def evidence_checksums(P: Mapping, source: str) -> dict[str, str]:
+def evidence_checksums(cfg: Config, source: str) -> dict[str, str]:
     """``{name: sha256}`` of the real evidence a stand-in is built from (names relative to the mirror;
-    a folder is recorded as ``"<folder>/"`` with :func:`portbench.registry.tree_sha256`)."""
-    return dict(standins.evidence_sha256(P, source))
+    a folder is recorded as ``"<folder>/"`` with :func:`portbench.core.io.tree_sha256`)."""
+    return dict(standins.evidence_sha256(standins.inputs(cfg), source))
 
 
 # --------------------------------------------------------------------------- building
 
 
-def _params_record(P: Mapping) -> dict:
-    return _jsonable({k: P.get(k) for k in FROZEN_SECTIONS if k in P})
+def _params_record(cfg: Config) -> dict:
+    """The parameter sections the manifest is frozen from, as written in the parameter files."""
+    return _jsonable({k: cfg.tree.get(k) for k in FROZEN_SECTIONS if k in cfg.tree})
 
 
 def _entry(meta: Mapping, df: pl.DataFrame, *, source: str, provenance: str) -> dict:
@@ -414,26 +307,26 @@ def _entry(meta: Mapping, df: pl.DataFrame, *, source: str, provenance: str) -> 
     return e
 
 
-def _build_source(P: Mapping, source: str, info: Mapping, record: dict) -> list[tuple[dict, pl.DataFrame]]:
+def _build_source(cfg: Config, source: str, info: Mapping, record: dict) -> list[tuple[dict, pl.DataFrame]]:
     """Windows of one source, by its provenance; fills ``record`` (the manifest's sources entry)."""
-    w = P["windows"]
-    n, size = w["per_source"], w["size"]
+    w = cfg.windows
+    n, size = w.per_source, w.size
     if info["provenance"] == "real":
-        canonical = traces.load_canonical(P, source)
-        cut = cut_windows(canonical, n, size, w["seed"], source, w["tenants"])
+        canonical = traces.load_canonical(cfg, source)
+        cut = cut_windows(canonical, n, size, w.seed, source, w.tenants)
         fields = cut[0][0]["tenant_fields"] if cut else []
-        record["tenants"] = _tenant_rule(fields, w["tenants"])
+        record["tenants"] = _tenant_rule(fields, w.tenants)
         record["valid_requests"] = canonical.height
         return cut
     built = []
-    for k, (meta, df) in enumerate(standins.build_windows(P, source, n, size)):
+    for k, (meta, df) in enumerate(standins.build_windows(standins.inputs(cfg), source, n, size)):
         meta = dict(meta)
         meta.setdefault("id", window_ids(source, n)[k])
         if "tenant" not in df.columns:
-            df = df.with_columns(pl.Series("tenant", seeded_tenants(df.height, w["tenants"], w["seed"], source,
+            df = df.with_columns(pl.Series("tenant", seeded_tenants(df.height, w.tenants, w.seed, source,
                                                                     meta["id"]), dtype=pl.String))
         built.append((meta, as_window_table(df, meta["id"])))
-    record["tenants"] = _tenant_rule(None, w["tenants"])
+    record["tenants"] = _tenant_rule(None, w.tenants)
     rule = built[0][0].get("generator", {}).get("params", {}).get("tenant") if built else None
     if isinstance(rule, str):
         record["tenants"]["generator_rule"] = rule
@@ -448,19 +341,20 @@ def _tenant_rule(fields: Sequence[str] | None, n_tenants: int) -> dict:
     return {"rule": "seeded", "tenants": n_tenants, "shares": "zipf 1/k"}
 
 
-def build_manifest(P: Mapping) -> tuple[dict, dict[str, pl.DataFrame]]:
+def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
     """Build the manifest (without checksum) and the window tables from the current data."""
-    resolved = registry.resolve_sources(P)
+    resolved = registry.resolve_sources(cfg)
+    st = registry.store(cfg.paths)
     sources_rec: dict[str, dict] = {}
     source_files: dict[str, str] = {}
     entries: list[dict] = []
     tables: dict[str, pl.DataFrame] = {}
-    for source in configured(P):
+    for source in cfg.source_names():
         info = resolved.get(source) or {"provenance": None, "file": None, "path": None, "reason": "not resolved"}
-        spec = P["sources"][source]
-        file = info.get("file") or spec.get("file")
-        rec = {"mode": spec.get("mode"), "file": file, "provenance": info.get("provenance"),
-               "reason": provenance_reason(spec.get("mode"), info.get("provenance"), file,
+        spec = cfg.sources[source]
+        file = info.get("file") or spec.file
+        rec = {"mode": spec.mode, "file": file, "provenance": info.get("provenance"),
+               "reason": provenance_reason(spec.mode, info.get("provenance"), file,
                                            str(info.get("reason", "")))}
         sources_rec[source] = rec
         prov = info.get("provenance")
@@ -468,58 +362,58 @@ def build_manifest(P: Mapping) -> tuple[dict, dict[str, pl.DataFrame]]:
             _loud(f"{source}: SKIPPED ({rec['reason']})")
             continue
         if prov == "real":
-            source_files[info["file"]] = registry.sha256_of(info["path"], P)
+            source_files[info["file"]] = st.sha256(info["path"])
         else:
-            source_files.update(evidence_checksums(P, source))
-        for meta, df in _build_source(P, source, info, rec):
+            source_files.update(evidence_checksums(cfg, source))
+        for meta, df in _build_source(cfg, source, info, rec):
             e = _entry(meta, df, source=source, provenance=prov)
             entries.append(e)
             tables[e["id"]] = df
         rec["windows"] = sum(1 for e in entries if e["source"] == source)
-    manifest = {"version": MANIFEST_VERSION, "params": _params_record(P), "sources": sources_rec,
+    manifest = {"version": MANIFEST_VERSION, "params": _params_record(cfg), "sources": sources_rec,
                 "source_files": source_files, "windows": entries}
     return _jsonable(manifest), tables
 
 
-def freeze(P: Mapping, refreeze: bool = False) -> dict:
+def freeze(cfg: Config, refreeze: bool = False) -> dict:
     """Freeze the windows (no manifest yet, or ``refreeze``) or verify the existing manifest.
 
     With a manifest present and ``refreeze`` false the manifest is never rewritten: every window
     is rebuilt from the source data and checked against its hash (IntegrityError on any
     mismatch), and the window cache is materialised.
     """
-    path = manifest_path(P)
+    path = manifest_path(cfg)
     if path.is_file() and not refreeze:
-        manifest = load_manifest(P)
-        _check_params(P, manifest)
-        _note_provenance_changes(P, manifest)
-        ok, total, problems, tables = _verify(P, manifest, check_cache=False)
+        manifest = load_manifest(cfg)
+        _check_params(cfg, manifest)
+        _note_provenance_changes(cfg, manifest)
+        ok, total, problems, tables = _verify(cfg, manifest, check_cache=False)
         if problems:
             raise IntegrityError(f"{path}: {total - ok} of {total} windows fail verification:\n  "
                                  + "\n  ".join(problems))
-        _write_cache(P, manifest, tables)
+        _write_cache(cfg, manifest, tables)
         return manifest
-    manifest, tables = build_manifest(P)
+    manifest, tables = build_manifest(cfg)
     manifest = write_manifest(manifest, path)
-    _write_cache(P, manifest, tables)
+    _write_cache(cfg, manifest, tables)
     return manifest
 
 
-def _check_params(P: Mapping, manifest: Mapping) -> None:
-    """ParameterError unless P has the values the manifest was frozen with (``standins`` only matters
-    when the manifest has stand-in windows)."""
-    now, frozen = _params_record(P), manifest.get("params", {})
+def _check_params(cfg: Config, manifest: Mapping) -> None:
+    """ParameterError unless ``cfg`` has the values the manifest was frozen with (``standins`` only
+    matters when the manifest has stand-in windows)."""
+    now, frozen = _params_record(cfg), manifest.get("params", {})
     has_standins = any(e["provenance"] == "standin" for e in manifest["windows"])
     for section in [s for s in FROZEN_SECTIONS if s != "standins" or has_standins]:
         if now.get(section) != frozen.get(section):
             raise ParameterError(section, now.get(section),
-                                 f"the values the manifest {manifest_path(P)} was frozen with "
+                                 f"the values the manifest {manifest_path(cfg)} was frozen with "
                                  f"({frozen.get(section)!r}); run `portbench freeze --refreeze` to refreeze, "
                                  "or point paths.manifest at another file")
 
 
-def _note_provenance_changes(P: Mapping, manifest: Mapping) -> None:
-    resolved = registry.resolve_sources(P)
+def _note_provenance_changes(cfg: Config, manifest: Mapping) -> None:
+    resolved = registry.resolve_sources(cfg)
     for source, rec in manifest.get("sources", {}).items():
         now = (resolved.get(source) or {}).get("provenance")
         if rec.get("provenance") != now:
@@ -550,7 +444,7 @@ def _mismatch(entry: Mapping, got: str, where: str) -> str:
 
 
 def rebuild_window(entry: Mapping, manifest: Mapping, canonical: pl.DataFrame | None = None,
-                   P: Mapping | None = None) -> pl.DataFrame:
+                   st: Store | None = None) -> pl.DataFrame:
     """A window's table rebuilt from its source: canonical rows ``row_start..row_end`` or the stand-in generator."""
     if entry["provenance"] == "real":
         if canonical is None:
@@ -568,7 +462,9 @@ def rebuild_window(entry: Mapping, manifest: Mapping, canonical: pl.DataFrame | 
         rule = manifest["sources"][entry["source"]]["tenants"]
         return window_from_rows(rows, window_id=entry["id"], source=entry["source"], seed=w["seed"],
                                 n_tenants=w["tenants"], tenant_fields=rule.get("fields", []))
-    df = standins.regenerate(dict(entry), P)
+    if st is None:
+        raise ValueError("a stand-in window needs the data store holding its evidence")
+    df = standins.regenerate(dict(entry), st)
     if "tenant" not in df.columns:
         w = manifest["params"]["windows"]
         df = df.with_columns(pl.Series("tenant", seeded_tenants(df.height, w["tenants"], w["seed"],
@@ -576,10 +472,11 @@ def rebuild_window(entry: Mapping, manifest: Mapping, canonical: pl.DataFrame | 
     return as_window_table(df, entry["id"])
 
 
-def _rebuild_many(P: Mapping, manifest: Mapping, entries: Sequence[Mapping]
+def _rebuild_many(cfg: Config, manifest: Mapping, entries: Sequence[Mapping]
                   ) -> tuple[dict[str, pl.DataFrame], list[str]]:
     """Rebuild ``entries`` from source data; returns (verified tables, problems)."""
     tables, problems = {}, []
+    st = registry.store(cfg.paths)
     by_source: dict[str, list[Mapping]] = {}
     for e in entries:
         by_source.setdefault(e["source"], []).append(e)
@@ -587,13 +484,13 @@ def _rebuild_many(P: Mapping, manifest: Mapping, entries: Sequence[Mapping]
         canonical = None
         try:
             if group[0]["provenance"] == "real":
-                canonical = traces.load_canonical(P, source)
+                canonical = traces.load_canonical(cfg, source)
         except PortbenchError as err:
             problems += [f"window {e['id']}: cannot read the {source} data ({err})" for e in group]
             continue
         for e in group:
             try:
-                df = rebuild_window(e, manifest, canonical, P)
+                df = rebuild_window(e, manifest, canonical, st)
             except PortbenchError as err:
                 problems.append(f"window {e['id']}: {err}")
                 continue
@@ -605,21 +502,22 @@ def _rebuild_many(P: Mapping, manifest: Mapping, entries: Sequence[Mapping]
     return tables, problems
 
 
-def _source_file_problems(P: Mapping, manifest: Mapping) -> list[str]:
+def _source_file_problems(cfg: Config, manifest: Mapping) -> list[str]:
     """Recorded source-file SHA-256s that the files here do not match (or that cannot be found)."""
-    mirror = registry.resolve_mirror(P)
+    st = registry.store(cfg.paths)
+    mirror = st.mirror
     real_files = {rec.get("file"): s for s, rec in manifest.get("sources", {}).items()
                   if rec.get("provenance") == "real"}
     problems = []
     for name, want in manifest.get("source_files", {}).items():
         try:
             if name in real_files:
-                path = Path(registry.locate(name, P))
+                path = Path(registry.locate(name, st))
             else:
                 path = (mirror / name) if mirror is not None else Path(name)
                 if not path.exists():
                     raise DataError(path, "evidence file not found")
-            got = registry.tree_sha256(path, P) if name.endswith("/") else registry.sha256_of(path, P)
+            got = st.tree_sha256(path) if name.endswith("/") else st.sha256(path)
         except PortbenchError as err:
             problems.append(f"source file {name}: {err}")
             continue
@@ -628,11 +526,11 @@ def _source_file_problems(P: Mapping, manifest: Mapping) -> list[str]:
     return problems
 
 
-def _read_cache(P: Mapping, manifest: Mapping) -> dict[str, pl.DataFrame]:
+def _read_cache(cfg: Config, manifest: Mapping) -> dict[str, pl.DataFrame]:
     """Window tables in the cache, if it belongs to this manifest (else {})."""
     import pyarrow.parquet as pq
 
-    path = cache_path(P)
+    path = cache_path(cfg)
     if not path.is_file():
         return {}
     try:
@@ -651,7 +549,7 @@ def _read_cache(P: Mapping, manifest: Mapping) -> dict[str, pl.DataFrame]:
                                                                               maintain_order=True).items()}
 
 
-def _write_cache(P: Mapping, manifest: Mapping, tables: Mapping[str, pl.DataFrame]) -> Path:
+def _write_cache(cfg: Config, manifest: Mapping, tables: Mapping[str, pl.DataFrame]) -> Path:
     """Write the window cache (long format, manifest order) atomically, tagged with the manifest checksum."""
     import pyarrow.parquet as pq
 
@@ -661,12 +559,12 @@ def _write_cache(P: Mapping, manifest: Mapping, tables: Mapping[str, pl.DataFram
     table = df.to_arrow()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            CACHE_META_KEY: manifest["checksum"].encode()})
-    path = cache_path(P)
-    registry.atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    path = cache_path(cfg)
+    io.atomic_write(path, lambda tmp: pq.write_table(table, tmp))
     return path
 
 
-def load_windows(P: Mapping, sources: Iterable[str] | None = None, per_source: int | None = None,
+def load_windows(cfg: Config, sources: Iterable[str] | None = None, per_source: int | None = None,
                  *, manifest: Mapping | None = None) -> dict[str, pl.DataFrame]:
     """Verified window tables ``{id: df}`` (manifest order), from the cache or rebuilt from the source data.
 
@@ -674,59 +572,59 @@ def load_windows(P: Mapping, sources: Iterable[str] | None = None, per_source: i
     the window and both hashes. Windows missing from the cache are rebuilt (ingesting or
     regenerating as needed) and added to it.
     """
-    manifest = manifest if manifest is not None else load_manifest(P)
+    manifest = manifest if manifest is not None else load_manifest(cfg)
     entries = select_entries(manifest, sources, per_source)
-    cached = _read_cache(P, manifest)
+    cached = _read_cache(cfg, manifest)
     out: dict[str, pl.DataFrame] = {}
     for e in entries:
         if e["id"] in cached:
             got = window_sha256(cached[e["id"]])
             if got != e["sha256"]:
-                raise IntegrityError(_mismatch(e, got, f"cache {cache_path(P)}")
+                raise IntegrityError(_mismatch(e, got, f"cache {cache_path(cfg)}")
                                      + "; delete the cache to rebuild it from the source data")
             out[e["id"]] = cached[e["id"]]
     missing = [e for e in entries if e["id"] not in out]
     if missing:
-        built, problems = _rebuild_many(P, manifest, missing)
+        built, problems = _rebuild_many(cfg, manifest, missing)
         if problems:
             raise IntegrityError("; ".join(problems))
         out.update(built)
-        _write_cache(P, manifest, {**cached, **built})
+        _write_cache(cfg, manifest, {**cached, **built})
     return {e["id"]: out[e["id"]] for e in entries}
 
 
-def _verify(P: Mapping, manifest: Mapping, *, check_cache: bool = True
+def _verify(cfg: Config, manifest: Mapping, *, check_cache: bool = True
             ) -> tuple[int, int, list[str], dict[str, pl.DataFrame]]:
     entries = manifest["windows"]
-    problems = _source_file_problems(P, manifest)
-    tables, window_problems = _rebuild_many(P, manifest, entries)
+    problems = _source_file_problems(cfg, manifest)
+    tables, window_problems = _rebuild_many(cfg, manifest, entries)
     problems += window_problems
     bad = {e["id"] for e in entries if e["id"] not in tables}
-    if check_cache and cache_path(P).is_file():
-        cached = _read_cache(P, manifest)
+    if check_cache and cache_path(cfg).is_file():
+        cached = _read_cache(cfg, manifest)
         for e in entries:
             if e["id"] in cached and (got := window_sha256(cached[e["id"]])) != e["sha256"]:
-                problems.append(_mismatch(e, got, f"cache {cache_path(P)}"))
+                problems.append(_mismatch(e, got, f"cache {cache_path(cfg)}"))
                 bad.add(e["id"])
     return len(entries) - len(bad), len(entries), problems, tables
 
 
-def verify(P: Mapping) -> tuple[int, int, list[str]]:
+def verify(cfg: Config) -> tuple[int, int, list[str]]:
     """Check the manifest (bytes and checksum), the source files' SHA-256 and every window's hash.
 
     Windows are rebuilt from the source data (and the cache, when present, is checked too).
     Returns ``(n_ok, n_total, problems)``; a damaged manifest gives ``(0, n_listed, [problem])``.
     """
-    path = manifest_path(P)
+    path = manifest_path(cfg)
     try:
-        manifest = load_manifest(P)
+        manifest = load_manifest(cfg)
     except IntegrityError as e:
         try:
             n_listed = len(json.loads(path.read_bytes())["windows"])
         except Exception:  # noqa: BLE001 - the file is damaged; its window count is unknown
             n_listed = 0
         return 0, n_listed, [str(e)]
-    ok, total, problems, _ = _verify(P, manifest)
+    ok, total, problems, _ = _verify(cfg, manifest)
     return ok, total, problems
 
 
@@ -753,8 +651,6 @@ def window_table(manifest: Mapping) -> pl.DataFrame:
 
 def provenance(manifest: Mapping) -> dict[str, str]:
     """``{source: provenance}`` of the sources with windows in the manifest."""
-    from ..core.provenance import provenance_from_manifest
-
     return provenance_from_manifest(manifest)
 
 

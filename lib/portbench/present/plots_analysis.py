@@ -1,12 +1,14 @@
 """Figures of the portability analysis (notebooks 04-07). Every figure goes through
 ``portbench.figures.save``, which records it in the figure index (``summary.json``).
 
-Each function takes the parameters ``P`` and an :class:`portbench.analysis.Analysis`, saves its
+Each function takes the parameters ``cfg`` and an :class:`portbench.analysis.Analysis`, saves its
 figure(s) under ``{figures_dir}/<notebook>/`` and returns the figure (or a list of figures).
 Sources are labelled with :func:`portbench.sources.label`, so stand-ins say so.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import polars as pl
@@ -18,8 +20,8 @@ NB = {name[:2]: name for name in an.FIGURE_NOTEBOOKS}  # "04" -> "04_cross_workl
 TAU_LABEL = "Kendall τ-b (dimensionless; 1 = same order, 0 = unrelated, −1 = reversed)"
 
 
-def _save(P, fig, notebook: str, name: str, shows: str, close: bool = False):
-    figures.save(fig, f"{NB[notebook]}/{name}", P["paths"]["figures_dir"], description=shows, close=close)
+def _save(cfg, fig, notebook: str, name: str, shows: str, close: bool = False):
+    figures.save(fig, f"{NB[notebook]}/{name}", cfg.paths.figures_dir, description=shows, close=close)
     return fig
 
 
@@ -85,7 +87,7 @@ def _heatmap(ax, values, row_labels, col_labels, *, lo=None, hi=None, vmin=-1, v
 
 # --------------------------------------------------------------------------- 04 cross-workload
 
-def cross_source_heatmaps(P, A, close: bool = False) -> list:
+def cross_source_heatmaps(cfg, A, close: bool = False) -> list:
     """One heatmap per source pair: tau-b (with 95% CI) for every metric x region."""
     t = A["cross_source_tau"]
     R, M = A.summary["parameters"]["regions"], A.summary["parameters"]["metrics"]
@@ -103,13 +105,13 @@ def cross_source_heatmaps(P, A, close: bool = False) -> list:
                      f"({_ties(A)}); n/a = a ranking is all ties")
         ax.set_xlabel("operating region (offered load ρ relative to capacity)")
         ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
-        figs.append(_save(P, fig, "04", f"tau_{s1}_vs_{s2}",
+        figs.append(_save(cfg, fig, "04", f"tau_{s1}_vs_{s2}",
                           f"Kendall tau-b with 95% bootstrap CI between the scheduler rankings of {l1} and {l2}, "
                           "per metric and region", close))
     return figs
 
 
-def cross_source_forest(P, A, close: bool = False):
+def cross_source_forest(cfg, A, close: bool = False):
     """Forest plot: every cross-source tau with its CI, by region, metric and source pair."""
     t = A["cross_source_tau"]
     R, M = A.summary["parameters"]["regions"], A.summary["parameters"]["metrics"]
@@ -144,11 +146,11 @@ def cross_source_forest(P, A, close: bool = False):
     fig.suptitle("Cross-source rank agreement per condition: τ-b and 95% bootstrap CI (points left of 0 = "
                  "orders tend to reverse)", y=1.0)
     fig.tight_layout(rect=(0, 0.04, 1, 0.98))
-    return _save(P, fig, "04", "tau_forest", "forest plot of every cross-source tau-b with its 95% CI, "
+    return _save(cfg, fig, "04", "tau_forest", "forest plot of every cross-source tau-b with its 95% CI, "
                  "by region, metric and source pair", close)
 
 
-def kendall_w_heatmap(P, A, close: bool = False):
+def kendall_w_heatmap(cfg, A, close: bool = False):
     """Kendall's W across all sources, per metric x region."""
     t = A["cross_source_w"]
     R, M = A.summary["parameters"]["regions"], A.summary["parameters"]["metrics"]
@@ -162,13 +164,13 @@ def kendall_w_heatmap(P, A, close: bool = False):
                  f"Kendall's W (tie-corrected; {_ties(A)}) [95% bootstrap CI]; n/a = a source's ranking is all ties")
     ax.set_xlabel("operating region (offered load ρ relative to capacity)")
     ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
-    return _save(P, fig, "04", "kendall_w_sources", "Kendall's W across all sources per metric and region, "
+    return _save(cfg, fig, "04", "kendall_w_sources", "Kendall's W across all sources per metric and region, "
                  "with 95% bootstrap CI", close)
 
 
 # --------------------------------------------------------------------------- 05 cross-region
 
-def cross_region_matrices(P, A, close: bool = False):
+def cross_region_matrices(cfg, A, close: bool = False):
     """Per source: region x region tau-b averaged over metrics."""
     t = A["cross_region_tau"]
     R = A.summary["parameters"]["regions"]
@@ -192,11 +194,11 @@ def cross_region_matrices(P, A, close: bool = False):
     fig.suptitle(f"Rank agreement between operating regions, mean τ-b over the "
                  f"{len(A.summary['parameters']['metrics'])} metrics ({_ties(A)})", y=1.0)
     fig.tight_layout()
-    return _save(P, fig, "05", "region_tau_matrices", "per source, Kendall tau-b between the rankings of every "
+    return _save(cfg, fig, "05", "region_tau_matrices", "per source, Kendall tau-b between the rankings of every "
                  "pair of operating regions, averaged over metrics", close)
 
 
-def cross_region_w_heatmap(P, A, close: bool = False):
+def cross_region_w_heatmap(cfg, A, close: bool = False):
     """Kendall's W across the regions per source x metric."""
     t = A["cross_region_w"]
     M = A.summary["parameters"]["metrics"]
@@ -210,17 +212,17 @@ def cross_region_w_heatmap(P, A, close: bool = False):
                  "Kendall's W [95% CI]")
     ax.set_xlabel("source")
     ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
-    return _save(P, fig, "05", "kendall_w_regions", "Kendall's W across operating regions per source and metric, "
+    return _save(cfg, fig, "05", "kendall_w_regions", "Kendall's W across operating regions per source and metric, "
                  "with 95% bootstrap CI", close)
 
 
-def bump_charts(P, A, metrics=None, close: bool = False) -> list:
+def bump_charts(cfg, A, metrics=None, close: bool = False) -> list:
     """Per source: rank trajectories of every scheduler across the regions (one panel per metric)."""
     rk = A["rankings"]
     R = A.summary["parameters"]["regions"]
     K = A.summary["parameters"]["schedulers"]
     allm = A.summary["parameters"]["metrics"]
-    metrics = [m for m in (metrics or an.settings(P)["headline_metrics"] or allm[:4]) if m in allm] or allm[:4]
+    metrics = [m for m in (metrics or list(cfg.analysis.headline_metrics) or allm[:4]) if m in allm] or allm[:4]
     import seaborn as sns
     from matplotlib.lines import Line2D
 
@@ -260,14 +262,14 @@ def bump_charts(P, A, metrics=None, close: bool = False) -> list:
         fig.suptitle(f"{A.labels[s]}: scheduler ranks across operating regions (rank of the mean over windows; "
                      f"{_ties(A)})", y=1.0)
         fig.tight_layout(rect=(0, 0.05, 1, 0.98))
-        figs.append(_save(P, fig, "05", f"bump_{s}", f"bump chart: rank of every scheduler in each operating region "
+        figs.append(_save(cfg, fig, "05", f"bump_{s}", f"bump chart: rank of every scheduler in each operating region "
                           f"on {A.labels[s]}, for {', '.join(metrics)}", close))
     return figs
 
 
 # --------------------------------------------------------------------------- 06 reversals
 
-def reversal_funnel(P, A, close: bool = False):
+def reversal_funnel(cfg, A, close: bool = False):
     """Counts (and rates) of comparisons at each stage: sign only -> significant -> significant and practical."""
     rv = A.summary["reversals"]
     n = rv["comparisons"]["value"]
@@ -286,11 +288,11 @@ def reversal_funnel(P, A, close: bool = False):
     p = rv["parameters"]
     ax.set_title(f"Scheduler-pair reversals between sources: α = {p['alpha']}, {p['correction']} correction "
                  f"(family: {p['family']}), δ = {p['delta']:.0%}")
-    return _save(P, fig, "06", "reversal_funnel", "number and rate of scheduler-pair x source-pair x region x metric "
+    return _save(cfg, fig, "06", "reversal_funnel", "number and rate of scheduler-pair x source-pair x region x metric "
                  "comparisons that reverse in sign, significantly, and significantly and practically", close)
 
 
-def reversal_concentration(P, A, close: bool = False):
+def reversal_concentration(cfg, A, close: bool = False):
     """Where significant-and-practical reversals concentrate: metric x region, and per source pair."""
     rev = A["reversals"]
     R, M = A.summary["parameters"]["regions"], A.summary["parameters"]["metrics"]
@@ -320,11 +322,11 @@ def reversal_concentration(P, A, close: bool = False):
     axes[1].legend(fontsize=8, loc="upper center", ncol=3)
     fig.suptitle("Where the significant-and-practical reversals concentrate", y=1.01)
     fig.tight_layout()
-    return _save(P, fig, "06", "reversal_concentration", "count of significant-and-practical reversals per metric x "
+    return _save(cfg, fig, "06", "reversal_concentration", "count of significant-and-practical reversals per metric x "
                  "region, and reversals at each stage per source pair", close)
 
 
-def reversal_pairs(P, A, close: bool = False):
+def reversal_pairs(cfg, A, close: bool = False):
     """Scheduler-pair matrix: significant-and-practical reversals per pair (all conditions and source pairs)."""
     rev = A["reversals"]
     K = A.summary["parameters"]["schedulers"]
@@ -341,10 +343,10 @@ def reversal_pairs(P, A, close: bool = False):
     ax.set_xlabel("scheduler a")
     ax.set_ylabel("scheduler b")
     ax.set_title("Which scheduler pairs reverse between sources (all regions, metrics and source pairs)")
-    return _save(P, fig, "06", "reversal_pairs", "count of significant-and-practical reversals per scheduler pair", close)
+    return _save(cfg, fig, "06", "reversal_pairs", "count of significant-and-practical reversals per scheduler pair", close)
 
 
-def reversal_forest(P, A, top: int = 20, close: bool = False):
+def reversal_forest(cfg, A, top: int = 20, close: bool = False):
     """Forest plot of the largest significant-and-practical reversals: signed relative effect on each side."""
     rev = A["reversals"].filter(pl.col("stage") == "significant_and_practical").sort("min_rel", descending=True).head(top)
     fig, ax = figures.figure(figsize=(9, 0.34 * max(rev.height, 3) + 1.8))
@@ -369,11 +371,11 @@ def reversal_forest(P, A, top: int = 20, close: bool = False):
         ax.set_xlabel("signed relative effect (> 0: a better than b; dotted: ±δ)", labelpad=2)
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=2, frameon=False)
     ax.set_title(f"The {rev.height} largest significant-and-practical reversals (ordered by the smaller side)")
-    return _save(P, fig, "06", "reversal_forest", "forest plot of the largest significant-and-practical reversals: "
+    return _save(cfg, fig, "06", "reversal_forest", "forest plot of the largest significant-and-practical reversals: "
                  "signed relative effect of a vs b on each source", close)
 
 
-def most_dramatic_paired(P, A, close: bool = False):
+def most_dramatic_paired(cfg, A, close: bool = False):
     """Per-window paired plot of the most dramatic reversal, one panel per source."""
     md = A.summary["reversals"].get("most_dramatic")
     fig, axes = figures.figure(1, 2, figsize=(10, 4.8), sharey=True)
@@ -381,7 +383,7 @@ def most_dramatic_paired(P, A, close: bool = False):
         for ax in axes:
             ax.text(0.5, 0.5, "no significant-and-practical reversal", ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
-        return _save(P, fig, "06", "most_dramatic", "per-window paired plot of the most dramatic reversal (none found)",
+        return _save(cfg, fig, "06", "most_dramatic", "per-window paired plot of the most dramatic reversal (none found)",
                      close)
     wv = A["window_values"]
     a, b, region, metric = md["a"], md["b"], md["region"], md["metric"]
@@ -416,13 +418,13 @@ def most_dramatic_paired(P, A, close: bool = False):
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Most dramatic reversal: {a} vs {b}, {metric}, region {region} — one line per window "
                  f"(green: {a} better, orange: {b} better)", y=1.02)
-    return _save(P, fig, "06", "most_dramatic", f"per-window paired plot of the most dramatic reversal ({a} vs {b}, "
+    return _save(cfg, fig, "06", "most_dramatic", f"per-window paired plot of the most dramatic reversal ({a} vs {b}, "
                  f"{metric}, {region}, {md['label_1']} vs {md['label_2']})", close)
 
 
 # --------------------------------------------------------------------------- 07 cross-metric
 
-def metric_agreement(P, A, close: bool = False):
+def metric_agreement(cfg, A, close: bool = False):
     """Metric x metric tau-b, averaged over (source, region) conditions."""
     t = A["cross_metric_tau"]
     M = A.summary["parameters"]["metrics"]
@@ -441,11 +443,11 @@ def metric_agreement(P, A, close: bool = False):
                  f"({_ties(A)})")
     ax.set_xlabel("metric")
     ax.set_ylabel("metric")
-    return _save(P, fig, "07", "metric_agreement", "Kendall tau-b between the rankings under every pair of metrics, "
+    return _save(cfg, fig, "07", "metric_agreement", "Kendall tau-b between the rankings under every pair of metrics, "
                  "averaged over sources and regions", close)
 
 
-def winners(P, A, close: bool = False):
+def winners(cfg, A, close: bool = False):
     """How often each scheduler is top-1 under each metric (over source x region conditions)."""
     t = A["top1"]
     M = A.summary["parameters"]["metrics"]
@@ -463,18 +465,18 @@ def winners(P, A, close: bool = False):
     ax.set_ylabel("metric")
     ax.set_title("Which scheduler is best under which metric: number of (source, region) conditions won "
                  f"(ties count for each; {_ties(A)})")
-    return _save(P, fig, "07", "winners", "number of source x region conditions in which each scheduler is top-1 "
+    return _save(cfg, fig, "07", "winners", "number of source x region conditions in which each scheduler is top-1 "
                  "under each metric", close)
 
 
-def slo_sensitivity(P, A, close: bool = False):
+def slo_sensitivity(cfg, A, close: bool = False):
     """tau-b between the rankings under different SLO definitions, per source x region."""
     t = A["slo_tau"]
     fig, ax = figures.figure(figsize=(8, 0.38 * max(t.height // 3, 4) + 2))
     if t.height == 0:
         ax.text(0.5, 0.5, "fewer than two SLO metrics", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
-        return _save(P, fig, "07", "slo_sensitivity", "SLO sensitivity (not available)", close)
+        return _save(cfg, fig, "07", "slo_sensitivity", "SLO sensitivity (not available)", close)
     conds = t.select("source", "region").unique(maintain_order=True).rows()
     pairs = t.select("slo_1", "slo_2").unique(maintain_order=True).rows()
     d = {(s, r, a, b): (v, lo, hi) for s, r, a, b, v, lo, hi in
@@ -486,11 +488,11 @@ def slo_sensitivity(P, A, close: bool = False):
     ax.set_ylabel("source · operating region")
     ax.set_title(f"SLO-definition sensitivity: τ-b between the rankings under two SLO definitions [95% CI]; "
                  f"{_ties(A)}")
-    return _save(P, fig, "07", "slo_sensitivity", "Kendall tau-b between the rankings under every pair of SLO "
+    return _save(cfg, fig, "07", "slo_sensitivity", "Kendall tau-b between the rankings under every pair of SLO "
                  "definitions, per source and region, with 95% CI", close)
 
 
-def cd_diagrams(P, A, close: bool = False):
+def cd_diagrams(cfg, A, close: bool = False):
     """Critical-difference diagrams (Friedman + Nemenyi) for the chosen conditions."""
     import pandas as pd
     import scikit_posthocs as sp
@@ -517,7 +519,7 @@ def cd_diagrams(P, A, close: bool = False):
     if not conds:
         axes[0, 0].text(0.5, 0.5, "no condition selected", ha="center", transform=axes[0, 0].transAxes)
     fig.tight_layout()
-    return _save(P, fig, "07", "cd_diagrams", "critical-difference diagrams (average per-window ranks, Nemenyi "
+    return _save(cfg, fig, "07", "cd_diagrams", "critical-difference diagrams (average per-window ranks, Nemenyi "
                  "post-hoc) for " + "; ".join("/".join(c) for c in conds), close)
 
 
@@ -531,9 +533,23 @@ FIGURES_BY_NOTEBOOK = {
 }
 
 
-def make_all(P, A, close: bool = True) -> list[dict]:
+def make_all(cfg, A, close: bool = True) -> list[dict]:
     """Every figure of notebooks 04-07 (for ``portbench analyze``); returns the figure index."""
     for fns in FIGURES_BY_NOTEBOOK.values():
         for fn in fns:
-            fn(P, A, close=close)
-    return an.figure_index(P)
+            fn(cfg, A, close=close)
+    return an.figure_index(cfg)
+
+
+def run(cfg, *, figures: bool = True, progress: bool = True) -> dict:
+    """``portbench analyze``: compute every table, make every figure, write summary.json; returns it."""
+    t0 = time.perf_counter()
+    A = an.load(cfg, recompute=True, progress=progress)
+    if figures:
+        make_all(cfg, A, close=True)
+    summary = an.write_summary(cfg, A)
+    if progress:
+        print(f"[analysis] tables -> {an.analysis_dir(cfg.paths.results_dir)}; "
+              f"summary -> {an.summary_path(cfg.paths.results_dir)}; "
+              f"{len(summary['figures'])} figures; {time.perf_counter() - t0:.1f} s", flush=True)
+    return summary

@@ -15,7 +15,14 @@ import matplotlib.ticker as mticker
 import numpy as np
 import polars as pl
 
+from ..core.provenance import label
+from ..data import standins, synth
+from ..data.standins import burstgpt as standin_burstgpt, evidence as standin_evidence
+from ..data.standins import StandinInputs
+from . import figures
 from .figures import figure
+
+FIGURE_PREFIX_02 = "02_freeze_windows"
 
 CV_BUCKET_S = 600.0          # inter-arrival CV is computed per 10-minute bucket of arrival time
 CV_MIN_REQUESTS = 10         # buckets with fewer requests get no CV (too few gaps to mean anything)
@@ -342,22 +349,6 @@ def ingest_table(report: Mapping) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
-def real_slices(P: Mapping, source: str) -> dict[str, pl.DataFrame]:
-    """The small real slices of a stand-in source held in the mirror (``standins.<source>`` names them).
-
-    Read through :func:`portbench.traces.read_slice` (the format :data:`portbench.registry.SLICES`
-    gives); ``{file name: canonical rows}``.
-    """
-    from ..data import registry, traces
-
-    mirror = registry.resolve_mirror(P)
-    spec = (P.get("standins") or {}).get(source) or {}
-    names = [v for vals in spec.values() for v in (vals if isinstance(vals, list) else [vals])
-             if isinstance(v, str) and v in registry.SLICES]
-    return {Path(name).name: traces.read_slice(P, name)[0] for name in names
-            if mirror is not None and (mirror / name).is_file()}
-
-
 def representative_window(table: pl.DataFrame, provenance: str = "real") -> str | None:
     """Id of the window of ``provenance`` whose inter-arrival CV is closest to that provenance's median."""
     t = table.filter(pl.col("provenance") == provenance).drop_nulls("interarrival_cv")
@@ -365,3 +356,132 @@ def representative_window(table: pl.DataFrame, provenance: str = "real") -> str 
         return None
     med = t["interarrival_cv"].median()
     return t.sort((pl.col("interarrival_cv") - med).abs(), "id")["id"][0]
+
+
+# --------------------------------------------------------------------------- stand-ins beside their evidence (02)
+
+
+def plot_evidence(inp: StandinInputs, figures_dir: str | Path) -> list[str]:
+    """Figures of the stand-ins beside their real evidence (PNG + PDF through ``figures.save``)."""
+    ev = standins.burstgpt_evidence(inp)
+    fit = standins.burstgpt_arrival_estimates(inp)
+    bg_windows = standins.standin_windows(inp, "burstgpt")
+    bg = pl.concat([df for _, df in bg_windows])
+    bg_label, bl_label = label("burstgpt", "standin"), label("bailian", "standin")
+    paths: list[str] = []
+
+    fig, axes = figure(1, 2, figsize=(10, 3.8))
+    roll = ev.rollup["numeric_distributions"] if ev.rollup else None
+    for ax, metric, raw_key, name in ((axes[0], "prompt_tokens", "input_tokens", "prompt"),
+                                      (axes[1], "output_tokens", "output_tokens", "output")):
+        _ecdf(ax, ev.pool[metric].to_numpy(), f"BurstGPT real slices (n={ev.pool.height})")
+        _ecdf(ax, bg[metric].to_numpy(), f"{bg_label} (n={bg.height})", linestyle="--")
+        if roll:
+            xs = [max(float(roll[raw_key][f"p{q}"]), 1.0) for q in standins.PERCENTILES]
+            ax.plot(xs, [q / 100 for q in standins.PERCENTILES], "o", color="black",
+                    label=f"{standin_burstgpt._rollup_desc(ev)}: " + "/".join(f"p{q}" for q in standins.PERCENTILES))
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{name} length (tokens)")
+        ax.set_ylabel("cumulative fraction of requests")
+    axes[0].legend(loc="lower right", fontsize=7)
+    fig.suptitle("BurstGPT stand-in lengths vs. the real evidence")
+    paths += list(figures.save(fig, f"{FIGURE_PREFIX_02}/standin_burstgpt_lengths", figures_dir, close=True,
+                               description="ECDFs of prompt and output lengths: BurstGPT stand-in vs the real "
+                                           "slices it resamples and the third-party percentiles of the "
+                                           "first 60k rows").values())
+
+    real_w = standins.real_burstgpt_windows(inp)
+    fig, axes = figure(1, 2, figsize=(10, 3.8))
+    real_g = np.concatenate([standins.window_normalised_gaps(g, inp.window_size) for g in ev.gaps])
+    std_g = np.concatenate([standin_evidence._norm_gaps(df["arrival_s"].to_numpy()) for _, df in bg_windows])
+    floor = 1e-4
+    _ecdf(axes[0], np.maximum(real_g, floor), f"BurstGPT real slices ({real_g.size} gaps)")
+    _ecdf(axes[0], np.maximum(std_g, floor), f"{bg_label} ({std_g.size} gaps)", linestyle="--")
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel(f"inter-arrival gap / mean gap of its {inp.window_size}-request window "
+                       f"(floored at {floor:g})")
+    axes[0].set_ylabel("cumulative fraction of gaps")
+    axes[0].legend(loc="lower right", fontsize=7)
+    cv_real = [synth.sample_rate_cv(df["arrival_s"].to_numpy())[1] for _, df in real_w]
+    cv_std = [synth.sample_rate_cv(df["arrival_s"].to_numpy())[1] for _, df in bg_windows]
+    axes[1].boxplot([cv_real, cv_std], showfliers=True)
+    axes[1].set_xticks([1, 2], [f"real slice windows\n(n={len(cv_real)}, overlapping)",
+                                f"{bg_label}\n(n={len(cv_std)})"])
+    ci = fit["cv_window_ci"] if fit["cv_choice"] == "window" else fit["cv_pooled_ci"]
+    axes[1].axhspan(*ci, color="grey", alpha=0.2, label=f"Gamma CV used ({fit['cv_choice']} estimate), 95% CI")
+    axes[1].axhline(fit["cv_used"], color="grey")
+    axes[1].axhline(fit["cv_pooled"], color="grey", linestyle=":", label="CV of raw pooled slice gaps")
+    axes[1].set_ylabel("inter-arrival CV per window (dimensionless)")
+    axes[1].legend(fontsize=7)
+    fig.suptitle("BurstGPT stand-in burstiness vs. the real slices")
+    paths += list(figures.save(fig, f"{FIGURE_PREFIX_02}/standin_burstgpt_arrivals", figures_dir, close=True,
+                               description="BurstGPT stand-in burstiness vs the real slices: ECDF of "
+                                           "window-normalised gaps and per-window inter-arrival CVs, with the "
+                                           "Gamma CV used and its 95% CI").values())
+
+    bl_windows = standins.standin_windows(inp, "bailian")
+    bl = pl.concat([df for _, df in bl_windows])
+    q = standins.read_qwen_rows(inp)
+    fig, axes = figure(1, 2, figsize=(10, 3.8))
+    for ax, metric, name in ((axes[0], "prompt_tokens", "prompt"), (axes[1], "output_tokens", "output")):
+        _ecdf(ax, q[metric].to_numpy(), f"Qwen traceA rows, real, different service (n={q.height})")
+        _ecdf(ax, bl[metric].to_numpy(), f"{bl_label} from ServeGen m-small (n={bl.height})", linestyle="--")
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{name} length (tokens)")
+        ax.set_ylabel("cumulative fraction of requests")
+    axes[0].legend(loc="lower right", fontsize=7)
+    fig.suptitle("Bailian stand-in lengths vs. the only real Qwen rows available (weak comparison)")
+    paths += list(figures.save(fig, f"{FIGURE_PREFIX_02}/standin_bailian_lengths", figures_dir, close=True,
+                               description="ECDFs of prompt and output lengths: Bailian stand-in (ServeGen "
+                                           "m-small) vs the only real Qwen rows available (a weak comparison: "
+                                           "a different service)").values())
+
+    data = standins.load_servegen(standins.servegen_folder(inp))
+    used = data.used_rows()
+    days = data.starts / 86400.0
+    fig, ax = figure(figsize=(10, 3.8))
+    ax.plot(days, data.rate[used].sum(axis=0), lw=0.7, label="total rate of the used clients")
+    ax.set_xlabel("time in the ServeGen trace (days)")
+    ax.set_ylabel("request rate (req/s)")
+    ax2 = ax.twinx()
+    ax2.plot(days, (data.rate[used] > 0).sum(axis=0), lw=0.7, color="tab:orange", alpha=0.7,
+             label="active clients")
+    ax2.set_ylabel("active clients (count)")
+    ax2.grid(False)
+    for k, (m, _) in enumerate(bl_windows):
+        ax.axvline(m["t_start"] / 86400.0, color="black", lw=0.5, alpha=0.5,
+                   label=f"{bl_label} window starts" if k == 0 else None)
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=7)
+    ax.set_title(f"ServeGen m-small: {len(data.clients)} clients used "
+                 f"({len(data.excluded)} without a dataset file excluded)")
+    paths += list(figures.save(fig, f"{FIGURE_PREFIX_02}/standin_servegen_timeline", figures_dir, close=True,
+                               description="ServeGen m-small over 14 days: total request rate and active "
+                                           "clients of the used clients, with the Bailian stand-in window "
+                                           "starts").values())
+    return paths
+
+
+def counterfactual_demo(inp: StandinInputs, window_df: pl.DataFrame, figures_dir: str | Path, *,
+                        window_id: str | None = None, window_label: str = "real window",
+                        provenance: str = "real", cv: float | None = None) -> tuple[pl.DataFrame, dict[str, str]]:
+    """One window beside its ``burstiness`` variant (:func:`portbench.data.standins.burstiness_comparison`):
+    its table and a figure of cumulative arrivals (paths returned)."""
+    table, variant, vlabel = standins.burstiness_comparison(window_df, inp.standins.counterfactual,
+                                                            window_id=window_id, window_label=window_label,
+                                                            provenance=provenance, cv=cv)
+    target = float(cv if cv is not None else inp.standins.counterfactual.burstiness_cv)
+    fig, ax = figure(figsize=(7, 4))
+    for name, df, style in ((window_label, window_df, "-"), (vlabel, variant, "--")):
+        a = df["arrival_s"].to_numpy()
+        ax.step(a, np.arange(1, a.size + 1), where="post", linestyle=style, label=name)
+    ax.set_xlabel("time since the window's first request (s)")
+    ax.set_ylabel("requests arrived (count)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"Same requests and mean rate, different burstiness ({window_id or 'window'})")
+    paths = figures.save(fig, f"{FIGURE_PREFIX_02}/counterfactual_burstiness", figures_dir,
+                         description=f"cumulative arrivals of window {window_id or '(unnamed)'} and of its "
+                                     f"burstiness counterfactual (target CV {target:g}): same requests and "
+                                     "span, gaps redrawn")
+    return table, paths

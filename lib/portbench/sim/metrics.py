@@ -33,10 +33,12 @@ Definitions (all requests arriving after the horizon are outside the observation
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
+from ..core import config
 from ..core.errors import DataError, ParameterError, check_choices
 
 
@@ -121,25 +123,24 @@ def unregister_metric(name: str) -> None:
 # ---------------------------------------------------------------- names and directions
 
 
-def _slo_defs(P: Mapping | None) -> dict:
-    if P is None:
-        from ..core import config as params
+def _slo_names(slo) -> list[str]:
+    """SLO names of ``slo`` (a mapping name -> definition, or names); None: default.yaml's."""
+    if slo is None:
+        slo = config.load().simulation.slo
+    return [str(k) for k in slo]
 
-        P = params.load()
-    return dict((P.get("simulation") or {}).get("slo") or {})
 
-
-def metric_names(P: Mapping | None = None) -> list[str]:
-    """Every metric name, in canonical order, with ``slo_<name>`` for each ``simulation.slo`` entry
-    (``P`` None -> default.yaml)."""
-    slos = [SLO_PREFIX + s for s in _slo_defs(P)]
+def metric_names(slo: Mapping | Iterable[str] | None = None) -> list[str]:
+    """Every metric name, in canonical order, with ``slo_<name>`` for each SLO definition in ``slo``
+    (``simulation.slo``; None -> default.yaml's)."""
+    slos = [SLO_PREFIX + s for s in _slo_names(slo)]
     fixed = [m.name for m in _BUILTIN]
     return fixed[:2] + slos + fixed[2:] + list(_CUSTOM)
 
 
-def selected_metrics(P: Mapping) -> list[str]:
-    """``analysis.metrics`` ("all" or a list) checked against :func:`metric_names`."""
-    return check_choices("analysis.metrics", (P.get("analysis") or {}).get("metrics", "all"), metric_names(P))
+def selected_metrics(spec, slo: Mapping | Iterable[str] | None = None) -> list[str]:
+    """``analysis.metrics`` (``spec``: "all" or a list) checked against :func:`metric_names`."""
+    return check_choices("analysis.metrics", spec, metric_names(slo))
 
 
 def metric(name: str) -> Metric:
@@ -156,14 +157,13 @@ def direction(name: str) -> str:
     return metric(name).direction
 
 
-def describe(P: Mapping | None = None) -> str:
-    """Markdown table of the metrics (with the SLO definitions of ``P``; None -> default.yaml)."""
-    slo = _slo_defs(P)
-    rows = [m for m in _BUILTIN[:2]] + [slo_metric(n, s) for n, s in slo.items()] + list(_BUILTIN[2:])
-    rows += [METRICS[n] for n in _CUSTOM]
-    out = ["| metric | better | unit | definition |", "|---|---|---|---|"]
-    out += [f"| `{m.name}` | {m.direction} | {m.unit} | {m.description} |" for m in rows]
-    return "\n".join(out)
+def table(slo: Mapping | None = None) -> list[Metric]:
+    """The metrics in canonical order, SLO metrics with their definitions (``slo``: name -> {ttft_s,
+    tpot_s}; None -> default.yaml's)."""
+    if slo is None:
+        slo = config.load().simulation.slo_dicts
+    return ([m for m in _BUILTIN[:2]] + [slo_metric(n, s.as_dict() if hasattr(s, "as_dict") else dict(s)) for n, s in slo.items()] + list(_BUILTIN[2:])
+            + [METRICS[n] for n in _CUSTOM])
 
 
 def check_slo_defs(slo_defs: Mapping, param: str = "simulation.slo") -> None:

@@ -20,32 +20,19 @@ Definitions
   observation ends a fixed fraction after the last arrival; under overload requests are left
   unfinished, so completion counts differ).
 * **Regions**: names and loads ``rho`` from ``simulation.region_loads`` (default light 0.3,
-  moderate 0.5, busy 0.7, near_saturation 0.9, overload 1.2, severe 2.0).
+  moderate 0.5, busy 0.7, near_saturation 0.9, overload 1.2, severe 2.0;
+  :attr:`portbench.core.config.SimulationConfig.loads`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import polars as pl
 
-from ..core.errors import DataError, ParameterError, check_choice, check_choices
-
-DEFAULT_REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9,
-                        "overload": 1.2, "severe": 2.0}
-
-
-def region_loads(P: Mapping | None = None) -> dict[str, float]:
-    """``{region: rho}`` from ``simulation.region_loads`` (validated), or the defaults."""
-    loads = (P or {}).get("simulation", {}).get("region_loads") if P else None
-    loads = DEFAULT_REGION_LOADS if loads is None else loads
-    if not isinstance(loads, Mapping) or not loads:
-        raise ParameterError("simulation.region_loads", loads, "a non-empty mapping region -> rho > 0")
-    out = {}
-    for name, rho in loads.items():
-        out[str(name)] = check_rho(rho, f"simulation.region_loads.{name}")
-    return out
+from ..core.errors import DataError, ParameterError
+from .engine import simulate
+from .profiles import get_profile
 
 
 def check_rho(rho, param: str = "rho") -> float:
@@ -53,20 +40,6 @@ def check_rho(rho, param: str = "rho") -> float:
     if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho) or rho <= 0:
         raise ParameterError(param, rho, "a finite load rho > 0 (offered rate / capacity)")
     return float(rho)
-
-
-def region_rho(region: str, P: Mapping | None = None) -> float:
-    """The load of a named region; unknown name -> ParameterError listing the regions."""
-    loads = region_loads(P)
-    check_choice("simulation.regions", region, list(loads))
-    return loads[region]
-
-
-def regions(P: Mapping) -> dict[str, float]:
-    """The regions of a run (``simulation.regions``, ``all`` = every region) with their loads."""
-    loads = region_loads(P)
-    names = check_choices("simulation.regions", P.get("simulation", {}).get("regions", "all"), list(loads))
-    return {n: loads[n] for n in names}
 
 
 def _check_window(window_df) -> None:
@@ -78,15 +51,12 @@ def _check_window(window_df) -> None:
 def capacity(window_df, profile, policy: str = "fcfs", *, seed: int = 0) -> float:
     """Saturation throughput (requests/s) of the window under ``policy``: all requests at t=0,
     capacity = completed / makespan (see the module docstring)."""
-    from . import engine as simulator
-    from .profiles import get_profile
-
     _check_window(window_df)
     prof = get_profile(profile) if isinstance(profile, str) else profile
     if window_df.height == 0:
         raise DataError("window", "no requests: capacity undefined")
     burst = window_df.with_columns(pl.lit(0.0).alias("arrival_s"))
-    res = simulator.simulate(burst, policy, prof, horizon_s=math.inf, seed=seed)
+    res = simulate(burst, policy, prof, horizon_s=math.inf, seed=seed)
     done = res.counters["completed"]
     if done == 0:
         raise DataError("window", "no request fits in the KV cache of the profile: capacity undefined")
@@ -135,53 +105,3 @@ def horizon_s(scaled_df, factor: float) -> float:
     if not span > 0:
         raise DataError("window", "zero span: horizon undefined")
     return float(a.min()) + float(factor) * span
-
-
-def validate_simulation_params(P: Mapping) -> None:
-    """Check the ``simulation`` section: schedulers and their options, regions and loads, profile,
-    SLO definitions, edf_slo, capacity policy, horizon factor, replicates, seed, predictor sigma.
-    Raises ParameterError naming the parameter and what is allowed."""
-    from . import schedulers as sch
-
-    s = P.get("simulation")
-    if not isinstance(s, Mapping):
-        raise ParameterError("simulation", s, "a mapping (see papermill_params/default.yaml)")
-    names = check_choices("simulation.schedulers", s.get("schedulers", "all"), list(sch.SCHEDULERS))
-    check_choice("simulation.capacity_policy", s.get("capacity_policy", "fcfs"), list(sch.SCHEDULERS))
-    loads = region_loads(P)
-    check_choices("simulation.regions", s.get("regions", "all"), list(loads))
-    hf = s.get("horizon_factor", 1.5)
-    if isinstance(hf, bool) or not isinstance(hf, (int, float)) or not math.isfinite(hf) or hf <= 0:
-        raise ParameterError("simulation.horizon_factor", hf, "a number > 0 (horizon = factor x rescaled span)")
-    rep = s.get("replicates", 1)
-    if isinstance(rep, bool) or not isinstance(rep, int) or rep <= 0:
-        raise ParameterError("simulation.replicates", rep, "a positive integer")
-    seed = s.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ParameterError("simulation.seed", seed, "a non-negative integer")
-    sig = s.get("predictor_sigma", 0.5)
-    if isinstance(sig, bool) or not isinstance(sig, (int, float)) or not math.isfinite(sig) or sig < 0:
-        raise ParameterError("simulation.predictor_sigma", sig, "a number >= 0")
-    slo = s.get("slo")
-    if not isinstance(slo, Mapping) or not slo:
-        raise ParameterError("simulation.slo", slo, "a non-empty mapping name -> {ttft_s, tpot_s}")
-    for name, spec in slo.items():
-        if not isinstance(spec, Mapping):
-            raise ParameterError(f"simulation.slo.{name}", spec, "a mapping {ttft_s, tpot_s}")
-        unknown = set(spec) - {"ttft_s", "tpot_s"}
-        if unknown:
-            raise ParameterError(f"simulation.slo.{name}", sorted(unknown)[0], "keys ttft_s, tpot_s")
-        sch._check_slo(f"simulation.slo.{name}", spec)
-    check_choice("simulation.edf_slo", s.get("edf_slo"), list(slo))
-    opts = s.get("scheduler_options") or {}
-    if not isinstance(opts, Mapping):
-        raise ParameterError("simulation.scheduler_options", opts, "a mapping scheduler -> {option: value}")
-    for name, o in opts.items():
-        check_choice("simulation.scheduler_options", name, list(sch.SCHEDULERS))
-        if not isinstance(o, Mapping):
-            raise ParameterError(f"simulation.scheduler_options.{name}", o, "a mapping option -> value")
-    for name in set(names) | set(opts) | {s.get("capacity_policy", "fcfs")}:
-        sch.scheduler_from_params(P, name)   # unknown options / bad values -> ParameterError
-    from .profiles import get_profile
-
-    get_profile(s.get("profile"))

@@ -1,6 +1,6 @@
 """The portability analysis: every table behind notebooks 04-07 and 09, and ``summary.json``.
 
-Input: the campaign's run table (``campaign.load_runs(P)``; or ``analysis.runs_file``, a parquet
+Input: the campaign's run table (``campaign.load_runs(cfg)``; or ``analysis.runs_file``, a parquet
 file with the same columns, e.g. a planted table). Replicates are averaged within each window
 first: the window is the unit of pairing and of resampling.
 
@@ -58,11 +58,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ..sim import metrics as metric_registry
-from . import stats
-from ..sim import schedulers as scheduler_registry
+from ..core import figindex
+from ..core import io as fileio
+from ..core.config import AnalysisConfig, Config
 from ..core.errors import DataError, ParameterError, check_choice, check_choices
-from ..core.provenance import SOURCES, configured, label
+from ..core.provenance import SOURCES, label
+from ..sim import metrics as metric_registry
+from ..sim import schedulers as scheduler_registry
+from . import campaign, stats
 
 FAMILIES = ("all", "per_metric", "per_region")
 # Notebooks whose figures show the analysis (plots_analysis saves them under these folders).
@@ -226,9 +229,9 @@ TABLES = tuple(COLUMNS)
 
 # --------------------------------------------------------------------------- metric registry
 
-def metric_names(P: dict) -> list[str]:
-    """Every metric the study defines (``metrics.metric_names(P)``)."""
-    return list(metric_registry.metric_names(P))
+def metric_names(slo) -> list[str]:
+    """Every metric the study defines with the SLO definitions ``slo`` (``metrics.metric_names``)."""
+    return list(metric_registry.metric_names(slo))
 
 
 def metric_direction(name: str) -> str:
@@ -249,55 +252,23 @@ def metric_label(name: str) -> str:
 
 # --------------------------------------------------------------------------- parameters
 
-def _section(P: dict) -> dict:
-    return P.get("analysis") or {}
-
-
-def validate_params(P: dict) -> None:
-    """Check the ``analysis`` section; raises ParameterError naming the parameter."""
-    a = _section(P)
-    alpha = a.get("alpha", 0.05)
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < 1:
-        raise ParameterError("analysis.alpha", alpha, "a number strictly between 0 and 1")
-    delta = a.get("delta", 0.05)
-    if not isinstance(delta, (int, float)) or isinstance(delta, bool) or not 0 <= delta <= 2:
-        raise ParameterError("analysis.delta", delta, "a relative difference between 0 and 2 (0.05 = 5%)")
-    check_choice("analysis.correction", a.get("correction", "holm"), stats.CORRECTIONS)
-    check_choice("analysis.family", a.get("family", "all"), FAMILIES)
-    boot = a.get("bootstrap", 1000)
-    if not isinstance(boot, int) or isinstance(boot, bool) or boot < 0:
-        raise ParameterError("analysis.bootstrap", boot, "a non-negative integer (0 = no CIs)")
-    seed = a.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ParameterError("analysis.seed", seed, "a non-negative integer")
-    names = metric_names(P)
-    metrics = check_choices("analysis.metrics", a.get("metrics", "all"), names)
+def validate(cfg: Config) -> None:
+    """Check the ``analysis`` section's names against the metric registry, the sources and the regions
+    (the values' types and ranges are checked when the config is built); ParameterError otherwise."""
+    a = cfg.analysis
+    names = metric_names(cfg.simulation.slo)
+    metrics = check_choices("analysis.metrics", a.metrics, names)
     if len(metrics) < 1:
-        raise ParameterError("analysis.metrics", a.get("metrics"), "at least one metric")
-    for i, m in enumerate(a.get("headline_metrics") or []):
+        raise ParameterError("analysis.metrics", a.metrics, "at least one metric")
+    for i, m in enumerate(a.headline_metrics):
         check_choice(f"analysis.headline_metrics[{i}]", m, names)
-    cd = a.get("cd_conditions", "auto")
-    if cd != "auto":
-        if not isinstance(cd, list):
-            raise ParameterError("analysis.cd_conditions", cd, "auto or a list of source/region/metric")
-        regions = list((P.get("simulation") or {}).get("region_loads") or {})
-        for i, c in enumerate(cd):
-            parts = _cd_parts(c)
-            if parts is None:
-                raise ParameterError(f"analysis.cd_conditions[{i}]", c,
-                                     "'source/region/metric' or [source, region, metric]")
-            check_choice(f"analysis.cd_conditions[{i}] source", parts[0], configured(P))
+    if a.cd_conditions != "auto":
+        regions = list(cfg.simulation.region_loads)
+        for i, (src, reg, met) in enumerate(a.cd_conditions):
+            check_choice(f"analysis.cd_conditions[{i}] source", src, cfg.source_names())
             if regions:
-                check_choice(f"analysis.cd_conditions[{i}] region", parts[1], regions)
-            check_choice(f"analysis.cd_conditions[{i}] metric", parts[2], names)
-    tol = a.get("rank_tolerance", 0.01)
-    if (not isinstance(tol, (int, float)) or isinstance(tol, bool) or not math.isfinite(tol)
-            or not 0 <= tol < 1):
-        raise ParameterError("analysis.rank_tolerance", tol,
-                             "a relative difference in [0, 1) (0.01 = means within 1% are tied; 0 = exact ties only)")
-    rf = a.get("runs_file")
-    if rf is not None and not isinstance(rf, str):
-        raise ParameterError("analysis.runs_file", rf, "null or a path to a runs parquet file")
+                check_choice(f"analysis.cd_conditions[{i}] region", reg, regions)
+            check_choice(f"analysis.cd_conditions[{i}] metric", met, names)
 
 
 def _cd_parts(c) -> tuple[str, str, str] | None:
@@ -308,40 +279,34 @@ def _cd_parts(c) -> tuple[str, str, str] | None:
     return None
 
 
-def settings(P: dict) -> dict:
-    """The analysis parameters with their defaults filled in."""
-    a = _section(P)
+def settings(a: AnalysisConfig) -> dict:
+    """The analysis parameters as a plain dict (the ``parameters`` block of ``summary.json``)."""
     return {
-        "alpha": float(a.get("alpha", 0.05)),
-        "delta": float(a.get("delta", 0.05)),
-        "correction": a.get("correction", "holm"),
-        "family": a.get("family", "all"),
-        "bootstrap": int(a.get("bootstrap", 1000)),
-        "seed": int(a.get("seed", 0)),
-        "rank_tolerance": float(a.get("rank_tolerance", 0.01)),
+        "alpha": float(a.alpha),
+        "delta": float(a.delta),
+        "correction": a.correction,
+        "family": a.family,
+        "bootstrap": int(a.bootstrap),
+        "seed": int(a.seed),
+        "rank_tolerance": float(a.rank_tolerance),
         "ci_level": stats.CI_LEVEL,
-        "metrics": a.get("metrics", "all"),
-        "headline_metrics": list(a.get("headline_metrics") or []),
-        "cd_conditions": a.get("cd_conditions", "auto"),
-        "runs_file": a.get("runs_file"),
+        "metrics": a.metrics if a.metrics == "all" else list(a.metrics),
+        "headline_metrics": list(a.headline_metrics),
+        "cd_conditions": a.cd_conditions if a.cd_conditions == "auto" else ["/".join(c) for c in a.cd_conditions],
+        "runs_file": str(a.runs_file) if a.runs_file else None,
     }
 
 
 # --------------------------------------------------------------------------- input
 
-def load_runs(P: dict) -> pl.DataFrame:
-    """The runs table: ``analysis.runs_file`` when set, else ``campaign.load_runs(P)``."""
-    rf = settings(P)["runs_file"]
-    if rf:
-        path = Path(rf)
-        if not path.is_absolute():
-            path = Path(P.get("_root", ".")) / path
-        if not path.is_file():
+def load_runs(cfg: Config) -> pl.DataFrame:
+    """The runs table: ``analysis.runs_file`` when set, else ``campaign.load_runs(cfg)``."""
+    path = cfg.analysis.runs_file
+    if path:
+        if not Path(path).is_file():
             raise DataError(path, "analysis.runs_file does not exist")
         return pl.read_parquet(path)
-    from . import campaign
-
-    return campaign.load_runs(P)
+    return campaign.load_runs(cfg)
 
 
 @dataclass
@@ -374,9 +339,8 @@ class Cube:
         return label(source, self.provenance[source])
 
 
-def _scheduler_order(names, P: dict) -> list[str]:
-    want = (P.get("simulation") or {}).get("schedulers", "all")
-    if isinstance(want, list):
+def _scheduler_order(names, want) -> list[str]:
+    if isinstance(want, (list, tuple)):
         order = list(want)
     else:
         order = list(scheduler_registry.SCHEDULERS)
@@ -384,8 +348,13 @@ def _scheduler_order(names, P: dict) -> list[str]:
     return sorted(names, key=lambda n: (pos.get(n, len(pos)), n))
 
 
-def build_cube(runs: pl.DataFrame, P: dict, *, where: str = "runs table") -> Cube:
-    """Average replicates within windows and arrange the values as dense arrays."""
+def build_cube(runs: pl.DataFrame, *, metric_spec="all", all_metrics: list[str], scheduler_order="all",
+               where: str = "runs table") -> Cube:
+    """Average replicates within windows and arrange the values as dense arrays.
+
+    ``metric_spec`` (``analysis.metrics``: "all" or names) picks among ``all_metrics`` (the registry's
+    names with the run's SLO definitions); ``scheduler_order`` (``simulation.schedulers``) orders the
+    schedulers (the registry's order for "all")."""
     required = ["source", "provenance", "window_id", "region", "rho", "scheduler", "replicate"]
     missing = [c for c in required if c not in runs.columns]
     if missing:
@@ -393,9 +362,8 @@ def build_cube(runs: pl.DataFrame, P: dict, *, where: str = "runs table") -> Cub
     if runs.height == 0:
         raise DataError(where, "the runs table is empty")
     notes: list[str] = []
-    want = settings(P)["metrics"]
-    all_names = metric_names(P)
-    requested = check_choices("analysis.metrics", want, all_names)
+    want = metric_spec
+    requested = check_choices("analysis.metrics", want, all_metrics)
     absent = [m for m in requested if m not in runs.columns]
     if absent and want != "all":
         raise DataError(where, f"metric column(s) {absent} requested by analysis.metrics are absent",
@@ -427,7 +395,7 @@ def build_cube(runs: pl.DataFrame, P: dict, *, where: str = "runs table") -> Cub
     if set(regions) - common_reg:
         notes.append(f"regions not run on every source, left out: {', '.join(sorted(set(regions) - common_reg))}")
     regions = [r for r in regions if r in common_reg]
-    schedulers = _scheduler_order(common_sched, P)
+    schedulers = _scheduler_order(common_sched, scheduler_order)
     if len(schedulers) < 2:
         raise DataError(where, f"at least 2 schedulers are needed to rank, found {schedulers}")
 
@@ -570,13 +538,14 @@ class Analysis:
         return self.tables[table]
 
 
-def compute(P: dict, runs: pl.DataFrame | None = None, *, progress: bool = False) -> Analysis:
+def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool = False) -> Analysis:
     """Compute every table and the summary numbers (no files written)."""
     t0 = time.perf_counter()
-    where = settings(P)["runs_file"] or "campaign runs table"
-    runs = load_runs(P) if runs is None else runs
-    cube = build_cube(runs, P, where=str(where))
-    cfg = settings(P)
+    cfg = settings(config.analysis)
+    where = cfg["runs_file"] or "campaign runs table"
+    runs = load_runs(config) if runs is None else runs
+    cube = build_cube(runs, metric_spec=config.analysis.metrics, all_metrics=metric_names(config.simulation.slo),
+                      scheduler_order=config.simulation.schedulers, where=str(where))
     timings = {}
 
     def tick(name):
@@ -641,7 +610,7 @@ def compute(P: dict, runs: pl.DataFrame | None = None, *, progress: bool = False
         "slo_sensitivity": slo, "friedman": fr, "figures": [],
     }
     timings["total"] = round(time.perf_counter() - t0, 3)
-    meta = {"fingerprint": fingerprint(runs, P), "timings_s": timings}
+    meta = {"fingerprint": fingerprint(runs, config), "timings_s": timings}
     return Analysis(tables=tables, summary=summary, meta=meta)
 
 
@@ -1359,39 +1328,38 @@ def cd_conditions(cfg: dict, cube: Cube, rv: dict) -> list[tuple[str, str, str]]
 
 # --------------------------------------------------------------------------- files
 
-def analysis_dir(P: dict) -> Path:
-    return Path(P["paths"]["results_dir"]) / "analysis"
+def analysis_dir(results_dir: Path) -> Path:
+    return Path(results_dir) / "analysis"
 
 
-def summary_path(P: dict) -> Path:
-    return Path(P["paths"]["results_dir"]) / "summary.json"
+def summary_path(results_dir: Path) -> Path:
+    return Path(results_dir) / "summary.json"
 
 
-def fingerprint(runs: pl.DataFrame, P: dict) -> str:
+def fingerprint(runs: pl.DataFrame, cfg: Config) -> str:
     """Hash of the runs table and everything in the parameters that changes the analysis."""
     h = hashlib.sha256()
-    h.update(json.dumps({k: v for k, v in settings(P).items()}, sort_keys=True, default=str).encode())
+    h.update(json.dumps(settings(cfg.analysis), sort_keys=True, default=str).encode())
     h.update(json.dumps(sorted(runs.columns)).encode())
-    h.update(json.dumps((P.get("simulation") or {}).get("slo"), sort_keys=True, default=str).encode())
+    h.update(json.dumps(cfg.simulation.slo_dicts, sort_keys=True, default=str).encode())
+    h.update(json.dumps(list(cfg.simulation.schedulers), default=str).encode())
     buf = io.BytesIO()
     runs.write_ipc(buf)
     h.update(buf.getvalue())
     return h.hexdigest()
 
 
-def write(P: dict, A: Analysis) -> dict[str, str]:
+def write(results_dir: Path, A: Analysis) -> dict[str, str]:
     """Write every table as parquet under ``{results_dir}/analysis/`` and the summary core."""
-    out = analysis_dir(P)
+    out = analysis_dir(results_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name, df in A.tables.items():
         p = out / f"{name}.parquet"
-        tmp = p.with_suffix(".parquet.tmp")
-        df.write_parquet(tmp)
-        tmp.replace(p)
+        fileio.atomic_write(p, lambda tmp, df=df: df.write_parquet(tmp))
         paths[name] = str(p)
-    (out / "summary_core.json").write_text(json.dumps(A.summary, indent=1, default=_json_default))
-    (out / "meta.json").write_text(json.dumps(A.meta, indent=1))
+    fileio.write_text(out / "summary_core.json", json.dumps(A.summary, indent=1, default=_json_default))
+    fileio.write_text(out / "meta.json", json.dumps(A.meta, indent=1))
     return paths
 
 
@@ -1403,12 +1371,12 @@ def _json_default(x):
     return str(x)
 
 
-def load(P: dict, *, recompute: bool = False, progress: bool = False) -> Analysis:
-    """The analysis for ``P``: read from ``{results_dir}/analysis`` when it matches the runs table and
+def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Analysis:
+    """The analysis for ``cfg``: read from ``{results_dir}/analysis`` when it matches the runs table and
     the parameters (fingerprint), else computed and written (tables, summary core and summary.json)."""
-    runs = load_runs(P)
-    fp = fingerprint(runs, P)
-    d = analysis_dir(P)
+    runs = load_runs(cfg)
+    fp = fingerprint(runs, cfg)
+    d = analysis_dir(cfg.paths.results_dir)
     meta_p = d / "meta.json"
     if not recompute and meta_p.is_file():
         meta = json.loads(meta_p.read_text())
@@ -1417,48 +1385,25 @@ def load(P: dict, *, recompute: bool = False, progress: bool = False) -> Analysi
             tables = {t: pl.read_parquet(d / f"{t}.parquet") for t in TABLES}
             summary = json.loads((d / "summary_core.json").read_text())
             return Analysis(tables=tables, summary=summary, meta=meta)
-    A = compute(P, runs, progress=progress)
-    write(P, A)
-    from ..present import figures   # (matplotlib is imported only where figures are made or indexed)
-
-    figures.forget(P["paths"]["figures_dir"], FIGURE_NOTEBOOKS)  # figures of an older analysis are not indexed
-    write_summary(P, A)
+    A = compute(cfg, runs, progress=progress)
+    write(cfg.paths.results_dir, A)
+    figindex.forget(cfg.paths.figures_dir, FIGURE_NOTEBOOKS)  # figures of an older analysis are not indexed
+    write_summary(cfg, A)
     return A
 
 
-def figure_index(P: dict) -> list[dict]:
+def figure_index(cfg: Config) -> list[dict]:
     """``[{name, file, pdf, notebook, description}]`` of every figure in ``paths.figures_dir`` (notebooks
     01-08, each recorded by ``figures.save``), paths relative to the project root where possible."""
-    from ..present import figures
-
-    return figures.index(P["paths"]["figures_dir"], P.get("_root"))
+    return figindex.index(cfg.paths.figures_dir, cfg.paths.root)
 
 
-def write_summary(P: dict, A: Analysis | None = None) -> dict:
+def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
     """Write ``{results_dir}/summary.json``: the summary numbers plus the index of every figure."""
-    A = A or load(P)
+    A = A or load(cfg)
     summary = dict(A.summary)
-    summary["figures"] = figure_index(P)
-    p = summary_path(P)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=1, default=_json_default))
-    tmp.replace(p)
-    return summary
-
-
-def run_analysis(P: dict, *, figures: bool = True, progress: bool = True) -> dict:
-    """``portbench analyze``: compute every table, make every figure, write summary.json; returns it."""
-    t0 = time.perf_counter()
-    A = load(P, recompute=True, progress=progress)
-    if figures:
-        from ..present import plots_analysis
-
-        plots_analysis.make_all(P, A, close=True)
-    summary = write_summary(P, A)
-    if progress:
-        print(f"[analysis] tables -> {analysis_dir(P)}; summary -> {summary_path(P)}; "
-              f"{len(summary['figures'])} figures; {time.perf_counter() - t0:.1f} s", flush=True)
+    summary["figures"] = figure_index(cfg)
+    fileio.write_text(summary_path(cfg.paths.results_dir), json.dumps(summary, indent=1, default=_json_default))
     return summary
 
 

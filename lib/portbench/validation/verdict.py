@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 
 from ..study import stats
+from ..sim import metrics, profiles
 from .cases import Case
 
 KEY = ("source", "window_id", "region", "scheduler")
@@ -34,8 +35,6 @@ LATENCIES = ("ttft", "tpot", "e2e")
 
 
 def metric_direction(metric: str) -> str:
-    from ..sim import metrics
-
     return metrics.direction(metric)
 
 
@@ -211,8 +210,6 @@ def fit_engine_profile(iterations: pl.DataFrame, base, name: str):
     them. Relative weighting (``relative=True``) so that short decode iterations count as much as
     long prefills.
     """
-    from ..sim import profiles
-
     rows = iterations.filter(pl.col("iteration_s") > 0)
     return profiles.fit_profile(rows.select(list(profiles.FIT_COLUMNS)), base, name, relative=True)
 
@@ -247,8 +244,6 @@ def engine_metric_rows(records_by_key: Mapping[tuple, pl.DataFrame], horizons: M
                        slo_defs: Mapping) -> pl.DataFrame:
     """One row per replayed (source, window_id, region, scheduler) with every metric
     (``portbench.metrics.compute`` on the replay's records — the same function as the campaign)."""
-    from ..sim import metrics
-
     rows = []
     for key, rec in records_by_key.items():
         vals = metrics.compute(rec, horizons[key], slo_defs)

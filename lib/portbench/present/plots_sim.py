@@ -1,0 +1,172 @@
+"""Figures of notebook 03: the cost model's calibration, capacity, load curves, preemptions.
+
+Computed tables come from :mod:`portbench.study.campaign.tables` and :mod:`portbench.sim.profiles`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib.colors as mcolors
+import matplotlib.ticker as mticker
+import numpy as np
+
+from ..core.errors import ParameterError
+from ..core.provenance import label
+from ..sim import metrics
+from ..sim.profiles import calibration
+from ..study.campaign import tables
+from . import figures
+from .figures import figure
+
+
+def plot_calibration(figures_dir: str | Path, profiles: list[str] | None = None,
+                     name: str = "profile_calibration") -> dict[str, str]:
+    """Measured vs modelled token-linear time for each profile (one panel each), saved via
+    :func:`portbench.present.figures.save`; returns the PNG/PDF paths."""
+    names = list(profiles or calibration.PROFILE_SPECS)
+    fig, axes = figure(1, len(names), figsize=(4.6 * len(names), 4.0), squeeze=False)
+    for ax, pname in zip(axes[0], names):
+        t = calibration.calibration_table(pname)
+        n = t["num_tokens"].to_numpy()
+        ax.plot(n, t["measured_ms"], ".", ms=3, color="0.3", label="measured (GEMM path)")
+        ax.plot(n, t["decode_fit_ms"], ":", lw=1, label="memory-bound line (N ≤ 256 fit)")
+        ax.plot(n, t["prefill_fit_ms"], ":", lw=1, label="compute-bound line (N ≥ 256 fit)")
+        ax.plot(n, t["model_ms"], "-", lw=1.8, label="model: max of the two (floor term)")
+        ax.axvline(calibration.PROFILES[pname].floor_tokens, color="0.6", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens in the iteration, N = P + B")
+        ax.set_ylabel("token-linear time per iteration (ms)")
+        mf = calibration.PROFILES[pname].provenance["model_fit"]
+        ax.set_title(f"{pname}\nknee (dashed) {calibration.PROFILES[pname].floor_tokens:.0f} tokens\n"
+                     f"R² decode-sized {mf['decode']['r2']:.2f}, prefill-sized {mf['prefill']['r2']:.3f}",
+                     fontsize="medium")
+    axes[0][0].legend(loc="upper left")
+    return figures.save(fig, name, figures_dir,
+                        description="measured vs modelled token-linear time per iteration for each hardware "
+                                    "profile: memory-bound and compute-bound fits and their maximum (the "
+                                    "roofline floor)")
+
+
+def _plain_log_axis(ax, axis: str = "y", subs=(1.0, 2.0, 5.0)) -> None:
+    """Log scale with plain-number tick labels at 1-2-5 steps (readable without exponents)."""
+
+    getattr(ax, f"set_{axis}scale")("log")
+    a = ax.yaxis if axis == "y" else ax.xaxis
+    a.set_major_locator(mticker.LogLocator(base=10, subs=subs))
+    a.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    a.set_minor_formatter(mticker.NullFormatter())
+
+
+def _labels_for(runs, labels: Mapping | None) -> dict:
+
+    prov = dict(runs.select(["source", "provenance"]).unique().iter_rows())
+    return {s: (labels or {}).get(s) or label(s, p) for s, p in prov.items()}
+
+
+def plot_capacity(runs, labels: Mapping | None = None):
+    """Capacity per window (req/s, log scale), one column of dots per source, median marked."""
+
+
+    cap = tables.capacity_by_window(runs)
+    lab = _labels_for(runs, labels)
+    srcs = sorted(lab, key=tables._source_rank)
+    fig, ax = figure(figsize=(1.9 * len(srcs) + 2.5, 3.6))
+    rng = np.random.default_rng(0)
+    for i, s in enumerate(srcs):
+        y = cap.filter(cap["source"] == s)["capacity_rps"].to_numpy()
+        ax.scatter(i + rng.uniform(-0.18, 0.18, y.size), y, s=14, alpha=0.7, label=None)
+        ax.hlines(np.median(y), i - 0.3, i + 0.3, color="black", lw=2)
+    ax.set_xticks(range(len(srcs)), [lab[s] for s in srcs])
+    _plain_log_axis(ax, subs=(1.0, 2.0, 3.0, 5.0))
+    ax.set_ylabel("capacity (requests/s, log scale)")
+    ax.set_title("Measured saturation capacity per window (bar = median)")
+    return fig
+
+
+def _metric_axis_label(name: str) -> str:
+    if name == "completed_frac":
+        return "completed in horizon (fraction)"
+
+    try:
+        return f"{name} ({metrics.metric(name).unit})"
+    except ParameterError:  # not a registered metric: the bare name
+        return name
+
+
+LOG_METRICS = ("ttft_p50", "ttft_p99", "e2e_mean", "e2e_p99", "tpot_mean", "tpot_p99", "norm_latency_mean",
+               "max_slowdown")
+
+
+def plot_load_curves(runs, labels: Mapping | None = None, metrics: Sequence[str] = ("e2e_p99", "ttft_p50",
+                     "completed_frac"), schedulers: Sequence[str] | None = None):
+    """Metric against offered load rho: one row per metric, one column per source, one line per
+    scheduler (median over windows x replicates, band = inter-quartile range)."""
+
+    schedulers = list(schedulers or tables.curve_schedulers(runs))
+    curves = tables.load_curves(runs, metrics, schedulers)
+    lab = _labels_for(runs, labels)
+    srcs = sorted(lab, key=tables._source_rank)
+    fig, axes = figure(len(metrics), len(srcs), figsize=(4.3 * len(srcs), 3.0 * len(metrics)), squeeze=False,
+                       sharex=True, sharey="row")
+    rho_ticks = runs.select(["region", "rho"]).unique().sort("rho")
+    for j, s in enumerate(srcs):
+        for i, m in enumerate(metrics):
+            ax = axes[i][j]
+            for k, sched in enumerate(schedulers):
+                c = curves.filter((curves["source"] == s) & (curves["scheduler"] == sched)).sort("rho")
+                if c.height == 0:
+                    continue
+                x = c["rho"].to_numpy()
+                ax.plot(x, c[f"{m}_median"].to_numpy(), marker="o", ms=3.5, lw=1.4, color=f"C{k}", label=sched)
+                ax.fill_between(x, c[f"{m}_q25"].to_numpy(), c[f"{m}_q75"].to_numpy(), color=f"C{k}", alpha=0.12,
+                                lw=0)
+            if m in LOG_METRICS:
+                _plain_log_axis(ax)
+            ax.axvline(1.0, color="0.5", lw=0.8, ls=":")
+            if i == 0:
+                ax.set_title(lab[s])
+            if j == 0:
+                ax.set_ylabel(_metric_axis_label(m))
+            if i == len(metrics) - 1:
+                ax.set_xlabel("offered load ρ (x window capacity)")
+                ax.set_xticks(rho_ticks["rho"].to_list(), [f"{r:g}" for r in rho_ticks["rho"].to_list()])
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), title="scheduler", frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_preemptions(runs, labels: Mapping | None = None):
+    """Heatmaps of mean preemptions per run, scheduler x region, one panel per source."""
+
+
+    t = tables.preemption_table(runs)
+    lab = _labels_for(runs, labels)
+    srcs = sorted(lab, key=tables._source_rank)
+    regions = runs.select(["region", "rho"]).unique().sort("rho")["region"].to_list()
+    scheds = sorted(runs["scheduler"].unique().to_list())
+
+    vmax = max(1.0, float(t["preemptions_per_run"].max() or 0.0))
+    norm = mcolors.PowerNorm(gamma=0.5, vmin=0.0, vmax=vmax)  # square-root colour scale: small counts stay visible
+    fig, axes = figure(1, len(srcs), figsize=(0.75 * len(regions) * len(srcs) + 2.8, 0.32 * len(scheds) + 1.8),
+                       squeeze=False, sharey=True)
+    im = None
+    for j, s in enumerate(srcs):
+        ax = axes[0][j]
+        grid = np.full((len(scheds), len(regions)), np.nan)
+        for r in t.filter(t["source"] == s).iter_rows(named=True):
+            grid[scheds.index(r["scheduler"]), regions.index(r["region"])] = r["preemptions_per_run"]
+        im = ax.imshow(grid, aspect="auto", cmap="viridis", norm=norm)
+        for (a, b), v in np.ndenumerate(grid):
+            if not np.isnan(v):
+                ax.text(b, a, f"{v:.0f}" if v >= 10 else f"{v:.1f}", ha="center", va="center", fontsize=7.5,
+                        color="white" if norm(v) < 0.6 else "black")
+        ax.set_xticks(range(len(regions)), regions, rotation=35, ha="right")
+        ax.set_yticks(range(len(scheds)), scheds)
+        ax.set_title(lab[s])
+        ax.grid(False)
+    axes[0][len(srcs) // 2].set_xlabel("operating region (load increases to the right)")
+    fig.colorbar(im, ax=axes[0].tolist(), label="recompute preemptions per run (mean; sqrt scale)", shrink=0.9)
+    return fig

@@ -1,0 +1,214 @@
+"""The engine of one run: state, the SimPy processes and the invariant checks
+(the model is described in :mod:`portbench.sim.engine`)."""
+
+from __future__ import annotations
+
+import math
+
+import simpy
+
+from ...core.errors import ParameterError
+from ..request import PAUSED, RUNNING, WAITING, Request
+from ..schedulers import BaseScheduler
+from .batching import Batching
+from .iteration import Iterations
+from .memory import CohortMemory
+from .queues import Queues
+
+WHOLE_PREFILL_TOKENS = 4096
+
+
+def _check_cost_model(profile, ckv: float) -> None:
+    """The closed form needs iteration times > 0 that are affine in context_tokens with slope
+    ``c_kv_s`` for a fixed batch composition (any function of prefill tokens and decode
+    sequences is fine, e.g. the profiles' roofline floor)."""
+    t1 = profile.iteration_time(0, 1, 1000)
+    t2 = profile.iteration_time(0, 1, 3000)
+    if not (t1 > 0 and profile.iteration_time(1, 0, 1) > 0):
+        raise ParameterError("profile", getattr(profile, "name", profile), "positive iteration times")
+    if not math.isclose(t2 - t1, 2000 * ckv, rel_tol=1e-6, abs_tol=1e-12):
+        raise ParameterError("profile", getattr(profile, "name", profile),
+                             "iteration_time affine in context_tokens with slope c_kv_s")
+
+
+def whole_prefill_budget(profile) -> int:
+    """Token budget of a whole-prompt (prefill-first) iteration: the profile's
+    ``max_prefill_tokens`` if it has one, else vLLM's default without chunked prefill,
+    ``max_num_batched_tokens = max(max_model_len, 2048)`` (max_model_len from the profile's
+    provenance, else :data:`WHOLE_PREFILL_TOKENS` = 4096, Llama-2's context). The profile's
+    ``max_batched_tokens`` is the *chunked*-prefill budget (Sarathi-Serve)."""
+    v = getattr(profile, "max_prefill_tokens", None)
+    if v:
+        return int(v)
+    prov = getattr(profile, "provenance", None) or {}
+    mml = (prov.get("model_spec") or {}).get("max_model_len") if isinstance(prov, dict) else None
+    return max(int(mml), 2048) if mml else WHOLE_PREFILL_TOKENS
+
+
+class Engine(CohortMemory, Queues, Batching, Iterations):
+    """One run. See the module docstring for the model.
+    
+    Data structures (for speed; ``_check`` recomputes everything from scratch in tests):
+    
+    * ``res``: residents (hold KV) by id; ``prefilling``: residents whose prefill is incomplete;
+      ``paused``: residents a preemptive policy descheduled at the last decision.
+    * the **decode cohort** ``cohort``: the decoding requests of the current batch. They all
+      advance together, so their state is kept relative to a shared ``clock`` (decode iterations
+      of the cohort): ``generated = gbase + clock``. Aggregates: ``SL`` = Σ (P + gbase) (context
+      = SL + n·clock), ``cnt[m]`` = members with (P + gbase) ≡ m (mod block size) (block-boundary
+      phases), ``need_now`` = Σ ceil((P + g)/bs) (their KV blocks for the next iteration), and a
+      heap of the clock values at which members finish. Advancing k iterations is O(bs); members'
+      ``generated`` is brought up to date (``_materialize``) before any scheduler hook sees them.
+    * waiting: a heap of static ranks (static non-preemptive), a list kept sorted by cached key
+      (preemptive with keys frozen while waiting), or a plain list.
+    """
+
+    def __init__(self, reqs: list[Request], sched: BaseScheduler, profile, horizon_s: float,
+                 naive: bool, record_iterations: bool, check: bool = False):
+        self.sched = sched
+        self.prof = profile
+        self.H = float(horizon_s)
+        self.naive = naive
+        self.check = check
+        self.trace = [] if record_iterations else None
+        self.bs = bs = int(getattr(profile, "block_size", 16))
+        self.cap = int(profile.kv_capacity_blocks)
+        self.max_seqs = int(profile.max_num_seqs)
+        self.chunked = bool(getattr(sched, "chunked_prefill", False))
+        budget = getattr(sched, "prefill_token_budget", None)
+        if budget is None:
+            budget = profile.max_batched_tokens if self.chunked else whole_prefill_budget(profile)
+        self.B = int(budget)
+        if self.chunked and self.B <= self.max_seqs:
+            raise ParameterError(f"simulation.scheduler_options.{sched.name}.prefill_token_budget", self.B,
+                                 f"more tokens than max_num_seqs ({self.max_seqs}) for chunked prefill")
+        self.ckv = float(profile.c_kv_s)
+        _check_cost_model(profile, self.ckv)
+        self.preemptive = bool(getattr(sched, "preemptive", False))
+        self.static = bool(getattr(sched, "static_priority", True))
+        self.frozen = self.static or bool(getattr(sched, "frozen_waiting_keys", False))
+        self.wants_tokens = not (isinstance(sched, BaseScheduler)
+                                 and type(sched).on_tokens is BaseScheduler.on_tokens)
+        order = sorted(range(len(reqs)), key=lambda i: (reqs[i].arrival_s, i))
+        self.reqs = reqs
+        self.arrivals = [reqs[i] for i in order]
+        self.arr_t = [r.arrival_s for r in self.arrivals]
+        self.n_arrivable = sum(1 for t in self.arr_t if t <= self.H)
+        cap_tokens = self.cap * bs
+        for r in reqs:
+            r.never_fits = r.prompt_tokens + r.output_tokens > cap_tokens
+        self.cursor = 0
+        self.res: dict[int, Request] = {}
+        self.prefilling: list[Request] = []
+        self.paused: list[Request] = []
+        self.cohort: dict[int, Request] = {}
+        self.clock = 0
+        self.SL = 0
+        self.cnt = [0] * bs
+        self.need_now = 0
+        self.fheap: list = []
+        self.other_blocks = 0
+        self.use_heap = self.static and not self.preemptive
+        self.wait_heap: list = []
+        self.wlist: list[Request] = []
+        self.n_wait = 0
+        self.used = 0
+        self.max_used = 0
+        self.n_preempt = 0
+        self.n_pause = 0
+        self.n_iter = 0
+        self.n_decisions = 0
+        self.n_finished = 0
+        self.wake = None
+        self.plan_seq = 0
+        self.end_time = 0.0
+        self.suffix_min_rank = None
+        self._pf: list[Request] = []
+        self._kind = 0
+        self._k = 0
+
+    def prepare_static_ranks(self) -> None:
+        """Static policies: dense rank of (priority at arrival, id) -> ints compare fast."""
+        if not self.static:
+            return
+        S = self.sched
+        keyed = sorted((S.priority(r, r.arrival_s), r.id) for r in self.reqs)
+        for k, (_, rid) in enumerate(keyed):
+            self.reqs[rid].rank = k
+        n = len(self.arrivals)
+        big = n + 1
+        suf = [big] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            r = self.arrivals[i]
+            v = big if r.never_fits else r.rank
+            suf[i] = v if v < suf[i + 1] else suf[i + 1]
+        self.suffix_min_rank = suf
+
+    def run(self) -> None:
+        env = simpy.Environment()
+        env.process(self._arrival_process(env))
+        env.process(self._server(env))
+        env.run()
+
+    def _arrival_process(self, env):
+        """Sleeps until each arrival; wakes the idle server. (The server ingests by time, so
+        simultaneous events are ordered deterministically whatever SimPy's queue order.)"""
+        last = None
+        for i in range(self.n_arrivable):
+            t = self.arr_t[i]
+            if t == last:
+                continue
+            last = t
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            ev = self.wake
+            if ev is not None and not ev.triggered:
+                ev.succeed()
+
+    def _server(self, env):
+        while True:
+            now = env.now
+            if self.cursor < self.n_arrivable and self.arr_t[self.cursor] <= now:
+                self._ingest(now)
+            if not self.res and not self.n_wait:
+                if self.cursor >= self.n_arrivable:
+                    self.end_time = now
+                    return
+                self.wake = env.event()
+                yield self.wake
+                self.wake = None
+                continue
+            self.n_decisions += 1
+            dt = self._plan_preemptive(now) if self.preemptive else self._plan(now)
+            if self.check:
+                self._check_state(now)
+            if dt is None:
+                self.end_time = self.H
+                return
+            yield env.timeout(dt)
+            self._commit(now, env.now)
+
+    def _check_state(self, now: float) -> None:
+        """Recompute the incremental bookkeeping from scratch (tests: ``check=True``)."""
+        bs = self.bs
+        c = self.clock
+        need = SL = 0
+        cnt = [0] * bs
+        for r in self.cohort.values():
+            g = r.gbase + c
+            assert r.state == RUNNING and r.prefilled == r.prefill_target, r
+            assert 1 <= g < r.output_tokens, r
+            need += (r.prompt_tokens + g + bs - 1) // bs
+            SL += r.prompt_tokens + r.gbase
+            cnt[(r.prompt_tokens + r.gbase) % bs] += 1
+        assert (need, SL, cnt) == (self.need_now, self.SL, self.cnt), (need, SL, self.need_now, self.SL)
+        other = sum(r.blocks for r in self.res.values() if r.id not in self.cohort)
+        assert other == self.other_blocks, (other, self.other_blocks)
+        assert self.used == need + other and self.used <= self.cap
+        assert all(r.state in (RUNNING, PAUSED) for r in self.res.values())
+        pre = {r.id for r in self.res.values() if r.prefilled != r.prefill_target}
+        assert pre == {r.id for r in self.prefilling}, (pre, [r.id for r in self.prefilling])
+        waiting = [r for r in self.reqs if r.state == WAITING]
+        assert len(waiting) == self.n_wait == (len(self.wait_heap) if self.use_heap else len(self.wlist))
+        if not self.preemptive:
+            assert not any(r.state == PAUSED for r in self.res.values())

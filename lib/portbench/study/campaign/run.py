@@ -1,0 +1,205 @@
+"""Running (or resuming) a campaign, and reading its results back."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from tqdm import tqdm
+
+from ...core import io
+from ...core.config import Config
+from ...core.errors import DataError, check_choice
+from ...core.io import read_meta, write_parquet_atomic
+from ...data import windows as windows_mod
+from .engines import Engine, SimEngine
+from .executors import (COUNTER_COLUMNS, EXECUTORS, KEY_COLUMNS, RUN_COLUMNS, SORT_COLUMNS, RunFailed,
+                        WorkerContext, _Executor)
+from .files import _clean_stale_tmp, capacity_path, records_path, runs_path, shard_done, shard_path
+from .plan import Plan, make_plan
+
+@dataclass
+class CampaignResult:
+    """What :func:`run` did."""
+
+    plan: Plan
+    runs: Any                    # the consolidated runs DataFrame
+    computed_shards: int
+    reused_shards: int
+    computed_capacities: int
+    wall_s: float
+    shard_wall_s: list = field(default_factory=list)
+    executor: str = "process"
+    workers: int = 1
+
+    def summary(self) -> str:
+        n_runs = self.runs.height if self.runs is not None else 0
+        return (f"campaign {self.plan.hash}: {n_runs} runs in {len(self.plan.shards)} shards "
+                f"({self.computed_shards} computed, {self.reused_shards} reused), "
+                f"{self.computed_capacities} capacities measured, "
+                f"{self.wall_s:.1f} s wall on {self.workers} {self.executor} worker(s)")
+
+
+def load_capacities(cfg: Config, plan: Plan | None = None) -> dict[str, float]:
+    """``{window_id: capacity_rps}`` of the plan's windows found in the capacity cache."""
+    plan = plan or make_plan(cfg)
+    out = {}
+    for wid, key in plan.capacity_keys.items():
+        p = capacity_path(cfg.paths.results_dir, wid, key)
+        if p.is_file():
+            out[wid] = float(json.loads(p.read_text())["capacity_rps"])
+    return out
+
+
+def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = None,
+                 workers: int | None = None, windows: Sequence[tuple] | None = None, progress: bool = True,
+                 consolidate: bool = True, verbose: bool = True) -> CampaignResult:
+    """Run (or resume) the campaign of ``cfg``; returns what was done and the consolidated runs table.
+
+    ``engine``, ``executor`` and ``workers`` override the engine / ``campaign.executor`` /
+    ``campaign.workers``; ``windows`` (``[(WindowRef, window_df)]``) replaces the manifest's windows.
+    """
+    t0 = time.perf_counter()
+    engine = engine or SimEngine()
+    # a terminal gets a live bar; a notebook or a log gets an update every 15 s (not hundreds of lines)
+    interval = 1.0 if getattr(sys.stderr, "isatty", lambda: False)() else 15.0
+    executor = executor or cfg.campaign.executor
+    workers = int(workers or cfg.campaign.workers)
+    check_choice("campaign.executor", executor, EXECUTORS)
+    plan = make_plan(cfg, engine=engine, windows=windows)
+    out = Path(cfg.paths.results_dir)
+    for sub in ("runs", "requests", "capacity"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+        _clean_stale_tmp(out / sub)
+    todo = [sh for sh in plan.shards if not shard_done(out, sh)]
+    caps = load_capacities(cfg, plan)
+    need_cap = sorted({sh.window.id for sh in todo} - set(caps))
+    shard_walls: list[float] = []
+    if todo:
+        needed = sorted({sh.window.id for sh in todo})
+        if windows is not None:
+            loaded = {ref.id: df for ref, df in windows if ref.id in needed}
+        else:
+            loaded = _load_window_tables(cfg, plan, needed)
+        ctx = WorkerContext(engine=engine, sim=cfg.simulation, windows=loaded,
+                            modules=engine.worker_modules(cfg.simulation))
+        ex = _Executor(executor, workers, ctx, cfg.campaign.dask_address)
+        try:
+            if need_cap:
+                bar = tqdm(total=len(need_cap), desc="capacity", unit="window", disable=not progress,
+                           file=sys.stderr, mininterval=interval)
+                for wid, cap, wall in ex.map_unordered("capacity", [(w,) for w in need_cap]):
+                    io.write_bytes(capacity_path(out, wid, plan.capacity_keys[wid]), json.dumps({
+                        "window_id": wid, "capacity_rps": cap, "profile": plan.profile,
+                        "policy": plan.common["capacity_policy"], "key": plan.capacity_keys[wid],
+                        "wall_s": wall}, indent=1).encode())
+                    caps[wid] = cap
+                    bar.update(1)
+                bar.close()
+            bar = tqdm(total=len(plan.shards), initial=len(plan.shards) - len(todo), desc="campaign",
+                       unit="shard", disable=not progress, file=sys.stderr, mininterval=interval)
+            by_name = {sh.name: sh for sh in todo}
+            args = [(sh, caps[sh.window.id], plan.profile, plan.metrics) for sh in todo]
+            for res in ex.map_unordered("shard", args):
+                sh = by_name[res["shard"]]
+                rp = records_path(out, sh)
+                if rp is not None:
+                    if res["records"] is None:
+                        raise RunFailed(f"shard {sh.name}: records were requested but the engine returned none")
+                    write_parquet_atomic(res["records"], rp, {"shard": sh.name, "kind": "requests"})
+                # the runs file is written last: it marks the shard finished
+                write_parquet_atomic(res["runs"], shard_path(out, sh),
+                                     {"shard": sh.name, "kind": "runs", "fingerprint": json.loads(sh.fingerprint)})
+                shard_walls.append(res["wall_s"])
+                bar.update(1)
+            bar.close()
+        finally:
+            ex.close()
+    runs = consolidate_runs(cfg, plan) if consolidate else None
+    result = CampaignResult(plan=plan, runs=runs, computed_shards=len(todo),
+                            reused_shards=len(plan.shards) - len(todo), computed_capacities=len(need_cap),
+                            wall_s=time.perf_counter() - t0, shard_wall_s=shard_walls, executor=executor,
+                            workers=workers)
+    io.write_bytes(out / "campaign.json", json.dumps({
+        "plan": plan.hash, "n_runs": plan.n_runs, "n_shards": len(plan.shards),
+        "computed_shards": result.computed_shards, "reused_shards": result.reused_shards,
+        "computed_capacities": result.computed_capacities, "wall_s": result.wall_s,
+        "executor": executor, "workers": workers, "profile": plan.profile,
+        "schedulers": plan.schedulers, "regions": plan.regions, "replicates": plan.replicates,
+        "windows": len(plan.windows), "metrics": plan.metrics}, indent=1).encode())
+    if verbose:
+        print(result.summary(), flush=True)
+    return result
+
+
+def _load_window_tables(cfg: Config, plan: Plan, needed: Sequence[str]) -> dict:
+    tables = windows_mod.load_windows(cfg, per_source=cfg.campaign.windows_per_source)
+    missing = [w for w in needed if w not in tables]
+    if missing:
+        raise DataError(windows_mod.manifest_path(cfg), f"windows {missing[:3]} of the plan could not be loaded")
+    by_id = {w.id: w for w in plan.windows}
+    for wid in needed:  # load_windows verified the hashes; the plan must agree with them
+        got = windows_mod.window_sha256(tables[wid])
+        if got != by_id[wid].sha256:
+            raise DataError(windows_mod.manifest_path(cfg), f"window {wid}: sha256 {got} but the plan has "
+                            f"{by_id[wid].sha256}")
+    return {wid: tables[wid] for wid in needed}
+
+
+def consolidate_runs(cfg: Config, plan: Plan | None = None):
+    """Concatenate the plan's shards (sorted) into ``{results_dir}/runs.parquet``; returns the table."""
+    plan = plan or make_plan(cfg)
+    out = cfg.paths.results_dir
+    missing = [sh for sh in plan.shards if not shard_path(out, sh).is_file()]
+    if missing:
+        raise DataError(Path(out) / "runs", f"{len(missing)} of {len(plan.shards)} shards of this parameter "
+                        f"set are missing (first: {missing[0].name}); run `portbench simulate --params "
+                        f"{cfg.paths.params_file}` (notebook 03)")
+    frames = [pl.read_parquet(shard_path(out, sh)) for sh in plan.shards]
+    runs = pl.concat(frames, how="vertical") if frames else _empty_runs(plan.metrics)
+    runs = runs.sort(SORT_COLUMNS)
+    dup = runs.select(KEY_COLUMNS[2:4] + ("scheduler", "replicate")).is_duplicated().sum()
+    if dup:
+        raise DataError(Path(out) / "runs", f"{dup} duplicated run keys among the plan's shards")
+    write_parquet_atomic(runs, runs_path(out), {"plan": plan.hash, "kind": "runs"})
+    return runs
+
+
+def _empty_runs(metric_names):
+    schema = {c: pl.String for c in ("source", "provenance", "window_id", "region", "scheduler", "profile")}
+    schema.update({"rho": pl.Float64, "replicate": pl.Int64, "seed": pl.Int64, "capacity_rps": pl.Float64,
+                   "horizon_s": pl.Float64, **{c: pl.Int64 for c in COUNTER_COLUMNS.values()},
+                   **{m: pl.Float64 for m in metric_names}})
+    return pl.DataFrame(schema=schema).select(list(RUN_COLUMNS) + list(metric_names))
+
+
+def load_runs(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None):
+    """The campaign's runs table for ``cfg``: ``runs.parquet`` when it belongs to this parameter set,
+    else consolidated from the shards; DataError naming the command to run when shards are missing."""
+    plan = make_plan(cfg, engine=engine, windows=windows)
+    path = runs_path(cfg.paths.results_dir)
+    if path.is_file():
+        meta = read_meta(path) or {}
+        if meta.get("plan") == plan.hash:
+            return pl.read_parquet(path)
+    return consolidate_runs(cfg, plan)
+
+
+def load_requests(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None):
+    """Per-request records of the ``campaign.request_records`` subset (records columns + run keys)."""
+    plan = make_plan(cfg, engine=engine, windows=windows)
+    paths = [records_path(cfg.paths.results_dir, sh) for sh in plan.shards if sh.record_replicates]
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise DataError(missing[0], f"{len(missing)} request-record files of this parameter set are missing; "
+                        "run the campaign (`portbench simulate`, notebook 03)")
+    if not paths:
+        return pl.DataFrame()
+    return pl.concat([pl.read_parquet(p) for p in paths], how="vertical_relaxed").sort(
+        ["source", "window_id", "rho", "region", "scheduler", "replicate", "req_id"])
