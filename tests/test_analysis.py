@@ -13,6 +13,7 @@ import scipy.stats as st
 from statsmodels.stats.multitest import multipletests
 
 import planted
+from portbench.present import plots_analysis
 from portbench.study import analysis, stats
 from portbench.core.errors import DataError, ParameterError
 
@@ -43,6 +44,11 @@ def params_for(tmp_params, tmp_path):
         o.update(overrides)
         return tmp_params("papermill_params/default.yaml", **o)
     return make
+
+
+def cube_of(runs, P):
+    return analysis.build_cube(runs, metric_spec=P.analysis.metrics, all_metrics=analysis.metric_names(P.simulation.slo),
+                               scheduler_order=P.simulation.schedulers)
 
 
 def _row(rev, a, b, s1, s2, region, metric):
@@ -166,7 +172,7 @@ def test_bootstrap_ci_of_cross_source_tau_equals_scipy_on_every_resample(params_
     time) and compute tau with scipy on each."""
     P = params_for(small_runs(skill=None), **{"analysis.bootstrap": 150, "analysis.rank_tolerance": tol})
     A = analysis.compute(P)
-    cube = analysis.build_cube(analysis.load_runs(P), P)
+    cube = cube_of(analysis.load_runs(P), P)
     r, m = cube.regions.index("overload"), cube.metrics.index("e2e_mean")
     boot = {}
     for s in ("azure", "bailian"):
@@ -202,8 +208,8 @@ def test_kendall_w_across_sources_matches_the_rankings_table(params_for):
 
 def test_summary_json_has_the_required_keys_and_agrees_with_the_tables(params_for):
     P = params_for(small_runs(REVERSAL + INCONSISTENT, skill=None))
-    summary = analysis.run_analysis(P, figures=False, progress=False)
-    on_disk = json.loads(analysis.summary_path(P).read_text())
+    summary = plots_analysis.run(P, figures=False, progress=False)
+    on_disk = json.loads(analysis.summary_path(P.paths.results_dir).read_text())
     assert on_disk == json.loads(json.dumps(summary, default=str))
     for key in ("cross_source", "cross_region", "reversals", "cross_metric", "slo_sensitivity", "figures",
                 "provenance", "parameters"):
@@ -224,7 +230,7 @@ def test_summary_json_has_the_required_keys_and_agrees_with_the_tables(params_fo
     assert on_disk["provenance"]["azure"]["provenance"] == "real"
     assert on_disk["provenance"]["burstgpt"]["label"] == "BurstGPT (stand-in)"
 
-    d = analysis.analysis_dir(P)
+    d = analysis.analysis_dir(P.paths.results_dir)
     rev = pl.read_parquet(d / "reversals.parquet")
     assert rv["comparisons"]["value"] == rev.height
     assert rv["sign_reversals"]["value"] == rev["reversal"].sum()
@@ -297,10 +303,10 @@ def test_bad_analysis_parameters_are_rejected(tmp_params, key, value):
 
 
 def test_rank_tolerance_parameter_default_and_accepted_values(tmp_params):
-    assert analysis.settings(tmp_params("papermill_params/default.yaml"))["rank_tolerance"] == 0.01
+    assert analysis.settings(tmp_params("papermill_params/default.yaml").analysis)["rank_tolerance"] == 0.01
     for ok in (0, 0.0, 0.05, 0.999):
         P = tmp_params("papermill_params/default.yaml", **{"analysis.rank_tolerance": ok})
-        assert analysis.settings(P)["rank_tolerance"] == float(ok)
+        assert analysis.settings(P.analysis)["rank_tolerance"] == float(ok)
 
 
 # --------------------------------------------------------------------------- practically tied ranks
@@ -362,7 +368,7 @@ def test_tolerance_zero_reproduces_the_exact_rank_analysis(params_for):
     """rank_tolerance = 0 gives the ranks of scipy.stats.rankdata and tau on the raw means (exact ties only)."""
     df = small_runs(skill=None)
     A = analysis.compute(params_for(df, **{"analysis.rank_tolerance": 0.0}))
-    cube = analysis.build_cube(df, params_for(df))
+    cube = cube_of(df, params_for(df))
     for s in cube.sources:
         means = np.nanmean(cube.oriented(s), axis=-1)
         rk = A["rankings"].filter(pl.col("source") == s)["rank"].to_numpy().reshape(means.shape)
@@ -388,5 +394,5 @@ def test_every_figure_is_saved_and_indexed(params_for):
     from pathlib import Path
 
     for f in index:
-        png = Path(f["file"]) if Path(f["file"]).is_absolute() else Path(P["_root"]) / f["file"]
+        png = Path(f["file"]) if Path(f["file"]).is_absolute() else Path(P.paths.root) / f["file"]
         assert png.is_file() and png.with_suffix(".pdf").is_file() and f["description"]

@@ -21,6 +21,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from portbench.core import io
+from portbench.present import text as present_text
 from portbench.study import campaign
 from portbench import params
 from portbench.study.campaign import Engine, RunResult, WindowRef
@@ -62,30 +64,30 @@ class FakeEngine(Engine):
         self.fail_after, self.sleep_s, self.version = fail_after, sleep_s, version
         self._n = 0
 
-    def fingerprint(self, P):
+    def fingerprint(self, sim):
         return {"engine": "fake", "version": self.version}
 
-    def metric_names(self, P):
-        return list(self.METRICS) + [f"slo_{k}" for k in P["simulation"]["slo"]]
+    def metric_names(self, sim):
+        return list(self.METRICS) + [f"slo_{k}" for k in sim.slo]
 
-    def profile_name(self, P):
+    def profile_name(self, sim):
         return "fake_profile"
 
     def _log(self, kind):
         if self.calls_dir:
             Path(self.calls_dir, f"{kind}-{os.getpid()}-{uuid.uuid4().hex}").touch()
 
-    def capacity(self, window_df, P):
+    def capacity(self, window_df, sim):
         self._log("capacity")
         return float(window_df.height) / (1.0 + float(window_df["arrival_s"].max()))
 
-    def prepare(self, window_df, rho, capacity_rps, P):
+    def prepare(self, window_df, rho, capacity_rps, sim):
         span = float(window_df["arrival_s"].max()) or 1.0
         target = window_df.height / (rho * capacity_rps)
         scaled = window_df.with_columns(pl.col("arrival_s") * (target / span))
-        return scaled, P["simulation"]["horizon_factor"] * target
+        return scaled, sim.horizon_factor * target
 
-    def run(self, scaled_df, scheduler, seed, horizon_s, P):
+    def run(self, scaled_df, scheduler, seed, horizon_s, sim):
         self._n += 1
         if self.fail_after is not None and self._n >= self.fail_after:
             raise RuntimeError(f"injected failure at run call {self._n}")
@@ -98,7 +100,7 @@ class FakeEngine(Engine):
         rejected = int(rng.integers(0, n - completed + 1))
         counters = {"arrived": n, "completed": completed, "rejected": rejected,
                     "unfinished": n - completed - rejected, "preemptions": int(rng.integers(0, 5))}
-        metrics = {m: float(rng.random()) for m in self.metric_names(P)}
+        metrics = {m: float(rng.random()) for m in self.metric_names(sim)}
         metrics["completed"] = float(completed)
         metrics["horizon_echo"] = horizon_s  # not a metric name: must be ignored
         records = pl.DataFrame({"req_id": np.arange(n, dtype=np.int64), "arrival_s": scaled_df["arrival_s"],
@@ -130,7 +132,7 @@ WINDOWS = make_windows()
 def run_fake(P, calls_dir=None, **kw):
     engine = kw.pop("engine", None) or FakeEngine(calls_dir)
     kw.setdefault("workers", 1)
-    return campaign.run_campaign(P, engine=engine, windows=WINDOWS, progress=False, verbose=False, **kw)
+    return campaign.run(P, engine=engine, windows=WINDOWS, progress=False, verbose=False, **kw)
 
 
 # --------------------------------------------------------------------------- seeds
@@ -157,11 +159,11 @@ def test_rows_carry_the_derived_seed_and_every_cell_of_the_grid(smoke, tmp_path)
     runs = res.runs
     plan = res.plan
     assert runs.height == plan.n_runs == 6 * 3 * 6 * 2
-    assert list(runs.columns) == list(campaign.RUN_COLUMNS) + FakeEngine().metric_names(P)
+    assert list(runs.columns) == list(campaign.RUN_COLUMNS) + FakeEngine().metric_names(P.simulation)
     assert runs.select(["window_id", "region", "scheduler", "replicate"]).n_unique() == runs.height
     assert runs["seed"].n_unique() == runs.height
     for row in runs.sample(10, seed=1).iter_rows(named=True):
-        assert row["seed"] == campaign.run_seed(P["simulation"]["seed"], row["window_id"], row["scheduler"],
+        assert row["seed"] == campaign.run_seed(P.simulation.seed, row["window_id"], row["scheduler"],
                                                 row["region"], row["replicate"])
         assert row["arrived"] == row["completed_n"] + row["unfinished"] + row["rejected"]
     assert runs["profile"].unique().to_list() == ["fake_profile"]
@@ -186,13 +188,13 @@ def test_shard_layout_capacity_cache_and_records(smoke, tmp_path):
     calls = tmp_path / "calls"
     calls.mkdir()
     res = run_fake(P, calls)
-    out = Path(P["paths"]["results_dir"])
+    out = Path(P.paths.results_dir)
     shards = sorted((out / "runs").glob("*.parquet"))
     assert len(shards) == 6 * 3 == len(res.plan.shards)
     for sh in res.plan.shards:
-        path = campaign.shard_path(P, sh)
+        path = campaign.shard_path(P.paths.results_dir, sh)
         assert path.name.startswith(f"{sh.window.id}__{sh.region}__") and len(sh.key) == 16
-        meta = campaign.read_meta(path)
+        meta = io.read_meta(path)
         assert meta["shard"] == sh.name and meta["fingerprint"]["window"]["sha256"] == sh.window.sha256
         df = pl.read_parquet(path)
         assert df.height == 6 * 2 and set(df["window_id"]) == {sh.window.id} and set(df["region"]) == {sh.region}
@@ -210,7 +212,7 @@ def test_shard_layout_capacity_cache_and_records(smoke, tmp_path):
     assert list(req.columns[:8]) == list(campaign.KEY_COLUMNS)
     assert len(list((out / "requests").glob("*.parquet"))) == 3
     # consolidated file tagged with the plan
-    assert campaign.read_meta(out / "runs.parquet")["plan"] == res.plan.hash
+    assert io.read_meta(out / "runs.parquet")["plan"] == res.plan.hash
     assert campaign.load_runs(P, engine=FakeEngine(), windows=WINDOWS).equals(res.runs)
 
 
@@ -242,8 +244,8 @@ def test_rerun_reuses_every_shard(smoke, tmp_path):
 ])
 def test_changing_a_result_parameter_never_reuses_old_shards(smoke, tmp_path, override, monkeypatch):
     if "simulation.profile" in override:  # the fake engine's model fingerprint stands in for the profile
-        monkeypatch.setattr(FakeEngine, "fingerprint", lambda self, P: {"engine": "fake",
-                                                                        "profile": P["simulation"]["profile"]})
+        monkeypatch.setattr(FakeEngine, "fingerprint", lambda self, sim: {"engine": "fake",
+                                                                          "profile": sim.profile})
     P = smoke()
     run_fake(P)
     calls = tmp_path / "calls"
@@ -301,7 +303,7 @@ def test_resume_after_an_exception_mid_campaign(smoke, tmp_path):
     calls.mkdir()
     with pytest.raises(campaign.RunFailed, match="injected failure.*|run window=.*injected failure"):
         run_fake(P, engine=FakeEngine(calls, fail_after=5 * 12 + 3))  # dies inside the 6th shard
-    out = Path(P["paths"]["results_dir"])
+    out = Path(P.paths.results_dir)
     done = len(list((out / "runs").glob("*.parquet")))
     assert done == 5 and not (out / "runs.parquet").exists()
     assert not list((out / "runs").glob(".*")), "no temporary file left behind"
@@ -317,16 +319,17 @@ def test_resume_after_an_exception_mid_campaign(smoke, tmp_path):
 def test_resume_after_sigkill(smoke, tmp_path):
     reference = run_fake(smoke("ref")).runs
     P = smoke("killed")
-    (tmp_path / "P.json").write_text(json.dumps(P))
+    (tmp_path / "P.json").write_text(json.dumps(P.tree))
     calls = tmp_path / "calls"
     calls.mkdir()
     script = (f"import json, sys; sys.path.insert(0, {str(TESTS_DIR)!r}); "
               "from test_campaign import FakeEngine, WINDOWS; from portbench.study import campaign; "
-              f"P = json.load(open({str(tmp_path / 'P.json')!r})); "
-              f"campaign.run_campaign(P, engine=FakeEngine({str(calls)!r}, sleep_s=0.02), windows=WINDOWS, "
+              "from portbench.core import config; "
+              f"P = config.build(json.load(open({str(tmp_path / 'P.json')!r}))); "
+              f"campaign.run(P, engine=FakeEngine({str(calls)!r}, sleep_s=0.02), windows=WINDOWS, "
               "workers=1, progress=False)")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    runs_dir = Path(P["paths"]["results_dir"]) / "runs"
+    runs_dir = Path(P.paths.results_dir) / "runs"
     deadline = time.time() + 120
     try:
         while time.time() < deadline and len(list(runs_dir.glob("*.parquet"))) < 4:
@@ -398,7 +401,7 @@ def _real_windows(P):
     from portbench.data import windows
 
     refs = campaign.window_refs(P)
-    tables = windows.load_windows(P, per_source=P["campaign"]["windows_per_source"])
+    tables = windows.load_windows(P, per_source=P.campaign.windows_per_source)
     return [(r, tables[r.id]) for r in refs]
 
 
@@ -408,15 +411,15 @@ def test_real_campaign_is_deterministic_across_executors(smoke, shared_traces):
     P1 = smoke("r1", **over)
     wins = _real_windows(P1)
     kw = dict(windows=wins, progress=False, verbose=False)
-    one = campaign.run_campaign(P1, workers=1, **kw).runs
+    one = campaign.run(P1, workers=1, **kw).runs
     assert one.height == len(wins) * 2 * 3 * 2
     assert (one["arrived"] == one["completed_n"] + one["unfinished"] + one["rejected"]).all()
-    again = campaign.run_campaign(smoke("r1b", **over), workers=1, **kw).runs
+    again = campaign.run(smoke("r1b", **over), workers=1, **kw).runs
     assert again.equals(one), "same seed, same results"
-    two = campaign.run_campaign(smoke("r2", **over), workers=2, **kw).runs
+    two = campaign.run(smoke("r2", **over), workers=2, **kw).runs
     assert two.equals(one)
     pytest.importorskip("distributed")
-    dask = campaign.run_campaign(smoke("rd", **over), executor="dask", workers=2, **kw).runs
+    dask = campaign.run(smoke("rd", **over), executor="dask", workers=2, **kw).runs
     assert dask.equals(one)
 
 
@@ -441,7 +444,7 @@ def test_cli_simulate_runs_the_campaign_from_the_manifest(tmp_path, shared_trace
     manifest = windows.load_manifest(P)
     sha = {w["id"]: w["sha256"] for w in manifest["windows"]}
     for sh in campaign.make_plan(P).shards:
-        assert campaign.read_meta(campaign.shard_path(P, sh))["fingerprint"]["window"]["sha256"] == sha[sh.window.id]
+        assert io.read_meta(campaign.shard_path(P.paths.results_dir, sh))["fingerprint"]["window"]["sha256"] == sha[sh.window.id]
 
 
 def test_scheduler_defined_in_main_needs_one_worker(smoke, monkeypatch):
@@ -455,8 +458,8 @@ def test_scheduler_defined_in_main_needs_one_worker(smoke, monkeypatch):
     P = smoke("m", **{"simulation.schedulers": ["fcfs", "mine_main"], "simulation.regions": ["light"]})
     wins = _real_windows(smoke("m2", **{"campaign.windows_per_source": 1}))[:1]
     with pytest.raises(ParameterError, match="campaign.workers.*defined in the notebook"):
-        campaign.run_campaign(P, windows=wins, workers=2, progress=False, verbose=False)
-    runs = campaign.run_campaign(P, windows=wins, workers=1, progress=False, verbose=False).runs
+        campaign.run(P, windows=wins, workers=2, progress=False, verbose=False)
+    runs = campaign.run(P, windows=wins, workers=1, progress=False, verbose=False).runs
     assert set(runs["scheduler"]) == {"fcfs", "mine_main"}
 
 
@@ -470,9 +473,9 @@ def test_preemption_markdown_quotes_the_heaviest_region_per_run_numbers():
                                  "rho": rho, "preemptions": int(2 * base * load * factor) if k == 0 else 0,
                                  "rejected": 0, "arrived": 200})
     runs = pl.DataFrame(rows)
-    text = campaign.preemption_markdown(runs)
+    text = present_text.preemption_markdown(runs)
     assert "`las`, `rr` preempt more than `fcfs`" in text and "region *severe* (ρ = 2)" in text
     assert "Azure: `las` 40.0, `rr` 30.0 vs `fcfs` 4.0" in text
     assert "On Bailian (stand-in) the cache almost never fills" in text and "mlfq" not in text
-    assert campaign.preemption_markdown(runs.filter(pl.col("scheduler") != "fcfs")) is None
-    assert campaign.preemption_markdown(runs.with_columns(pl.lit(0).alias("preemptions"))) is None
+    assert present_text.preemption_markdown(runs.filter(pl.col("scheduler") != "fcfs")) is None
+    assert present_text.preemption_markdown(runs.with_columns(pl.lit(0).alias("preemptions"))) is None

@@ -37,8 +37,7 @@ def test_verify_tampered_cache_exits_1(fake_data, tmp_path, capsys):
     tables = {wid: part.drop("window_id") for (wid,), part in
               df.partition_by("window_id", as_dict=True, maintain_order=True).items()}
     tables["burstgpt-04"] = tables["burstgpt-04"].with_columns(pl.col("prompt_tokens") + 1)
-    params = {"paths": {"data_dir": str(tmp_path / "data")}}
-    W._write_cache(params, m, tables)
+    W._write_cache(cache, m, tables)
     capsys.readouterr()
     assert main(_args("verify", tmp_path)) == 1
     out = capsys.readouterr()

@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from portbench.present import text
 from portbench.sim import metrics
 from portbench import params
 from portbench.core.errors import DataError, ParameterError
@@ -144,16 +145,16 @@ def test_polars_nulls_and_plain_mappings_agree():
 
 def test_names_follow_simulation_slo(tmp_params):
     P = params.load(validate=False)
-    names = metrics.metric_names(P)
+    names = metrics.metric_names(P.simulation.slo)
     assert names[:2] == ["completed", "throughput_tok_s"]
-    assert [n for n in names if n.startswith("slo_")] == [f"slo_{s}" for s in P["simulation"]["slo"]]
+    assert [n for n in names if n.startswith("slo_")] == [f"slo_{s}" for s in P.simulation.slo]
     assert names == metrics.metric_names()
     P2 = params.load(validate=False, overrides={"simulation.slo": {"chat": {"ttft_s": 1, "tpot_s": 0.1}}})
-    chat = [n for n in metrics.metric_names(P2) if n.startswith("slo_")]
+    chat = [n for n in metrics.metric_names(P2.simulation.slo) if n.startswith("slo_")]
     assert "slo_chat" in chat
     assert metrics.direction("slo_chat") == "higher"
-    assert "TTFT <= 1 s" in metrics.describe(P2)
-    assert metrics.selected_metrics(P) == names
+    assert "TTFT <= 1 s" in text.metrics_markdown(P2.simulation.slo)
+    assert metrics.selected_metrics(P.analysis.metrics, P.simulation.slo) == names
 
 
 def test_directions():
@@ -163,8 +164,8 @@ def test_directions():
     with pytest.raises(ParameterError) as e:
         metrics.direction("goodput")
     assert "ttft_p99" in str(e.value)
-    text = metrics.describe()
-    assert text.startswith("| metric |") and "`jain_fairness`" in text and "`slo_tight`" in text
+    table = text.metrics_markdown()
+    assert table.startswith("| metric |") and "`jain_fairness`" in table and "`slo_tight`" in table
 
 
 def test_check_slo_defs():
@@ -200,7 +201,7 @@ def test_speed_200_requests():
     rows = list(zip(arr, ft, fin, out, np.where(np.isnan(fin), 1, out), rng.random(n) < 0.02,
                     rng.uniform(0.5, 5, n)))
     df = records([tuple(float(v) if i in (0, 1, 2, 6) else v for i, v in enumerate(r)) for r in rows])
-    slo = params.load(validate=False)["simulation"]["slo"]
+    slo = params.load(validate=False).simulation.slo_dicts
     metrics.compute(df, 120.0, slo)
     times = []
     for _ in range(5):

@@ -7,6 +7,7 @@ import pytest
 
 from portbench.study import analysis, campaign
 from portbench import params
+from portbench.core import io
 from portbench.data import registry, traces, windows
 from portbench.core import provenance as sources
 from portbench.core.errors import ParameterError
@@ -32,7 +33,7 @@ def own_params(tmp_path, shared_traces):
 
 def test_own_trace_is_ingested_frozen_simulated_and_analysed(own_params):
     P, mine = own_params
-    assert sources.configured(P) == ["azure", "mytrace"]
+    assert P.source_names() == ["azure", "mytrace"]
     resolved = registry.resolve_sources(P)
     assert resolved["mytrace"]["provenance"] == "real" and "burstgpt" not in resolved
     table = traces.load_canonical(P, "mytrace")
@@ -41,10 +42,10 @@ def test_own_trace_is_ingested_frozen_simulated_and_analysed(own_params):
     manifest = windows.freeze(P)
     ids = [w["id"] for w in manifest["windows"] if w["source"] == "mytrace"]
     assert ids == [f"mytrace-{i:02d}" for i in range(4)]
-    assert registry.sha256_of(mine) in manifest["source_files"].values()
+    assert io.sha256_of(mine) in manifest["source_files"].values()
     assert windows.verify(P)[:2] == (8, 8)
 
-    runs = campaign.run_campaign(P, progress=False, verbose=False).runs
+    runs = campaign.run(P, progress=False, verbose=False).runs
     assert set(runs["source"]) == {"azure", "mytrace"}
     assert runs.filter(pl.col("source") == "mytrace")["provenance"].unique().to_list() == ["real"]
     A = analysis.compute(P)

@@ -12,11 +12,11 @@ from portbench.notebooks import sweep_points
 
 def test_default_and_smoke_load(root):
     P = params.load()
-    assert P["windows"] == {"per_source": 40, "size": 200, "seed": P["windows"]["seed"], "tenants": 4}
+    assert (P.windows.per_source, P.windows.size, P.windows.tenants) == (40, 200, 4)
     S = params.load("papermill_params/smoke.yaml")
-    assert S["simulation"]["replicates"] == 1
-    assert S["windows"] == P["windows"], "smoke must use the committed manifest's windows"
-    assert S["paths"]["data_dir"].startswith(str(root)), "relative paths resolve against the project root"
+    assert S.simulation.replicates == 1
+    assert S.windows == P.windows, "smoke must use the committed manifest's windows"
+    assert str(S.paths.data_dir).startswith(str(root)), "relative paths resolve against the project root"
 
 
 def test_unknown_key_names_the_parameter_and_the_known_ones():
@@ -33,7 +33,8 @@ def test_unknown_source_mode_is_rejected():
 
 def test_open_maps_accept_new_names():
     P = params.load(overrides={"simulation.slo": {"strict": {"ttft_s": 0.2, "tpot_s": 0.03}}})
-    assert "strict" in P["simulation"]["slo"] and "tight" in P["simulation"]["slo"]
+    assert "strict" in P.simulation.slo and "tight" in P.simulation.slo
+    assert P.simulation.slo["strict"].ttft_s == 0.2
 
 
 def test_extends_chain_and_cycle(tmp_path):
@@ -45,7 +46,7 @@ def test_extends_chain_and_cycle(tmp_path):
         params.load(a)
     b.write_text(yaml.safe_dump({"windows": {"per_source": 5, "size": 10}}))
     P = params.load(a, validate=False)
-    assert (P["windows"]["per_source"], P["windows"]["size"]) == (5, 50)
+    assert (P.windows.per_source, P.windows.size) == (5, 50)
 
 
 def test_missing_file_and_bad_values(tmp_path):
@@ -53,6 +54,19 @@ def test_missing_file_and_bad_values(tmp_path):
         params.load(tmp_path / "nope.yaml")
     with pytest.raises(ParameterError, match="windows.size"):
         params.load(overrides={"windows.size": -3})
+
+
+def test_config_is_typed_frozen_and_picklable():
+    import dataclasses
+    import pickle
+
+    P = params.load()
+    assert isinstance(P, params.Config) and P.simulation.slo["medium"].tpot_s == 0.1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        P.simulation.seed = 3
+    assert pickle.loads(pickle.dumps(P)) == P
+    Q = P.with_overrides({"simulation.replicates": 1})
+    assert Q.simulation.replicates == 1 and P.simulation.replicates == 3
 
 
 def test_undot_merges_nested_and_dotted():

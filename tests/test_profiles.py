@@ -12,7 +12,9 @@ import polars as pl
 import pytest
 
 from portbench import params
+from portbench.present import plots_sim, text
 from portbench.sim import profiles
+from portbench.sim.profiles import calibration, costmodel
 from portbench.core.errors import DataError, ParameterError
 from portbench.sim.profiles import Profile
 
@@ -29,7 +31,7 @@ def _loop_service(p: Profile, prompt: int, output: int) -> float:
 
 def test_registry_and_default():
     assert {"a100_40gb_llama2_7b", "h100_80gb_llama3_8b", "a100_80gb_llama3_8b"} <= set(profiles.PROFILES)
-    assert params.load(validate=False)["simulation"]["profile"] == profiles.DEFAULT_PROFILE
+    assert params.load(validate=False).simulation.profile == profiles.DEFAULT_PROFILE
     for name, p in profiles.PROFILES.items():
         assert p.name == name and p.block_size == 16 and p.max_num_seqs == 256
         assert all(c > 0 for c in p.coefficients)
@@ -180,8 +182,8 @@ def test_default_kv_capacity_from_spec_formula():
 
 
 def test_chunk_budget_fits_the_tight_tpot_slo():
-    slo = params.load(validate=False)["simulation"]["slo"]
-    tight = min(s["tpot_s"] for s in slo.values())
+    slo = params.load(validate=False).simulation.slo
+    tight = min(s.tpot_s for s in slo.values())
     full_chunk = DEFAULT.iteration_time(DEFAULT.max_batched_tokens, 0, DEFAULT.max_batched_tokens)
     assert full_chunk < tight
     assert DEFAULT.iteration_time(4 * DEFAULT.max_batched_tokens, 0, 4 * DEFAULT.max_batched_tokens) > tight
@@ -280,8 +282,8 @@ def test_coefficients_agree_with_the_roofline():
 
 @pytest.mark.skipif(not GPU_PROFILES.is_dir(), reason="../shared/gpu_profiles not present")
 def test_shipped_operator_table_is_rebuilt_from_the_measured_rows():
-    assert profiles.build_operator_table(GPU_PROFILES) == profiles.operator_table()
-    sha = {f: d["sha256"] for f, d in profiles.operator_table()["datasets"].items()}
+    assert calibration.build_operator_table(GPU_PROFILES) == calibration.operator_table()
+    sha = {f: d["sha256"] for f, d in calibration.operator_table()["datasets"].items()}
     text = (GPU_PROFILES / "PROVENANCE.md").read_text()
     assert all(s in text for s in sha.values())
 
@@ -388,7 +390,7 @@ def test_fit_profile_holds_the_base_floor():
 def test_save_load_round_trip(tmp_path):
     path = profiles.save_profile(DEFAULT, tmp_path / "p.json")
     saved = json.loads(path.read_text())
-    assert saved["version"] == profiles.FORMAT_VERSION == 2
+    assert saved["version"] == costmodel.FORMAT_VERSION == 2
     assert saved["fields"]["floor_s"] == DEFAULT.floor_s and saved["fields"]["floor_tokens"] == DEFAULT.floor_tokens
     back = profiles.load_profile(path)
     assert back == DEFAULT and back.name == DEFAULT.name and back.notes == DEFAULT.notes
@@ -449,15 +451,15 @@ def test_unknown_profile_lists_the_names():
 
 
 def test_describe_and_calibration_figure(tmp_path):
-    text = profiles.describe()
+    md = text.profiles_markdown()
     for name, p in profiles.PROFILES.items():
-        assert name in text and f"{p.kv_capacity_tokens:,}" in text
-    assert "R²" in text and "roofline" in text.lower()
-    assert "max(0, 1 − (P + B)/knee)" in text and "linear model without floor: +31%" in text
+        assert name in md and f"{p.kv_capacity_tokens:,}" in md
+    assert "R²" in md and "roofline" in md.lower()
+    assert "max(0, 1 − (P + B)/knee)" in md and "linear model without floor: +31%" in md
     assert "8.52 ms × max(0, 1 − (prefill tokens + decode sequences)/256)" in DEFAULT.formula()
     assert "floor" not in LINEAR.formula()
     t = profiles.calibration_table("h100_80gb_llama3_8b")
     assert t["basis"][0].startswith("h100_meta-llama_Llama-2-7b-hf rows, GEMM ops x FLOP ratio")
     assert set(t["regime"].unique()) == {"decode", "prefill"}
-    paths = profiles.plot_calibration(tmp_path, ["a100_40gb_llama2_7b"])
+    paths = plots_sim.plot_calibration(tmp_path, ["a100_40gb_llama2_7b"])
     assert Path(paths["png"]).is_file() and Path(paths["pdf"]).is_file()

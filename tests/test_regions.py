@@ -9,7 +9,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from portbench.sim import regions, engine as simulator
+from portbench import params
+from portbench.sim import engine as simulator
+from portbench.sim import regions
 from portbench.core.errors import DataError, ParameterError
 from test_simulator import StubProfile, azure_windows, real_profile, window
 
@@ -21,7 +23,6 @@ def windows(shared_traces):
 
 @pytest.fixture(scope="module")
 def P():
-    from portbench import params
     return params.load(validate=False)
 
 
@@ -110,20 +111,18 @@ def test_bad_capacity_and_windows():
         regions.capacity(window([0], [10_000], [10_000]), StubProfile(kv_capacity_blocks=10))
 
 
-def test_region_names(P):
-    assert regions.region_loads(P) == {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9,
-                                       "overload": 1.2, "severe": 2.0}
-    assert regions.region_rho("overload", P) == 1.2
+def test_region_loads_follow_the_parameters(P):
+    assert P.simulation.loads == {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9,
+                                  "overload": 1.2, "severe": 2.0}
+    assert P.with_overrides({"simulation.regions": ["severe", "light"]}).simulation.loads == \
+        {"light": 0.3, "severe": 2.0}     # in increasing load, whatever the order given
     with pytest.raises(ParameterError) as e:
-        regions.region_rho("meltdown", P)
-    assert e.value.param == "simulation.regions" and "near_saturation" in e.value.expected
-    Q = copy.deepcopy(P)
-    Q["simulation"]["regions"] = ["light", "severe"]
-    assert regions.regions(Q) == {"light": 0.3, "severe": 2.0}
+        P.with_overrides({"simulation.regions": ["meltdown"]})
+    assert e.value.param == "simulation.regions[0]" and "near_saturation" in e.value.expected
 
 
 def test_validate_simulation_params_accepts_the_defaults(P):
-    regions.validate_simulation_params(P)
+    params.validate_config(P)
 
 
 @pytest.mark.parametrize("path, value, param", [
@@ -145,8 +144,10 @@ def test_validate_simulation_params_accepts_the_defaults(P):
     ("profile", "tpu_v9", "simulation.profile"),
 ])
 def test_validate_simulation_params_rejects(P, path, value, param):
-    Q = copy.deepcopy(P)
-    Q["simulation"][path] = value
+    tree = copy.deepcopy(P.tree)
+    tree["simulation"][path] = value                 # replaces the whole value (no merge)
+    if path == "regions":
+        tree["simulation"]["region_loads"] = {"light": 0.3}
     with pytest.raises(ParameterError) as e:
-        regions.validate_simulation_params(Q)
+        params.validate_config(params.build(tree))   # built (types, ranges), then checked against the registries
     assert e.value.param == param

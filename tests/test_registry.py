@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from portbench import params
+from portbench.core import io
 from portbench.data import registry, traces
 from portbench.core.errors import DataError
 from portbench.core.provenance import SOURCES
@@ -45,6 +46,14 @@ def P_for(tmp_path, monkeypatch):
         return params.load("papermill_params/default.yaml", over, validate=False)
 
     return make
+
+
+def store(P):
+    return registry.store(P.paths)
+
+
+def resolve(P, source: str) -> dict:
+    return registry.resolve_source(store(P), P.sources[source], P.standins.of(source) is not None)
 
 
 def _provenance_tables(text: str) -> dict[str, tuple[int | None, str | None]]:
@@ -87,29 +96,31 @@ def test_registry_entries_are_well_formed():
 
 def test_resolve_mirror_precedence(tmp_path, monkeypatch, shared_traces):
     P = params.load("papermill_params/default.yaml", {"paths.data_dir": str(tmp_path)}, validate=False)
+    root = P.paths.root
     monkeypatch.delenv(registry.MIRROR_ENV, raising=False)
     # default: <root>/../shared/traces
-    assert registry.resolve_mirror(P) == (Path(P["_root"]) / ".." / "shared" / "traces").resolve()
+    assert registry.resolve_mirror(P.paths.mirror, root) == (Path(root) / ".." / "shared" / "traces").resolve()
+    assert registry.store(P.paths).mirror == registry.resolve_mirror(None, root)
     monkeypatch.setenv(registry.MIRROR_ENV, "   ")  # empty -> ignored
-    assert registry.resolve_mirror(P) == shared_traces.resolve()
+    assert registry.resolve_mirror(None, root) == shared_traces.resolve()
     monkeypatch.setenv(registry.MIRROR_ENV, str(tmp_path / "env_mirror"))
-    assert registry.resolve_mirror(P) == tmp_path / "env_mirror"
-    P["paths"]["mirror"] = str(tmp_path / "param_mirror")
-    assert registry.resolve_mirror(P) == tmp_path / "param_mirror"
+    assert registry.resolve_mirror(None, root) == tmp_path / "env_mirror"
+    Q = P.with_overrides({"paths.mirror": str(tmp_path / "param_mirror")})
+    assert registry.store(Q.paths).mirror == tmp_path / "param_mirror"
     monkeypatch.delenv(registry.MIRROR_ENV)
-    P["paths"]["mirror"], P["_root"] = None, str(tmp_path / "project")
-    assert registry.resolve_mirror(P) is None  # no ../shared/traces next to that root
+    assert registry.resolve_mirror(None, tmp_path / "project") is None  # no ../shared/traces next to that root
 
 
 def test_locate_verifies_mirror_copy_and_caches_the_hash(P_for, shared_traces, monkeypatch):
-    P = P_for(shared_traces)
-    path = registry.locate(CONV, P)
+    st = registry.store(P_for(shared_traces).paths)
+    path = registry.locate(CONV, st)
     assert path == shared_traces / "azure2023" / CONV
-    cache = registry.raw_dir(P) / registry.VERIFIED_CACHE
-    assert registry.OFFICIAL_FILES[CONV].sha256 in cache.read_text()
+    cache = st.raw_dir / registry.VERIFIED_CACHE
+    assert cache == st.hash_cache and registry.OFFICIAL_FILES[CONV].sha256 in cache.read_text()
     calls = []
-    monkeypatch.setattr(registry, "_hash_file", lambda p: calls.append(p) or "x")
-    assert registry.locate(CONV, P) == path and calls == [], "second verification must use the cache"
+    monkeypatch.setattr(io, "_hash_file", lambda p: calls.append(p) or "x")
+    monkeypatch.setattr(io, "_MEMO", {})
+    assert registry.locate(CONV, st) == path and calls == [], "second verification must use the cache"
 
 
 @pytest.mark.parametrize("layout", ["bare", "by_source"])
@@ -118,7 +129,7 @@ def test_locate_finds_bare_and_source_folder_copies(P_for, shared_traces, tmp_pa
     dest = mirror / (CONV if layout == "bare" else f"azure/{CONV}")
     dest.parent.mkdir(parents=True)
     shutil.copy(shared_traces / "azure2023" / CONV, dest)
-    assert registry.locate(CONV, P_for(mirror)) == dest
+    assert registry.locate(CONV, store(P_for(mirror))) == dest
 
 
 def test_wrong_checksum_in_mirror_is_an_error(P_for, shared_traces, tmp_path):
@@ -129,19 +140,19 @@ def test_wrong_checksum_in_mirror_is_an_error(P_for, shared_traces, tmp_path):
     data[-1:] = b"4" if data[-1:] != b"4" else b"5"  # same size, one digit changed
     bad.write_bytes(bytes(data))
     with pytest.raises(DataError) as e:
-        registry.locate(CONV, P_for(mirror))
+        registry.locate(CONV, store(P_for(mirror)))
     msg = str(e.value)
     assert str(bad) in msg and registry.OFFICIAL_FILES[CONV].sha256 in msg and "expected" in msg
-    assert registry.sha256_of(bad) in msg
+    assert io.sha256_of(bad) in msg
     bad.write_bytes(bytes(data[:-10]))  # truncated copy: size check names both sizes
     with pytest.raises(DataError, match=r"size 719,178 bytes.*719,188"):
-        registry.locate(CONV, P_for(mirror))
+        registry.locate(CONV, store(P_for(mirror)))
 
 
 def test_missing_file_without_network_is_a_clear_error(P_for, tmp_path):
     (tmp_path / "empty_mirror").mkdir()
     with pytest.raises(registry.MissingFileError) as e:
-        registry.locate("BurstGPT_without_fails_2.csv", P_for(tmp_path / "empty_mirror"))
+        registry.locate("BurstGPT_without_fails_2.csv", store(P_for(tmp_path / "empty_mirror")))
     msg = str(e.value)
     assert "BurstGPT_without_fails_2.csv" in msg and "empty_mirror" in msg
     assert "burstgpt/BurstGPT_without_fails_2.csv" in msg  # where in the mirror it looked
@@ -152,7 +163,7 @@ def test_missing_file_without_network_is_a_clear_error(P_for, tmp_path):
 def test_offline_env_skips_the_download(P_for, tmp_path, monkeypatch):
     monkeypatch.setenv(registry.OFFLINE_ENV, "1")
     with pytest.raises(DataError, match=registry.OFFLINE_ENV):
-        registry.locate(CONV, P_for(tmp_path / "nowhere"))
+        registry.locate(CONV, store(P_for(tmp_path / "nowhere")))
 
 
 def test_download_goes_to_raw_and_is_verified(P_for, shared_traces, tmp_path, monkeypatch):
@@ -166,9 +177,9 @@ def test_download_goes_to_raw_and_is_verified(P_for, shared_traces, tmp_path, mo
         return str(shutil.copy(shared_traces / "azure2023" / CONV, Path(path) / fname))
 
     monkeypatch.setattr(pooch, "retrieve", fake_retrieve)
-    P = P_for(tmp_path / "nowhere")
+    P = store(P_for(tmp_path / "nowhere"))
     got = registry.locate(CONV, P)
-    assert got == registry.raw_dir(P) / CONV
+    assert got == P.raw_dir / CONV
     assert seen["known_hash"] == "sha256:" + registry.OFFICIAL_FILES[CONV].sha256
     assert "b469a113cedca53ddc3bdea71a143dc4b7d8700c" in seen["url"]  # the pinned commit first
     monkeypatch.setattr(pooch, "retrieve", lambda *a, **k: pytest.fail("must reuse the earlier download"))
@@ -180,7 +191,7 @@ def test_failed_download_is_not_retried_in_the_same_process(P_for, tmp_path, mon
 
     calls = []
     monkeypatch.setattr(pooch, "retrieve", lambda url, **kw: calls.append(url) or (_ for _ in ()).throw(OSError("x")))
-    P = P_for(tmp_path / "nowhere")
+    P = store(P_for(tmp_path / "nowhere"))
     for _ in range(2):
         with pytest.raises(DataError):
             registry.locate(CONV, P)
@@ -200,15 +211,14 @@ def test_mode_resolution(P_for, shared_traces, tmp_path):
     assert r["bailian"] == {"provenance": "standin", "file": "qwen_traceB_blksz_16.jsonl", "path": None,
                             "reason": "mode standin requested"}
     # standin mode never uses the real file even when it is there
-    assert registry.resolve_source(P_for(shared_traces, azure={"mode": "standin", **conv}),
-                                   "azure")["provenance"] != "real"
+    assert resolve(P_for(shared_traces, azure={"mode": "standin", **conv}), "azure")["provenance"] != "real"
     # real mode with the file absent is an error naming the file
     with pytest.raises(DataError, match="BurstGPT_without_fails_2.csv.*mode is real"):
-        registry.resolve_source(P_for(shared_traces, burstgpt={"mode": "real", **missing}), "burstgpt")
+        resolve(P_for(shared_traces, burstgpt={"mode": "real", **missing}), "burstgpt")
     # no stand-in defined for the source -> skipped (provenance None), not an error
     P = P_for(tmp_path / "nowhere", azure={"mode": "auto", **conv})
-    P["standins"].pop("azure", None)
-    info = registry.resolve_source(P, "azure")
+    assert P.standins.of("azure") is None          # Azure has no stand-in
+    info = resolve(P, "azure")
     assert info["provenance"] is None and "no stand-in" in info["reason"]
 
 

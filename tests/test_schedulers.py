@@ -9,7 +9,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from portbench.sim import schedulers, engine as simulator
+from portbench import params
+from portbench.present import text as present_text
+from portbench.sim import engine as simulator
+from portbench.sim import schedulers
 from portbench.core.errors import ParameterError
 from portbench.sim.schedulers import BaseScheduler, register_scheduler
 from test_simulator import SLO, StubProfile, run, window
@@ -46,10 +49,10 @@ def test_the_13_are_registered_with_their_properties():
     assert info["fcfs"] == "arrival" and info["sjf_prompt"] == "prompt" and info["sjf_oracle"] == "oracle"
     assert info["sjf_predicted"] == "predicted" and info["ltr"] == "predicted" and info["vtc"] == "tenant"
     assert info["random"] == "none" and info["edf"] == "oracle"
-    text = schedulers.describe()
+    table = present_text.schedulers_markdown()
     for name in ALL13:
-        assert f"| {name} |" in text
-    assert "Sarathi-Serve" in text and "OSDI'24" in text and "NeurIPS'24" in text
+        assert f"| {name} |" in table
+    assert "Sarathi-Serve" in table and "OSDI'24" in table and "NeurIPS'24" in table
 
 
 def test_get_scheduler_errors_name_the_parameter():
@@ -76,15 +79,15 @@ def test_get_scheduler_errors_name_the_parameter():
 
 
 def test_options_from_params():
-    P = {"simulation": {"predictor_sigma": 0.25, "edf_slo": "tight",
-                        "slo": {"tight": {"ttft_s": 0.5, "tpot_s": 0.05}},
-                        "scheduler_options": {"rr": {"quantum_tokens": 8}, "ltr": {"sigma": 1.0}}}}
-    assert schedulers.options_from_params(P, "sjf_predicted") == {"sigma": 0.25}
-    assert schedulers.options_from_params(P, "ltr") == {"sigma": 1.0}
-    assert schedulers.options_from_params(P, "edf") == {"slo": {"ttft_s": 0.5, "tpot_s": 0.05}}
-    assert schedulers.options_from_params(P, "rr") == {"quantum_tokens": 8}
-    assert schedulers.options_from_params(P, "fcfs") == {}
-    assert schedulers.scheduler_from_params(P, "rr").quantum_tokens == 8
+    sim = params.load(overrides={"simulation.predictor_sigma": 0.25, "simulation.edf_slo": "tight",
+                                 "simulation.scheduler_options": {"rr": {"quantum_tokens": 8},
+                                                                  "ltr": {"sigma": 1.0}}}).simulation
+    assert schedulers.options_for(sim, "sjf_predicted") == {"sigma": 0.25}
+    assert schedulers.options_for(sim, "ltr") == {"sigma": 1.0}
+    assert schedulers.options_for(sim, "edf") == {"slo": {"ttft_s": 0.5, "tpot_s": 0.05}}
+    assert schedulers.options_for(sim, "rr") == {"quantum_tokens": 8}
+    assert schedulers.options_for(sim, "fcfs") == {}
+    assert schedulers.scheduler_for(sim, "rr").quantum_tokens == 8
 
 
 @pytest.fixture
@@ -108,22 +111,19 @@ def user_scheduler():
 
 def test_a_user_scheduler_runs_with_one_decorator(user_scheduler, tmp_path):
     assert schedulers.SCHEDULERS["test_lpf"] is user_scheduler
-    assert "| test_lpf |" in schedulers.describe()
+    assert "| test_lpf |" in present_text.schedulers_markdown()
     df = window([0, 0, 0, 0], [10, 300, 50, 200], [5, 5, 5, 5])
     res = run(df, "test_lpf", SERIAL)
     assert first_token_order(res) == [1, 3, 2, 0]
     res.check()
     # the parameter layer accepts it like a built-in, and so does the campaign's engine
-    from portbench.sim import regions
-    P = {"simulation": {"schedulers": ["fcfs", "test_lpf"], "regions": "all", "capacity_policy": "fcfs",
-                        "region_loads": {"light": 0.3}, "horizon_factor": 1.5, "replicates": 1, "seed": 0,
-                        "predictor_sigma": 0.5, "scheduler_options": {}, "edf_slo": "medium",
-                        "slo": {"medium": {"ttft_s": 2.0, "tpot_s": 0.1}}, "profile": "a100_40gb_llama2_7b"}}
-    regions.validate_simulation_params(P)
+    from portbench.sim import settings
     from portbench.study import campaign
 
+    sim = params.load(overrides={"simulation.schedulers": ["fcfs", "test_lpf"]}).simulation
+    settings.validate(sim)
     eng = campaign.SimEngine()
-    rr = eng.run(df.with_columns(pl.Series("arrival_s", [0.0, 0.5, 1.0, 1.5])), "test_lpf", 0, 30.0, P)
+    rr = eng.run(df.with_columns(pl.Series("arrival_s", [0.0, 0.5, 1.0, 1.5])), "test_lpf", 0, 30.0, sim)
     assert rr.counters["completed"] == 4
 
 
@@ -262,8 +262,8 @@ def test_vtc_equalises_service_across_tenants():
 def test_vtc_counter_lift_and_charges():
     s = schedulers.get_scheduler("vtc")
     df = window([0, 0, 0], [10, 10, 10], [3, 3, 3], ["a", "b", "a"])
-    from portbench.sim.engine import _requests_from_window
-    reqs, ctx = _requests_from_window(df, StubProfile(), np.random.default_rng(0))
+    from portbench.sim.request import requests_from_window
+    reqs, ctx = requests_from_window(df, StubProfile(), np.random.default_rng(0))
     s.reset(ctx)
     s.on_arrival(reqs[0], 0.0)
     s.on_admit(reqs[0], 0.0)
@@ -322,8 +322,8 @@ def test_sarathi_never_exceeds_the_token_budget_and_never_stalls_decodes():
 def test_mlfq_demotes_by_token_quantum():
     s = schedulers.get_scheduler("mlfq", quantum_tokens=4, levels=4)
     df = window([0, 0], [10, 3000], [100, 100])
-    from portbench.sim.engine import _requests_from_window
-    reqs, ctx = _requests_from_window(df, StubProfile(), np.random.default_rng(0))
+    from portbench.sim.request import requests_from_window
+    reqs, ctx = requests_from_window(df, StubProfile(), np.random.default_rng(0))
     s.reset(ctx)
     short, long_prompt = reqs
     assert s.level(short) == 0

@@ -13,7 +13,10 @@ import polars as pl
 import pytest
 from scipy import stats
 
+from portbench.core import io
 from portbench.data import registry, standins, synth
+from portbench.present import plots_data
+from portbench.present import text as present_text
 from portbench.core.errors import IntegrityError, ParameterError
 
 Z = 4.0  # standard errors allowed (see test_synth.py)
@@ -30,7 +33,8 @@ def mirror_root(shared_traces) -> Path:
 
 @pytest.fixture()
 def P(tmp_params, mirror_root):
-    return tmp_params(**{"paths.mirror": str(mirror_root)})
+    """What the stand-in builders read (:class:`portbench.data.standins.StandinInputs`)."""
+    return standins.inputs(tmp_params(**{"paths.mirror": str(mirror_root)}))
 
 
 def _entry(meta: dict, df: pl.DataFrame) -> dict:
@@ -56,7 +60,7 @@ def test_servegen_parsing_counts(P, mirror_root):
     np.testing.assert_allclose(data.shape[gm] * data.cv[gm] ** 2, 1.0, rtol=1e-5)
     assert set(np.unique(data.pattern)) == {"", "Gamma", "Weibull"}
     assert np.all((data.rate > 0) == (data.pattern != ""))
-    est = standins.servegen_estimates(P)
+    est = standins.bailian.servegen_estimates(P)
     assert est["clients_with_trace"] == 43 and est["clients_with_dataset"] == 38
     assert est["excluded"] == [1, 5, 8, 11, 38] and est["n_excluded"] == 5
     assert est["windows_per_client"] == 2016
@@ -97,7 +101,7 @@ def test_burstgpt_evidence_and_estimates(P, mirror_root):
     # the full-file rate comes from the aggregate table row of the configured official file
     import csv
 
-    with open(mirror_root / "burstgpt_aggregates" / standins.GUANXI_TABLE) as f:
+    with open(mirror_root / "burstgpt_aggregates" / standins.common.GUANXI_TABLE) as f:
         row = next(r for r in csv.DictReader(f) if r["file_id"] == "without_fails_2")
     assert fit["rate_rps_used"] == pytest.approx(float(row["mean_raw_requests_per_hour"]) / 3600)
     assert fit["cv_used"] == fit["cv_window"]
@@ -157,7 +161,7 @@ def test_windows_have_the_window_schema_and_records(P, mirror_root, source):
         json.dumps(meta, allow_nan=False)   # JSON-serialisable, no NaN
         for rel, sha in meta["evidence_sha256"].items():
             path = mirror_root / rel.rstrip("/")
-            assert sha == (registry.tree_sha256(path) if rel.endswith("/") else registry.sha256_of(path))
+            assert sha == (io.tree_sha256(path) if rel.endswith("/") else io.sha256_of(path))
         assert isinstance(meta["t_start"], float) and meta["file"]
 
 
@@ -179,7 +183,7 @@ def test_bailian_windows_follow_the_servegen_activity(P, mirror_root):
 
 
 def test_bailian_build_is_fast(P):
-    standins._CACHE.clear()
+    standins.common._CACHE.clear()
     t0 = time.perf_counter()
     standins.build_windows(P, "bailian", 40, 200)
     cold = time.perf_counter() - t0
@@ -195,7 +199,7 @@ def test_builds_are_deterministic_and_seeded(P, tmp_params, mirror_root, source)
     assert [windows.window_sha256(df) for _, df in a] == [windows.window_sha256(df) for _, df in b]
     assert [m for m, _ in a] == [m for m, _ in b]
     assert len({windows.window_sha256(df) for _, df in a}) == 5        # windows differ from each other
-    other = tmp_params(**{"paths.mirror": str(mirror_root), "standins.seed": P["standins"]["seed"] + 1})
+    other = standins.inputs(tmp_params(**{"paths.mirror": str(mirror_root), "standins.seed": P.standins.seed + 1}))
     c = standins.build_windows(other, source, 5, 200)
     assert all(windows.window_sha256(x) != windows.window_sha256(y) for (_, x), (_, y) in zip(a, c))
 
@@ -203,7 +207,7 @@ def test_builds_are_deterministic_and_seeded(P, tmp_params, mirror_root, source)
 @pytest.mark.parametrize("source", ["burstgpt", "bailian"])
 def test_regenerate_equals_build(P, source):
     for meta, df in standins.build_windows(P, source, 4, 200):
-        again = standins.regenerate(_entry(meta, df), P)
+        again = standins.regenerate(_entry(meta, df), P.store)
         assert again.equals(df)
 
 
@@ -217,7 +221,7 @@ def test_tampered_window_is_detected(P):
     assert windows.window_sha256(tampered) != entry["sha256"]
     entry["generator"]["params"]["arrivals"]["cv"] *= 1.001           # a tampered generator record
     with pytest.raises(IntegrityError):
-        standins.regenerate(entry, P)
+        standins.regenerate(entry, P.store)
 
 
 def _copy_mirror(src: Path, dst: Path, rels: list[str]) -> None:
@@ -235,17 +239,17 @@ def _copy_mirror(src: Path, dst: Path, rels: list[str]) -> None:
 def test_tampered_evidence_is_detected(tmp_path, tmp_params, mirror_root, source, victim):
     fake = tmp_path / "mirror"
     _copy_mirror(mirror_root, fake, ["burstgpt", "burstgpt_aggregates", SERVEGEN, "qwen_bailian"])
-    P2 = tmp_params(**{"paths.mirror": str(fake)})
+    P2 = standins.inputs(tmp_params(**{"paths.mirror": str(fake)}))
     meta, df = standins.build_windows(P2, source, 1, 200)[0]
     entry = _entry(meta, df)
-    assert standins.regenerate(entry, P2).equals(df)
+    assert standins.regenerate(entry, P2.store).equals(df)
     target = fake / victim
     data = bytearray(target.read_bytes())
     target.unlink()
     data[-3] = ord("7") if data[-3] != ord("7") else ord("8")
     target.write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match=victim.split("/")[0]):
-        standins.regenerate(entry, P2)
+        standins.regenerate(entry, P2.store)
 
 
 # --------------------------------------------------------------------------- counterfactuals
@@ -311,7 +315,7 @@ def test_bad_parameters_are_rejected(tmp_params, key, value):
 def test_estimates_and_evidence_tables(P):
     est = standins.estimates(P)
     assert est["servegen"]["n_excluded"] == 5
-    assert len(est["servegen"]["standin_windows"]) == P["windows"]["per_source"]
+    assert len(est["servegen"]["standin_windows"]) == P.per_source
     assert est["burstgpt"]["log_type_shares"]["slices"]["Conversation log"] > 0.9
     tables = standins.evidence_tables(P)
     for name in ("burstgpt_lengths", "burstgpt_mix", "burstgpt_windows", "burstgpt_arrivals", "burstgpt_ks",
@@ -328,16 +332,16 @@ def test_estimates_and_evidence_tables(P):
 
 @pytest.mark.slow
 def test_evidence_figures_and_counterfactual_demo(P, tmp_path, big_window):
-    paths = standins.plot_evidence(P, tmp_path / "fig")
+    paths = plots_data.plot_evidence(P, tmp_path / "fig")
     assert len(paths) == 8 and all(Path(p).stat().st_size > 0 for p in paths)
-    table, fig = standins.counterfactual_demo(P, big_window.head(200), tmp_path / "fig", window_id="azure-00")
+    table, fig = plots_data.counterfactual_demo(P, big_window.head(200), tmp_path / "fig", window_id="azure-00")
     assert table.height == 2 and set(table["provenance"]) == {"real", "counterfactual"}
     assert math.isclose(table["span_s"][0], table["span_s"][1], rel_tol=1e-12)
     assert all(Path(p).is_file() for p in fig.values())
 
 
 def test_evidence_markdown_quotes_computed_numbers(P):
-    text = standins.evidence_markdown(P)
+    text = present_text.evidence_markdown(P)
     est = standins.estimates(P)
     assert "BurstGPT (stand-in)" in text and "Bailian (stand-in)" in text
     assert f"{est['burstgpt']['cv_used']:.2f}" in text
@@ -346,8 +350,8 @@ def test_evidence_markdown_quotes_computed_numbers(P):
 
 
 def test_counterfactual_markdown_states_what_changed(P, tmp_path, big_window):
-    table, _ = standins.counterfactual_demo(P, big_window.head(200), tmp_path / "fig", window_id="azure-00")
-    text = standins.counterfactual_markdown(table)
+    table, _ = plots_data.counterfactual_demo(P, big_window.head(200), tmp_path / "fig", window_id="azure-00")
+    text = present_text.counterfactual_markdown(table)
     before, after = table.row(0, named=True), table.row(1, named=True)
     assert f"from {before['interarrival_cv']:.2f} in the window to {after['interarrival_cv']:.2f}" in text
     assert "Only the gaps" in text and "The same 200 requests" in text

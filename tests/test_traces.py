@@ -11,6 +11,7 @@ import pytest
 
 from portbench import params
 from portbench.data import registry, traces
+from portbench.present import text as present_text
 from portbench.core.errors import DataError
 
 CONV = "AzureLLMInferenceTrace_conv.csv"
@@ -127,13 +128,12 @@ def test_qwen_slice_and_jsonl_agree(shared_traces, tmp_path):
 
 
 def test_read_slice_uses_the_mirror_and_registered_format(P):
+    mirror = registry.store(P.paths).mirror
     for rel, fmt in registry.SLICES.items():
-        df, rep = traces.read_slice(P, rel)
+        df, rep = traces.read_slice(mirror, rel)
         assert rep["format"] == fmt and rep["rows_read"] == df.height + sum(rep["excluded"].values())
-    P["paths"]["mirror"] = None
-    P["_root"] = "/nonexistent"
     with pytest.raises(DataError, match="no data mirror"):
-        traces.read_slice(P, SLICE1)
+        traces.read_slice(None, SLICE1)
 
 
 def test_qwen_sessions_follow_parent_links(tmp_path):
@@ -277,7 +277,7 @@ def P(tmp_path, shared_traces, monkeypatch):
 
 def test_ingest_all_writes_tables_and_report(P, capsys):
     report = traces.ingest_all(P)
-    out_dir = Path(P["paths"]["data_dir"]) / "canonical"
+    out_dir = Path(P.paths.data_dir) / "canonical"
     assert json.loads((out_dir / "ingest_report.json").read_text())["sources"] == report["sources"]
     az = report["sources"]["azure"]
     assert az["provenance"] == "real" and az["rows_valid"] == 19_366
@@ -288,22 +288,22 @@ def test_ingest_all_writes_tables_and_report(P, capsys):
         assert not (out_dir / f"{s}.parquet").exists()
     err = capsys.readouterr().err
     assert "SKIPPED burstgpt" in err and "SKIPPED bailian" in err
-    text = traces.format_report(report)
+    text = present_text.format_report(report)
     assert CONV in text and "19,366" in text and "Skipped sources" in text and "3,502 s" in text
 
 
 def test_load_canonical_ingests_and_detects_stale_tables(P):
     df = traces.load_canonical(P, "azure")
     assert df.height == 19_366 and set(df["file"]) == {CONV}
-    target = Path(P["paths"]["data_dir"]) / "canonical" / "azure.parquet"
+    target = Path(P.paths.data_dir) / "canonical" / "azure.parquet"
     df.head(5).write_parquet(target)  # tamper with the table, report unchanged: still trusted
     assert traces.load_canonical(P, "azure").height == 5
-    rp = traces.report_path(P)
+    rp = traces.report_path(P.paths.data_dir)
     rep = json.loads(rp.read_text())
     rep["sources"]["azure"]["sha256"] = "0" * 64  # recorded for another file -> re-ingest
     rp.write_text(json.dumps(rep))
     assert traces.load_canonical(P, "azure").height == 19_366
-    P["sources"]["azure"]["file"] = CODE  # another file configured -> re-ingest
+    P = P.with_overrides({"sources.azure.file": CODE})  # another file configured -> re-ingest
     again = traces.load_canonical(P, "azure")
     assert again.height == 8_819 and set(again["file"]) == {CODE}
 
@@ -316,7 +316,7 @@ def test_load_canonical_of_a_standin_source_is_an_error(P):
 def test_non_official_file_by_path(P, shared_traces, tmp_path):
     own = tmp_path / "my_trace.csv"
     shutil.copy(shared_traces / SLICE3, own)
-    P["sources"]["burstgpt"] = {"mode": "real", "file": str(own)}
+    P = P.with_overrides({"sources.burstgpt": {"mode": "real", "file": str(own)}})
     df, rep = traces.ingest_source(P, "burstgpt")
     assert rep["provenance"] == "real" and not rep["sha256_verified"] and rep["format"] == "burstgpt"
     assert set(df["file"]) == {str(own)} and df.height == 399

@@ -307,7 +307,7 @@ def test_validation_params_are_checked(tmp_params):
     from portbench.core.errors import ParameterError
 
     P = tmp_params()
-    assert P["validation"]["device"] == "auto"
+    assert P.validation.device == "auto"
     for key, bad in [("device", "tpu"), ("max_windows", 0), ("kv_blocks", "lots"), ("calibration_requests", -1),
                      ("model_config", "gpt5"), ("vllm_version", 32), ("gpu_memory_utilization", 1.5)]:
         with pytest.raises(ParameterError, match=f"validation.{key}"):
@@ -328,7 +328,7 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
     assert not the_plan.runnable and [c.kind for c in the_plan.selection.cases] == ["reversal", "control"]
     reps = the_plan.replays()
     assert set(reps["vllm_mode"].to_list()) == {"fcfs", "priority"}
-    assert (reps["windows"] == P["validation"]["max_windows"]).all()
+    assert (reps["windows"] == P.validation.max_windows).all()
     assert "skipped" in validation.status_markdown(the_plan)
 
 
@@ -340,5 +340,5 @@ def test_notebook_is_committed_without_outputs_and_takes_the_two_parameters(root
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in code)
     assert code[0].metadata.get("tags") == ["parameters"]
     assert code[0].source.strip() == 'params_file = "papermill_params/default.yaml"\noverrides = {}'
-    assert "P = portbench.params.load(params_file, overrides)" in code[1].source
-    assert "sources.banner" in code[1].source
+    assert "cfg = portbench.params.load(params_file, overrides)" in code[1].source
+    assert "text.banner" in code[1].source

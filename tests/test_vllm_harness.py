@@ -142,10 +142,10 @@ def test_metrics_come_from_the_shared_metric_function(replays):
     from portbench import params
 
     P = params.load("papermill_params/smoke.yaml")
-    slo = P["simulation"]["slo"]
+    slo = P.simulation.slo_dicts
     for mode, name, rec in _all_records(replays):
         m = metrics.compute(rec, HORIZON_S, slo)
-        assert list(m) == metrics.metric_names(P)
+        assert list(m) == metrics.metric_names(P.simulation.slo)
         ttft = (rec["first_token_s"] - rec["arrival_s"]).to_numpy()
         e2e = (rec["finish_s"] - rec["arrival_s"]).to_numpy()
         assert m["completed"] == rec.height

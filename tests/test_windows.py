@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from portbench.core import io
 from portbench.data import registry, standins, traces
 from portbench.data import windows as W
 from portbench.core.errors import DataError, IntegrityError, ParameterError
@@ -72,8 +73,8 @@ def fake_data(tmp_path, monkeypatch):
         state["loads"] += 1
         return state["canon"][source]
 
-    monkeypatch.setattr(registry, "resolve_mirror", lambda P: raw)
-    monkeypatch.setattr(registry, "locate", lambda name, P: raw / name)
+    monkeypatch.setattr(registry, "resolve_mirror", lambda configured, root: raw)
+    monkeypatch.setattr(registry, "locate", lambda name, st: raw / name)
     monkeypatch.setattr(registry, "resolve_sources", resolve_sources)
     monkeypatch.setattr(traces, "load_canonical", load_canonical)
     return state
@@ -297,9 +298,9 @@ def test_freeze_builds_manifest_and_cache(fake_data, small_params, capsys, tmp_p
     assert str(tmp_path) not in W.manifest_path(P).read_text(), "no machine-specific paths in the manifest"
     assert "official file az.csv found" in m["sources"]["azure"]["reason"]
     assert "no stand-in" in m["sources"]["bailian"]["reason"]
-    raw_dir = Path(registry.resolve_mirror(P))
-    assert m["source_files"] == {f: registry.sha256_of(raw_dir / f) for f in ("az.csv", "bg.csv")}
-    assert m["params"]["windows"] == P["windows"]
+    raw_dir = Path(registry.store(P.paths).mirror)
+    assert m["source_files"] == {f: io.sha256_of(raw_dir / f) for f in ("az.csv", "bg.csv")}
+    assert m["params"]["windows"] == P.tree["windows"]
     assert W.manifest_path(P).read_bytes() == W.canonical_json(m)
     assert W.cache_path(P).is_file()
     assert W.manifest_path(P).stat().st_mode & 0o044 == 0o044, "an ordinary, readable file (not mkstemp's 0600)"
@@ -357,7 +358,7 @@ def test_load_windows_detects_a_tampered_cache(fake_data, small_params):
     tampered = cache.with_columns(
         pl.when(pl.int_range(pl.len()) == idx).then(pl.col("output_tokens") + 1)
         .otherwise(pl.col("output_tokens")).alias("output_tokens"))
-    W._write_cache(P, m, {wid: part.drop("window_id") for (wid,), part in
+    W._write_cache(W.cache_path(P), m, {wid: part.drop("window_id") for (wid,), part in
                           tampered.partition_by("window_id", as_dict=True, maintain_order=True).items()})
     with pytest.raises(IntegrityError) as e:
         W.load_windows(P)
@@ -378,10 +379,10 @@ def test_unreadable_or_foreign_cache(fake_data, small_params, capsys):
     with pytest.raises(IntegrityError, match="delete it"):
         W.load_windows(P)
     cache.unlink()
-    W._write_cache(P, {**m, "checksum": "0" * 64}, W.load_windows(P))  # a cache of another manifest
+    W._write_cache(W.cache_path(P), {**m, "checksum": "0" * 64}, W.load_windows(P))  # a cache of another manifest
     tables = W.load_windows(P)
     assert "another manifest" in capsys.readouterr().err and len(tables) == 20
-    assert W._read_cache(P, m).keys() == tables.keys(), "the foreign cache was replaced"
+    assert W._read_cache(W.cache_path(P), m).keys() == tables.keys(), "the foreign cache was replaced"
 
 
 def test_tampered_source_data_is_detected(fake_data, small_params):
@@ -404,7 +405,7 @@ def test_tampered_source_data_is_detected(fake_data, small_params):
 def test_changed_source_file_is_reported(fake_data, small_params):
     P = small_params()
     W.freeze(P)
-    raw = Path(registry.resolve_mirror(P)) / "bg.csv"
+    raw = Path(registry.store(P.paths).mirror) / "bg.csv"
     raw.write_bytes(raw.read_bytes() + b"\n")
     ok, total, problems = W.verify(P)
     assert ok == total and any(p.startswith("source file bg.csv: sha256") for p in problems)
@@ -511,10 +512,10 @@ def test_real_azure_every_single_value_change_of_a_window_is_detected(azure_only
         changed = df.with_columns(pl.Series(col, v, dtype=df.schema[col]))
         assert W.window_sha256(changed) != e["sha256"], (trial, e["id"], col, i)
         if trial % 60 == 0:  # through the cache too (each check rewrites the parquet)
-            W._write_cache(P, m, {**tables, e["id"]: changed})
+            W._write_cache(W.cache_path(P), m, {**tables, e["id"]: changed})
             with pytest.raises(IntegrityError, match=e["id"]):
                 W.load_windows(P)
-    W._write_cache(P, m, tables)
+    W._write_cache(W.cache_path(P), m, tables)
     assert list(W.load_windows(P)) == [e["id"] for e in m["windows"]]
 
 
@@ -534,7 +535,7 @@ def test_standin_windows_freeze_regenerate_and_verify(monkeypatch, shared_traces
         assert e["row_start"] is None and e["row_end"] is None and {"name", "params", "seed"} <= set(e["generator"])
     for s in ("burstgpt", "bailian"):
         assert m["sources"][s]["reason"] == "mode standin: the labelled stand-in was requested"
-        for name, sha in standins.evidence_sha256(P, s).items():
+        for name, sha in standins.evidence_sha256(standins.inputs(P), s).items():
             assert m["source_files"][name] == sha
     W.cache_path(P).unlink()
     assert W.verify(P) == (6, 6, [])

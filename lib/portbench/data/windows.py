@@ -391,11 +391,11 @@ def freeze(cfg: Config, refreeze: bool = False) -> dict:
         if problems:
             raise IntegrityError(f"{path}: {total - ok} of {total} windows fail verification:\n  "
                                  + "\n  ".join(problems))
-        _write_cache(cfg, manifest, tables)
+        _write_cache(cache_path(cfg), manifest, tables)
         return manifest
     manifest, tables = build_manifest(cfg)
     manifest = write_manifest(manifest, path)
-    _write_cache(cfg, manifest, tables)
+    _write_cache(cache_path(cfg), manifest, tables)
     return manifest
 
 
@@ -526,11 +526,10 @@ def _source_file_problems(cfg: Config, manifest: Mapping) -> list[str]:
     return problems
 
 
-def _read_cache(cfg: Config, manifest: Mapping) -> dict[str, pl.DataFrame]:
-    """Window tables in the cache, if it belongs to this manifest (else {})."""
+def _read_cache(path: Path, manifest: Mapping) -> dict[str, pl.DataFrame]:
+    """Window tables in the cache file ``path``, if it belongs to this manifest (else {})."""
     import pyarrow.parquet as pq
 
-    path = cache_path(cfg)
     if not path.is_file():
         return {}
     try:
@@ -549,7 +548,7 @@ def _read_cache(cfg: Config, manifest: Mapping) -> dict[str, pl.DataFrame]:
                                                                               maintain_order=True).items()}
 
 
-def _write_cache(cfg: Config, manifest: Mapping, tables: Mapping[str, pl.DataFrame]) -> Path:
+def _write_cache(path: Path, manifest: Mapping, tables: Mapping[str, pl.DataFrame]) -> Path:
     """Write the window cache (long format, manifest order) atomically, tagged with the manifest checksum."""
     import pyarrow.parquet as pq
 
@@ -559,7 +558,6 @@ def _write_cache(cfg: Config, manifest: Mapping, tables: Mapping[str, pl.DataFra
     table = df.to_arrow()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                            CACHE_META_KEY: manifest["checksum"].encode()})
-    path = cache_path(cfg)
     io.atomic_write(path, lambda tmp: pq.write_table(table, tmp))
     return path
 
@@ -574,7 +572,7 @@ def load_windows(cfg: Config, sources: Iterable[str] | None = None, per_source: 
     """
     manifest = manifest if manifest is not None else load_manifest(cfg)
     entries = select_entries(manifest, sources, per_source)
-    cached = _read_cache(cfg, manifest)
+    cached = _read_cache(cache_path(cfg), manifest)
     out: dict[str, pl.DataFrame] = {}
     for e in entries:
         if e["id"] in cached:
@@ -589,7 +587,7 @@ def load_windows(cfg: Config, sources: Iterable[str] | None = None, per_source: 
         if problems:
             raise IntegrityError("; ".join(problems))
         out.update(built)
-        _write_cache(cfg, manifest, {**cached, **built})
+        _write_cache(cache_path(cfg), manifest, {**cached, **built})
     return {e["id"]: out[e["id"]] for e in entries}
 
 
@@ -601,7 +599,7 @@ def _verify(cfg: Config, manifest: Mapping, *, check_cache: bool = True
     problems += window_problems
     bad = {e["id"] for e in entries if e["id"] not in tables}
     if check_cache and cache_path(cfg).is_file():
-        cached = _read_cache(cfg, manifest)
+        cached = _read_cache(cache_path(cfg), manifest)
         for e in entries:
             if e["id"] in cached and (got := window_sha256(cached[e["id"]])) != e["sha256"]:
                 problems.append(_mismatch(e, got, f"cache {cache_path(cfg)}"))

@@ -78,7 +78,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in _BUILTIN}
 
 def slo_metric(name: str, spec: Mapping | None = None) -> Metric:
     """The Metric of SLO definition ``name`` (``simulation.slo.<name>``)."""
-    what = (f"TTFT <= {spec['ttft_s']} s and TPOT <= {spec['tpot_s']} s" if spec
+    what = (f"TTFT <= {spec['ttft_s']:g} s and TPOT <= {spec['tpot_s']:g} s" if spec
             else "TTFT and TPOT within the SLO's targets")
     return Metric(SLO_PREFIX + name, "higher", "fraction of requests",
                   f"fraction of admitted requests completed within the horizon with {what}")

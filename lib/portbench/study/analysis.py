@@ -1342,7 +1342,7 @@ def fingerprint(runs: pl.DataFrame, cfg: Config) -> str:
     h.update(json.dumps(settings(cfg.analysis), sort_keys=True, default=str).encode())
     h.update(json.dumps(sorted(runs.columns)).encode())
     h.update(json.dumps(cfg.simulation.slo_dicts, sort_keys=True, default=str).encode())
-    h.update(json.dumps(list(cfg.simulation.schedulers), default=str).encode())
+    h.update(json.dumps(scheduler_registry.names(cfg.simulation.schedulers)).encode())
     buf = io.BytesIO()
     runs.write_ipc(buf)
     h.update(buf.getvalue())

@@ -58,7 +58,9 @@ The campaign, the metrics and every analysis then include ``lpf`` with no other 
 ``simulation.schedulers`` to a list with it, or ``all``); a worker process imports the class's
 module before running it."""
 
-from . import baseline, deadline, fairness, feedback, fifo, length, ltr  # noqa: F401  (register the 13 policies)
+# Importing the policy modules registers the 13 policies, in this order (the order of `all`):
+# fcfs, sarathi, sjf_prompt, sjf_oracle, srpt_oracle, sjf_predicted, ltr, mlfq, las, rr, edf, vtc, random.
+from . import fifo, length, ltr, feedback, deadline, fairness, baseline  # noqa: F401,I001
 from .base import (INFORMATION, SCHEDULERS, BaseScheduler, RunContext, Scheduler, get_scheduler, names, options_for,
                    register_scheduler, scheduler_for, table)
 from .baseline import RandomOrder
