@@ -9,7 +9,6 @@ from portbench.study import analysis, campaign
 from portbench import params
 from portbench.core import io
 from portbench.data import registry, traces, windows
-from portbench.core import provenance as sources
 from portbench.core.errors import ParameterError
 
 

@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from portbench.core import io
-from portbench.data import registry, standins, synth
+from portbench.data import standins, synth
 from portbench.present import plots_data
 from portbench.present import text as present_text
 from portbench.core.errors import IntegrityError, ParameterError

@@ -5,9 +5,9 @@ checkout, as ``make bench`` has): 13 schedulers x 3 sources x 40 windows x 6 reg
 replicates x 14 metrics = 28,080 runs, with realistic ties (every scheduler completes every
 request at light load) and a few planted reversals. Timed, with ``analysis.bootstrap`` = 1000:
 
-* ``compute``: :func:`portbench.analysis.compute` (every table and summary number), median of 3
+* ``compute``: :func:`portbench.study.analysis.compute` (every table and summary number), median of 3
   (1 with ``quick``);
-* ``figures``: every figure of notebooks 04-07 (:func:`portbench.plots_analysis.make_all`), once;
+* ``figures``: every figure of notebooks 04-07 (:func:`portbench.present.plots_analysis.make_all`), once;
 * ``notebooks`` (not with ``quick``): notebooks 04, 05, 06, 07 and 09 executed with papermill in a
   fresh results folder — the whole analysis as a user runs it. Target: <= 180 s on 2 cores.
 """

@@ -1,4 +1,4 @@
-"""Ingest benchmark: :func:`portbench.traces.read_file` on a synthetic BurstGPT-format file.
+"""Ingest benchmark: :func:`portbench.data.traces.read_file` on a synthetic BurstGPT-format file.
 
 The file has as many rows as the official ``BurstGPT_without_fails_2.csv`` (a tenth with
 ``quick``), BurstGPT's 6 columns, failures (0 response tokens) at BurstGPT_1's published share,

@@ -1,7 +1,7 @@
 """The official trace files: what they are, where they come from, and how to get a verified copy.
 
 Every file named in ``../shared/traces/PROVENANCE.md`` is listed in :data:`OFFICIAL_FILES` with its
-source, adapter format (see :mod:`portbench.traces`), size, SHA-256 and data-row count where that
+source, adapter format (see :mod:`portbench.data.traces`), size, SHA-256 and data-row count where that
 document records them (``None`` where it does not), its official download locations, and its path
 inside the data mirror.
 
@@ -13,7 +13,7 @@ inside the data mirror.
 3. a download with pooch from each official URL in turn, verified against the recorded SHA-256
    (skipped when the environment variable ``PORTBENCH_OFFLINE`` is non-empty).
 
-A copy whose size or SHA-256 differs from the record is a :class:`~portbench.errors.DataError`,
+A copy whose size or SHA-256 differs from the record is a :class:`~portbench.core.errors.DataError`,
 never a silent fallback. Hashes are cached in ``{paths.data_dir}/raw/.verified.json`` keyed by
 (path, size, mtime), so a large file is hashed once, not on every load.
 """
@@ -278,7 +278,7 @@ def locate(name: str, st: Store) -> Path:
             if p.is_file():
                 return p
             looked.append(str(p))
-        raise MissingFileError(name, "not an official file (see portbench.registry.OFFICIAL_FILES) and not "
+        raise MissingFileError(name, "not an official file (see portbench.data.registry.OFFICIAL_FILES) and not "
                                      "found at " + "; ".join(looked or ["(no data mirror configured)"]))
     for p in mirror_candidates(name, st):
         if p.is_file():

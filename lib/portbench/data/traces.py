@@ -21,7 +21,7 @@ found by following ``parent_chat_id`` links (the earliest ancestor present in th
 
 Validation is strict and vectorised: a missing, renamed or extra column, an unparsable or missing
 value, zero or negative tokens, timestamps out of order, a blank line, an empty file, or a line
-with the wrong number of fields is one :class:`~portbench.errors.DataError` that names the file,
+with the wrong number of fields is one :class:`~portbench.core.errors.DataError` that names the file,
 the first offending row (or the column) and what was expected. Rows the source itself defines as
 invalid are excluded and counted in the report, never silently: BurstGPT failures (0 response
 tokens) as ``failure_zero_response``. BurstGPT rows must also satisfy Request + Response = Total
@@ -596,7 +596,7 @@ def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.D
 
     A source with no real file in this run (mode standin, or auto with the file absent) is
     skipped with a loud message and ``(None, report)`` is returned; mode real with the file absent
-    raises DataError (from :func:`portbench.registry.resolve_source`). With ``write`` the table goes
+    raises DataError (from :func:`portbench.data.registry.resolve_source`). With ``write`` the table goes
     to ``{data_dir}/canonical/{source}.parquet`` and the report entry into ``ingest_report.json``.
     """
     st = registry.store(cfg.paths)

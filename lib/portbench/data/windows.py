@@ -24,7 +24,7 @@ key(window_id)])``. The rule used is recorded per source in the manifest (``sour
 ``{"version", "params", "sources", "source_files", "windows", "checksum"}``; ``checksum`` is the
 SHA-256 of the canonical JSON of everything else. :func:`load_manifest` re-serialises the parsed
 file and compares bytes *and* checksum, so any single-byte change (whitespace included) is an
-:class:`~portbench.errors.IntegrityError`; each window's ``sha256`` (:func:`window_sha256`) catches
+:class:`~portbench.core.errors.IntegrityError`; each window's ``sha256`` (:func:`window_sha256`) catches
 any change to its content.
 
 **Cache.** ``{paths.data_dir}/windows/windows.parquet`` holds the materialised windows (long

@@ -1,0 +1,8 @@
+"""Presentation: figures and text for the notebooks, the terminal and the README (imports every layer
+below; the only place with matplotlib and seaborn besides the validation figures).
+
+``figures`` (the one figure helper: style, byte-reproducible PNG + PDF, the index), ``plots_data``
+(notebooks 01-02), ``plots_sim`` (notebook 03), ``plots_analysis`` (notebooks 04-07, and the
+``portbench analyze`` stage), ``text`` (generated Markdown and terminal reports), ``report`` (the
+README's results block).
+"""

@@ -1,9 +1,9 @@
 """Figures of the portability analysis (notebooks 04-07). Every figure goes through
-``portbench.figures.save``, which records it in the figure index (``summary.json``).
+``portbench.present.figures.save``, which records it in the figure index (``summary.json``).
 
-Each function takes the parameters ``cfg`` and an :class:`portbench.analysis.Analysis`, saves its
+Each function takes the parameters ``cfg`` and an :class:`portbench.study.analysis.Analysis`, saves its
 figure(s) under ``{figures_dir}/<notebook>/`` and returns the figure (or a list of figures).
-Sources are labelled with :func:`portbench.sources.label`, so stand-ins say so.
+Sources are labelled with :func:`portbench.core.provenance.label`, so stand-ins say so.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Descriptive tables and figures of the traces and the frozen windows (notebooks 01 and 02).
 
-Every figure function returns a matplotlib figure made with :func:`portbench.figures.figure`;
-the notebook saves it with :func:`portbench.figures.save`. Sources are always labelled through
-:func:`portbench.sources.label`, so a stand-in is marked as one on every axis.
+Every figure function returns a matplotlib figure made with :func:`portbench.present.figures.figure`;
+the notebook saves it with :func:`portbench.present.figures.save`. Sources are always labelled through
+:func:`portbench.core.provenance.label`, so a stand-in is marked as one on every axis.
 """
 
 from __future__ import annotations

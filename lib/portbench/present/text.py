@@ -281,3 +281,34 @@ def preemption_markdown(runs, labels: Mapping | None = None) -> str | None:
         f"(ρ = {heavy['rho'][0]:g}): {numbers}."
         + (f" On {' and '.join(idle)} the cache almost never fills at this load (under one preemption per run for "
            "every policy shown), so the ranking costs almost no recomputation there." if idle else ""))
+
+
+# --------------------------------------------------------------------------- notebooks 04-07, 09: the analysis
+
+
+def fmt(stat: dict | None, digits: int = 2) -> str:
+    """``"0.71 [0.65, 0.77] (n = 252)"`` from a summary stat dict."""
+    if not stat or stat.get("value") is None:
+        return "n/a"
+    v = stat["value"]
+    s = f"{v:.{digits}f}" if isinstance(v, float) else f"{v}"
+    ci = stat.get("ci")
+    if ci and ci[0] is not None:
+        s += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+    if stat.get("count") is not None:
+        s += f" (n = {stat['count']})"
+    return s
+
+
+def tied_ranks_markdown(tol: float) -> str:
+    """One paragraph for the notebooks' method text: how scheduler means are tied (from the parameter)."""
+    if not tol:
+        return ("Only exactly equal means are tied (`analysis.rank_tolerance` = 0, exact ranks); tied schedulers share "
+                "the average rank.")
+    return (f"**Practically tied ranks** (`analysis.rank_tolerance` = {tol:g}): sorted best first, a scheduler whose "
+            f"mean is within {100 * tol:g}% of the next-better mean (relative gap |x − y| / ((|x| + |y|) / 2) below "
+            f"{tol:g}) is tied with it, and tied schedulers share the average rank; so differences of a few parts per "
+            "million (e.g. microseconds of simulator noise at light load) do not count as an order. Ties chain "
+            f"(single linkage), so a tie group can span more than {100 * tol:g}% end to end. Every ranking-based "
+            "number (τ-b, W, top-1, bump charts, winners) uses these ranks, in the bootstrap too; the reversal "
+            "tests and Friedman/Nemenyi work on per-window values instead.")

@@ -1,6 +1,6 @@
 """Statistics of the portability analysis: ranks, rank agreement, paired tests, reversals.
 
-Everything here works on plain numpy arrays; :mod:`portbench.analysis` builds the arrays from the
+Everything here works on plain numpy arrays; :mod:`portbench.study.analysis` builds the arrays from the
 campaign's run table and turns the results into tables. Conventions:
 
 * **Orientation.** A metric's values are *oriented* by its direction (``"higher"`` or ``"lower"``

@@ -1,7 +1,7 @@
 """Which simulated findings the vLLM replay checks: the key reversal and a stable control.
 
 Input: the analysis' reversal table (``{results_dir}/analysis/reversals.parquet``; columns in
-``portbench.analysis.COLUMNS["reversals"]``: ``a, b, source_1, source_2, region, metric, direction,
+``portbench.study.analysis.COLUMNS["reversals"]``: ``a, b, source_1, source_2, region, metric, direction,
 diff_1, diff_2`` (oriented: positive = a better), ``rel_1, rel_2, min_rel, p_1, p_2, p_adj_1,
 p_adj_2, n_1, n_2, reversal, significant, practical``, ...). Only pairs whose two policies vLLM can
 run (:func:`portbench.validation.replay.runnable`) are eligible.

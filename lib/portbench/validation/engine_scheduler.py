@@ -9,7 +9,7 @@ warns that the scheduler interface is not public — this class relies only on `
 ``num_computed_tokens`` / ``num_prompt_tokens`` (vLLM 0.32). A custom scheduler class disables
 vLLM's async scheduling, which the replay turns off anyway (one iteration at a time).
 
-Row of one iteration (the cost model's terms, :meth:`portbench.profiles.Profile.iteration_time`):
+Row of one iteration (the cost model's terms, :meth:`portbench.sim.profiles.Profile.iteration_time`):
 
 * ``prefill_tokens``: tokens scheduled for requests still in prefill (their computed tokens before
   the iteration are below the prompt length, or — after a recompute preemption — more than one token

@@ -1,9 +1,9 @@
 """Does the engine reproduce the simulated finding? Paired tests, simulator error, fitted profile.
 
 * **Engine verdict per (case, source)**: the measured metric per scheduler and window
-  (``portbench.metrics.compute`` on the replay's records — the one metric function), the oriented
+  (``portbench.sim.metrics.compute`` on the replay's records — the one metric function), the oriented
   per-window differences ``a - b`` (positive = a better; orientation from the metric registry), and
-  the analysis' own paired test ``portbench.stats.paired_wilcoxon`` (two-sided Wilcoxon signed-rank
+  the analysis' own paired test ``portbench.study.stats.paired_wilcoxon`` (two-sided Wilcoxon signed-rank
   over windows). p-values are adjusted over the validation's family (every engine side test of every
   case) with ``analysis.correction``; a side is significant when ``stats.side_significant`` says so
   at ``analysis.alpha``. The relative effect is ``stats.relative_effect`` of the two means.
@@ -243,7 +243,7 @@ def summarize(verdicts: pl.DataFrame, errors: pl.DataFrame | None = None) -> dic
 def engine_metric_rows(records_by_key: Mapping[tuple, pl.DataFrame], horizons: Mapping[tuple, float],
                        slo_defs: Mapping) -> pl.DataFrame:
     """One row per replayed (source, window_id, region, scheduler) with every metric
-    (``portbench.metrics.compute`` on the replay's records — the same function as the campaign)."""
+    (``portbench.sim.metrics.compute`` on the replay's records — the same function as the campaign)."""
     rows = []
     for key, rec in records_by_key.items():
         vals = metrics.compute(rec, horizons[key], slo_defs)

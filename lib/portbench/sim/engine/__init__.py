@@ -33,7 +33,7 @@ it is resumed it must prefill prompt + generated tokens again (target P + g) -- 
 recompute, which re-runs the prompt and the output so far as one prefill. That prefill emits
 token g + 1, so no decode work is repeated; the lost work is the recomputed prefill.
 Which request is evicted, and whether a running request may be descheduled for priority, is the
-policy's choice: see :mod:`portbench.schedulers` (non-preemptive policies evict only for
+policy's choice: see :mod:`portbench.sim.schedulers` (non-preemptive policies evict only for
 memory; preemptive ones pause while memory allows and evict when it does not).
 
 **Batch formation** at each decision point (:meth:`_Engine._plan`): ``max_num_seqs`` slots,
@@ -66,7 +66,7 @@ float rounding; this also checks that every policy announces its ranking changes
 Requests not finished are *unfinished*; requests arriving after the horizon are not *arrived*
 (they stay in the records with NaN times; metrics ignore them). Every run checks
 ``arrived == completed + unfinished + rejected`` and that KV blocks in use never exceed the
-capacity (:class:`~portbench.errors.ConservationError` otherwise).
+capacity (:class:`~portbench.core.errors.ConservationError` otherwise).
 
 Determinism: the only randomness is ``numpy.random.default_rng(seed)`` handed to the scheduler;
 ties are broken by request id (= window row). Same inputs -> identical outputs.

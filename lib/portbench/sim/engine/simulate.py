@@ -59,8 +59,8 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
     """Simulate one window under one scheduler on one replica.
 
     ``window_df``: the window table (``arrival_s, prompt_tokens, output_tokens, tenant``);
-    ``scheduler``: a registered name or a :class:`~portbench.schedulers.BaseScheduler` instance;
-    ``profile``: a :class:`~portbench.profiles.Profile` (or anything with its fields);
+    ``scheduler``: a registered name or a :class:`~portbench.sim.schedulers.BaseScheduler` instance;
+    ``profile``: a :class:`~portbench.sim.profiles.Profile` (or anything with its fields);
     ``horizon_s``: end of the observation (``inf`` = run until every request finished);
     ``seed``: the run's seed (``numpy.random.default_rng(seed)`` is handed to the scheduler);
     ``slo``: the SLO definition ``{ttft_s, tpot_s}`` for deadline-based policies (edf).

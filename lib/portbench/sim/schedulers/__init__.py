@@ -1,6 +1,6 @@
 """The 13 scheduling policies behind one protocol, and the scheduler registry.
 
-How the simulator uses a scheduler (:mod:`portbench.simulator` has the full engine model)
+How the simulator uses a scheduler (:mod:`portbench.sim.engine` has the full engine model)
 ----------------------------------------------------------------------------------------
 The engine is iteration-level and continuously batched (vLLM-like). At every *decision point*
 (an iteration boundary where something changed: arrival, completion, memory, quantum, chunk) it

@@ -1,6 +1,6 @@
 """The 13 scheduling policies behind one protocol, and the scheduler registry.
 
-How the simulator uses a scheduler (:mod:`portbench.simulator` has the full engine model)
+How the simulator uses a scheduler (:mod:`portbench.sim.engine` has the full engine model)
 ----------------------------------------------------------------------------------------
 The engine is iteration-level and continuously batched (vLLM-like). At every *decision point*
 (an iteration boundary where something changed: arrival, completion, memory, quantum, chunk) it
@@ -100,7 +100,7 @@ class BaseScheduler:
     true/false switches it, e.g. ``sjf_oracle`` with chunked prefill is what vLLM V1's priority
     policy does). An instance is reusable: :meth:`reset` is called at the start of every run.
 
-    Request attributes a policy may read (see :class:`portbench.simulator.Request`): ``id``,
+    Request attributes a policy may read (see :class:`portbench.sim.engine.Request`): ``id``,
     ``arrival_s``, ``prompt_tokens``, ``output_tokens`` (the truth -- only ``oracle`` policies
     should read it), ``tenant``, ``generated`` (tokens generated so far), ``resident`` (holds KV),
     ``running``, ``preemptions``, ``waiting_since`` (arrival or last eviction time).

@@ -1,0 +1,186 @@
+"""The column dictionary of every analysis table (what each column means), and the table names."""
+
+from __future__ import annotations
+
+
+import polars as pl
+
+
+
+
+FAMILIES = ("all", "per_metric", "per_region")
+
+
+# Notebooks whose figures show the analysis (plots_analysis saves them under these folders).
+FIGURE_NOTEBOOKS = ("04_cross_workload", "05_cross_region", "06_reversals", "07_cross_metric")
+
+
+STAGES = ("sign", "significant", "significant_and_practical")
+
+
+SCHEMA = "portbench.summary/1"
+
+
+_KEYS = {
+    "source": "workload source (azure, burstgpt, bailian)",
+    "provenance": "real = windows cut from the official trace; standin = labelled synthetic stand-in",
+    "region": "operating region (offered load rho relative to the window's capacity)",
+    "rho": "offered load of the region, relative to the window's capacity",
+    "metric": "metric name (metric registry)",
+    "direction": "which way is better for the metric: higher | lower",
+    "scheduler": "scheduling policy",
+}
+
+
+_TAU = {
+    "tau": "Kendall tau-b between the two rankings (scipy.stats.kendalltau on the practically tied ranks, "
+           "analysis.rank_tolerance); NaN if a ranking is all ties",
+    "ci_low": "2.5th percentile of tau over the bootstrap resamples (windows resampled within each source)",
+    "ci_high": "97.5th percentile of tau over the bootstrap resamples",
+    "n_items": "number of schedulers ranked",
+    "n_boot_valid": "bootstrap resamples where tau was defined",
+}
+
+
+_W = {
+    "W": "Kendall's W (coefficient of concordance, tie-corrected) across the rankings; 0 = none, 1 = identical",
+    "ci_low": "2.5th percentile of W over the bootstrap resamples",
+    "ci_high": "97.5th percentile of W over the bootstrap resamples",
+    "n_rankings": "number of rankings compared (raters)",
+    "n_items": "number of schedulers ranked",
+}
+
+
+COLUMNS: dict[str, dict[str, str]] = {
+    "window_values": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"],
+        "window_id": "frozen window id (manifest)", "region": _KEYS["region"], "metric": _KEYS["metric"],
+        "scheduler": _KEYS["scheduler"],
+        "value": "metric value of the window, averaged over its replicates (NaN = missing / non-finite)",
+        "n_replicates": "replicates averaged",
+    },
+    "rankings": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "rho": _KEYS["rho"], "metric": _KEYS["metric"], "direction": _KEYS["direction"],
+        "scheduler": _KEYS["scheduler"],
+        "mean": "mean of the per-window values over windows (metric's unit)",
+        "sd": "standard deviation of the per-window values over windows",
+        "n_windows": "windows with a value",
+        "rank": "rank of the mean among the schedulers, 1 = best; means within analysis.rank_tolerance "
+                "(relative gap to the next-better mean, chained) are tied and share the average rank",
+        "n_tied": "schedulers sharing this rank (size of the tie group; 1 = not tied)",
+        "ci_low": "2.5th percentile of the mean over the bootstrap resamples",
+        "ci_high": "97.5th percentile of the mean over the bootstrap resamples",
+    },
+    "cross_source_tau": {
+        "region": _KEYS["region"], "metric": _KEYS["metric"],
+        "source_1": "first source", "source_2": "second source",
+        "provenance_1": "provenance of source_1", "provenance_2": "provenance of source_2", **_TAU,
+    },
+    "cross_source_w": {"region": _KEYS["region"], "metric": _KEYS["metric"],
+                       "provenance": "provenance of every source compared, 'source:provenance' comma-joined", **_W},
+    "cross_region_tau": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "metric": _KEYS["metric"],
+        "region_1": "first region (lighter load)", "region_2": "second region (heavier load)", **_TAU,
+    },
+    "cross_region_w": {"source": _KEYS["source"], "provenance": _KEYS["provenance"],
+                       "metric": _KEYS["metric"], **_W},
+    "pairwise_tests": {
+        "a": "scheduler a", "b": "scheduler b (pairs are unordered; a comes first in scheduler order)",
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "metric": _KEYS["metric"], "direction": _KEYS["direction"],
+        "mean_a": "mean of a over the windows where both have a value (metric's unit)",
+        "mean_b": "mean of b over the same windows",
+        "diff": "oriented mean difference over windows: positive = a better than b",
+        "rel_effect": "|mean_a - mean_b| / ((|mean_a| + |mean_b|) / 2): symmetric relative difference",
+        "n_windows": "windows with both values", "n_nonzero": "windows with a non-zero difference",
+        "statistic": "Wilcoxon signed-rank statistic min(R+, R-) (scipy)",
+        "test_direction": "sign(R+ - R-) of the oriented differences: +1 = a ranks better",
+        "method": "how scipy computed p: exact | permutation | asymptotic | all_zero (p = 1)",
+        "p": "two-sided Wilcoxon signed-rank p-value (scipy.stats.wilcoxon, zeros dropped)",
+        "p_adj": "p adjusted for multiple comparisons within the family (statsmodels multipletests)",
+        "family": "the family this test was corrected in",
+        "significant": "p_adj < alpha and the test's direction agrees with the sign of diff",
+    },
+    "reversals": {
+        "a": "scheduler a", "b": "scheduler b",
+        "source_1": "first source of the pair", "source_2": "second source of the pair",
+        "provenance_1": "provenance of source_1", "provenance_2": "provenance of source_2",
+        "region": _KEYS["region"], "metric": _KEYS["metric"], "direction": _KEYS["direction"],
+        "mean_a_1": "mean of a on source_1", "mean_b_1": "mean of b on source_1",
+        "diff_1": "oriented mean difference on source_1: positive = a better than b",
+        "rel_1": "relative effect on source_1 (symmetric relative difference)",
+        "p_1": "raw Wilcoxon p-value on source_1", "p_adj_1": "adjusted p-value on source_1",
+        "n_1": "windows paired on source_1",
+        "mean_a_2": "mean of a on source_2", "mean_b_2": "mean of b on source_2",
+        "diff_2": "oriented mean difference on source_2", "rel_2": "relative effect on source_2",
+        "p_2": "raw Wilcoxon p-value on source_2", "p_adj_2": "adjusted p-value on source_2",
+        "n_2": "windows paired on source_2",
+        "min_rel": "smaller of rel_1 and rel_2 (how large the reversal is on its weaker side)",
+        "reversal": "diff_1 and diff_2 have strictly opposite signs",
+        "significant": "both sides reject after correction (p_adj < alpha, test direction = sign of diff)",
+        "practical": "both relative effects are at least delta",
+        "stage": "furthest stage reached: none | sign | significant | significant_and_practical "
+                 "(significant and practical both require the sign reversal)",
+    },
+    "cross_metric_tau": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "metric_1": "first metric", "metric_2": "second metric", **_TAU,
+    },
+    "cross_metric_conditions": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "mean_tau": "mean tau-b over every pair of metric rankings of the condition",
+        "ci_low": "2.5th percentile of mean_tau over the bootstrap resamples",
+        "ci_high": "97.5th percentile of mean_tau over the bootstrap resamples",
+        "n_metric_pairs": "metric pairs with a defined tau",
+        "top1_changes": "no scheduler is best (or tied best, within rank_tolerance) under every metric",
+        "common_winners": "schedulers best under every metric ('' if none)",
+        "n_distinct_winners": "distinct schedulers that are best under at least one metric",
+    },
+    "top1": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "metric": _KEYS["metric"], "winner": "best scheduler(s), '+'-joined when tied",
+        "n_tied": "how many schedulers are tied for best (the best tie group, within rank_tolerance)",
+        "runner_up": "best scheduler among the others",
+        "margin_rel": "relative effect between the best winner's mean and the runner-up's",
+    },
+    "slo_tau": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "slo_1": "first SLO metric", "slo_2": "second SLO metric", **_TAU,
+    },
+    "slo_conditions": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "W": "Kendall's W across the SLO definitions' rankings",
+        "ci_low": "2.5th percentile of W over the bootstrap resamples",
+        "ci_high": "97.5th percentile of W over the bootstrap resamples",
+        "top1_changes": "no scheduler is best (or tied best, within rank_tolerance) under every SLO definition",
+        "winners": "best scheduler under each SLO definition, 'slo=winner; ...'",
+    },
+    "friedman": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "metric": _KEYS["metric"],
+        "statistic": "Friedman chi-square over windows (blocks) x schedulers (scipy, tie-corrected)",
+        "p": "Friedman p-value; 1 when every window ties every scheduler",
+        "p_adj": "p adjusted across all conditions (same correction as the reversals)",
+        "n_windows": "windows (blocks) with every scheduler present", "k": "schedulers",
+        "cd": "Nemenyi critical difference of average ranks at alpha",
+    },
+    "avg_ranks": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "metric": _KEYS["metric"], "scheduler": _KEYS["scheduler"],
+        "avg_rank": "mean over windows of the scheduler's per-window rank (1 = best)",
+    },
+    "nemenyi": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "metric": _KEYS["metric"], "a": "scheduler a", "b": "scheduler b",
+        "p": "Nemenyi post-hoc p-value (scikit-posthocs posthoc_nemenyi_friedman)",
+    },
+}
+
+
+TABLES = tuple(COLUMNS)
+
+
+def columns_table(table: str) -> pl.DataFrame:
+    """The column dictionary of an analysis table, for display."""
+    return pl.DataFrame({"column": list(COLUMNS[table]), "meaning": list(COLUMNS[table].values())})
