@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -182,12 +181,15 @@ def test_bailian_windows_follow_the_servegen_activity(P, mirror_root):
         assert np.all(data.rate[rows, w] > 0)          # every request comes from a client active then
 
 
-def test_bailian_build_is_fast(P):
+def test_bailian_build_parses_only_the_pmfs_it_uses(P):
+    """What keeps the Bailian build fast (no wall-clock bound: CI machines are busy): the 43 clients'
+    length PMFs are text parsed on first use, and 40 windows use only a small part of them."""
     standins.common._CACHE.clear()
-    t0 = time.perf_counter()
     standins.build_windows(P, "bailian", 40, 200)
-    cold = time.perf_counter() - t0
-    assert cold < 8.0, f"40 Bailian windows took {cold:.1f} s (parse included)"
+    data = standins.load_servegen(standins.servegen_folder(P))
+    n_buckets = sum(len(b) for b in data._raw.values())
+    parsed = {(c, b) for c, b, _ in data._pmfs}
+    assert 0 < len(parsed) < n_buckets / 4, (len(parsed), n_buckets)
 
 
 @pytest.mark.parametrize("source", ["burstgpt", "bailian"])
