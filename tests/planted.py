@@ -35,13 +35,19 @@ METRICS = {
     "slo_medium": ("higher", "fraction", 0.6),
     "slo_loose": ("higher", "fraction", 0.85),
     "ttft_p50": ("lower", "positive", 0.2),
+    "ttft_p90": ("lower", "positive", 1.0),
+    "ttft_p95": ("lower", "positive", 1.4),
     "ttft_p99": ("lower", "positive", 2.0),
     "tpot_mean": ("lower", "positive", 0.04),
+    "tpot_p90": ("lower", "positive", 0.06),
+    "tpot_p95": ("lower", "positive", 0.07),
     "tpot_p99": ("lower", "positive", 0.09),
     "e2e_mean": ("lower", "positive", 6.0),
+    "e2e_p90": ("lower", "positive", 14.0),
+    "e2e_p95": ("lower", "positive", 18.0),
     "e2e_p99": ("lower", "positive", 25.0),
     "norm_latency_mean": ("lower", "positive", 0.05),
-    "jain_fairness": ("higher", "fraction", 0.7),
+    "slowdown_jain": ("higher", "fraction", 0.7),
     "max_slowdown": ("lower", "positive", 30.0),
 }
 WINDOW_SIZE = 200
@@ -141,7 +147,7 @@ def realistic_effects() -> list[Effect]:
         Effect("sjf_prompt", "burstgpt", "overload", "e2e_mean", -0.5, 0.1),
         Effect("las", "bailian", "severe", "ttft_p99", 0.6, 0.1),
         Effect("las", "azure", "severe", "ttft_p99", -0.4, 0.1),
-        Effect("vtc", "burstgpt", "near_saturation", "jain_fairness", 0.8, 0.2),
+        Effect("vtc", "burstgpt", "near_saturation", "slowdown_jain", 0.8, 0.2),
         Effect("mlfq", "azure", "busy", "slo_tight", 0.5, 2.0),      # large but inconsistent
     ]
 

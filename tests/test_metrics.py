@@ -44,20 +44,27 @@ def test_hand_computed_three_requests():
     assert m["ttft_p50"] == pytest.approx(1.0)
     # numpy linear percentile of [0.5, 1, 2] at 99: position 0.99*2 = 1.98 -> 1 + 0.98*(2-1)
     assert m["ttft_p99"] == pytest.approx(1.98)
+    assert (m["ttft_p90"], m["ttft_p95"]) == pytest.approx((1.8, 1.9))          # positions 1.8 and 1.9
+    assert (m["tpot_p90"], m["tpot_p95"]) == pytest.approx((0.5 + 0.8 * 5.5, 0.5 + 0.9 * 5.5))
+    assert (m["e2e_p90"], m["e2e_p95"]) == pytest.approx((3 + 0.8 * 5, 3 + 0.9 * 5))
     assert m["tpot_mean"] == pytest.approx(7 / 3)
     assert m["tpot_p99"] == pytest.approx(0.5 + 0.98 * 5.5)
     assert m["e2e_mean"] == pytest.approx(12.5 / 3)
     assert m["e2e_p99"] == pytest.approx(3 + 0.98 * 5)
     assert m["norm_latency_mean"] == pytest.approx((3 / 5 + 1.5 / 3 + 8 / 2) / 3)
     # x = 1/slowdown = [1/3, 1/3, 1/4]: (11/12)^2 / (3 * 41/144) = 121/123
-    assert m["jain_fairness"] == pytest.approx(121 / 123)
+    assert m["slowdown_jain"] == pytest.approx(121 / 123)
     assert m["max_slowdown"] == pytest.approx(4.0)
     # strict: r0 (TTFT 1 <= 1, TPOT 0.5 <= 0.5) and r1 pass, r2 fails TTFT -> 2/3; lax: r2 fails TPOT 6 <= 10? passes
     assert m["slo_strict"] == pytest.approx(2 / 3)
     assert m["slo_lax"] == pytest.approx(1.0)
-    assert list(m) == ["completed", "throughput_tok_s", "slo_strict", "slo_lax", "ttft_p50", "ttft_p99",
-                       "tpot_mean", "tpot_p99", "e2e_mean", "e2e_p99", "norm_latency_mean",
-                       "jain_fairness", "max_slowdown"]
+    assert list(m) == ["completed", "throughput_tok_s", "slo_strict", "slo_lax", "ttft_p50", "ttft_p90",
+                       "ttft_p95", "ttft_p99", "tpot_mean", "tpot_p90", "tpot_p95", "tpot_p99", "e2e_mean",
+                       "e2e_p90", "e2e_p95", "e2e_p99", "norm_latency_mean", "slowdown_jain",
+                       "tenant_service_gap", "tenant_jain", "max_slowdown"]
+    assert list(m) == metrics.metric_names(SLO)
+    # one tenant ("t0"): the tenant metrics are n/a
+    assert math.isnan(m["tenant_service_gap"]) and math.isnan(m["tenant_jain"])
 
 
 def test_rejected_requests_are_excluded():
@@ -108,14 +115,14 @@ def test_single_token_outputs_use_ttft_only():
     rows = [(0.0, 0.2, 0.2, 1, 1, False, 0.2)]
     m = metrics.compute(records(rows), 5.0, SLO)
     assert m["slo_strict"] == 1.0 and math.isnan(m["tpot_mean"])
-    assert m["jain_fairness"] == pytest.approx(1.0) and m["max_slowdown"] == pytest.approx(1.0)
+    assert m["slowdown_jain"] == pytest.approx(1.0) and m["max_slowdown"] == pytest.approx(1.0)
 
 
 def test_equal_slowdowns_are_perfectly_fair_and_one_starved_request_is_not():
     fair = [(float(i), i + 0.5, i + 2.0, 4, 4, False, 1.0) for i in range(5)]   # all slowdown 2
-    assert metrics.compute(records(fair), 100.0, SLO)["jain_fairness"] == pytest.approx(1.0)
+    assert metrics.compute(records(fair), 100.0, SLO)["slowdown_jain"] == pytest.approx(1.0)
     unfair = fair[:4] + [(4.0, 50.0, 90.0, 4, 4, False, 1.0)]                   # slowdown 86
-    j = metrics.compute(records(unfair), 100.0, SLO)["jain_fairness"]
+    j = metrics.compute(records(unfair), 100.0, SLO)["slowdown_jain"]
     x = np.array([0.5] * 4 + [1 / 86])
     assert j == pytest.approx(x.sum() ** 2 / (5 * (x**2).sum())) and j < 0.85
 
@@ -124,7 +131,7 @@ def test_all_rejected_or_empty():
     m = metrics.compute(records([(0.0, NAN, NAN, 3, 0, True, 1.0)]), 10.0, SLO)
     assert m["completed"] == 0 and m["throughput_tok_s"] == 0
     for k in ("slo_strict", "ttft_p50", "ttft_p99", "tpot_mean", "e2e_mean", "e2e_p99",
-              "norm_latency_mean", "jain_fairness", "max_slowdown"):
+              "norm_latency_mean", "slowdown_jain", "max_slowdown", "tenant_service_gap", "tenant_jain"):
         assert math.isnan(m[k]), k
 
 
@@ -134,8 +141,8 @@ def test_polars_nulls_and_plain_mappings_agree():
                                  .otherwise(pl.col("finish_s")).alias("finish_s"))
     as_dict = {c: df[c].to_numpy() for c in df.columns}
     a = metrics.compute(df, 10.0, SLO)
-    assert metrics.compute(with_nulls, 10.0, SLO) == pytest.approx(a)
-    assert metrics.compute(as_dict, 10.0, SLO) == pytest.approx(a)
+    assert metrics.compute(with_nulls, 10.0, SLO) == pytest.approx(a, nan_ok=True)
+    assert metrics.compute(as_dict, 10.0, SLO) == pytest.approx(a, nan_ok=True)
     with pytest.raises(DataError, match="service_s"):
         metrics.compute(df.drop("service_s"), 10.0, SLO)
     with pytest.raises(ParameterError):
@@ -157,14 +164,26 @@ def test_names_follow_simulation_slo(tmp_params):
 
 
 def test_directions():
-    higher = {"completed", "throughput_tok_s", "jain_fairness", "slo_tight", "slo_medium", "slo_loose"}
+    higher = {"completed", "throughput_tok_s", "slowdown_jain", "tenant_jain", "slo_tight", "slo_medium", "slo_loose"}
     for name in metrics.metric_names():
         assert metrics.direction(name) == ("higher" if name in higher else "lower"), name
     with pytest.raises(ParameterError) as e:
         metrics.direction("goodput")
     assert "ttft_p99" in str(e.value)
     table = text.metrics_markdown()
-    assert table.startswith("| metric |") and "`jain_fairness`" in table and "`slo_tight`" in table
+    assert table.startswith("| metric |") and "`slowdown_jain`" in table and "`slo_tight`" in table
+
+
+def test_scales_say_how_differences_are_sized():
+    """Proportions (SLO attainment, fairness) are compared in percentage points, counts in points of the
+    window, everything else (latencies, throughput, slowdown) relatively."""
+    for name in metrics.metric_names():
+        want = ("proportion" if name.startswith("slo_") or name in ("slowdown_jain", "tenant_jain")
+                else "count" if name == "completed" else "ratio")
+        assert metrics.scale(name) == want, name
+    with pytest.raises(ParameterError, match="scale"):
+        metrics.register_metric(Metric("odd", "lower", "s", "x", "percent"), lambda v: 0.0)
+    assert "odd" not in metrics.metric_names()
 
 
 def test_check_slo_defs():
@@ -187,3 +206,109 @@ def test_custom_metric_registration():
     finally:
         metrics.unregister_metric("p90_e2e")
     assert "p90_e2e" not in metrics.metric_names()
+
+
+# --------------------------------------------------------------------------- per-tenant (VTC) fairness
+
+
+def tenant_records(rows: list[tuple]) -> pl.DataFrame:
+    """rows: (tenant, arrival, first_token, finish, prompt, output, generated)."""
+    t, a, f, e, p, o, g = map(list, zip(*rows))
+    n = len(rows)
+    return pl.DataFrame({
+        "req_id": list(range(n)), "arrival_s": a, "first_token_s": f, "finish_s": e, "prompt_tokens": p,
+        "output_tokens": o, "generated_tokens": g, "preemptions": [0] * n, "rejected": [False] * n,
+        "tenant": t, "service_s": [1.0] * n,
+    }, schema_overrides={"first_token_s": pl.Float64, "finish_s": pl.Float64, "arrival_s": pl.Float64})
+
+
+def test_vtc_service_gap_hand_computed_two_tenants():
+    """a: arrives 0, first token 1, finish 3, prompt 10, 5 tokens; b: arrives 0, first token 2, finish 4,
+    prompt 10, 3 tokens. Service = prompt + 2 x tokens (tokens linear from the first token):
+    S_a(0, 1, 2, 3) = 0, 12, 16, 20; S_b(0, 1, 2, 3, 4) = 0, 0, 12, 14, 16. Both wait only during
+    (0, 1): S_a - S_b goes 0 -> 12, so the gap is 12. Rates while backlogged: a 12 / 1 s, b (0 + 12) / 2 s
+    -> Jain (12 + 6)^2 / (2 (144 + 36)) = 0.9."""
+    rows = [("a", 0.0, 1.0, 3.0, 10, 5, 5), ("b", 0.0, 2.0, 4.0, 10, 3, 3)]
+    m = metrics.compute(tenant_records(rows), 10.0, SLO)
+    assert m["tenant_service_gap"] == pytest.approx(12.0)
+    assert m["tenant_jain"] == pytest.approx(0.9)
+    names, times, S, B = metrics.service_curves(np.array(["a", "b"]), np.array([0.0, 0.0]), np.array([1.0, 2.0]),
+                                                np.array([3.0, 4.0]), np.array([10.0, 10.0]), np.array([5.0, 3.0]),
+                                                np.array([5.0, 3.0]), 10.0)
+    assert times.tolist() == [0, 1, 2, 3, 4, 10]
+    assert S[0].tolist() == [0, 12, 16, 20, 20, 20] and S[1].tolist() == [0, 0, 12, 14, 16, 16]
+    assert B.tolist() == [[True, False, False, False, False], [True, True, False, False, False]]
+
+
+def test_tenant_metrics_are_na_without_tenants():
+    rows = [("n/a", 0.0, 1.0, 3.0, 10, 5, 5), ("n/a", 0.0, 2.0, 4.0, 10, 3, 3)]
+    m = metrics.compute(tenant_records(rows), 10.0, SLO)
+    assert math.isnan(m["tenant_service_gap"]) and math.isnan(m["tenant_jain"])
+    assert not math.isnan(m["slowdown_jain"])                      # per-request fairness still defined
+    assert metrics.NO_TENANT == "n/a"
+
+
+def _brute_gap(tenant, arr, ft, fin, prompt, out, gen, h, grid=4001):
+    """The service gap on a fine grid (a check of the exact event-based computation)."""
+    t = np.linspace(0, h, grid)
+    names = sorted(set(tenant))
+    S = {u: np.zeros(grid) for u in names}
+    W = {u: np.zeros(grid, dtype=bool) for u in names}
+    for i, u in enumerate(tenant):
+        f = ft[i] if ft[i] <= h else np.inf
+        end = fin[i] if np.isfinite(fin[i]) else h
+        n_end = out[i] if np.isfinite(fin[i]) else gen[i]
+        frac = np.clip((t - f) / max(end - f, 1e-12), 0, 1)
+        S[u] += np.where(t >= f, prompt[i] + 2 * (1 + (n_end - 1) * frac), 0.0)
+        W[u] |= (arr[i] <= t) & (t < f)
+    best = 0.0
+    for x in names:
+        for y in names:
+            if x >= y:
+                continue
+            both = W[x] & W[y]
+            d = S[x] - S[y]
+            k = 0
+            while k < grid:
+                if both[k]:
+                    j = k
+                    while j + 1 < grid and both[j + 1]:
+                        j += 1
+                    seg = d[k:min(j + 2, grid)]
+                    best = max(best, seg.max() - seg.min())
+                    k = j + 1
+                else:
+                    k += 1
+    return best
+
+
+def test_vtc_service_gap_matches_a_brute_force_grid():
+    rng = np.random.default_rng(11)
+    n = 30
+    arr = np.sort(rng.uniform(0, 5, n))
+    ft = arr + rng.uniform(0.1, 3, n)
+    out = rng.integers(2, 40, n).astype(float)
+    fin = ft + out * rng.uniform(0.05, 0.2, n)
+    fin[rng.random(n) < 0.2] = np.nan                   # some unfinished at the horizon
+    h = 12.0
+    gen = np.where(np.isfinite(fin), out, np.floor(out / 2))
+    prompt = rng.integers(5, 200, n).astype(float)
+    tenant = np.array([f"t{k}" for k in rng.integers(0, 3, n)])
+    ft_c = np.where(ft <= h, ft, np.nan)
+    gap, _ = metrics.tenant_fairness(tenant, arr, ft_c, np.where(fin <= h, fin, np.nan), prompt, out, gen, h)
+    want = _brute_gap(tenant, arr, ft_c, np.where(fin <= h, fin, np.nan), prompt, out, gen, h)
+    assert gap == pytest.approx(want, rel=0.02)
+
+
+def test_vtc_narrows_the_service_gap_of_a_flooding_tenant():
+    """Simulated: tenant a floods the queue, b arrives just after. FCFS serves a first (large gap between
+    two backlogged tenants); VTC interleaves them (small gap, Jain over tenants near 1)."""
+    from test_simulator import StubProfile, run, window
+    n = 40
+    arr = [0.001 * i for i in range(n)] + [0.05 + 0.001 * i for i in range(n)]
+    df = window(arr, [100] * (2 * n), [20] * (2 * n), ["a"] * n + ["b"] * n)
+    prof = StubProfile(max_num_seqs=2)
+    h = 0.5 * run(df, "fcfs", prof).requests["finish_s"].max()
+    m = {name: metrics.compute(run(df, name, prof, horizon=h).requests, h, SLO) for name in ("fcfs", "vtc")}
+    assert m["vtc"]["tenant_service_gap"] < 0.25 * m["fcfs"]["tenant_service_gap"]
+    assert m["vtc"]["tenant_jain"] > 0.95 > m["fcfs"]["tenant_jain"]

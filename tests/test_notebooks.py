@@ -38,8 +38,10 @@ def test_all_notebooks_run_under_smoke_params(tmp_path, shared_traces):
     pngs = sorted((tmp_path / "figures").rglob("*.png"))
     assert len(pngs) >= 10 and all(p.with_suffix(".pdf").is_file() for p in pngs)
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
-    for key in ("cross_source", "cross_region", "reversals", "cross_metric"):
+    for key in ("cross_source", "cross_region", "reversals", "cross_metric", "attribution"):
         assert key in summary
+    for pr in summary["attribution"]["pairs"].values():      # notebook 10: shares with CIs per source pair
+        assert all("ci" in v for v in pr["shares"].values())
     _no_stand_in_shown_as_real(tmp_path / "results", summary)
 
 
@@ -58,7 +60,7 @@ def _no_stand_in_shown_as_real(results, summary):
                 assert p == prov[s], f"{path.name}: {s} labelled {p}, manifest says {prov[s]}"
     for s, entry in summary["provenance"].items():
         assert entry["provenance"] == prov[s]
-        assert entry["label"] == sources.label(s, prov[s])
+        assert entry["label"] == sources.label(s, prov[s], params.load().display_names)
         assert ("(stand-in)" in entry["label"]) == (prov[s] == "standin")
 
 

@@ -1,15 +1,26 @@
-"""A user's own trace runs through the whole pipeline as one more source, labelled by its own name."""
+"""A user's own trace runs through the whole pipeline as one more source, labelled by its own name,
+recorded as the user's file (never as an official one); and the whole compendium (`make all`, every
+notebook) runs under a parameter file that adds a source in a format no official adapter reads."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import nbformat
 import polars as pl
 import pytest
 
-from portbench.study import analysis, campaign
 from portbench import params
 from portbench.core import io
-from portbench.data import registry, traces, windows
 from portbench.core.errors import ParameterError
+from portbench.data import registry, traces, windows
+from portbench.study import analysis, campaign
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = Path(__file__).with_name("plugins") / "myschedulers.py"
 
 
 @pytest.fixture()
@@ -20,7 +31,8 @@ def own_params(tmp_path, shared_traces):
     o = {"paths.data_dir": str(tmp_path / "data"), "paths.results_dir": str(tmp_path / "results"),
          "paths.figures_dir": str(tmp_path / "figures"), "paths.manifest": str(tmp_path / "manifest.json"),
          "paths.mirror": str(shared_traces),
-         "sources": {"burstgpt": None, "bailian": None, "mytrace": {"mode": "real", "file": str(mine)}},
+         "sources": {"burstgpt": None, "bailian": None, "azure_code": None, "mooncake": None,
+                     "mytrace": {"mode": "real", "file": str(mine)}},
          "windows": {"per_source": 4, "size": 60},
          "simulation": {"schedulers": ["fcfs", "sjf_oracle", "sarathi"], "regions": ["busy", "overload"],
                         "replicates": 1},
@@ -35,6 +47,7 @@ def test_own_trace_is_ingested_frozen_simulated_and_analysed(own_params):
     assert P.source_names() == ["azure", "mytrace"]
     resolved = registry.resolve_sources(P)
     assert resolved["mytrace"]["provenance"] == "real" and "burstgpt" not in resolved
+    assert resolved["mytrace"]["origin"] == "user" and resolved["azure"]["origin"] == "official"
     table = traces.load_canonical(P, "mytrace")
     assert table.height == 8819 and set(table["source"].unique()) == {"mytrace"}
 
@@ -42,6 +55,10 @@ def test_own_trace_is_ingested_frozen_simulated_and_analysed(own_params):
     ids = [w["id"] for w in manifest["windows"] if w["source"] == "mytrace"]
     assert ids == [f"mytrace-{i:02d}" for i in range(4)]
     assert io.sha256_of(mine) in manifest["source_files"].values()
+    rec = manifest["sources"]["mytrace"]
+    assert rec["origin"] == "user" and rec["provenance"] == "real"
+    assert "user file" in rec["reason"] and "official file" not in rec["reason"].replace("not an official file", "")
+    assert "verified" not in rec["reason"]
     assert windows.verify(P)[:2] == (8, 8)
 
     runs = campaign.run(P, progress=False, verbose=False).runs
@@ -50,7 +67,8 @@ def test_own_trace_is_ingested_frozen_simulated_and_analysed(own_params):
     A = analysis.compute(P)
     pair = A["cross_source_tau"].select("source_1", "source_2").unique().rows()
     assert pair == [("azure", "mytrace")]
-    assert A.summary["provenance"]["mytrace"]["label"] == "mytrace"
+    assert A.summary["provenance"]["mytrace"]["label"] == "mytrace"   # default display name: the source's name
+    assert A.summary["provenance"]["azure"]["label"] == "Azure"
 
 
 def test_own_source_needs_a_file_and_a_sane_name():
@@ -60,3 +78,95 @@ def test_own_source_needs_a_file_and_a_sane_name():
         params.load(overrides={"sources": {"mine": {"mode": "standin", "file": "x.csv"}}})
     with pytest.raises(ParameterError, match="source name"):
         params.load(overrides={"sources": {"My Trace!": {"mode": "real", "file": "x.csv"}}})
+    with pytest.raises(ParameterError, match="sources.mine.colour"):
+        params.load(overrides={"sources": {"mine": {"file": "x.csv", "colour": "red"}}})
+    with pytest.raises(ParameterError, match="sources.mine.columns.prompt_tokens"):
+        params.load(overrides={"sources": {"mine": {"file": "x.csv", "columns": {"arrival": "t", "output_tokens": "o"}}}})
+    with pytest.raises(ParameterError, match="sources.mine.block_size"):
+        params.load(overrides={"sources": {"mine": {"file": "x.csv", "columns": {
+            "arrival": "t", "prompt_tokens": "p", "output_tokens": "o", "block_hashes": "h"}}}})
+    with pytest.raises(ParameterError, match="sources.mine.time_unit"):
+        params.load(overrides={"sources": {"mine": {"file": "x.csv", "time_unit": "minutes"}}})
+
+
+def test_extends_finds_the_projects_own_files_by_name(tmp_path):
+    own = tmp_path / "elsewhere" / "mine.yaml"
+    own.parent.mkdir()
+    own.write_text("extends: smoke.yaml\nwindows: {per_source: 2}\n")
+    P = params.load(own)
+    assert P.windows.per_source == 2 and P.simulation.replicates == 1   # smoke's value, found by name
+    own.write_text("extends: default.yaml\n")
+    assert params.load(own).simulation.replicates == params.load().simulation.replicates
+    own.write_text("extends: no_such_file.yaml\n")
+    with pytest.raises(ParameterError, match="extends.*looked at"):
+        params.load(own)
+
+
+def _user_parquet(path: Path, shared_traces: Path, rows: int = 1500) -> Path:
+    """A trace in a format no official adapter reads: parquet, ISO date-times, other column names, tenants."""
+    raw = pl.read_csv(shared_traces / "azure2023" / "AzureLLMInferenceTrace_code.csv").head(rows)
+    df = raw.select(pl.col("TIMESTAMP").str.to_datetime("%Y-%m-%d %H:%M:%S%.f").dt.strftime("%Y-%m-%dT%H:%M:%S%.6f")
+                    .alias("when"),
+                    pl.col("ContextTokens").alias("n_in"), pl.col("GeneratedTokens").alias("n_out"),
+                    (pl.int_range(pl.len()) % 3).cast(pl.String).map_elements(lambda k: f"team-{k}",
+                                                                               return_dtype=pl.String).alias("team"))
+    df.write_parquet(path)
+    return path
+
+
+@pytest.mark.slow
+def test_make_all_with_a_user_source_in_a_format_without_official_adapter(tmp_path, shared_traces):
+    """`make all PARAMS=<file>` runs every notebook end to end with a parquet source of the user's own
+    (generic adapter), the built-in sources it keeps, and a scheduler plug-in named in the parameters."""
+    trace = _user_parquet(tmp_path / "service_log.parquet", shared_traces)
+    build = tmp_path / "build"
+    pfile = tmp_path / "study" / "mine.yaml"
+    pfile.parent.mkdir()
+    pfile.write_text(f"""# a user's own study, outside papermill_params/
+extends: smoke.yaml
+plugins: [{PLUGIN}]
+paths:
+  data_dir: {tmp_path / 'data'}
+  results_dir: {tmp_path / 'results'}
+  figures_dir: {tmp_path / 'figures'}
+  manifest: {tmp_path / 'data' / 'manifest.json'}
+  mirror: {shared_traces}
+sources:
+  burstgpt: null
+  bailian: null
+  azure_code: null
+  myservice:
+    file: {trace}
+    columns: {{arrival: when, prompt_tokens: n_in, output_tokens: n_out, tenant: team}}
+    time_unit: datetime
+    label: My service
+windows: {{per_source: 3, size: 50}}
+simulation:
+  schedulers: [fcfs, sjf_prompt, aging_sjf, lpf]
+  regions: [light, overload]
+analysis: {{bootstrap: 20}}
+""")
+    env = {**os.environ, "PORTBENCH_OFFLINE": "1"}
+    proc = subprocess.run(["make", "all", f"PARAMS={pfile}", f"BUILD={build}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    nbs = sorted((build / "notebooks").glob("0*.ipynb"))
+    assert [p.name for p in nbs] == sorted(p.name for p in (ROOT / "notebooks").glob("0*.ipynb"))
+    for p in nbs:
+        nb = nbformat.read(p, as_version=4)
+        errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                  if o.get("output_type") == "error"]
+        assert not errors, f"{p.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+    text = json.dumps(nbformat.read(build / "notebooks" / "01_ingest.ipynb", as_version=4).dict())
+    assert "My service" in text and "user file" in text
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["sources"]["myservice"]["origin"] == "user"
+    assert [e["id"] for e in manifest["windows"] if e["source"] == "myservice"] == [f"myservice-0{k}" for k in range(3)]
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    assert summary["provenance"]["myservice"]["label"] == "My service"
+    assert {"aging_sjf", "lpf"} <= set(summary["parameters"]["schedulers"])
+    runs = pl.read_parquet(tmp_path / "results" / "runs.parquet")
+    assert set(runs["source"]) == {"azure", "mooncake", "myservice"}
+    tenants = pl.read_parquet(tmp_path / "data" / "windows" / "windows.parquet")
+    assert tenants.filter(pl.col("window_id").str.starts_with("myservice"))["tenant"].unique().sort().to_list() == \
+        ["team-0", "team-1", "team-2"]

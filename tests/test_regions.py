@@ -26,29 +26,65 @@ def P():
     return params.load(validate=False)
 
 
-def test_capacity_is_saturation_throughput_of_the_burst(windows):
+def test_capacity_is_the_steady_completion_rate_of_a_backlog(windows):
+    """Capacity = completions per second in the steady part of a backlog of the window's requests
+    (repeated to >= 4,000): from the 10 % completion quantile to the last admission."""
     prof = real_profile()
     for df in windows.values():
-        cap = regions.capacity(df, prof)
-        burst = df.with_columns(pl.lit(0.0).alias("arrival_s"))
-        res = simulator.simulate(burst, "fcfs", prof, horizon_s=math.inf, seed=0)
-        assert cap == pytest.approx(res.counters["completed"] / res.requests["finish_s"].max(), rel=1e-12)
-        # the burst keeps the engine saturated: KV (or the batch) is full at some point
+        sat = regions.saturation(df, prof)
+        assert sat["capacity_rps"] == regions.capacity(df, prof)
+        reps = math.ceil(4096 / df.height)
+        backlog = pl.concat([df] * reps).with_columns(pl.lit(0.0).alias("arrival_s"))
+        assert sat["backlog"] == backlog.height >= 16 * prof.max_num_seqs
+        res = simulator.simulate(backlog, "fcfs", prof, horizon_s=math.inf, seed=0)
+        fin = np.sort(res.requests["finish_s"].to_numpy())
+        t0 = fin[math.ceil(0.1 * len(fin)) - 1]
+        t1 = float(res.requests["admitted_s"].max())
+        assert (sat["t_start_s"], sat["t_end_s"]) == (t0, t1)
+        assert sat["capacity_rps"] == pytest.approx(((fin > t0) & (fin <= t1)).sum() / (t1 - t0), rel=1e-12)
+        # the backlog keeps the engine saturated: KV (or the batch) is full
         assert res.counters["kv_max_used_blocks"] >= 0.9 * prof.kv_capacity_blocks
-        # and capacity is above what the window needs in isolation, served one at a time
+        # without the drain tail the capacity is above the burst's completed / makespan
+        assert sat["capacity_rps"] > regions.burst_capacity(df, prof)
         serial = df.height / float(np.sum(prof.isolated_service_s(df["prompt_tokens"].to_numpy(),
                                                                    df["output_tokens"].to_numpy())))
-        assert cap > 3 * serial
+        assert sat["capacity_rps"] > 3 * serial
 
 
-def test_capacity_of_a_hand_case():
-    """Two identical requests that fit together, all at t=0: prefill both (200 tokens), then 4
-    decodes of both; capacity = 2 / makespan."""
+def test_capacity_on_planted_workloads_with_known_service_rates():
+    """Identical requests. One at a time (max_num_seqs = 1): capacity = 1 / service time. Four at a
+    time: they run in lock-step batches (four prompts in one iteration, then four decodes per
+    iteration), capacity = 4 / batch time."""
+    p, o = 100, 5
+    df = window(np.arange(50) * 0.01, [p] * 50, [o] * 50)
+    serial = StubProfile(max_num_seqs=1)
+    assert regions.capacity(df, serial) == pytest.approx(1 / serial.isolated_service_s(p, o), rel=1e-9)
+    four = StubProfile(max_num_seqs=4)
+    batch = four.iteration_time(4 * p, 0, 4 * p) + sum(four.iteration_time(0, 4, 4 * (p + j)) for j in range(1, o))
+    assert regions.capacity(df, four) == pytest.approx(4 / batch, rel=1e-9)
+    # the earlier burst definition on a single burst of 6 requests (2 batches of 4 and 2) undershoots
+    six = window([0] * 6, [p] * 6, [o] * 6)
+    assert regions.burst_capacity(six, four) < regions.capacity(six, four) == pytest.approx(4 / batch, rel=1e-9)
+    # utilisation: one request per 2 service times on the serial server -> 0.5 (and 1 when saturated)
+    s = serial.isolated_service_s(p, o)
+    for rho in (0.5, 2.0):
+        arr = np.arange(100) * s / rho
+        d = window(arr, [p] * 100, [o] * 100)
+        t1, t2 = regions.utilisation_marks(d)
+        res = simulator.simulate(d, "fcfs", serial, horizon_s=math.inf, seed=0, work_marks=(t1, t2))
+        w = res.counters["work_at"]
+        u = regions.utilisation((w[1] - w[0]) / (t2 - t1), 1 / s, p + o)
+        assert u == pytest.approx(min(rho, 1.0), rel=0.03)
+
+
+def test_burst_capacity_of_a_hand_case():
+    """The earlier definition: two identical requests that fit together, all at t=0 (V0): prefill
+    both (200 tokens), then 4 decodes of both; capacity = 2 / makespan."""
     prof = StubProfile()
     df = window([0.3, 0.9], [100, 100], [5, 5])
     t = prof.iteration_time(200, 0, 200) + sum(prof.iteration_time(0, 2, 2 * (100 + j)) for j in range(1, 5))
-    assert regions.capacity(df, prof) == pytest.approx(2 / t, rel=1e-12)
-    assert regions.capacity(df, prof, policy="sarathi") > 0
+    assert regions.burst_capacity(df, prof) == pytest.approx(2 / t, rel=1e-12)
+    assert regions.burst_capacity(df, prof, policy="sarathi") > 0
 
 
 def test_rescale_hits_the_offered_rate_and_keeps_the_pattern(windows):
@@ -109,6 +145,8 @@ def test_bad_capacity_and_windows():
     assert e.value.param == "simulation.horizon_factor"
     with pytest.raises(DataError):
         regions.capacity(window([0], [10_000], [10_000]), StubProfile(kv_capacity_blocks=10))
+    with pytest.raises(DataError):
+        regions.burst_capacity(window([0], [10_000], [10_000]), StubProfile(kv_capacity_blocks=10))
 
 
 def test_region_loads_follow_the_parameters(P):

@@ -15,8 +15,10 @@ import pytest
 from portbench import params
 from portbench.core import io
 from portbench.data import registry, traces
-from portbench.core.errors import DataError
-from portbench.core.provenance import SOURCES
+from portbench.core.errors import DataError, ParameterError
+from portbench.core.config import GENERIC_FORMATS
+
+SOURCES = tuple(params.load(validate=False).source_names())   # the default study's sources
 
 CONV = "AzureLLMInferenceTrace_conv.csv"
 
@@ -59,7 +61,7 @@ def resolve(P, source: str) -> dict:
 def _provenance_tables(text: str) -> dict[str, tuple[int | None, str | None]]:
     """``{file: (bytes, sha256)}`` from PROVENANCE.md's complete-file and official-file tables."""
     out: dict[str, tuple[int | None, str | None]] = {}
-    for m in re.finditer(r"### azure2023/(\S+)\n(.*?)\n\n", text, re.S):
+    for m in re.finditer(r"### (?:azure2023|mooncake)/(\S+)[^\n]*\n(.*?)\n\n", text, re.S):
         sha = re.search(r"sha256 \| `([0-9a-f]{64})` \(([\d,]+) bytes\)", m.group(2))
         out[m.group(1)] = (int(sha.group(2).replace(",", "")), sha.group(1))
     for m in re.finditer(r"^\| `([^`]+\.(?:csv|jsonl))`[^|]*\| ([\d,]+) \| `([0-9a-f]{64})` \|", text, re.M):
@@ -70,7 +72,7 @@ def _provenance_tables(text: str) -> dict[str, tuple[int | None, str | None]]:
 def test_registry_matches_provenance(shared_traces):
     text = (shared_traces / "PROVENANCE.md").read_text()
     recorded = _provenance_tables(text)
-    assert len(recorded) == 2 + 4 + 4, "PROVENANCE.md tables not parsed as expected"
+    assert len(recorded) == 2 + 1 + 4 + 4, "PROVENANCE.md tables not parsed as expected"
     for name, (size, sha) in recorded.items():
         spec = registry.OFFICIAL_FILES[name]
         assert (spec.size, spec.sha256) == (size, sha), name
@@ -79,12 +81,15 @@ def test_registry_matches_provenance(shared_traces):
     mentioned = {m for m in mentioned if "first400" not in m and "stratified" not in m}
     mentioned |= {"AzureLLMInferenceTrace_conv_1week.csv", "BurstGPT_without_fails_3.csv"}
     assert mentioned <= set(registry.OFFICIAL_FILES), mentioned - set(registry.OFFICIAL_FILES)
-    assert len(registry.OFFICIAL_FILES) == 14
+    assert len(registry.OFFICIAL_FILES) == 15
+    mc = registry.OFFICIAL_FILES["conversation_trace.jsonl"]
+    assert (mc.source, mc.rows, mc.block_size) == ("mooncake", 12_031, 512)   # 12,031 JSON lines, 512-token blocks
 
 
 def test_registry_entries_are_well_formed():
     for name, spec in registry.OFFICIAL_FILES.items():
-        assert spec.name == name and spec.source in SOURCES and spec.fmt in traces.FORMATS
+        assert spec.name == name and spec.source in SOURCES
+        assert spec.fmt in traces.FORMATS or spec.fmt in GENERIC_FORMATS
         assert spec.urls and all(u.startswith("https://") and u.endswith(name) for u in spec.urls)
         assert spec.mirror_path.endswith("/" + name)
         assert spec.sha256 is None or re.fullmatch(r"[0-9a-f]{64}", spec.sha256)
@@ -208,10 +213,12 @@ def test_mode_resolution(P_for, shared_traces, tmp_path):
     assert r["azure"]["provenance"] == "real" and r["azure"]["path"] == shared_traces / "azure2023" / CONV
     assert r["burstgpt"]["provenance"] == "standin" and r["burstgpt"]["path"] is None
     assert "not found" in r["burstgpt"]["reason"] and "stand-in" in r["burstgpt"]["reason"]
-    assert r["bailian"] == {"provenance": "standin", "file": "qwen_traceB_blksz_16.jsonl", "path": None,
-                            "reason": "mode standin requested"}
-    # standin mode never uses the real file even when it is there
-    assert resolve(P_for(shared_traces, azure={"mode": "standin", **conv}), "azure")["provenance"] != "real"
+    assert r["bailian"] == {"provenance": "standin", "origin": None, "file": "qwen_traceB_blksz_16.jsonl",
+                            "path": None, "reason": "mode standin requested"}
+    assert r["azure"]["origin"] == "official" and r["mooncake"]["origin"] == "official"
+    # standin mode for a source without a stand-in is refused (it would never use the real file)
+    with pytest.raises(ParameterError, match="sources.azure.*no stand-in"):
+        P_for(shared_traces, azure={"mode": "standin", **conv})
     # real mode with the file absent is an error naming the file
     with pytest.raises(DataError, match="BurstGPT_without_fails_2.csv.*mode is real"):
         resolve(P_for(shared_traces, burstgpt={"mode": "real", **missing}), "burstgpt")

@@ -22,7 +22,8 @@ def summary_file(tmp_params, tmp_path):
     path = planted.write_runs(tmp_path / "results", runs)
     P = tmp_params("papermill_params/default.yaml", **{
         "analysis.runs_file": str(path), "analysis.metrics": ["e2e_mean", "slo_medium"],
-        "analysis.bootstrap": 50, "analysis.headline_metrics": ["e2e_mean"]})
+        "analysis.bootstrap": 50, "analysis.headline_metrics": ["e2e_mean"], "analysis.study_preset.metric": "e2e_mean",
+        "analysis.study_preset.regions": 1})
     A = analysis.compute(P)
     out = tmp_path / "summary.json"
     out.write_text(json.dumps(A.summary, default=str))
@@ -32,11 +33,19 @@ def summary_file(tmp_params, tmp_path):
 def test_block_quotes_the_summary(summary_file):
     _, s = summary_file
     md = report.results_markdown(s)
-    rv = s["reversals"]
-    assert f"of {rv['comparisons']['value']:,} comparisons" in md
-    assert f"{rv['significant_and_practical']['value']:,} significantly and by" in md
-    assert f"mean τ-b {s['cross_source']['mean_tau']['value']:.2f}" in md
+    rv, pre = s["reversals"], s["reversals"]["study_preset"]
+    # the default and the study preset side by side, one row per stage
+    assert "| reversals between sources | default | study preset (original design) |" in md
+    assert f"| comparisons | {rv['comparisons']['value']:,} | {pre['comparisons']:,} |" in md
+    sp = rv["significant_and_practical"]["value"]
+    assert (f"| significant and ≥ δ on both | {sp:,} ({sp / rv['comparisons']['value']:.1%}) | "
+            f"{pre['significant_and_practical']:,}") in md
+    assert pre["comparisons"] == 3 * 3 * 1                       # pairs x source pairs x one region
+    cs = s["cross_source"]
+    assert f"τ-b {cs['tau_b']['value']:.2f}" in md and f"τ-b/τ-b,max {cs['tau_b_norm']['value']:.2f}" in md
+    assert f"{cs['conditions']['defined']} of {cs['conditions']['total']} conditions defined" in md
     assert "Azure" in md and "BurstGPT (stand-in)" not in md.split("real sources:")[1].split(";")[0]
+    assert "real: not available: sources missing (azure_code, mooncake)" in md
     most = rv["most_dramatic"]
     assert f"**{most['a']} vs {most['b']}**, {most['metric']} at {most['region']}" in md
 

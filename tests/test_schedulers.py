@@ -13,7 +13,7 @@ from portbench import params
 from portbench.present import text as present_text
 from portbench.sim import engine as simulator
 from portbench.sim import schedulers
-from portbench.core.errors import ParameterError
+from portbench.core.errors import DataError, ParameterError
 from portbench.sim.schedulers import BaseScheduler, register_scheduler
 from test_simulator import SLO, StubProfile, run, window
 
@@ -48,10 +48,23 @@ def test_the_13_are_registered_with_their_properties():
     info = {n: schedulers.SCHEDULERS[n].information for n in ALL13}
     assert info["fcfs"] == "arrival" and info["sjf_prompt"] == "prompt" and info["sjf_oracle"] == "oracle"
     assert info["sjf_predicted"] == "predicted" and info["ltr"] == "predicted" and info["vtc"] == "tenant"
-    assert info["random"] == "none" and info["edf"] == "oracle"
+    assert info["random"] == "none" and info["edf"] == "predicted"
+    # `all` is the 13; the comparison variants are registered, labelled oracle, and outside it
+    assert schedulers.names("all") == list(ALL13)
+    for name in ("edf_oracle", "sjf_noisy_oracle", "ltr_noisy_oracle"):
+        assert schedulers.SCHEDULERS[name].information == "oracle" and "oracle" in schedulers.uses(name)
+    for name in schedulers.SCHEDULERS:
+        used = schedulers.uses(name)
+        assert set(used) <= set(schedulers.INFORMATION), name
+        assert ("oracle" in used) == name.endswith("_oracle"), name
+    assert schedulers.uses("las") == ("attained",) and schedulers.uses("rr") == ("arrival", "attained")
+    assert schedulers.uses("edf") == ("arrival", "predicted")
     table = present_text.schedulers_markdown()
     for name in ALL13:
         assert f"| {name} |" in table
+    for name in ("sjf_predicted", "ltr", "edf"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+        assert "| predicted |" in row
     assert "Sarathi-Serve" in table and "OSDI'24" in table and "NeurIPS'24" in table
 
 
@@ -81,10 +94,12 @@ def test_get_scheduler_errors_name_the_parameter():
 def test_options_from_params():
     sim = params.load(overrides={"simulation.predictor_sigma": 0.25, "simulation.edf_slo": "tight",
                                  "simulation.scheduler_options": {"rr": {"quantum_tokens": 8},
-                                                                  "ltr": {"sigma": 1.0}}}).simulation
-    assert schedulers.options_for(sim, "sjf_predicted") == {"sigma": 0.25}
-    assert schedulers.options_for(sim, "ltr") == {"sigma": 1.0}
+                                                                  "ltr_noisy_oracle": {"sigma": 1.0}}}).simulation
+    assert schedulers.options_for(sim, "sjf_noisy_oracle") == {"sigma": 0.25}
+    assert schedulers.options_for(sim, "ltr_noisy_oracle") == {"sigma": 1.0}
+    assert schedulers.options_for(sim, "sjf_predicted") == {} and schedulers.options_for(sim, "ltr") == {}
     assert schedulers.options_for(sim, "edf") == {"slo": {"ttft_s": 0.5, "tpot_s": 0.05}}
+    assert schedulers.options_for(sim, "edf_oracle") == {"slo": {"ttft_s": 0.5, "tpot_s": 0.05}}
     assert schedulers.options_for(sim, "rr") == {"quantum_tokens": 8}
     assert schedulers.options_for(sim, "fcfs") == {}
     assert schedulers.scheduler_for(sim, "rr").quantum_tokens == 8
@@ -275,18 +290,22 @@ def test_vtc_counter_lift_and_charges():
 
 
 def test_edf_meets_deadlines_fcfs_misses():
-    """Serial engine, all at t=0; deadline = arrival + ttft + tpot x (output - 1)."""
+    """Serial engine, all at t=0; deadline = arrival + ttft + tpot x (output - 1). edf_oracle builds it
+    from the truth, edf from the frozen prediction: with a perfect prediction they are the same, with
+    an uninformative one (all predicted equal) edf is FCFS."""
     out = [120, 3, 40, 2, 8, 90]
-    df = window([0] * 6, [50] * 6, out)
     slo = {"ttft_s": 0.3, "tpot_s": 0.05}
     deadline = np.array([slo["ttft_s"] + slo["tpot_s"] * (o - 1) for o in out])
 
-    def met(name):
+    def met(name, predicted):
+        df = window([0] * 6, [50] * 6, out, predicted=predicted)
         r = simulator.simulate(df, name, SERIAL, horizon_s=math.inf, seed=0, slo=slo).requests
         return int((r["finish_s"].to_numpy() <= deadline + 1e-12).sum())
 
-    assert met("edf") > met("fcfs")
-    assert met("edf") == len(out)
+    assert met("edf_oracle", None) > met("fcfs", None)
+    assert met("edf_oracle", None) == len(out)
+    assert met("edf", out) == len(out)                       # perfect prediction
+    assert met("edf", [7] * 6) == met("fcfs", None)          # no information: arrival order
 
 
 def test_random_changes_with_the_seed_only():
@@ -301,16 +320,24 @@ def test_sarathi_never_exceeds_the_token_budget_and_never_stalls_decodes():
     rng = np.random.default_rng(1)
     n = 60
     df = window(np.sort(rng.uniform(0, 3, n)), rng.integers(50, 2000, n), rng.integers(5, 200, n))
-    prof = StubProfile(max_num_seqs=64, max_batched_tokens=256)
-    res = run(df, "sarathi", prof, record_iterations=True)
-    it = res.iterations
-    assert (it["prefill_tokens"] + it["decode_seqs"] <= 256).all()
-    assert (it.filter(pl.col("prefill_tokens") > 0).height > 0)
-    mixed = it.filter((pl.col("prefill_tokens") > 0) & (pl.col("decode_seqs") > 0)).height
-    assert mixed > 0
-    # prefill-first FCFS stalls decodes instead: its prefill iterations never carry decodes
-    fc = run(df, "fcfs", prof, record_iterations=True).iterations
+    prof = StubProfile(max_num_seqs=64, max_batched_tokens=1024)
+    sarathi = schedulers.get_scheduler("sarathi", prefill_token_budget=256)
+    for engine in ({}, {"batching": "v0"}):          # sarathi chunks under both engines
+        res = run(df, sarathi, prof, record_iterations=True, engine=engine)
+        it = res.iterations
+        assert (it["prefill_tokens"] + it["decode_seqs"] <= 256).all()
+        assert (it.filter(pl.col("prefill_tokens") > 0).height > 0)
+        mixed = it.filter((pl.col("prefill_tokens") > 0) & (pl.col("decode_seqs") > 0)).height
+        assert mixed > 0
+    # its default budget is Sarathi-Serve's 512 tokens, not the profile's (vLLM's) budget
+    assert schedulers.get_scheduler("sarathi").prefill_token_budget == 512
+    # prefill-first FCFS (V0) stalls decodes instead: its prefill iterations never carry decodes
+    fc = run(df, "fcfs", prof, record_iterations=True, engine={"batching": "v0"}).iterations
     assert fc.filter((pl.col("prefill_tokens") > 0) & (pl.col("decode_seqs") > 0)).height == 0
+    # V1 FCFS mixes them too, under vLLM's (the profile's) larger budget
+    f1 = run(df, "fcfs", prof, record_iterations=True).iterations
+    assert f1.filter((pl.col("prefill_tokens") > 0) & (pl.col("decode_seqs") > 0)).height > 0
+    assert (f1["prefill_tokens"] + f1["decode_seqs"] <= 1024).all() and (f1["prefill_tokens"] > 256).any()
     # stall-free: no iteration of sarathi leaves a running decode out (TPOT of long requests is
     # bounded by a full-budget iteration)
     r = res.requests.filter(pl.col("output_tokens") > 1)
@@ -366,21 +393,41 @@ def test_ltr_starvation_protection():
     ranked last, it starves until it has waited starvation_s; then it is served first."""
     n = 60
     arr = [0.0, 0.001] + [0.002 + 0.05 * i for i in range(n)]
-    df = window(arr, [50] * (n + 2), [3, 400] + [3] * n)
-    with_protection = run(df, schedulers.get_scheduler("ltr", sigma=0.0, starvation_s=0.5), SERIAL)
-    without = run(df, schedulers.get_scheduler("ltr", sigma=0.0, starvation_s=None), SERIAL)
+    out = [3, 400] + [3] * n
+    df = window(arr, [50] * (n + 2), out, predicted=out)       # a perfect ranker
+    with_protection = run(df, schedulers.get_scheduler("ltr", starvation_s=0.5), SERIAL)
+    without = run(df, schedulers.get_scheduler("ltr", starvation_s=None), SERIAL)
     t_with = with_protection.requests["first_token_s"][1]
     t_without = without.requests["first_token_s"][1]
     assert 0.5 < t_with < 0.5 + 0.2 < 2.0 < t_without
 
 
-def test_sjf_predicted_noise():
+def test_sjf_noisy_oracle_noise():
     df = window([0] * 25, [100] * 25, list(range(1, 26))[::-1])
-    exact = run(df, schedulers.get_scheduler("sjf_predicted", sigma=0.0), SERIAL)
+    exact = run(df, schedulers.get_scheduler("sjf_noisy_oracle", sigma=0.0), SERIAL)
     assert first_token_order(exact) == first_token_order(run(df, "sjf_oracle", SERIAL))
-    noisy = [first_token_order(run(df, schedulers.get_scheduler("sjf_predicted", sigma=1.0), SERIAL, seed=s))
+    noisy = [first_token_order(run(df, schedulers.get_scheduler("sjf_noisy_oracle", sigma=1.0), SERIAL, seed=s))
              for s in (0, 1)]
     assert noisy[0] != noisy[1] and noisy[0] != first_token_order(exact)
+
+
+def test_sjf_predicted_and_ltr_follow_the_frozen_predictions_only():
+    """The service order is the order of the predictions, whatever the true lengths and the seed;
+    a run without predictions is a clear error."""
+    rng = np.random.default_rng(5)
+    out = rng.integers(1, 300, 25).tolist()
+    pred = rng.uniform(1, 300, 25).tolist()
+    df = window([0] * 25, [100] * 25, out, predicted=pred)
+    want = list(np.argsort(pred, kind="stable"))
+    for name, opts in (("sjf_predicted", {}), ("ltr", {"starvation_s": None})):
+        for seed in (0, 1):
+            sched = schedulers.get_scheduler(name, **opts)
+            assert first_token_order(run(df, sched, SERIAL, seed=seed)) == want, name
+    bare = df.drop("predicted_output", "ltr_score")
+    for name in ("sjf_predicted", "ltr", "edf"):
+        with pytest.raises(DataError) as e:
+            run(bare, name, SERIAL)
+        assert "frozen predictions" in str(e.value)
 
 
 # --------------------------------------------------------------------------- vLLM static priorities

@@ -378,3 +378,136 @@ def test_top1_mask_with_a_tolerance():
         ok = ~np.isnan(y).any(axis=-1)
         best_group = r == np.min(r, axis=-1, keepdims=True)
         assert np.array_equal(stats.top1_mask(y, tolerance=0.01)[ok], best_group[ok])
+
+
+# --------------------------------------------------------------------------- tau-b,max and statistical ties
+
+def test_tau_b_max_closed_form_on_crafted_tie_structures():
+    """One scheduler above 12 tied ones against a full order of 13: sqrt(12/78). Group sizes [2, 2] vs [3, 1]:
+    the north-west-corner table [[2, 0], [1, 1]] leaves 2 pairs untied in both, so 2 / sqrt(4 * 3)."""
+    x = np.array([1.0] + [0.0] * 12)
+    assert stats.tau_b_max(x, np.arange(13.0)) == pytest.approx(np.sqrt(12 / 78))
+    assert stats.tau_b_max(np.arange(13.0), x) == pytest.approx(np.sqrt(12 / 78))       # symmetric
+    assert stats.tau_b_max([1, 1, 0, 0], [1, 1, 1, 0]) == pytest.approx(2 / np.sqrt(12))
+    # one best vs one worst (the rest tied): they can agree on a single pair: 1 / sqrt(12 * 12)
+    assert stats.tau_b_max(x, -x) == pytest.approx(1 / 12)
+    assert np.isnan(stats.tau_b_max(np.zeros(5), np.arange(5.0)))                        # all tied: undefined
+    # the observed tau never exceeds it, and reaches it exactly when no resolved pair is discordant
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        a, b = rng.integers(0, 4, 9).astype(float), rng.integers(0, 3, 9).astype(float)
+        if len(set(a)) < 2 or len(set(b)) < 2:
+            continue
+        t, tm = stats.kendall_tau(a, b), stats.tau_b_max(a, b)
+        assert t <= tm + 1e-12
+        disc = stats.pair_counts(stats.pair_signs(a), stats.pair_signs(b))["discordant"]
+        assert (abs(t - tm) < 1e-12) == (disc == 0)
+
+
+def test_tau_b_min_and_the_normalised_tau_stay_in_minus_one_one():
+    x = np.array([1.0] + [0.0] * 12)
+    assert stats.tau_b_min(x, np.arange(13.0)) == pytest.approx(-np.sqrt(12 / 78))
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        a, b = rng.integers(0, 4, 8).astype(float), rng.integers(0, 3, 8).astype(float)
+        if len(set(a)) < 2 or len(set(b)) < 2:
+            continue
+        t = stats.kendall_tau(a, b)
+        tmin = stats.tau_b_min(a, b)
+        assert tmin - 1e-12 <= t
+        n = stats.tau_b_norm(t, stats.tau_b_max(a, b), tmin)
+        assert -1 - 1e-12 <= n <= 1 + 1e-12
+        if abs(t - tmin) < 1e-12 and t < 0:
+            assert n == pytest.approx(-1.0)
+
+
+def test_tau_b_max_equals_the_brute_force_maximum_over_arrangements():
+    """For small rankings, every assignment of the items to the second ranking's positions: the maximum tau-b
+    equals the closed form (the comonotone arrangement is optimal)."""
+    from itertools import permutations
+
+    rng = np.random.default_rng(1)
+    for _ in range(60):
+        n = int(rng.integers(3, 7))
+        gx = np.sort(rng.integers(0, int(rng.integers(2, n + 1)), n)).astype(float)
+        gy = np.sort(rng.integers(0, int(rng.integers(2, n + 1)), n)).astype(float)
+        if len(set(gx)) < 2 or len(set(gy)) < 2:
+            continue
+        best = max(st.kendalltau(gx, gy[list(p)]).statistic for p in permutations(range(n)))
+        assert stats.tau_b_max(rng.permutation(gx), rng.permutation(gy)) == pytest.approx(best)
+
+
+def test_pair_counts_and_vectorised_tau_norm():
+    x, y = np.array([3.0, 2, 2, 1]), np.array([1.0, 2, 3, 3])
+    c = stats.pair_counts(stats.pair_signs(x), stats.pair_signs(y))
+    # pairs: (0,1) d, (0,2) d, (0,3) d, (1,2) x tied, (1,3) d, (2,3) y tied
+    assert (c["concordant"], c["discordant"], c["untied_x"], c["untied_y"]) == (0, 4, 5, 5)
+
+
+def test_tie_partition_is_complete_linkage_over_the_mean_order():
+    means = np.array([4.0, 3.0, 2.0, 1.0, 0.0])
+    K = 5
+    pairs = list(zip(*np.triu_indices(K, 1)))
+    # a chain: every neighbour unresolved, everything two apart resolved -> single linkage would tie all five
+    res = np.array([abs(i - j) >= 2 for i, j in pairs])
+    lab = stats.tie_partition(means, stats.pair_matrix(res, K))
+    assert lab.tolist() == [0, 0, 1, 1, 2]
+    assert stats.tie_conflicts(lab, stats.pair_matrix(res, K)) == 2        # (1,2) and (3,4): tied, yet separated
+    # nothing resolved: one group; everything resolved: five
+    assert stats.tie_partition(means, stats.pair_matrix(np.zeros(10, bool), K)).tolist() == [0] * 5
+    assert stats.tie_partition(means, stats.pair_matrix(np.ones(10, bool), K)).tolist() == [0, 1, 2, 3, 4]
+    # labels follow the mean order whatever the item order; vectorised over leading axes
+    perm = np.array([3, 0, 4, 1, 2])
+    R = stats.pair_matrix(res, K)[np.ix_(perm, perm)]
+    assert stats.tie_partition(means[perm], R).tolist() == [1, 0, 2, 0, 1]
+    stacked = stats.tie_partition(np.stack([means, means[perm]]), np.stack([stats.pair_matrix(res, K), R]))
+    assert stacked.tolist() == [[0, 0, 1, 1, 2], [1, 0, 2, 0, 1]]
+    assert stats.n_groups(stacked).tolist() == [3, 3]
+    assert stats.tie_partition(np.array([1.0, np.nan, 0.0]), np.zeros((3, 3), bool)).tolist() == [-1, -1, -1]
+
+
+def test_every_group_is_pairwise_unresolved_on_random_relations():
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        K = int(rng.integers(2, 9))
+        m = rng.normal(size=K)
+        res = stats.pair_matrix(rng.random(K * (K - 1) // 2) < 0.5, K)
+        lab = stats.tie_partition(m, res)
+        for g in set(lab.tolist()):
+            idx = np.flatnonzero(lab == g)
+            assert not res[np.ix_(idx, idx)].any()                     # no resolved pair inside a group
+        order = np.argsort(-m, kind="stable")
+        assert np.all(np.diff(lab[order]) >= 0)                       # groups are runs of the mean order
+        assert np.all(np.diff(lab[order]) <= 1)
+
+
+def test_group_values_tie_exactly_and_average_the_group():
+    v = np.array([[3.0, 2.9, 1.0], [0.1, 0.2, 0.3]])
+    lab = np.array([[0, 0, 1], [0, 1, 1]])
+    g = stats.group_values(v, lab)
+    assert g.tolist() == [[2.95, 2.95, 1.0], [0.1, 0.25, 0.25]]
+    boot = np.random.default_rng(3).normal(size=(2, 3, 50))
+    gb = stats.group_values(boot, lab, axis=-2)
+    assert np.array_equal(gb[0, 0], gb[0, 1]) and np.allclose(gb[0, 0], boot[0, :2].mean(axis=0))
+    assert np.array_equal(gb[1, 2], gb[1, 1]) and np.array_equal(gb[1, 0], boot[1, 0])
+    assert np.isnan(stats.group_values(np.ones(3), np.array([-1, -1, -1]))).all()
+
+
+def test_tolerance_labels_reproduce_the_old_rule():
+    x = np.array([1.0, 1.008, 1.016, 2.0])
+    lab = stats.tolerance_labels(x, 0.01)
+    assert lab.tolist() == [1, 1, 1, 0]                                # single linkage chains the first three
+    r = stats.tolerant_ranks(x, 0.01)
+    assert np.array_equal(stats.ranks_best_first(stats.group_values(x, lab)), r)
+    assert stats.tolerance_labels(x, 0.0).tolist() == [3, 2, 1, 0]
+
+
+def test_min_wilcoxon_p_and_effect_sizes():
+    assert stats.min_wilcoxon_p(5) == pytest.approx(0.0625) and stats.min_wilcoxon_p(6) == pytest.approx(0.03125)
+    assert stats.min_wilcoxon_p(0) == 1.0
+    assert st.wilcoxon(np.arange(1.0, 6.0)).pvalue == pytest.approx(stats.min_wilcoxon_p(5))   # attained
+    assert stats.effect_size(0.05, 0.065, "ratio") == pytest.approx(0.015 / 0.0575)         # 26% relative...
+    assert stats.effect_size(0.05, 0.065, "proportion") == pytest.approx(0.015)             # ...1.5 points
+    assert stats.effect_size(190, 200, "count", 200) == pytest.approx(0.05)
+    with pytest.raises(ValueError):
+        stats.effect_size(1, 2, "percent")

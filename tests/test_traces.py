@@ -124,7 +124,20 @@ def test_qwen_slice_and_jsonl_agree(shared_traces, tmp_path):
     assert (first_turns["session_id"] == roots["chat_id"].cast(pl.String)).all()
     jdf, jrep = traces.read_file(_qwen_jsonl(tmp_path, shared_traces))
     assert jrep["format"] == "qwen_jsonl"
-    assert jdf.drop("file").equals(df.drop("file", "window"))
+    assert jdf.drop("file", "block_hashes").equals(df.drop("file", "window"))
+    assert jdf["block_hashes"].dtype == pl.List(pl.Int64) and jdf["block_hashes"].list.len().sum() == 0
+
+
+def test_qwen_hash_ids_become_block_hashes(shared_traces, tmp_path):
+    df = pl.read_csv(shared_traces / QWEN).drop("window").head(5)
+    recs = [{**r, "hash_ids": list(range(k, k + 3))} for k, r in enumerate(df.iter_rows(named=True))]
+    got, _ = traces.read_file(_write(tmp_path, [json.dumps(r) for r in recs], "h.jsonl"))
+    assert got["block_hashes"].to_list() == [r["hash_ids"] for r in recs]
+    no_hashes, _ = traces.read_file(_write(tmp_path, [json.dumps(r) for r in df.iter_rows(named=True)], "n.jsonl"))
+    assert "block_hashes" not in no_hashes.columns          # a file without hash_ids: no column
+    recs[2].pop("hash_ids")                                  # hashes on some lines only: an error naming the line
+    with pytest.raises(DataError, match=r"row 3, column 'hash_ids'"):
+        traces.read_file(_write(tmp_path, [json.dumps(r) for r in recs], "p.jsonl"))
 
 
 def test_read_slice_uses_the_mirror_and_registered_format(P):
@@ -152,8 +165,15 @@ def test_detect_format(shared_traces, tmp_path):
     assert traces.detect_format(shared_traces / "azure2023" / CONV) == "azure2023"
     assert traces.detect_format(shared_traces / SLICE3) == "burstgpt"
     assert traces.detect_format(shared_traces / QWEN) == "qwen_csv"
-    with pytest.raises(DataError, match="matches no adapter"):
+    with pytest.raises(DataError, match="matches no official adapter.*sources.<name>.columns"):
         traces.detect_format(_write(tmp_path, ["a,b", "1,2"]))
+    # JSON Lines are recognised by their content, not the extension: a .jsonl that is not Qwen's
+    with pytest.raises(DataError, match="not Qwen's.*sources.<name>.columns"):
+        traces.detect_format(_write(tmp_path, ['{"timestamp": 0, "input_length": 5}'], "x.jsonl"))
+    assert traces.detect_format(_qwen_jsonl(tmp_path, shared_traces)) == "qwen_jsonl"
+    renamed = tmp_path / "qwen_rows.txt"                     # any extension
+    renamed.write_bytes(_qwen_jsonl(tmp_path, shared_traces).read_bytes())
+    assert traces.detect_format(renamed) == "qwen_jsonl"
 
 
 # --------------------------------------------------------------------------- bad input
@@ -319,4 +339,5 @@ def test_non_official_file_by_path(P, shared_traces, tmp_path):
     P = P.with_overrides({"sources.burstgpt": {"mode": "real", "file": str(own)}})
     df, rep = traces.ingest_source(P, "burstgpt")
     assert rep["provenance"] == "real" and not rep["sha256_verified"] and rep["format"] == "burstgpt"
-    assert set(df["file"]) == {str(own)} and df.height == 399
+    assert rep["origin"] == "user"
+    assert set(df["file"]) == {own.name} and df.height == 399

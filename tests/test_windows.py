@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from portbench import params
 from portbench.core import io
 from portbench.data import registry, standins, traces
 from portbench.data import windows as W
@@ -85,7 +86,8 @@ def small_params(tmp_params, tmp_path):
     """Parameters with a tmp data dir and manifest and small windows (10 x 50)."""
     def make(**over):
         o = {"paths.manifest": str(tmp_path / "data" / "windows" / "manifest.json"),
-             "windows.per_source": 10, "windows.size": 50}
+             "windows.per_source": 10, "windows.size": 50,
+             "sources.azure_code": None, "sources.mooncake": None}   # the fake registry serves azure and burstgpt
         o.update(over)
         return tmp_params(**o)
     return make
@@ -527,7 +529,8 @@ def test_standin_windows_freeze_regenerate_and_verify(monkeypatch, shared_traces
         s: (r if s != "azure" else {**r, "provenance": None, "reason": "switched off in this test"})
         for s, r in real(P).items()})
     P = _real_params(tmp_params, tmp_path, **{"windows.per_source": 3, "windows.size": 40,
-                                              "sources.burstgpt.mode": "standin", "sources.bailian.mode": "standin"})
+                                              "sources.burstgpt.mode": "standin", "sources.bailian.mode": "standin",
+                                              "sources.azure_code": None, "sources.mooncake": None})
     m = W.freeze(P)
     assert [e["id"] for e in m["windows"]] == W.window_ids("burstgpt", 3) + W.window_ids("bailian", 3)
     for e in m["windows"]:
@@ -585,11 +588,12 @@ def test_window_figures_label_stand_ins(fake_data, small_params):
     from portbench.present import plots_data
     from portbench.core import provenance as sources
 
-    m = W.freeze(small_params())
+    P = small_params()
+    m = W.freeze(P)
     m = {**m, "windows": [{**e, "provenance": "standin", "synthetic": True} if e["source"] == "burstgpt" else e
                           for e in m["windows"]]}
-    table = W.window_table(m)
-    labels = sources.labels(W.provenance(m))
+    table = W.window_table(m, P.display_names)
+    labels = sources.labels(W.provenance(m), P.display_names)
     assert labels == {"azure": "Azure", "burstgpt": "BurstGPT (stand-in)"}
     fig = plots_data.plot_window_placement(m, {"azure": fake_data["canon"]["azure"]}, labels)
     titles = [ax.get_title() for ax in fig.axes]
@@ -614,3 +618,72 @@ def test_standin_params_only_matter_with_standin_windows(fake_data, small_params
     assert W.freeze(small_params(**{"standins.seed": 99}))["params"]["standins"]["seed"] != 99
     with pytest.raises(ParameterError, match="sources"):
         W.freeze(small_params(**{"sources.azure.mode": "real"}))
+
+
+# --------------------------------------------------------------------------- the committed manifest
+
+
+WINDOWS_120 = Path(__file__).with_name("windows_120.json")
+
+
+def test_committed_manifest_keeps_the_original_120_windows():
+    """Adding sources never changes a frozen window: the original study's 120 windows keep their ids,
+    order and SHA-256 (recorded before azure_code and mooncake were added)."""
+    want = json.loads(WINDOWS_120.read_text())["windows"]
+    m = W.load_manifest(params.load())
+    got = {e["id"]: e["sha256"] for e in m["windows"]}
+    assert len(want) == 120 and {k: got.get(k) for k in want} == want
+    assert [e["id"] for e in m["windows"]][:120] == list(W.window_ids("azure", 40) + W.window_ids("burstgpt", 40)
+                                                          + W.window_ids("bailian", 40))
+    # the new sources: 40 windows each, real, frozen from their official files
+    for s in ("azure_code", "mooncake"):
+        es = [e for e in m["windows"] if e["source"] == s]
+        assert [e["id"] for e in es] == W.window_ids(s, 40) and {e["provenance"] for e in es} == {"real"}
+        assert m["sources"][s]["origin"] == "official" and m["sources"][s]["provenance"] == "real"
+    assert m["sources"]["mooncake"]["block_size"] == 512
+    assert all("block_size" not in m["sources"][s] for s in m["sources"] if s != "mooncake")
+
+
+@pytest.mark.slow
+def test_refreezing_the_default_study_reproduces_the_committed_manifest(shared_traces, tmp_path, monkeypatch):
+    """Refreezing from the raw data with default.yaml gives the committed manifest byte for byte (so the
+    120 original windows are unchanged by the sources section that now also names azure_code and mooncake)."""
+    monkeypatch.setenv("PORTBENCH_OFFLINE", "1")
+    P = params.load(overrides={"paths": {"data_dir": str(tmp_path / "data"), "mirror": str(shared_traces),
+                                         "manifest": str(tmp_path / "manifest.json")}})
+    W.freeze(P, refreeze=True)
+    assert (tmp_path / "manifest.json").read_bytes() == W.manifest_path(params.load()).read_bytes()
+
+
+def test_mooncake_windows_carry_block_hashes_and_others_do_not(shared_traces, tmp_path, monkeypatch):
+    monkeypatch.setenv("PORTBENCH_OFFLINE", "1")
+    P = params.load(overrides={"paths": {"data_dir": str(tmp_path / "data"), "mirror": str(shared_traces)}})
+    m = W.load_manifest(P)
+    tables = W.load_windows(P, sources=["azure", "azure_code", "mooncake"], per_source=2)
+    for wid, df in tables.items():
+        entry = next(e for e in m["windows"] if e["id"] == wid)
+        assert W.window_sha256(df) == entry["sha256"]
+        if wid.startswith("mooncake"):
+            assert df.columns == [*W.COLUMNS, W.HASH_COLUMN] and df[W.HASH_COLUMN].dtype == pl.List(pl.Int64)
+            n = df[W.HASH_COLUMN].list.len()
+            assert (n == (df["prompt_tokens"] + 511) // 512).all(), "ceil(prompt / 512) hashes per request"
+            assert W.hash_block_size(m, entry) == 512
+            # the hashes are part of the window's hash: another list changes it
+            other = df.with_columns(pl.col(W.HASH_COLUMN).list.reverse())
+            assert W.window_sha256(other) != entry["sha256"]
+        else:
+            assert df.columns == list(W.COLUMNS) and W.hash_block_size(m, entry) is None
+    # the cache keeps each window's own columns
+    again = W.load_windows(P, sources=["azure", "mooncake"], per_source=2)
+    assert {k: v.columns for k, v in again.items()} == {k: tables[k].columns for k in again}
+
+
+def test_window_table_hash_of_block_hashes_is_exact():
+    base = pl.DataFrame({"arrival_s": [0.0, 1.0], "prompt_tokens": [600, 10], "output_tokens": [1, 2],
+                         "tenant": ["a", "b"]})
+    plain = W.window_sha256(W.as_window_table(base))
+    h = lambda lists: W.window_sha256(W.as_window_table(base.with_columns(pl.Series(W.HASH_COLUMN, lists))))  # noqa: E731
+    assert len({plain, h([[1, 2], [3]]), h([[1], [2, 3]]), h([[1, 2, 3], []]), h([[2, 1], [3]])}) == 5
+    assert h([[1, 2], [3]]) == h([[1, 2], [3]])
+    with pytest.raises(DataError, match="block_hashes"):
+        W.as_window_table(base.with_columns(pl.Series(W.HASH_COLUMN, [[1, None], [3]])))

@@ -10,14 +10,35 @@ from pathlib import Path
 import yaml
 
 from . import bench, notebooks, params, validation
+from .core import plugins
 from .core.errors import PortbenchError
 from .data import traces, windows
-from .present import plots_analysis, report, text
-from .study import campaign
+from .present import attribution_text, plots_analysis, plots_attribution, report, text
+from .study import attribution, campaign, honest
+
+
+def _plugin_paths(args) -> list[str]:
+    """``--plugin`` values: files made absolute against the current folder, module names as given."""
+    out = []
+    for p in getattr(args, "plugin", None) or []:
+        out.append(str(Path(p).resolve()) if plugins.looks_like_file(p) else p)
+    return out
+
+
+def _overrides(args) -> dict:
+    """``--set`` overrides, and ``--plugin`` values appended to the parameter file's ``plugins``."""
+    over = params.undot(dict(_kv(o) for o in getattr(args, "set", None) or []))
+    extra = _plugin_paths(args)
+    if extra:
+        base = over.get("plugins")
+        if base is None:
+            base = params.read(getattr(args, "params", None)).get("plugins") or []
+        over["plugins"] = list(base) + [p for p in extra if p not in base]
+    return over
 
 
 def _params(args):
-    return params.load(args.params, params.undot(dict(_kv(o) for o in args.set or [])))
+    return params.load(args.params, _overrides(args))
 
 
 def _kv(item: str):
@@ -46,11 +67,22 @@ def cmd_verify(args):
 
 
 def cmd_schedulers(args):
+    plugins.load(_plugin_paths(args))
     print(text.schedulers_markdown())
 
 
 def cmd_profiles(args):
+    plugins.load(_plugin_paths(args))
     print(text.profiles_markdown())
+
+
+def cmd_predict(args):
+    cfg = _params(args)
+    _, summ = honest.accuracy(cfg)
+    print(text.predictor_markdown(summ, honest.predictors_block(cfg)))
+    if args.transfer:
+        runs = honest.run_transfer(cfg)
+        print(f"transfer campaign: {runs.height} runs under {honest.transfer_dir(cfg)}")
 
 
 def cmd_simulate(args):
@@ -59,6 +91,23 @@ def cmd_simulate(args):
 
 def cmd_analyze(args):
     plots_analysis.run(_params(args))
+
+
+def cmd_attribute(args):
+    cfg = _params(args)
+    A = attribution.attribute(cfg, refreeze=args.refreeze)
+    if not args.no_figures:
+        plots_attribution.make_all(cfg, A, close=True)
+        plots_attribution.hybrid_definitions(cfg, **plots_attribution.example_pair(cfg, A), close=True)
+    sec = A.summary
+    print(attribution_text.design_markdown(sec))
+    for pr in sec["pairs"].values():
+        print()
+        print(attribution_text.pair_markdown(pr, sec["design"]["players"]))
+    print()
+    print(attribution_text.checks_markdown(sec))
+    print(attribution_text.cost_markdown(sec))
+    print(f"\ntables: {attribution.attribution_dir(cfg.paths.results_dir)}/*.parquet; section 'attribution' of summary.json")
 
 
 def cmd_bench(args):
@@ -75,15 +124,28 @@ def cmd_report(args):
 
 
 def cmd_validate(args):
-    validation.run(_params(args))
+    cfg = _params(args)
+    if args.analyze_only:
+        s = validation.analyze(cfg)
+    else:
+        s = validation.run(cfg, reduced=args.reduced)
+    if not s.get("ran", True):
+        return 1
+    print(json.dumps({k: s.get(k) for k in ("engine", "run", "windows_replayed", "replays", "mape",
+                                            "mape_speed_corrected", "profile_fit_r2", "capacity_rps", "wall_s")},
+                     indent=1, default=str))
+    for v in s.get("verdicts", []):
+        print(f"{v['case']:8s} {v['a']} vs {v['b']} ({v['metric']}, {v['region']}): simulation {v['sim_sign']}; "
+              f"engine {v['engine_sign']}; re-simulation {v['resim_sign']} -> "
+              + ("reproduced" if v["reproduced"] else "sign reproduced" if v["sign_reproduced"] else "not reproduced"))
 
 
 def cmd_notebooks(args):
-    notebooks.run_notebooks(args.params, args.out, only=args.only, overrides=None)
+    notebooks.run_notebooks(args.params, args.out, only=args.only, overrides=_overrides(args) or None)
 
 
 def cmd_sweep(args):
-    notebooks.run_sweep(args.sweep, args.out)
+    notebooks.run_sweep(args.sweep, args.out, plugins=_plugin_paths(args))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add(name, func, help_, params=True):
         p = sub.add_parser(name, help=help_, description=help_)
+        p.add_argument("--plugin", action="append", metavar="FILE",
+                       help="load a plug-in first (a .py file or a module name), e.g. one registering a "
+                            "scheduler; added to the parameters' `plugins` (repeatable)")
         if params:
             p.add_argument("--params", default=None, help="parameter file (default: papermill_params/default.yaml)")
             p.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -105,19 +170,32 @@ def build_parser() -> argparse.ArgumentParser:
     add("verify", cmd_verify, "check every window in the manifest against its SHA-256")
     add("schedulers", cmd_schedulers, "list the registered schedulers and the information each uses", params=False)
     add("profiles", cmd_profiles, "list the hardware x model cost-model profiles", params=False)
+    add("predict", cmd_predict, "train the length predictors outside the frozen windows, freeze their predictions "
+        "per window and print their accuracy") \
+        .add_argument("--transfer", action="store_true",
+                      help="also run the transfer campaign (prediction-based policies with every other source's predictor)")
     add("simulate", cmd_simulate, "run the campaign (schedulers x windows x regions x replicates)")
     add("analyze", cmd_analyze, "run the portability analysis on the campaign's results")
+    at = add("attribute", cmd_attribute, "counterfactual attribution: which workload property (arrival pattern, prompt "
+             "or output lengths, coupling, load) moves the ranking between two sources (notebook 10)")
+    at.add_argument("--refreeze", action="store_true", help="rebuild the hybrids' frozen definitions")
+    at.add_argument("--no-figures", action="store_true", help="tables and summary only")
     add("bench", cmd_bench, "benchmark the simulator, ingest and analysis") \
         .add_argument("--quick", action="store_true", help="a representative subset (about a minute)")
     add("report", cmd_report, "print the headline results from summary.json (or write them into the README)") \
         .add_argument("--readme", default=None, help="README file whose results block to replace")
-    add("validate", cmd_validate, "replay the selected cases through vLLM (needs a GPU and the [gpu] extra)")
+    va = add("validate", cmd_validate, "replay the selected cases through vLLM (CPU build in .venv-vllm, or a CUDA GPU)")
+    va.add_argument("--reduced", action="store_true", help="the reduced run of `make all` (fewer windows, shorter budget)")
+    va.add_argument("--analyze-only", action="store_true",
+                    help="redo the re-simulation, fidelity and verdicts from the last run's files (no engine)")
     nb = add("notebooks", cmd_notebooks, "execute the numbered notebooks in order with papermill")
     nb.add_argument("--out", default="build/notebooks", help="folder for the executed notebooks")
     nb.add_argument("--only", action="append", help="run only notebooks whose name starts with this (repeatable)")
     sw = sub.add_parser("sweep", help="run notebooks over a grid of parameter sets (one folder per point)")
     sw.add_argument("sweep", help="sweep file, e.g. papermill_params/sweeps/profiles.yaml")
     sw.add_argument("--out", default="build/sweeps")
+    sw.add_argument("--plugin", action="append", metavar="FILE",
+                    help="load a plug-in in every point (a .py file or a module name; repeatable)")
     sw.set_defaults(func=cmd_sweep)
     return ap
 

@@ -26,13 +26,15 @@ from pathlib import Path
 import yaml
 
 from .core.errors import ParameterError
-from .params import DEFAULT_FILE, load, project_root, undot
+from .params import DEFAULT_FILE, load, project_root, read, undot
 
 DATA_SECTIONS = ("sources", "windows", "standins")
+NOTEBOOK_PATTERNS = ("0*.ipynb", "1*.ipynb")     # the numbered notebooks, in pipeline order
 
 
 def notebook_paths(only=None) -> list[Path]:
-    nbs = sorted((project_root() / "notebooks").glob("0*.ipynb"))
+    folder = project_root() / "notebooks"
+    nbs = sorted(p for pattern in NOTEBOOK_PATTERNS for p in folder.glob(pattern))  # 01 .. 09, then 10 ..
     if only:
         nbs = [p for p in nbs if any(p.name.startswith(o) for o in only)]
         if not nbs:
@@ -78,8 +80,9 @@ def sweep_points(spec: dict) -> list[dict]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
-def run_sweep(sweep_file, out="build/sweeps") -> list[Path]:
-    """Run every point of a sweep; returns the point folders."""
+def run_sweep(sweep_file, out="build/sweeps", *, plugins=()) -> list[Path]:
+    """Run every point of a sweep; returns the point folders. ``plugins`` (absolute files or module
+    names) are added to the base's ``plugins`` in every point."""
     root = project_root()
     sweep_file = Path(sweep_file)
     if not sweep_file.is_absolute():
@@ -109,6 +112,9 @@ def run_sweep(sweep_file, out="build/sweeps") -> list[Path]:
             overrides.update({"paths.data_dir": str(point / "data"),
                               "paths.manifest": str(point / "data" / "windows" / "manifest.json")})
         overrides = undot(overrides)
+        if plugins:
+            have = list(read(base).get("plugins") or [])
+            overrides["plugins"] = have + [p for p in plugins if p not in have]
         load(base, overrides)  # validate every point before running any
         folders.append((point, overrides, assign))
     for point, overrides, assign in folders:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from . import validation
+from .core import plugins
 from .core.config import (DEFAULT_FILE, OPEN_MAPS, SOURCE_MODES, Config, build, deep_merge, project_root,  # noqa: F401
                           read, undot)
 from .sim import settings as sim_settings
@@ -20,10 +21,11 @@ from .study import analysis
 
 def load(params_file: str | os.PathLike | None = None, overrides: dict | None = None,
          *, validate: bool = True) -> Config:
-    """Read a parameter file (default: default.yaml), apply ``overrides``, build the typed config and
-    (``validate``) check every name against its registry; ParameterError names the parameter and
-    what is allowed."""
+    """Read a parameter file (default: default.yaml), apply ``overrides``, build the typed config, load
+    its plug-ins (``plugins``: files or modules, e.g. ones registering schedulers) and (``validate``)
+    check every name against its registry; ParameterError names the parameter and what is allowed."""
     cfg = build(read(params_file, overrides))
+    plugins.load(cfg.plugins)
     if validate:
         validate_config(cfg)
     return cfg
@@ -33,4 +35,4 @@ def validate_config(cfg: Config) -> None:
     """The checks that need a registry (the values' types and ranges were checked by ``build``)."""
     sim_settings.validate(cfg.simulation)
     analysis.validate(cfg)
-    validation.validate(cfg.validation)
+    validation.validate(cfg.validation, cfg.simulation.region_loads)

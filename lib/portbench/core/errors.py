@@ -31,6 +31,36 @@ class DataError(PortbenchError, ValueError):
         super().__init__(f"{where}: {problem}")
 
 
+class SchedulerError(PortbenchError):
+    """A scheduling policy broke the scheduler contract (see :mod:`portbench.sim.schedulers`).
+
+    Names the policy, the hook that was called, the request concerned, what happened and the rule.
+    (``args`` are the five fields, so the error survives re-raising by SimPy and pickling by workers.)
+    """
+
+    def __init__(self, policy: str, hook: str, request, problem: str, rule: str):
+        super().__init__(policy, hook, request, problem, rule)
+        self.policy, self.hook, self.request, self.problem, self.rule = policy, hook, request, problem, rule
+
+    def __str__(self) -> str:
+        who = "" if self.request is None else f", request {self.request}"
+        return f"scheduler {self.policy!r}, hook {self.hook}{who}: {self.problem}; rule: {self.rule}"
+
+
+class UnknownSchedulerError(ParameterError):
+    """A parameter names a scheduler that is not registered (its plug-in was not loaded)."""
+
+    def __init__(self, param: str, name, registered):
+        registered = tuple(registered)
+        ParameterError.__init__(self, param, name, "a registered scheduler: one of " + ", ".join(registered))
+        self.args = (param, name, registered)
+        self.registered = registered
+
+    def __str__(self) -> str:
+        return (f"scheduler {self.value!r} is not registered; load its plug-in with --plugin FILE or `plugins:` "
+                f"(parameter {self.param}; registered: {', '.join(self.registered)})")
+
+
 class IntegrityError(PortbenchError):
     """A frozen window or the manifest does not match its recorded hash."""
 

@@ -39,7 +39,9 @@ class OfficialFile:
     """One official trace file.
 
     ``rows`` counts data rows (CSV: lines after the header; JSONL: records). ``urls`` are tried in
-    order. ``mirror_path`` is the file's path relative to the data mirror.
+    order. ``mirror_path`` is the file's path relative to the data mirror. ``fmt`` is its official
+    adapter's format, or a generic container (``jsonl``) for a file read through its source's
+    column mapping (Mooncake).
     """
 
     name: str
@@ -51,6 +53,7 @@ class OfficialFile:
     urls: tuple[str, ...]
     mirror_path: str
     note: str = ""
+    block_size: int | None = None   # tokens per prompt block hash, for files that carry block hashes
 
 
 class MissingFileError(DataError):
@@ -81,6 +84,9 @@ _BURST_RELEASE = "https://github.com/HPMLL/BurstGPT/releases/download/{tag}/{nam
 # no Hugging Face copy of this dataset was found.
 _QWEN_LFS = "https://media.githubusercontent.com/media/alibaba-edu/qwen-bailian-usagetraces-anon/main/{name}"
 _QWEN_RAW = "https://github.com/alibaba-edu/qwen-bailian-usagetraces-anon/raw/main/{name}"
+# Mooncake: a plain git blob of kvcache-ai/Mooncake (FAST25-release/traces/), commit named in
+# PROVENANCE.md (abbreviated there), then main. Sure of the path; the SHA-256 guards the content.
+_MOONCAKE_RAW = "https://raw.githubusercontent.com/kvcache-ai/Mooncake/{ref}/FAST25-release/traces/{name}"
 
 
 def _azure2023(name: str, size: int, sha: str, rows: int) -> OfficialFile:
@@ -102,7 +108,8 @@ def _burst(name: str, size: int | None, sha: str | None, rows: int | None, note:
 
 def _qwen(name: str, size: int, sha: str, rows: int | None, note: str) -> OfficialFile:
     urls = (_QWEN_LFS.format(name=name), _QWEN_RAW.format(name=name))
-    return OfficialFile(name, "bailian", "qwen_jsonl", size, sha, rows, urls, f"qwen_bailian/{name}", note)
+    return OfficialFile(name, "bailian", "qwen_jsonl", size, sha, rows, urls, f"qwen_bailian/{name}", note,
+                        block_size=16)
 
 
 _FILES = (
@@ -144,7 +151,17 @@ _FILES = (
           "3d74974cebb7bccb69b1ca6ea210a44d9a3033443c0271ed015327284dea1aff", 43_011,
           "coder model, 2 hours"),
 )
+_FILES += (
+    OfficialFile("conversation_trace.jsonl", "mooncake", "jsonl", 3_029_533,
+                 "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df", 12_031,
+                 tuple(_MOONCAKE_RAW.format(ref=ref, name="conversation_trace.jsonl") for ref in ("3b5a59413", "main")),
+                 "mooncake/conversation_trace.jsonl",
+                 "Mooncake (FAST 2025) Kimi conversation trace, one hour, ms timestamps, 512-token block "
+                 "hashes; Apache-2.0", block_size=512),
+)
 OFFICIAL_FILES: dict[str, OfficialFile] = {f.name: f for f in _FILES}
+# Where a real source's file comes from: an official file (verified against its record) or a user's file.
+OFFICIAL, USER = "official", "user"
 
 # Real slices in the mirror (not official files; read by the stand-in builder through traces.read_file).
 SLICES: dict[str, str] = {
@@ -303,28 +320,42 @@ def locate(name: str, st: Store) -> Path:
 
 
 def resolve_source(st: Store, source: SourceConfig, has_standin: bool) -> dict:
-    """``{"provenance", "file", "path", "reason"}`` of one source (see :func:`resolve_sources`)."""
+    """``{"provenance", "origin", "file", "path", "reason"}`` of one source (see :func:`resolve_sources`)."""
     mode, name = source.mode, source.file
     fallback = ("standin", "using the stand-in") if has_standin else (None, "skipped: no stand-in is defined")
     if mode == "standin":
         reason = "mode standin requested" + ("" if has_standin else "; skipped: no stand-in is defined")
-        return {"provenance": fallback[0], "file": name, "path": None, "reason": reason}
+        return {"provenance": fallback[0], "origin": None, "file": name, "path": None, "reason": reason}
     if not name:
         if mode == "real":
-            raise DataError(f"sources.{source.name}.file", "mode real needs an official file name")
-        return {"provenance": fallback[0], "file": None, "path": None,
+            raise DataError(f"sources.{source.name}.file", "mode real needs a file (an official file name or a path)")
+        return {"provenance": fallback[0], "origin": None, "file": None, "path": None,
                 "reason": f"no file configured; {fallback[1]}"}
     try:
         path = locate(name, st)
     except MissingFileError as e:
         if mode == "real":
             raise DataError(e.file, f"sources.{source.name}.mode is real, but the {e.problem}") from None
-        return {"provenance": fallback[0], "file": name, "path": None, "reason": f"{e.problem} -> {fallback[1]}"}
-    return {"provenance": "real", "file": name, "path": path, "reason": f"official file found at {path}"}
+        return {"provenance": fallback[0], "origin": None, "file": name, "path": None,
+                "reason": f"{e.problem} -> {fallback[1]}"}
+    if name in OFFICIAL_FILES:
+        return {"provenance": "real", "origin": OFFICIAL, "file": name, "path": path,
+                "reason": f"official file found at {path} and verified"}
+    return {"provenance": "real", "origin": USER, "file": name, "path": path,
+            "reason": f"user file found at {path} (not an official file: recorded by its SHA-256, not verified)"}
+
+
+def hash_block_size(source: SourceConfig) -> int | None:
+    """Tokens per prompt-hash block of a source: ``sources.<s>.block_size``, else its official file's."""
+    if source.block_size:
+        return int(source.block_size)
+    spec = OFFICIAL_FILES.get(source.file or "")
+    return spec.block_size if spec is not None else None
 
 
 def resolve_sources(cfg: Config) -> dict[str, dict]:
-    """Per configured source: provenance ``real`` / ``standin`` / ``None`` (skipped), file, path, reason.
+    """Per configured source: provenance ``real`` / ``standin`` / ``None`` (skipped), origin (``official``
+    or ``user`` for a real source), file, path, reason.
 
     Mode ``auto``: real when the official file can be located, else the stand-in; ``standin``:
     always the stand-in; ``real``: DataError when the file is absent. A corrupt copy (size or

@@ -9,12 +9,19 @@ azure2024     Azure week-long traces 2024: the same columns, ``TIMESTAMP`` with 
               (``2024-05-12 00:00:00.001163+00:00``; the fraction may be absent)
 burstgpt      BurstGPT, 6 columns (v1/v2) or 8 columns (v3 adds ``Session ID``, ``Elapsed time``)
 qwen_jsonl    Bailian/Qwen JSON Lines (``chat_id, parent_chat_id, timestamp, input_length,
-              output_length, type, turn``; ``hash_ids`` is not read)
+              output_length, type, turn``; ``hash_ids``, 16-token block hashes, when present)
 qwen_csv      the mirror's Qwen slice: the same fields as CSV plus its ``window`` column
 ============  ==========================================================================
 
+Any other file (and the built-in ``mooncake`` source) is read by the generic adapter
+(:mod:`portbench.data.generic`): CSV / JSON Lines / parquet with a column mapping
+(``sources.<name>.columns``); a file without a mapping is read by the official adapter whose header
+(or, for JSON Lines, whose first record's keys) it matches -- the format comes from the content,
+never from the file's extension.
+
 Canonical table: ``source, file, row, arrival_s, prompt_tokens, output_tokens`` and, where the
-format has them, ``model, log_type, session_id, turn, req_type``. ``row`` is the 1-based data row
+format has them, ``model, log_type, session_id, turn, req_type, tenant`` and ``block_hashes``
+(List(Int64): prompt block hashes -- Qwen's ``hash_ids``, a mapped column of a generic file). ``row`` is the 1-based data row
 of the raw file (CSV: header = row 0; JSONL: the line number). ``arrival_s`` is seconds from the
 file's first row. Bailian's ``session_id`` is the ``chat_id`` of the conversation's first turn
 found by following ``parent_chat_id`` links (the earliest ancestor present in the file).
@@ -44,20 +51,22 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from . import registry
+from . import generic, registry
 from ..core import io
-from ..core.config import Config
+from ..core.config import Config, SourceConfig
 from ..core.errors import DataError
 
 FORMATS = ("azure2023", "azure2024", "burstgpt", "qwen_jsonl", "qwen_csv")
 SOURCE_OF_FORMAT = {"azure2023": "azure", "azure2024": "azure", "burstgpt": "burstgpt",
                     "qwen_jsonl": "bailian", "qwen_csv": "bailian"}
-CANONICAL_VERSION = 1  # bump when an adapter's output changes: cached canonical tables are rebuilt
+CANONICAL_VERSION = 2  # bump when an adapter's output changes: cached canonical tables are rebuilt
 CANONICAL_COLUMNS = ("source", "file", "row", "arrival_s", "prompt_tokens", "output_tokens")
-OPTIONAL_COLUMNS = ("model", "log_type", "session_id", "turn", "req_type")
+OPTIONAL_COLUMNS = ("model", "log_type", "session_id", "turn", "req_type", "tenant", "block_hashes")
 CANONICAL_SCHEMA = {"source": pl.String, "file": pl.String, "row": pl.Int64, "arrival_s": pl.Float64,
                     "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "model": pl.String,
-                    "log_type": pl.String, "session_id": pl.String, "turn": pl.Int64, "req_type": pl.String}
+                    "log_type": pl.String, "session_id": pl.String, "turn": pl.Int64, "req_type": pl.String,
+                    "tenant": pl.String, "block_hashes": pl.List(pl.Int64)}
+GENERIC = "generic"   # the report's adapter name for a file read through a column mapping
 FAILURE_ZERO_RESPONSE = "failure_zero_response"
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -70,6 +79,7 @@ BURST_MODELS = ("ChatGPT", "GPT-4")
 BURST_LOG_TYPES = ("Conversation log", "API log")
 QWEN_FIELDS = ("chat_id", "parent_chat_id", "timestamp", "input_length", "output_length", "type", "turn")
 QWEN_CSV_COLUMNS = QWEN_FIELDS + ("window",)
+QWEN_HASHES = "hash_ids"   # optional: 16-token prompt block hashes
 QWEN_SCHEMA = {"chat_id": pl.Int64, "parent_chat_id": pl.Int64, "timestamp": pl.Float64,
                "input_length": pl.Int64, "output_length": pl.Int64, "type": pl.String, "turn": pl.Int64}
 HEADERS = {"azure2023": (AZURE_COLUMNS,), "azure2024": (AZURE_COLUMNS,), "burstgpt": (BURST6, BURST8),
@@ -234,6 +244,11 @@ def _diagnose_jsonl(path: Path) -> DataError | None:
                 problem = _json_type_problem(key, rec[key])
                 if problem:
                     return DataError(path, problem, row=line_no, column=key)
+            h = rec.get(QWEN_HASHES)
+            if h is not None and not (isinstance(h, list) and all(
+                    isinstance(x, int) and not isinstance(x, bool) and abs(x) <= _INT64_MAX for x in h)):
+                return DataError(path, f"{_shown(json.dumps(h))}: expected a list of integers (block hashes)",
+                                 row=line_no, column=QWEN_HASHES)
     return None
 
 
@@ -272,8 +287,8 @@ def _scan_jsonl(path: Path) -> pl.DataFrame:
     if path.stat().st_size == 0:
         raise DataError(path, "empty file: expected one JSON object per line")
     try:
-        df = pl.scan_ndjson(path, schema=QWEN_SCHEMA).collect()
-    except pl.exceptions.PolarsError as e:
+        df = pl.scan_ndjson(path, schema={**QWEN_SCHEMA, QWEN_HASHES: pl.List(pl.Int64)}).collect()
+    except (pl.exceptions.PolarsError, ValueError) as e:
         raise _diagnose_jsonl(path) or DataError(path, f"unreadable as JSON Lines ({e})") from None
     lines = _data_lines(path, header=False)
     if df.height != lines:  # polars skips blank lines; a blank line inside the file is an error
@@ -468,11 +483,16 @@ def _read_qwen(path: Path, fmt: str) -> tuple[pl.DataFrame, dict]:
               _ordered("timestamp")]
     if fmt == "qwen_csv":
         checks.append(_Check("window", pl.col("window").is_null(), "an integer"))
+    hashed = QWEN_HASHES in df.columns and df[QWEN_HASHES].null_count() < df.height
+    if hashed:   # block hashes on some lines: on every line
+        checks.append(_Check(QWEN_HASHES, pl.col(QWEN_HASHES).is_null(),
+                             "a list of integers (block hashes), as on the file's other lines"))
     _validate(path, df, checks, header=header)
     roots, cycle = _session_roots(df["chat_id"].to_numpy(), df["parent_chat_id"].to_numpy())
     if cycle is not None:
         raise DataError(path, "parent_chat_id links form a cycle", row=int(df[_ROW][cycle]), column="parent_chat_id")
     extra = ["window"] if fmt == "qwen_csv" else []
+    extra += [pl.col(QWEN_HASHES).alias("block_hashes")] if hashed else []
     out = df.select(pl.col(_ROW).alias("row"), _origin(pl.col("timestamp")).alias("arrival_s"),
                     pl.col("input_length").alias("prompt_tokens"), pl.col("output_length").alias("output_tokens"),
                     pl.Series("session_id", roots).cast(pl.String), "turn", pl.col("type").alias("req_type"), *extra)
@@ -486,11 +506,33 @@ def _read_qwen(path: Path, fmt: str) -> tuple[pl.DataFrame, dict]:
 _OFFSET = re.compile(r"(Z|[+-]\d{2}:?\d{2})\s*$")
 
 
+def _first_json_keys(path: Path) -> set[str]:
+    with open(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                rec = _json_object(raw.decode("utf-8", errors="replace"))
+                return set(rec) if rec else set()
+    return set()
+
+
 def detect_format(path: str | os.PathLike) -> str:
-    """The adapter format of a file, from its extension, header and first data row."""
+    """The official adapter format of a file, from its content (header and first data row, or the
+    first JSON record's keys) -- never from its extension. DataError when no official adapter fits
+    (such a file needs the generic adapter: ``sources.<name>.columns``)."""
     path = Path(path)
-    if path.suffix.lower() in (".jsonl", ".ndjson"):
-        return "qwen_jsonl"
+    if not path.is_file():
+        raise DataError(path, "file not found")
+    kind = generic.sniff(path)
+    mapping_hint = ("; read it with the generic adapter: give sources.<name>.columns {arrival, prompt_tokens, "
+                    "output_tokens} (and time_unit) -- see the README's 'Your own trace'")
+    if kind == "jsonl":
+        keys = _first_json_keys(path)
+        if set(QWEN_FIELDS) <= keys:
+            return "qwen_jsonl"
+        raise DataError(path, "JSON Lines whose first record has keys " + ", ".join(sorted(keys))
+                        + f", not Qwen's ({', '.join(QWEN_FIELDS)})" + mapping_hint)
+    if kind == "parquet":
+        raise DataError(path, "a parquet file: no official adapter reads parquet" + mapping_hint)
     found = tuple(_read_header(path))
     if found == AZURE_COLUMNS:
         first = _raw_lines(path, [2]).get(2, "").split(",")[0]
@@ -499,41 +541,48 @@ def detect_format(path: str | os.PathLike) -> str:
         return "burstgpt"
     if found == QWEN_CSV_COLUMNS:
         return "qwen_csv"
-    raise DataError(path, "unknown trace format: header " + ",".join(found) + " matches no adapter ("
-                    + ", ".join(FORMATS) + ")")
+    raise DataError(path, "unknown trace format: header " + ",".join(found) + " matches no official adapter ("
+                    + ", ".join(FORMATS) + ")" + mapping_hint)
 
 
-def read_file(path: str | os.PathLike, fmt: str | None = None, *, source: str | None = None
-              ) -> tuple[pl.DataFrame, dict]:
+def read_file(path: str | os.PathLike, fmt: str | None = None, *, source: str | None = None,
+              mapping: "generic.GenericSpec | None" = None) -> tuple[pl.DataFrame, dict]:
     """Read one trace file into the canonical table; returns ``(table, report)``.
 
-    ``fmt`` is one of :data:`FORMATS` (detected when None); ``source`` defaults to the format's
-    source. The report has ``file, path, format, source, columns, rows_read, rows_valid,
-    excluded {reason: n}, t_first, t_last`` (the file's first/last timestamps in its own terms),
-    ``span_s``, ``rate_rps`` (valid requests per second of span), token medians and ``sha256``
-    (None here; filled by :func:`ingest_source`). ``rows_read == rows_valid + sum(excluded)``.
+    ``mapping`` (a :class:`~portbench.data.generic.GenericSpec`) reads it with the generic adapter;
+    else ``fmt`` is one of :data:`FORMATS` (detected from the content when None). ``source``
+    defaults to the format's source. The report has ``file, path, format, adapter, source, columns,
+    rows_read, rows_valid, excluded {reason: n}, t_first, t_last`` (the file's first/last
+    timestamps in its own terms), ``span_s``, ``rate_rps`` (valid requests per second of span),
+    token medians and ``sha256`` (None here; filled by :func:`ingest_source`).
+    ``rows_read == rows_valid + sum(excluded)``.
     """
     path = Path(path)
     if not path.is_file():
         raise DataError(path, "file not found")
-    fmt = fmt or detect_format(path)
-    if fmt not in FORMATS:
-        raise DataError(path, f"unknown format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    if fmt.startswith("azure"):
-        body, rep = _read_azure(path, fmt)
-    elif fmt == "burstgpt":
-        body, rep = _read_burstgpt(path)
+    if mapping is not None:
+        body, rep = generic.read(path, mapping)
+        fmt, adapter = rep["container"], GENERIC
     else:
-        body, rep = _read_qwen(path, fmt)
+        fmt = fmt or detect_format(path)
+        if fmt not in FORMATS:
+            raise DataError(path, f"unknown format {fmt!r}: expected one of {', '.join(FORMATS)}")
+        adapter = fmt
+        if fmt.startswith("azure"):
+            body, rep = _read_azure(path, fmt)
+        elif fmt == "burstgpt":
+            body, rep = _read_burstgpt(path)
+        else:
+            body, rep = _read_qwen(path, fmt)
     if rep["rows_read"] == 0:
         raise DataError(path, "has a header but no data rows")
-    source = source or SOURCE_OF_FORMAT[fmt]
+    source = source or SOURCE_OF_FORMAT.get(fmt) or path.stem
     table = body.select(pl.lit(source, pl.String).alias("source"), pl.lit(path.name, pl.String).alias("file"),
                         pl.all()).with_columns([pl.col(c).cast(t) for c, t in CANONICAL_SCHEMA.items()
                                                 if c in body.columns])
     if sum(rep["excluded"].values()) + table.height != rep["rows_read"]:  # a bug, never bad data
         raise AssertionError(f"{path}: rows do not add up: {rep}")
-    report = {"file": path.name, "path": str(path), "format": fmt, "source": source, **rep,
+    report = {"file": path.name, "path": str(path), "format": fmt, "adapter": adapter, "source": source, **rep,
               "rows_valid": table.height,
               "rate_rps": (table.height / rep["span_s"]) if rep["span_s"] > 0 else None,
               "prompt_tokens_median": _median(table, "prompt_tokens"),
@@ -591,6 +640,24 @@ def _write_report(data_dir: Path, entries: Mapping[str, dict]) -> dict:
     return report
 
 
+def read_with(src: SourceConfig) -> dict:
+    """The parameters that decide how a source's file is read (a change makes its canonical table stale)."""
+    return {"format": src.format, "columns": src.columns, "time_unit": src.time_unit, "block_size": src.block_size}
+
+
+def read_source_file(src: SourceConfig, path: Path, spec: "registry.OfficialFile | None" = None
+                     ) -> tuple[pl.DataFrame, dict]:
+    """Read a source's file the way its parameters say: the generic adapter when ``columns`` is given,
+    else the named official ``format``, the official file's adapter, or the one detected from the content."""
+    if src.generic:
+        return read_file(path, source=src.name, mapping=generic.GenericSpec.of(src))
+    fmt = src.format if src.format in FORMATS else (spec.fmt if spec is not None and spec.fmt in FORMATS else None)
+    if src.format is not None and src.format not in FORMATS:
+        raise DataError(path, f"sources.{src.name}.format is {src.format!r}: a generic format needs "
+                              f"sources.{src.name}.columns (the column mapping); official formats: {', '.join(FORMATS)}")
+    return read_file(path, fmt, source=src.name)
+
+
 def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.DataFrame | None, dict]:
     """Ingest one source's official file (``sources.<source>.file``) into its canonical table.
 
@@ -611,14 +678,15 @@ def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.D
             _write_report(data_dir, {source: rep})
         return None, rep
     name, path = info["file"], Path(info["path"])
-    spec = registry.OFFICIAL_FILES.get(name)
-    table, rep = read_file(path, spec.fmt if spec else None, source=source)
-    table = table.with_columns(pl.lit(name, pl.String).alias("file"))
-    rep["file"] = name
+    spec = registry.OFFICIAL_FILES.get(name) if info.get("origin") == registry.OFFICIAL else None
+    table, rep = read_source_file(cfg.sources[source], path, spec)
+    table = table.with_columns(pl.lit(Path(name).name, pl.String).alias("file"))
+    rep["file"] = Path(name).name
     if spec is not None and spec.rows is not None and rep["rows_read"] != spec.rows:
         raise DataError(path, f"read {rep['rows_read']:,} data rows, but the official {name} has {spec.rows:,}")
-    rep |= {"provenance": "real", "skipped": False, "sha256": st.sha256(path),
-            "sha256_verified": bool(spec and spec.sha256), "canonical_version": CANONICAL_VERSION}
+    rep |= {"provenance": "real", "origin": info.get("origin"), "skipped": False, "sha256": st.sha256(path),
+            "sha256_verified": bool(spec and spec.sha256), "canonical_version": CANONICAL_VERSION,
+            "read_with": read_with(cfg.sources[source])}
     if write:
         target = canonical_dir(data_dir) / f"{source}.parquet"
         io.atomic_write(target, lambda tmp: table.write_parquet(tmp))
@@ -639,7 +707,8 @@ def ingest_all(cfg: Config) -> dict:
 def load_canonical(cfg: Config, source: str) -> pl.DataFrame:
     """The canonical table of ``source``, ingesting first when it is missing or stale.
 
-    Stale: the recorded file name, SHA-256 or adapter version differs from the file resolved now.
+    Stale: the recorded file name, SHA-256, adapter version or reading parameters (format, column
+    mapping, time unit, block size) differ from now.
     DataError when the source has no real file in this run.
     """
     st = registry.store(cfg.paths)
@@ -649,8 +718,9 @@ def load_canonical(cfg: Config, source: str) -> pl.DataFrame:
                         f"no canonical table for {source}: {info['reason']}")
     target = canonical_dir(cfg.paths.data_dir) / f"{source}.parquet"
     entry = _read_report(cfg.paths.data_dir).get("sources", {}).get(source) or {}
-    fresh = (target.is_file() and entry.get("file") == info["file"]
+    fresh = (target.is_file() and entry.get("file") == Path(info["file"]).name
              and entry.get("canonical_version") == CANONICAL_VERSION
+             and entry.get("read_with") == read_with(cfg.sources[source])
              and entry.get("sha256") == st.sha256(info["path"]))
     if not fresh:
         table, _ = ingest_source(cfg, source, write=True)

@@ -1,8 +1,12 @@
 """The window table: its columns, its canonical bytes and hash, and its summary statistics.
 
-A window table has exactly :data:`COLUMNS`: ``arrival_s`` (seconds from the window's first request,
-never decreasing), ``prompt_tokens``, ``output_tokens`` (> 0) and ``tenant``. :func:`window_sha256`
-hashes its canonical bytes (what the manifest records and every load verifies).
+A window table has :data:`COLUMNS`: ``arrival_s`` (seconds from the window's first request,
+never decreasing), ``prompt_tokens``, ``output_tokens`` (> 0) and ``tenant``; a window of a source
+whose trace carries prompt block hashes has a 5th column :data:`HASH_COLUMN` (``block_hashes``,
+List(Int64): the ids of the prompt's blocks of the source's ``block_size`` tokens; equal ids = equal
+prefix content), and only such a window. :func:`window_sha256` hashes its canonical bytes (what
+the manifest records and every load verifies), the hashes included; a 4-column window hashes
+exactly as before the column existed.
 """
 
 from __future__ import annotations
@@ -17,24 +21,35 @@ from ..core.errors import DataError
 
 COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "tenant")
 SCHEMA = {"arrival_s": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64, "tenant": pl.String}
+HASH_COLUMN = "block_hashes"   # optional 5th column: prompt block hashes (List(Int64))
+HASH_DTYPE = pl.List(pl.Int64)
 STAT_KEYS = ("rate_rps", "interarrival_cv", "prompt_mean", "prompt_p90", "output_mean", "output_p90")
 STATS_SIGNIFICANT_DIGITS = 10  # stats are rounded so float summation order can never change the manifest
 P90 = 90
 HASH_MAGIC = b"portbench-window-v1"
 
 
+def columns_of(df: pl.DataFrame) -> tuple[str, ...]:
+    """The window columns of ``df``: :data:`COLUMNS`, plus :data:`HASH_COLUMN` when it has one."""
+    return COLUMNS + ((HASH_COLUMN,) if HASH_COLUMN in df.columns else ())
+
+
 def as_window_table(df: pl.DataFrame, window_id: str = "window") -> pl.DataFrame:
-    """``df`` checked and cast to the window schema (:data:`COLUMNS`, in order); DataError otherwise."""
+    """``df`` checked and cast to the window schema (:data:`COLUMNS` in order, then ``block_hashes`` when
+    ``df`` has it); DataError otherwise."""
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise DataError(window_id, f"window table lacks column(s) {missing}")
+    schema = {**SCHEMA, **({HASH_COLUMN: HASH_DTYPE} if HASH_COLUMN in df.columns else {})}
     try:
-        out = df.select([pl.col(c).cast(t, strict=True) for c, t in SCHEMA.items()])
+        out = df.select([pl.col(c).cast(t, strict=True) for c, t in schema.items()])
     except pl.exceptions.PolarsError as e:
         raise DataError(window_id, f"window table has a column of the wrong type ({e})") from None
-    for c in COLUMNS:
+    for c in schema:
         if out[c].null_count():
             raise DataError(window_id, "missing value", column=c)
+    if HASH_COLUMN in schema and out[HASH_COLUMN].list.eval(pl.element().is_null().any()).explode().any():
+        raise DataError(window_id, "missing value inside a list of block hashes", column=HASH_COLUMN)
     if out.height == 0:
         raise DataError(window_id, "empty window")
     arr = out["arrival_s"].to_numpy()
@@ -55,9 +70,10 @@ def window_sha256(df: pl.DataFrame) -> str:
     """SHA-256 of a table's canonical bytes: column names, dtypes and little-endian values.
 
     Layout: magic, row and column counts, then per column its name, a dtype code (``f8``, ``i8``,
-    ``str``) and its values (``<f8`` / ``<i8`` arrays; strings as length-prefixed UTF-8). Every
-    field is length-prefixed, so the bytes do not depend on the platform, polars' chunking or
-    its version. Nulls are not allowed.
+    ``str``, ``list<i8>``) and its values (``<f8`` / ``<i8`` arrays; strings as length-prefixed
+    UTF-8; a list column as its ``<i8`` row lengths, then all its values as one ``<i8`` array).
+    Every field is length-prefixed, so the bytes do not depend on the platform, polars' chunking
+    or its version. Nulls are not allowed.
     """
     h = hashlib.sha256()
     _hash_field(h, HASH_MAGIC)
@@ -77,6 +93,13 @@ def window_sha256(df: pl.DataFrame) -> str:
             _hash_field(h, b"str")
             for v in s.to_list():
                 _hash_field(h, v.encode())
+        elif s.dtype == HASH_DTYPE:
+            _hash_field(h, b"list<i8>")
+            _hash_field(h, np.ascontiguousarray(s.list.len().to_numpy(), dtype="<i8").tobytes())
+            flat = s.explode().drop_nulls()      # an empty list explodes to one null
+            if int(s.list.len().sum() or 0) != flat.len():
+                raise DataError("window", "cannot hash a list with missing values", column=name)
+            _hash_field(h, np.ascontiguousarray(flat.to_numpy(), dtype="<i8").tobytes())
         else:
             raise DataError("window", f"cannot hash dtype {s.dtype}", column=name)
     return h.hexdigest()

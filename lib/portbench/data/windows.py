@@ -10,11 +10,14 @@ key(source), key("placement")]))`` where ``key`` is the first 8 bytes of the SHA
 
 **Window table.** Columns exactly :data:`COLUMNS`: ``arrival_s`` (seconds from the window's first
 request; requests ordered by arrival time, ties by file row), ``prompt_tokens``, ``output_tokens``,
-``tenant``.
+``tenant``; a window of a source whose trace carries prompt block hashes (Mooncake's ``hash_ids``,
+Qwen's, a generic file's mapped ``block_hashes``) has a 5th column ``block_hashes`` (List(Int64)),
+and the manifest records the source's ``block_size`` (tokens per hash block; the campaign hands it
+to the engine with the window, see ``study.campaign.plan.WindowRef``).
 
 **Tenants.** A source whose canonical table has tenant fields (:data:`TENANT_FIELDS`: BurstGPT's
-``model`` and ``log_type``) uses them: tenant = ``"<model>/<log_type>"`` (a missing value reads
-``unknown``). Sessions (Bailian's ``session_id``) are conversations, not tenants. Every other
+``model`` and ``log_type``, a generic file's mapped ``tenant``) uses them: tenant =
+``"<model>/<log_type>"`` (a missing value reads ``unknown``). Sessions (Bailian's ``session_id``) are conversations, not tenants. Every other
 source (Azure, Bailian/Qwen) gets a seeded assignment of ``windows.tenants`` tenants ``t1 .. tT``
 drawn i.i.d. per request with Zipf shares ``p_k ∝ 1/k`` (multi-tenant traffic is skewed: one big
 client and a tail of small ones), from ``SeedSequence([windows.seed, key(source), key("tenant"),
@@ -46,18 +49,20 @@ import polars as pl
 
 from . import registry, standins, synth, traces
 from ..core import io
-from ..core.config import Config
+from ..core.config import DISPLAY_KEYS, Config
 from ..core.errors import DataError, IntegrityError, ParameterError, PortbenchError
 from ..core.provenance import label, provenance_from_manifest
 from .registry import Store
-from .window_table import COLUMNS, SCHEMA, STAT_KEYS, as_window_table, window_sha256, window_stats  # noqa: F401
+from .window_table import (COLUMNS, HASH_COLUMN, HASH_DTYPE, SCHEMA, STAT_KEYS, as_window_table, columns_of,  # noqa: F401
+                           window_sha256, window_stats)
 
 MANIFEST_VERSION = 1
-TENANT_FIELDS = ("model", "log_type")
+TENANT_FIELDS = ("model", "log_type", "tenant")
 TENANT_MISSING = "unknown"
 CACHE_FILE = "windows.parquet"
 CACHE_META_KEY = b"portbench_manifest_checksum"
 # Parameter sections a manifest is frozen from; freezing with different values needs --refreeze.
+# (A source's display keys, e.g. its label, are not part of it: renaming a source needs no refreeze.)
 FROZEN_SECTIONS = ("windows", "sources", "standins")
 
 
@@ -119,8 +124,9 @@ def seeded_tenants(n: int, n_tenants: int, seed: int, source: str, window_id: st
 
 
 def window_from_rows(rows: pl.DataFrame, *, window_id: str, source: str, seed: int, n_tenants: int,
-                     tenant_fields: Sequence[str]) -> pl.DataFrame:
-    """Window table from consecutive canonical rows: order by arrival (ties by row), relative time, tenants."""
+                     tenant_fields: Sequence[str], hashes: bool = False) -> pl.DataFrame:
+    """Window table from consecutive canonical rows: order by arrival (ties by row), relative time, tenants,
+    and (``hashes``) the rows' ``block_hashes``."""
     rows = rows.sort(["arrival_s", "row"], maintain_order=True)
     t0 = rows["arrival_s"][0]
     if tenant_fields:
@@ -134,11 +140,24 @@ def window_from_rows(rows: pl.DataFrame, *, window_id: str, source: str, seed: i
         pl.col("prompt_tokens").cast(pl.Int64),
         pl.col("output_tokens").cast(pl.Int64),
     ).with_columns(tenant.alias("tenant"))
+    if hashes:
+        df = df.with_columns(rows[HASH_COLUMN].alias(HASH_COLUMN))
     return as_window_table(df, window_id)
 
 
+def has_hashes(canonical: pl.DataFrame) -> bool:
+    """The canonical table carries prompt block hashes on every row."""
+    return HASH_COLUMN in canonical.columns and canonical.height > 0 and canonical[HASH_COLUMN].null_count() == 0
+
+
+def hash_block_size(manifest: Mapping, entry: Mapping) -> int | None:
+    """Tokens per hash block of a window's ``block_hashes`` (the manifest's ``sources.<s>.block_size``;
+    None: the window has no hashes)."""
+    return (manifest.get("sources", {}).get(entry["source"]) or {}).get("block_size")
+
+
 def cut_windows(canonical: pl.DataFrame, n_windows: int, size: int, seed: int, source: str,
-                n_tenants: int) -> list[tuple[dict, pl.DataFrame]]:
+                n_tenants: int, hashes: bool = False) -> list[tuple[dict, pl.DataFrame]]:
     """Stride-sample ``n_windows`` windows of ``size`` valid requests from one canonical table.
 
     Returns ``[(meta, window_df)]`` in bucket order; ``meta`` holds ``id``, ``file``,
@@ -156,7 +175,7 @@ def cut_windows(canonical: pl.DataFrame, n_windows: int, size: int, seed: int, s
     for wid, start in zip(window_ids(source, n_windows), starts.tolist()):
         rows = canon.slice(start, size)
         df = window_from_rows(rows, window_id=wid, source=source, seed=seed, n_tenants=n_tenants,
-                              tenant_fields=fields)
+                              tenant_fields=fields, hashes=hashes)
         meta = {"id": wid, "file": rows["file"][0], "row_start": int(rows["row"][0]),
                 "row_end": int(rows["row"][-1]), "t_start": float(rows["arrival_s"].min()),
                 "tenant_fields": fields}
@@ -254,12 +273,17 @@ def _loud(msg: str) -> None:
     print(f"[portbench windows] WARNING: {msg}", file=sys.stderr, flush=True)
 
 
-def provenance_reason(mode: str | None, provenance: str | None, file: str | None, detail: str = "") -> str:
+def provenance_reason(mode: str | None, provenance: str | None, file: str | None, detail: str = "",
+                      origin: str | None = registry.OFFICIAL) -> str:
     """Why a source has its provenance, in words that do not depend on the machine.
 
     The registry's own reason names local paths and download errors; the committed manifest must
-    be byte-identical wherever it is frozen, so it records this fixed wording instead.
+    be byte-identical wherever it is frozen, so it records this fixed wording instead. A user's own
+    file (``origin`` user) is never called official or verified.
     """
+    if provenance == "real" and origin == registry.USER:
+        return (f"mode {mode}: user file {file} (not an official file: its SHA-256 is recorded in source_files, "
+                "not checked against an official record)")
     if provenance == "real":
         return f"mode {mode}: official file {file} found and verified (SHA-256 in source_files)"
     if provenance == "standin":
@@ -281,8 +305,13 @@ def evidence_checksums(cfg: Config, source: str) -> dict[str, str]:
 
 
 def _params_record(cfg: Config) -> dict:
-    """The parameter sections the manifest is frozen from, as written in the parameter files."""
-    return _jsonable({k: cfg.tree.get(k) for k in FROZEN_SECTIONS if k in cfg.tree})
+    """The parameter sections the manifest is frozen from, as written in the parameter files (without
+    the sources' display keys)."""
+    rec = {k: cfg.tree.get(k) for k in FROZEN_SECTIONS if k in cfg.tree}
+    if isinstance(rec.get("sources"), Mapping):
+        rec["sources"] = {s: ({k: v for k, v in spec.items() if k not in DISPLAY_KEYS}
+                              if isinstance(spec, Mapping) else spec) for s, spec in rec["sources"].items()}
+    return _jsonable(rec)
 
 
 def _entry(meta: Mapping, df: pl.DataFrame, *, source: str, provenance: str) -> dict:
@@ -313,10 +342,17 @@ def _build_source(cfg: Config, source: str, info: Mapping, record: dict) -> list
     n, size = w.per_source, w.size
     if info["provenance"] == "real":
         canonical = traces.load_canonical(cfg, source)
-        cut = cut_windows(canonical, n, size, w.seed, source, w.tenants)
+        block_size = registry.hash_block_size(cfg.sources[source])
+        hashes = has_hashes(canonical)
+        if hashes and block_size is None:
+            raise ParameterError(f"sources.{source}.block_size", None, "the tokens per block of the trace's prompt "
+                                 "block hashes (its windows carry them)")
+        cut = cut_windows(canonical, n, size, w.seed, source, w.tenants, hashes=hashes)
         fields = cut[0][0]["tenant_fields"] if cut else []
         record["tenants"] = _tenant_rule(fields, w.tenants)
         record["valid_requests"] = canonical.height
+        if hashes:
+            record["block_size"] = int(block_size)
         return cut
     built = []
     for k, (meta, df) in enumerate(standins.build_windows(standins.inputs(cfg), source, n, size)):
@@ -353,9 +389,9 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
         info = resolved.get(source) or {"provenance": None, "file": None, "path": None, "reason": "not resolved"}
         spec = cfg.sources[source]
         file = info.get("file") or spec.file
-        rec = {"mode": spec.mode, "file": file, "provenance": info.get("provenance"),
+        rec = {"mode": spec.mode, "file": file, "provenance": info.get("provenance"), "origin": info.get("origin"),
                "reason": provenance_reason(spec.mode, info.get("provenance"), file,
-                                           str(info.get("reason", "")))}
+                                           str(info.get("reason", "")), info.get("origin"))}
         sources_rec[source] = rec
         prov = info.get("provenance")
         if prov is None:
@@ -460,8 +496,12 @@ def rebuild_window(entry: Mapping, manifest: Mapping, canonical: pl.DataFrame | 
                                  f"{entry['n_requests']}")
         w = manifest["params"]["windows"]
         rule = manifest["sources"][entry["source"]]["tenants"]
+        hashes = hash_block_size(manifest, entry) is not None
+        if hashes and not has_hashes(rows):
+            raise IntegrityError(f"window {entry['id']}: the manifest records prompt block hashes for "
+                                 f"{entry['source']}, but the canonical rows of {entry['file']} have none")
         return window_from_rows(rows, window_id=entry["id"], source=entry["source"], seed=w["seed"],
-                                n_tenants=w["tenants"], tenant_fields=rule.get("fields", []))
+                                n_tenants=w["tenants"], tenant_fields=rule.get("fields", []), hashes=hashes)
     if st is None:
         raise ValueError("a stand-in window needs the data store holding its evidence")
     df = standins.regenerate(dict(entry), st)
@@ -541,11 +581,17 @@ def _read_cache(path: Path, manifest: Mapping) -> dict[str, pl.DataFrame]:
     except (OSError, ValueError, pl.exceptions.PolarsError) as e:  # pyarrow's errors derive from these
         raise IntegrityError(f"window cache {path} cannot be read ({type(e).__name__}: {e}); "
                              "delete it to rebuild it from the source data") from None
-    if df.columns != ["window_id", *COLUMNS]:
-        raise IntegrityError(f"window cache {path} has columns {df.columns}, expected window_id + {list(COLUMNS)}; "
-                             "delete it to rebuild it from the source data")
-    return {wid: part.drop("window_id") for (wid,), part in df.partition_by("window_id", as_dict=True,
-                                                                              maintain_order=True).items()}
+    if df.columns not in (["window_id", *COLUMNS], ["window_id", *COLUMNS, HASH_COLUMN]):
+        raise IntegrityError(f"window cache {path} has columns {df.columns}, expected window_id + {list(COLUMNS)} "
+                             f"(+ {HASH_COLUMN}); delete it to rebuild it from the source data")
+    hashed = {e["id"] for e in manifest["windows"] if hash_block_size(manifest, e) is not None}
+    out = {}
+    for (wid,), part in df.partition_by("window_id", as_dict=True, maintain_order=True).items():
+        part = part.drop("window_id")
+        if HASH_COLUMN in part.columns and wid not in hashed:   # windows without hashes keep their 4 columns
+            part = part.drop(HASH_COLUMN)
+        out[wid] = part
+    return out
 
 
 def _write_cache(path: Path, manifest: Mapping, tables: Mapping[str, pl.DataFrame]) -> Path:
@@ -553,7 +599,11 @@ def _write_cache(path: Path, manifest: Mapping, tables: Mapping[str, pl.DataFram
     import pyarrow.parquet as pq
 
     order = [e["id"] for e in manifest["windows"] if e["id"] in tables]
-    frames = [tables[i].with_columns(pl.lit(i).alias("window_id")).select(["window_id", *COLUMNS]) for i in order]
+    frames = [tables[i].with_columns(pl.lit(i).alias("window_id")).select(["window_id", *columns_of(tables[i])])
+              for i in order]
+    if any(HASH_COLUMN in f.columns for f in frames):   # one long table: null hashes for windows without them
+        frames = [f if HASH_COLUMN in f.columns else f.with_columns(pl.lit(None, HASH_DTYPE).alias(HASH_COLUMN))
+                  for f in frames]
     df = pl.concat(frames) if frames else pl.DataFrame(schema={"window_id": pl.String, **SCHEMA})
     table = df.to_arrow()
     table = table.replace_schema_metadata({**(table.schema.metadata or {}),
@@ -629,12 +679,13 @@ def verify(cfg: Config) -> tuple[int, int, list[str]]:
 # --------------------------------------------------------------------------- tables for reading
 
 
-def window_table(manifest: Mapping) -> pl.DataFrame:
-    """One row per window: id, source, label, provenance, synthetic, file, rows, timing, stats, sha256."""
+def window_table(manifest: Mapping, names: Mapping[str, str] | None = None) -> pl.DataFrame:
+    """One row per window: id, source, label (with the display ``names``, ``cfg.display_names``),
+    provenance, synthetic, file, rows, timing, stats, sha256."""
     rows = []
     for e in manifest["windows"]:
         rows.append({
-            "id": e["id"], "source": e["source"], "label": label(e["source"], e["provenance"]),
+            "id": e["id"], "source": e["source"], "label": label(e["source"], e["provenance"], names),
             "provenance": e["provenance"], "synthetic": e["synthetic"], "file": e["file"],
             "row_start": e["row_start"], "row_end": e["row_end"], "n_requests": e["n_requests"],
             "t_start": e["t_start"], "duration_s": e["duration_s"],
@@ -645,6 +696,24 @@ def window_table(manifest: Mapping) -> pl.DataFrame:
               "n_requests": pl.Int64, "t_start": pl.Float64, "duration_s": pl.Float64,
               **{k: pl.Float64 for k in STAT_KEYS}, "sha256": pl.String}
     return pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
+
+
+def has_tenants(manifest: Mapping, source: str) -> bool:
+    """Whether ``source``'s windows carry tenants from the trace (a tenant field, or the stand-in
+    generator's tenants drawn from real fields / clients) rather than the seeded synthetic assignment."""
+    rule = ((manifest.get("sources", {}).get(source) or {}).get("tenants") or {}).get("rule")
+    return rule in ("fields", "generator")
+
+
+def tenant_label(manifest: Mapping, source: str, model: str = "trace") -> str:
+    """How a source's tenants are to be read: ``trace``, ``synthetic (seeded Zipf 1/k, T tenants)``
+    (``simulation.tenant_model: seeded`` on a source without tenants) or ``none``."""
+    if has_tenants(manifest, source):
+        return "trace"
+    if model == "seeded":
+        n = ((manifest.get("sources", {}).get(source) or {}).get("tenants") or {}).get("tenants")
+        return f"synthetic (seeded Zipf 1/k, {n} tenants)"
+    return "none"
 
 
 def provenance(manifest: Mapping) -> dict[str, str]:

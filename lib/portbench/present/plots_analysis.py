@@ -33,9 +33,29 @@ def _region_ticks(A, oneline: bool = False) -> list[str]:
 
 
 def _ties(A) -> str:
-    """How ranks are tied, for titles: 'means within 1% tied' or 'exact ties only'."""
-    tol = A.summary["parameters"].get("rank_tolerance", 0.0)
-    return f"means within {100 * tol:g}% tied" if tol else "exact ties only"
+    """How ranks are tied, for titles."""
+    p = A.summary["parameters"]
+    rule = p.get("ties", "significance")
+    if rule.startswith("significance"):
+        return (f"statistical ties: Wilcoxon over windows, {p['tie_correction']}, α = {p['alpha']}"
+                + (", and ≥ δ" if rule == "significance_practical" else ""))
+    if rule == "tolerance":
+        return f"means within {100 * p['rank_tolerance']:g}% tied"
+    return "exact ties only"
+
+
+def _panels(A) -> list[str]:
+    """The available panels, headline first."""
+    return [n for n, p in A.summary["panels"].items() if p["available"]]
+
+
+def _head(A) -> list[str]:
+    return A.summary["headline_metrics"]
+
+
+def _panel_label(A, name: str) -> str:
+    p = A.summary["panels"][name]
+    return f"panel {name} ({', '.join(A.labels.get(s, s) for s in p['sources'])}; {'all real' if p['all_real'] else 'not all real'})"
 
 
 def _metric_ticks(metrics) -> list[str]:
@@ -88,84 +108,132 @@ def _heatmap(ax, values, row_labels, col_labels, *, lo=None, hi=None, vmin=-1, v
 # --------------------------------------------------------------------------- 04 cross-workload
 
 def cross_source_heatmaps(cfg, A, close: bool = False) -> list:
-    """One heatmap per source pair: tau-b (with 95% CI) for every metric x region."""
+    """One heatmap per panel and source pair: tau-b [95% CI] and tau-b / tau-b,max for every metric x region."""
     t = A["cross_source_tau"]
     R, M = A.summary["parameters"]["regions"], A.summary["parameters"]["metrics"]
+    head = set(_head(A))
     figs = []
-    for (s1, s2), g in t.group_by(["source_1", "source_2"], maintain_order=True):
-        piv = {(r, m): (tau, lo, hi) for r, m, tau, lo, hi in
-               g.select("region", "metric", "tau", "ci_low", "ci_high").iter_rows()}
-        arr = np.array([[piv.get((r, m), (np.nan,) * 3) for r in R] for m in M], dtype=float)
-        fig, ax = figures.figure(figsize=(1.25 * len(R) + 3, 0.48 * len(M) + 1.8))
-        _heatmap(ax, arr[..., 0], _metric_ticks(M), _region_ticks(A), lo=arr[..., 1], hi=arr[..., 2],
-                 nan_text="n/a")
+    for (panel, s1, s2), g in t.group_by(["panel", "source_1", "source_2"], maintain_order=True):
+        piv = {(r, m): (tau, lo, hi, nm, st) for r, m, tau, lo, hi, nm, st in
+               g.select("region", "metric", "tau", "ci_low", "ci_high", "tau_norm", "status").iter_rows()}
+        arr = np.array([[piv.get((r, m), (np.nan,) * 4 + ("missing",))[:4] for r in R] for m in M], dtype=float)
+        status = [[piv.get((r, m), (None,) * 4 + ("missing",))[4] for r in R] for m in M]
+        fig, ax = figures.figure(figsize=(1.35 * len(R) + 3, 0.52 * len(M) + 1.9))
+        annot = _annot(arr[..., 0], arr[..., 1], arr[..., 2])
+        for i, j in np.ndindex(annot.shape):
+            if not np.isnan(arr[i, j, 3]):
+                annot[i, j] += f"\n÷max {arr[i, j, 3]:.2f}"
+            elif status[i][j] == "all_tied":
+                annot[i, j] = "all tied"
+        import seaborn as sns
+        sns.heatmap(arr[..., 0], ax=ax, vmin=-1, vmax=1, cmap="RdBu", annot=annot, fmt="", annot_kws={"fontsize": 6},
+                    xticklabels=_region_ticks(A), yticklabels=[("★ " if m in head else "") + x
+                                                               for m, x in zip(M, _metric_ticks(M))],
+                    cbar_kws={"label": TAU_LABEL}, linewidths=0.5, linecolor="white")
+        ax.set_facecolor("0.93")
+        for i, j in zip(*np.nonzero(np.isnan(arr[..., 0]))):      # seaborn leaves NaN cells blank: say why
+            ax.text(j + 0.5, i + 0.5, "all tied" if status[i][j] == "all_tied" else "n/a", ha="center",
+                    va="center", fontsize=6, color="0.45")
+        ax.tick_params(axis="y", rotation=0)
+        ax.tick_params(axis="x", rotation=0)
         l1, l2 = A.labels[s1], A.labels[s2]
-        ax.set_title(f"Rank agreement between {l1} and {l2}: Kendall τ-b [95% bootstrap CI]\n"
-                     f"{len(A.summary['parameters']['schedulers'])} schedulers ranked by mean over windows "
-                     f"({_ties(A)}); n/a = a ranking is all ties")
+        ax.set_title(f"Rank agreement between {l1} and {l2} (panel {panel}): Kendall τ-b [95% bootstrap CI], "
+                     f"÷max = τ-b / τ-b,max\n{len(A.summary['parameters']['schedulers'])} schedulers ranked by mean over "
+                     f"windows ({_ties(A)}); all tied = a ranking ties every scheduler; ★ headline metric", fontsize=9)
         ax.set_xlabel("operating region (offered load ρ relative to capacity)")
         ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
-        figs.append(_save(cfg, fig, "04", f"tau_{s1}_vs_{s2}",
-                          f"Kendall tau-b with 95% bootstrap CI between the scheduler rankings of {l1} and {l2}, "
-                          "per metric and region", close))
+        suffix = "" if panel == A.summary["headline_panel"] else f"_{panel}"
+        figs.append(_save(cfg, fig, "04", f"tau_{s1}_vs_{s2}{suffix}",
+                          f"Kendall tau-b with 95% bootstrap CI and tau-b / tau-b,max between the scheduler rankings of "
+                          f"{l1} and {l2} (panel {panel}), per metric and region", close))
     return figs
 
 
-def cross_source_forest(cfg, A, close: bool = False):
-    """Forest plot: every cross-source tau with its CI, by region, metric and source pair."""
-    t = A["cross_source_tau"]
-    R, M = A.summary["parameters"]["regions"], A.summary["parameters"]["metrics"]
-    pairs = t.select("source_1", "source_2").unique(maintain_order=True).rows()
-    ncol = 3 if len(R) > 4 else len(R)
-    nrow = int(np.ceil(len(R) / ncol))
-    fig, axes = figures.figure(nrow, ncol, figsize=(4.2 * ncol, 0.32 * len(M) * nrow + 1.5), sharex=True,
-                               sharey=True, squeeze=False)
-    colors = ["C0", "C1", "C2", "C3", "C4", "C5"]
-    y = np.arange(len(M))
-    for k, r in enumerate(R):
-        ax = axes.flat[k]
-        for q, (s1, s2) in enumerate(pairs):
-            g = t.filter((pl.col("region") == r) & (pl.col("source_1") == s1) & (pl.col("source_2") == s2))
-            d = {m: (tau, lo, hi) for m, tau, lo, hi in g.select("metric", "tau", "ci_low", "ci_high").iter_rows()}
-            vals = np.array([d.get(m, (np.nan,) * 3) for m in M], dtype=float)
-            off = (q - (len(pairs) - 1) / 2) * 0.25
-            err = np.clip([vals[:, 0] - vals[:, 1], vals[:, 2] - vals[:, 0]], 0, None)  # CI may sit beside tau = 1
-            ax.errorbar(vals[:, 0], y + off, xerr=np.nan_to_num(err), fmt="o",
-                        ms=3, lw=1, color=colors[q % 6], label=f"{A.labels[s1]} vs {A.labels[s2]}")
-        ax.axvline(0, color="grey", lw=0.8)
-        ax.set_title(f"{r} (ρ={A.summary['data']['rho'][r]:g})")
-        ax.set_yticks(y, _metric_ticks(M), fontsize=8)
-        ax.set_xlim(-1.05, 1.05)
-    for ax in axes.flat[len(R):]:
-        ax.set_visible(False)
-    axes[0, 0].invert_yaxis()      # shared y: first metric on top in every panel
-    for ax in axes[-1]:
-        ax.set_xlabel("Kendall τ-b (dimensionless)")
-    handles, labels_ = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels_, loc="lower center", ncol=len(pairs), bbox_to_anchor=(0.5, -0.02), frameon=False)
-    fig.suptitle("Cross-source rank agreement per condition: τ-b and 95% bootstrap CI (points left of 0 = "
-                 "orders tend to reverse)", y=1.0)
-    fig.tight_layout(rect=(0, 0.04, 1, 0.98))
-    return _save(cfg, fig, "04", "tau_forest", "forest plot of every cross-source tau-b with its 95% CI, "
-                 "by region, metric and source pair", close)
+def cross_source_forest(cfg, A, close: bool = False) -> list:
+    """Forest plot per panel: every headline cross-source tau-b with its CI, by region, metric and source pair."""
+    figs = []
+    for panel in _panels(A):
+        t = A["cross_source_tau"].filter(pl.col("panel") == panel)
+        R, M = A.summary["parameters"]["regions"], _head(A)
+        pairs = t.select("source_1", "source_2").unique(maintain_order=True).rows()
+        ncol = 3 if len(R) > 4 else len(R)
+        nrow = int(np.ceil(len(R) / ncol))
+        fig, axes = figures.figure(nrow, ncol, figsize=(4.2 * ncol, 0.5 * len(M) * nrow + 1.8), sharex=True,
+                                   sharey=True, squeeze=False)
+        colors = ["C0", "C1", "C2", "C3", "C4", "C5"]
+        y = np.arange(len(M))
+        for k, r in enumerate(R):
+            ax = axes.flat[k]
+            for q, (s1, s2) in enumerate(pairs):
+                g = t.filter((pl.col("region") == r) & (pl.col("source_1") == s1) & (pl.col("source_2") == s2))
+                d = {m: (tau, lo, hi) for m, tau, lo, hi in g.select("metric", "tau", "ci_low", "ci_high").iter_rows()}
+                vals = np.array([d.get(m, (np.nan,) * 3) for m in M], dtype=float)
+                off = (q - (len(pairs) - 1) / 2) * 0.25
+                err = np.clip([vals[:, 0] - vals[:, 1], vals[:, 2] - vals[:, 0]], 0, None)
+                ax.errorbar(vals[:, 0], y + off, xerr=np.nan_to_num(err), fmt="o",
+                            ms=3, lw=1, color=colors[q % 6], label=f"{A.labels[s1]} vs {A.labels[s2]}")
+            ax.axvline(0, color="grey", lw=0.8)
+            ax.set_title(f"{r} (ρ={A.summary['data']['rho'][r]:g})")
+            ax.set_yticks(y, _metric_ticks(M), fontsize=8)
+            ax.set_xlim(-1.05, 1.05)
+        for ax in axes.flat[len(R):]:
+            ax.set_visible(False)
+        axes[0, 0].invert_yaxis()
+        for ax in axes[-1]:
+            ax.set_xlabel("Kendall τ-b (dimensionless)")
+        handles, labels_ = axes.flat[0].get_legend_handles_labels()
+        fig.legend(handles, labels_, loc="lower center", ncol=len(pairs), bbox_to_anchor=(0.5, -0.02), frameon=False)
+        fig.suptitle(f"Cross-source rank agreement, headline metrics, {_panel_label(A, panel)}: τ-b and 95% bootstrap "
+                     "CI (missing point: a ranking is all tied)", y=1.0, fontsize=10)
+        fig.tight_layout(rect=(0, 0.04, 1, 0.98))
+        suffix = "" if panel == A.summary["headline_panel"] else f"_{panel}"
+        figs.append(_save(cfg, fig, "04", f"tau_forest{suffix}", f"forest plot of every cross-source tau-b of the "
+                          f"headline metrics with its 95% CI, by region, metric and source pair (panel {panel})", close))
+    return figs
 
 
-def kendall_w_heatmap(cfg, A, close: bool = False):
-    """Kendall's W across all sources, per metric x region."""
-    t = A["cross_source_w"]
+def kendall_w_heatmap(cfg, A, close: bool = False) -> list:
+    """Kendall's W across the sources of each panel, per metric x region."""
+    figs = []
     R, M = A.summary["parameters"]["regions"], A.summary["parameters"]["metrics"]
-    d = {(r, m): (w, lo, hi) for r, m, w, lo, hi in t.select("region", "metric", "W", "ci_low", "ci_high").iter_rows()}
-    arr = np.array([[d.get((r, m), (np.nan,) * 3) for r in R] for m in M], dtype=float)
-    fig, ax = figures.figure(figsize=(1.25 * len(R) + 3, 0.48 * len(M) + 1.8))
-    _heatmap(ax, arr[..., 0], _metric_ticks(M), _region_ticks(A), lo=arr[..., 1], hi=arr[..., 2], vmin=0, vmax=1,
-             cmap="viridis", cbar_label="Kendall's W (dimensionless; 0 = no agreement, 1 = identical)")
-    names = ", ".join(A.labels.values())
-    ax.set_title(f"Concordance of the scheduler rankings across all sources ({names}):\n"
-                 f"Kendall's W (tie-corrected; {_ties(A)}) [95% bootstrap CI]; n/a = a source's ranking is all ties")
-    ax.set_xlabel("operating region (offered load ρ relative to capacity)")
-    ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
-    return _save(cfg, fig, "04", "kendall_w_sources", "Kendall's W across all sources per metric and region, "
-                 "with 95% bootstrap CI", close)
+    for panel in _panels(A):
+        t = A["cross_source_w"].filter(pl.col("panel") == panel)
+        d = {(r, m): (w, lo, hi) for r, m, w, lo, hi in t.select("region", "metric", "W", "ci_low", "ci_high").iter_rows()}
+        arr = np.array([[d.get((r, m), (np.nan,) * 3) for r in R] for m in M], dtype=float)
+        fig, ax = figures.figure(figsize=(1.25 * len(R) + 3, 0.48 * len(M) + 1.8))
+        _heatmap(ax, arr[..., 0], _metric_ticks(M), _region_ticks(A), lo=arr[..., 1], hi=arr[..., 2], vmin=0, vmax=1,
+                 cmap="viridis", cbar_label="Kendall's W (dimensionless; 0 = no agreement, 1 = identical)",
+                 nan_text="all tied")
+        ax.set_title(f"Concordance of the scheduler rankings across the sources of {_panel_label(A, panel)}:\n"
+                     f"Kendall's W (tie-corrected; {_ties(A)}) [95% bootstrap CI]", fontsize=9)
+        ax.set_xlabel("operating region (offered load ρ relative to capacity)")
+        ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
+        suffix = "" if panel == A.summary["headline_panel"] else f"_{panel}"
+        figs.append(_save(cfg, fig, "04", f"kendall_w_sources{suffix}", f"Kendall's W across the sources of panel "
+                          f"{panel} per metric and region, with 95% bootstrap CI", close))
+    return figs
+
+
+def tie_structure(cfg, A, close: bool = False):
+    """How much each ranking resolves: tie groups per source x region for every headline metric."""
+    rk = A["rankings"]
+    R, K = A.summary["parameters"]["regions"], A.summary["parameters"]["schedulers"]
+    M, S = _head(A), list(A.labels)
+    fig, axes = figures.figure(1, len(M), figsize=(3.4 * len(M) + 1.5, 0.5 * len(S) + 2.8), squeeze=False, sharey=True)
+    g = rk.group_by("source", "region", "metric").agg(pl.col("n_groups").first())
+    d = {(s, r, m): n for s, r, m, n in g.iter_rows()}
+    for k, m in enumerate(M):
+        arr = np.array([[d.get((s, r, m), np.nan) for r in R] for s in S], dtype=float)
+        _heatmap(axes[0, k], arr, [A.labels[s] for s in S], [f"{r} ({A.summary['data']['rho'][r]:g})" for r in R],
+                 vmin=1, vmax=len(K), cmap="mako", cbar=(k == len(M) - 1),
+                 cbar_label=f"tie groups (1 = all tied, {len(K)} = fully resolved)", fmt_int=True, fontsize=8, xrot=45)
+        axes[0, k].tick_params(axis="x", labelsize=7)
+        axes[0, k].set_title(an.metric_label(m), fontsize=9)
+        axes[0, k].set_xlabel("operating region (ρ)")
+    fig.suptitle(f"What the windows resolve: tie groups of each ranking ({_ties(A)})", y=1.0)
+    fig.tight_layout()
+    return _save(cfg, fig, "04", "tie_groups", "number of tie groups (statistically distinguishable levels) of every "
+                 "source x region ranking, per headline metric", close)
 
 
 # --------------------------------------------------------------------------- 05 cross-region
@@ -176,8 +244,8 @@ def cross_region_matrices(cfg, A, close: bool = False):
     R = A.summary["parameters"]["regions"]
     S = list(A.labels)
     fig, axes = figures.figure(1, len(S), figsize=(5.2 * len(S) + 1, 5.2), squeeze=False)
-    agg = t.filter(pl.col("tau").is_not_nan()).group_by(["source", "region_1", "region_2"]) \
-        .agg(pl.col("tau").mean().alias("tau"))
+    agg = t.filter(pl.col("tau").is_not_nan() & pl.col("metric").is_in(_head(A))) \
+        .group_by(["source", "region_1", "region_2"]).agg(pl.col("tau").mean().alias("tau"))
     for k, s in enumerate(S):
         arr = np.full((len(R), len(R)), np.nan)
         np.fill_diagonal(arr, 1.0)
@@ -191,11 +259,11 @@ def cross_region_matrices(cfg, A, close: bool = False):
         axes[0, k].set_ylabel("operating region (ρ)" if k == 0 else "")
         axes[0, k].tick_params(axis="x", labelsize=7)
         axes[0, k].tick_params(axis="y", labelsize=7)
-    fig.suptitle(f"Rank agreement between operating regions, mean τ-b over the "
-                 f"{len(A.summary['parameters']['metrics'])} metrics ({_ties(A)})", y=1.0)
+    fig.suptitle(f"Rank agreement between operating regions, mean τ-b over the {len(_head(A))} headline metrics "
+                 f"where defined ({_ties(A)})", y=1.0)
     fig.tight_layout()
     return _save(cfg, fig, "05", "region_tau_matrices", "per source, Kendall tau-b between the rankings of every "
-                 "pair of operating regions, averaged over metrics", close)
+                 "pair of operating regions, averaged over the headline metrics", close)
 
 
 def cross_region_w_heatmap(cfg, A, close: bool = False):
@@ -207,7 +275,7 @@ def cross_region_w_heatmap(cfg, A, close: bool = False):
     arr = np.array([[d.get((s, m), (np.nan,) * 3) for s in S] for m in M], dtype=float)
     fig, ax = figures.figure(figsize=(1.6 * len(S) + 3.5, 0.45 * len(M) + 1.6))
     _heatmap(ax, arr[..., 0], _metric_ticks(M), [A.labels[s] for s in S], lo=arr[..., 1], hi=arr[..., 2],
-             vmin=0, vmax=1, cmap="viridis", cbar_label="Kendall's W (dimensionless)")
+             vmin=0, vmax=1, cmap="viridis", cbar_label="Kendall's W (dimensionless)", nan_text="all tied")
     ax.set_title(f"Concordance of the rankings across the {len(A.summary['parameters']['regions'])} regions: "
                  "Kendall's W [95% CI]")
     ax.set_xlabel("source")
@@ -269,71 +337,104 @@ def bump_charts(cfg, A, metrics=None, close: bool = False) -> list:
 
 # --------------------------------------------------------------------------- 06 reversals
 
-def reversal_funnel(cfg, A, close: bool = False):
-    """Counts (and rates) of comparisons at each stage: sign only -> significant -> significant and practical."""
-    rv = A.summary["reversals"]
-    n = rv["comparisons"]["value"]
+def _head_reversals(A, panel: str):
+    return A["reversals"].filter((pl.col("panel") == panel) & pl.col("headline"))
+
+
+def _suffix(A, panel: str) -> str:
+    """File-name suffix of a panel's figure: none for the headline panel."""
+    return "" if panel == A.summary["headline_panel"] else f"_{panel}"
+
+
+def reversal_funnel(cfg, A, close: bool = False, panel: str | None = None):
+    """Counts (and rates) at each stage, the default design (headline metrics, per-metric families) beside the
+    original study's design (study_preset), for one panel (default: the headline panel)."""
+    panel = panel or A.summary["headline_panel"]
+    rv = A.summary["panels"][panel]["reversals"]
+    pre = rv.get("study_preset") or {}
     names = ["comparisons", "sign_reversals", "significant", "significant_and_practical"]
     nice = ["all comparisons", "sign reversal", "+ significant\n(both sides)", "+ practical\n(both sides ≥ δ)"]
-    vals = [rv[k]["value"] for k in names]
-    fig, ax = figures.figure(figsize=(7.5, 4.2))
-    bars = ax.bar(nice, [max(v, 0.8) for v in vals], color=["0.7", "C0", "C1", "C3"])
+    designs = [("default: " + ", ".join(rv.get("metrics", [])) + f"\n{rv['correction']} per {rv['family']}", "C0",
+                [rv[k]["value"] for k in names])]
+    if pre.get("available"):
+        designs.append((f"study preset: {pre['metric']}, {len(pre['regions'])} heaviest regions\n"
+                        f"{pre['correction']}, one family", "C3", [pre[k] for k in names]))
+    fig, ax = figures.figure(figsize=(9, 4.6))
+    x = np.arange(len(names))
+    w = 0.8 / len(designs)
+    for d, (label, color, vals) in enumerate(designs):
+        n = vals[0]
+        bars = ax.bar(x + (d - (len(designs) - 1) / 2) * w, [max(v, 0.8) for v in vals], width=w, color=color,
+                      label=label)
+        for b, v in zip(bars, vals):
+            ax.text(b.get_x() + b.get_width() / 2, max(v, 0.8) * 1.15, f"{v:,}\n({v / n:.1%})" if n else f"{v}",
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, nice)
     ax.set_yscale("log")
-    for b, v in zip(bars, vals):
-        ax.text(b.get_x() + b.get_width() / 2, max(v, 0.8) * 1.15, f"{v:,}\n({v / n:.1%})" if n else f"{v}",
-                ha="center", va="bottom", fontsize=9)
-    ax.set_ylim(0.5, n * 8 if n else 10)
+    top = max(d[2][0] for d in designs) or 10
+    ax.set_ylim(0.5, top * 12)
     ax.set_ylabel("number of comparisons (log scale)")
     ax.set_xlabel("stage of the reversal verdict")
-    p = rv["parameters"]
-    ax.set_title(f"Scheduler-pair reversals between sources: α = {p['alpha']}, {p['correction']} correction "
-                 f"(family: {p['family']}), δ = {p['delta']:.0%}")
-    return _save(cfg, fig, "06", "reversal_funnel", "number and rate of scheduler-pair x source-pair x region x metric "
-                 "comparisons that reverse in sign, significantly, and significantly and practically", close)
+    ax.legend(fontsize=8, loc="upper right")
+    dl = rv["delta"]
+    ax.set_title(f"Scheduler-pair reversals between sources ({_panel_label(A, panel)}):\n"
+                 f"α = {rv['alpha']}, δ = {dl['relative']:.0%} relative (ratio metrics) / "
+                 f"{100 * dl['absolute']:g} points (proportions)", fontsize=9)
+    return _save(cfg, fig, "06", f"reversal_funnel{_suffix(A, panel)}", "number and rate of comparisons that reverse "
+                 "in sign, significantly, and significantly and practically: the default design beside the original "
+                 f"study's design (panel {panel})", close)
 
 
-def reversal_concentration(cfg, A, close: bool = False):
-    """Where significant-and-practical reversals concentrate: metric x region, and per source pair."""
-    rev = A["reversals"]
+def reversal_concentration(cfg, A, close: bool = False, panel: str | None = None):
+    """Where significant-and-practical reversals concentrate: metric x region (every metric), and per source pair
+    (headline metrics), for one panel (default: the headline panel)."""
+    panel = panel or A.summary["headline_panel"]
+    allrev = A["reversals"].filter(pl.col("panel") == panel)
     R, M = A.summary["parameters"]["regions"], A.summary["parameters"]["metrics"]
-    b = an.breakdown(rev, ["region", "metric"])
-    d = {(r, m): c for r, m, c in b.select("region", "metric", "significant_and_practical").iter_rows()}
+    head = set(_head(A))
+    b = an.breakdown(allrev, ["region", "metric"]) if allrev.height else None
+    d = {(r, m): c for r, m, c in b.select("region", "metric", "significant_and_practical").iter_rows()} if b is not None else {}
     arr = np.array([[d.get((r, m), 0) for r in R] for m in M], dtype=float)
-    per_cell = rev.height / max(len(R) * len(M), 1)
+    per_cell = allrev.height / max(len(R) * len(M), 1)
     fig, axes = figures.figure(1, 2, figsize=(14, 0.42 * len(M) + 2.2), gridspec_kw={"width_ratios": [1.3, 1]})
-    _heatmap(axes[0], arr, _metric_ticks(M), _region_ticks(A, True), vmin=0, vmax=max(arr.max(), 1), cmap="rocket_r",
+    _heatmap(axes[0], arr, [("★ " if m in head else "") + x for m, x in zip(M, _metric_ticks(M))], _region_ticks(A, True),
+             vmin=0, vmax=max(arr.max(), 1), cmap="rocket_r",
              cbar_label=f"significant & practical reversals (of {per_cell:.0f} comparisons per cell)", fmt_int=True,
              fontsize=8, xrot=30)
     axes[0].set_xlabel("operating region (offered load ρ)")
-    axes[0].set_ylabel("metric")
+    axes[0].set_ylabel("metric (★ headline; families per metric)")
     axes[0].set_title("by metric and region")
-    sp = an.breakdown(rev, ["source_1", "source_2"])
-    lab = [f"{A.labels[a]}\nvs {A.labels[c]}" for a, c in zip(sp["source_1"], sp["source_2"])]
-    x = np.arange(len(lab))
-    for k, (col, color, name) in enumerate([("sign_reversals", "C0", "sign reversal"),
-                                            ("significant", "C1", "significant"),
-                                            ("significant_and_practical", "C3", "significant & practical")]):
-        axes[1].bar(x + (k - 1) * 0.27, sp[col].to_numpy(), width=0.27, color=color, label=name)
-    axes[1].set_xticks(x, lab, fontsize=8)
-    axes[1].set_ylabel("number of reversals")
+    rev = _head_reversals(A, panel)
+    if rev.height:
+        sp = an.breakdown(rev, ["source_1", "source_2"])
+        lab = [f"{A.labels[a]}\nvs {A.labels[c]}" for a, c in zip(sp["source_1"], sp["source_2"])]
+        x = np.arange(len(lab))
+        for k, (col, color, name) in enumerate([("sign_reversals", "C0", "sign reversal"),
+                                                ("significant", "C1", "significant"),
+                                                ("significant_and_practical", "C3", "significant & practical")]):
+            axes[1].bar(x + (k - 1) * 0.27, sp[col].to_numpy(), width=0.27, color=color, label=name)
+        axes[1].set_xticks(x, lab, fontsize=8)
+        axes[1].set_ylim(0, 1.25 * max(int(sp["sign_reversals"].max() or 0), 1))
+        axes[1].legend(fontsize=8, loc="upper center", ncol=3)
+    axes[1].set_ylabel("number of reversals (headline metrics)")
     axes[1].set_xlabel("source pair")
-    axes[1].set_title("by source pair")
-    axes[1].set_ylim(0, 1.25 * max(int(sp["sign_reversals"].max() or 0), 1))
-    axes[1].legend(fontsize=8, loc="upper center", ncol=3)
-    fig.suptitle("Where the significant-and-practical reversals concentrate", y=1.01)
+    axes[1].set_title("by source pair, headline metrics")
+    fig.suptitle(f"Where the significant-and-practical reversals concentrate ({_panel_label(A, panel)})", y=1.01)
     fig.tight_layout()
-    return _save(cfg, fig, "06", "reversal_concentration", "count of significant-and-practical reversals per metric x "
-                 "region, and reversals at each stage per source pair", close)
+    return _save(cfg, fig, "06", f"reversal_concentration{_suffix(A, panel)}", "count of significant-and-practical "
+                 f"reversals per metric x region, and reversals at each stage per source pair (panel {panel})", close)
 
 
-def reversal_pairs(cfg, A, close: bool = False):
-    """Scheduler-pair matrix: significant-and-practical reversals per pair (all conditions and source pairs)."""
-    rev = A["reversals"]
+def reversal_pairs(cfg, A, close: bool = False, panel: str | None = None):
+    """Scheduler-pair matrix: significant-and-practical reversals per pair (headline metrics, every condition)."""
+    panel = panel or A.summary["headline_panel"]
+    rev = _head_reversals(A, panel)
     K = A.summary["parameters"]["schedulers"]
-    b = an.breakdown(rev, ["a", "b"])
     arr = np.full((len(K), len(K)), np.nan)
-    for a, c, v in b.select("a", "b", "significant_and_practical").iter_rows():
-        arr[K.index(c), K.index(a)] = v
+    if rev.height:
+        b = an.breakdown(rev, ["a", "b"])
+        for a, c, v in b.select("a", "b", "significant_and_practical").iter_rows():
+            arr[K.index(c), K.index(a)] = v
     per = rev.height / max(len(K) * (len(K) - 1) / 2, 1)
     fig, ax = figures.figure(figsize=(0.62 * len(K) + 3, 0.55 * len(K) + 1.5))
     _heatmap(ax, arr, K, K, vmin=0, vmax=max(np.nanmax(arr) if not np.isnan(arr).all() else 1, 1), cmap="rocket_r",
@@ -342,21 +443,27 @@ def reversal_pairs(cfg, A, close: bool = False):
     ax.tick_params(axis="x", rotation=45)
     ax.set_xlabel("scheduler a")
     ax.set_ylabel("scheduler b")
-    ax.set_title("Which scheduler pairs reverse between sources (all regions, metrics and source pairs)")
-    return _save(cfg, fig, "06", "reversal_pairs", "count of significant-and-practical reversals per scheduler pair", close)
+    ax.set_title(f"Which scheduler pairs reverse between sources (headline metrics; all regions and source pairs; "
+                 f"panel {panel})", fontsize=9)
+    return _save(cfg, fig, "06", f"reversal_pairs{_suffix(A, panel)}", "count of significant-and-practical reversals "
+                 f"per scheduler pair (headline metrics, panel {panel})", close)
 
 
-def reversal_forest(cfg, A, top: int = 20, close: bool = False):
-    """Forest plot of the largest significant-and-practical reversals: signed relative effect on each side."""
-    rev = A["reversals"].filter(pl.col("stage") == "significant_and_practical").sort("min_rel", descending=True).head(top)
+def reversal_forest(cfg, A, top: int = 20, close: bool = False, panel: str | None = None):
+    """Forest plot of the strongest significant-and-practical reversals (headline metrics): each side's signed
+    effect in multiples of the metric's practical threshold δ."""
+    panel = panel or A.summary["headline_panel"]
+    rev = (_head_reversals(A, panel).filter(pl.col("stage") == "significant_and_practical")
+           .sort("strength", descending=True).head(top))
     fig, ax = figures.figure(figsize=(9, 0.34 * max(rev.height, 3) + 1.8))
     if rev.height == 0:
         ax.text(0.5, 0.5, "no significant-and-practical reversal", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
     else:
         y = np.arange(rev.height)
-        s1 = np.sign(rev["diff_1"].to_numpy()) * rev["rel_1"].to_numpy()
-        s2 = np.sign(rev["diff_2"].to_numpy()) * rev["rel_2"].to_numpy()
+        dl = rev["delta"].to_numpy()
+        s1 = np.sign(rev["diff_1"].to_numpy()) * rev["effect_1"].to_numpy() / dl
+        s2 = np.sign(rev["diff_2"].to_numpy()) * rev["effect_2"].to_numpy() / dl
         ax.hlines(y, s1, s2, color="0.75", lw=1)
         ax.scatter(s1, y, color="C0", zorder=3, label="on source 1 (first source named)")
         ax.scatter(s2, y, color="C3", zorder=3, label="on source 2 (second source named)")
@@ -365,26 +472,74 @@ def reversal_forest(cfg, A, top: int = 20, close: bool = False):
         ax.set_yticks(y, lbl, fontsize=7.5)
         ax.invert_yaxis()
         ax.axvline(0, color="k", lw=0.8)
-        d = A.summary["reversals"]["parameters"]["delta"]
-        for v in (-d, d):
+        for v in (-1, 1):
             ax.axvline(v, color="grey", ls=":", lw=0.8)
-        ax.set_xlabel("signed relative effect (> 0: a better than b; dotted: ±δ)", labelpad=2)
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=2, frameon=False)
-    ax.set_title(f"The {rev.height} largest significant-and-practical reversals (ordered by the smaller side)")
-    return _save(cfg, fig, "06", "reversal_forest", "forest plot of the largest significant-and-practical reversals: "
-                 "signed relative effect of a vs b on each source", close)
+        ax.set_xlabel("signed effect in multiples of δ (> 0: a better than b; dotted: ±δ; δ relative for ratio "
+                      "metrics, percentage points for proportions)", labelpad=2, fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
+    ax.set_title(f"The {rev.height} strongest significant-and-practical reversals of the headline metrics "
+                 f"(ordered by the weaker side; panel {panel})", fontsize=9)
+    return _save(cfg, fig, "06", f"reversal_forest{_suffix(A, panel)}", "forest plot of the strongest significant-and-"
+                 "practical reversals of the headline metrics: signed effect of a vs b on each source, in multiples "
+                 f"of delta (panel {panel})", close)
 
 
-def most_dramatic_paired(cfg, A, close: bool = False):
-    """Per-window paired plot of the most dramatic reversal, one panel per source."""
-    md = A.summary["reversals"].get("most_dramatic")
+def power_curves(cfg, A, close: bool = False):
+    """Power of one side test against the planted effect, per headline metric (pooled and per region)."""
+    pc = A["power_curves"]
+    M = [m for m in _head(A) if m in set(pc["metric"])] if pc.height else []
+    fig, axes = figures.figure(1, max(len(M), 1), figsize=(3.6 * max(len(M), 1) + 1, 3.8), squeeze=False)
+    pw = A.summary["power"]
+    if not M:
+        axes[0, 0].text(0.5, 0.5, "no null pairs (too few windows or identical schedulers)", ha="center",
+                        transform=axes[0, 0].transAxes)
+        axes[0, 0].set_axis_off()
+    R = A.summary["parameters"]["regions"]
+    cmap = __import__("matplotlib").colormaps["viridis"]
+    for k, m in enumerate(M):
+        ax = axes[0, k]
+        g = pc.filter(pl.col("metric") == m)
+        for i, r in enumerate(R):
+            gr = g.filter(pl.col("region") == r).sort("effect")
+            if gr.height:
+                ax.plot(gr["effect"], gr["power"], color=cmap(i / max(len(R) - 1, 1)), lw=1, alpha=0.8, label=r)
+        ga = g.filter(pl.col("region") == "all").sort("effect")
+        ax.plot(ga["effect"], ga["power"], color="k", lw=2.2, label="all regions, α")
+        ax.plot(ga["effect"], ga["power_family"], color="k", lw=1.4, ls="--", label="all regions, α / m")
+        ax.axhline(pw["by_metric"][m]["target_power"], color="C3", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{m}\nMDE {_fmt_effect(pw['by_metric'][m]['mde'], pw['by_metric'][m]['scale'])} (α), "
+                     f"{_fmt_effect(pw['by_metric'][m]['mde_family'], pw['by_metric'][m]['scale'])} (α/m)", fontsize=9)
+        ax.set_xlabel("planted effect (" + ("relative" if pw["by_metric"][m]["scale"] == "ratio" else "absolute") + ")")
+        if k == 0:
+            ax.set_ylabel("power of one side test")
+    if M:
+        axes[0, -1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"Power at {pw['by_metric'][M[0]]['windows'] if M else '-'} windows per source, on the study's own "
+                 "noise (planted effects)", y=1.02)
+    fig.tight_layout()
+    return _save(cfg, fig, "06", "power_curves", "power of one paired Wilcoxon side test against the planted effect per "
+                 "headline metric, per region and pooled, at alpha and at alpha/m", close)
+
+
+def _fmt_effect(v, scale: str) -> str:
+    if v is None:
+        return "not reached"
+    return f"{v:.1%}" if scale == "ratio" else f"{100 * v:.1f} pp" if scale == "proportion" else f"{100 * v:.1f} pp of the window"
+
+
+def most_dramatic_paired(cfg, A, close: bool = False, panel: str | None = None):
+    """Per-window paired plot of the most dramatic reversal of a panel of sources, one axis per source."""
+    panel = panel or A.summary["headline_panel"]
+    md = (A.summary["panels"][panel].get("reversals") or {}).get("most_dramatic")
     fig, axes = figures.figure(1, 2, figsize=(10, 4.8), sharey=True)
     if not md:
         for ax in axes:
             ax.text(0.5, 0.5, "no significant-and-practical reversal", ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
-        return _save(cfg, fig, "06", "most_dramatic", "per-window paired plot of the most dramatic reversal (none found)",
-                     close)
+        return _save(cfg, fig, "06", f"most_dramatic{_suffix(A, panel)}", "per-window paired plot of the most dramatic "
+                     f"reversal (none found; panel {panel})", close)
     wv = A["window_values"]
     a, b, region, metric = md["a"], md["b"], md["region"], md["metric"]
     direction = an.metric_direction(metric)
@@ -407,8 +562,8 @@ def most_dramatic_paired(cfg, A, close: bool = False):
         ax.set_xlim(-0.3, 1.3)
         na = int(np.sum(better_a))
         ax.set_title(f"{md['label_' + side]}: {a} better on {na}/{len(wins)} windows\n"
-                     f"mean {np.nanmean(va):.3g} vs {np.nanmean(vb):.3g}, rel. effect {md['rel_' + side]:.0%}, "
-                     f"adj. p = {md['p_adj_' + side]:.2g}", fontsize=9)
+                     f"mean {np.nanmean(va):.3g} vs {np.nanmean(vb):.3g}, effect "
+                     f"{_fmt_effect(md['effect_' + side], md['scale'])}, adj. p = {md['p_adj_' + side]:.2g}", fontsize=9)
         ax.set_xlabel("scheduler")
     v = np.concatenate(allv)
     v = v[np.isfinite(v) & (v > 0)]
@@ -418,7 +573,7 @@ def most_dramatic_paired(cfg, A, close: bool = False):
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Most dramatic reversal: {a} vs {b}, {metric}, region {region} — one line per window "
                  f"(green: {a} better, orange: {b} better)", y=1.02)
-    return _save(cfg, fig, "06", "most_dramatic", f"per-window paired plot of the most dramatic reversal ({a} vs {b}, "
+    return _save(cfg, fig, "06", f"most_dramatic{_suffix(A, panel)}", f"per-window paired plot of the most dramatic reversal ({a} vs {b}, "
                  f"{metric}, {region}, {md['label_1']} vs {md['label_2']})", close)
 
 
@@ -438,13 +593,47 @@ def metric_agreement(cfg, A, close: bool = False):
     _heatmap(ax, arr, _metric_ticks(M), _metric_ticks(M), fontsize=7,
              cbar_label="mean Kendall τ-b over sources x regions (dimensionless)")
     ax.tick_params(axis="x", rotation=60)
-    n = A.summary["cross_metric"]["conditions"]
+    n = A.summary["cross_metric"]["n_conditions"]
     ax.set_title(f"Agreement between metric rankings: τ-b averaged over the {n} (source, region) conditions "
                  f"({_ties(A)})")
     ax.set_xlabel("metric")
     ax.set_ylabel("metric")
     return _save(cfg, fig, "07", "metric_agreement", "Kendall tau-b between the rankings under every pair of metrics, "
                  "averaged over sources and regions", close)
+
+
+def top1_pairs(cfg, A, close: bool = False):
+    """Pairwise top-1 change rate for every pair of headline metrics (over the (source, region) conditions of the
+    headline panel where both rankings resolve a best group)."""
+    t = A["top1_pairs"]
+    srcs = A.summary["panels"][A.summary["headline_panel"]]["sources"] if A.summary["headline_panel"] else []
+    t = t.filter(pl.col("source").is_in(srcs) & pl.col("defined")) if t.height else t
+    M = _head(A)
+    arr = np.full((len(M), len(M)), np.nan)
+    cnt = np.zeros((len(M), len(M)))
+    if t.height:
+        for m1, m2, rate, n in (t.group_by("metric_1", "metric_2").agg(pl.col("top1_changes").mean(), pl.len())
+                                .iter_rows()):
+            i, j = M.index(m1), M.index(m2)
+            arr[i, j] = arr[j, i] = rate
+            cnt[i, j] = cnt[j, i] = n
+    fig, ax = figures.figure(figsize=(1.3 * len(M) + 3, 1.0 * len(M) + 1.5))
+    annot = _annot(arr)
+    for i, j in np.ndindex(arr.shape):
+        if not np.isnan(arr[i, j]):
+            annot[i, j] += f"\n(n = {int(cnt[i, j])})"
+    import seaborn as sns
+    sns.heatmap(arr, ax=ax, vmin=0, vmax=1, cmap="rocket_r", annot=annot, fmt="", annot_kws={"fontsize": 8},
+                xticklabels=_metric_ticks(M), yticklabels=_metric_ticks(M),
+                cbar_kws={"label": "fraction of conditions whose best groups differ"}, linewidths=0.5, linecolor="white")
+    ax.set_facecolor("0.93")
+    ax.tick_params(axis="x", rotation=30)
+    ax.tick_params(axis="y", rotation=0)
+    ax.set_title("Does the best scheduler change with the metric? Pairwise top-1 change rate, headline metrics\n"
+                 f"(best group = schedulers tied for best; n = (source, region) conditions where both resolve one; "
+                 f"{_ties(A)})", fontsize=9)
+    return _save(cfg, fig, "07", "top1_pairs", "for every pair of headline metrics, the fraction of (source, region) "
+                 "conditions in which the best tie groups share no scheduler", close)
 
 
 def winners(cfg, A, close: bool = False):
@@ -454,9 +643,9 @@ def winners(cfg, A, close: bool = False):
     K = A.summary["parameters"]["schedulers"]
     arr = np.zeros((len(M), len(K)))
     for m, w in t.select("metric", "winner").iter_rows():
-        for sc in w.split("+"):
+        for sc in filter(None, w.split("+")):
             arr[M.index(m), K.index(sc)] += 1
-    n = A.summary["cross_metric"]["conditions"]
+    n = A.summary["cross_metric"]["n_conditions"]
     fig, ax = figures.figure(figsize=(0.6 * len(K) + 3.5, 0.45 * len(M) + 1.8))
     _heatmap(ax, np.where(arr > 0, arr, np.nan), _metric_ticks(M), K, vmin=0, vmax=n, cmap="mako_r",
              cbar_label=f"conditions won (of {n} source x region)", fmt_int=True, fontsize=8, nan_text="")
@@ -525,11 +714,21 @@ def cd_diagrams(cfg, A, close: bool = False):
 
 # --------------------------------------------------------------------------- all
 
+def reversal_figures_other_panels(cfg, A, close: bool = False) -> list:
+    """The reversal figures of every available panel other than the headline panel."""
+    figs = []
+    for panel in _panels(A)[1:]:
+        for fn in (reversal_funnel, reversal_concentration, reversal_pairs, reversal_forest, most_dramatic_paired):
+            figs.append(fn(cfg, A, close=close, panel=panel))
+    return figs
+
+
 FIGURES_BY_NOTEBOOK = {
-    "04": (cross_source_heatmaps, cross_source_forest, kendall_w_heatmap),
+    "04": (cross_source_heatmaps, cross_source_forest, kendall_w_heatmap, tie_structure),
     "05": (cross_region_matrices, cross_region_w_heatmap, bump_charts),
-    "06": (reversal_funnel, reversal_concentration, reversal_pairs, reversal_forest, most_dramatic_paired),
-    "07": (metric_agreement, winners, slo_sensitivity, cd_diagrams),
+    "06": (reversal_funnel, reversal_concentration, reversal_pairs, reversal_forest, most_dramatic_paired, power_curves,
+           reversal_figures_other_panels),
+    "07": (metric_agreement, top1_pairs, winners, slo_sensitivity, cd_diagrams),
 }
 
 
@@ -545,6 +744,8 @@ def run(cfg, *, figures: bool = True, progress: bool = True) -> dict:
     """``portbench analyze``: compute every table, make every figure, write summary.json; returns it."""
     t0 = time.perf_counter()
     A = an.load(cfg, recompute=True, progress=progress)
+    for w in A.summary.get("power", {}).get("warnings", []):
+        print(f"[analysis] WARNING: {w}", flush=True)
     if figures:
         make_all(cfg, A, close=True)
     summary = an.write_summary(cfg, A)

@@ -15,7 +15,6 @@ import matplotlib.ticker as mticker
 import numpy as np
 import polars as pl
 
-from ..core.provenance import label
 from ..data import standins, synth
 from ..data.standins import burstgpt as standin_burstgpt, evidence as standin_evidence
 from ..data.standins import StandinInputs
@@ -367,7 +366,7 @@ def plot_evidence(inp: StandinInputs, figures_dir: str | Path) -> list[str]:
     fit = standins.burstgpt_arrival_estimates(inp)
     bg_windows = standins.standin_windows(inp, "burstgpt")
     bg = pl.concat([df for _, df in bg_windows])
-    bg_label, bl_label = label("burstgpt", "standin"), label("bailian", "standin")
+    bg_label, bl_label = inp.label("burstgpt"), inp.label("bailian")
     paths: list[str] = []
 
     fig, axes = figure(1, 2, figsize=(10, 3.8))
@@ -485,3 +484,67 @@ def counterfactual_demo(inp: StandinInputs, window_df: pl.DataFrame, figures_dir
                                      f"burstiness counterfactual (target CV {target:g}): same requests and "
                                      "span, gaps redrawn")
     return table, paths
+
+
+# --------------------------------------------------------------------------- learned length predictors
+
+
+def _err(table: pl.DataFrame, stat: str) -> tuple[np.ndarray, np.ndarray]:
+    v = table[stat].to_numpy().astype(float)
+    lo = table[f"{stat}_ci_low"].to_numpy().astype(float)
+    hi = table[f"{stat}_ci_high"].to_numpy().astype(float)
+    return v, np.vstack([np.nan_to_num(v - lo), np.nan_to_num(hi - v)])
+
+
+def plot_predictor_accuracy(summary: pl.DataFrame):
+    """Per source (home predictors): Kendall τ of the regressor (sjf_predicted, edf) and of the ranker
+    (ltr) with the true lengths, beside the former noisy oracle's τ; and the MAE of log lengths; 95%
+    bootstrap CIs over windows. ``summary`` = :func:`portbench.study.honest.accuracy`'s second table."""
+    home = summary.filter(pl.col("home"))
+    labels = home["target_label"].to_list()
+    x = np.arange(len(labels))
+    fig, (ax, ax2) = figure(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [2, 1]})
+    w = 0.27
+    for k, (stat, name) in enumerate((("tau", "regressor (sjf_predicted, edf)"), ("ranker_tau", "ranker (ltr)"),
+                                      ("noisy_oracle_tau", "former noisy oracle (reads the truth)"))):
+        v, e = _err(home, stat)
+        ax.bar(x + (k - 1) * w, v, w, yerr=e if stat != "noisy_oracle_tau" else None, capsize=3, label=name,
+               hatch="//" if stat == "noisy_oracle_tau" else None, alpha=0.6 if stat == "noisy_oracle_tau" else 1.0)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("Kendall τ with the true output length\n(per window, mean over windows)")
+    ax.set_ylim(min(-0.05, float(np.nanmin(home["tau"].to_numpy())) - 0.05), 1.0)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("Learned predictors, trained outside the frozen windows")
+    v, e = _err(home, "mae_log")
+    ax2.bar(x, v, 0.5, yerr=e, capsize=3, color="C3")
+    ax2.set_xticks(x, labels, rotation=15)
+    ax2.set_ylabel("MAE of log length (0.69 = ×2)")
+    ax2.set_title("Regressor error")
+    fig.tight_layout()
+    return fig
+
+
+def plot_predictor_transfer(summary: pl.DataFrame):
+    """Kendall τ of every (trained on -> used on) predictor pair as a heatmap (diagonal: home)."""
+    srcs = summary["target"].unique(maintain_order=True).to_list()
+    lab = dict(zip(summary["target"], summary["target_label"]))
+    M = np.full((len(srcs), len(srcs)), np.nan)
+    for r in summary.iter_rows(named=True):
+        M[srcs.index(r["train"]), srcs.index(r["target"])] = r["tau"] if r["tau"] is not None else np.nan
+    fig, ax = figure(figsize=(5.6, 4.4))
+    im = ax.imshow(M, cmap="RdBu", vmin=-1, vmax=1)
+    for i in range(len(srcs)):
+        for j in range(len(srcs)):
+            if np.isfinite(M[i, j]):
+                ax.text(j, i, f"{M[i, j]:.2f}", ha="center", va="center", fontsize=10,
+                        fontweight="bold" if i == j else None)
+    ax.set_xticks(range(len(srcs)), [lab[s] for s in srcs], rotation=15)
+    ax.set_yticks(range(len(srcs)), [lab[s] for s in srcs])
+    ax.set_xlabel("used on (windows of)")
+    ax.set_ylabel("trained on")
+    ax.grid(False)
+    fig.colorbar(im, ax=ax, label="Kendall τ with the true lengths")
+    ax.set_title("Does a length predictor port?")
+    fig.tight_layout()
+    return fig

@@ -23,31 +23,53 @@ from .figures import figure
 
 def plot_calibration(figures_dir: str | Path, profiles: list[str] | None = None,
                      name: str = "profile_calibration") -> dict[str, str]:
-    """Measured vs modelled token-linear time for each profile (one panel each), saved via
+    """Per profile (one column each): top, measured vs modelled token-linear time; bottom, the
+    attention terms against the context (roofline): a whole prompt's prefill attention (quadratic)
+    next to its GEMM time, and one decode's KV read per iteration (linear). Saved via
     :func:`portbench.present.figures.save`; returns the PNG/PDF paths."""
     names = list(profiles or calibration.PROFILE_SPECS)
-    fig, axes = figure(1, len(names), figsize=(4.6 * len(names), 4.0), squeeze=False)
-    for ax, pname in zip(axes[0], names):
+    fig, axes = figure(2, len(names), figsize=(4.6 * len(names), 8.6), squeeze=False, layout="constrained")
+    for col, pname in enumerate(names):
+        ax = axes[0][col]
+        p = calibration.PROFILES[pname]
         t = calibration.calibration_table(pname)
         n = t["num_tokens"].to_numpy()
         ax.plot(n, t["measured_ms"], ".", ms=3, color="0.3", label="measured (GEMM path)")
         ax.plot(n, t["decode_fit_ms"], ":", lw=1, label="memory-bound line (N ≤ 256 fit)")
         ax.plot(n, t["prefill_fit_ms"], ":", lw=1, label="compute-bound line (N ≥ 256 fit)")
         ax.plot(n, t["model_ms"], "-", lw=1.8, label="model: max of the two (floor term)")
-        ax.axvline(calibration.PROFILES[pname].floor_tokens, color="0.6", lw=0.8, ls="--")
+        ax.axvline(p.floor_tokens, color="0.6", lw=0.8, ls="--")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens in the iteration, N = P + B")
         ax.set_ylabel("token-linear time per iteration (ms)")
-        mf = calibration.PROFILES[pname].provenance["model_fit"]
-        ax.set_title(f"{pname}\nknee (dashed) {calibration.PROFILES[pname].floor_tokens:.0f} tokens\n"
+        mf = p.provenance["model_fit"]
+        ax.set_title(f"{pname}\nknee (dashed) {p.floor_tokens:.0f} tokens\n"
                      f"R² decode-sized {mf['decode']['r2']:.2f}, prefill-sized {mf['prefill']['r2']:.3f}",
                      fontsize="medium")
+        # attention (roofline): a whole prompt of x tokens, and one decode at context x
+        ax = axes[1][col]
+        x = np.unique(np.geomspace(16, max(p.max_model_len or 4096, 4096), 200).astype(int)).astype(float)
+        gemm = calibration.model_gemm_ms(p, x)
+        attn = p.c_attn_s * x * (x + 1) / 2 * 1e3
+        ax.plot(x, gemm, "-", lw=1.5, color="0.3", label="prompt's GEMM time (calibrated)")
+        ax.plot(x, attn, "-", lw=1.8, label="prompt's prefill attention (quadratic)")
+        ax.plot(x, p.c_kv_s * x * 1e3, "--", lw=1.5, label="one decode's KV read (linear)")
+        share = p.provenance["attention"]["prefill_share_of_gemm"]
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("prompt length / context (tokens)")
+        ax.set_ylabel("ms")
+        ax.set_title("attention (roofline); prefill attention / GEMM\n"
+                     + ", ".join(f"{v:.0%} at {int(k) // 1024} k" for k, v in share.items()
+                                 if int(k) in (4096, 14336, 25600)), fontsize="small")
     axes[0][0].legend(loc="upper left")
+    axes[1][0].legend(loc="upper left")
     return figures.save(fig, name, figures_dir,
                         description="measured vs modelled token-linear time per iteration for each hardware "
-                                    "profile: memory-bound and compute-bound fits and their maximum (the "
-                                    "roofline floor)")
+                                    "profile (memory-bound and compute-bound fits and their maximum: the roofline "
+                                    "floor), and the attention terms against the context: quadratic prefill "
+                                    "attention and linear decode KV read (roofline)")
 
 
 def _plain_log_axis(ax, axis: str = "y", subs=(1.0, 2.0, 5.0)) -> None:
@@ -61,9 +83,10 @@ def _plain_log_axis(ax, axis: str = "y", subs=(1.0, 2.0, 5.0)) -> None:
 
 
 def _labels_for(runs, labels: Mapping | None) -> dict:
-
+    """``{source: label}`` of the sources in ``runs``, in the order of ``labels`` (then by name)."""
     prov = dict(runs.select(["source", "provenance"]).unique().iter_rows())
-    return {s: (labels or {}).get(s) or label(s, p) for s, p in prov.items()}
+    order = sorted(prov, key=tables.source_rank(list(labels or {})))
+    return {s: (labels or {}).get(s) or label(s, prov[s]) for s in order}
 
 
 def plot_capacity(runs, labels: Mapping | None = None):
@@ -72,7 +95,7 @@ def plot_capacity(runs, labels: Mapping | None = None):
 
     cap = tables.capacity_by_window(runs)
     lab = _labels_for(runs, labels)
-    srcs = sorted(lab, key=tables._source_rank)
+    srcs = list(lab)
     fig, ax = figure(figsize=(1.9 * len(srcs) + 2.5, 3.6))
     rng = np.random.default_rng(0)
     for i, s in enumerate(srcs):
@@ -108,7 +131,7 @@ def plot_load_curves(runs, labels: Mapping | None = None, metrics: Sequence[str]
     schedulers = list(schedulers or tables.curve_schedulers(runs))
     curves = tables.load_curves(runs, metrics, schedulers)
     lab = _labels_for(runs, labels)
-    srcs = sorted(lab, key=tables._source_rank)
+    srcs = list(lab)
     fig, axes = figure(len(metrics), len(srcs), figsize=(4.3 * len(srcs), 3.0 * len(metrics)), squeeze=False,
                        sharex=True, sharey="row")
     rho_ticks = runs.select(["region", "rho"]).unique().sort("rho")
@@ -144,7 +167,7 @@ def plot_preemptions(runs, labels: Mapping | None = None):
 
     t = tables.preemption_table(runs)
     lab = _labels_for(runs, labels)
-    srcs = sorted(lab, key=tables._source_rank)
+    srcs = list(lab)
     regions = runs.select(["region", "rho"]).unique().sort("rho")["region"].to_list()
     scheds = sorted(runs["scheduler"].unique().to_list())
 
@@ -169,4 +192,36 @@ def plot_preemptions(runs, labels: Mapping | None = None):
         ax.grid(False)
     axes[0][len(srcs) // 2].set_xlabel("operating region (load increases to the right)")
     fig.colorbar(im, ax=axes[0].tolist(), label="recompute preemptions per run (mean; sqrt scale)", shrink=0.9)
+    return fig
+
+
+def plot_variant_ranks(ranks, labels: Mapping | None = None):
+    """Mean rank (of 13) of sjf_predicted / ltr / edf per source with the home predictor, each foreign
+    predictor and the oracle variant (:func:`portbench.study.honest.variant_ranks`)."""
+    import polars as pl
+
+    g = (ranks.group_by(["source", "policy", "variant"], maintain_order=True)
+         .agg(pl.col("rank").mean().alias("mean_rank")))
+    srcs = g["source"].unique(maintain_order=True).to_list()
+    pols = g["policy"].unique(maintain_order=True).to_list()
+    variants = g["variant"].unique(maintain_order=True).to_list()
+    order = ["home"] + sorted(v for v in variants if v.startswith("from ")) + ["oracle"]
+    order = [v for v in order if v in variants]
+    markers = {"home": "o", "oracle": "*"}
+    fig, axes = figure(1, len(srcs), figsize=(4.2 * len(srcs), 3.6), sharey=True, squeeze=False)
+    for ax, s in zip(axes[0], srcs):
+        part = g.filter(pl.col("source") == s)
+        for k, v in enumerate(order):
+            q = part.filter(pl.col("variant") == v)
+            y = [pols.index(p) + (k - (len(order) - 1) / 2) * 0.15 for p in q["policy"]]
+            ax.scatter(q["mean_rank"], y, marker=markers.get(v, "s"), s=60 if v != "oracle" else 110, label=v,
+                       color=f"C{k}")
+        ax.set_yticks(range(len(pols)), pols)
+        ax.set_xlim(0.5, 13.5)
+        ax.invert_xaxis()
+        ax.set_xlabel("mean rank of 13 (1 = best, right)")
+        ax.set_title((labels or {}).get(s, s))
+    axes[0][0].legend(fontsize=8, loc="lower left")
+    fig.suptitle("Prediction-based policies with the home, a foreign or an oracle predictor", y=1.02)
+    fig.tight_layout()
     return fig

@@ -11,69 +11,131 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..core.errors import DataError
-from ..core.provenance import DISPLAY
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 
 def _num(x: Mapping, digits: int = 2) -> str:
-    """``0.21 [0.18, 0.26]`` from a summary entry ``{"value", "ci"}``."""
+    """``0.21 [0.18, 0.26]`` from a summary entry ``{"value", "ci"}``; with ``ci_conditions``, a second
+    interval after a slash: ``0.21 [0.18, 0.26] / [0.10, 0.30]``."""
     if x is None or x.get("value") is None:
         return "n/a"
-    ci = x.get("ci")
+    ci, cc = x.get("ci"), x.get("ci_conditions")
     out = f"{x['value']:.{digits}f}"
     if ci and None not in ci:
         out += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+    if cc and None not in cc:
+        out += f" / [{cc[0]:.{digits}f}, {cc[1]:.{digits}f}]"
     return out
 
 
+def _pct(x, digits: int = 0) -> str:
+    if x is None or x.get("value") is None:
+        return "n/a"
+    ci, cc = x.get("ci"), x.get("ci_conditions")
+    out = f"{100 * x['value']:.{digits}f}%"
+    if ci and None not in ci:
+        out += f" [{100 * ci[0]:.{digits}f}, {100 * ci[1]:.{digits}f}]"
+    if cc and None not in cc:
+        out += f" / [{100 * cc[0]:.{digits}f}, {100 * cc[1]:.{digits}f}]"
+    return out
+
+
+def _effect(v, scale: str) -> str:
+    return f"{v:.0%}" if scale == "ratio" else f"{100 * v:.1f} pp"
+
+
+def _agreement(sec: Mapping) -> str:
+    c = sec["conditions"]
+    return (f"τ-b {_num(sec['tau_b'])}, τ-b/τ-b,max {_num(sec['tau_b_norm'])}, discordance {_pct(sec['discordance'], 1)} "
+            f"of {sec['discordance']['count']:,} pairs resolved on both sides; {c['defined']} of {c['total']} "
+            f"conditions defined, {c['all_tied']} all tied")
+
+
 def results_markdown(summary: Mapping) -> str:
-    """Markdown of the headline numbers of one analysis summary."""
+    """Markdown of the headline numbers of one analysis summary: the default design beside the original study's
+    design (``study_preset``) and the old tie rule."""
     prov = summary["provenance"]
     labels = {s: v["label"] for s, v in prov.items()}
     data, par = summary["data"], summary["parameters"]
     cs, cr, rv, cm = summary["cross_source"], summary["cross_region"], summary["reversals"], summary["cross_metric"]
-    slo = summary.get("slo_sensitivity", {})
-    real = [DISPLAY.get(s, s) for s, v in prov.items() if v["provenance"] == "real"]
-    stand = [DISPLAY.get(s, s) for s, v in prov.items() if v["provenance"] == "standin"]
-    pairs = ", ".join(f"{labels[p.split('|')[0]]} vs {labels[p.split('|')[1]]} {_num(v)}"
-                      for p, v in sorted(cs["by_source_pair"].items(), key=lambda kv: -(kv[1]["value"] or 0)))
-    md = rv["most_dramatic"]
-    t1 = cm["top1_change_rate"]
+    names = {s: v.get("name") or v["label"].removesuffix(" (stand-in)") for s, v in prov.items()}
+    real = [names[s] for s, v in prov.items() if v["provenance"] == "real"]
+    stand = [names[s] for s, v in prov.items() if v["provenance"] == "standin"]
+    panel = summary.get("headline_panel")
     lines = [
         f"*{data['n_runs']:,} simulated runs: {len(par['schedulers'])} schedulers × "
         + ", ".join(f"{v['n_windows']} {labels[s]}" for s, v in prov.items())
         + f" windows × {len(par['regions'])} regions × {data['replicates']} replicates; "
-        f"real sources: {', '.join(real) or 'none'}"
-        + (f"; stand-ins: {', '.join(stand)}" if stand else "") + ". Kendall τ-b means with 95% bootstrap CIs"
-        + (f"; ranks tie means within {100 * par['rank_tolerance']:g}% (analysis.rank_tolerance)"
-           if par.get("rank_tolerance") else "") + ".*",
+        f"real sources: {', '.join(real) or 'none'}" + (f"; stand-ins: {', '.join(stand)}" if stand else "")
+        + f". Headline metrics (pre-specified): {', '.join(summary['headline_metrics'])}; headline panel: {panel}. "
+        "Two schedulers are tied in a ranking unless their paired Wilcoxon test over windows tells them apart "
+        f"({par['tie_correction']} within the ranking, α = {par['alpha']}). Means with two 95% intervals: "
+        "[windows resampled within each source, tie groups fixed] / [conditions resampled].*",
         "",
-        "| question | answer |",
-        "|---|---|",
-        f"| Do rankings agree **between sources** (same region, metric)? | mean τ-b {_num(cs['mean_tau'])} "
-        f"over {cs['mean_tau']['count']} conditions; by pair: {pairs}; Kendall's W {_num(cs['kendall_w'])} |",
-        f"| … **between operating regions** (same source, metric)? | mean τ-b {_num(cr['mean_tau'])}; "
-        f"neighbouring regions {_num(cr['adjacent_regions_tau'])}, lightest vs heaviest "
-        f"{_num(cr['extreme_regions_tau'])} |",
-        f"| … **between metrics** (same source, region)? | mean τ-b {_num(cm['mean_tau'])}; the best scheduler "
-        f"depends on the metric in {round(t1['value'] * t1['count'])} of {t1['count']} conditions |",
     ]
+    if not cs.get("available", True) or "tau_b" not in cs:
+        return "\n".join(lines + [f"Cross-source numbers not available: {cs.get('reason')}."])
+    old = (cs.get("by_tie_rule") or {}).get("tolerance") or {}
+    exact = (cs.get("by_tie_rule") or {}).get("exact") or {}
+    f2 = lambda v: "n/a" if v is None else f"{v:.2f}"                    # noqa: E731
+    pairs = "; ".join(f"{labels.get(p.split('|')[0])} vs {labels.get(p.split('|')[1])} {_num(v['tau_b'])}"
+                      for p, v in cs["by_source_pair"].items())
+    pt = cm["pairwise_top1_change_rate"]
+    at = cm["all_metrics_top1_change_rate"]
+    lines += [
+        "| question | answer (default definitions) |",
+        "|---|---|",
+        f"| Do rankings agree **between sources** (same region, metric)? | {_agreement(cs)}; by pair (τ-b): {pairs}; "
+        f"Kendall's W {_num(cs['kendall_w'])}. Old rule (means within {100 * par['rank_tolerance']:g}% tied): τ-b "
+        f"{f2(old.get('tau_b'))}; exact ranks {f2(exact.get('tau_b'))} (headline metrics) |",
+        f"| … **between operating regions** (same source, metric)? | {_agreement(cr)}; lightest vs heaviest τ-b "
+        f"{_num(cr['extreme_regions']['tau_b'])} |",
+        f"| … **between metrics** (same source, region)? | the best group changes between two headline metrics in "
+        f"{_pct(pt)} of {pt['count']} (condition, metric pair) cases where both resolve a best group "
+        f"({pt['undefined']} undefined); under every one of the {cm['n_metrics']} metrics at once (old rule): "
+        f"{at['changed']} of {at['count']} conditions; τ-b/τ-b,max between headline metrics {_num(cm['tau_b_norm'])} |",
+    ]
+    slo = summary.get("slo_sensitivity") or {}
     if slo.get("available"):
         s1 = slo["top1_change_rate"]
-        lines.append(f"| … **between SLO definitions**? | mean τ-b {_num(slo['mean_tau'])}; the best scheduler "
-                     f"depends on the SLO definition in {round(s1['value'] * s1['count'])} of {s1['count']} conditions |")
-    lines += [
-        f"| How many scheduler-pair orders **reverse between sources**? | of {rv['comparisons']['value']:,} "
-        f"comparisons: {rv['sign_reversals']['value']:,} flip sign, {rv['significant']['value']:,} significantly on "
-        f"both sources ({par['correction']}, α = {par['alpha']}), {rv['significant_and_practical']['value']:,} "
-        f"significantly and by ≥ {par['delta']:.0%} on both |",
-    ]
+        lines.append(f"| … **between SLO definitions**? | τ-b {_num(slo['tau_b'])}; the best scheduler depends on the SLO "
+                     f"definition in {s1['changed']} of {s1['count']} conditions |")
+    pre = rv.get("study_preset") or {}
+    lines += ["", "| reversals between sources | default | study preset (original design) |", "|---|---|---|"]
+    dsc = (f"{', '.join(rv['metrics'])}; {len(par['regions'])} regions; {rv['correction']}, one family per metric; "
+           f"δ {rv['delta']['relative']:.0%} relative / {100 * rv['delta']['absolute']:g} pp")
+    psc = (f"{pre.get('metric')}; regions {', '.join(pre.get('regions', []))}; {pre.get('correction')}, one family; "
+           f"δ {_effect(pre['delta'], pre['scale'])}" if pre.get("available") else pre.get("reason", "n/a"))
+    lines.append(f"| design | {dsc} | {psc} |")
+    for key, name in (("comparisons", "comparisons"), ("sign_reversals", "flip sign"),
+                      ("significant", f"significant on both sources (α = {par['alpha']})"),
+                      ("significant_and_practical", "significant and ≥ δ on both")):
+        d = rv[key]["value"]
+        p_ = pre.get(key) if pre.get("available") else None
+        n, pn = rv["comparisons"]["value"], pre.get("comparisons")
+        rate = lambda v, t: "" if key == "comparisons" or not t else f" ({v / t:.1%})"    # noqa: E731
+        lines.append(f"| {name} | {d:,}{rate(d, n)} | " + (f"{p_:,}{rate(p_, pn)}" if p_ is not None else "n/a") + " |")
+    md = rv.get("most_dramatic")
     if md:
         lines.append(
-            f"| The most dramatic reversal | **{md['a']} vs {md['b']}**, {md['metric']} at {md['region']}: "
-            f"{md['a'] if md['diff_1'] > 0 else md['b']} better on {md['label_1']} by {md['rel_1']:.0%}, "
-            f"{md['a'] if md['diff_2'] > 0 else md['b']} better on {md['label_2']} by {md['rel_2']:.0%} |")
+            f"| the most dramatic (default) | **{md['a']} vs {md['b']}**, {md['metric']} at {md['region']}: "
+            f"{md['a'] if md['diff_1'] > 0 else md['b']} better on {md['label_1']} by {_effect(md['effect_1'], md['scale'])}, "
+            f"{md['a'] if md['diff_2'] > 0 else md['b']} better on {md['label_2']} by "
+            f"{_effect(md['effect_2'], md['scale'])} | |")
+    mde = (summary.get("power") or {}).get("by_metric") or {}
+    if mde:
+        lines += ["", "*Minimal detectable effect of one side test at "
+                  f"{next(iter(mde.values()))['windows']} windows per source (power "
+                  f"{next(iter(mde.values()))['target_power']:g}, α = {par['alpha']}): "
+                  + "; ".join(f"{m} {_effect(d['mde'], d['scale']) if d['mde'] is not None else 'not reached'}"
+                              + (f" ({_effect(d['mde_family'], d['scale'])} at α / m)" if d.get("mde_family") else "")
+                              for m, d in mde.items()) + ", m = the tests of a per-metric family.*"]
+    for w in (summary.get("power") or {}).get("warnings", []):
+        lines += ["", f"**Warning:** {w}."]
+    others = [f"{n}: {p['reason']}" for n, p in (summary.get("panels") or {}).items() if not p["available"]]
+    if others:
+        lines += ["", "*Other panels — " + "; ".join(others) + ".*"]
     return "\n".join(lines)
 
 

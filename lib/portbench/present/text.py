@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 
 import polars as pl
 
-from ..core.provenance import DISPLAY, label
+from ..core.provenance import label
 from ..data import standins
 from ..data.standins import StandinInputs
 from ..data.standins import burstgpt as standin_burstgpt
@@ -21,13 +21,28 @@ from ..study.campaign import tables as campaign_tables
 from . import plots_sim
 
 
-def banner(provenance_by_source: Mapping[str, str], skipped: Iterable[str] = ()) -> str:
-    """Markdown banner opening every notebook: which sources are real in this run."""
-    rows = [f"| {DISPLAY.get(s, s)} | **{p}** | {label(s, p)} |" for s, p in provenance_by_source.items()]
-    rows += [f"| {DISPLAY.get(s, s)} | skipped | no official file and no stand-in |" for s in skipped]
-    real = [DISPLAY[s] for s, p in provenance_by_source.items() if p == "real"]
-    stand = [DISPLAY[s] for s, p in provenance_by_source.items() if p == "standin"]
+def banner(provenance_by_source: Mapping[str, str], skipped: Iterable[str] = (),
+           names: Mapping[str, str] | None = None, origins: Mapping[str, str | None] | None = None) -> str:
+    """Markdown banner opening every notebook: which sources are real in this run (``names``: display
+    names, ``cfg.display_names``; ``origins``: ``official`` / ``user`` per real source, when known)."""
+    names = names or {}
+    origins = origins or {}
+
+    def name(s: str) -> str:
+        return names.get(s) or s
+
+    def prov(s: str, p: str) -> str:
+        o = origins.get(s)
+        return f"**{p}**" + (f" ({o} file)" if p == "real" and o else "")
+
+    rows = [f"| {name(s)} | {prov(s, p)} | {label(s, p, names)} |" for s, p in provenance_by_source.items()]
+    rows += [f"| {name(s)} | skipped | no real file and no stand-in |" for s in skipped]
+    real = [name(s) for s, p in provenance_by_source.items() if p == "real"]
+    stand = [name(s) for s, p in provenance_by_source.items() if p == "standin"]
     head = f"**Data in this run.** Real: {', '.join(real) or 'none'}."
+    user = [name(s) for s, p in provenance_by_source.items() if p == "real" and origins.get(s) == "user"]
+    if user:
+        head += f" Of these, the user's own file(s): {', '.join(user)} (recorded by SHA-256; not official files)."
     if stand:
         head += (f" Stand-in (synthetic, built from the real evidence available): {', '.join(stand)}."
                  " Results for stand-in sources describe the stand-in, not the official trace.")
@@ -46,8 +61,10 @@ def format_report(report: Mapping) -> str:
         excluded = ", ".join(f"{k} {v:,}" for k, v in (r.get("excluded") or {}).items()) or "none"
         span = r.get("span_s")
         rate = r.get("rate_rps")
-        sha = (r.get("sha256") or "")[:12] + (" (verified)" if r.get("sha256_verified") else "")
-        rows.append((source, str(r.get("provenance", "")), str(r.get("file")), str(r.get("format")),
+        sha = (r.get("sha256") or "")[:12] + (" (verified)" if r.get("sha256_verified") else
+                                                 " (user file)" if r.get("origin") == "user" else "")
+        fmt = f"{r.get('format')} (mapped)" if r.get("adapter") == "generic" else str(r.get("format"))
+        rows.append((source, str(r.get("provenance", "")), str(r.get("file")), fmt,
                      f"{r['rows_read']:,}", f"{r['rows_valid']:,}", excluded,
                      _duration(span), f"{rate:.3g} req/s" if rate else "-", sha or "-"))
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
@@ -74,7 +91,7 @@ def evidence_markdown(inp: StandinInputs) -> str:
     :func:`portbench.data.standins.estimates` and :func:`~portbench.data.standins.evidence_tables`."""
     est, t = standins.estimates(inp), standins.evidence_tables(inp)
     bg, sg = est["burstgpt"], est["servegen"]
-    bl_std, bg_std = label("bailian", "standin"), label("burstgpt", "standin")
+    bl_std, bg_std = inp.label("bailian"), inp.label("burstgpt")
     ks = {(r["compared_with"], r["metric"]): r["ks"] for r in t["burstgpt_ks"].iter_rows(named=True)}
     ks_pairs = max(v for (c, _), v in ks.items() if c == "real slices, valid rows")
     ks_gap = next(v for (_, m), v in ks.items() if m == "gap / mean gap")
@@ -182,25 +199,30 @@ def _fit_cell(e: dict) -> str:
 
 def profiles_markdown() -> str:
     """A table of the registered profiles: hardware, KV capacity, coefficients, calibration."""
-    head = ("| profile | GPU | model | KV tokens | KV blocks | c0 (ms) | c_prefill (µs/token) | "
-            "c_decode (µs/seq) | c_kv (ns/token) | floor (ms) / knee (tokens) | "
+    head = ("| profile | GPU | model | max_model_len | KV tokens | KV blocks | c0 (ms) | c_prefill (µs/token) | "
+            "c_decode (µs/seq) | c_kv (ns/token) | c_attn (ns/pair) | floor (ms) / knee (tokens) | "
             "decode-sized fit R² / median / max err | prefill-sized fit R² / median / max err | "
-            "chunk iteration (ms) |")
-    lines = ["Cost-model profiles: t = c0 + c_prefill·P + c_decode·B + c_kv·C + floor·max(0, 1 − (P + B)/knee), "
-             "P = prefill tokens, B = decode sequences, C = context tokens. The floor term makes the "
+            "token budget / max seqs | budget iteration (ms) |")
+    lines = ["Cost-model profiles: t = c0 + c_prefill·P + c_decode·B + c_kv·C + c_attn·A + floor·max(0, 1 − (P + B)/knee), "
+             "P = prefill tokens, B = decode sequences, C = context tokens (decode attention: KV read, "
+             "linear in the context), A = prefill attention token pairs (Σ over the iteration's prompt "
+             "chunks of new × (cached + new), causal: quadratic in the chunk's context). The floor term makes the "
              "weight GEMMs cost the larger of their memory-bound (weight-read) line and their "
              "compute-bound line, max(a_d + s_d·N, a_p + c_prefill·N) with N = P + B; the knee is "
              "where the two measured lines cross. Fit errors are of that one formula against the "
-             "measured rows: decode-sized batches N ≤ max_num_seqs, prefill-sized N ≥ 256.",
+             "measured rows: decode-sized batches N ≤ 256, prefill-sized 256 ≤ N ≤ min(max_model_len, 8192). "
+             "Token budget and max seqs: vLLM's defaults on the GPU (V1 max_num_batched_tokens, "
+             "max_num_seqs); the last column is a prefill-only iteration of that many tokens.",
              "", head, "|" + "---|" * (head.count("|") - 1)]
     for p in profiles.PROFILES.values():
         mf = p.provenance["model_fit"]
-        chunk_ms = p.iteration_time(p.max_batched_tokens, 0, p.max_batched_tokens) * 1e3
+        b = p.max_batched_tokens
+        chunk_ms = p.prefill_s(b) * 1e3
         lines.append(
-            f"| {p.name} | {p.gpu} | {p.model} | {p.kv_capacity_tokens:,} | {p.kv_capacity_blocks:,} | "
-            f"{p.c0_s * 1e3:.2f} | {p.c_prefill_s * 1e6:.2f} | {p.c_decode_s * 1e6:.2f} | "
-            f"{p.c_kv_s * 1e9:.1f} | {p.floor_s * 1e3:.2f} / {p.floor_tokens:.0f} | "
-            f"{_fit_cell(mf['decode'])} | {_fit_cell(mf['prefill'])} | {chunk_ms:.1f} |")
+            f"| {p.name} | {p.gpu} | {p.model} | {p.max_model_len:,} | {p.kv_capacity_tokens:,} | "
+            f"{p.kv_capacity_blocks:,} | {p.c0_s * 1e3:.2f} | {p.c_prefill_s * 1e6:.2f} | {p.c_decode_s * 1e6:.2f} | "
+            f"{p.c_kv_s * 1e9:.1f} | {p.c_attn_s * 1e9:.2f} | {p.floor_s * 1e3:.2f} / {p.floor_tokens:.0f} | "
+            f"{_fit_cell(mf['decode'])} | {_fit_cell(mf['prefill'])} | {b:,} / {p.max_num_seqs:,} | {chunk_ms:.1f} |")
     lines.append("")
     for p in profiles.PROFILES.values():
         pv = p.provenance
@@ -213,10 +235,12 @@ def profiles_markdown() -> str:
             f"Token-linear basis: {pv['token_linear_basis']}. eta_mem "
             f"{pv['eta_mem']:.2f} (measured), eta_flop {pv['eta_flop']:.2f} (measured). Prefill-only "
             f"iteration charged vs measured: {over}; over all prefill-sized rows the linear model's "
-            f"prefill-only line had {_fit_cell(lin)}. Prefill attention FLOPs left out: "
-            f"{pv['prefill_attention_flop_share']:.0%} of a {pv['model_spec']['max_model_len']:,}-token "
-            f"prefill. Isolated request 1,000+200 tokens: "
-            f"{p.isolated_service_s(1000, 200):.2f} s.")
+            f"prefill-only line had {_fit_cell(lin)}. Prefill attention (roofline) adds "
+            + ", ".join(f"{v:.0%} at {int(k):,}" for k, v in pv["attention"]["prefill_share_of_gemm"].items()
+                        if int(k) <= p.max_model_len)
+            + f" tokens to a whole prompt's GEMM time. Swap: {pv['swap']['pcie_gb_s']:.0f} GB/s PCIe, "
+            f"{p.swap_s_per_block * 1e6:.0f} µs per block, {p.host_kv_blocks:,} host blocks. Isolated request "
+            f"1,000+200 tokens: {p.isolated_service_s(1000, 200, p.max_batched_tokens):.2f} s.")
     tc = profiles.transfer_check()
     lines += ["", f"FLOP-ratio transfer check (A100 Llama-2-7B rows -> Llama-3-8B vs measured): "
               f"prefill regime median |err| {tc['prefill_median_abs_rel_err']:.1%}, integrated "
@@ -224,22 +248,36 @@ def profiles_markdown() -> str:
               f"{tc['decode_median_abs_rel_err']:.1%}.",
               "Calibrated on the measured rows: the compute-bound line (c0's intercept, c_prefill, the "
               "GEMM part of c_decode) and the memory-bound line (floor, knee). Roofline (not measured): "
-              "c_kv, LM head (read in c0, compute in c_decode), prefill attention (ignored); assumed: "
+              "c_kv (decode attention: KV bytes at the measured streaming efficiency), c_attn (prefill "
+              "attention FLOPs at the GEMMs' measured FLOP rate), LM head (read in c0, compute in "
+              "c_decode), swap copies (PCIe); assumed: "
               f"engine overhead {profiles.ENGINE_OVERHEAD_S * 1e3:.1f} ms/iteration, non-torch reserve "
-              f"{profiles.NON_TORCH_RESERVE_BYTES / 2**30:.1f} GiB; vLLM gpu_memory_utilization {profiles.GPU_MEMORY_UTILIZATION}."]
+              f"{profiles.NON_TORCH_RESERVE_BYTES / 2**30:.1f} GiB, PCIe efficiency {profiles.PCIE_EFFICIENCY:.0%}, "
+              f"host memory for swapped KV {profiles.HOST_SWAP_BYTES / 2**30:.0f} GiB; vLLM gpu_memory_utilization "
+              f"{profiles.GPU_MEMORY_UTILIZATION}."]
     return "\n".join(lines)
 
 
 def schedulers_markdown() -> str:
-    """Markdown table of the registered schedulers and the information each uses."""
-    head = "| scheduler | information used | preemptive | prefill | vLLM static priority | models |"
-    lines = [head, "|---|---|---|---|---|---|"]
+    """Markdown table of the registered schedulers: the main information each uses, everything its
+    decisions read, which are in ``all`` (the 13), and the engine settings that depend on the policy."""
+    head = ("| scheduler | information | uses | in `all` | preemptive | token budget (V1) | prefill under V0 | "
+            "vLLM static priority | models |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for row in schedulers.table():
-        info = row["information"] + (" + attained service" if row["attained"] else "")
-        lines.append(f"| {row['name']} | {info} | {'yes' if row['preemptive'] else 'no (memory only)'} | "
-                     f"{row['prefill']} | {'yes' if row['vllm_static_priority'] else 'no'} | {row['models']} |")
-    lines += ["", "information: none | arrival (order only) | prompt (length) | predicted (noisy output "
-              "length) | oracle (true output length) | tenant. Preemption = pause (KV kept) while memory "
+        name = row["name"]
+        cls = schedulers.SCHEDULERS[name]
+        used = " + ".join(schedulers.uses(name))
+        in_all = "yes" if getattr(cls, "in_all", True) else "no (comparison)"
+        budget = row.get("token_budget", "engine default")
+        lines.append(f"| {name} | {row['information']} | {used} | {in_all} | "
+                     f"{'yes' if row['preemptive'] else 'no (memory only)'} | "
+                     f"{budget if isinstance(budget, str) else f'{budget:,}'} | {row['prefill']} | "
+                     f"{'yes' if row['vllm_static_priority'] else 'no'} | {row['models']} |")
+    lines += ["", "information: none | arrival (order only) | prompt (length) | predicted (the window's frozen "
+              "prediction of a learned predictor trained outside the frozen windows) | oracle (true output "
+              "length) | tenant | attained (tokens generated so far). Ties are broken by arrival everywhere; "
+              "only *_oracle policies read a true output length. Preemption = pause (KV kept) while memory "
               "allows, recompute eviction when memory is short; see portbench.sim.schedulers."]
     return "\n".join(lines)
 
@@ -264,7 +302,7 @@ def preemption_markdown(runs, labels: Mapping | None = None) -> str | None:
         return None
     lab = plots_sim._labels_for(runs, labels)
     per_run = {(r["source"], r["scheduler"]): r["preemptions_per_run"] for r in heavy.iter_rows(named=True)}
-    srcs = sorted((s for s in lab if (s, "fcfs") in per_run), key=campaign_tables._source_rank)
+    srcs = [s for s in lab if (s, "fcfs") in per_run]
     idle = [lab[s] for s in srcs if max(per_run[(s, p)] for p in [*ranked, "fcfs"]) < 1]
     one = len(ranked) == 1
     numbers = "; ".join(f"{lab[s]}: " + ", ".join(f"`{p}` {per_run[(s, p)]:.1f}" for p in ranked)
@@ -275,8 +313,8 @@ def preemption_markdown(runs, labels: Mapping | None = None) -> str | None:
         f"({'; '.join(campaign_tables.ATTAINED_RANKING[p] for p in ranked)}), so newly arrived requests, with zero attained service, "
         "rank above running requests that have already been served. When the KV cache is full, serving the newcomers "
         "means evicting running requests, and each evicted request must later recompute its prompt and every token "
-        "it has generated so far (KV swapping to CPU memory is not modelled, so recompute is the only way to free "
-        "memory). `fcfs` never lets a newcomer overtake: it evicts (the latest arrival) only when the running "
+        "it has generated so far (the campaign's engine preempts by recompute, as vLLM V1 does; swapping to host "
+        "memory is the `engine.preemption: swap` sensitivity). `fcfs` never lets a newcomer overtake: it evicts (the latest arrival) only when the running "
         f"requests' own growth overflows the cache. Mean preemptions per run in region *{heavy['region'][0]}* "
         f"(ρ = {heavy['rho'][0]:g}): {numbers}."
         + (f" On {' and '.join(idle)} the cache almost never fills at this load (under one preemption per run for "
@@ -295,20 +333,335 @@ def fmt(stat: dict | None, digits: int = 2) -> str:
     ci = stat.get("ci")
     if ci and ci[0] is not None:
         s += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+    cc = stat.get("ci_conditions")
     if stat.get("count") is not None:
-        s += f" (n = {stat['count']})"
+        s += f" (n = {stat['count']}" + (f"; conditions resampled: [{cc[0]:.{digits}f}, {cc[1]:.{digits}f}])"
+                                          if cc and cc[0] is not None else ")")
     return s
 
 
-def tied_ranks_markdown(tol: float) -> str:
-    """One paragraph for the notebooks' method text: how scheduler means are tied (from the parameter)."""
-    if not tol:
-        return ("Only exactly equal means are tied (`analysis.rank_tolerance` = 0, exact ranks); tied schedulers share "
-                "the average rank.")
-    return (f"**Practically tied ranks** (`analysis.rank_tolerance` = {tol:g}): sorted best first, a scheduler whose "
-            f"mean is within {100 * tol:g}% of the next-better mean (relative gap |x − y| / ((|x| + |y|) / 2) below "
-            f"{tol:g}) is tied with it, and tied schedulers share the average rank; so differences of a few parts per "
-            "million (e.g. microseconds of simulator noise at light load) do not count as an order. Ties chain "
-            f"(single linkage), so a tie group can span more than {100 * tol:g}% end to end. Every ranking-based "
-            "number (τ-b, W, top-1, bump charts, winners) uses these ranks, in the bootstrap too; the reversal "
-            "tests and Friedman/Nemenyi work on per-window values instead.")
+def pct(x, digits: int = 1) -> str:
+    """``"12.3%"`` from a number or a summary stat dict (``"n/a"`` when missing)."""
+    v = x.get("value") if isinstance(x, Mapping) else x
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.{digits}f}%"
+
+
+def pct_ci(stat: Mapping | None, digits: int = 1) -> str:
+    """``"12.9% [12.5%, 13.5%]"`` from a summary stat dict (``"n/a"`` when missing)."""
+    if not stat or stat.get("value") is None:
+        return "n/a"
+    ci, cc = stat.get("ci"), stat.get("ci_conditions")
+    out = pct(stat, digits)
+    if ci and ci[0] is not None:
+        out += f" [{pct(ci[0], digits)}, {pct(ci[1], digits)}]"
+    if cc and cc[0] is not None:
+        out += f" (conditions resampled: [{pct(cc[0], digits)}, {pct(cc[1], digits)}])"
+    return out
+
+
+def tied_ranks_markdown(par: Mapping) -> str:
+    """The notebooks' paragraph on how rankings are tied (from the ``parameters`` block of the summary)."""
+    rule = par.get("ties", "significance")
+    if rule in ("significance", "significance_practical"):
+        corr = {"fdr_bh": "Benjamini–Hochberg", "holm": "Holm", "none": "no correction"}[par["tie_correction"]]
+        return (
+            f"**Statistical ties** (`analysis.ties` = {rule}). Two schedulers are *resolved* in a ranking when their "
+            f"paired two-sided Wilcoxon signed-rank test over windows rejects at α = {par['alpha']} "
+            f"({corr} over the {len(par['schedulers']) * (len(par['schedulers']) - 1) // 2} scheduler pairs of that "
+            "ranking, so that among the orders one ranking claims the expected share of spurious ones is at most α), "
+            "in the direction of the mean difference"
+            + (f", and they differ by at least δ ({par['delta']:.0%} relative, or {100 * par['delta_absolute']:g} "
+               "percentage points for proportions)" if rule == "significance_practical" else "")
+            + "; otherwise they are tied. It is the same test the reversals use. Resolution is not transitive "
+            "(a ~ b and b ~ c while a is resolved from c), so the **tie groups** are built as a proper partition: "
+            "sort by mean, best first, and let a scheduler join the current group only if no member of the group is "
+            "resolved from it, otherwise open a new group. Every group is a run of the mean order whose members are "
+            "pairwise tied (no chaining: a chain of small steps never ties two resolved schedulers), and the scan "
+            "gives the fewest such groups; the unresolved pairs that still end up in different groups are counted "
+            "(`ties.conflicts`). Tied schedulers share their group's mean and its average rank. **Bootstrap CIs** keep "
+            "the groups of the full data and re-order them by their resampled means (re-testing within a resample "
+            "would count duplicated windows as independent evidence): they measure how stable the order of what the "
+            "windows resolve is, not the uncertainty of which pairs are resolved, and are narrow where the groups "
+            "are well separated (the groups are separated by significant tests). Aggregates also carry a second "
+            "interval, *conditions resampled*: the conditions (region × metric × source pair, or source × region) "
+            "drawn with replacement, which shows how much a mean depends on which conditions were studied. "
+            "The old rule (means within "
+            f"{100 * par['rank_tolerance']:g}% tied, single linkage) and exact ranks are reported as sensitivity rows.")
+    if rule == "tolerance":
+        tol = par["rank_tolerance"]
+        return (f"**Practically tied ranks** (`analysis.ties` = tolerance, `analysis.rank_tolerance` = {tol:g}): a "
+                f"scheduler whose mean is within {100 * tol:g}% of the next-better mean is tied with it (single "
+                "linkage: a tie group can span more than the tolerance end to end). This is the old rule; it is "
+                "unrelated to what the windows can resolve.")
+    return "Only exactly equal means are tied (`analysis.ties` = exact); tied schedulers share the average rank."
+
+
+def agreement_markdown() -> str:
+    """What tau-b, tau-b / tau-b,max and the discordance measure (the notebooks' method text)."""
+    return ("**Agreement of two rankings.** *Kendall's τ-b* (scipy.stats.kendalltau): 1 = same order, 0 = unrelated, "
+            "−1 = reversed; ties lower its ceiling: one scheduler above 12 tied ones, against a full order of 13, gives "
+            "τ-b ≤ √(12/78) ≈ 0.39 however well the two agree. *τ-b / τ-b,max* divides by the largest τ-b the two "
+            "observed tie structures allow (both rankings' tie groups keep their sizes and rank positions; the maximum "
+            "is the comonotone arrangement, `stats.tau_b_max`): 1 exactly when no pair resolved in both rankings is "
+            "ordered oppositely. The *discordance* is the share of scheduler pairs resolved in both rankings that the "
+            "two order oppositely, pooled over conditions: the direct answer to \"when both sources can tell two "
+            "schedulers apart, how often do they disagree?\". A condition where a ranking ties every scheduler has no "
+            "τ-b; such conditions are counted (`conditions.all_tied`), never silently dropped.")
+
+
+def headline_metrics_markdown(par: Mapping) -> str:
+    """Which metrics the headline numbers use, and why (the notebooks' method text)."""
+    hm = par.get("headline_metrics") or []
+    return (f"**Headline metrics** (pre-specified in `analysis.headline_metrics`): {', '.join(f'`{m}`' for m in hm)}. "
+            "TTFT and TPOT are the two latencies a user of a streaming service perceives; the tails are taken at p90 "
+            "because a window holds 200 requests, so its p99 is the 2nd–3rd worst request while its p90 rests on 20; "
+            "`e2e_mean` is the quantity scheduling theory speaks to (SRPT minimises mean response time); `slo_medium` is "
+            "the joint TTFT+TPOT attainment (goodput) under the middle SLO definition. Every headline number is over "
+            "these; every other metric is secondary and has its own rows (`secondary`, `by_metric`, the p90/p95/p99 "
+            "table).")
+
+
+def panels_markdown(summary: Mapping) -> str:
+    """Which panels of sources are compared, whether each is available and whether it is all real."""
+    lines = []
+    for name, p in summary.get("panels", {}).items():
+        prov = ", ".join(f"{s}: {v or 'absent'}" for s, v in p["provenance"].items())
+        head = " (headline)" if name == summary.get("headline_panel") else ""
+        if not p["available"]:
+            lines.append(f"* **{name}**{head}: {', '.join(p['sources'])} — {p['reason']}.")
+        else:
+            real = ("**all real**" if p["all_real"] else
+                    "not all real: " + ", ".join(s for s, v in p["provenance"].items() if v != "real")
+                    + " are stand-ins, so its numbers describe the stand-ins there")
+            lines.append(f"* **{name}**{head}: {', '.join(p['sources'])} ({prov}) — {real}.")
+    return ("**Panels of sources** (`analysis.panels`): every cross-source number is computed within a panel; the "
+            "first available panel is the headline.\n\n" + "\n".join(lines))
+
+
+def power_markdown(power: Mapping) -> str:
+    """Resolution warnings and the minimal detectable effects (notebook text)."""
+    out = []
+    for w in power.get("warnings", []):
+        out.append(f"**⚠ Warning — too few windows for significance.** {w}.")
+    for w in (power.get("resolution") or {}).get("notes", []):
+        out.append(f"**Note on resolution.** {w}.")
+    rows = []
+    for m, d in (power.get("by_metric") or {}).items():
+        f = (lambda v: "not reached" if v is None else (f"{v:.1%}" if d["scale"] == "ratio" else f"{100 * v:.1f} pp"))
+        rows.append(f"| `{m}` | {d['unit']} | {f(d['mde'])} | {f(d['mde_family'])} | {d['null_pairs']} | "
+                    f"{d['identical_pairs']} |")
+    if rows:
+        first = next(iter(power["by_metric"].values()))
+        out.append(f"**Minimal detectable effect** at {first['windows']} windows per source, power "
+                   f"{first['target_power']:g}: {power['definition']}.\n\n| metric | effect measured as | MDE at α | "
+                   "MDE at α / m | null pairs | identical pairs (left out) |\n|---|---|---|---|---|---|\n" + "\n".join(rows))
+    return "\n\n".join(out)
+
+
+def reversal_method_markdown(rv: Mapping, par: Mapping) -> str:
+    """The reversal notebook's method paragraph: family, correction, delta by scale, the study preset."""
+    corr = {"fdr_bh": "Benjamini–Hochberg (false discovery rate)", "holm": "Holm (family-wise error)"}
+    pre = rv.get("study_preset") or {}
+    d = rv["delta"]
+    text = (f"**Family and correction**: {corr[rv['correction']]}, {rv['family_definition']} "
+            f"({rv['side_tests']['value']:,} side tests in the panel). A reversal count is a *rate* claim, so the "
+            "false discovery rate within one metric is the error that matters; Holm and the all-metrics family are "
+            f"in the sensitivity table below. **Practical size**: {d['definition']} — a "
+            "relative δ on a proportion near 0 would call 0.050 vs 0.065 (3 requests of 200) a 26% effect.")
+    if pre.get("available"):
+        text += (f" **Study preset** (`analysis.study_preset`, the original study's design, reported beside the "
+                 f"default so the numbers can be set against the published study): {pre['definition']}; regions "
+                 f"{', '.join(pre['regions'])}; {pre['comparisons']:,} comparisons.")
+    return text
+
+
+# --------------------------------------------------------------------------- honest information (issue #12)
+
+
+def _ci(v, ci, digits: int = 2) -> str:
+    if v is None:
+        return "n/a"
+    s = f"{v:.{digits}f}"
+    if ci and ci[0] is not None:
+        s += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+    return s
+
+
+def predictor_markdown(summary: pl.DataFrame, block: Mapping) -> str:
+    """Per source: the home predictor's features, training data and accuracy (with 95% CIs), and the
+    noisy oracle's tau it replaces -- from :func:`portbench.study.honest.accuracy` and the ``predictors``
+    block."""
+    lines = ["| source | features | trained on | train rows | Kendall τ | Spearman ρ | MAE log | ranker τ (ltr) | "
+             "noisy oracle τ (former) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in summary.filter(pl.col("home")).iter_rows(named=True):
+        b = block.get(r["target"], {})
+        lines.append(
+            f"| {r['target_label']} | {', '.join(b.get('features', []))} | {b.get('training', {}).get('label', '')} | "
+            f"{b.get('train_rows', 0):,} | {_ci(r['tau'], (r['tau_ci_low'], r['tau_ci_high']))} | "
+            f"{_ci(r['spearman'], (r['spearman_ci_low'], r['spearman_ci_high']))} | "
+            f"{_ci(r['mae_log'], (r['mae_log_ci_low'], r['mae_log_ci_high']))} | "
+            f"{_ci(r['ranker_tau'], (r['ranker_tau_ci_low'], r['ranker_tau_ci_high']))} | "
+            f"{_ci(r['noisy_oracle_tau'], None)} |")
+    lines += ["", "τ, ρ: per window between the frozen prediction and the true output length, mean over the 40 "
+              "windows with a 95% bootstrap CI over windows; MAE log = mean |log predicted − log true| (natural "
+              "log: 0.69 = a factor 2). The noisy oracle is the study's former predictor (true × exp(N(0, σ)))."]
+    return "\n".join(lines)
+
+
+def transfer_markdown(summary: pl.DataFrame) -> str:
+    """Kendall τ of every (train -> target) predictor, as a train x target table (diagonal = home)."""
+    srcs = summary["target"].unique(maintain_order=True).to_list()
+    lab = dict(zip(summary["target"], summary["target_label"]))
+    lines = ["| predictor trained on ↓ / used on → | " + " | ".join(lab[s] for s in srcs) + " |",
+             "|---|" + "---|" * len(srcs)]
+    for a in srcs:
+        cells = []
+        for b in srcs:
+            r = summary.filter((pl.col("train") == a) & (pl.col("target") == b))
+            if r.height:
+                r = r.row(0, named=True)
+                cells.append(("**" if a == b else "") + _ci(r["tau"], (r["tau_ci_low"], r["tau_ci_high"]))
+                             + ("**" if a == b else ""))
+            else:
+                cells.append("")
+        lines.append(f"| {lab[a]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ranks_markdown(ranks: pl.DataFrame) -> str:
+    """Mean rank (of 13, over regions and metrics) of each prediction-based policy per source and variant."""
+    if ranks.height == 0:
+        return "(no transfer runs)"
+    g = (ranks.group_by(["source", "policy", "variant"], maintain_order=True)
+         .agg(pl.col("rank").mean().alias("mean_rank"), pl.len().alias("n")))
+    variants = g["variant"].unique(maintain_order=True).to_list()
+    order = ["home"] + sorted(v for v in variants if v.startswith("from ")) + ["oracle"]
+    order = [v for v in order if v in variants]
+    lines = ["| source | policy | " + " | ".join(order) + " |", "|---|---|" + "---|" * len(order)]
+    for (src, pol), part in g.group_by(["source", "policy"], maintain_order=True):
+        d = dict(zip(part["variant"], part["mean_rank"]))
+        lines.append(f"| {src} | {pol} | " + " | ".join(f"{d[v]:.1f}" if v in d else "—" for v in order) + " |")
+    lines += ["", "Mean rank among the 13 (1 = best), over the transfer campaign's regions × headline metrics: "
+              "**home** = the source's own learned predictor, **from X** = source X's predictor, **oracle** = "
+              "the comparison variant that reads the true length (sjf_noisy_oracle, ltr_noisy_oracle, edf_oracle)."]
+    return "\n".join(lines)
+
+
+def fairness_markdown(block: Mapping) -> str:
+    """Per source: its tenants and the tenant metrics of vtc vs fcfs (n/a where the trace has none)."""
+    lines = ["| source | tenants | region | vtc service gap | fcfs service gap | vtc Jain (tenants) | "
+             "fcfs Jain (tenants) |", "|---|---|---|---|---|---|---|"]
+    for s, d in block.get("sources", {}).items():
+        by = d.get("by_region")
+        if not by:
+            lines.append(f"| {s} | {d.get('origin')} | — | {d.get('vtc', 'n/a')} | | | |")
+            continue
+        for reg, v in by.items():
+            a, b = v.get("vtc", {}), v.get("fcfs", {})
+
+            def f(x, k, digits=0):
+                return "n/a" if x.get(k) is None else f"{x[k]:,.{digits}f}"
+            lines.append(f"| {s} | {d.get('origin')} | {reg} | {f(a, 'tenant_service_gap')} | "
+                         f"{f(b, 'tenant_service_gap')} | {f(a, 'tenant_jain', 3)} | {f(b, 'tenant_jain', 3)} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- engine and load (issue #10)
+
+
+def engine_markdown(sim, profile) -> str:
+    """What engine every scheduler of this campaign ran on, with the numbers of its profile."""
+    e = sim.engine
+    sarathi = schedulers.get_scheduler("sarathi").prefill_token_budget
+    batching = {
+        "v1": (f"**vLLM V1 batching for every policy** (`engine.batching: v1`): each iteration carries every "
+               f"running decode first (one token each), then the rest of a started prompt, then waiting requests' "
+               f"prompt chunks in the policy's order, under a budget of {profile.max_batched_tokens:,} tokens "
+               f"(vLLM's `max_num_batched_tokens` on the {profile.gpu}; `sarathi` keeps Sarathi-Serve's "
+               f"{sarathi:,}); a waiting request is admitted only when the KV blocks of its whole current "
+               "sequence fit the free blocks, and blocks are then allocated chunk by chunk; no request is "
+               "admitted in an iteration in which one was preempted. Policies only order, admit, preempt and "
+               "pick victims."),
+        "v0": ("**vLLM V0 prefill-first batching** (`engine.batching: v0`): an iteration that admits requests "
+               "prefills their whole prompts while the running decodes wait; only `sarathi` chunks."),
+    }[e.batching]
+    pre = {"recompute": "preemption by **recompute** (vLLM V1: a victim's KV is freed and its prompt + output "
+                        "re-prefilled when it resumes)",
+           "swap": (f"preemption by **swap** (a victim's KV is copied to host memory at {profile.pcie_gb_s:.0f} GB/s "
+                    f"and back; {profile.host_kv_blocks:,} blocks of host memory; recompute when it is full)")}
+    pc = ("automatic prefix caching on windows that carry prompt block hashes (only traces that record "
+          "them, e.g. Mooncake's)" if e.prefix_caching == "auto" else "prefix caching off")
+    return (f"{batching} Memory: {pre[e.preemption]}; {pc}. Context limit: `max_model_len` = "
+            f"{profile.max_model_len:,} tokens ({profile.model}): a longer prompt is refused at arrival and counted, "
+            f"outputs are clipped to `max_model_len − prompt`. Iteration cost: {profile.formula()}.")
+
+
+def refusal_markdown(refusals: pl.DataFrame, labels: Mapping, max_model_len: int,
+                     threshold: float = 0.01) -> str:
+    """Refused (prompt too long) and clipped requests per source, with a warning above ``threshold``."""
+    if refusals.height == 0:
+        return "No refusal counts in this campaign's runs."
+    per = refusals.group_by("source").agg(pl.col("refused").sum(), pl.col("clipped").sum(), pl.col("arrived").sum())
+    parts, warn = [], []
+    for r in per.sort("source").iter_rows(named=True):
+        f, c = r["refused"] / r["arrived"], r["clipped"] / r["arrived"]
+        parts.append(f"{labels.get(r['source'], r['source'])}: {f:.2%} refused, {c:.2%} with the output clipped")
+        if f > threshold:
+            warn.append(f"**Warning: {labels.get(r['source'], r['source'])} loses {f:.1%} of its requests to the "
+                        "context limit; they are left out of every metric.**")
+    return (f"Requests whose prompt has {max_model_len:,} tokens or more, over all runs (the same requests under "
+            "every scheduler and region, since refusal depends on the prompt alone): " + "; ".join(parts) + ". "
+            + (" ".join(warn) if warn else f"Every source stays below {threshold:.0%}."))
+
+
+def load_markdown(load: pl.DataFrame, capacity: pl.DataFrame, labels: Mapping, loads: Mapping[str, float],
+                  near: str = "near_saturation", overload: str = "overload", tolerance: float = 0.1) -> str:
+    """The load check: capacity (sustainable vs the earlier burst definition), achieved utilisation at
+    near-saturation against its target, queues at overload, distinguishable schedulers."""
+    out = []
+    if capacity.height:
+        out.append("Capacity (sustainable throughput, median over windows) per source: " + "; ".join(
+            f"{labels.get(r['source'], r['source'])} {r['median_rps']:.3g} req/s (range {r['min_rps']:.3g}–"
+            f"{r['max_rps']:.3g}), {r['ratio_median']:.2f}× the earlier burst definition (range "
+            f"{r['ratio_min']:.2f}–{r['ratio_max']:.2f}×)" for r in capacity.iter_rows(named=True)) + ".")
+    if load.height:
+        for reg, what in ((near, "near-saturation"), (overload, "overload")):
+            t = load.filter(pl.col("region") == reg)
+            if not t.height:
+                continue
+            rho = loads.get(reg)
+            cells = [f"{labels.get(r['source'], r['source'])} {r['utilisation']:.2f} (windows {r['utilisation_p10']:.2f}–"
+                     f"{r['utilisation_p90']:.2f}), mean queue {r['queue_mean']:.1f}, p95 {r['queue_p95']:.1f}"
+                     for r in t.iter_rows(named=True)]
+            line = f"Achieved utilisation at {what} (target ρ = {rho:g}): " + "; ".join(cells) + "."
+            if reg == near:
+                off = [labels.get(r["source"], r["source"]) for r in t.iter_rows(named=True)
+                       if abs(r["utilisation"] - rho) > tolerance]
+                line += (f" Every source is within ±{tolerance} of its target." if not off else
+                         f" Outside ±{tolerance} of the target: {', '.join(off)}.")
+            else:
+                noq = [labels.get(r["source"], r["source"]) for r in t.iter_rows(named=True) if not r["queue_mean"] > 0]
+                line += (" Every source queues." if not noq else f" No queue on: {', '.join(noq)}.")
+            out.append(line)
+        tied = load.filter(pl.col("distinct_schedulers") == 1)
+        out.append(f"Schedulers distinguishable on e2e_mean (distinct means at 1% resolution) per source × region: "
+                   f"{int(load['distinct_schedulers'].min())}–{int(load['distinct_schedulers'].max())} of "
+                   f"{int(load['n_schedulers'].max())}; every scheduler ties in {tied.height} of {load.height} "
+                   "conditions (" + (", ".join(f"{labels.get(r['source'], r['source'])} {r['region']}"
+                                             for r in tied.iter_rows(named=True)) or "none")
+                   + "): there the ranking carries no information, and the agreement statistics leave it out "
+                     "(τ-b undefined) and count it.")
+    return "\n\n".join(out)
+
+
+def sensitivity_markdown(table: pl.DataFrame) -> str:
+    """One sentence per headline number that moves between the two batching modes."""
+    if table.height == 0:
+        return ""
+    cols = table.columns
+    a, b = cols[2], cols[3]
+    moved = [r for r in table.iter_rows(named=True) if r[a] != r[b]]
+    if not moved:
+        return "No headline number moves between the two batching modes."
+    return ("Numbers that move with the batching mode (" + f"{a} → {b}): " + "; ".join(
+        f"{r['number']}: {r[a]} → {r[b]}" for r in moved) + ".")

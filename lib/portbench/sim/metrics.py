@@ -23,11 +23,25 @@ Definitions (all requests arriving after the horizon are outside the observation
   progress of unfinished requests counts: ``generated_tokens`` must be the count at the horizon;
   a record that finished after the horizon — a replay that drained — is truncated by linear
   interpolation between its first token and its finish), divided by ``horizon_s``.
-* **Fairness**: Jain's index over x_i = 1 / slowdown_i = service_s / E2E_i (the share of
-  isolated speed a request received; in (0, 1] in the simulator). Jain's index is defined for
-  allocations where more is better, so it takes x = 1/slowdown: 1 = every request slowed down
-  by the same factor, 1/n = one request got everything. Requests with zero observed time are left
-  out (their x is undefined).
+* **Per-request slowdown fairness** ``slowdown_jain``: Jain's index over x_i = 1 / slowdown_i =
+  service_s / E2E_i (the share of isolated speed a request received; in (0, 1] in the simulator).
+  Jain's index is defined for allocations where more is better, so it takes x = 1/slowdown: 1 =
+  every request slowed down by the same factor, 1/n = one request got everything. Requests with
+  zero observed time are left out (their x is undefined). It says nothing about tenants.
+* **Per-tenant fairness as VTC defines it** (Sheng et al., OSDI'24). A tenant's *service* is VTC's
+  counter: weighted tokens served, ``w_prompt`` (1) per prompt token, charged when the request's
+  prefill completes (its first token), plus ``w_output`` (2) per generated token; a request's
+  tokens are spread linearly between its first token and its finish (or the horizon, for an
+  unfinished one: up to its ``generated_tokens``), the only timing the records carry. A tenant is
+  *backlogged* while one of its requests has arrived and not yet received its first token (it
+  waits for service). ``tenant_service_gap``: the largest difference in service received by two
+  tenants over an interval during which both were continuously backlogged — max over tenant pairs
+  and over their common backlogged stretches of (max − min) of S_f − S_g, exact for the piecewise
+  linear service curves (VTC bounds exactly this quantity). ``tenant_jain``: Jain's index over
+  tenants of each tenant's service *rate while backlogged* (service received while backlogged /
+  time backlogged; what VTC equalises). Both are NaN ("n/a") when the run has fewer than two
+  tenants — in particular for sources without a tenant field run with ``simulation.tenant_model:
+  trace`` (every request is tenant ``NO_TENANT``).
 * Percentiles use numpy's default (linear interpolation). Empty sets give NaN.
 """
 
@@ -42,15 +56,28 @@ from ..core import config
 from ..core.errors import DataError, ParameterError, check_choices
 
 
+SCALES = ("ratio", "proportion", "count")
+
+
 class Metric(NamedTuple):
-    """A registered metric: name, "higher"/"lower" is better, unit, what it measures."""
+    """A registered metric: name, "higher"/"lower" is better, unit, what it measures, and its scale.
+
+    ``scale`` says how a difference between two schedulers is sized (the practical threshold of the
+    analysis): ``"ratio"`` (latencies, throughput, slowdowns: positive quantities compared by their
+    relative difference), ``"proportion"`` (SLO attainment, fairness indices: values in [0, 1]
+    compared in absolute percentage points) or ``"count"`` (a number of the window's requests,
+    compared in percentage points of the window's size)."""
 
     name: str
     direction: str
     unit: str
     description: str
+    scale: str = "ratio"
 
 
+NO_TENANT = "n/a"          # the tenant of every request of a run without tenants
+TENANT_WEIGHTS = (1.0, 2.0)  # VTC's (w_prompt, w_output): service = prompt tokens + 2 x output tokens
+TENANT_METRICS = ("tenant_service_gap", "tenant_jain")
 RECORD_COLUMNS = ("req_id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
                   "generated_tokens", "preemptions", "rejected", "tenant", "service_s")
 _NEEDED = ("arrival_s", "first_token_s", "finish_s", "output_tokens", "generated_tokens", "rejected",
@@ -59,18 +86,31 @@ SLO_PREFIX = "slo_"
 
 # Built-in metrics in their canonical order; slo_<name> entries are inserted after throughput.
 _BUILTIN: tuple[Metric, ...] = (
-    Metric("completed", "higher", "requests", "requests that finished within the observation horizon"),
+    Metric("completed", "higher", "requests", "requests that finished within the observation horizon", "count"),
     Metric("throughput_tok_s", "higher", "tokens/s",
            "output tokens generated within the horizon (unfinished requests' progress included) / horizon"),
     Metric("ttft_p50", "lower", "s", "median time to first token; censored at the horizon"),
+    Metric("ttft_p90", "lower", "s", "90th-percentile time to first token; censored at the horizon"),
+    Metric("ttft_p95", "lower", "s", "95th-percentile time to first token; censored at the horizon"),
     Metric("ttft_p99", "lower", "s", "99th-percentile time to first token; censored at the horizon"),
     Metric("tpot_mean", "lower", "s/token", "mean time per output token after the first (completed requests)"),
+    Metric("tpot_p90", "lower", "s/token", "90th-percentile time per output token (completed requests)"),
+    Metric("tpot_p95", "lower", "s/token", "95th-percentile time per output token (completed requests)"),
     Metric("tpot_p99", "lower", "s/token", "99th-percentile time per output token (completed requests)"),
     Metric("e2e_mean", "lower", "s", "mean end-to-end latency; unfinished requests censored at the horizon"),
+    Metric("e2e_p90", "lower", "s", "90th-percentile end-to-end latency; censored at the horizon"),
+    Metric("e2e_p95", "lower", "s", "95th-percentile end-to-end latency; censored at the horizon"),
     Metric("e2e_p99", "lower", "s", "99th-percentile end-to-end latency; censored at the horizon"),
     Metric("norm_latency_mean", "lower", "s/token", "mean of E2E / output tokens (censored E2E)"),
-    Metric("jain_fairness", "higher", "index in (0, 1]",
-           "Jain's index over 1/slowdown (slowdown = E2E / isolated service time)"),
+    Metric("slowdown_jain", "higher", "index in (0, 1]",
+           "per-request fairness: Jain's index over 1/slowdown (slowdown = E2E / isolated service time)",
+           "proportion"),
+    Metric("tenant_service_gap", "lower", "weighted tokens",
+           "VTC fairness: largest service difference between two tenants over an interval both were backlogged "
+           "(service = prompt + 2 x output tokens served); n/a without tenants"),
+    Metric("tenant_jain", "higher", "index in (0, 1]",
+           "VTC fairness: Jain's index over tenants of the service rate each received while backlogged; "
+           "n/a without tenants", "proportion"),
     Metric("max_slowdown", "lower", "x", "largest E2E / isolated service time (censored E2E)"),
 )
 METRICS: dict[str, Metric] = {m.name: m for m in _BUILTIN}
@@ -81,7 +121,7 @@ def slo_metric(name: str, spec: Mapping | None = None) -> Metric:
     what = (f"TTFT <= {spec['ttft_s']:g} s and TPOT <= {spec['tpot_s']:g} s" if spec
             else "TTFT and TPOT within the SLO's targets")
     return Metric(SLO_PREFIX + name, "higher", "fraction of requests",
-                  f"fraction of admitted requests completed within the horizon with {what}")
+                  f"fraction of admitted requests completed within the horizon with {what}", "proportion")
 
 
 # ---------------------------------------------------------------- custom metrics
@@ -107,6 +147,8 @@ def register_metric(metric: Metric, fn: Callable[[RequestView], float]) -> Metri
     """Add a metric computed by ``fn(view) -> float``; it joins metric_names and compute()."""
     if metric.direction not in ("higher", "lower"):
         raise ParameterError(f"metric {metric.name}.direction", metric.direction, "higher or lower")
+    if metric.scale not in SCALES:
+        raise ParameterError(f"metric {metric.name}.scale", metric.scale, " | ".join(SCALES))
     if metric.name in METRICS or metric.name.startswith(SLO_PREFIX):
         raise ParameterError("metric", metric.name, "a name not already registered and not slo_*")
     METRICS[metric.name] = metric
@@ -157,6 +199,11 @@ def direction(name: str) -> str:
     return metric(name).direction
 
 
+def scale(name: str) -> str:
+    """"ratio", "proportion" or "count" (how a difference is sized; see :class:`Metric`)."""
+    return metric(name).scale
+
+
 def table(slo: Mapping | None = None) -> list[Metric]:
     """The metrics in canonical order, SLO metrics with their definitions (``slo``: name -> {ttft_s,
     tpot_s}; None -> default.yaml's)."""
@@ -190,6 +237,9 @@ def _arrays(records) -> dict[str, np.ndarray]:
     if missing:
         raise DataError("records", f"missing columns {missing}; expected {list(RECORD_COLUMNS)}")
     out = {}
+    if "prompt_tokens" in names:
+        col = records["prompt_tokens"]
+        out["prompt_tokens"] = np.asarray(col.to_numpy() if hasattr(col, "to_numpy") else col, dtype=float)
     for c in _NEEDED:
         col = records[c]
         to_numpy = getattr(col, "to_numpy", None)
@@ -248,18 +298,150 @@ def compute(records, horizon_s: float, slo_defs: Mapping[str, Mapping]) -> dict[
     for name, spec in slo_defs.items():
         ok = done & (ttft <= spec["ttft_s"]) & (~(out > 1) | (tpot_all <= spec["tpot_s"]))
         res[SLO_PREFIX + name] = float(ok.sum() / n) if n else float("nan")
-    ttft_q = _pct(ttft, [50, 99])
-    res["ttft_p50"], res["ttft_p99"] = float(ttft_q[0]), float(ttft_q[1])
+    tails = (90, 95, 99)
+    ttft_q = _pct(ttft, [50, *tails])
+    res["ttft_p50"] = float(ttft_q[0])
+    res.update({f"ttft_p{q}": float(v) for q, v in zip(tails, ttft_q[1:])})
     res["tpot_mean"] = float(tpot.mean()) if tpot.size else float("nan")
-    res["tpot_p99"] = float(_pct(tpot, 99))
+    res.update({f"tpot_p{q}": float(v) for q, v in zip(tails, _pct(tpot, list(tails)))})
     res["e2e_mean"] = float(e2e.mean()) if n else float("nan")
-    res["e2e_p99"] = float(_pct(e2e, 99))
+    res.update({f"e2e_p{q}": float(v) for q, v in zip(tails, _pct(e2e, list(tails)))})
     res["norm_latency_mean"] = float((e2e / out).mean()) if n else float("nan")
     sx = x.sum()
-    res["jain_fairness"] = float(sx * sx / (x.size * np.dot(x, x))) if x.size else float("nan")
+    res["slowdown_jain"] = float(sx * sx / (x.size * np.dot(x, x))) if x.size else float("nan")
+    tenant = _tenants(records, adm)
+    gap, jain = tenant_fairness(tenant, arr, ft, fin, a["prompt_tokens"][adm] if "prompt_tokens" in a else None,
+                                out, gen, h) if tenant is not None else (float("nan"), float("nan"))
+    res["tenant_service_gap"], res["tenant_jain"] = gap, jain
     res["max_slowdown"] = float(slowdown.max()) if n else float("nan")
     if _CUSTOM:
         view = RequestView(done, ttft, e2e, tpot, tokens, out, slowdown, h)
         for name, fn in _CUSTOM.items():
             res[name] = float(fn(view))
     return res
+
+
+# ---------------------------------------------------------------- per-tenant (VTC) fairness
+
+
+def _tenants(records, keep: np.ndarray) -> np.ndarray | None:
+    """Tenant labels of the kept rows; None when there is no tenant column or fewer than two tenants."""
+    cols = getattr(records, "columns", None)
+    names = list(cols) if cols is not None else list(records)
+    if "tenant" not in names:
+        return None
+    col = records["tenant"]
+    if hasattr(col, "n_unique"):
+        if col.n_unique() < 2:        # the common case of a run without tenants: no conversion
+            return None
+        vals = col.cast(str).to_numpy()
+    else:
+        vals = np.asarray(list(col), dtype=object).astype(str)
+    vals = vals[keep]
+    return vals if np.unique(vals).size >= 2 else None
+
+
+def service_curves(tenant: np.ndarray, arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarray,
+                   prompt: np.ndarray | None, output: np.ndarray, generated: np.ndarray, horizon_s: float,
+                   weights: tuple[float, float] = TENANT_WEIGHTS):
+    """VTC service per tenant at every event time (see the module docstring).
+
+    Returns ``(tenants, times, S, backlogged)``: ``S[t, e]`` = weighted tokens served to tenant t up to
+    ``times[e]`` (right-continuous), ``backlogged[t, e]`` = tenant t was waiting throughout
+    ``(times[e], times[e+1])`` (shape ``(T, E-1)``).
+    """
+    h = float(horizon_s)
+    wp, wo = weights
+    ft = np.where(np.isfinite(first_token) & (first_token <= h), first_token, np.inf)
+    has_tok = np.isfinite(ft)
+    done = np.isfinite(finish) & (finish <= h)
+    # end of the token stream inside the observation and the tokens reached there
+    end = np.where(done, finish, np.where(np.isfinite(finish), finish, h))
+    n_end = np.where(done | np.isfinite(finish), output, np.minimum(generated, output)).astype(float)
+    n_end = np.maximum(n_end, 1.0)
+    times = np.unique(np.concatenate([arrival[arrival <= h], ft[has_tok], np.minimum(end[has_tok], h), [0.0, h]]))
+    times = times[(times >= 0) & (times <= h)]
+    names, idx = np.unique(tenant, return_inverse=True)
+    T = names.size
+    p = prompt if prompt is not None else np.zeros_like(output, dtype=float)
+    # each started request: a step of w_p * prompt + w_o * 1 token at ft, then a ramp of w_o per token
+    # to n_end at end (slope +s from ft, -s from end); S_k(tau) = sum over knots x <= tau of
+    # step + slope * (tau - x), evaluated with per-tenant cumulative sums over the sorted knots
+    tk = np.flatnonzero(has_tok)
+    ramp = np.where(end[tk] > ft[tk], wo * (n_end[tk] - 1.0) / np.maximum(end[tk] - ft[tk], 1e-300), 0.0)
+    jump = wp * p[tk] + wo * np.where(end[tk] > ft[tk], 1.0, n_end[tk])
+    x = np.concatenate([ft[tk], end[tk]])
+    who = np.concatenate([idx[tk], idx[tk]])
+    step = np.concatenate([jump, np.zeros(tk.size)])
+    slope = np.concatenate([ramp, -ramp])
+    S = _knot_sums(T, who, x, [step, slope, slope * x], times, lambda c, t: c[0] + c[1] * t - c[2])
+    # waiting requests per tenant: +1 at arrival, -1 at the first token; evaluated mid-segment
+    mid = (times[:-1] + times[1:]) / 2.0
+    xw = np.concatenate([arrival, ft[tk]])
+    ww = np.concatenate([idx, idx[tk]])
+    dw = np.concatenate([np.ones(arrival.size), -np.ones(tk.size)])
+    B = _knot_sums(T, ww, xw, [dw], mid, lambda c, t: c[0]) > 0.5
+    return names, times, S, B
+
+
+def _knot_sums(T: int, who: np.ndarray, x: np.ndarray, values: list[np.ndarray], at: np.ndarray, combine
+               ) -> np.ndarray:
+    """``combine(cums, t)`` for every tenant and time in ``at``, where ``cums[i][k]`` = the sum of
+    ``values[i]`` over tenant k's knots at positions ``x <= t`` -> array (T, len(at))."""
+    order = np.argsort(x, kind="stable")
+    xs, ws = x[order], who[order]
+    pos = np.searchsorted(xs, at, side="right")          # knots at or before each time
+    out_c = []
+    for v in values:
+        m = np.zeros((T, xs.size + 1))
+        m[ws, np.arange(1, xs.size + 1)] = v[order]
+        out_c.append(np.cumsum(m, axis=1)[:, pos])
+    return combine(out_c, at[None, :])
+
+
+def tenant_fairness(tenant: np.ndarray, arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarray,
+                    prompt: np.ndarray | None, output: np.ndarray, generated: np.ndarray, horizon_s: float,
+                    weights: tuple[float, float] = TENANT_WEIGHTS) -> tuple[float, float]:
+    """``(tenant_service_gap, tenant_jain)`` of one run's admitted requests (module docstring);
+    ``(nan, nan)`` with fewer than two tenants."""
+    nan = float("nan")
+    if tenant.size == 0 or np.unique(tenant).size < 2 or (np.unique(tenant) == NO_TENANT).all():
+        return nan, nan
+    names, times, S, B = service_curves(tenant, arrival, first_token, finish, prompt, output, generated,
+                                        horizon_s, weights)
+    if times.size < 2:
+        return nan, nan
+    # Jain over tenants of the service rate while backlogged
+    dt = np.diff(times)
+    dS = np.diff(S, axis=1)
+    busy = (B * dt[None, :]).sum(axis=1)
+    got = (B * dS).sum(axis=1)
+    sel = busy > 0
+    if sel.sum() >= 2:
+        x = got[sel] / busy[sel]
+        jain = float(x.sum() ** 2 / (x.size * np.dot(x, x))) if np.dot(x, x) > 0 else 1.0
+    else:
+        jain = nan
+    # service gap over common backlogged stretches, all tenant pairs at once
+    T = names.size
+    fi, gi = np.triu_indices(T, 1)
+    ever = B.any(axis=1)
+    keep = ever[fi] & ever[gi]
+    fi, gi = fi[keep], gi[keep]
+    if fi.size == 0:
+        return nan, jain
+    D = S[fi] - S[gi]                         # (pairs, E) service differences at the event times
+    M = B[fi] & B[gi]                         # (pairs, E-1) both backlogged on the segment
+    if not M.any():
+        return nan, jain
+    # max - min of D over each maximal run of common-backlog segments (a run's points: its segments'
+    # end points), every pair at once: compress the flagged segments, reduce per run
+    seg_max = np.maximum(D[:, :-1], D[:, 1:]).ravel()
+    seg_min = np.minimum(D[:, :-1], D[:, 1:]).ravel()
+    prev = np.zeros_like(M)
+    prev[:, 1:] = M[:, :-1]
+    flat = np.flatnonzero(M.ravel())
+    starts = np.flatnonzero((M & ~prev).ravel()[flat])
+    hi = np.maximum.reduceat(seg_max[flat], starts)
+    lo = np.minimum.reduceat(seg_min[flat], starts)
+    return float((hi - lo).max()), jain

@@ -21,6 +21,9 @@ NOT_ARRIVED, WAITING, RUNNING, PAUSED, FINISHED, REJECTED = -1, 0, 1, 2, 3, 4
 STATE_NAMES = {NOT_ARRIVED: "not_arrived", WAITING: "waiting", RUNNING: "running", PAUSED: "paused",
                FINISHED: "finished", REJECTED: "rejected"}
 WINDOW_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens", "tenant")
+# Optional columns of the table a run is given (never of the frozen window table): the window's frozen
+# predictions (portbench.data.predictors) -- the only output-length information non-oracle policies see.
+PREDICTION_COLUMNS = ("predicted_output", "ltr_score")
 _NAN = float("nan")
 
 
@@ -34,14 +37,19 @@ class Request:
     ``blocks`` (KV blocks held), ``state`` (WAITING, RUNNING, PAUSED, FINISHED, REJECTED),
     ``preemptions`` (recompute evictions), ``pauses``, ``first_token_s``, ``finish_s``,
     ``waiting_since`` (arrival or last eviction), ``key`` (the (priority, id) the engine last
-    ranked it by, preemptive policies). The rest is engine bookkeeping.
+    ranked it by, preemptive policies), ``refused`` (prompt longer than the context limit),
+    ``trace_output_tokens`` (the trace's output length; ``output_tokens`` is clipped to
+    ``max_model_len − prompt``), ``hashes`` (prompt block hashes, prefix caching), ``swapped``
+    (KV in host memory), ``admitted_s`` (first admission). The rest is engine bookkeeping.
     """
 
     __slots__ = ("id", "arrival_s", "prompt_tokens", "output_tokens", "tenant", "generated", "prefilled",
                  "prefill_target", "blocks", "state", "preemptions", "pauses", "first_token_s", "finish_s",
-                 "waiting_since", "rank", "never_fits", "chunk", "gbase", "cver", "key", "mark")
+                 "waiting_since", "rank", "never_fits", "chunk", "gbase", "cver", "key", "mark",
+                 "refused", "trace_output_tokens", "hashes", "nshared", "hit", "swapped", "swap_blocks",
+                 "high", "admitted_s", "swaps")
 
-    def __init__(self, rid: int, arrival_s: float, prompt: int, output: int, tenant):
+    def __init__(self, rid: int, arrival_s: float, prompt: int, output: int, tenant, hashes=None):
         self.id = rid
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt
@@ -64,6 +72,16 @@ class Request:
         self.cver = 0
         self.key = None
         self.mark = -1
+        self.refused = False          # prompt >= max_model_len: refused at arrival (vLLM: HTTP 400)
+        self.trace_output_tokens = output
+        self.hashes = hashes          # prompt block hashes (one per hash block of tokens) or None
+        self.nshared = 0              # prefix-cache entries this request references
+        self.hit = 0                  # cache entries hit at its last admission
+        self.swapped = False          # its KV is in host memory (swap preemption)
+        self.swap_blocks = 0
+        self.high = 0                 # highest prompt position ever computed (work accounting)
+        self.admitted_s = _NAN        # first admission
+        self.swaps = 0
 
     @property
     def resident(self) -> bool:
@@ -92,6 +110,9 @@ class RunContext:
     Arrays are indexed by request id (= the row of the window table). ``rng`` is the run's only
     source of randomness (``numpy.random.default_rng(seed)``); ``slo`` is the SLO definition the
     run was given (``{"ttft_s", "tpot_s"}``, for deadline-based policies) or None.
+    ``predicted_output`` (tokens, > 0) and ``ltr_score`` (lower = predicted shorter) are the window's
+    frozen predictions when the run was given them (columns :data:`PREDICTION_COLUMNS`), else None:
+    ``sjf_predicted``, ``ltr`` and ``edf`` read only these, never ``output_tokens``.
     """
 
     n: int
@@ -102,6 +123,24 @@ class RunContext:
     profile: Any
     rng: np.random.Generator
     slo: Mapping | None = None
+    predicted_output: np.ndarray | None = None
+    ltr_score: np.ndarray | None = None
+
+
+def _prediction_arrays(window_df, n: int) -> dict:
+    """The optional prediction columns as float arrays (checked: finite; predicted_output > 0)."""
+    out = {}
+    cols = window_df.columns if isinstance(window_df, pl.DataFrame) else list(window_df)
+    for name in PREDICTION_COLUMNS:
+        if name not in cols:
+            continue
+        col = window_df[name]
+        v = np.asarray(col.cast(pl.Float64).to_numpy() if isinstance(col, pl.Series) else col, dtype=float)
+        if v.shape != (n,) or not np.isfinite(v).all() or (name == "predicted_output" and (v <= 0).any()):
+            raise DataError("window", f"{name} must be {n} finite values" + (" > 0" if name == "predicted_output"
+                                                                              else ""), column=name)
+        out[name] = v
+    return out
 
 
 def _window_arrays(window_df) -> tuple[list, list, list, list]:
@@ -129,9 +168,39 @@ def _window_arrays(window_df) -> tuple[list, list, list, list]:
     return arr, pro, out, ten
 
 
-def requests_from_window(window_df, profile, rng, slo=None) -> tuple[list[Request], RunContext]:
+def _window_hashes(window_df) -> list | None:
+    """The optional ``block_hashes`` column (one list of ints per request, one hash per hash block of
+    prompt tokens), or None."""
+    if isinstance(window_df, pl.DataFrame):
+        if "block_hashes" not in window_df.columns:
+            return None
+        col = window_df["block_hashes"]
+        if not isinstance(col.dtype, pl.List):
+            raise DataError("window", f"block_hashes must be a list of integer hashes per request, got {col.dtype}",
+                            column="block_hashes")
+        return [tuple(v) if v is not None else () for v in col.to_list()]
+    if "block_hashes" in window_df:
+        return [tuple(v) if v is not None else () for v in window_df["block_hashes"]]
+    return None
+
+
+def requests_from_window(window_df, profile, rng, slo=None, max_model_len: int = 0
+                         ) -> tuple[list[Request], RunContext]:
+    """The window's requests and the scheduler's :class:`RunContext`. With ``max_model_len`` > 0 the
+    context limit is applied as vLLM applies it: a prompt of ``max_model_len`` tokens or more is
+    refused (``refused``), the output is clipped to ``max_model_len − prompt`` (``output_tokens``;
+    the trace's value stays in ``trace_output_tokens``); schedulers see the clipped lengths."""
     arr, pro, out, ten = _window_arrays(window_df)
-    reqs = [Request(i, arr[i], pro[i], out[i], ten[i]) for i in range(len(arr))]
+    hashes = _window_hashes(window_df)
+    reqs = [Request(i, arr[i], pro[i], out[i], ten[i], hashes[i] if hashes is not None else None)
+            for i in range(len(arr))]
+    if max_model_len:
+        for r in reqs:
+            if r.prompt_tokens >= max_model_len:
+                r.refused = True
+            elif r.prompt_tokens + r.output_tokens > max_model_len:
+                r.output_tokens = max_model_len - r.prompt_tokens
     ctx = RunContext(n=len(reqs), arrival_s=np.asarray(arr, dtype=float), prompt_tokens=np.asarray(pro),
-                     output_tokens=np.asarray(out), tenant=ten, profile=profile, rng=rng, slo=slo)
+                     output_tokens=np.asarray([r.output_tokens for r in reqs], dtype=np.int64),
+                     tenant=ten, profile=profile, rng=rng, slo=slo, **_prediction_arrays(window_df, len(reqs)))
     return reqs, ctx

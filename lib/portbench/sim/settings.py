@@ -4,7 +4,7 @@ schedulers and their options, the profiles; and the names it resolves (``all``).
 from __future__ import annotations
 
 from ..core.config import SimulationConfig
-from ..core.errors import ParameterError, check_choice
+from ..core.errors import ParameterError
 from . import metrics, schedulers
 from .profiles import get_profile
 
@@ -23,9 +23,9 @@ def validate(sim: SimulationConfig) -> None:
     """ParameterError naming the parameter when a scheduler, an option, the capacity policy or the
     profile is unknown or invalid."""
     names = scheduler_names(sim)
-    check_choice("simulation.capacity_policy", sim.capacity_policy, list(schedulers.SCHEDULERS))
+    schedulers.require_registered("simulation.capacity_policy", sim.capacity_policy)
     for name in sim.scheduler_options:
-        check_choice("simulation.scheduler_options", name, list(schedulers.SCHEDULERS))
+        schedulers.require_registered("simulation.scheduler_options", name)
     for name in set(names) | set(sim.scheduler_options) | {sim.capacity_policy}:
         schedulers.scheduler_for(sim, name)   # unknown options / bad values -> ParameterError
     try:

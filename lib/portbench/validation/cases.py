@@ -1,4 +1,4 @@
-"""Which simulated findings the vLLM replay checks: the key reversal and a stable control.
+"""Which simulated findings the vLLM replay checks: the key reversal, a stable control, further reversals.
 
 Input: the analysis' reversal table (``{results_dir}/analysis/reversals.parquet``; columns in
 ``portbench.study.analysis.COLUMNS["reversals"]``: ``a, b, source_1, source_2, region, metric, direction,
@@ -10,11 +10,15 @@ run (:func:`portbench.validation.replay.runnable`) are eligible.
   ``significant_and_practical``), the one with the largest smaller-side relative effect
   ``min(rel_1, rel_2)`` — the analysis' ``most_dramatic`` definition restricted to runnable pairs.
   Ties: region, metric, a, b, source_1, source_2 in alphabetical order.
-* **Stable control**: a runnable pair whose order is the same and significant on *every* source:
-  for a (pair, region, metric), every source-pair row has no reversal, both sides significant and
-  ``sign(diff_1) == sign(diff_2)``, and the rows cover every source of the table. Preferred at the
-  key reversal's region and metric (so both cases are replayed under the same conditions), then the
-  largest smallest effect over the sources.
+* **Stable control**: a runnable pair whose order is the same and significant on every source the
+  validation replays -- the key reversal's two sources (every source of the table when there is no
+  key reversal): for a (pair, region, metric), every source-pair row among those sources has no
+  reversal, both sides significant and ``sign(diff_1) == sign(diff_2)``, and the rows cover those
+  sources. Preferred at the key reversal's region and metric (so both cases are replayed under the
+  same conditions), then the largest smallest effect over the sources.
+* **Further reversals**: every other significant-and-practical reversal of a runnable pair, in the
+  same order as the key reversal's (:func:`reversal_cases`); the run replays as many as its time
+  budget allows.
 """
 
 from __future__ import annotations
@@ -104,9 +108,13 @@ def read_reversals(path: str | Path) -> pl.DataFrame:
 
 
 def check_reversals(rev: pl.DataFrame, where: str = "reversals") -> pl.DataFrame:
+    """The columns the selection needs (DataError otherwise); with a ``panel`` column (one block of rows per
+    panel of sources, the headline panel first), only the headline panel's rows."""
     missing = [c for c in REQUIRED if c not in rev.columns]
     if missing:
         raise DataError(where, f"missing columns {missing}; expected at least {list(REQUIRED)}")
+    if "panel" in rev.columns and rev.height:
+        rev = rev.filter(pl.col("panel") == rev["panel"][0])
     for c in OPTIONAL_FLOAT:
         if c not in rev.columns:
             rev = rev.with_columns(pl.lit(float("nan")).alias(c))
@@ -126,31 +134,48 @@ def _side(row: Mapping, k: int, significant: bool) -> SideResult:
                       mean_b=f(f"mean_b_{k}"))
 
 
-def key_reversal(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = None) -> Case | None:
-    """The significant-and-practical reversal of a runnable pair with the largest min(rel_1, rel_2)."""
+def reversal_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = None) -> list[Case]:
+    """Every significant-and-practical reversal of a runnable pair, the most dramatic first (largest
+    min(rel_1, rel_2); ties: region, metric, a, b, source_1, source_2 alphabetically)."""
     rev = _runnable_rows(check_reversals(rev))
     cand = rev.filter(pl.col("reversal") & pl.col("significant") & pl.col("practical"))
     if cand.height == 0:
-        return None
+        return []
     cand = cand.with_columns(pl.min_horizontal("rel_1", "rel_2").alias("_min_rel"))
-    best = cand.sort(["_min_rel", "region", "metric", "a", "b", "source_1", "source_2"],
-                     descending=[True, False, False, False, False, False, False]).row(0, named=True)
-    return Case("reversal", best["a"], best["b"], best["region"], best["metric"],
-                (_side(best, 1, True), _side(best, 2, True)),
-                rho=(region_loads or {}).get(best["region"]), direction=best.get("direction"),
-                notes="largest smaller-side relative effect among significant-and-practical reversals "
-                      "of pairs vLLM can run")
+    cand = cand.sort(["_min_rel", "region", "metric", "a", "b", "source_1", "source_2"],
+                     descending=[True, False, False, False, False, False, False])
+    out = []
+    for i, row in enumerate(cand.iter_rows(named=True)):
+        out.append(Case("reversal", row["a"], row["b"], row["region"], row["metric"],
+                        (_side(row, 1, True), _side(row, 2, True)),
+                        rho=(region_loads or {}).get(row["region"]), direction=row.get("direction"),
+                        notes=("largest smaller-side relative effect among significant-and-practical reversals "
+                               "of pairs vLLM can run") if i == 0 else
+                              f"significant-and-practical reversal #{i + 1} by smaller-side effect"))
+    return out
+
+
+def key_reversal(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = None) -> Case | None:
+    """The significant-and-practical reversal of a runnable pair with the largest min(rel_1, rel_2)."""
+    cases = reversal_cases(rev, region_loads)
+    return cases[0] if cases else None
 
 
 def stable_control(rev: pl.DataFrame, prefer: Case | None = None,
                    region_loads: Mapping[str, float] | None = None) -> Case | None:
-    """A runnable pair with the same, significant order on every source (see the module docstring)."""
+    """A runnable pair with the same, significant order on every source the validation replays (the
+    key reversal's sources when there is one, else every source of the table; module docstring)."""
     rev = _runnable_rows(check_reversals(rev))
     if rev.height == 0:
         return None
-    all_sources = sorted(set(rev["source_1"].to_list()) | set(rev["source_2"].to_list()))
-    if prefer is not None:  # the control must not be the reversal's own pair
-        rev = rev.filter(~((pl.col("a") == prefer.a) & (pl.col("b") == prefer.b)))
+    if prefer is not None:  # the control must not be the reversal's own pair; it is replayed on its sources
+        rev = rev.filter(~((pl.col("a") == prefer.a) & (pl.col("b") == prefer.b))
+                         & pl.col("source_1").is_in(list(prefer.sources)) & pl.col("source_2").is_in(list(prefer.sources)))
+        all_sources = sorted(prefer.sources)
+    else:
+        all_sources = sorted(set(rev["source_1"].to_list()) | set(rev["source_2"].to_list()))
+    if rev.height == 0:
+        return None
     rev = rev.with_columns(same=(pl.col("diff_1").sign() * pl.col("diff_2").sign()) > 0)
     groups = (rev.group_by(["a", "b", "region", "metric"])
               .agg(ok=(pl.col("same") & pl.col("significant") & ~pl.col("reversal")).all(),
@@ -175,13 +200,15 @@ def stable_control(rev: pl.DataFrame, prefer: Case | None = None,
     return Case("control", g["a"], g["b"], g["region"], g["metric"],
                 tuple(sides[s] for s in sorted(sides)), rho=(region_loads or {}).get(g["region"]),
                 direction=rows["direction"][0] if "direction" in rows.columns else None,
-                notes="same order, significant on every source"
+                notes="same order, significant on every replayed source"
                       + (" (at the reversal's region and metric)" if g["pref"] == 2 else ""))
 
 
 @dataclass
 class Selection:
-    """The cases to replay, and what was left out of selection and why."""
+    """The cases to replay (the key reversal, the stable control, then every further
+    significant-and-practical reversal of a runnable pair, most dramatic first), and what was left
+    out of selection and why."""
 
     cases: list[Case]
     excluded: dict[str, str] = field(default_factory=dict)   # scheduler -> why vLLM cannot run it
@@ -205,7 +232,8 @@ def select_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = N
     names = sorted(set(schedulers or []) | set(rev["a"].to_list()) | set(rev["b"].to_list()))
     excluded = {n: replay.engine_policy(n).note for n in names if not replay.runnable(n)}
     msgs = []
-    key = key_reversal(rev, region_loads)
+    revs = reversal_cases(rev, region_loads)
+    key = revs[0] if revs else None
     if key is None:
         n_sp = rev.filter(pl.col("reversal") & pl.col("significant") & pl.col("practical")).height
         msgs.append(f"no significant-and-practical reversal of a pair vLLM can run ({n_sp} such reversals in "
@@ -213,16 +241,16 @@ def select_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = N
                     "the analysis found no significant-and-practical reversal")
     ctrl = stable_control(rev, key, region_loads)
     if ctrl is None:
-        msgs.append("no runnable pair keeps the same significant order on every source")
-    return Selection([c for c in (key, ctrl) if c is not None], excluded, msgs)
+        msgs.append("no runnable pair keeps the same significant order on every replayed source")
+    return Selection([c for c in (key, ctrl) if c is not None] + revs[1:], excluded, msgs)
 
 
 def planted_reversals(sources: Sequence[str] = ("azure", "burstgpt", "bailian"),
                       region: str = "overload", metric: str = "ttft_p99") -> pl.DataFrame:
     """A small reversal table with a known answer (for tests and demonstrations).
 
-    sjf_prompt vs fcfs reverses between azure and the others (large effect), srpt_oracle vs fcfs
-    reverses even more (but srpt_oracle cannot run in vLLM), and sjf_oracle beats random on every
+    fcfs vs vtc reverses most (but vtc cannot run in the engine), fcfs vs srpt_oracle next (the key
+    reversal), fcfs vs sjf_prompt less (a further reversal), and sjf_oracle beats random on every
     source (the stable control).
     """
     rows = []
@@ -240,5 +268,6 @@ def planted_reversals(sources: Sequence[str] = ("azure", "burstgpt", "bailian"),
     n = len(sources)
     add("fcfs", "sjf_prompt", [0.8] + [-0.5] * (n - 1), [0.30] + [0.20] * (n - 1), 1e-4)
     add("fcfs", "srpt_oracle", [1.5] + [-1.2] * (n - 1), [0.60] + [0.50] * (n - 1), 1e-5)
+    add("fcfs", "vtc", [2.0] + [-1.8] * (n - 1), [0.90] + [0.80] * (n - 1), 1e-6)
     add("random", "sjf_oracle", [-0.9] * n, [0.40] * n, 1e-5)
     return pl.DataFrame(rows)

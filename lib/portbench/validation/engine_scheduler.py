@@ -1,50 +1,141 @@
-"""A thin subclass of vLLM's scheduler that records every iteration (imported in vLLM's engine process).
+"""vLLM's V1 scheduler with portbench's iteration records and dynamic policies (runs in vLLM's engine process).
 
-It changes no decision: ``schedule()`` and ``update_from_output()`` call vLLM's own and only note,
-per iteration, what was scheduled and how long it took, appending one JSON line to the file named by
-``$PORTBENCH_VLLM_ITERATION_LOG`` (the engine-core process inherits the variable). Selected through
-``AsyncEngineArgs(scheduler_cls="portbench.validation.engine_scheduler.RecordingScheduler")``; vLLM
-warns that the scheduler interface is not public — this class relies only on ``schedule()``,
-``update_from_output()``, ``SchedulerOutput.num_scheduled_tokens`` and the ``Request`` fields
-``num_computed_tokens`` / ``num_prompt_tokens`` (vLLM 0.32). A custom scheduler class disables
-vLLM's async scheduling, which the replay turns off anyway (one iteration at a time).
+Selected through ``AsyncEngineArgs(scheduler_cls="portbench.validation.engine_scheduler.PortbenchScheduler",
+scheduling_policy="priority")``. vLLM warns that the scheduler interface is not public; this class
+relies on vLLM 0.32's ``Scheduler.schedule()`` / ``update_from_output()`` / ``_preempt_request()``,
+the ``running`` list, the priority ``waiting`` queue (``_heap``), ``kv_cache_manager`` (free blocks,
+a request's block ids) and the ``Request`` fields ``priority``, ``arrival_time``,
+``num_computed_tokens``, ``num_prompt_tokens``, ``num_tokens``, ``num_output_tokens``, ``max_tokens``.
 
-Row of one iteration (the cost model's terms, :meth:`portbench.sim.profiles.Profile.iteration_time`):
+**Decisions.** Requests of static policies (fcfs, priority) are scheduled by vLLM's own code,
+unchanged. Before each step, requests whose id names a dynamic policy
+(:data:`portbench.validation.policies.DYNAMIC_KEYS`) get their priority recomputed; the waiting
+heap is re-heapified, the running list sorted by (priority, arrival) (token-budget order), and
+the running requests :func:`~portbench.validation.policies.displace` returns are preempted
+(recompute). Options of the dynamic policies (e.g. LAS's quantum) come as JSON in
+``$PORTBENCH_VLLM_POLICY_OPTIONS``.
 
-* ``prefill_tokens``: tokens scheduled for requests still in prefill (their computed tokens before
-  the iteration are below the prompt length, or — after a recompute preemption — more than one token
-  is scheduled);
-* ``decode_seqs``: requests scheduled for exactly one token after their prompt (decode steps);
-* ``context_tokens``: KV tokens of all scheduled requests after the iteration (what attention reads;
-  a prefill of p tokens counts p, a decode at length L counts L — the profile's convention);
-* ``iteration_s``: monotonic time from the start of ``schedule()`` to the start of
-  ``update_from_output()`` — scheduling, the forward pass and sampling of that iteration.
+**Records** (one JSON line per step with something scheduled, appended to ``$PORTBENCH_VLLM_ITERATION_LOG``;
+the first line of each engine is ``{"event": "init", ...}`` with the engine's resolved settings:
+KV blocks, block size, token budget, max_num_seqs, max_model_len):
+
+* ``prefill_tokens``: tokens scheduled for requests still in (re)prefill;
+* ``decode_seqs``: requests scheduled for exactly one token after their known tokens (decodes);
+* ``context_tokens``: KV tokens of every scheduled request after the step (the cost model's C);
+* ``t_start`` (monotonic, start of ``schedule()``), ``model_s`` (to the start of
+  ``update_from_output()``), ``iteration_s`` (to its end: when vLLM stamps the step's tokens),
+  ``cpu_s`` (this process's CPU time over the same span: wall − CPU = time the OS gave to others),
+  ``waiting`` / ``running`` (queue lengths after scheduling), ``free_blocks``, ``preempted``
+  (requests preempted in this step, by vLLM or by a dynamic policy), ``displaced`` (of those, by a
+  dynamic policy), ``busy_after`` (requests left after the step: the next step follows at once).
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import time
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from . import policies
+
 LOG_ENV = "PORTBENCH_VLLM_ITERATION_LOG"
+OPTIONS_ENV = "PORTBENCH_VLLM_POLICY_OPTIONS"
 
 
-class RecordingScheduler(Scheduler):
-    """vLLM's scheduler, unchanged, plus one JSONL row per iteration (see the module docstring)."""
+def _cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+class PortbenchScheduler(Scheduler):
+    """vLLM's scheduler + per-step records + engine-side dynamic policies (module docstring)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         path = os.environ.get(LOG_ENV)
         self._pb_log = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - closed in shutdown
         self._pb_pending = None
+        self._pb_options = json.loads(os.environ.get(OPTIONS_ENV) or "{}")
+        self._pb_policy: dict[str, str] = {}
+        self._pb_displaced = 0
+        if self._pb_log is not None:
+            sc = self.scheduler_config
+            self._pb_log.write(json.dumps({
+                "event": "init", "num_blocks": int(self.kv_cache_config.num_blocks), "block_size": int(self.block_size),
+                "max_num_batched_tokens": int(sc.max_num_batched_tokens), "max_num_seqs": int(sc.max_num_seqs),
+                "max_model_len": int(self.max_model_len), "policy": str(self.policy.value),
+                "chunked_prefill": bool(sc.enable_chunked_prefill), "pid": os.getpid()}) + "\n")
+
+    # ----------------------------------------------------------------- dynamic policies
+
+    def add_request(self, request) -> None:
+        pol = policies.policy_of(request.request_id)
+        if pol in policies.DYNAMIC_KEYS:
+            self._pb_policy[request.request_id] = pol
+            request.priority = self._pb_key(request, pol)
+        super().add_request(request)
+
+    def _pb_key(self, r, pol: str) -> int:
+        return policies.dynamic_key(pol, r.num_output_tokens, r.max_tokens, self._pb_options)
+
+    def _pb_blocks_held(self, r) -> int:
+        ids = self.kv_cache_manager.get_block_ids(r.request_id)
+        return len(ids[0]) if ids else 0
+
+    def _pb_rekey(self) -> None:
+        if not self._pb_policy:
+            return
+        live = [r for r in (*self.running, *self.waiting) if r.request_id in self._pb_policy]
+        if not live:
+            return
+        for r in live:
+            r.priority = self._pb_key(r, self._pb_policy[r.request_id])
+        heap = getattr(self.waiting, "_heap", None)
+        if heap is not None:
+            heapq.heapify(heap)
+        self.running.sort(key=lambda r: (r.priority, r.arrival_time))
+        if not self.waiting:
+            return
+        bs = int(self.block_size)
+        running, waiting = list(self.running), list(self.waiting)
+        free = int(self.kv_cache_manager.block_pool.get_num_free_blocks())
+        held = [self._pb_blocks_held(r) for r in running]
+        total = free + sum(held)
+        items = []
+        for r, h in zip(running, held):
+            nxt = r.num_computed_tokens + max(1, r.num_tokens - r.num_computed_tokens)
+            items.append(policies.Live((r.priority, r.arrival_time, r.request_id),
+                                       max(h, _cdiv(min(nxt, self.max_model_len), bs)), True))
+        for r in waiting:
+            items.append(policies.Live((r.priority, r.arrival_time, r.request_id),
+                                       _cdiv(min(r.num_tokens, self.max_model_len), bs), False))
+        victims = policies.displace(items, total, int(self.max_num_running_reqs))
+        now = time.monotonic()
+        for i in victims:
+            r = running[i]
+            if r.request_id not in self._pb_policy:   # only requests of a dynamic policy are displaced
+                continue
+            self.running.remove(r)
+            self._preempt_request(r, now)
+            self._pb_displaced += 1
+        if victims and heap is not None:
+            heapq.heapify(heap)
+
+    def _free_request(self, request, *args, **kwargs):
+        self._pb_policy.pop(request.request_id, None)
+        return super()._free_request(request, *args, **kwargs)
+
+    # ----------------------------------------------------------------- records
 
     def schedule(self, *args, **kwargs):
         t = time.monotonic()
+        c = time.process_time()
+        self._pb_displaced = 0
+        self._pb_rekey()
         out = super().schedule(*args, **kwargs)
-        if self._pb_log is not None:
+        if self._pb_log is not None and out.num_scheduled_tokens:
             prefill = decode = context = 0
             for req_id, n in out.num_scheduled_tokens.items():
                 req = self.requests.get(req_id)
@@ -52,22 +143,30 @@ class RecordingScheduler(Scheduler):
                     continue
                 after = int(req.num_computed_tokens)          # advanced by schedule() already
                 before = after - int(n)
-                if n == 1 and before >= req.num_prompt_tokens:
+                if n == 1 and before >= req.num_tokens - 1 and before >= req.num_prompt_tokens:
                     decode += 1
                 else:
                     prefill += int(n)
                 context += after
-            self._pb_pending = {"t_start": t, "prefill_tokens": prefill, "decode_seqs": decode,
-                                "context_tokens": context, "num_reqs": len(out.num_scheduled_tokens)}
+            self._pb_pending = {"t_start": t, "c_start": c, "prefill_tokens": prefill, "decode_seqs": decode,
+                                "context_tokens": context, "num_reqs": len(out.num_scheduled_tokens),
+                                "waiting": len(self.waiting), "running": len(self.running),
+                                "preempted": len(out.preempted_req_ids or ()), "displaced": self._pb_displaced}
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         t = time.monotonic()
         row, self._pb_pending = self._pb_pending, None
+        result = super().update_from_output(scheduler_output, model_runner_output)
         if row is not None and self._pb_log is not None:
-            row["iteration_s"] = t - row["t_start"]
+            end = time.monotonic()
+            row["model_s"] = t - row["t_start"]
+            row["iteration_s"] = end - row["t_start"]
+            row["cpu_s"] = time.process_time() - row.pop("c_start")
+            row["free_blocks"] = int(self.kv_cache_manager.block_pool.get_num_free_blocks())
+            row["busy_after"] = bool(self.get_num_unfinished_requests())
             self._pb_log.write(json.dumps(row) + "\n")
-        return super().update_from_output(scheduler_output, model_runner_output)
+        return result
 
     def shutdown(self) -> None:
         try:
@@ -76,3 +175,6 @@ class RecordingScheduler(Scheduler):
             if self._pb_log is not None:
                 self._pb_log.close()
                 self._pb_log = None
+
+
+RecordingScheduler = PortbenchScheduler   # the name earlier versions used

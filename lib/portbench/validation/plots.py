@@ -23,9 +23,10 @@ def _unit(metric: str) -> str:
 
 
 def case_figure(case: Case, engine_runs: pl.DataFrame, provenance: Mapping[str, str], figures_dir,
-                sim_runs: pl.DataFrame | None = None) -> tuple[object, dict]:
+                sim_runs: pl.DataFrame | None = None, names: Mapping[str, str] | None = None) -> tuple[object, dict]:
     """Per source: the case's metric for a (x) vs b (y), one point per replayed window (engine: filled;
-    re-simulation on the fitted profile: hollow). Points below the diagonal: b measured lower."""
+    re-simulation on the fitted profile: hollow). Points below the diagonal: b measured lower.
+    ``names``: the sources' display names (``cfg.display_names``)."""
     n = len(case.sources)
     fig, axes = figures.figure(1, n, figsize=(4.2 * n, 4.0), squeeze=False)
     unit = _unit(case.metric)
@@ -45,11 +46,67 @@ def case_figure(case: Case, engine_runs: pl.DataFrame, provenance: Mapping[str, 
             ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="black", lw=0.8, ls="--", zorder=1)
         ax.set_xlabel(f"{case.a}: {case.metric} ({unit})")
         ax.set_ylabel(f"{case.b}: {case.metric} ({unit})")
-        ax.set_title(label(src, provenance.get(src, "real")))
+        ax.set_title(label(src, provenance.get(src, "real"), names))
         ax.legend(loc="best")
     fig.suptitle(f"{case.kind}: {case.a} vs {case.b} at {case.region}, one point per window")
     paths = figures.save(fig, f"08_gpu_validation/{case.kind}_{case.a}_vs_{case.b}", figures_dir,
                          description=f"{case.kind} case: {case.metric} of {case.a} vs {case.b} at region "
                                      f"{case.region}, one point per replayed window (vLLM measured, simulator "
                                      "re-run on the fitted profile)")
+    return fig, paths
+
+
+def residual_figure(iterations: pl.DataFrame, figures_dir) -> tuple[object, dict]:
+    """The calibration profile against the engine's steps: measured vs predicted step time (left,
+    log-log, coloured by phase) and the residual against the predicted time (right)."""
+    fig, (ax1, ax2) = figures.figure(1, 2, figsize=(10.5, 4.2))
+    it = iterations.filter(pl.col("phase") != "warmup").with_columns(
+        kind=pl.when(pl.col("phase") == "saturation").then(pl.lit("calibration (saturation runs)"))
+        .when(pl.col("phase") == "fidelity").then(pl.lit("fidelity replays")).otherwise(pl.lit("case replays")))
+    for kind in ("case replays", "fidelity replays", "calibration (saturation runs)"):
+        g = it.filter(pl.col("kind") == kind)
+        if g.height:
+            ax1.scatter(g["predicted_s"] * 1e3, g["step_s"] * 1e3, s=4, alpha=0.35, label=kind)
+            ax2.scatter(g["predicted_s"] * 1e3, (g["step_s"] - g["predicted_s"]) * 1e3, s=4, alpha=0.35)
+    lo = max(1e-2, float(it["predicted_s"].min() * 1e3) * 0.8) if it.height else 0.1
+    hi = float(max(it["predicted_s"].max(), it["step_s"].max()) * 1e3) * 1.2 if it.height else 1.0
+    ax1.plot([lo, hi], [lo, hi], color="black", lw=0.8, ls="--")
+    ax1.set_xscale("log"), ax1.set_yscale("log")
+    ax1.set_xlabel("predicted step time (ms, calibration profile)")
+    ax1.set_ylabel("measured step time (ms)")
+    ax1.legend(loc="upper left", markerscale=3)
+    ax2.axhline(0, color="black", lw=0.8)
+    ax2.set_xlabel("predicted step time (ms)")
+    ax2.set_ylabel("measured − predicted (ms)")
+    fig.suptitle("Cost model fitted to the vLLM engine's steps")
+    paths = figures.save(fig, "08_gpu_validation/profile_fit_residuals", figures_dir,
+                         description="measured vs predicted engine step time and residuals of the cost model fitted "
+                                     "to the calibration (saturation) runs, every step of the validation run")
+    return fig, paths
+
+
+def fidelity_figure(matched: pl.DataFrame, figures_dir, *, title: str = "") -> tuple[object, dict]:
+    """Per request, simulator vs engine for TTFT, TPOT and E2E (log-log), below saturation
+    (filled) and at or above it (hollow)."""
+    fig, axes = figures.figure(1, 3, figsize=(13.0, 4.2))
+    for ax, x in zip(axes, ("ttft", "tpot", "e2e")):
+        for below, g in ((False, matched.filter(pl.col("rho") >= 1)), (True, matched.filter(pl.col("rho") < 1))):
+            g = g.filter(pl.col(x).is_not_null() & pl.col(f"{x}_sim").is_not_null() & (pl.col(x) > 0)
+                         & (pl.col(f"{x}_sim") > 0))
+            if g.height:
+                kw = {"color": "C0"} if below else {"facecolors": "none", "edgecolors": "C1"}
+                ax.scatter(g[x] * 1e3, g[f"{x}_sim"] * 1e3, s=5, alpha=0.4,
+                           label="below saturation" if below else "at/above saturation", **kw)
+        vals = matched.select(pl.col(x), pl.col(f"{x}_sim")).drop_nulls().to_numpy().ravel() * 1e3
+        vals = vals[np.isfinite(vals) & (vals > 0)]
+        if vals.size:
+            ax.plot([vals.min(), vals.max()], [vals.min(), vals.max()], color="black", lw=0.8, ls="--")
+        ax.set_xscale("log"), ax.set_yscale("log")
+        ax.set_xlabel(f"engine {x.upper()} (ms)")
+        ax.set_ylabel(f"simulator {x.upper()} (ms)")
+        ax.legend(loc="upper left", markerscale=3)
+    fig.suptitle(title or "Simulator vs engine, per request")
+    paths = figures.save(fig, "08_gpu_validation/fidelity_per_request", figures_dir,
+                         description="per-request TTFT, TPOT and E2E: the simulator re-run with the engine-fitted "
+                                     "profile and the engine's settings vs the vLLM engine")
     return fig, paths

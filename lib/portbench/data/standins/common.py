@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import synth
 from ...core.config import Config, StandinsConfig
+from ...core.provenance import label
 from ...core.errors import DataError, IntegrityError, ParameterError
 from ..registry import Store, store
 
@@ -35,17 +36,23 @@ class StandinInputs:
     window_size: int
     per_source: int
     burstgpt_file: str | None = None
+    names: tuple[tuple[str, str], ...] = ()   # (source, display name): ``cfg.display_names`` (hashable)
 
     @property
     def mirror(self) -> Path:
         return mirror_of(self.store)
+
+    def label(self, source: str) -> str:
+        """The stand-in label of ``source`` with its display name, e.g. ``"BurstGPT (stand-in)"``."""
+        return label(source, "standin", dict(self.names))
 
 
 def inputs(cfg: Config) -> StandinInputs:
     """The :class:`StandinInputs` of a parameter set."""
     bg = cfg.sources.get("burstgpt")
     return StandinInputs(store=store(cfg.paths), standins=cfg.standins, window_size=cfg.windows.size,
-                         per_source=cfg.windows.per_source, burstgpt_file=bg.file if bg is not None else None)
+                         per_source=cfg.windows.per_source, burstgpt_file=bg.file if bg is not None else None,
+                         names=tuple(cfg.display_names.items()))
 
 
 def mirror_of(st: Store) -> Path:

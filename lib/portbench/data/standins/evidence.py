@@ -12,7 +12,6 @@ import polars as pl
 from scipy import stats as sstats
 
 from .. import registry, synth, traces
-from ...core.provenance import label
 from .bailian import (ServeGenData, load_servegen, read_qwen_rows, servegen_client_table, servegen_estimates,
                       servegen_folder, servegen_length_mixture)
 from .build import build_windows
@@ -137,7 +136,7 @@ def evidence_tables(inp: StandinInputs) -> dict[str, pl.DataFrame]:
 def _evidence_tables(inp: StandinInputs) -> dict[str, pl.DataFrame]:
     ev = burstgpt_evidence(inp)
     fit = burstgpt_arrival_estimates(inp)
-    std_label = label("burstgpt", "standin")
+    std_label = inp.label("burstgpt")
     bg_windows = standin_windows(inp, "burstgpt")
     bg = _pooled(bg_windows)
     slices_desc = " + ".join(Path(s).name for s in ev.slices)
@@ -240,7 +239,7 @@ def _evidence_tables(inp: StandinInputs) -> dict[str, pl.DataFrame]:
     wrows += _window_stat_rows([(f"{k:02d}", df) for k, (_, df) in enumerate(bg_windows)], "standin", std_label)
     t["burstgpt_windows"] = pl.DataFrame(wrows)
 
-    bl_label = label("bailian", "standin")
+    bl_label = inp.label("bailian")
     bl_windows = standin_windows(inp, "bailian")
     bl = _pooled(bl_windows)
     q = read_qwen_rows(inp)

@@ -1,4 +1,4 @@
-"""Batch formation at a decision point: non-preemptive and preemptive planning, prefill chunks
+"""Batch formation at a decision point: non-preemptive and preemptive planning, prompt chunks, V1 and V0
 (see :mod:`portbench.sim.engine`)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ class Batching:
     """Mixin of :class:`~portbench.sim.engine.core.Engine`: which requests form the next iteration."""
 
     def _chunks(self, budget: int, now: float) -> int:
-        """Chunked prefill: give the residents' ongoing prefills their chunks (policy order)."""
+        """Chunked prefill: give the residents' ongoing prefills their chunks (policy order; under V1
+        at most one prompt is ever part-way, so the order does not matter there)."""
         pre = self.prefilling
         if len(pre) > 1:
             S = self.sched
@@ -26,21 +27,50 @@ class Batching:
             b -= c
         return b
 
+    def _chunk_blocks(self) -> int:
+        """V1: blocks the ongoing prefills' chunks add (blocks are allocated per chunk)."""
+        bs = self.bs
+        extra = 0
+        for r in self.prefilling:
+            extra += (r.prefilled + r.chunk + bs - 1) // bs - r.blocks
+        return extra
+
     def _plan(self, now: float):
-        """Non-preemptive decision: running requests stay (evict victims only if their next
-        iteration does not fit), then admit waiting requests in the policy's order."""
+        """Non-preemptive decision (vLLM's scheduler): the running requests first -- every decode, then
+        the rest of a started prompt, chunked to the budget left (V1) -- evicting victims while
+        their next iteration does not fit the KV cache; then, if no request was preempted in this
+        step (V1), waiting requests in the policy's order while they fit (slots, KV, token budget;
+        the first that does not fit stops admission)."""
         S = self.sched
         cap = self.cap
-        chunked = self.chunked
+        chunked, v1 = self.chunked, self.v1
+        if self.pc_on:
+            self._pc_reconcile()
         budget = self.B
+        preempted = False
+        extra = 0
         while True:
-            total = self.need_now + self.other_blocks
             if chunked:
                 budget = self._chunks(max(0, self.B - len(self.cohort)), now)
+                if v1:
+                    extra = self._chunk_blocks()
+            total = self.need_now + self.other_blocks + extra + self.cache_adj
             if total <= cap:
                 break
             self._materialize()
             self._evict(S.victim(list(self.res.values()), now), now)
+            preempted = True
+        if v1:
+            bs = self.bs
+            for r in self.prefilling:
+                if r.chunk:
+                    r.blocks = (r.prefilled + r.chunk + bs - 1) // bs
+                    if self.pc_on:
+                        self._pc_register(r, r.prefilled + r.chunk)
+            self.other_blocks += extra
+            if self.pc_on:
+                self._pc_reconcile()
+                total = self.need_now + self.other_blocks + self.cache_adj   # shared blocks found
         free = cap - total
         slots = self.max_seqs - len(self.res)
         admitted = 0
@@ -48,13 +78,15 @@ class Batching:
         if chunked:
             for r in self.prefilling:
                 pf_tokens += r.chunk
-        if self.n_wait and slots > 0:
+        if v1 and preempted and self.n_wait:
+            self.one_step = True      # admission resumes at the next iteration boundary
+        if self.n_wait and slots > 0 and not (v1 and preempted):
             use_heap = self.use_heap
             for r in (self._heap_order() if use_heap else S.admission_order(self.wlist, now)):
                 if slots <= 0:
                     break
-                need = self._admit_need(r, budget, pf_tokens, admitted)
-                if need is None or need > free:
+                need = self._admit_need(r, budget, pf_tokens, admitted, free)
+                if need is None:
                     break
                 if use_heap:
                     heapq.heappop(self.wait_heap)
@@ -62,8 +94,15 @@ class Batching:
                 slots -= 1
                 admitted += 1
                 pf_tokens += r.chunk
-                budget -= r.chunk
-                self._admit(r, need, now)
+                budget -= r.chunk or 1
+                if self._admit(r, now):
+                    self._join(r)
+                else:
+                    self.other_blocks += r.blocks
+                    self.prefilling.append(r)
+                if self.pc_on:
+                    free = cap - (self.need_now + self.other_blocks + self.cache_adj)
+                    self._pc_reconcile()
             if admitted and not use_heap:
                 self.wlist = [r for r in self.wlist if r.state == WAITING]
             self.n_wait -= admitted
@@ -77,14 +116,17 @@ class Batching:
 
     def _plan_preemptive(self, now: float):
         """Preemptive decision: rank every live request; the batch is the best-ranked prefix that
-        fits (slots, KV, token budget; admission of waiting requests stops at the first that does
-        not fit, residents further down still run if they fit). Descheduled residents are paused
-        (KV kept) unless the batch needs their memory: then victims are evicted."""
-        if not self.n_wait and not self.paused and self.need_now + self.other_blocks <= self.cap:
+        fits (slots, KV; admission of waiting requests stops at the first that does not fit,
+        residents further down still run if they fit). The token budget goes to the batch's decodes
+        first, then to prompt chunks in rank order. Descheduled residents are paused (KV kept)
+        unless the batch needs their memory: then victims are evicted (recompute or swap)."""
+        if not self.n_wait and not self.paused and self.need_now + self.other_blocks + self.cache_adj <= self.cap:
             return self._plan(now)      # nobody to rank against: every resident runs
         S = self.sched
         bs, cap = self.bs, self.cap
-        chunked = self.chunked
+        chunked, v1 = self.chunked, self.v1
+        if self.pc_on:
+            self._pc_reconcile()
         members = self._materialize()
         self.plan_seq += 1
         seq = self.plan_seq
@@ -109,7 +151,7 @@ class Batching:
             b = max(0, self.B - n_dec)
         else:
             b = self.B
-        free, slots = cap, self.max_seqs
+        free, slots = cap - self.cache_adj, self.max_seqs
         pf_tokens = admitted = 0
         selected_dec: list[Request] = []
         prefilling: list[Request] = []
@@ -120,8 +162,8 @@ class Batching:
         while i < nr or not hol:
             if not hol and (i >= nr or wl[j].key < residents[i].key):
                 r = wl[j]
-                need = self._admit_need(r, b, pf_tokens, admitted) if slots > 0 else None
-                if need is None or need > free:
+                need = self._admit_need(r, b, pf_tokens, admitted, free) if slots > 0 else None
+                if need is None:
                     hol = True
                     continue
                 j += 1
@@ -131,20 +173,25 @@ class Batching:
                 slots -= 1
                 admitted += 1
                 pf_tokens += r.chunk
-                b -= r.chunk
-                r.state = RUNNING
-                r.prefilled = 0
-                r.prefill_target = r.prompt_tokens + r.generated
-                r.blocks = need
+                b -= r.chunk or (1 if chunked else 0)
                 r.mark = seq
-                self.res[r.id] = r
-                prefilling.append(r)
-                S.on_admit(r, now)
+                if self._admit(r, now):
+                    selected_dec.append(r)
+                else:
+                    prefilling.append(r)
+                if self.pc_on:
+                    self._pc_reconcile_walk(cap - free)
                 continue
             r = residents[i]
             i += 1
             left = r.prefill_target - r.prefilled
-            need = (r.prompt_tokens + r.generated + bs - 1) // bs if left == 0 else r.blocks
+            if left == 0:
+                need = (r.prompt_tokens + r.generated + bs - 1) // bs
+            elif v1:
+                c = left if left < b else b
+                need = (r.prefilled + c + bs - 1) // bs
+            else:
+                need = r.blocks
             if slots > 0 and need <= free:
                 free -= need
                 slots -= 1
@@ -157,6 +204,10 @@ class Batching:
                     r.chunk = c
                     b -= c
                     pf_tokens += c
+                    if v1:
+                        r.blocks = need
+                        if self.pc_on:
+                            self._pc_register(r, r.prefilled + c)
                     prefilling.append(r)
             else:
                 displaced.append(r)
@@ -166,32 +217,38 @@ class Batching:
         for r in members:                      # cohort members that lost their place
             if r.mark != seq:
                 self._leave(r)
-        for r in selected_dec:                 # resumed (paused) decoders join the cohort
+        for r in selected_dec:                 # resumed (paused or swapped) decoders join the cohort
             if r.id not in self.cohort:
                 self._join(r)
         self.prefilling = prefilling
         self.paused = []
-        if displaced:
-            total = (cap - free) + sum(r.blocks for r in displaced)
-            while total > cap:
+        for r in displaced:
+            r.chunk = 0
+        other = 0
+        for r in prefilling:
+            other += r.blocks
+        for r in displaced:
+            other += r.blocks
+        self.other_blocks = other
+        while self.need_now + self.other_blocks + self.cache_adj > cap:
+            if displaced:
                 v = S.victim(displaced, now)
                 displaced.remove(v)
-                total -= v.blocks
+                self.other_blocks -= v.blocks
                 self._requeue_evicted(v, now)
+            else:   # prefix caching: blocks a displaced victim shared with the batch stay in use
+                self._materialize()
+                self._evict(S.victim(list(self.res.values()), now), now)
+                pf_tokens = sum(r.chunk for r in self.prefilling)
+        if displaced:
             for r in displaced:
                 if r.state == RUNNING:
                     r.state = PAUSED
                     r.pauses += 1
                     self.n_pause += 1
-                r.chunk = 0
                 if r.prefilled != r.prefill_target:
                     prefilling.append(r)
             self.paused = displaced
-        other = 0
-        for r in prefilling:
-            other += r.blocks
-        for r in self.paused:
-            if r.prefilled == r.prefill_target:
-                other += r.blocks
-        self.other_blocks = other
-        return self._iteration(now, self.need_now + other, pf_tokens)
+        if self.pc_on:
+            self._pc_reconcile()
+        return self._iteration(now, self.need_now + self.other_blocks + self.cache_adj, pf_tokens)

@@ -7,15 +7,35 @@ import math
 
 import simpy
 
+from ...core.config import EngineConfig
 from ...core.errors import ParameterError
 from ..request import PAUSED, RUNNING, WAITING, Request
 from ..schedulers import BaseScheduler
 from .batching import Batching
+from .contract import CheckedPolicy, check_class, check_static, is_plugin, overrides
 from .iteration import Iterations
-from .memory import CohortMemory
+from .memory import CohortMemory, PrefixCache
 from .queues import Queues
 
 WHOLE_PREFILL_TOKENS = 4096
+
+
+def delay_to(now: float, t: float) -> float:
+    """A delay d >= 0 with ``now + d == t`` in floating point (or, if no such d exists, the
+    smallest of a few candidates with ``now + d >= t``). SimPy adds delays to its clock, and
+    ``t − now`` alone can land one rounding step before ``t``: a process woken there would not
+    yet see the event at ``t``. (For now <= t <= 2·now, t − now is exact and so is the sum.)"""
+    d = t - now
+    if d <= 0:
+        return 0.0
+    while now + d < t:                 # d >= now here, so each step moves the sum
+        d = math.nextafter(d, math.inf)
+    for _ in range(4):                 # overshoot: step back while the sum still reaches t
+        e = math.nextafter(d, -math.inf)
+        if e <= 0 or now + e < t:
+            break
+        d = e
+    return d
 
 
 def _check_cost_model(profile, ckv: float) -> None:
@@ -32,20 +52,23 @@ def _check_cost_model(profile, ckv: float) -> None:
 
 
 def whole_prefill_budget(profile) -> int:
-    """Token budget of a whole-prompt (prefill-first) iteration: the profile's
+    """Token budget of a whole-prompt (prefill-first, vLLM V0) iteration: the profile's
     ``max_prefill_tokens`` if it has one, else vLLM's default without chunked prefill,
-    ``max_num_batched_tokens = max(max_model_len, 2048)`` (max_model_len from the profile's
-    provenance, else :data:`WHOLE_PREFILL_TOKENS` = 4096, Llama-2's context). The profile's
-    ``max_batched_tokens`` is the *chunked*-prefill budget (Sarathi-Serve)."""
+    ``max_num_batched_tokens = max(max_model_len, 2048)`` (the profile's ``max_model_len``, else its
+    provenance's, else :data:`WHOLE_PREFILL_TOKENS` = 4096, Llama-2's context). The profile's
+    ``max_batched_tokens`` is the V1 (chunked) budget."""
     v = getattr(profile, "max_prefill_tokens", None)
     if v:
         return int(v)
+    mml = int(getattr(profile, "max_model_len", 0) or 0)
+    if mml:
+        return max(mml, 2048)
     prov = getattr(profile, "provenance", None) or {}
     mml = (prov.get("model_spec") or {}).get("max_model_len") if isinstance(prov, dict) else None
     return max(int(mml), 2048) if mml else WHOLE_PREFILL_TOKENS
 
 
-class Engine(CohortMemory, Queues, Batching, Iterations):
+class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
     """One run. See the module docstring for the model.
     
     Data structures (for speed; ``_check`` recomputes everything from scratch in tests):
@@ -64,8 +87,15 @@ class Engine(CohortMemory, Queues, Batching, Iterations):
     """
 
     def __init__(self, reqs: list[Request], sched: BaseScheduler, profile, horizon_s: float,
-                 naive: bool, record_iterations: bool, check: bool = False):
-        self.sched = sched
+                 naive: bool, record_iterations: bool, check: bool = False, check_contract: bool | None = None,
+                 engine: EngineConfig | None = None, hash_block_tokens: int | None = None, marks=()):
+        check_class(sched)
+        if check_contract is None:   # plug-ins are checked on every call; built-ins by the test suite
+            check_contract = is_plugin(sched)
+        engine = EngineConfig.of(engine)
+        self.engine = engine
+        self.policy = sched
+        self.sched = CheckedPolicy(sched) if check_contract else sched
         self.prof = profile
         self.H = float(horizon_s)
         self.naive = naive
@@ -73,19 +103,23 @@ class Engine(CohortMemory, Queues, Batching, Iterations):
         self.trace = [] if record_iterations else None
         self.bs = bs = int(getattr(profile, "block_size", 16))
         self.cap = int(profile.kv_capacity_blocks)
-        self.max_seqs = int(profile.max_num_seqs)
-        self.chunked = bool(getattr(sched, "chunked_prefill", False))
+        self.v1 = engine.batching == "v1"
+        # V1 chunks every policy's prompts; V0 only those that chunk by definition (sarathi)
+        self.chunked = True if self.v1 else bool(getattr(sched, "chunked_prefill", False))
         budget = getattr(sched, "prefill_token_budget", None)
         if budget is None:
             budget = profile.max_batched_tokens if self.chunked else whole_prefill_budget(profile)
         self.B = int(budget)
-        if self.chunked and self.B <= self.max_seqs:
-            raise ParameterError(f"simulation.scheduler_options.{sched.name}.prefill_token_budget", self.B,
-                                 f"more tokens than max_num_seqs ({self.max_seqs}) for chunked prefill")
+        self.max_seqs = int(profile.max_num_seqs)
+        if self.chunked:
+            # every running decode takes one budget token (vLLM requires max_num_batched_tokens >=
+            # max_num_seqs): a smaller budget caps the running sequences
+            self.max_seqs = min(self.max_seqs, self.B)
         self.ckv = float(profile.c_kv_s)
         _check_cost_model(profile, self.ckv)
+        self.attn = bool(getattr(profile, "c_attn_s", 0.0))   # prefill attention term
         self.preemptive = bool(getattr(sched, "preemptive", False))
-        self.static = bool(getattr(sched, "static_priority", True))
+        self.static = bool(getattr(sched, "static_priority", False))
         self.frozen = self.static or bool(getattr(sched, "frozen_waiting_keys", False))
         self.wants_tokens = not (isinstance(sched, BaseScheduler)
                                  and type(sched).on_tokens is BaseScheduler.on_tokens)
@@ -96,7 +130,16 @@ class Engine(CohortMemory, Queues, Batching, Iterations):
         self.n_arrivable = sum(1 for t in self.arr_t if t <= self.H)
         cap_tokens = self.cap * bs
         for r in reqs:
-            r.never_fits = r.prompt_tokens + r.output_tokens > cap_tokens
+            r.never_fits = r.refused or r.prompt_tokens + r.output_tokens > cap_tokens
+        # swap preemption: the profile's host memory and PCIe bandwidth (recompute when it has none)
+        self.swap = engine.preemption == "swap" and bool(getattr(profile, "can_swap", False))
+        self.host_cap = int(getattr(profile, "host_kv_blocks", 0)) if self.swap else 0
+        self.swap_s_block = float(profile.swap_s_per_block) if self.swap else 0.0
+        self.host_used = 0
+        self.pending_s = 0.0            # swap copies charged to the next iteration
+        self.n_swap_out = self.n_swap_in = 0
+        self.swap_s = 0.0
+        self._init_prefix_cache(engine, reqs, hash_block_tokens)
         self.cursor = 0
         self.res: dict[int, Request] = {}
         self.prefilling: list[Request] = []
@@ -108,7 +151,8 @@ class Engine(CohortMemory, Queues, Batching, Iterations):
         self.need_now = 0
         self.fheap: list = []
         self.other_blocks = 0
-        self.use_heap = self.static and not self.preemptive
+        # static non-preemptive: a heap of ranks, unless the policy orders admission itself
+        self.use_heap = self.static and not self.preemptive and not overrides(sched, "admission_order")
         self.wait_heap: list = []
         self.wlist: list[Request] = []
         self.n_wait = 0
@@ -120,19 +164,28 @@ class Engine(CohortMemory, Queues, Batching, Iterations):
         self.n_decisions = 0
         self.n_finished = 0
         self.wake = None
+        self.announced = None
         self.plan_seq = 0
         self.end_time = 0.0
         self.suffix_min_rank = None
         self._pf: list[Request] = []
         self._kind = 0
         self._k = 0
+        self._n_dec = 0
+        self.one_step = False           # the next decode run is one iteration (V1: admission held back)
+        # waiting intervals (queue length) and useful work (utilisation) at the given times
+        self.wq: list[tuple[float, float]] = []
+        self.work = 0
+        self.marks = sorted(float(m) for m in marks)
+        self.work_at: list[float] = []
 
     def prepare_static_ranks(self) -> None:
-        """Static policies: dense rank of (priority at arrival, id) -> ints compare fast."""
+        """Static policies: dense rank of (priority at arrival, id) -> ints compare fast. The declared-static
+        priority is checked first: the same key at arrival and later (SchedulerError otherwise)."""
         if not self.static:
             return
-        S = self.sched
-        keyed = sorted((S.priority(r, r.arrival_s), r.id) for r in self.reqs)
+        keys = check_static(self.policy, self.reqs)
+        keyed = sorted((k, r.id) for k, r in zip(keys, self.reqs))
         for k, (_, rid) in enumerate(keyed):
             self.reqs[rid].rank = k
         n = len(self.arrivals)
@@ -151,32 +204,44 @@ class Engine(CohortMemory, Queues, Batching, Iterations):
         env.run()
 
     def _arrival_process(self, env):
-        """Sleeps until each arrival; wakes the idle server. (The server ingests by time, so
-        simultaneous events are ordered deterministically whatever SimPy's queue order.)"""
+        """Sleeps until each arrival time and announces it; wakes the idle server with that time.
+        (The server keeps its own clock of absolute event times, see :meth:`_server`.)"""
         last = None
         for i in range(self.n_arrivable):
             t = self.arr_t[i]
             if t == last:
                 continue
             last = t
-            if t > env.now:
-                yield env.timeout(t - env.now)
+            en = env.now
+            if t > en:
+                d = t - en
+                yield env.timeout(d if en + d == t else delay_to(en, t))
+            self.announced = t
             ev = self.wake
             if ev is not None and not ev.triggered:
-                ev.succeed()
+                ev.succeed(t)
 
     def _server(self, env):
+        """The engine loop. Its clock ``now`` only takes absolute event times -- an arrival time, or
+        the end ``now + dt`` of the iteration it ran -- never SimPy's accumulated clock: adding a
+        delay ``t − now`` to a clock can round one step below ``t`` (an idle server woken there
+        would not see the arrival it was woken for, and would miss it until the next one)."""
+        now = 0.0
+        arr_t, n = self.arr_t, self.n_arrivable
         while True:
-            now = env.now
-            if self.cursor < self.n_arrivable and self.arr_t[self.cursor] <= now:
+            if self.cursor < n and arr_t[self.cursor] <= now:
                 self._ingest(now)
             if not self.res and not self.n_wait:
-                if self.cursor >= self.n_arrivable:
+                if self.cursor >= n:
                     self.end_time = now
                     return
-                self.wake = env.event()
-                yield self.wake
-                self.wake = None
+                t = arr_t[self.cursor]
+                self._note_marks(t)      # idle until t: no work done
+                if self.announced is None or self.announced < t:   # not announced yet: sleep until it is
+                    self.wake = env.event()
+                    yield self.wake
+                    self.wake = None
+                now = t
                 continue
             self.n_decisions += 1
             dt = self._plan_preemptive(now) if self.preemptive else self._plan(now)
@@ -185,8 +250,11 @@ class Engine(CohortMemory, Queues, Batching, Iterations):
             if dt is None:
                 self.end_time = self.H
                 return
-            yield env.timeout(dt)
-            self._commit(now, env.now)
+            t1 = now + dt
+            en = env.now          # SimPy's clock (it equals now unless an arrival woke us at t)
+            yield env.timeout(dt if en == now else delay_to(en, t1))
+            self._commit(now, t1)
+            now = t1
 
     def _check_state(self, now: float) -> None:
         """Recompute the incremental bookkeeping from scratch (tests: ``check=True``)."""
@@ -204,7 +272,13 @@ class Engine(CohortMemory, Queues, Batching, Iterations):
         assert (need, SL, cnt) == (self.need_now, self.SL, self.cnt), (need, SL, self.need_now, self.SL)
         other = sum(r.blocks for r in self.res.values() if r.id not in self.cohort)
         assert other == self.other_blocks, (other, self.other_blocks)
-        assert self.used == need + other and self.used <= self.cap
+        adj = self._check_prefix_cache()
+        assert self.used == need + other + adj and self.used <= self.cap, (self.used, need, other, adj)
+        assert self.host_used == sum(r.swap_blocks for r in self.reqs if r.swapped) <= max(self.host_cap, 0)
+        if self.v1:
+            for r in self.res.values():   # V1 allocates per chunk: a resident holds its computed + scheduled tokens
+                if r.prefilled != r.prefill_target:
+                    assert r.blocks == (r.prefilled + r.chunk + bs - 1) // bs, r
         assert all(r.state in (RUNNING, PAUSED) for r in self.res.values())
         pre = {r.id for r in self.res.values() if r.prefilled != r.prefill_target}
         assert pre == {r.id for r in self.prefilling}, (pre, [r.id for r in self.prefilling])

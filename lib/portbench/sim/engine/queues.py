@@ -1,11 +1,11 @@
-"""The waiting queue, admission and recompute preemption (see :mod:`portbench.sim.engine`)."""
+"""The waiting queue, admission (V1 and V0), preemption by recompute or swap (see :mod:`portbench.sim.engine`)."""
 
 from __future__ import annotations
 
 import bisect
 import heapq
 
-from ..request import RUNNING, REJECTED, WAITING, Request
+from ..request import REJECTED, RUNNING, WAITING, Request
 
 
 def _key_of(r: Request):
@@ -14,7 +14,8 @@ def _key_of(r: Request):
 
 class Queues:
     """Mixin of :class:`~portbench.sim.engine.core.Engine`: arrivals into the waiting queue, admission
-    (blocks of the whole prefill allocated at admission), eviction by recompute."""
+    (V1: the whole current sequence must fit the free blocks, blocks allocated per chunk; V0: the
+    whole prefill's blocks allocated at admission), preemption by recompute or swap."""
 
     def _ingest(self, now: float) -> None:
         S = self.sched
@@ -52,26 +53,86 @@ class Queues:
         self._requeue_evicted(r, now)
 
     def _requeue_evicted(self, r: Request, now: float) -> None:
-        """Recompute preemption of a resident already out of the cohort and prefill lists: its KV
-        blocks are freed, its prefill (prompt + tokens generated so far) is redone when it is
-        admitted again, and it goes back to the waiting queue."""
+        """Preemption of a resident already out of the cohort and prefill lists: its KV blocks are
+        freed and it goes back to the waiting queue (in the policy's order; under FCFS that is the
+        front, as vLLM puts it). *Swap* (``engine.preemption: swap``, while host memory has room): its
+        computed KV is copied to host memory (the copy time is charged to the next iteration) and it
+        resumes where it stopped. *Recompute* (otherwise): its prefill of prompt + tokens generated
+        so far is redone when it is admitted again (the generated tokens stay generated)."""
         del self.res[r.id]
+        self._pc_release(r)
+        decoding = r.prefilled == r.prefill_target
+        computed = r.blocks if decoding else (r.prefilled + self.bs - 1) // self.bs
         r.state = WAITING
         r.blocks = 0
-        r.prefilled = 0
-        r.prefill_target = r.prompt_tokens + r.generated
+        r.chunk = 0
         r.preemptions += 1
         r.waiting_since = now
-        r.chunk = 0
         self.n_preempt += 1
+        if self.swap and computed and self.host_used + computed <= self.host_cap:
+            r.swapped = True
+            r.swap_blocks = computed
+            r.swaps += 1
+            self.host_used += computed
+            self.n_swap_out += 1
+            self.pending_s += computed * self.swap_s_block
+        else:
+            r.prefilled = 0
+            r.prefill_target = r.prompt_tokens + r.generated
         self.sched.on_evict(r, now)
         self._push_waiting(r, now)
 
-    def _admit_need(self, r: Request, budget_left: int, pf_tokens: int, admitted: int):
-        """Blocks a waiting request needs to be admitted -- those of its whole prefill (prompt +
-        generated tokens), allocated at admission as vLLM does, also when the prefill is chunked --
-        or None if the token budget stops admission. Sets ``r.chunk`` (this iteration's tokens)."""
+    def _admit_need(self, r: Request, budget_left: int, pf_tokens: int, admitted: int, free: int):
+        """KV blocks that admitting waiting request ``r`` now adds to the blocks in use, or None if it
+        cannot be admitted now (the caller stops admitting: head-of-line). Sets ``r.chunk`` (this
+        iteration's prompt tokens) and ``r.hit`` (prefix-cache entries hit).
+
+        * V1 (vLLM's admission gate): the blocks of its whole current sequence (prompt + tokens
+          generated so far), less its prefix-cache hit, must fit the free blocks; only the blocks of
+          this iteration's chunk (at most the token budget left) are allocated.
+        * V0: the blocks of its whole prefill are allocated at admission (chunked policies too);
+          whole-prompt batches stop at the budget (a longer prompt is prefilled alone).
+        * swapped out: its KV comes back (blocks of what it had computed, plus this iteration's
+          decode token or prompt chunk).
+        """
+        bs = self.bs
+        if r.swapped:
+            if r.prefilled == r.prefill_target:              # resumes decoding
+                if self.chunked and budget_left < 1:
+                    return None
+                r.chunk = 0
+                need = (r.prompt_tokens + r.generated + bs - 1) // bs
+            else:
+                left = r.prefill_target - r.prefilled
+                if self.chunked:
+                    c = left if left < budget_left else budget_left
+                    if c <= 0:
+                        return None
+                else:
+                    c = left
+                    if admitted and pf_tokens + c > self.B:
+                        return None
+                r.chunk = c
+                need = ((r.prefilled + c if self.v1 else r.prefill_target) + bs - 1) // bs
+            r.hit = 0
+            return need if need <= free else None
         target = r.prompt_tokens + r.generated
+        if self.v1:
+            h = nfree = 0
+            if self.pc_on:
+                h, nfree = self._pc_hit(r, target)
+            eb = self.eb if self.pc_on else 0
+            cached = h * eb * bs
+            if (target + bs - 1) // bs - h * eb + nfree * eb > free:
+                return None
+            c = target - cached
+            if c > budget_left:
+                c = budget_left
+            if c <= 0:
+                return None
+            r.chunk = c
+            r.hit = h
+            return (c + bs - 1) // bs + nfree * eb
         if self.chunked:
             c = target if target < budget_left else budget_left
             if c <= 0:
@@ -81,14 +142,49 @@ class Queues:
             if admitted and pf_tokens + c > self.B:   # a longer prompt is prefilled alone
                 return None
         r.chunk = c
-        return (target + self.bs - 1) // self.bs
+        r.hit = 0
+        need = (target + bs - 1) // bs
+        return need if need <= free else None
 
-    def _admit(self, r: Request, need: int, now: float) -> None:
+    def _admit(self, r: Request, now: float) -> bool:
+        """Admit ``r`` after :meth:`_admit_need`: sets its blocks, takes its prefix-cache hit,
+        registers the full hash blocks its chunk computes, swaps it back in if it was swapped out.
+        Returns True when it resumes decoding (swapped in after its prefill); the caller puts it in
+        the decode cohort or in the prefill list (and counts its blocks)."""
+        bs = self.bs
         r.state = RUNNING
-        r.prefilled = 0
-        r.prefill_target = r.prompt_tokens + r.generated
-        r.blocks = need
-        self.other_blocks += need
         self.res[r.id] = r
-        self.prefilling.append(r)
+        if r.admitted_s != r.admitted_s:        # NaN: first admission
+            r.admitted_s = now
+        self.wq.append((r.waiting_since, now))
         self.sched.on_admit(r, now)
+        if r.swapped:
+            self.host_used -= r.swap_blocks
+            t = r.swap_blocks * self.swap_s_block
+            self.pending_s += t
+            self.n_swap_in += 1
+            r.swapped = False
+            r.swap_blocks = 0
+            if r.prefilled == r.prefill_target:
+                return True
+            r.blocks = ((r.prefilled + r.chunk if self.v1 else r.prefill_target) + bs - 1) // bs
+            return False
+        target = r.prompt_tokens + r.generated
+        r.prefill_target = target
+        if self.v1:
+            cached = 0
+            if self.pc_on:
+                cached = r.hit * self.Hb
+                self.pc_query_tokens += target
+                self.pc_hit_tokens += cached
+                if r.hit:
+                    self._pc_take(r, r.hit)
+                self._pc_register(r, cached + r.chunk)
+            r.prefilled = cached
+            if cached > r.high:
+                r.high = cached
+            r.blocks = (cached + r.chunk + bs - 1) // bs
+        else:
+            r.prefilled = 0
+            r.blocks = (target + bs - 1) // bs
+        return False

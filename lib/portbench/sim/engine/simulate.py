@@ -7,13 +7,42 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from ...core.config import EngineConfig
 from ...core.errors import ConservationError, ParameterError
 from ..request import FINISHED, NOT_ARRIVED, REJECTED, WAITING, Request, requests_from_window
 from ..schedulers import get_scheduler
 from .core import Engine
 
 RECORD_COLUMNS = ("req_id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
-                  "generated_tokens", "preemptions", "rejected", "tenant", "service_s")
+                  "generated_tokens", "preemptions", "rejected", "tenant", "service_s", "refused",
+                  "trace_output_tokens", "admitted_s")
+
+
+def queue_stats(intervals, t_end: float) -> tuple[float, float]:
+    """(time-average, time-weighted 95th percentile) of the number of waiting requests over
+    [0, t_end], from each waiting interval (start, end) (clipped to [0, t_end])."""
+    if not intervals or not t_end > 0:
+        return 0.0, 0.0
+    a = np.asarray(intervals, dtype=float)
+    st = np.clip(a[:, 0], 0.0, t_end)
+    en = np.clip(a[:, 1], 0.0, t_end)
+    keep = en > st
+    st, en = st[keep], en[keep]
+    if not len(st):
+        return 0.0, 0.0
+    t = np.concatenate([st, en])
+    d = np.concatenate([np.ones(len(st)), -np.ones(len(en))])
+    order = np.lexsort((d, t))                 # at equal times the ends (-1) first
+    t, d = t[order], d[order]
+    level = np.cumsum(d)
+    dur = np.diff(np.append(t, t_end))
+    levels = np.concatenate([[0.0], level])
+    durs = np.concatenate([[t[0]], dur])
+    mean = float(np.sum(levels * durs) / t_end)
+    o = np.argsort(levels, kind="stable")
+    cum = np.cumsum(durs[o])
+    p95 = float(levels[o][np.searchsorted(cum, 0.95 * t_end, side="left").clip(0, len(o) - 1)])
+    return mean, p95
 
 
 @dataclass
@@ -54,8 +83,9 @@ class SimResult:
 
 
 def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=None,
-             naive: bool = False, record_iterations: bool = False,
-             check_invariants: bool = False) -> SimResult:
+             engine: EngineConfig | dict | None = None, hash_block_tokens: int | None = None,
+             work_marks=(), naive: bool = False, record_iterations: bool = False,
+             check_invariants: bool = False, check_contract: bool | None = None) -> SimResult:
     """Simulate one window under one scheduler on one replica.
 
     ``window_df``: the window table (``arrival_s, prompt_tokens, output_tokens, tenant``);
@@ -63,16 +93,28 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
     ``profile``: a :class:`~portbench.sim.profiles.Profile` (or anything with its fields);
     ``horizon_s``: end of the observation (``inf`` = run until every request finished);
     ``seed``: the run's seed (``numpy.random.default_rng(seed)`` is handed to the scheduler);
-    ``slo``: the SLO definition ``{ttft_s, tpot_s}`` for deadline-based policies (edf).
+    ``slo``: the SLO definition ``{ttft_s, tpot_s}`` for deadline-based policies (edf);
+    ``engine``: the :class:`~portbench.core.config.EngineConfig` (or a mapping; None = defaults:
+    V1 batching, recompute preemption, prefix caching where the window has ``block_hashes``);
+    ``hash_block_tokens``: prompt tokens per hash of the window's optional ``block_hashes`` column
+    (a list of ints per request, e.g. 512 for Mooncake); ``work_marks``: times at which to report
+    the useful work done (``counters["work_at"]``: prompt tokens computed for the first time +
+    tokens generated, by each time).
     ``naive=True`` steps one iteration at a time (test reference); ``record_iterations=True``
     adds ``SimResult.iterations`` (one row per iteration or closed-form decode run);
     ``check_invariants=True`` recomputes the engine's incremental bookkeeping from scratch at
-    every decision point (slow; for tests).
+    every decision point (slow; for tests). ``check_contract``: check every hook result of the policy
+    against the scheduler contract (:mod:`.contract`; SchedulerError on a breach); None = for plug-ins
+    (classes defined outside portbench) only. A policy declaring ``static_priority = True`` is always
+    checked to give the same priority at different times.
 
     Returns a :class:`SimResult` whose ``requests`` are the metrics records (one row per window
     row, ``req_id`` = row) and ``counters`` = arrived, completed, unfinished, rejected,
-    preemptions (recompute evictions), pauses, iterations, decision_points, sim_end_s,
-    horizon_s, kv_capacity_blocks, kv_max_used_blocks. Raises ConservationError if a request is
+    preemptions (evictions: recompute or swap), swaps, pauses, iterations, decision_points,
+    sim_end_s, horizon_s, kv_capacity_blocks, kv_max_used_blocks; refused (prompt >=
+    max_model_len; counted in rejected), clipped (output clipped to the context limit);
+    prefix-cache hit and query tokens; queue_mean / queue_p95 (waiting requests, time-weighted over
+    the observation); work (useful tokens) and work_at. Raises ConservationError if a request is
     lost or the KV cache overflows.
     """
     try:
@@ -83,11 +125,17 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
         raise ParameterError("horizon_s", horizon_s, "a number of seconds > 0 (inf: run to the end)")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ParameterError("seed", seed, "a non-negative integer")
+    if hash_block_tokens is not None and (isinstance(hash_block_tokens, bool)
+                                          or not isinstance(hash_block_tokens, (int, np.integer)) or hash_block_tokens <= 0):
+        raise ParameterError("hash_block_tokens", hash_block_tokens, "None or a positive number of tokens per hash block")
     sched = get_scheduler(scheduler) if isinstance(scheduler, str) else scheduler
+    engine = EngineConfig.of(engine)
     rng = np.random.default_rng(int(seed))
-    reqs, ctx = requests_from_window(window_df, profile, rng, slo)
+    reqs, ctx = requests_from_window(window_df, profile, rng, slo,
+                                     max_model_len=int(getattr(profile, "max_model_len", 0) or 0))
     sched.reset(ctx)
-    eng = Engine(reqs, sched, profile, H, naive, record_iterations, check_invariants)
+    eng = Engine(reqs, sched, profile, H, naive, record_iterations, check_invariants, check_contract,
+                 engine=engine, hash_block_tokens=hash_block_tokens, marks=work_marks)
     eng.prepare_static_ranks()
     if reqs:
         eng.run()
@@ -115,7 +163,15 @@ def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
     n = len(reqs)
     pro = np.fromiter((r.prompt_tokens for r in reqs), dtype=np.int64, count=n)
     out = np.fromiter((r.output_tokens for r in reqs), dtype=np.int64, count=n)
-    svc = profile.isolated_service_s(pro, out) if n else np.zeros(0)
+    svc = (profile.isolated_service_s(pro, out, eng.B if eng.chunked else None) if hasattr(profile, "prefill_s")
+           else profile.isolated_service_s(pro, out)) if n else np.zeros(0)
+    t_obs = H if np.isfinite(H) else float(eng.end_time)
+    waits = list(eng.wq)
+    for r in reqs:
+        if r.state == WAITING:
+            waits.append((r.waiting_since, t_obs))
+    q_mean, q_p95 = queue_stats(waits, t_obs)
+    eng._note_marks(float("inf"))
     records = pl.DataFrame({
         "req_id": np.arange(n, dtype=np.int64),
         "arrival_s": np.fromiter((r.arrival_s for r in reqs), dtype=float, count=n),
@@ -128,12 +184,24 @@ def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
         "rejected": np.fromiter((r.state == REJECTED for r in reqs), dtype=bool, count=n),
         "tenant": pl.Series("tenant", [str(r.tenant) for r in reqs], dtype=pl.Utf8),
         "service_s": np.asarray(svc, dtype=float).reshape(n),
+        "refused": np.fromiter((r.refused for r in reqs), dtype=bool, count=n),
+        "trace_output_tokens": np.fromiter((r.trace_output_tokens for r in reqs), dtype=np.int64, count=n),
+        "admitted_s": np.fromiter((r.admitted_s for r in reqs), dtype=float, count=n),
     })
+    refused = sum(1 for r in reqs if r.refused and r.state != NOT_ARRIVED)
+    clipped = sum(1 for r in reqs if r.output_tokens < r.trace_output_tokens and r.state != NOT_ARRIVED
+                  and not r.refused)
     counters = {
         "arrived": arrived, "completed": completed, "unfinished": unfinished, "rejected": rejected,
-        "preemptions": eng.n_preempt, "pauses": eng.n_pause, "iterations": eng.n_iter,
+        "refused": refused, "clipped": clipped,
+        "preemptions": eng.n_preempt, "swaps": eng.n_swap_out, "swap_ins": eng.n_swap_in,
+        "swap_s": float(eng.swap_s), "pauses": eng.n_pause, "iterations": eng.n_iter,
         "decision_points": eng.n_decisions, "sim_end_s": float(eng.end_time), "horizon_s": H,
         "kv_capacity_blocks": eng.cap, "kv_max_used_blocks": eng.max_used,
+        "prefix_hit_tokens": eng.pc_hit_tokens, "prefix_query_tokens": eng.pc_query_tokens,
+        "prefix_caching": bool(eng.pc_on), "queue_mean": q_mean, "queue_p95": q_p95,
+        "work": int(eng.work), "work_at": [float(w) for w in eng.work_at],
+        "batching": eng.engine.batching, "preemption": eng.engine.preemption, "token_budget": eng.B,
     }
     if arrived != completed + unfinished + rejected or eng.n_finished != completed:
         raise ConservationError(f"arrived {arrived} != completed {completed} + unfinished {unfinished} + "

@@ -2,7 +2,7 @@
 
 One engine iteration (one forward pass over the scheduled batch) takes
 
-    t = c0_s + c_prefill_s·P + c_decode_s·B + c_kv_s·C + floor_s·max(0, 1 − N/floor_tokens)
+    t = c0_s + c_prefill_s·P + c_decode_s·B + c_kv_s·C + c_attn_s·A + floor_s·max(0, 1 − N/floor_tokens)
 
 with N = P + B, where
 
@@ -12,7 +12,10 @@ with N = P + B, where
 * ``N`` = P + B: the tokens the weight GEMMs process in this iteration (a decode is one token);
 * ``C`` = ``context_tokens``: Σ over every scheduled sequence (prefill and decode) of the tokens in
   its KV cache *after* this iteration (prompt tokens prefilled so far, this chunk included, plus
-  generated tokens) — the KV the attention kernels read.
+  generated tokens) — the KV the attention kernels read (decode attention: linear in the context);
+* ``A`` = ``attention_pairs``: Σ over the iteration's prompt chunks of new × (cached + new) causal
+  token pairs, new·cached + new·(new+1)/2 (:func:`attention_pairs`) — prefill attention, quadratic
+  in the chunk's context.
 
 The last term is the **roofline floor** (the weight-read floor). Derivation, for the token-linear
 path (the weight GEMMs plus the per-token layer ops) on N tokens:
@@ -61,14 +64,22 @@ Where the numbers come from (each profile's ``provenance`` and :func:`describe` 
   ``["decode_fit"]``); the model is their maximum, and ``provenance["model_fit"]`` holds its errors
   over decode-sized (N <= max_num_seqs) and prefill-sized (N >= 256) batches; :func:`calibration_table`
   lists them row by row.
-* **Still roofline (not in the measured rows):** attention / KV read ``c_kv_s`` = bytes per KV token
-  / (HBM bandwidth x eta_mem); the LM-head weight read (in c0) and LM-head compute per sequence (in
+* **Still roofline (not in the measured rows):** decode attention / KV read ``c_kv_s`` = bytes per KV
+  token / (HBM bandwidth x eta_mem); prefill attention ``c_attn_s`` = 4·layers·heads·head_dim FLOPs
+  per token pair / the FLOP rate the GEMMs achieve (the measured prefill slope; an assumption: the
+  attention kernel reaches the GEMM efficiency eta_flop); its share of a whole prompt's GEMM time is
+  in each profile's provenance (``attention.prefill_share_of_gemm``: ~8 % at 4 k tokens, ~27 % at
+  14 k, ~48 % at 25 k); the LM-head weight read (in c0) and LM-head compute per sequence (in
   c_decode); eta_mem is the weight-streaming efficiency *measured* on the same GPU from the N=1 rows
   (an assumption: paged-attention kernels stream as efficiently as the GEMVs). The KV read and LM
   head are added to the max(), not overlapped with it (a small overcharge for large decode batches).
-  Prefill attention's quadratic FLOPs are not modelled (their share of a max_model_len prefill is in
-  each profile's provenance, ``prefill_attention_flop_share``, and in :func:`describe`).
-* **Assumed:** the engine's per-iteration CPU overhead (scheduling, sampling) ``ENGINE_OVERHEAD_S``.
+  Swap copies: ``swap_s_per_block`` = a block's KV bytes / (PCIe datasheet rate x
+  :data:`PCIE_EFFICIENCY`).
+* **Assumed:** the engine's per-iteration CPU overhead (scheduling, sampling) ``ENGINE_OVERHEAD_S``;
+  host memory for swapped KV (:data:`HOST_SWAP_BYTES`).
+* **vLLM's defaults:** ``max_batched_tokens`` (V1's ``max_num_batched_tokens``) and ``max_num_seqs``
+  of each GPU (:class:`GPUSpec`); ``max_model_len`` = the model's context (Llama-3.1-8B: 131,072),
+  at most the KV capacity (vLLM's start-up check).
 
 The package: :mod:`.costmodel` (the :class:`Profile` and closed-form decode runs), :mod:`.hardware`
 (GPU and model specs, KV capacity), :mod:`.calibration` (the named profiles from the measured rows),
@@ -78,14 +89,15 @@ The package: :mod:`.costmodel` (the :class:`Profile` and closed-form decode runs
 from .calibration import (CALIBRATION_TOLERANCE, DECODE_CALIBRATION_TOLERANCE, ENGINE_OVERHEAD_S, PROFILE_SPECS,
                           PROFILES, ProfileSpec, build_profile, calibration_table, gemm_curve, model_gemm_ms,
                           transfer_check)
-from .costmodel import DTYPE_BYTES, Profile, decode_run_s, first_k_reaching, last_k_within
+from .costmodel import DTYPE_BYTES, Profile, attention_pairs, decode_run_s, first_k_reaching, last_k_within
 from .fit import FIT_COLUMNS, FLOOR_MODES, fit_profile, get_profile, load_profile, save_profile
-from .hardware import (BLOCK_SIZE, GPU_MEMORY_UTILIZATION, GPUS, MAX_BATCHED_TOKENS, MAX_NUM_SEQS, MODELS,
-                       NON_TORCH_RESERVE_BYTES, GPUSpec, ModelSpec, kv_capacity)
+from .hardware import (BLOCK_SIZE, GPU_MEMORY_UTILIZATION, GPUS, HOST_SWAP_BYTES, MAX_BATCHED_TOKENS, MAX_NUM_SEQS,
+                       MODELS, NON_TORCH_RESERVE_BYTES, PCIE_EFFICIENCY, SARATHI_TOKEN_BUDGET, GPUSpec, ModelSpec,
+                       kv_capacity)
 
-DEFAULT_PROFILE = "a100_40gb_llama2_7b"
+DEFAULT_PROFILE = "a100_40gb_llama3_1_8b"
 
-__all__ = ["BLOCK_SIZE", "CALIBRATION_TOLERANCE", "DECODE_CALIBRATION_TOLERANCE", "DEFAULT_PROFILE", "DTYPE_BYTES",
+__all__ = ["HOST_SWAP_BYTES", "PCIE_EFFICIENCY", "SARATHI_TOKEN_BUDGET", "attention_pairs", "BLOCK_SIZE", "CALIBRATION_TOLERANCE", "DECODE_CALIBRATION_TOLERANCE", "DEFAULT_PROFILE", "DTYPE_BYTES",
            "ENGINE_OVERHEAD_S", "FIT_COLUMNS", "FLOOR_MODES", "GPUS", "GPU_MEMORY_UTILIZATION", "MAX_BATCHED_TOKENS",
            "MAX_NUM_SEQS", "MODELS", "NON_TORCH_RESERVE_BYTES", "PROFILES", "PROFILE_SPECS", "GPUSpec", "ModelSpec",
            "Profile", "ProfileSpec", "build_profile", "calibration_table", "decode_run_s", "first_k_reaching",

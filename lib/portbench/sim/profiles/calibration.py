@@ -18,15 +18,20 @@ import polars as pl
 from ...core.config import project_root
 from ...core.errors import DataError, ParameterError
 from .costmodel import DTYPE_BYTES, Profile
-from .hardware import BLOCK_SIZE, GPUS, MAX_BATCHED_TOKENS, MAX_NUM_SEQS, MODELS, kv_capacity
+from .hardware import (BLOCK_SIZE, GPUS, HOST_SWAP_BYTES, MAX_NUM_SEQS, MODELS, PCIE_EFFICIENCY, kv_capacity,
+                       measured_as)
 
 # Per-iteration CPU overhead (scheduling, input preparation, sampling, output processing) not in the
 # GPU rows. ASSUMPTION: ~1 ms for vLLM >= 0.6 with async output processing.
 ENGINE_OVERHEAD_S = 1e-3
 
 
-# Token ranges of the two calibration fits.
+# Token ranges of the two calibration fits. The prefill line is fitted on [256, min(max_model_len,
+# 8192)]: the A100 Llama-3-8B rows reach 32,768 tokens, and a line through all of them misfits the
+# 256-2,048-token iterations the V1 engine runs (max error 27 % instead of 21 %), while the
+# [256, 8192] line extrapolates to the 16-32 k rows within 4 % (provenance["prefill_extrapolation"]).
 PREFILL_FIT_MIN_TOKENS = 256
+PREFILL_FIT_MAX_TOKENS = 8192
 
 
 DECODE_FIT_MIN_TOKENS = 1
@@ -155,12 +160,13 @@ def gemm_curve(gpu_key: str, model_key: str) -> tuple[np.ndarray, np.ndarray, st
       the A100, where both models were measured.
     """
     model = MODELS[model_key]
+    same = measured_as(model_key)     # Llama-3.1-8B: the Llama-3-8B rows (same GEMM shapes)
     for folder, (g, m) in DATASETS.items():
-        if g == gpu_key and m == model_key:
+        if g == gpu_key and m == same:
             c = _curve(folder)
             return c["num_tokens"], _model_time_ms(c, model.layers), f"measured rows {folder}"
     for folder, (g, m) in DATASETS.items():
-        if m == model_key and _chip(g) == _chip(gpu_key):
+        if m == same and _chip(g) == _chip(gpu_key):
             c = dict(_curve(folder))
             ratio = GPUS[g].hbm_bw_gb_s / GPUS[gpu_key].hbm_bw_gb_s
             c["gemm_ms"] = np.maximum(c["gemm_ms"], c["gemm_ms"][0] * ratio)
@@ -221,8 +227,13 @@ class ProfileSpec:
 
 
 PROFILE_SPECS: dict[str, ProfileSpec] = {s.name: s for s in (
+    ProfileSpec("a100_40gb_llama3_1_8b", "a100_40gb", "llama3_1_8b",
+                "default; long-context Llama-3.1-8B (131,072 tokens) on a 40 GB card, calibrated on the "
+                "measured A100 Llama-3-8B rows: the KV cache binds under overload"),
+    ProfileSpec("a100_80gb_llama3_1_8b", "a100_80gb", "llama3_1_8b",
+                "the default's model on the 80 GB card: 2.8x the KV cache, binds only on long prompts"),
     ProfileSpec("a100_40gb_llama2_7b", "a100_40gb", "llama2_7b",
-                "default; full multi-head KV on a 40 GB card: the KV cache binds under overload"),
+                "the study's earlier default: 4,096-token context, full multi-head KV on a 40 GB card"),
     ProfileSpec("a100_80gb_llama2_7b", "a100_80gb", "llama2_7b",
                 "direct-calibration twin of the default on the 80 GB card (more KV capacity)"),
     ProfileSpec("a100_80gb_llama3_8b", "a100_80gb", "llama3_8b",
@@ -276,19 +287,24 @@ def model_gemm_ms(profile: Profile, tokens) -> np.ndarray:
             - profile.provenance["non_gemm_s"]) * 1e3
 
 
-def build_profile(spec: ProfileSpec, *, max_num_seqs: int = MAX_NUM_SEQS,
-                  max_batched_tokens: int = MAX_BATCHED_TOKENS, block_size: int = BLOCK_SIZE) -> Profile:
+def build_profile(spec: ProfileSpec, *, max_num_seqs: int | None = None,
+                  max_batched_tokens: int | None = None, block_size: int = BLOCK_SIZE) -> Profile:
     """Derive one profile's coefficients and KV capacity (see the module docstring).
 
     Calibration: least-squares lines through the measured whole-model token-linear time T(N) in
     the decode regime (N in [1, max_num_seqs]: T_mem = a_d + s_d·N) and the prefill regime
     (N in [256, max_model_len]: T_cmp = a_p + c_p·N); the model charges max(T_mem, T_cmp), written
     as the compute line (a_p in c0, c_p per token) plus the floor term (``_roofline_floor``).
+    Prefill attention (``c_attn_s``) is the roofline: the attention FLOPs of one token pair at the
+    FLOP rate the GEMMs achieve (measured slope). ``max_num_seqs`` / ``max_batched_tokens``: vLLM's
+    defaults on the GPU (:class:`~portbench.sim.profiles.hardware.GPUSpec`) unless given.
     """
     gpu, model = GPUS[spec.gpu], MODELS[spec.model]
+    max_num_seqs = int(max_num_seqs or gpu.max_num_seqs)
+    max_batched_tokens = int(max_batched_tokens or gpu.max_num_batched_tokens)
     n, t_ms, basis = gemm_curve(spec.gpu, spec.model)
-    prefill = _line_fit(n, t_ms, PREFILL_FIT_MIN_TOKENS, model.max_model_len)
-    decode = _line_fit(n, t_ms, DECODE_FIT_MIN_TOKENS, max_num_seqs)
+    prefill = _line_fit(n, t_ms, PREFILL_FIT_MIN_TOKENS, min(model.max_model_len, PREFILL_FIT_MAX_TOKENS))
+    decode = _line_fit(n, t_ms, DECODE_FIT_MIN_TOKENS, min(max_num_seqs, MAX_NUM_SEQS))
     eta_mem, eta_basis = _eta_mem(spec.gpu)
     bw = gpu.hbm_bw_gb_s * 1e9 * eta_mem                        # achieved bytes/s
     # Achieved FLOP/s in the prefill regime: 2 FLOPs per GEMM weight per token / measured slope.
@@ -304,7 +320,16 @@ def build_profile(spec: ProfileSpec, *, max_num_seqs: int = MAX_NUM_SEQS,
     c_prefill = prefill["slope_ms"] * 1e-3
     c_decode = c_prefill + lm_head_seq_s
     c_kv = model.kv_bytes_per_token / bw
-    kv = kv_capacity(gpu, model, block_size=block_size, max_num_seqs=max_num_seqs)
+    # Prefill attention (QK^T and AV of each causal token pair), at the GEMMs' achieved FLOP rate.
+    c_attn = model.attention_flops_per_pair / flops
+    kv = kv_capacity(gpu, model, block_size=block_size, max_num_seqs=max_num_seqs, profile_tokens=max_batched_tokens)
+    # vLLM refuses to start when one max_model_len sequence does not fit the KV cache.
+    max_model_len = min(model.max_model_len, kv["kv_capacity_tokens"])
+    host_blocks = int(HOST_SWAP_BYTES // (model.kv_bytes_per_token * block_size))
+    pcie = gpu.pcie_gb_s * PCIE_EFFICIENCY
+    lengths = np.array([1024, 4096, 14336, 25600, 131072], dtype=float)
+    gemm_s = c_prefill * lengths
+    attn_s = c_attn * lengths * (lengths + 1) / 2
     provenance = {
         "gpu_spec": dataclasses.asdict(gpu), "model_spec": dataclasses.asdict(model),
         "token_linear_basis": basis, "prefill_fit": prefill, "decode_fit": decode,
@@ -314,21 +339,35 @@ def build_profile(spec: ProfileSpec, *, max_num_seqs: int = MAX_NUM_SEQS,
         "eta_mem": eta_mem, "eta_mem_basis": f"measured weight streaming at N=1 ({eta_basis})",
         "eta_flop": eta_flop, "lm_head_read_s": lm_head_read_s, "lm_head_per_seq_s": lm_head_seq_s,
         "engine_overhead_s": ENGINE_OVERHEAD_S, "non_gemm_s": lm_head_read_s + ENGINE_OVERHEAD_S,
-        "kv": kv,
-        # causal attention QK^T + AV over a max_model_len prompt: 2·L·d·p² FLOPs, vs GEMMs 2·L·W·p
-        "prefill_attention_flop_share": (2 * model.layers * model.hidden * model.max_model_len**2)
-        / (2 * model.layers * model.layer_gemm_params * model.max_model_len),
-        "roofline_parts": "c_kv (KV read), LM head (read in c0, compute in c_decode), prefill "
-                          "attention FLOPs ignored; engine overhead assumed",
+        "kv": kv, "max_model_len": {"model": model.max_model_len, "engine": max_model_len},
+        "attention": {
+            "prefill_flops_per_pair": model.attention_flops_per_pair,
+            "prefill_s_per_pair": c_attn,
+            "prefill": "c_attn_s × Σ over the iteration's prompt chunks of new·cached + new·(new+1)/2 "
+                       "(causal token pairs), at the GEMMs' achieved FLOP rate (roofline; assumes the "
+                       "attention kernel reaches the GEMM efficiency eta_flop)",
+            "decode": "c_kv_s × context tokens: KV bytes per token / achieved HBM bandwidth (roofline)",
+            # a whole prompt of each length prefilled in one pass: attention time / GEMM time
+            "prefill_share_of_gemm": {str(int(x)): float(a / g) for x, a, g in zip(lengths, attn_s, gemm_s)},
+        },
+        "swap": {"pcie_datasheet_gb_s": gpu.pcie_gb_s, "pcie_efficiency": PCIE_EFFICIENCY, "pcie_gb_s": pcie,
+                 "host_bytes": HOST_SWAP_BYTES, "host_kv_blocks": host_blocks,
+                 "note": "ASSUMPTIONS: achieved PCIe copy rate and host memory for swapped KV (hardware.py)"},
+        "vllm_defaults": {"max_num_batched_tokens": max_batched_tokens, "max_num_seqs": max_num_seqs,
+                          "basis": "vLLM 0.32 get_batch_defaults, OpenAI API server, on this GPU"},
+        "roofline_parts": "c_kv (KV read: decode attention), c_attn (prefill attention FLOPs), LM head "
+                          "(read in c0, compute in c_decode), swap (PCIe); engine overhead assumed",
         "calibrated_parts": "c_prefill and the compute-line intercept in c0 (prefill-regime line), "
                             "floor_s and floor_tokens (where the decode-regime line lies above the "
-                            "prefill-regime line), eta_mem",
+                            "prefill-regime line), eta_mem, eta_flop (hence c_attn's FLOP rate)",
         "source": VIDUR_SOURCE,
     }
     profile = Profile(name=spec.name, gpu=gpu.name, model=model.name,
                       kv_capacity_blocks=kv["kv_capacity_blocks"], c0_s=c0, c_prefill_s=c_prefill,
                       c_decode_s=c_decode, c_kv_s=c_kv, block_size=block_size, max_num_seqs=max_num_seqs,
                       max_batched_tokens=max_batched_tokens, floor_s=floor_ms * 1e-3, floor_tokens=knee,
+                      c_attn_s=c_attn, max_model_len=max_model_len, kv_bytes_per_token=model.kv_bytes_per_token,
+                      pcie_gb_s=pcie, host_kv_blocks=host_blocks,
                       notes=spec.summary, provenance=provenance)
     # How the whole model (one formula, through Profile.iteration_time) fits the rows, per regime,
     # next to the strictly linear model it replaced (c0 carrying the decode intercept a_d:
@@ -336,14 +375,17 @@ def build_profile(spec: ProfileSpec, *, max_num_seqs: int = MAX_NUM_SEQS,
     charged = model_gemm_ms(profile, n)
     linear_prefill = decode["intercept_ms"] + prefill["slope_ms"] * n
     linear_decode = decode["intercept_ms"] + decode["slope_ms"] * n
-    regimes = {"decode": (n >= DECODE_FIT_MIN_TOKENS) & (n <= max_num_seqs),
-               "prefill": (n >= PREFILL_FIT_MIN_TOKENS) & (n <= model.max_model_len)}
+    regimes = {"decode": (n >= DECODE_FIT_MIN_TOKENS) & (n <= decode["hi"]),
+               "prefill": (n >= PREFILL_FIT_MIN_TOKENS) & (n <= prefill["hi"])}
+    beyond = n > prefill["hi"]
+    if beyond.any():
+        provenance["prefill_extrapolation"] = _errors(charged[beyond], t_ms[beyond])
     provenance["model_fit"] = {r: _errors(charged[m], t_ms[m]) for r, m in regimes.items()}
     provenance["linear_model_fit"] = {"decode": _errors(linear_decode[regimes["decode"]], t_ms[regimes["decode"]]),
                                       "prefill": _errors(linear_prefill[regimes["prefill"]],
                                                          t_ms[regimes["prefill"]])}
     # Over(+)/under(−)charge of a prefill-only iteration, now and under the strictly linear model.
-    sizes = np.array([max_batched_tokens, 1024, 4096], dtype=float)
+    sizes = np.array([512, 1024, 4096], dtype=float)
     measured = np.interp(sizes, n, t_ms)
     provenance["prefill_only_overcharge"] = {
         str(int(x)): float(v) for x, v in zip(sizes, model_gemm_ms(profile, sizes) / measured - 1.0)}

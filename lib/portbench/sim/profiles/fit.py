@@ -187,6 +187,8 @@ def load_profile(path: str | Path) -> Profile:
 
     Files of format version 1 (before the floor term) have no ``floor_s``/``floor_tokens``: they
     load with floor_s = 0, i.e. the strictly linear model their coefficients were fitted for.
+    Files before version 3 have no ``c_attn_s``, ``max_model_len`` or swap fields: no prefill
+    attention term, no context limit, no swap.
     """
     path = Path(path)
     try:
@@ -204,8 +206,8 @@ def load_profile(path: str | Path) -> Profile:
                                              "c_kv_s", "gpu", "model"} - set(fields)
     if unknown or missing:
         raise DataError(path, f"unknown fields {sorted(unknown)}, missing fields {sorted(missing)}")
-    for c in ("c0_s", "c_prefill_s", "c_decode_s", "c_kv_s", "floor_s", "floor_tokens"):
-        v = fields.get(c, 0.0)        # floor fields absent in version-1 files: no floor
+    for c in ("c0_s", "c_prefill_s", "c_decode_s", "c_kv_s", "floor_s", "floor_tokens", "c_attn_s", "pcie_gb_s"):
+        v = fields.get(c, 0.0)        # fields absent in older files: no floor / attention term / swap
         if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
             raise DataError(path, f"{c} = {v!r}; expected a finite number >= 0", column=c)
         fields[c] = float(v)
@@ -216,5 +218,9 @@ def load_profile(path: str | Path) -> Profile:
         v = fields.get(c, 1)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise DataError(path, f"{c} = {v!r}; expected a positive integer", column=c)
+    for c in ("max_model_len", "kv_bytes_per_token", "host_kv_blocks"):   # version 3; 0 = none
+        v = fields.get(c, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise DataError(path, f"{c} = {v!r}; expected an integer >= 0 (0 = none)", column=c)
     return Profile(name=str(data.get("name", path.stem)), notes=str(data.get("notes", "")),
                    provenance=dict(data.get("provenance") or {}), **fields)

@@ -14,30 +14,47 @@ asks the scheduler which live requests form the next iteration's batch:
 * **non-preemptive policies** (``preemptive = False``) never deschedule a running request except
   for memory: when the running batch's next iteration needs more KV blocks than exist, the engine
   evicts :meth:`BaseScheduler.victim` (default: the running request with the worst priority; for
-  FCFS the latest arrival, exactly vLLM's rule) until it fits. Eviction = *recompute* preemption.
+  FCFS the latest arrival, exactly vLLM's rule) until it fits. Eviction = preemption by *recompute*
+  (``engine.preemption: recompute``, vLLM V1) or *swap* (``swap``: KV copied to host memory). As in
+  vLLM V1, a waiting request never preempts a running one for priority, and no request is admitted
+  in an iteration in which one was preempted.
 * **preemptive policies** (``preemptive = True``) re-rank *all* live requests (running, paused,
   waiting) at every decision point; the batch is the best-ranked prefix that fits. A running
   request that loses its place is **paused**: it keeps its KV blocks and resumes without any
   recomputation -- as long as memory allows. When the requests ranked above it need its memory it
-  is **evicted** (recompute; victims chosen by :meth:`BaseScheduler.victim` among the descheduled).
-  So "preemption for priority" is free when only batch slots are short and costs a recompute when
-  memory is short -- the same two cases a real engine has (pausing costs nothing; swapping is
-  not modelled, so recompute is the only way to free memory).
-* **prefill** -- ``chunked_prefill = False``: whole prompts, prefill-first (vLLM V0 default): an
-  iteration that admits requests prefills their whole prompts (up to the token budget, a longer
-  prompt alone) while the running decodes wait one iteration. ``chunked_prefill = True``:
-  Sarathi-Serve stall-free batching: every running decode is in every iteration (one budget
-  token each), the rest of the token budget goes to prompt chunks in priority order.
-* **time-sliced / dynamic policies** (``static_priority = False``): a request's key may change as
-  it is served (attained service, quantum, tenant counters) or with time (starvation). Such a
-  policy must tell the engine when the ranking may change, through :meth:`next_decision`, so that
+  is **evicted** (recompute or swap; victims chosen by :meth:`BaseScheduler.victim` among the
+  descheduled). So "preemption for priority" is free when only batch slots are short and costs a
+  recompute (or a swap) when memory is short -- the cases a real engine has. (vLLM runs such a
+  policy only through a custom scheduler class; this is what one that re-sorts its queues does.)
+* **batching** is the engine's, not the policy's (``engine.batching``): under ``v1`` (default,
+  vLLM V1) every policy's iteration carries the running decodes first and fills the rest of the
+  token budget with prompt chunks in the policy's order; under ``v0`` (vLLM V0) policies prefill
+  whole prompts in prefill-only iterations while decodes wait, except those with
+  ``chunked_prefill = True`` (``sarathi``), which chunk as under V1. The token budget is the
+  scheduler's ``prefill_token_budget`` if set (``sarathi``: Sarathi-Serve's 512), else the
+  profile's (vLLM's default ``max_num_batched_tokens``).
+* **dynamic policies** (the default, ``static_priority = False``): a request's key may change as
+  it is served (attained service, quantum, tenant counters) or with time (aging, starvation). Such
+  a policy tells the engine when the ranking may change, through :meth:`next_decision`, so that
   the engine can advance many decode iterations at once in closed form in between. The default
   for a dynamic policy is "after every iteration" (always correct, slower).
+* **static policies** declare ``static_priority = True``: the key depends on the request only (never
+  on ``now`` or on its progress), so each request is ranked once, at arrival. The engine checks the
+  declaration (the key at arrival, 1 s and 1 h later must agree; :mod:`portbench.sim.engine.contract`).
 
-Information a policy uses (``information``): ``none`` | ``arrival`` | ``prompt`` (prompt
-length) | ``predicted`` (a noisy prediction of the output length) | ``oracle`` (the true output
-length) | ``tenant``; policies that rank by attained service also observe the tokens generated so
-far (runtime state, not a-priori knowledge): ``attained=True`` in :func:`describe`.
+**The contract.** Every hook result of a plug-in policy (a class defined outside portbench) is
+checked on every call; a breach -- a None / NaN / non-comparable priority, an admission order
+yielding a request that is not waiting, a victim that is not a candidate, a malformed
+``next_decision`` -- is one :class:`~portbench.core.errors.SchedulerError` naming the policy, the hook,
+the request and the rule. A non-preemptive policy that overrides :meth:`admission_order` is admitted
+in that order; a preemptive one ranks by :meth:`priority` and may not override it.
+
+Information a policy uses (``information``, its main kind): ``none`` | ``arrival`` | ``prompt``
+(prompt length) | ``predicted`` (the window's frozen learned prediction of the output length) |
+``oracle`` (the true output length) | ``tenant`` | ``attained`` (tokens generated so far: runtime
+state, not a-priori knowledge). ``uses`` (a tuple of those kinds) lists everything a policy's
+decisions read (ties are broken by arrival everywhere); by default ``(information,)`` plus
+``attained`` when ``attained=True``. Only policies named ``*_oracle`` read a true output length.
 
 The protocol, the base class and the registry live here; one small module per policy family
 (:mod:`.fifo`, :mod:`.length`, :mod:`.ltr`, :mod:`.feedback`, :mod:`.deadline`, :mod:`.fairness`,
@@ -51,10 +68,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from ...core.config import SimulationConfig
-from ...core.errors import ParameterError, check_choices
+from ...core.errors import ParameterError, UnknownSchedulerError
 from ..request import Request, RunContext
 
-INFORMATION = ("none", "arrival", "prompt", "predicted", "oracle", "tenant")
+INFORMATION = ("none", "arrival", "prompt", "predicted", "oracle", "tenant", "attained")
 
 
 @runtime_checkable
@@ -95,10 +112,9 @@ class BaseScheduler:
     Options are keyword arguments declared in ``OPTIONS`` (``{name: default}``, merged along
     the class hierarchy); :func:`get_scheduler` passes ``simulation.scheduler_options[name]``.
     Every class accepts ``prefill_token_budget`` (tokens per iteration; None: the engine's default
-    for the prefill mode -- the profile's ``max_batched_tokens`` for chunked prefill, vLLM's
-    max(max_model_len, 2048) for whole prompts) and ``chunked_prefill`` (None: the class's mode;
-    true/false switches it, e.g. ``sjf_oracle`` with chunked prefill is what vLLM V1's priority
-    policy does). An instance is reusable: :meth:`reset` is called at the start of every run.
+    -- the profile's ``max_batched_tokens`` under V1 batching or for chunked prefill, vLLM's
+    max(max_model_len, 2048) for whole prompts under V0) and ``chunked_prefill`` (None: the class's
+    mode; true/false switches it under ``engine.batching: v0``; V1 always chunks). An instance is reusable: :meth:`reset` is called at the start of every run.
 
     Request attributes a policy may read (see :class:`portbench.sim.engine.Request`): ``id``,
     ``arrival_s``, ``prompt_tokens``, ``output_tokens`` (the truth -- only ``oracle`` policies
@@ -112,7 +128,8 @@ class BaseScheduler:
     attained: ClassVar[bool] = False          # ranks by attained service (runtime observation)
     preemptive: bool = False
     chunked_prefill: bool = False
-    static_priority: ClassVar[bool] = True    # priority(r) depends only on r's own static fields + rng
+    static_priority: ClassVar[bool] = False   # True: priority(r, now) depends only on r (never on now or state);
+                                              # declared by static policies, checked by the engine
     frozen_waiting_keys: ClassVar[bool] = False  # a waiting request's priority does not change while it waits
     prefill_token_budget: int | None = None
     vllm_static: ClassVar[bool] = False        # vLLM can run it as a static per-request priority
@@ -291,8 +308,7 @@ def get_scheduler(name, **options) -> BaseScheduler:
         if options:
             raise ParameterError("scheduler", name, "a name when options are given")
         return name
-    if name not in SCHEDULERS:
-        raise ParameterError("simulation.schedulers", name, "one of " + ", ".join(SCHEDULERS))
+    require_registered("simulation.schedulers", name)
     return SCHEDULERS[name](**options)
 
 
@@ -301,9 +317,8 @@ def options_for(sim: SimulationConfig, name: str) -> dict:
     plus ``sigma = predictor_sigma`` for classes with a ``sigma`` option and ``slo = slo[edf_slo]``
     for classes with an ``slo`` option (unless set explicitly). The campaign calls this for every run."""
     opts = dict(sim.scheduler_options.get(name) or {})
-    cls = SCHEDULERS.get(name)
-    if cls is None:
-        raise ParameterError("simulation.schedulers", name, "one of " + ", ".join(SCHEDULERS))
+    require_registered("simulation.schedulers", name)
+    cls = SCHEDULERS[name]
     defaults = cls.option_defaults() if hasattr(cls, "option_defaults") else {}
     if "sigma" in defaults and "sigma" not in opts and sim.predictor_sigma is not None:
         opts["sigma"] = sim.predictor_sigma
@@ -317,13 +332,26 @@ def scheduler_for(sim: SimulationConfig, name: str) -> BaseScheduler:
     return get_scheduler(name, **options_for(sim, name))
 
 
+def require_registered(param: str, name) -> None:
+    """UnknownSchedulerError ("scheduler X is not registered; load its plug-in ...") unless ``name`` is registered."""
+    if not isinstance(name, str) or name not in SCHEDULERS:
+        raise UnknownSchedulerError(param, name, list(SCHEDULERS))
+
+
 def names(spec) -> list[str]:
-    """Registered scheduler names of a ``simulation.schedulers`` value (``all`` = every registered one)."""
-    return check_choices("simulation.schedulers", spec, list(SCHEDULERS))
+    """Registered scheduler names of a ``simulation.schedulers`` value (``all`` = every registered one
+    except the comparison variants marked ``in_all = False``: edf_oracle, sjf/ltr_noisy_oracle)."""
+    if spec == "all" or spec is None:
+        return [n for n, c in SCHEDULERS.items() if getattr(c, "in_all", True)]
+    spec = [spec] if isinstance(spec, str) else list(spec)
+    for i, name in enumerate(spec):
+        require_registered(f"simulation.schedulers[{i}]", name)
+    return spec
 
 
 def table() -> list[dict]:
-    """One row per registered scheduler: name, information, attained, preemptive, prefill, models."""
+    """One row per registered scheduler: name, information, attained, preemptive, token budget (V1:
+    its own or the engine's default), prefill under V0 batching (whole or chunked), models."""
     rows = []
     for name, cls in SCHEDULERS.items():
         try:
@@ -333,8 +361,9 @@ def table() -> list[dict]:
         rows.append({"name": name, "information": cls.information,
                      "attained": bool(getattr(cls, "attained", False)),
                      "preemptive": bool(getattr(inst, "preemptive", False)),
+                     "token_budget": getattr(inst, "prefill_token_budget", None) or "engine default",
                      "prefill": "chunked" if getattr(inst, "chunked_prefill", False) else "whole",
-                     "static": bool(getattr(cls, "static_priority", True)),
+                     "static": bool(getattr(cls, "static_priority", False)),
                      "vllm_static_priority": bool(getattr(cls, "vllm_static", False)),
                      "models": getattr(cls, "models", "")})
     return rows
@@ -344,8 +373,8 @@ class _StaticPolicy(BaseScheduler):
     """Static-priority policies. By default they are what vLLM V1's ``scheduling_policy=
     "priority"`` does: the waiting queue is ordered by the priority and, when a running request
     cannot get its next KV block, the running request with the worst priority is evicted -- no
-    preemption for priority alone (V1 always chunks prefills: add ``chunked_prefill: true`` to
-    match it). Option ``preemptive: true`` also evicts/pauses running requests for a better-ranked
-    waiting one (vLLM V0's priority preemption)."""
+    preemption for priority alone. Option ``preemptive: true`` also evicts/pauses running requests
+    for a better-ranked waiting one (vLLM V0's priority preemption)."""
 
+    static_priority = True
     OPTIONS = {"preemptive": False}

@@ -16,11 +16,15 @@ class VTC(BaseScheduler):
     token charges ``w_output``. Counter lift: a tenant whose queue was empty is lifted to the
     smallest counter of the backlogged tenants (or of the last tenant that left the queue) when
     its request arrives, so idle time earns no credit. Non-preemptive (memory evictions only: the
-    latest arrival). Information: tenant. Weights default to the paper's (1, 2).
+    latest arrival). Information: tenant, prompt length (charged at admission) and tokens generated
+    (the counters). Weights default to the paper's (1, 2). On a source without a tenant field run
+    with ``simulation.tenant_model: trace`` every request has the same tenant: one counter, i.e.
+    FCFS order -- VTC has nothing to equalise there.
     """
 
     name = "vtc"
     information = "tenant"
+    uses = ("tenant", "prompt", "attained")
     models = "Virtual Token Counter fair scheduling (Sheng et al. OSDI'24)"
     static_priority = False
     OPTIONS = {"w_prompt": 1, "w_output": 2}

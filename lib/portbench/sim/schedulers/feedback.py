@@ -44,9 +44,9 @@ class MLFQ(_LevelPolicy):
     a request enters the highest-priority level whose quantum covers its prefill, measured in
     single-sequence decode iterations of the profile (prefill time / decode time); after using a
     level's quantum it is demoted one level (the last level keeps it). Key: (level, arrival)
-    (FCFS within a level). FastServe's proactive KV swapping is not modelled: a demoted request
-    is paused if memory allows, else evicted (recompute). Information: prompt length (skip-join)
-    and attained service.
+    (FCFS within a level). A demoted request is paused (KV kept) if memory allows, else evicted:
+    recompute, or -- FastServe's KV swapping -- swap under ``engine.preemption: swap``.
+    Information: prompt length (skip-join) and attained service.
     """
 
     name = "mlfq"
@@ -58,7 +58,8 @@ class MLFQ(_LevelPolicy):
         p = ctx.profile
         q, L = self.quantum_tokens, self.levels
         prompts = np.asarray(ctx.prompt_tokens, dtype=float)
-        prefill_s = p.iteration_time(prompts, np.zeros_like(prompts), prompts)
+        prefill_s = (p.prefill_s(prompts) if hasattr(p, "prefill_s")
+                     else p.iteration_time(prompts, np.zeros_like(prompts), prompts))
         decode_s = p.iteration_time(np.zeros_like(prompts), np.ones_like(prompts), prompts + 1.0)
         ratio = np.atleast_1d(np.asarray(prefill_s, dtype=float) / np.asarray(decode_s, dtype=float))
         quanta = q * 2.0 ** np.arange(L)
@@ -102,6 +103,7 @@ class LAS(_LevelPolicy):
 
     name = "las"
     information = "arrival"
+    uses = ("attained",)           # arrival only breaks ties
     models = "least attained service / FB (Rai et al. SIGMETRICS'03), quantised"
     OPTIONS = {"quantum_tokens": 32}
 

@@ -1,10 +1,27 @@
-"""Length-based policies: shortest prompt, shortest (oracle or predicted) output, SRPT."""
+"""Length-based policies: shortest prompt, shortest (oracle or predicted) output, SRPT.
+
+``sjf_predicted`` reads only the window's frozen predictions (:attr:`RunContext.predicted_output`,
+from :mod:`portbench.data.predictors`); ``sjf_noisy_oracle`` is the old noisy oracle (true length x
+log-normal noise), kept for comparison, labelled oracle and not in ``all``.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ...core.errors import DataError
 from .base import BaseScheduler, _StaticPolicy, register_scheduler
+
+
+def frozen_predictions(ctx, policy: str, column: str = "predicted_output") -> np.ndarray:
+    """The window's frozen predictions ``column`` from the run context; DataError when the run was
+    not given them (the campaign adds them; elsewhere use ``portbench.data.predictors.attach``)."""
+    v = getattr(ctx, column, None)
+    if v is None:
+        raise DataError("window", f"{policy} needs the window's frozen predictions (column {column!r} of the "
+                        "table given to simulate); the campaign adds them -- elsewhere call "
+                        "portbench.data.predictors.attach(cfg, tables)", column=column)
+    return np.asarray(v, dtype=float)
 
 @register_scheduler
 class SJFPrompt(_StaticPolicy):
@@ -53,6 +70,7 @@ class SRPTOracle(BaseScheduler):
 
     name = "srpt_oracle"
     information = "oracle"
+    uses = ("oracle", "attained")
     models = "SRPT with oracle lengths (Schrage 1968), preemptive at iteration boundaries"
     preemptive = True
     static_priority = False
@@ -70,8 +88,9 @@ class SRPTOracle(BaseScheduler):
 class SJFPredicted(_StaticPolicy):
     """Shortest *predicted* output first (non-preemptive).
 
-    Predictor: predicted = true output × exp(N(0, sigma)) (seeded, one draw per request at the
-    start of the run; ``sigma`` = ``simulation.predictor_sigma``). Key: (predicted, arrival).
+    Predictor: the source's learned regressor (:mod:`portbench.data.predictors`: gradient-boosted
+    trees on log output length from arrival-time features, trained on requests outside every frozen
+    window), its predictions frozen per window and handed to the run. Key: (predicted, arrival).
     Information: predicted output length. Models: length-prediction schedulers (S3, Jin et al.
     NeurIPS'23; Qiu et al. 2024 "Efficient interactive LLM serving with proxy model-based
     sequence length prediction").
@@ -80,7 +99,30 @@ class SJFPredicted(_StaticPolicy):
     name = "sjf_predicted"
     vllm_static = True
     information = "predicted"
-    models = "SJF on predicted length (S3, Jin et al. NeurIPS'23; Qiu et al. 2024)"
+    uses = ("predicted",)
+    models = "SJF on a learned length prediction (S3, Jin et al. NeurIPS'23; Qiu et al. 2024)"
+
+    def reset(self, ctx):
+        self._pred = frozen_predictions(ctx, self.name).tolist()
+
+    def priority(self, r, now):
+        return (self._pred[r.id], r.arrival_s)
+
+
+@register_scheduler
+class SJFNoisyOracle(_StaticPolicy):
+    """The old ``sjf_predicted``: true output × exp(N(0, sigma)) (seeded, one draw per request).
+
+    It reads the true length, so it is an *oracle* (its accuracy is set by ``sigma``, not by what is
+    learnable from the workload); kept for comparison with the learned predictor, not in ``all``.
+    """
+
+    name = "sjf_noisy_oracle"
+    vllm_static = True
+    in_all = False
+    information = "oracle"
+    uses = ("oracle",)
+    models = "SJF on a noisy oracle length (true x lognormal noise; the study's former sjf_predicted)"
     OPTIONS = {"sigma": 0.5}
 
     def reset(self, ctx):

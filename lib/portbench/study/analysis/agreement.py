@@ -1,4 +1,5 @@
-"""Rankings and rank agreement between sources and between operating regions (Kendall tau-b, W, bootstrap CIs)."""
+"""Rankings and rank agreement between sources (per panel) and between operating regions: Kendall tau-b,
+tau-b / tau-b,max, discordance among pairs resolved on both sides, Kendall's W, bootstrap CIs."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import polars as pl
 
 from .. import stats
 from .columns import COLUMNS
-from .common import _boot_ranks, _empty, _frame, _mean_with_ci, _num, _stat, _tau_points, _tie_note, sensitivity_tolerances, tied_ranks_definition
+from .common import _empty, _frame, _mean_with_ci, _num, _stat, aggregate, compare_all, pairs_of
 from .cube import Cube
-
+from .ties import RULE_TEXT, Ranking
 
 
 def _window_values_table(cube: Cube) -> pl.DataFrame:
@@ -28,7 +29,7 @@ def _window_values_table(cube: Cube) -> pl.DataFrame:
     return pl.concat(frames).select(cols)
 
 
-def _rankings_table(cube: Cube, means, boot, tol: float) -> pl.DataFrame:
+def _rankings_table(cube: Cube, boot, rk: Ranking) -> pl.DataFrame:
     frames = []
     for s in cube.sources:
         raw = cube.values[s]
@@ -37,14 +38,17 @@ def _rankings_table(cube: Cube, means, boot, tol: float) -> pl.DataFrame:
             mean = np.nanmean(raw, axis=-1)
             sd = np.nanstd(raw, axis=-1, ddof=1) if raw.shape[-1] > 1 else np.full(mean.shape, np.nan)
         n = (~np.isnan(raw)).sum(axis=-1)
-        rank = stats.tolerant_ranks(means[s], tol, axis=-1)
-        n_tied = np.sum(rank[..., :, None] == rank[..., None, :], axis=-1)
+        rank = stats.ranks_best_first(rk.values[s], axis=-1)
+        lab = rk.labels[s]
+        n_tied = np.sum(lab[..., :, None] == lab[..., None, :], axis=-1)
         if boot[s] is not None:
             lo, hi = stats.percentile_ci(boot[s] * cube.sign[None, :, None, None])
         else:
             lo = hi = np.full(mean.shape, np.nan)
         f = _frame({"region": cube.regions, "metric": cube.metrics, "scheduler": cube.schedulers},
-                   mean=mean, sd=sd, n_windows=n, rank=rank, n_tied=n_tied, ci_low=lo, ci_high=hi)
+                   mean=mean, sd=sd, n_windows=n, rank=rank, group=np.where(lab >= 0, lab + 1, -1),
+                   n_groups=np.broadcast_to(rk.n_groups(s)[..., None], lab.shape), n_tied=n_tied,
+                   group_mean=rk.values[s] * cube.sign[None, :, None], ci_low=lo, ci_high=hi)
         f = f.with_columns(pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"),
                            pl.col("region").replace_strict(cube.rho, return_dtype=pl.Float64).alias("rho"),
                            pl.col("metric").replace_strict(dict(zip(cube.metrics, cube.directions)),
@@ -53,261 +57,204 @@ def _rankings_table(cube: Cube, means, boot, tol: float) -> pl.DataFrame:
     return pl.concat(frames).select(list(COLUMNS["rankings"]))
 
 
-def _rank_ties(cube: Cube, means, tol: float) -> dict:
-    """How often the rank tolerance ties schedulers, and how wide single linkage makes a tie group."""
-    n_cond = changed = all_tied = all_tied_exact = groups = chained = 0
-    widest, chains = None, []
-    K = np.asarray(cube.schedulers)
-    for s in cube.sources:
-        rk = stats.tolerant_ranks(means[s], tol, axis=-1)                    # (R, M, K)
-        ex = stats.ranks_best_first(means[s], axis=-1)
-        spread = stats.tie_group_spread(means[s], tol, axis=-1)
-        for r, region in enumerate(cube.regions):
-            for m, metric in enumerate(cube.metrics):
-                x = rk[r, m]
-                if np.isnan(x).any():
-                    continue
-                n_cond += 1
-                changed += bool(np.any(x != ex[r, m]))
-                all_tied += bool(np.all(x == x[0]))
-                all_tied_exact += bool(np.all(ex[r, m] == ex[r, m][0]))
-                for v in np.unique(x):
-                    members = x == v
-                    if members.sum() < 2:
-                        continue
-                    groups += 1
-                    sp = float(spread[r, m][members][0])
-                    entry = {"source": s, "region": region, "metric": metric, "spread": _num(sp),
-                             "schedulers": K[members].tolist()}
-                    if widest is None or sp > widest[0]:
-                        widest = (sp, entry)
-                    if tol > 0 and sp >= tol:
-                        chained += 1
-                        chains.append((sp, entry))
-    chains.sort(key=lambda e: -e[0])
-    note = _tie_note(tol)
-    return {
-        "definition": "ties made by the rank tolerance in the rankings of scheduler means (every source x region "
-                      f"x metric): {tied_ranks_definition(tol)}",
-        "rank_tolerance": tol,
-        "conditions_with_new_ties": _stat(changed, f"conditions whose ranking has a tie that exact ranks do not "
-                                                   f"have ({note})", n_cond,
-                                          rate=(changed / n_cond if n_cond else None)),
-        "all_tied": _stat(all_tied, f"conditions where every scheduler is tied ({note}; tau-b undefined there)",
-                          n_cond, exact=all_tied_exact),
-        "tie_groups": _stat(groups, "tie groups of two or more schedulers, over every condition", n_cond),
-        "chained_groups": _stat(chained, "tie groups whose best and worst means differ by at least the tolerance "
-                                         "(single linkage chained several smaller gaps)", groups,
-                                rate=(chained / groups if groups else None)),
-        "max_group_spread": _stat(widest[0] if widest else 0.0, "largest relative difference between the best and "
-                                  "the worst mean of one tie group", groups,
-                                  where=widest[1] if widest else None),
-        "widest_chains": [e for _, e in chains[:5]],
-    }
+def _table_cols(res: dict) -> dict:
+    """Columns shared by the tau tables, from :func:`compare_all` entries for pairs (boot last)."""
+    has = "tau_b" in res
+    nan = np.full(res["tau"].shape, np.nan)
+    lo, hi = stats.percentile_ci(res["tau_b"]) if has else (nan, nan)
+    nlo, nhi = stats.percentile_ci(res["tau_norm_b"]) if has else (nan, nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        disc = res["discordant"] / (res["concordant"] + res["discordant"])
+    return {"tau": res["tau"], "ci_low": lo, "ci_high": hi, "tau_max": res["tau_max"], "tau_norm": res["tau_norm"],
+            "norm_ci_low": nlo, "norm_ci_high": nhi, "concordant": res["concordant"], "discordant": res["discordant"],
+            "discordance": disc, "groups_1": res["groups_x"], "groups_2": res["groups_y"],
+            "status": np.asarray(["defined", "all_tied", "missing"], dtype=object)[res["status"]],
+            "n_boot_valid": (~np.isnan(res["tau_b"])).sum(axis=-1) if has else np.zeros(res["tau"].shape, int)}
 
 
-def _cross_source_tau_points(cube: Cube, means, tol: float) -> np.ndarray:
-    """scipy tau-b between every source pair's practically tied rankings: (R, M, source pairs)."""
-    S, R, M = cube.sources, cube.regions, cube.metrics
-    pairs = list(combinations(range(len(S)), 2))
-    rk = {s: stats.tolerant_ranks(means[s], tol, axis=-1) for s in S}
-    tau = np.full((len(R), len(M), len(pairs)), np.nan)
-    for q, (i, j) in enumerate(pairs):
-        tau[:, :, q] = _tau_points(rk[S[i]], rk[S[j]], (len(R), len(M)))
-    return tau
+def _metric_mask(shape, axis: int, idx) -> np.ndarray:
+    m = np.zeros(shape, bool)
+    sl = [slice(None)] * len(shape)
+    sl[axis] = list(idx)
+    m[tuple(sl)] = True
+    return m
 
 
-def _cross_source(cube: Cube, means, boot, tables, tol: float) -> dict:
-    S, R, M = cube.sources, cube.regions, cube.metrics
-    pairs = list(combinations(range(len(S)), 2))
-    has_boot = all(boot[s] is not None for s in S)
-    pair_names = [f"{S[i]}|{S[j]}" for i, j in pairs]
-    tau = _cross_source_tau_points(cube, means, tol)
-    tau_b = np.full((len(R), len(M), len(pairs), boot[S[0]].shape[-1] if has_boot else 0), np.nan)
-    ranks_b = {s: _boot_ranks(boot[s], tol) for s in S} if has_boot else {}           # (R, M, K, B)
-    signs_b = {s: stats.pair_signs(ranks_b[s], axis=2) for s in S} if has_boot else {}  # (R, M, B, P)
-    for q, (i, j) in enumerate(pairs):
-        if has_boot:
-            tau_b[:, :, q, :] = stats.tau_b_from_signs(signs_b[S[i]], signs_b[S[j]])
-    lo, hi = stats.percentile_ci(tau_b) if has_boot else (np.full(tau.shape, np.nan),) * 2
-    nvalid = (~np.isnan(tau_b)).sum(axis=-1)
+def _all_tied_reasons(groups: dict[str, np.ndarray], mask_by_source: dict[str, np.ndarray]) -> dict:
+    """Rankings that tie every scheduler, per source (over the conditions selected for that source)."""
+    return {s: int(((g == 1) & mask_by_source[s]).sum()) for s, g in groups.items()}
+
+
+def _cross_source_panel(cube: Cube, rk: Ranking, others: dict[str, Ranking], name: str, srcs: list[str],
+                        head: list[int]) -> tuple[dict, pl.DataFrame, pl.DataFrame]:
+    """One panel: the tau table rows, the W rows and the summary section."""
+    R, M = cube.regions, cube.metrics
+    pairs = list(combinations(range(len(srcs)), 2))
+    has_boot = all(rk.boot[s] is not None for s in srcs)
+    V = np.stack([rk.values[s] for s in srcs], axis=2)                        # (R, M, S, K)
+    Bt = np.stack([rk.boot[s] for s in srcs], axis=2) if has_boot else None   # (R, M, S, K, B)
+    pr = pairs_of(compare_all(V, Bt), pairs)                                   # (R, M, Q[, B])
+    cols = _table_cols(pr)
     rows = []
     for q, (i, j) in enumerate(pairs):
-        f = _frame({"region": R, "metric": M}, tau=tau[:, :, q], ci_low=lo[:, :, q], ci_high=hi[:, :, q],
-                   n_boot_valid=nvalid[:, :, q])
-        rows.append(f.with_columns(pl.lit(S[i]).alias("source_1"), pl.lit(S[j]).alias("source_2"),
-                                   pl.lit(cube.provenance[S[i]]).alias("provenance_1"),
-                                   pl.lit(cube.provenance[S[j]]).alias("provenance_2"),
-                                   pl.lit(len(cube.schedulers)).alias("n_items")))
-    cols = list(COLUMNS["cross_source_tau"])
-    tables["cross_source_tau"] = pl.concat(rows).select(cols) if rows else _empty("cross_source_tau")
+        f = _frame({"region": R, "metric": M}, **{k: v[:, :, q] for k, v in cols.items()})
+        rows.append(f.with_columns(pl.lit(name).alias("panel"), pl.lit(srcs[i]).alias("source_1"),
+                                   pl.lit(srcs[j]).alias("source_2"),
+                                   pl.lit(cube.provenance[srcs[i]]).alias("provenance_1"),
+                                   pl.lit(cube.provenance[srcs[j]]).alias("provenance_2"),
+                                   pl.lit(len(cube.schedulers)).alias("n_items")).select(list(COLUMNS["cross_source_tau"])))
+    tau_table = pl.concat(rows)
 
-    # Kendall's W across sources
-    if len(S) >= 2:
-        ranks = np.stack([stats.tolerant_ranks(means[s], tol, axis=-1) for s in S], axis=2)  # (R, M, S, K)
-        W = stats.kendall_w(ranks)
-        if has_boot:
-            rb = np.stack([ranks_b[s] for s in S], axis=2)                                # (R, M, S, K, B)
-            Wb = stats.kendall_w(np.moveaxis(rb, -1, 2))                                    # (R, M, B)
-            wlo, whi = stats.percentile_ci(Wb)
-        else:
-            Wb, wlo, whi = None, np.full(W.shape, np.nan), np.full(W.shape, np.nan)
-        tables["cross_source_w"] = _frame({"region": R, "metric": M}, W=W, ci_low=wlo, ci_high=whi,
-                                          n_rankings=len(S), n_items=len(cube.schedulers)) \
-            .with_columns(pl.lit(",".join(f"{s}:{cube.provenance[s]}" for s in S)).alias("provenance")) \
-            .select(list(COLUMNS["cross_source_w"]))
+    ranks = stats.ranks_best_first(V, axis=-1)                                 # (R, M, S, K)
+    W = stats.kendall_w(ranks)
+    if has_boot:
+        Wb = stats.kendall_w(stats.ranks_best_first(np.moveaxis(Bt, -1, 2), axis=-1))   # (R, M, B)
+        wlo, whi = stats.percentile_ci(Wb)
     else:
-        W, Wb = np.full((len(R), len(M)), np.nan), None
-        tables["cross_source_w"] = _empty("cross_source_w")
+        Wb, wlo, whi = None, np.full(W.shape, np.nan), np.full(W.shape, np.nan)
+    w_table = (_frame({"region": R, "metric": M}, W=W, ci_low=wlo, ci_high=whi, n_rankings=len(srcs),
+                      n_items=len(cube.schedulers))
+               .with_columns(pl.lit(name).alias("panel"),
+                             pl.lit(",".join(f"{s}:{cube.provenance[s]}" for s in srcs)).alias("provenance"))
+               .select(list(COLUMNS["cross_source_w"])))
 
-    defn = (f"Kendall tau-b between two sources' scheduler rankings (same region and metric; {_tie_note(tol)}), "
-            "averaged over every region x metric x source pair where defined")
-    tb = tau_b if has_boot else None
-    out: dict = {"definition": "agreement between the scheduler rankings of different workload sources",
-                 "n_conditions": len(R) * len(M), "n_source_pairs": len(pairs)}
-    if not pairs:
-        out["available"] = False
-        out["reason"] = "fewer than two sources in the runs table"
-        return out
-    v, ci, n = _mean_with_ci(tau, tb)
-    out["mean_tau"] = _stat(v, defn, n, ci, undefined=int(np.isnan(tau).sum()))
-    # sensitivity to the rank tolerance (point estimates only): the mean over the conditions defined at that
-    # tolerance, and over the conditions defined at every tolerance compared (the same set for every row)
-    tols = sensitivity_tolerances(tol)
-    taus = {t: tau if t == tol else _cross_source_tau_points(cube, means, t) for t in tols}
-    common = np.all([~np.isnan(taus[t]) for t in tols], axis=0)
-
-    def _means_by_region(tt, sel):
-        return {name: _num(tt[r][sel[r]].mean()) if sel[r].any() else None for r, name in enumerate(R)}
-
-    out["by_rank_tolerance"] = {}
-    for t in tols:
-        tt = taus[t]
-        sel = ~np.isnan(tt)
-        out["by_rank_tolerance"][f"{t:g}"] = _stat(
-            float(tt[sel].mean()) if sel.any() else None,
-            f"mean tau-b as mean_tau but with rank_tolerance = {t:g} ({_tie_note(t)}); point estimate, no bootstrap",
-            int(sel.sum()), rank_tolerance=t, undefined=int((~sel).sum()), chosen=bool(t == tol),
-            by_region=_means_by_region(tt, sel),
-            common_value=float(tt[common].mean()) if common.any() else None, common_count=int(common.sum()),
-            common_by_region=_means_by_region(tt, common))
-    out["by_source_pair"] = {}
-    for q, name in enumerate(pair_names):
-        m = np.zeros(tau.shape, bool)
-        m[:, :, q] = True
-        v, ci, n = _mean_with_ci(tau, tb, m)
-        i, j = pairs[q]
-        out["by_source_pair"][name] = _stat(v, f"mean tau between {cube.label(S[i])} and {cube.label(S[j])} "
-                                               "over regions x metrics", n, ci)
-    out["by_region"] = {}
-    for r, name in enumerate(R):
-        m = np.zeros(tau.shape, bool)
-        m[r] = True
-        v, ci, n = _mean_with_ci(tau, tb, m)
-        out["by_region"][name] = _stat(v, f"mean tau over metrics x source pairs in region {name}", n, ci)
-    out["by_metric"] = {}
-    for k, name in enumerate(M):
-        m = np.zeros(tau.shape, bool)
-        m[:, k] = True
-        v, ci, n = _mean_with_ci(tau, tb, m)
-        out["by_metric"][name] = _stat(v, f"mean tau over regions x source pairs for metric {name}", n, ci)
-    bp = {k: d["value"] for k, d in out["by_source_pair"].items() if d["value"] is not None}
-    if bp:
-        worst = min(bp, key=bp.get)
-        out["least_agreeing_pair"] = {"pair": worst.split("|"), "mean_tau": bp[worst]}
+    shape = pr["tau"].shape
+    head_mask = _metric_mask(shape, 1, head)
+    what = f"(region, headline metric, source pair) conditions of panel {name}"
+    out: dict = {"definition": f"agreement between the scheduler rankings of the panel's sources ({', '.join(srcs)}), "
+                               "same region and metric; statistical ties",
+                 "sources": srcs, "n_source_pairs": len(pairs), "metrics": [M[k] for k in head]}
+    out.update(aggregate(pr, head_mask, what))
+    groups = {s: rk.n_groups(s) for s in srcs}
+    hm = _metric_mask(groups[srcs[0]].shape, 1, head)
+    out["conditions"]["all_tied_rankings_by_source"] = _all_tied_reasons(groups, {s: hm for s in srcs})
+    out["conditions"]["reason"] = ("a condition is undefined when a source's ranking ties every scheduler (no pair "
+                                   "resolved: too few windows, or schedulers that behave identically, e.g. at light "
+                                   "load) or a value is missing; such conditions are counted here, not averaged")
+    rest = [k for k in range(len(M)) if k not in head]
+    out["secondary"] = aggregate(pr, _metric_mask(shape, 1, rest), f"conditions of the secondary metrics, panel {name}")
+    out["all_metrics"] = aggregate(pr, np.ones(shape, bool), f"conditions of every metric, panel {name}")
+    names = [f"{srcs[i]}|{srcs[j]}" for i, j in pairs]
+    out["by_source_pair"] = {n: aggregate(pr, _metric_mask(shape, 2, [q]) & head_mask, f"headline conditions of {n}")
+                             for q, n in enumerate(names)}
+    out["by_region"] = {r: aggregate(pr, _metric_mask(shape, 0, [k]) & head_mask, f"headline conditions in {r}")
+                        for k, r in enumerate(R)}
+    out["by_metric"] = {m: aggregate(pr, _metric_mask(shape, 1, [k]), f"conditions of {m}") for k, m in enumerate(M)}
+    wv, wci, wn = _mean_with_ci(W, Wb, _metric_mask(W.shape, 1, head))
+    out["kendall_w"] = _stat(wv, f"Kendall's W across the {len(srcs)} sources' rankings (tie-corrected, statistical "
+                                 "ties), averaged over region x headline metric where defined", wn, wci)
+    tau = np.where(head_mask, pr["tau"], np.nan)
     if not np.isnan(tau).all():
         r, k, q = np.unravel_index(np.nanargmin(tau), tau.shape)
         i, j = pairs[q]
-        out["lowest"] = {"source_1": S[i], "source_2": S[j], "region": R[r], "metric": M[k],
-                         "tau": _num(tau[r, k, q]), "ci": [_num(lo[r, k, q]), _num(hi[r, k, q])]}
-    out["fraction_tau_ci_below_0.5"] = _stat(
-        float(np.mean(hi[~np.isnan(hi)] < 0.5)) if has_boot and (~np.isnan(hi)).any() else None,
-        "fraction of (region, metric, source pair) conditions whose tau CI lies entirely below 0.5",
-        int((~np.isnan(hi)).sum()))
-    if len(S) >= 2:
-        v, ci, n = _mean_with_ci(W, Wb)
-        out["kendall_w"] = _stat(v, f"Kendall's W across the {len(S)} sources' rankings (tie-corrected; "
-                                    f"{_tie_note(tol)}), averaged over region x metric", n, ci)
+        lo, hi = cols["ci_low"], cols["ci_high"]
+        out["lowest"] = {"source_1": srcs[i], "source_2": srcs[j], "region": R[r], "metric": M[k],
+                         "tau": _num(tau[r, k, q]), "tau_norm": _num(pr["tau_norm"][r, k, q]),
+                         "ci": [_num(lo[r, k, q]), _num(hi[r, k, q])]}
+    # sensitivity: the same headline numbers under the other tie rules (point estimates)
+    out["by_tie_rule"] = {}
+    for rule, other in {rk.rule: rk, **others}.items():
+        if rule == rk.rule:
+            agg, agg_all = {k: out[k] for k in ("tau_b", "tau_b_norm", "discordance", "conditions")}, out["all_metrics"]
+        else:
+            Vo = np.stack([other.values[s] for s in srcs], axis=2)
+            po = pairs_of(compare_all(Vo, scipy_points=False), pairs)
+            agg, agg_all = aggregate(po, head_mask, what), aggregate(po, np.ones(shape, bool), "conditions")
+        out["by_tie_rule"][rule] = {"tau_b": agg["tau_b"]["value"], "tau_b_norm": agg["tau_b_norm"]["value"],
+                                    "discordance": agg["discordance"]["value"], "defined": agg["conditions"]["defined"],
+                                    "all_tied": agg["conditions"]["all_tied"], "total": agg["conditions"]["total"],
+                                    "tau_b_all_metrics": agg_all["tau_b"]["value"],
+                                    "defined_all_metrics": agg_all["conditions"]["defined"],
+                                    "total_all_metrics": agg_all["conditions"]["total"],
+                                    "chosen": rule == rk.rule, "definition": RULE_TEXT[rule]}
+    return out, tau_table, w_table
+
+
+def _cross_source(cube: Cube, rk: Ranking, others: dict[str, Ranking], panels: dict, head: list[int],
+                  tables) -> dict[str, dict]:
+    """Per panel: the cross-source section (``available: False`` with the reason for a panel whose
+    sources are not all in the runs table). Tables get one block of rows per available panel."""
+    out, taus, ws = {}, [], []
+    for name, p in panels.items():
+        if not p["available"]:
+            out[name] = {"available": False, "sources": p["sources"],
+                         "reason": f"not available: sources missing ({', '.join(p['missing'])})"}
+            continue
+        sec, t, w = _cross_source_panel(cube, rk, others, name, p["sources"], head)
+        out[name] = {"available": True, **sec}
+        taus.append(t)
+        ws.append(w)
+    tables["cross_source_tau"] = pl.concat(taus) if taus else _empty("cross_source_tau")
+    tables["cross_source_w"] = pl.concat(ws) if ws else _empty("cross_source_w")
     return out
 
 
-def _cross_region(cube: Cube, means, boot, tables, tol: float) -> dict:
+def _cross_region(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables) -> dict[str, dict]:
+    """Per source: every region pair's agreement per metric (table); per panel: the summary over its sources."""
     S, R, M = cube.sources, cube.regions, cube.metrics
     rpairs = list(combinations(range(len(R)), 2))
-    has_boot = all(boot[s] is not None for s in S)
-    rows, wrows = [], []
-    tau_all = np.full((len(S), len(M), len(rpairs)), np.nan)
-    tau_all_b = np.full((len(S), len(M), len(rpairs), boot[S[0]].shape[-1] if has_boot else 0), np.nan)
-    W_all = np.full((len(S), len(M)), np.nan)
-    W_all_b = np.full((len(S), len(M), tau_all_b.shape[-1]), np.nan)
-    for si, s in enumerate(S):
-        mm = stats.tolerant_ranks(np.transpose(means[s], (1, 0, 2)), tol, axis=-1)   # (M, R, K) ranks
-        rb = _boot_ranks(boot[s], tol) if has_boot else None                      # (R, M, K, B)
-        for q, (i, j) in enumerate(rpairs):
-            tau_all[si, :, q] = _tau_points(mm[:, i], mm[:, j], (len(M),))
-        if has_boot and rpairs:
-            sg = np.transpose(stats.pair_signs(rb, axis=2), (1, 2, 0, 3))        # (M, B, R, P)
-            tm = stats.tau_b_matrix(sg)                                          # (M, B, R, R)
-            ii, jj = zip(*rpairs)
-            tau_all_b[si] = np.moveaxis(tm[:, :, list(ii), list(jj)], 1, -1)     # (M, Q, B)
-        if len(R) >= 2:
-            W_all[si] = stats.kendall_w(mm)
-            if has_boot:
-                W_all_b[si] = stats.kendall_w(np.transpose(rb, (1, 3, 0, 2)))    # (M, B, R, K)
-        lo, hi = stats.percentile_ci(tau_all_b[si]) if has_boot else (np.full(tau_all[si].shape, np.nan),) * 2
-        nvalid = (~np.isnan(tau_all_b[si])).sum(axis=-1)
+    has_boot = all(rk.boot[s] is not None for s in S)
+    res_by_source, W_all, Wb_all, rows, wrows = {}, {}, {}, [], []
+    for s in S:
+        V = np.transpose(rk.values[s], (1, 0, 2))                                # (M, R, K)
+        Bt = np.transpose(rk.boot[s], (1, 0, 2, 3)) if has_boot else None        # (M, R, K, B)
+        pr = pairs_of(compare_all(V, Bt), rpairs)                                # (M, Q[, B])
+        res_by_source[s] = pr
         if rpairs:
-            f = _frame({"metric": M, "region_pair": [f"{R[i]}|{R[j]}" for i, j in rpairs]},
-                       tau=tau_all[si], ci_low=lo, ci_high=hi, n_boot_valid=nvalid)
-            f = f.with_columns(pl.col("region_pair").str.split("|").list.get(0).alias("region_1"),
-                               pl.col("region_pair").str.split("|").list.get(1).alias("region_2"),
-                               pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"),
-                               pl.lit(len(cube.schedulers)).alias("n_items"))
-            rows.append(f.select(list(COLUMNS["cross_region_tau"])))
-        wlo, whi = stats.percentile_ci(W_all_b[si]) if has_boot else (np.full(len(M), np.nan),) * 2
-        wrows.append(_frame({"metric": M}, W=W_all[si], ci_low=wlo, ci_high=whi, n_rankings=len(R),
+            cols = _table_cols(pr)
+            f = _frame({"metric": M, "region_pair": [f"{R[i]}|{R[j]}" for i, j in rpairs]}, **cols)
+            rows.append(f.with_columns(pl.col("region_pair").str.split("|").list.get(0).alias("region_1"),
+                                       pl.col("region_pair").str.split("|").list.get(1).alias("region_2"),
+                                       pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"),
+                                       pl.lit(len(cube.schedulers)).alias("n_items"))
+                        .select(list(COLUMNS["cross_region_tau"])))
+        W_all[s] = stats.kendall_w(stats.ranks_best_first(V, axis=-1)) if len(R) >= 2 else np.full(len(M), np.nan)
+        Wb_all[s] = (stats.kendall_w(stats.ranks_best_first(np.moveaxis(Bt, -1, 1), axis=-1))
+                     if has_boot and len(R) >= 2 else None)                      # (M, B)
+        wlo, whi = stats.percentile_ci(Wb_all[s]) if Wb_all[s] is not None else (np.full(len(M), np.nan),) * 2
+        wrows.append(_frame({"metric": M}, W=W_all[s], ci_low=wlo, ci_high=whi, n_rankings=len(R),
                             n_items=len(cube.schedulers))
                      .with_columns(pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"))
                      .select(list(COLUMNS["cross_region_w"])))
     tables["cross_region_tau"] = pl.concat(rows) if rows else _empty("cross_region_tau")
     tables["cross_region_w"] = pl.concat(wrows)
-    out: dict = {"definition": "agreement between the scheduler rankings of different operating regions "
-                               "(same source and metric)",
-                 "n_conditions": len(S) * len(M), "n_region_pairs": len(rpairs)}
-    if not rpairs:
-        out["available"] = False
-        out["reason"] = "fewer than two regions"
-        return out
-    tb = tau_all_b if has_boot else None
-    v, ci, n = _mean_with_ci(tau_all, tb)
-    out["mean_tau"] = _stat(v, f"Kendall tau-b between two regions' rankings ({_tie_note(tol)}), averaged over "
-                               "every region pair x source x metric where defined", n, ci,
-                            undefined=int(np.isnan(tau_all).sum()))
-    q_ext = rpairs.index((0, len(R) - 1))
-    m = np.zeros(tau_all.shape, bool)
-    m[:, :, q_ext] = True
-    v, ci, n = _mean_with_ci(tau_all, tb, m)
-    out["extreme_regions_tau"] = _stat(v, f"mean tau between the lightest ({R[0]}) and the heaviest "
-                                          f"({R[-1]}) region over sources x metrics", n, ci,
-                                       regions=[R[0], R[-1]])
-    adj = [q for q, (i, j) in enumerate(rpairs) if j == i + 1]
-    m = np.zeros(tau_all.shape, bool)
-    m[:, :, adj] = True
-    v, ci, n = _mean_with_ci(tau_all, tb, m)
-    out["adjacent_regions_tau"] = _stat(v, "mean tau between neighbouring regions (next load level) "
-                                           "over sources x metrics", n, ci)
-    out["by_source"] = {}
-    for si, s in enumerate(S):
-        m = np.zeros(tau_all.shape, bool)
-        m[si] = True
-        v, ci, n = _mean_with_ci(tau_all, tb, m)
-        out["by_source"][s] = _stat(v, f"mean tau between regions on {cube.label(s)} over region pairs x metrics",
-                                    n, ci)
-    v, ci, n = _mean_with_ci(W_all, W_all_b if has_boot else None)
-    out["kendall_w"] = _stat(v, f"Kendall's W across the {len(R)} regions' rankings, averaged over "
-                                "sources x metrics", n, ci)
-    if not np.isnan(tau_all).all():
-        si, k, q = np.unravel_index(np.nanargmin(tau_all), tau_all.shape)
-        out["lowest"] = {"source": S[si], "metric": M[k], "region_1": R[rpairs[q][0]],
-                         "region_2": R[rpairs[q][1]], "tau": _num(tau_all[si, k, q])}
+
+    out = {}
+    for name, p in panels.items():
+        srcs = [s for s in p["sources"] if s in S]
+        if not p["available"] or not rpairs:
+            out[name] = {"available": False, "sources": p["sources"],
+                         "reason": (f"not available: sources missing ({', '.join(p['missing'])})" if not p["available"]
+                                    else "fewer than two regions")}
+            continue
+        st_ = {k: np.stack([res_by_source[s][k] for s in srcs]) for k in res_by_source[srcs[0]]}   # (S, M, Q[, B])
+        shape = st_["tau"].shape
+        head_mask = _metric_mask(shape, 1, head)
+        sec: dict = {"available": True, "sources": srcs, "n_region_pairs": len(rpairs),
+                     "definition": "agreement between the scheduler rankings of two operating regions (same source "
+                                   "and metric; statistical ties)", "metrics": [M[k] for k in head]}
+        sec.update(aggregate(st_, head_mask, f"(source, headline metric, region pair) conditions of panel {name}"))
+        sec["secondary"] = aggregate(st_, _metric_mask(shape, 1, [k for k in range(len(M)) if k not in head]),
+                                     "conditions of the secondary metrics")
+        q_ext = rpairs.index((0, len(R) - 1))
+        sec["extreme_regions"] = aggregate(st_, head_mask & _metric_mask(shape, 2, [q_ext]),
+                                           f"headline conditions between the lightest ({R[0]}) and the heaviest "
+                                           f"({R[-1]}) region")
+        sec["extreme_regions"]["regions"] = [R[0], R[-1]]
+        adj = [q for q, (i, j) in enumerate(rpairs) if j == i + 1]
+        sec["adjacent_regions"] = aggregate(st_, head_mask & _metric_mask(shape, 2, adj),
+                                            "headline conditions between neighbouring regions (next load level)")
+        sec["by_source"] = {s: aggregate(st_, head_mask & _metric_mask(shape, 0, [i]), f"headline conditions on {s}")
+                            for i, s in enumerate(srcs)}
+        Wst = np.stack([W_all[s] for s in srcs])
+        Wbst = np.stack([Wb_all[s] for s in srcs]) if all(Wb_all[s] is not None for s in srcs) else None
+        wv, wci, wn = _mean_with_ci(Wst, Wbst, _metric_mask(Wst.shape, 1, head))
+        sec["kendall_w"] = _stat(wv, f"Kendall's W across the {len(R)} regions' rankings, averaged over "
+                                     "sources x headline metrics", wn, wci)
+        tau = np.where(head_mask, st_["tau"], np.nan)
+        if not np.isnan(tau).all():
+            si, k, q = np.unravel_index(np.nanargmin(tau), tau.shape)
+            sec["lowest"] = {"source": srcs[si], "metric": M[k], "region_1": R[rpairs[q][0]],
+                             "region_2": R[rpairs[q][1]], "tau": _num(tau[si, k, q])}
+        out[name] = sec
     return out

@@ -8,7 +8,7 @@ import polars as pl
 
 
 
-FAMILIES = ("all", "per_metric", "per_region")
+from ...core.config import FAMILIES  # noqa: F401  (re-exported)
 
 
 # Notebooks whose figures show the analysis (plots_analysis saves them under these folders).
@@ -18,7 +18,7 @@ FIGURE_NOTEBOOKS = ("04_cross_workload", "05_cross_region", "06_reversals", "07_
 STAGES = ("sign", "significant", "significant_and_practical")
 
 
-SCHEMA = "portbench.summary/1"
+SCHEMA = "portbench.summary/2"
 
 
 _KEYS = {
@@ -33,10 +33,21 @@ _KEYS = {
 
 
 _TAU = {
-    "tau": "Kendall tau-b between the two rankings (scipy.stats.kendalltau on the practically tied ranks, "
-           "analysis.rank_tolerance); NaN if a ranking is all ties",
-    "ci_low": "2.5th percentile of tau over the bootstrap resamples (windows resampled within each source)",
+    "tau": "Kendall tau-b between the two rankings (scipy.stats.kendalltau; tied schedulers = one tie group, "
+           "analysis.ties); NaN if a ranking is all ties",
+    "ci_low": "2.5th percentile of tau over the bootstrap resamples (windows resampled within each source; tie "
+              "groups fixed, re-ordered by their resampled means)",
     "ci_high": "97.5th percentile of tau over the bootstrap resamples",
+    "tau_max": "largest tau-b the two rankings' tie structures allow (comonotone arrangement, stats.tau_b_max)",
+    "tau_norm": "tau / tau_max: 1 = no pair resolved in both rankings is discordant",
+    "norm_ci_low": "2.5th percentile of tau / tau_max over the bootstrap resamples",
+    "norm_ci_high": "97.5th percentile of tau / tau_max over the bootstrap resamples",
+    "concordant": "scheduler pairs resolved (in different tie groups) in both rankings and ordered alike",
+    "discordant": "scheduler pairs resolved in both rankings and ordered oppositely",
+    "discordance": "discordant / (concordant + discordant); NaN when no pair is resolved in both",
+    "groups_1": "tie groups of the first ranking (1 = all tied, n_items = fully resolved)",
+    "groups_2": "tie groups of the second ranking",
+    "status": "defined | all_tied (a ranking ties every scheduler: tau undefined) | missing (a value is missing)",
     "n_items": "number of schedulers ranked",
     "n_boot_valid": "bootstrap resamples where tau was defined",
 }
@@ -66,18 +77,20 @@ COLUMNS: dict[str, dict[str, str]] = {
         "mean": "mean of the per-window values over windows (metric's unit)",
         "sd": "standard deviation of the per-window values over windows",
         "n_windows": "windows with a value",
-        "rank": "rank of the mean among the schedulers, 1 = best; means within analysis.rank_tolerance "
-                "(relative gap to the next-better mean, chained) are tied and share the average rank",
-        "n_tied": "schedulers sharing this rank (size of the tie group; 1 = not tied)",
+        "rank": "rank among the schedulers, 1 = best; a tie group (analysis.ties) shares the average rank it spans",
+        "group": "tie group, 1 = the best group (schedulers the tests cannot tell apart share a group)",
+        "n_groups": "tie groups in this ranking (1 = all tied)",
+        "n_tied": "schedulers in this tie group (1 = resolved from every other)",
+        "group_mean": "mean of the group members' means (the value the ranking uses; metric's unit)",
         "ci_low": "2.5th percentile of the mean over the bootstrap resamples",
         "ci_high": "97.5th percentile of the mean over the bootstrap resamples",
     },
     "cross_source_tau": {
-        "region": _KEYS["region"], "metric": _KEYS["metric"],
+        "panel": "panel of sources (analysis.panels)", "region": _KEYS["region"], "metric": _KEYS["metric"],
         "source_1": "first source", "source_2": "second source",
         "provenance_1": "provenance of source_1", "provenance_2": "provenance of source_2", **_TAU,
     },
-    "cross_source_w": {"region": _KEYS["region"], "metric": _KEYS["metric"],
+    "cross_source_w": {"panel": "panel of sources (analysis.panels)", "region": _KEYS["region"], "metric": _KEYS["metric"],
                        "provenance": "provenance of every source compared, 'source:provenance' comma-joined", **_W},
     "cross_region_tau": {
         "source": _KEYS["source"], "provenance": _KEYS["provenance"], "metric": _KEYS["metric"],
@@ -86,13 +99,18 @@ COLUMNS: dict[str, dict[str, str]] = {
     "cross_region_w": {"source": _KEYS["source"], "provenance": _KEYS["provenance"],
                        "metric": _KEYS["metric"], **_W},
     "pairwise_tests": {
+        "panel": "panel whose family corrected this test (a source in two panels has a row in each)",
         "a": "scheduler a", "b": "scheduler b (pairs are unordered; a comes first in scheduler order)",
         "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
-        "metric": _KEYS["metric"], "direction": _KEYS["direction"],
+        "metric": _KEYS["metric"], "direction": _KEYS["direction"], "scale": "ratio | proportion | count (metric registry)",
+        "headline": "the metric is a headline metric (analysis.headline_metrics)",
         "mean_a": "mean of a over the windows where both have a value (metric's unit)",
         "mean_b": "mean of b over the same windows",
         "diff": "oriented mean difference over windows: positive = a better than b",
         "rel_effect": "|mean_a - mean_b| / ((|mean_a| + |mean_b|) / 2): symmetric relative difference",
+        "effect": "effect on the metric's scale: rel_effect (ratio), |mean_a - mean_b| (proportion), "
+                  "|mean_a - mean_b| / window size (count)",
+        "delta": "practical threshold of the metric (analysis.delta or analysis.delta_absolute)",
         "n_windows": "windows with both values", "n_nonzero": "windows with a non-zero difference",
         "statistic": "Wilcoxon signed-rank statistic min(R+, R-) (scipy)",
         "test_direction": "sign(R+ - R-) of the oriented differences: +1 = a ranks better",
@@ -103,23 +121,31 @@ COLUMNS: dict[str, dict[str, str]] = {
         "significant": "p_adj < alpha and the test's direction agrees with the sign of diff",
     },
     "reversals": {
+        "panel": "panel of sources (analysis.panels); families are corrected within a panel",
         "a": "scheduler a", "b": "scheduler b",
         "source_1": "first source of the pair", "source_2": "second source of the pair",
         "provenance_1": "provenance of source_1", "provenance_2": "provenance of source_2",
         "region": _KEYS["region"], "metric": _KEYS["metric"], "direction": _KEYS["direction"],
+        "scale": "ratio | proportion | count (how the effect is sized)",
+        "headline": "the metric is a headline metric (counted in the headline numbers)",
+        "delta": "practical threshold of the metric: relative (ratio) or absolute (proportion, count)",
         "mean_a_1": "mean of a on source_1", "mean_b_1": "mean of b on source_1",
         "diff_1": "oriented mean difference on source_1: positive = a better than b",
         "rel_1": "relative effect on source_1 (symmetric relative difference)",
+        "effect_1": "effect on source_1 on the metric's scale (see pairwise_tests.effect)",
         "p_1": "raw Wilcoxon p-value on source_1", "p_adj_1": "adjusted p-value on source_1",
         "n_1": "windows paired on source_1",
         "mean_a_2": "mean of a on source_2", "mean_b_2": "mean of b on source_2",
         "diff_2": "oriented mean difference on source_2", "rel_2": "relative effect on source_2",
+        "effect_2": "effect on source_2 on the metric's scale",
         "p_2": "raw Wilcoxon p-value on source_2", "p_adj_2": "adjusted p-value on source_2",
         "n_2": "windows paired on source_2",
-        "min_rel": "smaller of rel_1 and rel_2 (how large the reversal is on its weaker side)",
+        "min_rel": "smaller of rel_1 and rel_2 (relative effects)",
+        "min_effect": "smaller of effect_1 and effect_2 (how large the reversal is on its weaker side)",
+        "strength": "min_effect / delta: the weaker side's effect in multiples of the practical threshold",
         "reversal": "diff_1 and diff_2 have strictly opposite signs",
         "significant": "both sides reject after correction (p_adj < alpha, test direction = sign of diff)",
-        "practical": "both relative effects are at least delta",
+        "practical": "both effects are at least delta (relative for ratio metrics, absolute for proportions)",
         "stage": "furthest stage reached: none | sign | significant | significant_and_practical "
                  "(significant and practical both require the sign reversal)",
     },
@@ -129,20 +155,43 @@ COLUMNS: dict[str, dict[str, str]] = {
     },
     "cross_metric_conditions": {
         "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
-        "mean_tau": "mean tau-b over every pair of metric rankings of the condition",
-        "ci_low": "2.5th percentile of mean_tau over the bootstrap resamples",
-        "ci_high": "97.5th percentile of mean_tau over the bootstrap resamples",
-        "n_metric_pairs": "metric pairs with a defined tau",
-        "top1_changes": "no scheduler is best (or tied best, within rank_tolerance) under every metric",
+        "mean_tau": "mean tau-b over the pairs of headline metrics of the condition (where defined)",
+        "mean_tau_norm": "mean tau-b / tau-b,max over the same pairs",
+        "headline_pairs_defined": "pairs of headline metrics whose rankings both resolve a best group",
+        "headline_pairs_changed": "of those, pairs whose best groups share no scheduler (the top-1 changes)",
+        "top1_changes": "all-metrics rule: no scheduler is best (or tied best) under every metric",
         "common_winners": "schedulers best under every metric ('' if none)",
         "n_distinct_winners": "distinct schedulers that are best under at least one metric",
     },
     "top1": {
         "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
         "metric": _KEYS["metric"], "winner": "best scheduler(s), '+'-joined when tied",
-        "n_tied": "how many schedulers are tied for best (the best tie group, within rank_tolerance)",
+        "n_tied": "how many schedulers are tied for best (size of the best tie group)",
+        "n_groups": "tie groups of the ranking (1 = all tied: no winner)",
         "runner_up": "best scheduler among the others",
         "margin_rel": "relative effect between the best winner's mean and the runner-up's",
+    },
+    "top1_pairs": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "metric_1": "first headline metric", "metric_2": "second headline metric",
+        "winners_1": "best tie group under metric_1, '+'-joined", "winners_2": "best tie group under metric_2",
+        "defined": "both rankings resolve a best group (neither ranking is all tied)",
+        "top1_changes": "defined and the two best groups share no scheduler",
+    },
+    "tie_pairs": {
+        "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
+        "metric": _KEYS["metric"], "a": "scheduler a", "b": "scheduler b",
+        "diff": "oriented mean difference over windows: positive = a better than b",
+        "effect": "effect on the metric's scale (relative, or absolute for proportions)",
+        "delta": "practical threshold of the metric",
+        "n_nonzero": "windows with a non-zero difference (the Wilcoxon sample size)",
+        "p": "two-sided Wilcoxon signed-rank p-value over windows",
+        "p_tie": "p adjusted within the ranking's scheduler pairs (analysis.tie_correction); NaN for the "
+                 "tolerance and exact rules",
+        "resolved": "the tie rule tells a and b apart",
+        "group_a": "tie group of a (1 = best)", "group_b": "tie group of b",
+        "separated": "a and b are in different tie groups",
+        "conflict": "not resolved, yet in different groups (non-transitive resolution: see stats.tie_partition)",
     },
     "slo_tau": {
         "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],
@@ -155,6 +204,12 @@ COLUMNS: dict[str, dict[str, str]] = {
         "ci_high": "97.5th percentile of W over the bootstrap resamples",
         "top1_changes": "no scheduler is best (or tied best, within rank_tolerance) under every SLO definition",
         "winners": "best scheduler under each SLO definition, 'slo=winner; ...'",
+    },
+    "power_curves": {
+        "metric": "headline metric", "region": "operating region, or 'all' (pooled)",
+        "effect": "planted effect (relative difference for ratio metrics, absolute for proportions / counts)",
+        "power": "fraction of null pairs in which the side test detects the effect at alpha",
+        "power_family": "the same at alpha / m (first step of the per-metric family's correction)",
     },
     "friedman": {
         "source": _KEYS["source"], "provenance": _KEYS["provenance"], "region": _KEYS["region"],

@@ -1,4 +1,5 @@
-"""Helpers shared by the analysis modules: long tables from arrays, summary numbers with counts and CIs, tie definitions."""
+"""Helpers shared by the analysis modules: long tables from arrays, summary numbers with counts and CIs,
+the comparison of two rankings (tau-b, tau-b,max, discordance) and its aggregation, panels of sources."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import polars as pl
 
 from .. import stats
 from .columns import COLUMNS
-
 
 
 def _frame(dims: dict[str, list], **arrays) -> pl.DataFrame:
@@ -44,7 +44,9 @@ def _stat(value, definition: str, count=None, ci=None, **extra) -> dict:
         out["count"] = _num(count)
     if ci is not None:
         out["ci"] = [_num(ci[0]), _num(ci[1])]
-    out.update({k: (_num(v) if isinstance(v, (float, int, np.floating, np.integer)) else v)
+    out.update({k: (_num(v) if isinstance(v, (float, int, np.floating, np.integer))
+                    else [_num(x) for x in v] if isinstance(v, (list, tuple)) and all(
+                        isinstance(x, (float, int, np.floating, np.integer)) for x in v) and v else v)
                 for k, v in extra.items()})
     return out
 
@@ -67,6 +69,39 @@ def _mean_with_ci(point, boot, mask=None) -> tuple[float, tuple, int]:
         bm = np.nanmean(np.asarray(boot)[sel], axis=0)
     lo, hi = stats.percentile_ci(bm)
     return value, (float(lo), float(hi)), n
+
+
+def _ratio_with_ci(num, den, num_boot, den_boot, mask) -> tuple[float, tuple, int]:
+    """Pooled ratio sum(num) / sum(den) over ``mask`` and its bootstrap CI (boot: extra last axis)."""
+    num, den = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    sel = mask & ~np.isnan(num) & ~np.isnan(den)
+    total = float(den[sel].sum())
+    value = float(num[sel].sum()) / total if total > 0 else float("nan")
+    if num_boot is None or total == 0:
+        return value, (float("nan"), float("nan")), int(total)
+    nb = np.nansum(np.asarray(num_boot)[sel], axis=0)
+    db = np.nansum(np.asarray(den_boot)[sel], axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lo, hi = stats.percentile_ci(np.where(db > 0, nb / db, np.nan))
+    return value, (float(lo), float(hi)), int(total)
+
+
+COND_BOOT = 1000  # resamples of the condition bootstrap (ci_conditions), seeded with 0
+
+
+def condition_ci(values, weights=None, n_boot: int = COND_BOOT) -> tuple[float, float]:
+    """Percentile CI of a mean over conditions (``weights``: of a pooled ratio sum(values) / sum(weights))
+    when the conditions themselves are resampled with replacement: how much the number depends on which
+    conditions were studied. NaN with fewer than two conditions."""
+    v = np.asarray(values, dtype=float)
+    if v.size < 2:
+        return float("nan"), float("nan")
+    idx = np.random.default_rng(0).integers(0, v.size, (n_boot, v.size))
+    if weights is None:
+        return tuple(float(x) for x in stats.percentile_ci(v[idx].mean(axis=1)))
+    w = np.asarray(weights, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return tuple(float(x) for x in stats.percentile_ci(v[idx].sum(axis=1) / w[idx].sum(axis=1)))
 
 
 def _rate_with_ci(point, boot) -> tuple[float, tuple, int]:
@@ -96,26 +131,143 @@ def _empty(table: str) -> pl.DataFrame:
     return pl.DataFrame({c: [] for c in COLUMNS[table]})
 
 
-def tied_ranks_definition(tol: float) -> str:
-    """How scheduler means are ranked (for summary.json and the notebooks' method text)."""
-    base = ("schedulers are ranked by their mean over windows, 1 = best (direction from the metric registry); "
-            "tied schedulers share the average of the ranks they span")
-    if tol == 0:
-        return base + "; rank_tolerance = 0: only exactly equal means are tied"
-    return (base + f"; practically tied ranks with rank_tolerance = {tol:g}: sorted best first, a new tie group "
-            f"starts wherever the relative gap |x - y| / ((|x| + |y|) / 2) to the next-better mean is at least "
-            f"{tol:g} ({100 * tol:g}%), so means closer than that are tied (single linkage: a chain of small gaps "
-            "can tie means that differ by more than the tolerance end to end; see rank_ties)")
+# --------------------------------------------------------------------------- comparing rankings
+
+def _pair_products(v):
+    """Pair signs of rankings ``v`` ``(..., N, K)`` -> (C - D, C + D) between every two rankings
+    ``(..., N, N)`` and the untied pairs of each ranking ``(..., N)``; C / D = concordant / discordant
+    pairs among those untied in both."""
+    s = stats.pair_signs(v).astype(np.float64)                               # (..., N, P)
+    a = np.abs(s)
+    return s @ np.swapaxes(s, -1, -2), a @ np.swapaxes(a, -1, -2), a.sum(axis=-1)
 
 
-def _tie_note(tol: float) -> str:
-    return "exact ranks" if tol == 0 else f"means within {100 * tol:g}% tied"
+def _n_groups(v) -> np.ndarray:
+    """Distinct values (tie groups) of each ranking along the last axis (0 where a value is missing)."""
+    srt = np.sort(v, axis=-1)
+    g = 1 + np.sum(np.diff(srt, axis=-1) != 0, axis=-1)
+    return np.where(np.isnan(v).any(axis=-1), 0, g)
 
 
-def sensitivity_tolerances(tol: float) -> list[float]:
-    """The rank tolerances of the sensitivity table: 0 (exact ranks), half, the chosen one, double."""
-    return sorted({0.0, tol / 2, tol, tol * 2})
+def compare_all(values, boot=None, *, scipy_points: bool = True) -> dict[str, np.ndarray]:
+    """Agreement between every two of N rankings, for every leading index.
+
+    ``values`` ``(..., N, K)``: oriented tie-group values (:func:`portbench.study.stats.group_values`, tied
+    schedulers share a value exactly); ``boot`` ``(..., N, K, B)`` the same per bootstrap resample, or None.
+    Returns ``(..., N, N)`` matrices (``*_b``: ``(..., N, N, B)``): ``tau`` (Kendall tau-b; scipy for the
+    point estimates, the vectorised equivalent for resamples), ``tau_max``
+    (:func:`~portbench.study.stats.tau_b_max`), ``tau_norm`` (:func:`~portbench.study.stats.tau_b_norm`: tau / tau_max,
+    or tau / |tau_min| when negative), ``concordant`` and
+    ``discordant`` (pairs resolved in both rankings), ``groups_x`` / ``groups_y`` (tie groups of the row /
+    column ranking) and ``status`` (0 defined, 1 a ranking is all tied, 2 a value is missing).
+    """
+    v = np.asarray(values, dtype=float)
+    lead, N = v.shape[:-2], v.shape[-2]
+    dot, both, unt = _pair_products(v)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        den = np.sqrt(unt[..., :, None] * unt[..., None, :])
+        tau = np.where(den > 0, dot / den, np.nan)
+        tmax, tmin = _tau_extremes(v, den)
+    if scipy_points:
+        i, j = np.triu_indices(N, 1)
+        for q in range(len(i)):
+            t = _tau_points(v[..., i[q], :], v[..., j[q], :], lead)
+            tau[..., i[q], j[q]] = tau[..., j[q], i[q]] = t
+    g = _n_groups(v)
+    miss = g == 0
+    status = np.where(miss[..., :, None] | miss[..., None, :], 2,
+                      np.where((g[..., :, None] <= 1) | (g[..., None, :] <= 1), 1, 0))
+    norm = stats.tau_b_norm(tau, tmax, tmin)
+    out = {"tau": tau, "tau_max": tmax, "tau_norm": norm, "concordant": (both + dot) / 2,
+           "discordant": (both - dot) / 2, "groups_x": np.broadcast_to(g[..., :, None], tau.shape),
+           "groups_y": np.broadcast_to(g[..., None, :], tau.shape), "status": status}
+    if boot is not None:
+        boot = np.asarray(boot, dtype=float)
+        if boot.ndim > 3:            # one leading index at a time: the pair signs of every resample are large
+            parts = [_boot_products(boot[i]) for i in range(boot.shape[0])]
+            out.update({k: np.stack([p[k] for p in parts]) for k in parts[0]})
+        else:
+            out.update(_boot_products(boot))
+    return out
 
 
-def _boot_ranks(b, tol: float):
-    return None if b is None else stats.tolerant_ranks(b, tol, axis=2)     # (R, M, K, B)
+def _tau_extremes(v, den):
+    """tau-b,max and tau-b,min between every two rankings of ``v`` ``(..., N, K)`` (``den``: the tau-b
+    denominators): the comonotone and the anti-comonotone arrangement of the sorted values."""
+    a = np.abs(stats.pair_signs(np.sort(v, axis=-1)).astype(np.float64))      # untied pairs, rank order
+    r = np.abs(stats.pair_signs(np.sort(-v, axis=-1)).astype(np.float64))     # the same, reversed order
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tmax = np.where(den > 0, (a @ np.swapaxes(a, -1, -2)) / den, np.nan)
+        tmin = np.where(den > 0, -(a @ np.swapaxes(r, -1, -2)) / den, np.nan)
+    return tmax, tmin
+
+
+def _boot_products(boot: np.ndarray) -> dict[str, np.ndarray]:
+    """The resample entries of :func:`compare_all` for ``boot`` ``(..., N, K, B)``."""
+    b = np.moveaxis(boot, -1, -3)                                               # (..., B, N, K)
+    dot_b, both_b, unt_b = _pair_products(b)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        den_b = np.sqrt(unt_b[..., :, None] * unt_b[..., None, :])
+        tb = np.where(den_b > 0, dot_b / den_b, np.nan)
+    tmb, tminb = _tau_extremes(b, den_b)
+    nb = stats.tau_b_norm(tb, tmb, tminb)
+    last = lambda x: np.moveaxis(x, -3, -1)                                     # noqa: E731  (..., N, N, B)
+    return {"tau_b": last(tb), "tau_norm_b": last(nb), "concordant_b": last((both_b + dot_b) / 2),
+            "discordant_b": last((both_b - dot_b) / 2)}
+
+
+def pairs_of(res: dict, pairs: list[tuple[int, int]]) -> dict[str, np.ndarray]:
+    """The entries of :func:`compare_all` matrices for the (row, column) ``pairs``, stacked on a new
+    last axis (before the resample axis of ``*_b`` entries)."""
+    ii, jj = [p[0] for p in pairs], [p[1] for p in pairs]
+    out = {}
+    for k, x in res.items():
+        if k.endswith("_b"):
+            out[k] = x[..., ii, jj, :] if pairs else x[..., :0, 0, :]
+        else:
+            out[k] = x[..., ii, jj] if pairs else x[..., :0, 0]
+    return out
+
+
+def aggregate(res: dict, mask, what: str) -> dict:
+    """The summary of many comparisons (``res`` from :func:`compare`, stacked) over ``mask``:
+    ``tau_b`` (mean), ``tau_b_norm`` (mean of tau / tau_max), ``discordance`` (pooled: discordant /
+    pairs resolved in both, over every condition) with bootstrap CIs, and ``conditions`` (total,
+    defined, all_tied, missing). ``what`` names the conditions (for the definitions)."""
+    mask = np.asarray(mask, dtype=bool)
+    st = np.asarray(res["status"])
+    tau_v, tau_ci, tau_n = _mean_with_ci(res["tau"], res.get("tau_b"), mask)
+    nv, nci, nn = _mean_with_ci(res["tau_norm"], res.get("tau_norm_b"), mask)
+    resolved = res["concordant"] + res["discordant"]
+    rb = (res["concordant_b"] + res["discordant_b"]) if "concordant_b" in res else None
+    dv, dci, dn = _ratio_with_ci(res["discordant"], resolved, res.get("discordant_b"), rb, mask)
+    total = int(mask.sum())
+    tsel = mask & ~np.isnan(np.asarray(res["tau"], dtype=float))
+    nsel = mask & ~np.isnan(np.asarray(res["tau_norm"], dtype=float))
+    dsel = mask & ~np.isnan(resolved)
+    return {
+        "tau_b": _stat(tau_v, f"mean Kendall tau-b over the {what} where it is defined", tau_n, tau_ci,
+                       ci_conditions=list(condition_ci(res["tau"][tsel]))),
+        "tau_b_norm": _stat(nv, f"mean of tau-b / tau-b,max over the {what} where it is defined (tau-b,max: "
+                                "the largest tau-b the two rankings' tie structures allow, |tau-b,min| for a negative "
+                                "tau-b; 1 = no resolved pair is discordant)", nn, nci,
+                            ci_conditions=list(condition_ci(res["tau_norm"][nsel]))),
+        "discordance": _stat(dv, f"discordant pairs / scheduler pairs resolved in both rankings, pooled over the "
+                                 f"{what}", dn, dci, discordant=int(np.nansum(res["discordant"][mask])),
+                             ci_conditions=list(condition_ci(res["discordant"][dsel], resolved[dsel]))),
+        "conditions": {"total": total, "defined": int(((st == 0) & mask).sum()),
+                       "all_tied": int(((st == 1) & mask).sum()), "missing": int(((st == 2) & mask).sum())},
+    }
+
+
+def panel_sources(panels: dict, present: list[str]) -> dict[str, dict]:
+    """Which panels can be analysed with the sources ``present``: ``{name: {"sources", "available",
+    "missing"}}``. With no configured panel available and at least two sources present, an implicit
+    panel ``all`` (every source present) is added, so a study of one's own sources still compares them."""
+    out = {}
+    for name, srcs in panels.items():
+        missing = [s for s in srcs if s not in present]
+        out[name] = {"sources": list(srcs), "available": not missing, "missing": missing}
+    if not any(p["available"] for p in out.values()) and len(present) >= 2:
+        out["all"] = {"sources": list(present), "available": True, "missing": [], "implicit": True}
+    return out

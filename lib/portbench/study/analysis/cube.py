@@ -10,7 +10,7 @@ import polars as pl
 
 from ...core.config import AnalysisConfig, Config
 from ...core.errors import DataError, ParameterError, check_choice, check_choices
-from ...core.provenance import SOURCES, label
+from ...core.provenance import label
 from ...sim import metrics as metric_registry
 from ...sim import schedulers as scheduler_registry
 from .. import campaign, stats
@@ -32,6 +32,11 @@ def metric_unit(name: str) -> str:
     return metric_registry.metric(name).unit
 
 
+def metric_scale(name: str) -> str:
+    """"ratio", "proportion" or "count" (how a difference is sized), from the metric registry."""
+    return metric_registry.scale(name)
+
+
 def metric_label(name: str) -> str:
     """``"ttft_p99 (s, lower is better)"``."""
     unit = metric_unit(name)
@@ -48,6 +53,9 @@ def validate(cfg: Config) -> None:
         raise ParameterError("analysis.metrics", a.metrics, "at least one metric")
     for i, m in enumerate(a.headline_metrics):
         check_choice(f"analysis.headline_metrics[{i}]", m, names)
+        if a.metrics != "all" and m not in a.metrics:
+            raise ParameterError(f"analysis.headline_metrics[{i}]", m, "one of analysis.metrics")
+    check_choice("analysis.study_preset.metric", a.study_preset.metric, names)
     if a.cd_conditions != "auto":
         regions = list(cfg.simulation.region_loads)
         for i, (src, reg, met) in enumerate(a.cd_conditions):
@@ -65,19 +73,28 @@ def _cd_parts(c) -> tuple[str, str, str] | None:
     return None
 
 
-def settings(a: AnalysisConfig) -> dict:
-    """The analysis parameters as a plain dict (the ``parameters`` block of ``summary.json``)."""
+def settings(a: AnalysisConfig, window_size: int = 200) -> dict:
+    """The analysis parameters as a plain dict (the ``parameters`` block of ``summary.json``);
+    ``window_size`` (``windows.size``) sizes the practical threshold of count metrics."""
     return {
         "alpha": float(a.alpha),
         "delta": float(a.delta),
+        "delta_absolute": float(a.delta_absolute),
+        "ties": a.ties,
+        "tie_correction": a.tie_correction,
+        "rank_tolerance": float(a.rank_tolerance),
         "correction": a.correction,
         "family": a.family,
         "bootstrap": int(a.bootstrap),
         "seed": int(a.seed),
-        "rank_tolerance": float(a.rank_tolerance),
         "ci_level": stats.CI_LEVEL,
         "metrics": a.metrics if a.metrics == "all" else list(a.metrics),
         "headline_metrics": list(a.headline_metrics),
+        "panels": {k: list(v) for k, v in a.panels.items()},
+        "study_preset": {"metric": a.study_preset.metric, "regions": int(a.study_preset.regions),
+                         "correction": a.study_preset.correction},
+        "power": {"windows": int(a.power.windows), "target": float(a.power.target)},
+        "window_size": int(window_size),
         "cd_conditions": a.cd_conditions if a.cd_conditions == "auto" else ["/".join(c) for c in a.cd_conditions],
         "runs_file": str(a.runs_file) if a.runs_file else None,
     }
@@ -111,6 +128,7 @@ class Cube:
     values: dict[str, np.ndarray]
     n_replicates: dict[str, np.ndarray]
     notes: list[str] = field(default_factory=list)
+    names: dict[str, str] = field(default_factory=dict)   # display names (``cfg.display_names``)
 
     @property
     def sign(self) -> np.ndarray:
@@ -119,8 +137,13 @@ class Cube:
     def oriented(self, source: str) -> np.ndarray:
         return self.values[source] * self.sign[None, :, None, None]
 
+    @property
+    def scales(self) -> list[str]:
+        """Each metric's scale (ratio | proportion | count), from the metric registry."""
+        return [metric_scale(m) for m in self.metrics]
+
     def label(self, source: str) -> str:
-        return label(source, self.provenance[source])
+        return label(source, self.provenance[source], self.names)
 
 
 def _scheduler_order(names, want) -> list[str]:
@@ -133,12 +156,13 @@ def _scheduler_order(names, want) -> list[str]:
 
 
 def build_cube(runs: pl.DataFrame, *, metric_spec="all", all_metrics: list[str], scheduler_order="all",
-               where: str = "runs table") -> Cube:
+               where: str = "runs table", source_order=(), names=None) -> Cube:
     """Average replicates within windows and arrange the values as dense arrays.
 
     ``metric_spec`` (``analysis.metrics``: "all" or names) picks among ``all_metrics`` (the registry's
     names with the run's SLO definitions); ``scheduler_order`` (``simulation.schedulers``) orders the
-    schedulers (the registry's order for "all")."""
+    schedulers (the registry's order for "all"); ``source_order`` (``cfg.source_names()``) orders the
+    sources (others by name); ``names`` are their display names (``cfg.display_names``)."""
     required = ["source", "provenance", "window_id", "region", "rho", "scheduler", "replicate"]
     missing = [c for c in required if c not in runs.columns]
     if missing:
@@ -159,7 +183,8 @@ def build_cube(runs: pl.DataFrame, *, metric_spec="all", all_metrics: list[str],
         raise DataError(where, "no metric column of the metric registry is present")
 
     sources_present = runs["source"].unique().to_list()
-    sources = [s for s in SOURCES if s in sources_present] + sorted(set(sources_present) - set(SOURCES))
+    sources = ([s for s in source_order if s in sources_present]
+               + sorted(set(sources_present) - set(source_order)))
     provenance = {}
     for s in sources:
         provs = runs.filter(pl.col("source") == s)["provenance"].unique().to_list()
@@ -213,7 +238,7 @@ def build_cube(runs: pl.DataFrame, *, metric_spec="all", all_metrics: list[str],
             notes.append(f"{s}: {n_missing} (region, scheduler, window) cells have no run")
     return Cube(sources=sources, provenance=provenance, regions=regions, rho=rho, metrics=metrics,
                 directions=[metric_direction(m) for m in metrics], schedulers=schedulers,
-                windows=windows, values=values, n_replicates=n_rep, notes=notes)
+                windows=windows, values=values, n_replicates=n_rep, notes=notes, names=dict(names or {}))
 
 
 @dataclass
@@ -230,11 +255,17 @@ class Analysis:
 
     @property
     def skipped(self) -> list[str]:
-        return [s for s in SOURCES if s not in self.provenance]
+        """Configured sources without runs (recorded in the summary)."""
+        return list(self.summary["data"].get("skipped_sources", []))
 
     @property
     def labels(self) -> dict[str, str]:
-        return {s: label(s, p) for s, p in self.provenance.items()}
+        return {s: v["label"] for s, v in self.summary["provenance"].items()}
+
+    @property
+    def names(self) -> dict[str, str]:
+        """Display names without the stand-in mark."""
+        return {s: v.get("name") or s for s, v in self.summary["provenance"].items()}
 
     def __getitem__(self, table: str) -> pl.DataFrame:
         return self.tables[table]

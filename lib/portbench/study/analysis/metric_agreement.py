@@ -10,85 +10,115 @@ import polars as pl
 
 from .. import stats
 from .columns import COLUMNS
-from .common import _boot_ranks, _empty, _frame, _mean_with_ci, _rate_with_ci, _stat, _tau_points, _tie_note
+from .agreement import _table_cols
+from .common import _empty, _frame, _mean_with_ci, _rate_with_ci, _stat, aggregate, compare_all, condition_ci, pairs_of
 from .cube import Analysis, Cube, _cd_parts
+from .ties import Ranking
 
 
 
-def _cross_metric(cube: Cube, means, boot, tables, tol: float) -> dict:
+def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables) -> dict[str, dict]:
+    """Agreement between metrics per (source, region): tau-b, tau-b / tau-b,max and discordance between every
+    two metrics' rankings; for every pair of headline metrics, whether the top-1 (the best tie group) changes;
+    and the all-metrics rule (no scheduler best under every metric). Summaries per panel."""
     S, R, M, K = cube.sources, cube.regions, cube.metrics, cube.schedulers
+    Kn = np.asarray(K)
     mpairs = list(combinations(range(len(M)), 2))
-    has_boot = all(boot[s] is not None for s in S)
-    rows, crows, trows = [], [], []
-    change = np.zeros((len(S), len(R)), bool)
-    change_b = []
-    cond_tau = np.full((len(S), len(R)), np.nan)
-    cond_tau_b = []
-    for si, s in enumerate(S):
-        tau = np.full((len(R), len(mpairs)), np.nan)
-        rk = stats.tolerant_ranks(means[s], tol, axis=-1)                           # (R, M, K)
-        for q, (i, j) in enumerate(mpairs):
-            tau[:, q] = _tau_points(rk[:, i], rk[:, j], (len(R),))
-        if has_boot and mpairs:
-            sg = np.transpose(stats.pair_signs(_boot_ranks(boot[s], tol), axis=2), (0, 2, 1, 3))  # (R, B, M, P)
-            tm = stats.tau_b_matrix(sg)                                             # (R, B, M, M)
-            ii, jj = zip(*mpairs)
-            tb = np.moveaxis(tm[:, :, list(ii), list(jj)], 1, -1)                   # (R, Q, B)
-            lo, hi = stats.percentile_ci(tb)
-            nvalid = (~np.isnan(tb)).sum(axis=-1)
-        else:
-            tb = None
-            lo = hi = np.full(tau.shape, np.nan)
-            nvalid = np.zeros(tau.shape, int)
+    hpairs = list(combinations(head, 2))
+    has_boot = all(rk.boot[s] is not None for s in S)
+    per: dict[str, dict] = {}
+    rows, crows, trows, prows = [], [], [], []
+    for s in S:
+        V, Bt = rk.values[s], rk.boot[s] if has_boot else None                 # (R, M, K[, B])
+        pr = pairs_of(compare_all(V, Bt), mpairs)                              # (R, Q[, B])
         if mpairs:
-            f = _frame({"region": R, "mpair": [f"{M[i]}|{M[j]}" for i, j in mpairs]}, tau=tau, ci_low=lo,
-                       ci_high=hi, n_boot_valid=nvalid)
+            cols = _table_cols(pr)
+            f = _frame({"region": R, "mpair": [f"{M[i]}|{M[j]}" for i, j in mpairs]}, **cols)
             rows.append(f.with_columns(pl.col("mpair").str.split("|").list.get(0).alias("metric_1"),
                                        pl.col("mpair").str.split("|").list.get(1).alias("metric_2"),
                                        pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"),
                                        pl.lit(len(K)).alias("n_items")).select(list(COLUMNS["cross_metric_tau"])))
+        mask = stats.top1_mask(V, axis=-1)                                       # (R, M, K): the best tie group
+        tied = rk.n_groups(s) <= 1                                               # (R, M): all tied (or missing)
+        mb = stats.top1_mask(Bt, axis=2) if has_boot else None                   # (R, M, K, B)
+        # pairwise top-1 change over the headline metric pairs
+        defined = np.stack([~tied[:, i] & ~tied[:, j] for i, j in hpairs], axis=1) if hpairs else np.zeros((len(R), 0), bool)
+        change = (np.stack([~np.any(mask[:, i] & mask[:, j], axis=-1) for i, j in hpairs], axis=1)
+                  if hpairs else np.zeros((len(R), 0), bool)) & defined
+        change_b = (np.stack([~np.any(mb[:, i] & mb[:, j], axis=1) for i, j in hpairs], axis=1)
+                    if has_boot and hpairs else None)                            # (R, H, B)
+        allm = stats.top1_changes(mask)                                          # (R,)
+        allm_b = stats.top1_changes(np.transpose(mb, (0, 3, 1, 2))) if has_boot else None   # (R, B)
+        per[s] = {"pr": pr, "defined": defined, "change": change, "change_b": change_b, "all": allm, "all_b": allm_b}
+        for r, region in enumerate(R):
+            for q, (i, j) in enumerate(hpairs):
+                prows.append({"source": s, "provenance": cube.provenance[s], "region": region, "metric_1": M[i],
+                              "metric_2": M[j], "winners_1": "+".join(Kn[mask[r, i]]),
+                              "winners_2": "+".join(Kn[mask[r, j]]), "defined": bool(defined[r, q]),
+                              "top1_changes": bool(change[r, q])})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            ct = np.nanmean(tau, axis=-1) if mpairs else np.full(len(R), np.nan)
-            ctb = np.nanmean(tb, axis=1) if tb is not None else None                 # (R, B)
-        cond_tau[si] = ct
-        if ctb is not None:
-            cond_tau_b.append(ctb)
-        mask = stats.top1_mask(means[s], axis=-1, tolerance=tol)                     # (R, M, K)
-        change[si] = stats.top1_changes(mask)
-        if has_boot:
-            mb = stats.top1_mask(boot[s], axis=2, tolerance=tol)                     # (R, M, K, B)
-            change_b.append(stats.top1_changes(np.transpose(mb, (0, 3, 1, 2))))      # (R, B)
-        clo, chi = stats.percentile_ci(ctb) if ctb is not None else (np.full(len(R), np.nan),) * 2
-        common = [",".join(np.asarray(K)[np.all(mask[r], axis=0)]) for r in range(len(R))]
+            hq = [q for q, (i, j) in enumerate(mpairs) if i in head and j in head]
+            ct = np.nanmean(pr["tau"][:, hq], axis=-1) if hq else np.full(len(R), np.nan)
+            cn = np.nanmean(pr["tau_norm"][:, hq], axis=-1) if hq else np.full(len(R), np.nan)
+        common = [",".join(Kn[np.all(mask[r], axis=0)]) for r in range(len(R))]
         distinct = [int(np.any(mask[r], axis=0).sum()) for r in range(len(R))]
         crows.append(pl.DataFrame({"source": s, "provenance": cube.provenance[s], "region": R, "mean_tau": ct,
-                                   "ci_low": clo, "ci_high": chi,
-                                   "n_metric_pairs": (~np.isnan(tau)).sum(axis=-1) if mpairs else np.zeros(len(R), int),
-                                   "top1_changes": change[si], "common_winners": common,
-                                   "n_distinct_winners": distinct}))
-        trows.append(_top1_rows(s, cube, means[s], mask))
+                                   "mean_tau_norm": cn, "headline_pairs_defined": defined.sum(axis=1),
+                                   "headline_pairs_changed": change.sum(axis=1), "top1_changes": allm,
+                                   "common_winners": common, "n_distinct_winners": distinct}))
+        trows.append(_top1_rows(s, cube, rk, mask))
     tables["cross_metric_tau"] = pl.concat(rows) if rows else _empty("cross_metric_tau")
     tables["cross_metric_conditions"] = pl.concat(crows).select(list(COLUMNS["cross_metric_conditions"]))
     tables["top1"] = pl.concat(trows).select(list(COLUMNS["top1"]))
-    cb = np.stack(cond_tau_b) if cond_tau_b else None
-    chb = np.stack(change_b) if change_b else None
-    v, ci, n = _mean_with_ci(cond_tau, cb)
-    r, rci, nchg = _rate_with_ci(change, chb)
-    winners = {}
-    for row in winner_counts(tables["top1"], len(K)).iter_rows(named=True):
-        winners.setdefault(row["metric"], {"all_tied": row["all_tied"]})[row["scheduler"]] = row["wins"]
-    return {
-        "definition": "agreement between the scheduler rankings under different metrics (same source and region)",
-        "conditions": len(S) * len(R),
-        "n_metrics": len(M),
-        "mean_tau": _stat(v, "mean over (source, region) conditions of the mean Kendall tau-b between every pair "
-                             f"of metric rankings ({_tie_note(tol)})", n, ci),
-        "top1_change_rate": _stat(r, "fraction of (source, region) conditions in which no scheduler is best "
-                                     f"(or tied best; {_tie_note(tol)}) under every metric", len(S) * len(R), rci,
-                                  changed=nchg),
-        "winners_by_metric": winners,
-    }
+    tables["top1_pairs"] = (pl.DataFrame(prows).select(list(COLUMNS["top1_pairs"])) if prows else _empty("top1_pairs"))
+
+    out = {}
+    for name, p in panels.items():
+        srcs = [s for s in p["sources"] if s in S]
+        if not p["available"]:
+            out[name] = {"available": False, "sources": p["sources"],
+                         "reason": f"not available: sources missing ({', '.join(p['missing'])})"}
+            continue
+        sec: dict = {"available": True, "sources": srcs, "n_conditions": len(srcs) * len(R), "n_metrics": len(M),
+                     "headline_metrics": [M[k] for k in head],
+                     "definition": "agreement between the scheduler rankings under different metrics (same source "
+                                   "and region; statistical ties)"}
+        defined = np.stack([per[s]["defined"] for s in srcs])                   # (S, R, H)
+        change = np.stack([per[s]["change"] for s in srcs])
+        nd = int(defined.sum())
+        rate = change.sum() / nd if nd else float("nan")
+        ci = (float("nan"), float("nan"))
+        if has_boot and nd:
+            cb = np.stack([per[s]["change_b"] for s in srcs])                    # (S, R, H, B)
+            ci = stats.percentile_ci((cb & defined[..., None]).sum(axis=(0, 1, 2)) / nd)
+        per_cond_changed = change.sum(axis=-1).ravel().astype(float)             # per (source, region)
+        per_cond_defined = defined.sum(axis=-1).ravel().astype(float)
+        sec["pairwise_top1_change_rate"] = _stat(
+            rate, "for each (source, region) and each pair of headline metrics whose rankings both resolve a best "
+                  "group: whether the two best groups (the schedulers tied for best) have no scheduler in common; "
+                  "the fraction of such (condition, metric pair) cases", nd, ci, changed=int(change.sum()),
+            undefined=int(defined.size - nd), metric_pairs=len(hpairs),
+            ci_conditions=list(condition_ci(per_cond_changed, per_cond_defined)))
+        allm = np.stack([per[s]["all"] for s in srcs])
+        allm_b = np.stack([per[s]["all_b"] for s in srcs]) if has_boot else None
+        r_, rci, nchg = _rate_with_ci(allm, allm_b)
+        sec["all_metrics_top1_change_rate"] = _stat(
+            r_, f"fraction of (source, region) conditions in which no scheduler is best (or tied best) under every "
+                f"one of the {len(M)} metrics (the old rule; secondary)", allm.size, rci, changed=nchg)
+        prs = {k: np.stack([per[s]["pr"][k] for s in srcs]) for k in per[srcs[0]]["pr"]}   # (S, R, Q[, B])
+        hq = np.array([i in head and j in head for i, j in mpairs], bool)
+        shape = prs["tau"].shape
+        sec.update(aggregate(prs, np.broadcast_to(hq, shape), f"(source, region, headline metric pair) conditions of "
+                                                                f"panel {name}"))
+        sec["all_metrics"] = aggregate(prs, np.ones(shape, bool), "(source, region, metric pair) conditions, every metric")
+        out[name] = sec
+    return out
+
+
+def _top1_pairs_rate(top1_pairs: pl.DataFrame) -> float:
+    d = top1_pairs.filter(pl.col("defined"))
+    return float(d["top1_changes"].mean()) if d.height else float("nan")
 
 
 def winner_counts(top1: pl.DataFrame, n_schedulers: int) -> pl.DataFrame:
@@ -109,92 +139,86 @@ def top_winners(A: "Analysis") -> pl.DataFrame:
         .select("metric", pl.col("scheduler").alias("most_frequent_winner"), "wins", "all_tied")
 
 
-def _top1_rows(s: str, cube: Cube, means_s, mask) -> pl.DataFrame:
+def _top1_rows(s: str, cube: Cube, rk: Ranking, mask) -> pl.DataFrame:
     K = np.asarray(cube.schedulers)
+    means_s = np.nanmean(cube.oriented(s), axis=-1) if cube.values[s].shape[-1] else np.full(mask.shape, np.nan)
+    groups = rk.n_groups(s)
     rows = []
     for r, region in enumerate(cube.regions):
         for m, metric in enumerate(cube.metrics):
             mk = mask[r, m]
             x = means_s[r, m]
+            if np.isnan(x).all():   # the metric is undefined here (e.g. tenant metrics without tenants): n/a
+                continue
             others = np.where(mk, np.nan, x)
             ru = int(np.nanargmax(others)) if not np.isnan(others).all() else None
             raw_best = cube.sign[m] * np.max(x[mk]) if mk.any() else np.nan   # the best of the tied winners
             raw_ru = cube.sign[m] * x[ru] if ru is not None else np.nan
             rows.append({"source": s, "provenance": cube.provenance[s], "region": region, "metric": metric,
-                         "winner": "+".join(K[mk]), "n_tied": int(mk.sum()),
+                         "winner": "+".join(K[mk]), "n_tied": int(mk.sum()), "n_groups": int(groups[r, m]),
                          "runner_up": K[ru] if ru is not None else "",
                          "margin_rel": float(stats.relative_effect(raw_best, raw_ru))})
     return pl.DataFrame(rows)
 
 
-def _slo_sensitivity(cube: Cube, means, boot, tables, tol: float) -> dict:
+def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables) -> dict[str, dict]:
+    """How much the ranking depends on the SLO definition: tau-b between the rankings under every two
+    ``slo_*`` metrics per (source, region), Kendall's W across them, top-1 changes; summaries per panel."""
     S, R = cube.sources, cube.regions
     idx = [i for i, m in enumerate(cube.metrics) if m.startswith("slo_")]
     names = [cube.metrics[i] for i in idx]
     if len(idx) < 2:
         tables["slo_tau"], tables["slo_conditions"] = _empty("slo_tau"), _empty("slo_conditions")
-        return {"available": False, "reason": f"fewer than two SLO metrics among {cube.metrics}",
-                "slo_metrics": names}
-    has_boot = all(boot[s] is not None for s in S)
+        return {name: {"available": False, "reason": f"fewer than two SLO metrics among {cube.metrics}",
+                       "slo_metrics": names} for name in panels}
+    has_boot = all(rk.boot[s] is not None for s in S)
     pairs = list(combinations(range(len(idx)), 2))
-    rows, crows = [], []
-    tau_all = np.full((len(S), len(R), len(pairs)), np.nan)
-    tau_all_b, W_all, W_all_b, change, change_b = [], np.full((len(S), len(R)), np.nan), [], np.zeros((len(S), len(R)), bool), []
-    for si, s in enumerate(S):
-        ms = means[s][:, idx]                                                       # (R, L, K)
-        rk = stats.tolerant_ranks(ms, tol, axis=-1)
-        for q, (i, j) in enumerate(pairs):
-            tau_all[si, :, q] = _tau_points(rk[:, i], rk[:, j], (len(R),))
-        W_all[si] = stats.kendall_w(rk)
-        mask = stats.top1_mask(ms, axis=-1, tolerance=tol)
-        change[si] = stats.top1_changes(mask)
-        if has_boot:
-            bs = boot[s][:, idx]                                                    # (R, L, K, B)
-            rbs = _boot_ranks(bs, tol)
-            sg = np.transpose(stats.pair_signs(rbs, axis=2), (0, 2, 1, 3))         # (R, B, L, P)
-            tm = stats.tau_b_matrix(sg)
-            ii, jj = zip(*pairs)
-            tb = np.moveaxis(tm[:, :, list(ii), list(jj)], 1, -1)                  # (R, Q, B)
-            tau_all_b.append(tb)
-            wb = stats.kendall_w(np.transpose(rbs, (0, 3, 1, 2)))                  # (R, B)
-            W_all_b.append(wb)
-            change_b.append(stats.top1_changes(np.transpose(stats.top1_mask(bs, axis=2, tolerance=tol),
-                                                            (0, 3, 1, 2))))
-            lo, hi = stats.percentile_ci(tb)
-            nvalid = (~np.isnan(tb)).sum(axis=-1)
-            wlo, whi = stats.percentile_ci(wb)
-        else:
-            lo = hi = np.full((len(R), len(pairs)), np.nan)
-            nvalid = np.zeros((len(R), len(pairs)), int)
-            wlo = whi = np.full(len(R), np.nan)
-        f = _frame({"region": R, "spair": [f"{names[i]}|{names[j]}" for i, j in pairs]}, tau=tau_all[si],
-                   ci_low=lo, ci_high=hi, n_boot_valid=nvalid)
+    K = np.asarray(cube.schedulers)
+    per, rows, crows = {}, [], []
+    for s in S:
+        V = rk.values[s][:, idx]                                                 # (R, L, K)
+        Bt = rk.boot[s][:, idx] if has_boot else None
+        pr = pairs_of(compare_all(V, Bt), pairs)
+        W = stats.kendall_w(stats.ranks_best_first(V, axis=-1))
+        Wb = stats.kendall_w(stats.ranks_best_first(np.transpose(Bt, (0, 3, 1, 2)), axis=-1)) if has_boot else None
+        mask = stats.top1_mask(V, axis=-1)
+        change = stats.top1_changes(mask)
+        change_b = stats.top1_changes(np.transpose(stats.top1_mask(Bt, axis=2), (0, 3, 1, 2))) if has_boot else None
+        per[s] = {"pr": pr, "W": W, "Wb": Wb, "change": change, "change_b": change_b}
+        cols = _table_cols(pr)
+        f = _frame({"region": R, "spair": [f"{names[i]}|{names[j]}" for i, j in pairs]}, **cols)
         rows.append(f.with_columns(pl.col("spair").str.split("|").list.get(0).alias("slo_1"),
                                    pl.col("spair").str.split("|").list.get(1).alias("slo_2"),
                                    pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"),
-                                   pl.lit(len(cube.schedulers)).alias("n_items")).select(list(COLUMNS["slo_tau"])))
-        K = np.asarray(cube.schedulers)
-        winners = ["; ".join(f"{names[l]}={'+'.join(K[mask[r, l]])}" for l in range(len(names)))
-                   for r in range(len(R))]
-        crows.append(pl.DataFrame({"source": s, "provenance": cube.provenance[s], "region": R, "W": W_all[si],
-                                   "ci_low": wlo, "ci_high": whi, "top1_changes": change[si], "winners": winners}))
+                                   pl.lit(len(K)).alias("n_items")).select(list(COLUMNS["slo_tau"])))
+        wlo, whi = stats.percentile_ci(Wb) if Wb is not None else (np.full(len(R), np.nan),) * 2
+        winners = ["; ".join(f"{names[l]}={'+'.join(K[mask[r, l]])}" for l in range(len(names))) for r in range(len(R))]
+        crows.append(pl.DataFrame({"source": s, "provenance": cube.provenance[s], "region": R, "W": W,
+                                   "ci_low": wlo, "ci_high": whi, "top1_changes": change, "winners": winners}))
     tables["slo_tau"] = pl.concat(rows)
     tables["slo_conditions"] = pl.concat(crows).select(list(COLUMNS["slo_conditions"]))
-    tb = np.stack(tau_all_b) if tau_all_b else None
-    v, ci, n = _mean_with_ci(tau_all, tb)
-    wv, wci, wn = _mean_with_ci(W_all, np.stack(W_all_b) if W_all_b else None)
-    r, rci, nchg = _rate_with_ci(change, np.stack(change_b) if change_b else None)
-    return {
-        "definition": "how much the scheduler ranking depends on the SLO definition used by SLO-attainment metrics",
-        "available": True, "slo_metrics": names, "conditions": len(S) * len(R),
-        "mean_tau": _stat(v, f"mean Kendall tau-b between the rankings under two SLO definitions ({_tie_note(tol)}), "
-                             "over every SLO pair x source x region", n, ci),
-        "kendall_w": _stat(wv, "Kendall's W across the SLO definitions' rankings, averaged over source x region",
-                           wn, wci),
-        "top1_change_rate": _stat(r, "fraction of (source, region) conditions where no scheduler is best (or tied "
-                                     f"best; {_tie_note(tol)}) under every SLO definition", len(S) * len(R), rci,
-                                  changed=nchg),
-    }
+    out = {}
+    for name, p in panels.items():
+        srcs = [s for s in p["sources"] if s in S]
+        if not p["available"]:
+            out[name] = {"available": False, "sources": p["sources"],
+                         "reason": f"not available: sources missing ({', '.join(p['missing'])})"}
+            continue
+        prs = {k: np.stack([per[s]["pr"][k] for s in srcs]) for k in per[srcs[0]]["pr"]}
+        W = np.stack([per[s]["W"] for s in srcs])
+        Wb = np.stack([per[s]["Wb"] for s in srcs]) if has_boot else None
+        wv, wci, wn = _mean_with_ci(W, Wb)
+        r_, rci, nchg = _rate_with_ci(np.stack([per[s]["change"] for s in srcs]),
+                                      np.stack([per[s]["change_b"] for s in srcs]) if has_boot else None)
+        sec = {"available": True, "sources": srcs, "slo_metrics": names, "n_conditions": len(srcs) * len(R),
+               "definition": "how much the scheduler ranking depends on the SLO definition used by SLO-attainment metrics"}
+        sec.update(aggregate(prs, np.ones(prs["tau"].shape, bool), "(source, region, SLO pair) conditions"))
+        sec["kendall_w"] = _stat(wv, "Kendall's W across the SLO definitions' rankings, averaged over source x region",
+                                 wn, wci)
+        sec["top1_change_rate"] = _stat(r_, "fraction of (source, region) conditions where no scheduler is best (or "
+                                            "tied best) under every SLO definition", len(srcs) * len(R), rci, changed=nchg)
+        out[name] = sec
+    return out
 
 
 def _friedman(cube: Cube, cfg: dict, tables, rv: dict) -> dict:

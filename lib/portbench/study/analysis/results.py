@@ -14,26 +14,35 @@ import polars as pl
 
 from ...core import figindex
 from ...core import io as fileio
-from ...core.config import Config
+from ...core.config import TIE_RULES, Config
+from ...core.errors import DataError
+from ...sim import profiles
 from ...sim import schedulers as scheduler_registry
-from .. import stats
-from .agreement import _cross_region, _cross_source, _rank_ties, _rankings_table, _window_values_table
+from .. import campaign, honest, stats
+from .agreement import _cross_region, _cross_source, _rankings_table, _window_values_table
 from .columns import FIGURE_NOTEBOOKS, SCHEMA, TABLES
-from .common import _num, _source_rng, tied_ranks_definition
+from .common import _num, _source_rng, panel_sources
 from .cube import Analysis, build_cube, load_runs, metric_names, settings
 from .metric_agreement import _cross_metric, _friedman, _slo_sensitivity
+from .power import mde, resolution, warn
 from .reversals import _family_definition, _reversals
+from .ties import RULE_TEXT, deltas, rank, side_tests, tie_pairs_table, ties_summary
+from .sections import read_sections
 
+# The per-panel sections: each is a dict panel -> section; summary["panels"][name] gathers them, and the
+# headline panel's sections are also the top-level entries of summary.json.
+PANEL_SECTIONS = ("cross_source", "cross_region", "reversals", "cross_metric", "slo_sensitivity")
 
 
 def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool = False) -> Analysis:
     """Compute every table and the summary numbers (no files written)."""
     t0 = time.perf_counter()
-    cfg = settings(config.analysis)
+    cfg = settings(config.analysis, config.windows.size)
     where = cfg["runs_file"] or "campaign runs table"
     runs = load_runs(config) if runs is None else runs
     cube = build_cube(runs, metric_spec=config.analysis.metrics, all_metrics=metric_names(config.simulation.slo),
-                      scheduler_order=config.simulation.schedulers, where=str(where))
+                      scheduler_order=config.simulation.schedulers, where=str(where),
+                      source_order=config.source_names(), names=config.display_names)
     timings = {}
 
     def tick(name):
@@ -55,51 +64,106 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
             boot[s] = None                                          # (R, M, K, B) oriented
     tick("means_and_bootstrap")
 
+    head = [cube.metrics.index(m) for m in cfg["headline_metrics"] if m in cube.metrics] or list(range(len(cube.metrics)))
+    panels = panel_sources(cfg["panels"], cube.sources)
+    headline_panel = next((n for n, p in panels.items() if p["available"]), next(iter(panels), None))
+    side = side_tests(cube, cfg["window_size"])
+    delta = deltas(cube, cfg)
+    rk = rank(cfg["ties"], cube, means, boot, side, cfg, delta)
+    others = {r: rank(r, cube, means, boot, side, cfg, delta, with_boot=False) for r in TIE_RULES if r != cfg["ties"]}
+    tick("side_tests_and_ties")
+
     tables: dict[str, pl.DataFrame] = {}
     tables["window_values"] = _window_values_table(cube)
-    tol = cfg["rank_tolerance"]
-    tables["rankings"] = _rankings_table(cube, means, boot, tol)
-    ties = _rank_ties(cube, means, tol)
+    tables["rankings"] = _rankings_table(cube, boot, rk)
+    tables["tie_pairs"] = tie_pairs_table(cube, side, rk, delta)
+    ties = ties_summary(cube, side, rk, others, cfg, delta, head)
     tick("rankings")
-    cs = _cross_source(cube, means, boot, tables, tol)
+    sections = {"cross_source": _cross_source(cube, rk, others, panels, head, tables)}
     tick("cross_source")
-    cr = _cross_region(cube, means, boot, tables, tol)
+    sections["cross_region"] = _cross_region(cube, rk, panels, head, tables)
     tick("cross_region")
-    rv = _reversals(cube, cfg, tables)
+    sections["reversals"] = _reversals(cube, side, delta, cfg, panels, head, tables)
     tick("reversals")
-    cm = _cross_metric(cube, means, boot, tables, tol)
+    sections["cross_metric"] = _cross_metric(cube, rk, panels, head, tables)
     tick("cross_metric")
-    slo = _slo_sensitivity(cube, means, boot, tables, tol)
+    sections["slo_sensitivity"] = _slo_sensitivity(cube, rk, panels, tables)
     tick("slo_sensitivity")
-    fr = _friedman(cube, cfg, tables, rv)
+    rv_head = sections["reversals"].get(headline_panel, {})
+    fr = _friedman(cube, cfg, tables, rv_head)
     tick("friedman")
+    family_size = _family_size(cfg["family"], cube, len((panels.get(headline_panel) or {}).get("sources", [])))
+    res = resolution(cube, side, cfg, head, family_size)
+    warn(res)
+    mdes, tables["power_curves"] = mde(cube, cfg, head, family_size,
+                                       (panels.get(headline_panel) or {}).get("sources") or cube.sources)
+    tick("power")
 
+    summary = assemble_summary(
+        cube=cube, runs=runs, cfg=cfg, head=head, panels=panels, headline_panel=headline_panel, sections=sections,
+        names={s: config.display_names.get(s, s) for s in cube.sources},
+        skipped=[s for s in config.source_names() if s not in cube.sources],
+        blocks={"ties": ties, "friedman": fr, "power": {**mdes, "resolution": res, "warnings": res["warnings"]}})
+    timings["total"] = round(time.perf_counter() - t0, 3)
+    meta = {"fingerprint": fingerprint(runs, config), "timings_s": timings}
+    return Analysis(tables=tables, summary=summary, meta=meta)
+
+
+def _family_size(family: str, cube, n_sources: int) -> int:
+    """Side tests in one reversal family of the headline panel."""
+    K, R, M = len(cube.schedulers), len(cube.regions), len(cube.metrics)
+    per = K * (K - 1) // 2 * max(n_sources, 1)
+    return per * {"per_metric": R, "per_region": M, "all": R * M}[family]
+
+
+def assemble_summary(*, cube, runs, cfg: dict, head: list[int], panels: dict, headline_panel: str | None,
+                     sections: dict[str, dict], blocks: dict[str, dict], names: dict[str, str],
+                     skipped: list[str]) -> dict:
+    """summary.json in one place: parameters, data, the headline panel's sections at the top level, every
+    panel under ``panels``, then the other blocks (``blocks``: name -> section; add new blocks there)."""
     summary = {
         "schema": SCHEMA,
-        "parameters": {**{k: cfg[k] for k in ("alpha", "delta", "correction", "family", "bootstrap",
-                                              "seed", "ci_level", "rank_tolerance")},
-                       "tied_ranks": tied_ranks_definition(tol),
+        "headline_metrics": [cube.metrics[k] for k in head],
+        "headline_panel": headline_panel,
+        "parameters": {**{k: cfg[k] for k in ("alpha", "delta", "delta_absolute", "ties", "tie_correction",
+                                              "rank_tolerance", "correction", "family", "bootstrap", "seed",
+                                              "ci_level", "panels", "study_preset", "power", "window_size")},
+                       "headline_metrics": [cube.metrics[k] for k in head],
+                       "tie_rule": RULE_TEXT[cfg["ties"]],
                        "bootstrap_scheme": "percentile bootstrap; windows resampled with replacement "
                                            "within each source, one index matrix per source shared by "
-                                           "every scheduler, region and metric",
+                                           "every scheduler, region and metric; tie groups fixed at the full "
+                                           "data's and re-ordered by their resampled means",
                        "relative_effect": "|mean_a - mean_b| / ((|mean_a| + |mean_b|) / 2)",
                        "paired_test": "two-sided Wilcoxon signed-rank over windows (scipy, zeros dropped; "
                                       "all-zero differences: p = 1)",
                        "family_definition": _family_definition(cfg["family"]),
-                       "metrics": cube.metrics, "schedulers": cube.schedulers, "regions": cube.regions,
-                       "sources": cube.sources},
+                       "metrics": cube.metrics, "scales": dict(zip(cube.metrics, cube.scales)),
+                       "schedulers": cube.schedulers, "regions": cube.regions, "sources": cube.sources},
         "provenance": {s: {"provenance": cube.provenance[s], "label": cube.label(s),
+                           "name": names.get(s, s),
                            "n_windows": len(cube.windows[s])} for s in cube.sources},
         "data": {"n_runs": runs.height, "replicates": int(runs["replicate"].n_unique()),
                  "n_windows": {s: len(cube.windows[s]) for s in cube.sources},
                  "rho": {r: _num(cube.rho[r]) for r in cube.regions},
-                 "directions": dict(zip(cube.metrics, cube.directions)), "notes": cube.notes},
-        "rank_ties": ties, "cross_source": cs, "cross_region": cr, "reversals": rv, "cross_metric": cm,
-        "slo_sensitivity": slo, "friedman": fr, "figures": [],
+                 "directions": dict(zip(cube.metrics, cube.directions)), "notes": cube.notes,
+                 "skipped_sources": list(skipped)},
     }
-    timings["total"] = round(time.perf_counter() - t0, 3)
-    meta = {"fingerprint": fingerprint(runs, config), "timings_s": timings}
-    return Analysis(tables=tables, summary=summary, meta=meta)
+    for key in PANEL_SECTIONS:
+        summary[key] = (sections[key].get(headline_panel) if headline_panel else None) or {
+            "available": False, "reason": "no panel of at least two sources in the runs table"}
+    summary["panels"] = {}
+    for name, p in panels.items():
+        provs = {s: cube.provenance.get(s) for s in p["sources"]}
+        summary["panels"][name] = {
+            "sources": p["sources"], "available": p["available"],
+            **({} if p["available"] else {"reason": f"not available: sources missing ({', '.join(p['missing'])})"}),
+            "implicit": bool(p.get("implicit", False)), "provenance": provs,
+            "all_real": bool(p["available"] and all(v == "real" for v in provs.values())),
+            **{key: sections[key].get(name) for key in PANEL_SECTIONS}}
+    summary.update(blocks)
+    summary["figures"] = []
+    return summary
 
 
 def analysis_dir(results_dir: Path) -> Path:
@@ -113,10 +177,12 @@ def summary_path(results_dir: Path) -> Path:
 def fingerprint(runs: pl.DataFrame, cfg: Config) -> str:
     """Hash of the runs table and everything in the parameters that changes the analysis."""
     h = hashlib.sha256()
-    h.update(json.dumps(settings(cfg.analysis), sort_keys=True, default=str).encode())
+    h.update(SCHEMA.encode())                       # a new summary layout never reuses an older analysis
+    h.update(json.dumps(settings(cfg.analysis, cfg.windows.size), sort_keys=True, default=str).encode())
     h.update(json.dumps(sorted(runs.columns)).encode())
     h.update(json.dumps(cfg.simulation.slo_dicts, sort_keys=True, default=str).encode())
     h.update(json.dumps(scheduler_registry.names(cfg.simulation.schedulers)).encode())
+    h.update(json.dumps([cfg.source_names(), cfg.display_names], sort_keys=True).encode())
     buf = io.BytesIO()
     runs.write_ipc(buf)
     h.update(buf.getvalue())
@@ -172,18 +238,53 @@ def figure_index(cfg: Config) -> list[dict]:
     return figindex.index(cfg.paths.figures_dir, cfg.paths.root)
 
 
+def engine_load_blocks(cfg: Config) -> dict:
+    """The ``engine`` and ``load`` blocks of summary.json (issue #10): the engine the campaign ran on, and
+    per source its capacity and per source × region utilisation, queue, refusals and distinguishable
+    schedulers (:func:`portbench.study.campaign.load_summary`). Empty when the campaign's files are not
+    there (e.g. an analysis of a planted runs file)."""
+    if cfg.analysis.runs_file is not None:
+        return {}
+    try:
+        runs = campaign.load_runs(cfg)
+        caps = campaign.load_capacities(cfg)
+    except DataError:
+        return {}
+    prof = profiles.get_profile(cfg.simulation.profile)
+    engine = campaign.engine_summary(cfg.simulation, prof)
+    d = Path(cfg.paths.results_dir)
+    for key, name in (("batching_sensitivity", "engine_sensitivity.parquet"), ("swap_sensitivity", "swap_sensitivity.parquet")):
+        if (d / name).is_file():      # written by notebook 03 (portbench.study.engine_sensitivity)
+            engine[key] = pl.read_parquet(d / name).to_dicts()
+    return {"engine": engine, "load": campaign.load_summary(runs, caps, cfg.simulation.capacity_policy)}
+
+
 def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
-    """Write ``{results_dir}/summary.json``: the summary numbers plus the index of every figure."""
+    """Write ``{results_dir}/summary.json``: the summary numbers, the engine and load blocks and the
+    index of every figure."""
     A = A or load(cfg)
     summary = dict(A.summary)
+    summary.update(engine_load_blocks(cfg))
     summary["figures"] = figure_index(cfg)
+    summary.update(read_sections(cfg.paths.results_dir, reserved=summary))  # later stages' sections (attribution)
+    summary = add_honest_information(cfg, summary)
     fileio.write_text(summary_path(cfg.paths.results_dir), json.dumps(summary, indent=1, default=_json_default))
     return summary
 
 
-def headline_table(summary: dict) -> pl.DataFrame:
-    """Every headline number of the summary with its definition, count and CI."""
+def add_honest_information(cfg: Config, summary: dict) -> dict:
+    """Issue #12's blocks, added beside the portability statistics (not part of them): ``predictors``
+    (accuracy of the learned length predictors, transfer between sources, ranks with home / foreign /
+    oracle predictors) and ``fairness`` (per-tenant VTC metrics, n/a where a trace has no tenants).
+    Built by :mod:`portbench.study.honest` from the frozen predictions and the runs."""
+    return honest.add_to_summary(cfg, summary)
+
+
+def headline_table(summary: dict, panel: str | None = None) -> pl.DataFrame:
+    """Every headline number of one panel (default: the headline panel) with its definition, count and CI."""
     rows = []
+    panel = panel or summary.get("headline_panel")
+    sec_of = (summary.get("panels") or {}).get(panel) or summary
 
     def add(section, name, st):
         if isinstance(st, dict) and "value" in st and "definition" in st:
@@ -192,29 +293,58 @@ def headline_table(summary: dict) -> pl.DataFrame:
                          else float("nan"), "ci_low": ci[0], "ci_high": ci[1], "count": st.get("count"),
                          "definition": st["definition"]})
 
-    for section in ("rank_ties", "cross_source", "cross_region", "reversals", "cross_metric", "slo_sensitivity",
-                    "friedman"):
-        sec = summary.get(section) or {}
+    for section in ("cross_source", "cross_region", "reversals", "cross_metric", "slo_sensitivity"):
+        sec = sec_of.get(section) or {}
         for name, st in sec.items():
             add(section, name, st)
-        for group in ("by_source_pair", "by_source", "by_rank_tolerance"):
+        for group in ("by_source_pair", "by_source", "extreme_regions", "adjacent_regions", "secondary"):
             for name, st in (sec.get(group) or {}).items():
-                add(section, f"{group}: {name}", st)
+                if isinstance(st, dict) and "value" in st:
+                    add(section, f"{group}: {name}", st)
+                elif isinstance(st, dict):
+                    for k, v in st.items():
+                        add(section, f"{group}: {name}: {k}", v)
+    for section in ("ties", "friedman"):
+        for name, st in (summary.get(section) or {}).items():
+            add(section, name, st)
     return pl.DataFrame(rows, schema={"section": pl.Utf8, "number": pl.Utf8, "value": pl.Float64,
                                       "ci_low": pl.Float64, "ci_high": pl.Float64, "count": pl.Int64,
                                       "definition": pl.Utf8})
 
 
-def tolerance_sensitivity_table(A: Analysis) -> pl.DataFrame:
-    """The cross-source mean tau-b at each rank tolerance of the sensitivity (``by_rank_tolerance``)."""
-    sens = (A.summary.get("cross_source") or {}).get("by_rank_tolerance") or {}
-    R = A.summary["parameters"]["regions"]
-    rows = [{"rank_tolerance": v["rank_tolerance"], "chosen": v["chosen"], "mean_tau": v["value"],
-             "n_defined": v["count"], "n_undefined": v["undefined"], "mean_tau_common": v["common_value"],
-             "n_common": v["common_count"], **{f"{r}": v["by_region"][r] for r in R}} for v in sens.values()]
-    schema = {"rank_tolerance": pl.Float64, "chosen": pl.Boolean, "mean_tau": pl.Float64, "n_defined": pl.Int64,
-              "n_undefined": pl.Int64, "mean_tau_common": pl.Float64, "n_common": pl.Int64,
-              **{r: pl.Float64 for r in R}}
+def tie_rule_table(A: Analysis, panel: str | None = None) -> pl.DataFrame:
+    """The headline cross-source numbers under every tie rule (``by_tie_rule``): the chosen rule with its CIs
+    above, the others as sensitivity rows (point estimates)."""
+    panel = panel or A.summary["headline_panel"]
+    cs = ((A.summary.get("panels") or {}).get(panel) or {}).get("cross_source") or {}
+    rows = [{"tie_rule": r, "chosen": v["chosen"], "tau_b": v["tau_b"], "tau_b_norm": v["tau_b_norm"],
+             "discordance": v["discordance"], "defined": v["defined"], "all_tied": v["all_tied"], "total": v["total"],
+             "tau_b_all_metrics": v["tau_b_all_metrics"], "defined_all_metrics": v["defined_all_metrics"],
+             "total_all_metrics": v["total_all_metrics"], "definition": v["definition"]}
+            for r, v in (cs.get("by_tie_rule") or {}).items()]
+    schema = {"tie_rule": pl.Utf8, "chosen": pl.Boolean, "tau_b": pl.Float64, "tau_b_norm": pl.Float64,
+              "discordance": pl.Float64, "defined": pl.Int64, "all_tied": pl.Int64, "total": pl.Int64,
+              "tau_b_all_metrics": pl.Float64, "defined_all_metrics": pl.Int64, "total_all_metrics": pl.Int64,
+              "definition": pl.Utf8}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def panels_table(A: Analysis) -> pl.DataFrame:
+    """One row per panel: its sources and provenance, whether it is available and all-real, and its headline
+    cross-source and reversal numbers."""
+    rows = []
+    for name, p in A.summary["panels"].items():
+        cs, rv = p.get("cross_source") or {}, p.get("reversals") or {}
+        v = lambda d, k: ((d.get(k) or {}).get("value") if p["available"] else None)  # noqa: E731
+        rows.append({"panel": name, "sources": ", ".join(p["sources"]), "available": p["available"],
+                     "all_real": p["all_real"],
+                     "provenance": ", ".join(f"{s}: {pv or 'absent'}" for s, pv in p["provenance"].items()),
+                     "tau_b": v(cs, "tau_b"), "tau_b_norm": v(cs, "tau_b_norm"), "discordance": v(cs, "discordance"),
+                     "significant_and_practical": v(rv, "significant_and_practical"),
+                     "comparisons": v(rv, "comparisons"), "note": p.get("reason", "")})
+    schema = {"panel": pl.Utf8, "sources": pl.Utf8, "available": pl.Boolean, "all_real": pl.Boolean,
+              "provenance": pl.Utf8, "tau_b": pl.Float64, "tau_b_norm": pl.Float64, "discordance": pl.Float64,
+              "significant_and_practical": pl.Int64, "comparisons": pl.Int64, "note": pl.Utf8}
     return pl.DataFrame(rows, schema=schema)
 
 

@@ -9,19 +9,36 @@ JSON of ``["portbench-run-seed-v1", simulation.seed, window_id, scheduler, regio
 (63 bits). It never uses Python's ``hash()``, so it is the same in every process and on every
 machine, and it does not depend on which worker runs the run or in which order.
 
-**Capacity.** A window's capacity (req/s) is measured once per (window, profile) by
-``regions.capacity(window_df, profile, policy=simulation.capacity_policy)`` and cached as
-``{results_dir}/capacity/<window_id>__<key>.json``; every run of that window, in every region, uses it.
+**Capacity.** A window's capacity is the sustainable throughput of its request mix, measured once per
+(window, model, engine) by the saturation experiment of :func:`portbench.sim.regions.saturation` (the
+window's requests repeated into a backlog of at least 4,000 at t = 0 under ``simulation.capacity_policy``
+on the campaign's engine; completions per second in the steady part) and cached as
+``{results_dir}/capacity/<window_id>__<key>.json`` (requests/s, the steady interval,
+the method in a sentence, and ``burst_rps``, the earlier completed-over-makespan definition, for
+comparison); every run of that window, in every region, is rescaled to ρ × that capacity. Each run
+also reports its achieved utilisation (:func:`portbench.sim.regions.utilisation`) and its
+time-weighted queue length (``queue_mean``, ``queue_p95``).
+**Context limits.** Requests refused because their prompt exceeds the profile's ``max_model_len``
+are counted per run (``refused``, also in ``rejected``); :func:`run` prints a warning for every source
+where they exceed 1 % of its requests.
 
 **Shards.** One task = one shard = one (window, region): all schedulers x replicates of it (13 x 3 = 39
 runs in the full study), so process and serialisation overhead is paid once per 39 runs and the
 rescaled window is built once. Shard files are ``{results_dir}/runs/<window_id>__<region>__<key>.parquet``,
 ``<key>`` = the first 16 hex digits of the SHA-256 of the shard's *fingerprint*: the window's SHA-256,
 source and provenance, region and rho, the scheduler list with each scheduler's options, the
-replicates, and everything common to every run that changes results (the model fingerprint: profile
-coefficients and a hash of the simulation code, see :meth:`SimEngine.fingerprint`; capacity policy,
-horizon factor, base seed, predictor sigma, SLO definitions, edf SLO, the metric list and this
-module's result format version). Changing any of them gives new file names, so stale shards are
+replicates, what each run is given besides the frozen window table (the fingerprint key of the
+source's frozen predictions when a scheduler reads them, and how its tenants are read:
+:func:`run_inputs`), and everything common to every run that changes results (the model
+fingerprint: profile coefficients and a hash of the simulation code, see
+:meth:`SimEngine.fingerprint`; capacity policy, horizon factor, base seed, predictor sigma, SLO
+definitions, edf SLO, tenant model, the metric list and this module's result format version).
+
+**Run inputs.** Each run is given the verified frozen window table plus, when one of the
+schedulers reads them, the window's frozen predictions as extra columns (``predicted_output``,
+``ltr_score``; :func:`portbench.data.predictors.attach`) -- the window's own table and hash never
+change. On a source without tenants (``simulation.tenant_model: trace``) every request's tenant is
+``metrics.NO_TENANT``: the tenant metrics are n/a and vtc has a single counter (:func:`run_tables`). Changing any of them gives new file names, so stale shards are
 never read (they stay on disk, and come back into use if the parameter is changed back). The
 fingerprint is also stored in each shard's parquet metadata (key ``portbench``).
 
@@ -52,19 +69,26 @@ reading back: :func:`run`, :func:`load_runs`), :mod:`.tables` (notebook 03's tab
 """
 
 from .engines import MODEL_MODULES, Engine, RunResult, SimEngine, scheduler_options
-from .executors import (COUNTER_COLUMNS, EXECUTORS, KEY_COLUMNS, RUN_COLUMNS, SORT_COLUMNS, RunFailed, WorkerContext,
-                        compute_capacity, compute_shard)
+from .executors import (COUNTER_COLUMNS, EXECUTORS, KEY_COLUMNS, LOAD_COLUMNS, RUN_COLUMNS, SORT_COLUMNS, RunFailed,
+                        WorkerContext, compute_capacity, compute_shard, load_worker_code)
 from .files import capacity_path, records_path, runs_path, shard_done, shard_path
-from .plan import FORMAT_VERSION, SEED_TAG, Plan, ShardSpec, WindowRef, make_plan, replicates, run_seed, window_refs
-from .run import CampaignResult, consolidate_runs, load_capacities, load_requests, load_runs, run
-from .tables import (ATTAINED_RANKING, CURVE_SCHEDULERS, capacity_by_window, capacity_summary, conservation_summary,
-                     curve_schedulers, load_curves, load_story, preemption_table, regions_table)
+from .plan import (CAPACITY_METHOD, FORMAT_VERSION, SEED_TAG, Plan, ShardSpec, WindowRef, make_plan, needs_predictions,
+                   replicates, run_inputs, run_seed, window_refs)
+from .run import (REFUSAL_WARN_FRACTION, CampaignResult, consolidate_runs, load_capacities, load_requests, load_runs,
+                  refusal_warnings, run, run_tables)
+from .tables import (ATTAINED_RANKING, CURVE_SCHEDULERS, DISTINCT_METRIC, DISTINCT_TOLERANCE, capacity_by_window,
+                     capacity_comparison, capacity_summary, conservation_summary, curve_schedulers, distinct_means,
+                     engine_summary, load_curves, load_story, load_summary, load_table, preemption_table, refusal_table,
+                     regions_table)
 
 
-__all__ = ["ATTAINED_RANKING", "COUNTER_COLUMNS", "CURVE_SCHEDULERS", "EXECUTORS", "FORMAT_VERSION", "KEY_COLUMNS",
+__all__ = ["capacity_comparison", "DISTINCT_METRIC", "DISTINCT_TOLERANCE", "distinct_means", "engine_summary", "load_summary", "load_table",
+           "refusal_table", "CAPACITY_METHOD", "LOAD_COLUMNS", "REFUSAL_WARN_FRACTION",
+           "refusal_warnings", "ATTAINED_RANKING", "COUNTER_COLUMNS", "CURVE_SCHEDULERS", "EXECUTORS", "FORMAT_VERSION", "KEY_COLUMNS",
            "MODEL_MODULES", "RUN_COLUMNS", "SEED_TAG", "SORT_COLUMNS", "CampaignResult", "Engine", "Plan", "RunFailed",
            "RunResult", "ShardSpec", "SimEngine", "WindowRef", "WorkerContext", "capacity_by_window", "capacity_path",
            "capacity_summary", "compute_capacity", "compute_shard", "conservation_summary", "consolidate_runs",
-           "curve_schedulers", "load_capacities", "load_curves", "load_requests", "load_runs", "load_story",
-           "make_plan", "preemption_table", "records_path", "regions_table", "replicates", "run",
+           "curve_schedulers", "load_capacities", "load_curves", "load_worker_code", "load_requests", "load_runs",
+           "load_story", "make_plan", "needs_predictions", "preemption_table", "run_inputs", "run_tables", "records_path",
+           "regions_table", "replicates", "run",
            "run_seed", "runs_path", "scheduler_options", "shard_done", "shard_path", "window_refs"]

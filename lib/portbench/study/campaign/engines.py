@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from ...core.config import SimulationConfig
 from ...sim import metrics, profiles, regions
 from ...sim import schedulers as scheduler_registry
@@ -33,9 +35,9 @@ class RunResult:
 class Engine:
     """What the campaign runs. Subclass it (or duck-type it) to change what a run is.
 
-    The campaign calls, in a worker: ``capacity`` once per window, ``prepare`` once per shard
-    (window x region) and ``run`` once per (scheduler, replicate). Engines must be picklable and
-    deterministic given their inputs.
+    The campaign calls, in a worker: ``capacity`` once per source (with every window of the
+    source, in window order), ``prepare`` once per shard (window x region) and ``run`` once per
+    (scheduler, replicate). Engines must be picklable and deterministic given their inputs.
     """
 
     def fingerprint(self, sim: SimulationConfig) -> dict:
@@ -48,7 +50,9 @@ class Engine:
     def profile_name(self, sim: SimulationConfig) -> str:
         return str(sim.profile)
 
-    def capacity(self, window_df, sim: SimulationConfig) -> float:
+    def capacity(self, window_df, sim: SimulationConfig) -> float | dict:
+        """The capacity of a window (requests/s): a number, or a dict with at least
+        ``capacity_rps`` plus how it was measured."""
         raise NotImplementedError
 
     def prepare(self, window_df, rho: float, capacity_rps: float, sim: SimulationConfig):
@@ -61,6 +65,11 @@ class Engine:
     def worker_modules(self, sim: SimulationConfig) -> list[str]:
         """Modules a fresh worker process must import first (e.g. ones registering user schedulers)."""
         return []
+
+    def for_window(self, window) -> "Engine":
+        """The engine for one window (a :class:`~portbench.study.campaign.plan.WindowRef`), called before its
+        ``capacity`` / ``prepare`` / ``run``. Default: this engine (nothing depends on the window)."""
+        return self
 
 
 def _source_hash(module: str) -> str:
@@ -87,12 +96,24 @@ class SimEngine(Engine):
     def __init__(self):
         self._profile = None
         self._profile_key = None
+        self.hash_block_size = None   # tokens per block of the window's block_hashes (None: no hashes)
 
     def __getstate__(self):
         return {}
 
     def __setstate__(self, state):
         self.__init__()
+
+    def for_window(self, window) -> "SimEngine":
+        """This engine with the window's prompt-hash block size (``WindowRef.block_size``, from the
+        manifest's ``sources.<s>.block_size``), handed to :func:`simulate` as ``hash_block_size``."""
+        size = getattr(window, "block_size", None)
+        if size == self.hash_block_size:
+            return self
+        eng = SimEngine.__new__(SimEngine)
+        eng.__dict__.update(self.__dict__)
+        eng.hash_block_size = size
+        return eng
 
     def profile(self, sim: SimulationConfig):
         key = sim.profile
@@ -113,18 +134,40 @@ class SimEngine(Engine):
     def metric_names(self, sim: SimulationConfig) -> list[str]:
         return list(metrics.metric_names(sim.slo))
 
-    def capacity(self, window_df, sim: SimulationConfig) -> float:
-        return float(regions.capacity(window_df, self.profile(sim), policy=sim.capacity_policy))
+    def capacity(self, window_df, sim: SimulationConfig) -> dict:
+        """The window's sustainable throughput (:func:`portbench.sim.regions.saturation`) under
+        ``simulation.capacity_policy`` on the reference engine (vLLM V1, recompute: ``engine.reference``,
+        whatever the campaign's engine, so that engine variants see the same arrivals), and the earlier
+        burst definition (``burst_rps``, for comparison)."""
+        prof, ref = self.profile(sim), sim.engine.reference
+        rec = regions.saturation(window_df, prof, policy=self._scheduler(sim, sim.capacity_policy), engine=ref,
+                                 hash_block_tokens=self.hash_block_size)
+        rec["burst_rps"] = regions.burst_capacity(window_df, prof, policy=self._scheduler(sim, sim.capacity_policy),
+                                                  engine=ref, hash_block_tokens=self.hash_block_size)
+        rec["engine"] = ref.as_dict()
+        return rec
 
     def prepare(self, window_df, rho: float, capacity_rps: float, sim: SimulationConfig):
         scaled = regions.rescale(window_df, rho, capacity_rps)
         return scaled, float(regions.horizon_s(scaled, sim.horizon_factor))
 
+    def _scheduler(self, sim: SimulationConfig, name: str):
+        return scheduler_registry.get_scheduler(name, **scheduler_options(sim, name))
+
     def run(self, scaled_df, scheduler: str, seed: int, horizon_s: float, sim: SimulationConfig) -> RunResult:
-        sched = scheduler_registry.get_scheduler(scheduler, **scheduler_options(sim, scheduler))
-        res = simulate(scaled_df, sched, self.profile(sim), horizon_s=horizon_s, seed=seed, slo=sim.edf_slo_dict)
+        t1, t2 = regions.utilisation_marks(scaled_df)
+        res = simulate(scaled_df, self._scheduler(sim, scheduler), self.profile(sim), horizon_s=horizon_s, seed=seed,
+                       slo=sim.edf_slo_dict, engine=sim.engine, hash_block_tokens=self.hash_block_size,
+                       work_marks=(t1, t2) if t2 > t1 else ())
         values = metrics.compute(res.requests, horizon_s, sim.slo_dicts)
-        return RunResult(counters=dict(res.counters), metrics=dict(values), records=res.requests)
+        counters = dict(res.counters)
+        w = counters.get("work_at") or []
+        if len(w) == 2:
+            # useful tokens/s over the utilisation interval, and the window's useful tokens per request
+            counters["work_rate_tok_s"] = (w[1] - w[0]) / (t2 - t1)
+            r = res.requests.filter(~pl.col("refused"))
+            counters["mean_work_tokens"] = float((r["prompt_tokens"] + r["output_tokens"]).mean()) if r.height else 0.0
+        return RunResult(counters=counters, metrics=dict(values), records=res.requests)
 
     def worker_modules(self, sim: SimulationConfig) -> list[str]:
         out = []

@@ -14,23 +14,31 @@ from typing import Any
 
 import polars as pl
 
+from ...core import plugins as plugin_loader
 from ...core.config import SimulationConfig
 from ...core.errors import ParameterError, PortbenchError
 from .plan import ShardSpec, run_seed
 
 EXECUTORS = ("process", "dask")
 # Contract columns of a run row, in order; metric columns (Float64) follow.
-# Contract columns of a run row, in order; metric columns (Float64) follow.
 KEY_COLUMNS = ("source", "provenance", "window_id", "region", "rho", "scheduler", "replicate", "seed")
 
 
-RUN_COLUMNS = KEY_COLUMNS + ("profile", "capacity_rps", "horizon_s",
-                             "arrived", "completed_n", "unfinished", "rejected", "preemptions")
-
-
-# counters key -> run column
+# counters key -> run column (integers): request accounting (refused = prompt longer than the context
+# limit, counted in rejected too; clipped = output clipped to it), preemptions (recompute or swap) and
+# swaps, prefix-cache hit / looked-up tokens
 COUNTER_COLUMNS = {"arrived": "arrived", "completed": "completed_n", "unfinished": "unfinished",
-                   "rejected": "rejected", "preemptions": "preemptions"}
+                   "rejected": "rejected", "preemptions": "preemptions", "refused": "refused",
+                   "clipped": "clipped", "swaps": "swaps", "prefix_hit_tokens": "prefix_hit_tokens",
+                   "prefix_query_tokens": "prefix_query_tokens"}
+
+
+# load columns (floats): time-weighted mean and 95th percentile of the waiting queue over the
+# observation, and the achieved utilisation (portbench.sim.regions.utilisation)
+LOAD_COLUMNS = ("queue_mean", "queue_p95", "utilisation")
+
+
+RUN_COLUMNS = KEY_COLUMNS + ("profile", "capacity_rps", "horizon_s") + tuple(COUNTER_COLUMNS.values()) + LOAD_COLUMNS
 
 
 SORT_COLUMNS = ["source", "window_id", "rho", "region", "scheduler", "replicate"]
@@ -42,23 +50,54 @@ class RunFailed(PortbenchError):
 
 @dataclass
 class WorkerContext:
-    """Sent once to each worker: the engine, the simulation settings and the verified window tables."""
+    """Sent once to each worker: the engine, the simulation settings, the verified window tables, the
+    window references (``ShardSpec.window`` carries them too), the plug-ins to load (files travel as
+    text) and the modules of the schedulers to import."""
 
     engine: Any
     sim: SimulationConfig
     windows: dict           # window id -> window DataFrame
     modules: list = field(default_factory=list)
+    plugins: list = field(default_factory=list)   # core.plugins.PluginSpec
+    refs: dict = field(default_factory=dict)      # window id -> WindowRef
 
 
 _CTX: WorkerContext | None = None
 
 
+def _where() -> str:
+    try:
+        from distributed import get_worker
+
+        return f"Dask worker {get_worker().address}"
+    except (ImportError, ValueError):
+        return f"worker process {os.getpid()}"
+
+
+def load_worker_code(ctx: WorkerContext, where: str | None = None) -> None:
+    """Load the campaign's plug-ins, then import the schedulers' modules (a clear RunFailed when one
+    cannot be imported here, e.g. on a Dask worker without the package)."""
+    if not ctx.plugins and all(m == "__main__" or m in sys.modules for m in ctx.modules):
+        return
+    where = where or _where()
+    try:
+        plugin_loader.load_all(ctx.plugins, where)
+    except PortbenchError as e:
+        raise RunFailed(str(e)) from None
+    for m in ctx.modules:
+        if m != "__main__" and m not in sys.modules:
+            try:
+                importlib.import_module(m)
+            except ImportError as e:
+                raise RunFailed(f"{where}: cannot import {m!r}, the module of a scheduler in this campaign "
+                                f"({type(e).__name__}: {e}); load it as a plug-in (--plugin FILE or `plugins:`) so "
+                                "that its code is shipped to the workers, or install it there") from None
+
+
 def _init_worker(ctx: WorkerContext) -> None:
     global _CTX
     os.environ.setdefault("MPLBACKEND", "Agg")
-    for m in ctx.modules:
-        if m != "__main__":
-            importlib.import_module(m)
+    load_worker_code(ctx)
     _CTX = ctx
 
 
@@ -67,32 +106,41 @@ def _fail(what: str, e: BaseException) -> RunFailed:
     return RunFailed(f"{what} failed: {type(e).__name__}: {e}\n--- worker traceback (last frames) ---\n{tb}")
 
 
-def compute_capacity(ctx: WorkerContext, window_id: str) -> tuple[str, float, float]:
-    """``(window_id, capacity_rps, wall_s)``."""
+def compute_capacity(ctx: WorkerContext, window_id: str) -> tuple[str, dict, float]:
+    """``(window_id, capacity record, wall_s)``: the engine's capacity of the window (a record with
+    at least ``capacity_rps``)."""
     t0 = time.perf_counter()
+    engine = ctx.engine.for_window(ctx.refs[window_id]) if window_id in ctx.refs else ctx.engine
     try:
-        cap = float(ctx.engine.capacity(ctx.windows[window_id], ctx.sim))
+        cap = engine.capacity(ctx.windows[window_id], ctx.sim)
     except Exception as e:
         raise _fail(f"capacity of window {window_id}", e) from None
-    if not cap > 0:
-        raise RunFailed(f"capacity of window {window_id} is {cap!r}: expected a positive req/s")
-    return window_id, cap, time.perf_counter() - t0
+    rec = dict(cap) if isinstance(cap, dict) else {"capacity_rps": cap}
+    rps = rec.get("capacity_rps")
+    if isinstance(rps, bool) or not isinstance(rps, (int, float)) or not rps > 0:
+        raise RunFailed(f"capacity of window {window_id} is {rps!r}: expected a positive req/s")
+    rec["capacity_rps"] = float(rps)
+    return window_id, rec, time.perf_counter() - t0
 
 
-def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity_rps: float, profile: str,
+def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity, profile: str,
                   metric_names: Sequence[str]) -> dict:
-    """Run every scheduler x replicate of one (window, region); returns the run rows and records."""
+    """Run every scheduler x replicate of one (window, region); returns the run rows and records.
+    ``capacity``: the window's capacity record (or its requests/s)."""
     t0 = time.perf_counter()
     w = shard.window
     sim = ctx.sim
     base_seed = int(sim.seed)
-    scaled, horizon = ctx.engine.prepare(ctx.windows[w.id], shard.rho, capacity_rps, sim)
+    engine = ctx.engine.for_window(w)
+    cap = capacity if isinstance(capacity, dict) else {"capacity_rps": float(capacity)}
+    capacity_rps = float(cap["capacity_rps"])
+    scaled, horizon = engine.prepare(ctx.windows[w.id], shard.rho, capacity_rps, sim)
     rows, recs = [], []
     for sched in shard.schedulers:
         for rep in shard.replicates:
             seed = run_seed(base_seed, w.id, sched, shard.region, rep)
             try:
-                res = ctx.engine.run(scaled, sched, seed, horizon, sim)
+                res = engine.run(scaled, sched, seed, horizon, sim)
             except Exception as e:
                 raise _fail(f"run window={w.id} region={shard.region} (rho={shard.rho}) scheduler={sched} "
                             f"replicate={rep} seed={seed}", e) from None
@@ -101,6 +149,12 @@ def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity_rps: float, pro
                    "profile": profile, "capacity_rps": float(capacity_rps), "horizon_s": float(horizon)}
             for ckey, col in COUNTER_COLUMNS.items():
                 row[col] = int(res.counters.get(ckey, 0))
+            nan = float("nan")
+            row["queue_mean"] = float(res.counters.get("queue_mean", nan))
+            row["queue_p95"] = float(res.counters.get("queue_p95", nan))
+            rate, per_req = res.counters.get("work_rate_tok_s"), res.counters.get("mean_work_tokens")
+            row["utilisation"] = (float(rate) / (capacity_rps * float(per_req))
+                                  if rate is not None and per_req else nan)
             for m in metric_names:
                 v = res.metrics.get(m)
                 row[m] = float("nan") if v is None else float(v)
@@ -110,7 +164,8 @@ def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity_rps: float, pro
     schema = {**{c: pl.String for c in ("source", "provenance", "window_id", "region")}, "rho": pl.Float64,
               "scheduler": pl.String, "replicate": pl.Int64, "seed": pl.Int64, "profile": pl.String,
               "capacity_rps": pl.Float64, "horizon_s": pl.Float64,
-              **{c: pl.Int64 for c in COUNTER_COLUMNS.values()}, **{m: pl.Float64 for m in metric_names}}
+              **{c: pl.Int64 for c in COUNTER_COLUMNS.values()}, **{c: pl.Float64 for c in LOAD_COLUMNS},
+              **{m: pl.Float64 for m in metric_names}}
     runs = pl.DataFrame(rows, schema=schema)
     records = pl.concat(recs, how="vertical_relaxed") if recs else None
     return {"shard": shard.name, "runs": runs, "records": records, "wall_s": time.perf_counter() - t0}
@@ -132,13 +187,12 @@ def _pool_shard(shard, capacity_rps, profile, metric_names):
 
 
 def _dask_capacity(ctx, window_id):
+    load_worker_code(ctx)
     return compute_capacity(ctx, window_id)
 
 
 def _dask_shard(ctx, shard, capacity_rps, profile, metric_names):
-    for m in ctx.modules:
-        if m != "__main__" and m not in sys.modules:
-            importlib.import_module(m)
+    load_worker_code(ctx)
     return compute_shard(ctx, shard, capacity_rps, profile, metric_names)
 
 

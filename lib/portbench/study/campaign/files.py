@@ -20,6 +20,7 @@ def records_path(results_dir: Path, shard: ShardSpec) -> Path | None:
 
 
 def capacity_path(results_dir: Path, window_id: str, key: str) -> Path:
+    """The cached capacity record of one window (measured once per window and key)."""
     return Path(results_dir) / "capacity" / f"{_safe(window_id)}__{key}.json"
 
 

@@ -11,13 +11,18 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ...core import plugins as plugin_loader
 from ...core.config import Config, RequestRecordsConfig, SimulationConfig
 from ...core.io import canonical_json, sha256_hex
+from ...data import predictors
 from ...data import windows as windows_mod
 from ...sim import schedulers as scheduler_registry
 from .engines import Engine, SimEngine, scheduler_options
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2      # 2: capacity = sustainable throughput, engine section, load columns
+
+# How capacity is measured (part of the capacity cache key): see portbench.sim.regions.saturation.
+CAPACITY_METHOD = "steady-backlog-v1"
 
 
 SEED_TAG = "portbench-run-seed-v1"
@@ -40,10 +45,19 @@ def replicates(sim: SimulationConfig) -> list[int]:
 
 @dataclass(frozen=True)
 class WindowRef:
+    """A window of the campaign: id, source, provenance, SHA-256, and ``block_size`` = tokens per block of
+    its ``block_hashes`` column (the source's ``block_size`` as frozen in the manifest; None: the window
+    has no prompt block hashes). The engine gets it through ``Engine.for_window``."""
+
     id: str
     source: str
     provenance: str
     sha256: str
+    block_size: int | None = None
+
+    def fingerprint(self) -> dict:
+        """What the shard keys record of the window (``block_size`` only when there are hashes)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if not (k == "block_size" and v is None)}
 
 
 @dataclass(frozen=True)
@@ -105,14 +119,50 @@ def _records_selection(rr: RequestRecordsConfig | None, windows: Sequence[Window
 
 
 def window_refs(cfg: Config, manifest: Mapping | None = None) -> list[WindowRef]:
-    """The campaign's windows (manifest order; the first ``campaign.windows_per_source`` per source)."""
+    """The campaign's windows (manifest order; the first ``campaign.windows_per_source`` per source; only
+    sources of the parameters -- one left out with ``sources: {name: null}`` is not simulated)."""
     manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
-    entries = windows_mod.select_entries(manifest, None, cfg.campaign.windows_per_source)
-    return [WindowRef(e["id"], e["source"], e["provenance"], e["sha256"]) for e in entries]
+    entries = windows_mod.select_entries(manifest, cfg.source_names(), cfg.campaign.windows_per_source)
+    return [WindowRef(e["id"], e["source"], e["provenance"], e["sha256"], windows_mod.hash_block_size(manifest, e))
+            for e in entries]
 
 
 def _refs(windows) -> list[WindowRef]:
     return [w[0] if isinstance(w, tuple) else w for w in windows]
+
+
+def needs_predictions(schedulers: Sequence[str]) -> bool:
+    """Whether any of ``schedulers`` reads the windows' frozen predictions (uses ``predicted``)."""
+    return any("predicted" in scheduler_registry.uses(n) for n in schedulers)
+
+
+def _given_inputs(windows: Sequence) -> dict[str, dict]:
+    """Run inputs of explicitly given ``(WindowRef, df)`` windows beyond the frozen table: a hash of the
+    prediction columns they carry (their tenants are part of the window's hash)."""
+    out = {}
+    for w in windows:
+        if isinstance(w, tuple):
+            ref, df = w
+            cols = [c for c in predictors.PREDICTION_COLUMNS if c in df.columns]
+            out[ref.id] = {"predictions": sha256_hex([df[c].to_list() for c in cols]) if cols else None,
+                           "tenants": "given"}
+    return out
+
+
+def run_inputs(cfg: Config, manifest: Mapping, refs: Sequence[WindowRef], schedulers: Sequence[str]
+               ) -> dict[str, dict]:
+    """Per window, what a run is given besides the frozen window table (part of the shard fingerprint):
+    the fingerprint key of the source's frozen predictions (when a scheduler reads them) and how its
+    tenants are read (``simulation.tenant_model``, :func:`portbench.data.windows.tenant_label`)."""
+    need = needs_predictions(schedulers)
+    keys: dict[str, str] = {}
+    out = {}
+    for w in refs:
+        if need and w.source not in keys:
+            keys[w.source] = predictors.fingerprint_key(predictors.fingerprint(cfg, manifest, w.source, w.source))
+        out[w.id] = {"predictions": keys.get(w.source),
+                     "tenants": windows_mod.tenant_label(manifest, w.source, cfg.simulation.tenant_model)}
+    return out
 
 
 def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None,
@@ -120,13 +170,21 @@ def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | 
     """The grid, seeds' keys and shard fingerprints for ``P`` (nothing is computed).
 
     ``windows`` replaces the manifest's windows: a list of :class:`WindowRef` or of
-    ``(WindowRef, window_df)`` pairs (tests and benchmarks use it).
+    ``(WindowRef, window_df)`` pairs (tests and benchmarks use it). A scheduler that is not registered
+    fails here, at once ("scheduler X is not registered; load its plug-in ..."). The plug-ins
+    (``plugins``) are part of every fingerprint, by SHA-256.
     """
     engine = engine or SimEngine()
     s = cfg.simulation
-    wins = _refs(windows) if windows is not None else window_refs(cfg, manifest)
-    regs = s.loads
     scheds = scheduler_registry.names(s.schedulers)
+    if windows is not None:
+        wins = _refs(windows)
+        inputs = _given_inputs(windows)
+    else:
+        manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+        wins = window_refs(cfg, manifest)
+        inputs = run_inputs(cfg, manifest, wins, scheds)
+    regs = s.loads
     reps = replicates(s)
     metric_list = list(engine.metric_names(s))
     model = engine.fingerprint(s)
@@ -141,18 +199,24 @@ def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | 
         "predictor_sigma": s.predictor_sigma,
         "slo": s.slo_dicts,
         "edf_slo": s.edf_slo,
+        "tenant_model": s.tenant_model,
         "metrics": metric_list,
+        "engine": s.engine.as_dict(),
     }
-    cap_common = {k: common[k] for k in ("format", "model", "capacity_policy", "capacity_options")}
-    capacity_keys = {w.id: sha256_hex({"window_sha256": w.sha256, **cap_common})[:16] for w in wins}
+    if cfg.plugins:
+        common["plugins"] = plugin_loader.fingerprint(plugin_loader.specs(cfg.plugins))
+    cap_common = {**{k: common[k] for k in ("format", "model", "capacity_policy", "capacity_options")},
+                  "engine": s.engine.reference.as_dict()}     # capacity is measured on the reference engine
+    capacity_keys = {w.id: sha256_hex({"window_sha256": w.sha256, "method": CAPACITY_METHOD, **cap_common,
+                                       **({"block_size": w.block_size} if w.block_size else {})})[:16] for w in wins}
     rec_w, rec_r, rec_reps = _records_selection(cfg.campaign.request_records, wins, regs, reps)
     opts = {name: scheduler_options(s, name) for name in scheds}
     shards = []
     for w in wins:
         for region, rho in regs.items():
-            fp = {"common": common, "window": dataclasses.asdict(w), "capacity_key": capacity_keys[w.id],
+            fp = {"common": common, "window": w.fingerprint(), "capacity_key": capacity_keys[w.id],
                   "region": region, "rho": rho, "schedulers": scheds, "scheduler_options": opts,
-                  "replicates": reps}
+                  "replicates": reps, "inputs": inputs.get(w.id)}
             text = canonical_json(fp)
             key = hashlib.sha256(text.encode()).hexdigest()[:16]
             keep = rec_reps if (w.id in rec_w and region in rec_r) else ()

@@ -14,15 +14,18 @@ import polars as pl
 from tqdm import tqdm
 
 from ...core import io
+from ...core import plugins as plugin_loader
 from ...core.config import Config
 from ...core.errors import DataError, check_choice
 from ...core.io import read_meta, write_parquet_atomic
+from ...data import predictors
 from ...data import windows as windows_mod
+from ...sim.metrics import NO_TENANT
 from .engines import Engine, SimEngine
-from .executors import (COUNTER_COLUMNS, EXECUTORS, KEY_COLUMNS, RUN_COLUMNS, SORT_COLUMNS, RunFailed,
+from .executors import (COUNTER_COLUMNS, EXECUTORS, KEY_COLUMNS, LOAD_COLUMNS, RUN_COLUMNS, SORT_COLUMNS, RunFailed,
                         WorkerContext, _Executor)
 from .files import _clean_stale_tmp, capacity_path, records_path, runs_path, shard_done, shard_path
-from .plan import Plan, make_plan
+from .plan import Plan, make_plan, needs_predictions
 
 @dataclass
 class CampaignResult:
@@ -46,14 +49,36 @@ class CampaignResult:
                 f"{self.wall_s:.1f} s wall on {self.workers} {self.executor} worker(s)")
 
 
-def load_capacities(cfg: Config, plan: Plan | None = None) -> dict[str, float]:
-    """``{window_id: capacity_rps}`` of the plan's windows found in the capacity cache."""
+def load_capacities(cfg: Config, plan: Plan | None = None) -> dict[str, dict]:
+    """``{window_id: capacity record}`` (``capacity_rps``, how it was measured, the
+    earlier burst definition ``burst_rps``) of the plan's windows found in the capacity cache."""
     plan = plan or make_plan(cfg)
     out = {}
     for wid, key in plan.capacity_keys.items():
         p = capacity_path(cfg.paths.results_dir, wid, key)
         if p.is_file():
-            out[wid] = float(json.loads(p.read_text())["capacity_rps"])
+            rec = json.loads(p.read_text())
+            out[wid] = rec if isinstance(rec, dict) else {"capacity_rps": float(rec)}
+    return out
+
+
+REFUSAL_WARN_FRACTION = 0.01
+
+
+def refusal_warnings(runs, threshold: float = REFUSAL_WARN_FRACTION, max_model_len: int | None = None) -> list[str]:
+    """One warning line per source whose refused requests (prompt >= max_model_len) exceed
+    ``threshold`` of its arrived requests (over all its runs)."""
+    if runs is None or runs.height == 0 or "refused" not in runs.columns:
+        return []
+    agg = runs.group_by("source").agg(pl.col("refused").sum(), pl.col("arrived").sum()).sort("source")
+    out = []
+    for r in agg.iter_rows(named=True):
+        frac = r["refused"] / r["arrived"] if r["arrived"] else 0.0
+        if frac > threshold:
+            lim = f" (max_model_len {max_model_len:,})" if max_model_len else ""
+            out.append(f"WARNING: source {r['source']}: {frac:.1%} of its requests are refused because their prompt "
+                       f"is longer than the model's context{lim}; they are left out of every metric "
+                       f"({r['refused']:,} of {r['arrived']:,} arrivals over all runs)")
     return out
 
 
@@ -88,18 +113,20 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
         else:
             loaded = _load_window_tables(cfg, plan, needed)
         ctx = WorkerContext(engine=engine, sim=cfg.simulation, windows=loaded,
-                            modules=engine.worker_modules(cfg.simulation))
+                            modules=engine.worker_modules(cfg.simulation),
+                            plugins=plugin_loader.specs(cfg.plugins), refs={w.id: w for w in plan.windows})
         ex = _Executor(executor, workers, ctx, cfg.campaign.dask_address)
         try:
             if need_cap:
                 bar = tqdm(total=len(need_cap), desc="capacity", unit="window", disable=not progress,
                            file=sys.stderr, mininterval=interval)
                 for wid, cap, wall in ex.map_unordered("capacity", [(w,) for w in need_cap]):
-                    io.write_bytes(capacity_path(out, wid, plan.capacity_keys[wid]), json.dumps({
-                        "window_id": wid, "capacity_rps": cap, "profile": plan.profile,
-                        "policy": plan.common["capacity_policy"], "key": plan.capacity_keys[wid],
-                        "wall_s": wall}, indent=1).encode())
-                    caps[wid] = cap
+                    rec = {"window_id": wid, "engine": plan.common["engine"], **cap, "profile": plan.profile,
+                           "capacity_policy": plan.common["capacity_policy"], "key": plan.capacity_keys[wid],
+                           "wall_s": wall}
+                    io.write_bytes(capacity_path(out, wid, plan.capacity_keys[wid]),
+                                   json.dumps(rec, indent=1, default=float).encode())
+                    caps[wid] = rec
                     bar.update(1)
                 bar.close()
             bar = tqdm(total=len(plan.shards), initial=len(plan.shards) - len(todo), desc="campaign",
@@ -130,16 +157,22 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
         "plan": plan.hash, "n_runs": plan.n_runs, "n_shards": len(plan.shards),
         "computed_shards": result.computed_shards, "reused_shards": result.reused_shards,
         "computed_capacities": result.computed_capacities, "wall_s": result.wall_s,
-        "executor": executor, "workers": workers, "profile": plan.profile,
+        "executor": executor, "workers": workers, "profile": plan.profile, "engine": plan.common["engine"],
+
         "schedulers": plan.schedulers, "regions": plan.regions, "replicates": plan.replicates,
         "windows": len(plan.windows), "metrics": plan.metrics}, indent=1).encode())
     if verbose:
         print(result.summary(), flush=True)
+    if runs is not None:
+        mml = getattr(engine.profile(cfg.simulation), "max_model_len", None) if hasattr(engine, "profile") else None
+        for line in refusal_warnings(runs, max_model_len=mml):
+            print(line, file=sys.stderr, flush=True)
     return result
 
 
 def _load_window_tables(cfg: Config, plan: Plan, needed: Sequence[str]) -> dict:
-    tables = windows_mod.load_windows(cfg, per_source=cfg.campaign.windows_per_source)
+    tables = windows_mod.load_windows(cfg, sorted({w.source for w in plan.windows}),
+                                      per_source=cfg.campaign.windows_per_source)
     missing = [w for w in needed if w not in tables]
     if missing:
         raise DataError(windows_mod.manifest_path(cfg), f"windows {missing[:3]} of the plan could not be loaded")
@@ -149,7 +182,26 @@ def _load_window_tables(cfg: Config, plan: Plan, needed: Sequence[str]) -> dict:
         if got != by_id[wid].sha256:
             raise DataError(windows_mod.manifest_path(cfg), f"window {wid}: sha256 {got} but the plan has "
                             f"{by_id[wid].sha256}")
-    return {wid: tables[wid] for wid in needed}
+    return run_tables(cfg, {wid: tables[wid] for wid in needed}, plan.schedulers)
+
+
+def run_tables(cfg: Config, tables: dict, schedulers: Sequence[str], *, manifest=None,
+               train: str | None = None) -> dict:
+    """The tables the runs are given: the verified frozen window tables plus, when a scheduler reads
+    them, the window's frozen predictions (columns ``predicted_output``, ``ltr_score``; source
+    ``train``'s predictor instead of the home one when given); on a source without tenants and
+    ``simulation.tenant_model: trace`` every request gets the tenant ``NO_TENANT`` (tenant metrics
+    n/a, vtc has one counter). The frozen tables themselves are not changed."""
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    if needs_predictions(schedulers):
+        tables = predictors.attach(cfg, tables, manifest=manifest, train=train)
+    by_id = {e["id"]: e["source"] for e in manifest["windows"]}
+    out = {}
+    for wid, df in tables.items():
+        if windows_mod.tenant_label(manifest, by_id[wid], cfg.simulation.tenant_model) == "none":
+            df = df.with_columns(pl.lit(NO_TENANT).alias("tenant"))
+        out[wid] = df
+    return out
 
 
 def consolidate_runs(cfg: Config, plan: Plan | None = None):
@@ -175,6 +227,7 @@ def _empty_runs(metric_names):
     schema = {c: pl.String for c in ("source", "provenance", "window_id", "region", "scheduler", "profile")}
     schema.update({"rho": pl.Float64, "replicate": pl.Int64, "seed": pl.Int64, "capacity_rps": pl.Float64,
                    "horizon_s": pl.Float64, **{c: pl.Int64 for c in COUNTER_COLUMNS.values()},
+                   **{c: pl.Float64 for c in LOAD_COLUMNS},
                    **{m: pl.Float64 for m in metric_names}})
     return pl.DataFrame(schema=schema).select(list(RUN_COLUMNS) + list(metric_names))
 

@@ -1,0 +1,144 @@
+"""Hybrid windows between two sources: a window of source A with some properties taken from a window of B.
+
+A window of ``n`` requests is split into four *window properties* that together determine it exactly:
+
+* ``arrival`` — the inter-arrival pattern: arrival times relative to the window's span;
+* ``prompt`` — the prompt-length distribution: the window's sorted prompt lengths;
+* ``output`` — the output-length distribution: the window's sorted output lengths;
+* ``coupling`` — which lengths go together and when: the rank pattern of (prompt, output) in arrival
+  order (the prompt/output dependence, and the order in time of long and short requests), with the
+  requests' tenant labels (who sent each request belongs to the request, not to a length distribution).
+
+A fifth property, ``load`` (the achieved utilisation a region puts the window at), is a property of
+the *run*, not of the window: it is applied by the attribution study (:mod:`portbench.study.attribution`)
+when it rescales the window, and :func:`hybrid_window` ignores it.
+
+**Construction** (:func:`hybrid_window`, deterministic: no random draw). With ``rp``/``ro`` the
+ordinal ranks (stable sort, so ties keep their order) of prompt/output lengths and ``P``/``O`` the
+sorted lengths, request ``i`` of the hybrid gets
+
+* prompt ``P_src[rp_cpl[i]]`` and output ``O_src[ro_cpl[i]]``, where ``P_src``/``O_src`` come from B
+  when ``prompt``/``output`` is swapped (else A), and the ranks ``rp_cpl``/``ro_cpl`` from B when
+  ``coupling`` is swapped (else A) — a quantile map: swapping ``prompt`` alone replaces A's prompt
+  lengths by B's at the same ranks, so A's coupling and order in time are kept exactly;
+* arrival times ``arr_B * (span_A / span_B)`` when ``arrival`` is swapped (B's pattern at A's
+  rate, so A's request count and mean rate are kept), else A's times unchanged;
+* tenants of the window whose coupling it takes.
+
+Swapping nothing returns A's table bit for bit; swapping the four window properties gives B's requests
+with B's arrival pattern at A's rate (which a region's rescaling removes: :func:`portbench.sim.regions.rescale`
+multiplies every arrival by one factor). A swap whose source is identical to A (B = A, or a property
+the two windows share exactly) is the identity, bit for bit (``tests/test_attribution.py``). Both
+windows must have the same number of requests (``windows.size`` is one parameter for every source).
+
+Each hybrid is recorded by :func:`hybrid_record` (the two source windows with their SHA-256, the swapped
+properties, the construction's name and seed, summary statistics, the hybrid's own SHA-256 over its
+canonical bytes, :func:`portbench.data.window_table.window_sha256`) and re-verified against that record
+whenever it is rebuilt (:func:`verify_records`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import polars as pl
+
+from ..core.errors import DataError, IntegrityError, ParameterError
+from .window_table import SCHEMA, as_window_table, window_sha256, window_stats
+
+PROPERTIES = ("arrival", "prompt", "output", "coupling", "load")
+WINDOW_PROPERTIES = ("arrival", "prompt", "output", "coupling")
+RUN_PROPERTIES = ("load",)
+CONSTRUCTION = "portbench-hybrid-v1 (quantile map of lengths, rank pattern of coupling, arrivals scaled to A's span)"
+DESCRIPTIONS = {
+    "arrival": "inter-arrival pattern (B's arrival times scaled to A's span: A's rate kept)",
+    "prompt": "prompt-length distribution (B's sorted prompt lengths at A's ranks)",
+    "output": "output-length distribution (B's sorted output lengths at A's ranks)",
+    "coupling": "prompt/output coupling and order in time (B's rank pattern of the lengths, with its tenants)",
+    "load": "load (the region rescaled to B's achieved utilisation)",
+}
+
+
+def check_properties(props: Iterable[str], param: str = "properties") -> tuple[str, ...]:
+    """``props`` as a tuple in :data:`PROPERTIES` order; ParameterError on an unknown or repeated name."""
+    props = list(props)
+    for p in props:
+        if p not in PROPERTIES:
+            raise ParameterError(param, p, f"one of {', '.join(PROPERTIES)}")
+    if len(set(props)) != len(props):
+        raise ParameterError(param, props, "each property at most once")
+    return tuple(p for p in PROPERTIES if p in props)
+
+
+def _ordinal_ranks(x: np.ndarray) -> np.ndarray:
+    """0-based ranks, ties in order of appearance (stable sort): ``np.sort(x)[r] == x`` exactly."""
+    order = np.argsort(x, kind="stable")
+    r = np.empty(x.size, dtype=np.int64)
+    r[order] = np.arange(x.size)
+    return r
+
+
+def hybrid_window(a_df: pl.DataFrame, b_df: pl.DataFrame, swap: Iterable[str], *, a_id: str = "A",
+                  b_id: str = "B") -> pl.DataFrame:
+    """Window ``a_df`` with the window properties in ``swap`` taken from ``b_df`` (see the module
+    docstring); ``load`` in ``swap`` is ignored (a run property). Both are window tables of equal
+    length; the result is a window table (checked by :func:`~portbench.data.window_table.as_window_table`)."""
+    props = check_properties(swap, "swap")
+    a = as_window_table(a_df, a_id)
+    b = as_window_table(b_df, b_id)
+    if a.height != b.height:
+        raise DataError(b_id, f"{b.height} requests, but window {a_id} has {a.height}: a hybrid takes properties "
+                        "between windows of the same size (windows.size)")
+    if not set(props) & set(WINDOW_PROPERTIES):
+        return a
+    cols = {}
+    if "arrival" in props:
+        arr_a, arr_b = a["arrival_s"].to_numpy(), b["arrival_s"].to_numpy()
+        span_a, span_b = float(arr_a[-1]), float(arr_b[-1])
+        if not (span_a > 0 and span_b > 0):
+            raise DataError(b_id if span_b <= 0 else a_id, "zero span: an arrival pattern cannot be rescaled",
+                            column="arrival_s")
+        cols["arrival_s"] = pl.Series("arrival_s", arr_b * (span_a / span_b), dtype=pl.Float64)
+    if {"prompt", "output", "coupling"} & set(props):
+        cpl = b if "coupling" in props else a
+        for col, prop in (("prompt_tokens", "prompt"), ("output_tokens", "output")):
+            if prop not in props and "coupling" not in props:
+                continue                                  # A's column, untouched
+            values = np.sort((b if prop in props else a)[col].to_numpy())
+            ranks = _ordinal_ranks(cpl[col].to_numpy())
+            cols[col] = pl.Series(col, values[ranks], dtype=pl.Int64)
+        if "coupling" in props:
+            cols["tenant"] = b["tenant"]
+    out = a.with_columns(list(cols.values())) if cols else a
+    return out.select(list(SCHEMA))
+
+
+def hybrid_record(a_ref: Mapping, b_ref: Mapping, swap: Sequence[str], df: pl.DataFrame, *, seed: int,
+                  hybrid_id: str) -> dict:
+    """The definition of one hybrid: id, the source windows ``{id, source, provenance, sha256}``, the
+    swapped properties (window and run), the construction and seed, the hybrid's summary statistics and
+    its SHA-256 (:func:`~portbench.data.window_table.window_sha256`)."""
+    props = check_properties(swap, "swap")
+    return {"id": hybrid_id, "a": {k: a_ref[k] for k in ("id", "source", "provenance", "sha256")},
+            "b": {k: b_ref[k] for k in ("id", "source", "provenance", "sha256")},
+            "swap": list(props), "window_swap": [p for p in props if p in WINDOW_PROPERTIES],
+            "construction": CONSTRUCTION, "seed": int(seed), "random_draws": False,
+            "n_requests": df.height, "stats": window_stats(df), "sha256": window_sha256(df)}
+
+
+def verify_records(records: Sequence[Mapping], frozen: Mapping[str, Mapping] | None, where: str) -> None:
+    """Compare rebuilt hybrid ``records`` with the ``frozen`` ones (``{id: record}``, None = nothing frozen
+    yet): every hybrid present in both must have the same source windows, swap and SHA-256, else an
+    :class:`~portbench.core.errors.IntegrityError` naming the hybrid (refreezing needs an explicit flag)."""
+    if not frozen:
+        return
+    for r in records:
+        old = frozen.get(r["id"])
+        if old is None:
+            continue
+        for key in ("a", "b", "swap", "sha256"):
+            if old.get(key) != r[key]:
+                raise IntegrityError(f"{where}: hybrid {r['id']}: {key} is {r[key]!r} but the frozen record has "
+                                     f"{old.get(key)!r}; the source windows or the construction changed. Refreeze "
+                                     "explicitly: `portbench attribute --refreeze` (or attribute.run(..., refreeze=True))")

@@ -1,0 +1,68 @@
+"""Counterfactual attribution: *which property of a workload flips a scheduler ranking?* (notebook 10).
+
+For an ordered pair of sources (A, B) and a window pair (A's i-th, B's i-th attribution window), a
+**hybrid** is A's window with some properties taken from B's (:mod:`portbench.data.hybrids`): the
+arrival pattern, the prompt-length distribution, the output-length distribution, the prompt/output
+coupling (with the order in time and the tenants), and the load (the run is rescaled to B's achieved
+utilisation). The properties are grouped into **players** (``attribution.properties``); every subset of
+players is one hybrid, so a pair has ``2^players`` hybrids: the empty subset is A itself and the full
+subset is B.
+
+Each hybrid is simulated like a campaign window (:mod:`.runs`: the campaign's engine, capacity,
+rescaling, seeds and metrics) and ranked like a source (:mod:`.rankings`: the analysis' cube, tie rule
+and agreement statistics). For every region and metric, the **distance** between A's ranking and a
+hybrid's (``attribution.distance``) is a game on the players whose **Shapley values** (:mod:`.game`)
+split the A -> B disagreement into one part per player; they sum to the distance between A's and B's
+rankings. Their **share** is phi / total. A player whose swap never changes a ranking gets 0; the
+properties **interact** when the full swap differs from the sum of the single swaps (the interaction's
+95% bootstrap CI excludes 0). **Bootstrap:** the window pairs are resampled with replacement
+(``attribution.bootstrap``, seeded by ``attribution.seed`` and the pair), one index matrix per pair for
+every hybrid, so hybrids stay paired on their windows; each resample recomputes every ranking, distance
+and Shapley value (the hybrids and the load ratios are those of the full data). **Reversal tracing:**
+for each significant-and-practical reversal of the analysis between A and B, the smallest sets of
+swapped players whose hybrid shows B's order on A's windows.
+
+Entry point: :func:`attribute` (``portbench attribute``, notebook 10): run, compute, write the tables under
+``{results_dir}/attribution/`` and the ``attribution`` section of ``summary.json``.
+"""
+
+from __future__ import annotations
+
+from ...core.config import Config
+from ...core.errors import DataError
+from .. import analysis
+from .design import REAL_PANEL, Design, available_sources, compared_metrics, make_design, resolve_pairs, spaced
+from .rankings import compare, distance, hybrid_cube, ranks, tie_rule
+from .results import (SECTION, TABLES, Attribution, compute, endpoint_check, load, representativeness,
+                      trace_reversals, write)
+from .runs import (UTILISATION_DEFINITION, AttributionRuns, achieved_utilisation, attribution_dir, build_hybrids,
+                   hybrids_path, pair_windows, run, window_parts)
+from .game import interaction, shapley, singles, smallest_sets
+
+
+def attribute(cfg: Config, *, refreeze: bool = False, progress: bool = True, engine=None,
+              reversals: bool = True, verbose: bool = True) -> Attribution:
+    """Simulate (or reuse) every hybrid, compute the attribution, write its tables and its summary.json
+    section. ``reversals``: trace the analysis' significant-and-practical reversals (needs the campaign and
+    the analysis of ``cfg``; skipped with a note when they are absent)."""
+    ar = run(cfg, engine=engine, refreeze=refreeze, progress=progress, verbose=verbose)
+    rev = rk = cruns = note = None
+    if reversals:
+        try:
+            study = analysis.load(cfg)
+            rev, rk, cruns = study["reversals"], study["rankings"], analysis.load_runs(cfg)
+        except DataError as e:
+            note = f"reversal tracing skipped: {e}"
+    A = compute(cfg, ar, rev, rk, cruns)
+    A.summary["tracing"] = note or "every significant-and-practical reversal of the analysis between the pair's sources"
+    write(cfg, A)
+    if analysis.summary_path(cfg.paths.results_dir).is_file() and rev is not None:
+        analysis.write_summary(cfg)          # summary.json gains the attribution section
+    return A
+
+
+__all__ = ["REAL_PANEL", "SECTION", "TABLES", "UTILISATION_DEFINITION", "Attribution", "AttributionRuns", "Design",
+           "achieved_utilisation", "attribute", "attribution_dir", "available_sources", "build_hybrids", "compare",
+           "compared_metrics", "compute", "distance", "endpoint_check", "hybrid_cube", "hybrids_path", "interaction", "load",
+           "make_design", "pair_windows", "ranks", "representativeness", "resolve_pairs", "run", "shapley", "singles", "smallest_sets",
+           "spaced", "tie_rule", "trace_reversals", "window_parts", "write"]

@@ -1,0 +1,136 @@
+"""The attribution's design: source pairs, players (properties or groups), subsets, windows, regions, metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+
+import numpy as np
+
+from ...core.config import Config
+from ...core.errors import DataError, ParameterError
+from ...data import hybrids
+from ...sim import schedulers as scheduler_registry
+from ..analysis import metric_names
+
+# The all-real panel (issue #13): the default pairs once these sources are configured and frozen.
+REAL_PANEL = ("azure", "azure_code", "mooncake")
+
+
+@dataclass(frozen=True)
+class Design:
+    """Everything that fixes what the attribution simulates and compares (from ``cfg.attribution`` and the
+    manifest): ordered source pairs (A, B), the players (groups of properties), the regions and their
+    loads, windows per source, replicates, schedulers, the compared metrics and the tie/distance settings."""
+
+    pairs: tuple[tuple[str, str], ...]
+    players: tuple[tuple[str, ...], ...]
+    regions: dict
+    windows: int
+    replicates: tuple[int, ...]
+    schedulers: tuple[str, ...]
+    metrics: tuple[str, ...]
+    metrics_note: str
+    bootstrap: int
+    seed: int
+    distance: str
+
+    @property
+    def k(self) -> int:
+        return len(self.players)
+
+    @property
+    def player_names(self) -> list[str]:
+        return ["+".join(g) for g in self.players]
+
+    @property
+    def masks(self) -> list[int]:
+        """Every subset of players as a bit mask (bit i = player i swapped): 0 = A, ``2^k - 1`` = B."""
+        return list(range(2 ** self.k))
+
+    @property
+    def full(self) -> int:
+        return 2 ** self.k - 1
+
+    def swap(self, mask: int) -> tuple[str, ...]:
+        """The properties swapped by the subset ``mask`` (in :data:`~portbench.data.hybrids.PROPERTIES` order)."""
+        props = [p for i, g in enumerate(self.players) if mask >> i & 1 for p in g]
+        return hybrids.check_properties(props, "attribution.properties")
+
+    def code(self, mask: int) -> str:
+        """``"none"`` (= A), the swapped properties joined with '+', or ``"all"`` (= B)."""
+        if mask == 0:
+            return "none"
+        if mask == self.full:
+            return "all"
+        return "+".join(self.swap(mask))
+
+    def players_of(self, mask: int) -> str:
+        """The players of the subset ``mask`` joined with ' & ' (``"none"`` for the empty subset)."""
+        return " & ".join(p for i, p in enumerate(self.player_names) if mask >> i & 1) or "none"
+
+    def n_runs(self, n_pairs: int | None = None) -> int:
+        """Simulated runs of the design (every subset, window, region, scheduler, replicate)."""
+        n = len(self.pairs) if n_pairs is None else n_pairs
+        return n * 2 ** self.k * self.windows * len(self.regions) * len(self.schedulers) * len(self.replicates)
+
+
+def available_sources(manifest: Mapping) -> list[str]:
+    """Sources with windows in the manifest, in manifest order."""
+    out: list[str] = []
+    for w in manifest.get("windows", []):
+        if w["source"] not in out:
+            out.append(w["source"])
+    return out
+
+
+def resolve_pairs(pairs, available: Sequence[str]) -> list[tuple[str, str]]:
+    """The ordered pairs (A, B): ``pairs`` as given (each source must have windows), or for ``"auto"`` every
+    pair of the all-real panel :data:`REAL_PANEL` when all three have windows, else the first of azure /
+    the first source against every other source."""
+    if pairs != "auto":
+        for i, p in enumerate(pairs):
+            for s in p:
+                if s not in available:
+                    raise ParameterError(f"attribution.pairs[{i}]", list(p), f"sources with frozen windows "
+                                         f"({', '.join(available)})")
+        return [tuple(p) for p in pairs]
+    if all(s in available for s in REAL_PANEL):
+        return list(combinations(REAL_PANEL, 2))
+    if len(available) < 2:
+        raise DataError("manifest", f"attribution needs two sources with windows, found {list(available)}")
+    first = "azure" if "azure" in available else available[0]
+    return [(first, s) for s in available if s != first]
+
+
+def spaced(n: int, k: int) -> list[int]:
+    """``k`` indices evenly spaced over ``0 .. n-1`` (all of them when ``k >= n``)."""
+    if k >= n:
+        return list(range(n))
+    return sorted({int(round(x)) for x in np.linspace(0, n - 1, k)})
+
+
+def compared_metrics(cfg: Config) -> tuple[tuple[str, ...], str]:
+    """The metrics the attribution ranks on: ``analysis.headline_metrics`` (the pre-specified list; the one
+    place they are defined), or every analysed metric when that list is empty; and a note saying which."""
+    names = metric_names(cfg.simulation.slo)
+    head = tuple(cfg.analysis.headline_metrics)
+    if head:
+        return head, "the analysis' headline metrics, analysis.headline_metrics"
+    ms = names if cfg.analysis.metrics == "all" else list(cfg.analysis.metrics)
+    return tuple(ms), "every analysed metric: analysis.headline_metrics is empty"
+
+
+def make_design(cfg: Config, manifest: Mapping) -> Design:
+    """The :class:`Design` of ``cfg`` for the sources frozen in ``manifest``."""
+    a = cfg.attribution
+    for i, r in enumerate(a.regions):
+        if r not in cfg.simulation.region_loads:
+            raise ParameterError(f"attribution.regions[{i}]", r, f"one of {', '.join(cfg.simulation.region_loads)}")
+    regions = dict(sorted(((r, float(cfg.simulation.region_loads[r])) for r in a.regions), key=lambda kv: (kv[1], kv[0])))
+    metrics, note = compared_metrics(cfg)
+    return Design(pairs=tuple(resolve_pairs(a.pairs, available_sources(manifest))), players=tuple(a.properties),
+                  regions=regions, windows=int(a.windows), replicates=tuple(range(int(a.replicates))),
+                  schedulers=tuple(scheduler_registry.names(cfg.simulation.schedulers)), metrics=metrics,
+                  metrics_note=note, bootstrap=int(a.bootstrap), seed=int(a.seed), distance=a.distance)

@@ -1,0 +1,431 @@
+"""Simulating the hybrids: every subset of swapped properties x window pair x region x scheduler x replicate,
+through the campaign's engine (:class:`portbench.study.campaign.SimEngine`: its capacity, its rescaling to a
+region's load and horizon, its runs and metrics; :func:`portbench.study.campaign.compute_shard`: its seeds
+and run rows), so that the attribution uses the campaign's definitions of capacity and load and picks up
+any change to them.
+
+**Seeds.** A hybrid of A's window ``w`` is run with the seeds of ``w`` (:func:`~portbench.study.campaign.run_seed`
+of A's window id, scheduler, region, replicate): the subset that swaps nothing reproduces the campaign's runs
+of ``w`` bit for bit, and a swap that does not change the window changes no run.
+
+**Load.** The runs of a subset without ``load`` rescale the hybrid window to the region's rho on the
+hybrid's own capacity (as the campaign does for every window: the region's target load is kept). A subset
+with ``load`` puts the hybrid at B's *achieved utilisation* instead: stage 1 runs every window-hybrid at
+rho; :func:`achieved_utilisation` of the reference policy (``simulation.capacity_policy``) gives, per
+region, the mean utilisation of B (the hybrid that swaps every window property) and of the hybrid
+itself; stage 2 runs the hybrid at ``rho x U_B / U_hybrid`` (first order: utilisation proportional to
+rho near the operating point; the achieved value is recorded, ``utilisation`` column). A ratio within
+1e-9 of 1 is 1 (the same load), and then the stage-1 runs are reused unchanged.
+
+**Files.** ``{results_dir}/attribution/hybrids/<A>__<B>.json``: the frozen definitions of the pair's
+hybrids (:func:`portbench.data.hybrids.hybrid_record`; rebuilt hybrids are verified against them);
+``{results_dir}/attribution/runs/<A>__<B>__<region>__<key>.parquet``: the runs of one *unit* (one
+window-hybrid of every window pair, one region and rho), ``key`` a hash of everything that changes them
+(the campaign's model fingerprint and settings, the hybrids' SHA-256, region and rho, schedulers,
+replicates), so stale runs are never read, identical hybrids share their runs, and changing the
+regions or adding pairs recomputes only what is new; ``{results_dir}/attribution/runs.parquet``: all of
+them, labelled by subset.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from tqdm import tqdm
+
+from ...core import io as fileio
+from ...core import plugins as plugin_loader
+from ...core.config import Config, SimulationConfig
+from ...core.errors import DataError
+from ...core.io import sha256_hex, write_parquet_atomic
+from ...data import hybrids, windows as windows_mod
+from ..campaign import (Engine, ShardSpec, SimEngine, WindowRef, WorkerContext, compute_capacity, compute_shard,
+                        load_worker_code,
+                        make_plan, scheduler_options)
+from .design import Design, make_design, spaced
+
+FORMAT_VERSION = 2
+SAME_LOAD = 1e-9          # utilisation ratios within this of 1 are the same load
+UTILISATION_DEFINITION = ("achieved utilisation of a run = the campaign's definition (issue #10, "
+                          "portbench.sim.regions.utilisation): useful tokens done per second between the 10%-quantile "
+                          "and the last arrival, over capacity x the window's mean useful tokens per request; of the "
+                          "reference policy's runs (simulation.capacity_policy), mean over the window pairs")
+PAIR_COLUMNS = ("pair", "source_a", "provenance_a", "source_b", "provenance_b", "mask", "hybrid", "window_id",
+                "window_b", "hybrid_sha256", "region", "rho_region", "load_ratio")
+
+
+def attribution_dir(results_dir: Path) -> Path:
+    return Path(results_dir) / "attribution"
+
+
+def pair_key(a: str, b: str) -> str:
+    return f"{a}|{b}"
+
+
+def hybrids_path(results_dir: Path, a: str, b: str) -> Path:
+    return attribution_dir(results_dir) / "hybrids" / f"{a}__{b}.json"
+
+
+def achieved_utilisation(runs: pl.DataFrame) -> pl.Series:
+    """The achieved utilisation of each run (:data:`UTILISATION_DEFINITION`): the campaign's own
+    ``utilisation`` column (work-based, measured in the engine run)."""
+    if "utilisation" not in runs.columns:
+        raise KeyError("runs have no 'utilisation' column: they were not produced by portbench.study.campaign")
+    return runs["utilisation"].alias("utilisation")
+
+
+@dataclass
+class PairWindows:
+    """The window pairs of one source pair: A's and B's manifest entries (paired by position) and tables."""
+
+    a: str
+    b: str
+    a_entries: list
+    b_entries: list
+    tables: dict
+
+    def __len__(self) -> int:
+        return len(self.a_entries)
+
+
+def pair_windows(cfg: Config, manifest: Mapping, a: str, b: str, n: int,
+                 tables: Mapping | None = None) -> PairWindows:
+    """``n`` windows of each source, evenly spaced through its campaign windows (the manifest's, or the first
+    ``campaign.windows_per_source``), paired by position
+    (A's i-th with B's i-th); the tables are loaded and hash-verified (``windows.load_windows``)."""
+    ea = windows_mod.select_entries(manifest, [a], cfg.campaign.windows_per_source)   # the campaign's windows
+    eb = windows_mod.select_entries(manifest, [b], cfg.campaign.windows_per_source)
+    m = min(len(ea), len(eb))
+    if m < 2:
+        raise DataError(windows_mod.manifest_path(cfg), f"attribution of {a} vs {b} needs two windows of each, "
+                        f"found {len(ea)} and {len(eb)}")
+    ea = [ea[i] for i in spaced(len(ea), min(n, m))]
+    eb = [eb[i] for i in spaced(len(eb), min(n, m))]
+    if tables is None:
+        tables = windows_mod.load_windows(cfg, [a, b], manifest=manifest)
+    return PairWindows(a, b, ea, eb, {e["id"]: tables[e["id"]] for e in ea + eb})
+
+
+def window_parts(design: Design) -> list[tuple[str, ...]]:
+    """The distinct window-property swaps of the design's subsets (stage 1), ``()`` first."""
+    out: list[tuple[str, ...]] = []
+    for mask in design.masks:
+        part = tuple(p for p in design.swap(mask) if p in hybrids.WINDOW_PROPERTIES)
+        if part not in out:
+            out.append(part)
+    return out
+
+
+def _part_code(part: Sequence[str]) -> str:
+    return "+".join(part) or "none"
+
+
+def build_hybrids(design: Design, pw: PairWindows) -> tuple[dict, list[dict]]:
+    """Every window-hybrid of the pair: ``{(part, i): df}`` and their records (ids ``<A window>~<B window>:<part>``)."""
+    tables, records = {}, []
+    full = tuple(p for p in design.swap(design.full) if p in hybrids.WINDOW_PROPERTIES)
+    for part in window_parts(design):
+        for i, (ea, eb) in enumerate(zip(pw.a_entries, pw.b_entries)):
+            df = hybrids.hybrid_window(pw.tables[ea["id"]], pw.tables[eb["id"]], part, a_id=ea["id"], b_id=eb["id"])
+            tables[(part, i)] = df
+            rec = hybrids.hybrid_record(ea, eb, part, df, seed=design.seed,
+                                        hybrid_id=f"{ea['id']}~{eb['id']}:{_part_code(part)}")
+            rec["is_a"], rec["is_b"] = part == (), part == full
+            records.append(rec)
+    return tables, records
+
+
+def freeze_hybrids(path: Path, records: list[dict], refreeze: bool = False) -> None:
+    """Verify ``records`` against the frozen file (IntegrityError on a changed hybrid unless ``refreeze``),
+    then write the union of both (new hybrids are added; a refreeze replaces)."""
+    frozen = {}
+    if path.is_file():
+        try:
+            frozen = {r["id"]: r for r in json.loads(path.read_text())["hybrids"]}
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise DataError(path, f"not a hybrid definitions file ({e}); delete it or refreeze") from None
+    if not refreeze:
+        hybrids.verify_records(records, frozen, str(path))
+    merged = {} if refreeze else dict(frozen)
+    merged.update({r["id"]: r for r in records})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fileio.write_text(path, json.dumps({"construction": hybrids.CONSTRUCTION, "properties": hybrids.DESCRIPTIONS,
+                                        "hybrids": [merged[k] for k in sorted(merged)]}, indent=1, sort_keys=True))
+
+
+# --------------------------------------------------------------------------- execution
+
+_WORKER_ENGINE: Engine | None = None
+
+
+def _init_worker(ctx: WorkerContext) -> None:
+    """Pool initializer: the campaign's plug-ins and scheduler modules (``load_worker_code``), then the engine."""
+    global _WORKER_ENGINE
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    load_worker_code(ctx)
+    _WORKER_ENGINE = ctx.engine
+
+
+def _simulate(engine: Engine, sim: SimulationConfig, df: pl.DataFrame, ref: WindowRef, loads: Mapping[str, float],
+              capacity: float | None, schedulers: tuple, replicates: tuple, profile: str, metrics: list) -> dict:
+    """Capacity (unless given) and every scheduler x replicate run of one hybrid window in each region of
+    ``loads`` (``{region: rho}``), through :func:`~portbench.study.campaign.compute_shard`."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    ctx = WorkerContext(engine=engine, sim=sim, windows={ref.id: df})
+    cap = compute_capacity(ctx, ref.id)[1] if capacity is None else float(capacity)
+    frames = []
+    for region, rho in loads.items():
+        shard = ShardSpec(window=ref, region=region, rho=float(rho), schedulers=tuple(schedulers),
+                          replicates=tuple(replicates), record_replicates=(), key="", name=f"{ref.id}__{region}",
+                          fingerprint="")
+        # a hybrid is not a run of source A: no source / provenance columns (the pair's columns replace them)
+        frames.append(compute_shard(ctx, shard, cap, profile, metrics)["runs"].drop("source", "provenance"))
+    return {"capacity": cap, "runs": pl.concat(frames), "wall_s": time.perf_counter() - t0,
+            "cpu_s": time.process_time() - c0}
+
+
+def _pool_simulate(key, *args):
+    return key, _simulate(_WORKER_ENGINE, *args)
+
+
+class _Runner:
+    """Runs tasks in this process (workers = 1) or a spawn-context process pool (as the campaign does)."""
+
+    def __init__(self, engine: Engine, sim: SimulationConfig, workers: int, plugins: Sequence = ()):
+        self.engine, self.sim, self.workers = engine, sim, workers
+        self.modules = engine.worker_modules(sim)
+        self.pool = None
+        if workers > 1 and "__main__" not in self.modules:
+            ctx = WorkerContext(engine=engine, sim=sim, windows={}, modules=list(self.modules), plugins=list(plugins))
+            self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                                            initializer=_init_worker, initargs=(ctx,))
+
+    def map(self, tasks: dict, desc: str, progress: bool):
+        """``{key: args}`` -> yields ``(key, result)`` as tasks finish."""
+        bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress or not tasks, file=sys.stderr,
+                   mininterval=1.0 if getattr(sys.stderr, "isatty", lambda: False)() else 15.0)
+        try:
+            if self.pool is None:
+                for key, args in tasks.items():
+                    yield key, _simulate(self.engine, self.sim, *args)
+                    bar.update(1)
+            else:
+                futures = [self.pool.submit(_pool_simulate, key, self.sim, *args) for key, args in tasks.items()]
+                try:
+                    for f in as_completed(futures):
+                        yield f.result()
+                        bar.update(1)
+                finally:
+                    for f in futures:
+                        f.cancel()
+        finally:
+            bar.close()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+# --------------------------------------------------------------------------- the runs of a pair
+
+@dataclass
+class AttributionRuns:
+    """What :func:`run` produced: every run (one table), the hybrids' definitions, the design and the cost."""
+
+    runs: pl.DataFrame
+    hybrids: pl.DataFrame
+    design: Design
+    windows: dict                 # pair -> [(A window id, B window id)]
+    load: pl.DataFrame            # pair x region x subset: utilisation target / own, ratio, rho used
+    cost: dict = field(default_factory=dict)
+
+
+def _fingerprint_common(cfg: Config, engine: Engine) -> dict:
+    """Everything common to every run that changes results: the campaign's own definition
+    (``make_plan(...).common``), plus the scheduler list with options."""
+    common = make_plan(cfg, engine=engine, windows=[]).common
+    scheds = list(cfg.simulation.schedulers) if cfg.simulation.schedulers != "all" else "all"
+    return {"format": FORMAT_VERSION, "campaign": common, "schedulers": scheds,
+            "scheduler_options": {k: scheduler_options(cfg.simulation, k) for k in
+                                  sorted(set(cfg.simulation.scheduler_options))}}
+
+
+def _unit_path(results_dir: Path, a: str, b: str, region: str, key: str) -> Path:
+    return attribution_dir(results_dir) / "runs" / f"{a}__{b}__{region}__{key}.parquet"
+
+
+def _label_rows(df: pl.DataFrame, *, a: str, pa: str, b: str, pb: str, mask: int, code: str, window_b: dict,
+                sha: dict, rho_region: dict, ratio: dict) -> pl.DataFrame:
+    """Run rows from ``compute_shard`` re-labelled: the hybrid is not a run of source A (no ``source`` /
+    ``provenance`` columns: ``source_a``/``source_b`` with their provenance instead)."""
+    return df.with_columns(
+        pl.lit(pair_key(a, b)).alias("pair"), pl.lit(a).alias("source_a"), pl.lit(pa).alias("provenance_a"),
+        pl.lit(b).alias("source_b"), pl.lit(pb).alias("provenance_b"), pl.lit(mask, dtype=pl.Int64).alias("mask"),
+        pl.lit(code).alias("hybrid"),
+        pl.col("window_id").replace_strict(window_b, return_dtype=pl.String).alias("window_b"),
+        pl.col("window_id").replace_strict(sha, return_dtype=pl.String).alias("hybrid_sha256"),
+        pl.col("region").replace_strict(rho_region, return_dtype=pl.Float64).alias("rho_region"),
+        pl.col("region").replace_strict(ratio, return_dtype=pl.Float64).alias("load_ratio"),
+    )
+
+
+def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, progress: bool = True,
+        verbose: bool = True, manifest: Mapping | None = None, tables: Mapping | None = None,
+        workers: int | None = None) -> AttributionRuns:
+    """Build, freeze and simulate every hybrid of every pair of ``cfg.attribution`` (cached runs reused).
+
+    ``engine`` replaces the campaign's :class:`SimEngine`; ``manifest`` / ``tables`` ({window id: table})
+    replace the committed manifest and its verified windows (tests); ``workers`` overrides
+    ``campaign.workers``."""
+    t0 = time.perf_counter()
+    engine = engine or SimEngine()
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    design = make_design(cfg, manifest)
+    sim = cfg.simulation
+    prov = windows_mod.provenance(manifest)
+    profile, metrics = engine.profile_name(sim), list(engine.metric_names(sim))
+    common = _fingerprint_common(cfg, engine)
+    out_dir = cfg.paths.results_dir
+    runner = _Runner(engine, sim, int(workers or cfg.campaign.workers), plugin_loader.specs(cfg.plugins))
+    frames, recs, loads, win_pairs = [], [], [], {}
+    stats_ = {"n_sim": 0, "tasks": 0, "sim_wall": 0.0, "map_wall": 0.0, "sim_cpu": 0.0}
+
+    def simulate_units(units: dict, pw: PairWindows, htab: dict, a: str, b: str, caps: dict | None, what: str) -> dict:
+        """``{(shas, region, rho): None}`` -> the runs of every window of each unit (cached files reused).
+        A unit is content-addressed (the hybrids' SHA-256 per window, region, rho), so identical hybrids
+        (a swap that changes nothing) share their runs: same tables, same seeds."""
+        out, paths, tasks = {}, {}, {}
+        for (shas, region, rho) in units:
+            key = sha256_hex({"common": common, "hybrids": list(shas), "region": region, "rho": rho,
+                              "replicates": design.replicates})[:16]
+            p = paths[(shas, region, rho)] = _unit_path(out_dir, a, b, region, key)
+            if p.is_file():
+                out[(shas, region, rho)] = pl.read_parquet(p)
+                continue
+            for e, h in zip(pw.a_entries, shas):
+                t = tasks.setdefault((e["id"], h), [htab[h], WindowRef(e["id"], a, "hybrid", h), {},
+                                                    None if caps is None else caps[(e["id"], h)],
+                                                    design.schedulers, design.replicates, profile, metrics])
+                t[2][region] = rho
+        got = {}
+        t1 = time.perf_counter()
+        for key, res in runner.map({k: tuple(v) for k, v in tasks.items()}, what, progress):
+            got[key] = res["runs"]
+            stats_["sim_wall"] += res["wall_s"]
+            stats_["sim_cpu"] += res["cpu_s"]
+            stats_["n_sim"] += res["runs"].height
+        stats_["map_wall"] += time.perf_counter() - t1
+        stats_["tasks"] += len(tasks)
+        for u, p in paths.items():
+            if u in out:
+                continue
+            shas, region, rho = u
+            df = pl.concat([got[(e["id"], h)].filter(pl.col("region") == region)
+                            for e, h in zip(pw.a_entries, shas)]).sort(["window_id", "scheduler", "replicate"])
+            write_parquet_atomic(df, p, {"kind": "attribution-runs", "pair": pair_key(a, b), "region": region,
+                                         "rho": rho, "hybrids": list(shas)})
+            out[u] = df
+        return out
+
+    try:
+        for a, b in design.pairs:
+            pw = pair_windows(cfg, manifest, a, b, design.windows, tables)
+            win_pairs[pair_key(a, b)] = [(ea["id"], eb["id"]) for ea, eb in zip(pw.a_entries, pw.b_entries)]
+            htables, records = build_hybrids(design, pw)
+            freeze_hybrids(hybrids_path(out_dir, a, b), records, refreeze)
+            for r in records:
+                recs.append({"pair": pair_key(a, b), "source_a": a, "provenance_a": prov[a], "source_b": b,
+                             "provenance_b": prov[b], "hybrid_id": r["id"], "window_id": r["a"]["id"],
+                             "window_b": r["b"]["id"], "swap": _part_code(r["window_swap"]), "sha256": r["sha256"],
+                             "n_requests": r["n_requests"], **{k: r["stats"].get(k) for k in r["stats"]}})
+            parts = window_parts(design)
+            shas = {part: tuple(hybrids.window_sha256(htables[(part, i)]) for i in range(len(pw))) for part in parts}
+            htab = {h: htables[(part, i)] for part in parts for i, h in enumerate(shas[part])}
+            wb = {ea["id"]: eb["id"] for ea, eb in zip(pw.a_entries, pw.b_entries)}
+            label = dict(a=a, pa=prov[a], b=b, pb=prov[b], window_b=wb)
+
+            # stage 1: every window-hybrid at the regions' rho
+            s1 = simulate_units({(shas[p], r, rho): None for p in parts for r, rho in design.regions.items()},
+                                pw, htab, a, b, None, f"attribution {a} vs {b}: stage 1")
+            caps = {}
+            for (sh, _, _), df in s1.items():
+                for e, h in zip(pw.a_entries, sh):
+                    caps[(e["id"], h)] = float(df.filter(pl.col("window_id") == e["id"])["capacity_rps"][0])
+
+            # utilisation of every window-hybrid per region (reference policy, mean over the window pairs)
+            ref_pol = sim.capacity_policy
+            util = {}
+            for (sh, r, _), df in s1.items():
+                ref = df.filter(pl.col("scheduler") == ref_pol)
+                util[(sh, r)] = float(achieved_utilisation(ref).mean()) if ref.height else np.nan
+            full_part = tuple(p for p in design.swap(design.full) if p in hybrids.WINDOW_PROPERTIES)
+
+            # stage 2: the load swap, each subset with load at B's achieved utilisation
+            plan = {}
+            for mask in design.masks:
+                swap = design.swap(mask)
+                part = tuple(p for p in swap if p in hybrids.WINDOW_PROPERTIES)
+                ratio = {r: 1.0 for r in design.regions}
+                if "load" in swap:
+                    for r in design.regions:
+                        own, target = util[(shas[part], r)], util[(shas[full_part], r)]
+                        q = target / own if own > 0 else float("nan")
+                        if not (np.isfinite(q) and q > 0):
+                            raise DataError(hybrids_path(out_dir, a, b), f"hybrid {design.code(mask)} of {a} vs {b}: "
+                                            f"no completed request under {ref_pol} in region {r}, so its achieved "
+                                            "utilisation (and the load swap) is undefined")
+                        ratio[r] = 1.0 if abs(q - 1.0) <= SAME_LOAD else q
+                        loads.append({"pair": pair_key(a, b), "source_a": a, "provenance_a": prov[a], "source_b": b,
+                                      "provenance_b": prov[b], "mask": mask, "hybrid": design.code(mask), "region": r,
+                                      "rho_region": design.regions[r], "utilisation_own": own,
+                                      "utilisation_target": target, "load_ratio": ratio[r],
+                                      "rho": design.regions[r] * ratio[r]})
+                plan[mask] = (part, ratio)
+            s2_units = {(shas[part], r, design.regions[r] * q): None for part, ratio in plan.values()
+                        for r, q in ratio.items() if q != 1.0}
+            s2 = simulate_units(s2_units, pw, htab, a, b, caps, f"attribution {a} vs {b}: stage 2 (load)")
+            units = {**s1, **s2}
+            for mask, (part, ratio) in plan.items():
+                df = pl.concat([units[(shas[part], r, rho if ratio[r] == 1.0 else rho * ratio[r])]
+                                for r, rho in design.regions.items()])
+                frames.append(_label_rows(df, mask=mask, code=design.code(mask),
+                                          sha={e["id"]: h for e, h in zip(pw.a_entries, shas[part])},
+                                          rho_region=dict(design.regions), ratio=ratio, **label))
+    finally:
+        runner.close()
+    runs = pl.concat(frames, how="vertical").sort(["pair", "mask", "window_id", "region", "scheduler", "replicate"])
+    cols = list(PAIR_COLUMNS) + [c for c in runs.columns if c not in PAIR_COLUMNS]
+    runs = runs.select(cols)     # "utilisation": the campaign's per-run column (achieved_utilisation)
+    write_parquet_atomic(runs, attribution_dir(out_dir) / "runs.parquet", {"kind": "attribution-runs"})
+    wall = time.perf_counter() - t0
+    n_sim, sim_wall, sim_cpu, map_wall = stats_["n_sim"], stats_["sim_wall"], stats_["sim_cpu"], stats_["map_wall"]
+    cost = {"runs": runs.height, "simulated_runs": n_sim, "tasks_computed": stats_["tasks"],
+            "wall_s": wall, "simulation_wall_s": map_wall, "worker_wall_s": sim_wall, "simulation_cpu_s": sim_cpu,
+            "workers": runner.workers, "runs_per_wall_s": (n_sim / map_wall) if map_wall > 0 else None,
+            "runs_per_cpu_s": (n_sim / sim_cpu) if sim_cpu > 0 else None,
+            "cpu_share": (sim_cpu / sim_wall) if sim_wall > 0 else None, "reused": False}
+    cost_file = attribution_dir(out_dir) / "cost.json"
+    if n_sim:
+        fileio.write_json(cost_file, cost)
+    elif cost_file.is_file():          # everything reused: report the run that computed it
+        cost = {**json.loads(cost_file.read_text()), "runs": runs.height, "reused": True}
+    if verbose:
+        print(f"attribution: {runs.height} runs ({n_sim} simulated now, the rest reused) of {len(design.pairs)} "
+              f"pair(s) x {2 ** design.k} subsets in {wall:.1f} s", flush=True)
+    load_df = pl.DataFrame(loads) if loads else pl.DataFrame(
+        schema={"pair": pl.String, "source_a": pl.String, "provenance_a": pl.String, "source_b": pl.String,
+                "provenance_b": pl.String, "mask": pl.Int64, "hybrid": pl.String, "region": pl.String,
+                "rho_region": pl.Float64, "utilisation_own": pl.Float64, "utilisation_target": pl.Float64,
+                "load_ratio": pl.Float64, "rho": pl.Float64})
+    return AttributionRuns(runs=runs, hybrids=pl.DataFrame(recs), design=design, windows=win_pairs, load=load_df,
+                           cost=cost)

@@ -1,0 +1,156 @@
+"""How the study's findings depend on the engine model (issue #10): the headline numbers under vLLM V0
+batching next to the V1 study, and the preemptive policies under swap next to recompute.
+
+Each variant is a campaign of its own parameters (:func:`variant`: the engine section changed, its
+results under ``{results_dir}/sensitivity/<name>``, one replicate), run by the ordinary campaign
+code (:func:`run_variant`). Capacity is always measured on the reference engine (FCFS on vLLM V1,
+recompute), so every variant replays exactly the same arrivals as the study: only the engine differs. :func:`headline_numbers` reduces an analysis to the numbers the README
+and notebook 09 report; :func:`batching_sensitivity` puts them side by side (the V1 study restricted
+to the same replicate, so that only the engine differs); :func:`swap_table` compares the preemptive
+policies' outcomes under the two preemption modes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import polars as pl
+
+from ..core.config import Config
+from ..core.io import write_parquet_atomic
+from ..sim import schedulers as scheduler_registry
+from . import analysis, campaign
+
+PREEMPTIVE = ("srpt_oracle", "mlfq", "las", "rr")
+SWAP_REGIONS = ("overload", "severe")
+SWAP_METRICS = ("completed", "e2e_mean", "ttft_p99", "tpot_mean")
+
+
+def variant(cfg: Config, name: str, *, engine: Mapping | None = None, simulation: Mapping | None = None,
+            replicates: int = 1) -> Config:
+    """``cfg`` with the engine (and simulation) settings changed, one replicate, and its results in
+    ``{results_dir}/sensitivity/<name>`` (shards, capacities and runs of its own)."""
+    over = {"engine": dict(engine or {}), "simulation": {"replicates": int(replicates), **dict(simulation or {})},
+            "paths": {"results_dir": str(cfg.paths.results_dir / "sensitivity" / name)},
+            "campaign": {"request_records": {"windows_per_source": 0}}}
+    return cfg.with_overrides(over)
+
+
+def run_variant(cfg: Config, **kw) -> pl.DataFrame:
+    """Run (or resume) a variant's campaign; returns its runs table."""
+    return campaign.run(cfg, **kw).runs
+
+
+def batching_variant(cfg: Config) -> Config:
+    """The V0 sensitivity campaign: every scheduler, window and region under ``engine.batching: v0``."""
+    other = "v0" if cfg.engine.batching == "v1" else "v1"
+    return variant(cfg, f"batching_{other}", engine={"batching": other})
+
+
+def swap_variant(cfg: Config, regions: Sequence[str] = SWAP_REGIONS) -> Config:
+    """The swap sensitivity campaign: the preemptive policies and the capacity policy, heavy regions,
+    ``engine.preemption: swap``."""
+    names = [s for s in scheduler_registry.names(cfg.simulation.schedulers)
+             if s in PREEMPTIVE or s == cfg.simulation.capacity_policy]
+    regs = [r for r in regions if r in cfg.simulation.loads] or list(cfg.simulation.loads)[-2:]
+    return variant(cfg, "preemption_swap", engine={"preemption": "swap"},
+                   simulation={"schedulers": names, "regions": regs})
+
+
+def headline_numbers(A) -> dict:
+    """The numbers the study reports, from one analysis: rank agreement between sources, regions and
+    metrics, reversal counts and the most dramatic reversal, all-tied conditions, and how much the
+    findings rest on ``sarathi`` (conditions where it is the best on a TPOT / a TTFT metric, reversals
+    involving it)."""
+    s = A.summary
+    cs, cr, cm, rv = s["cross_source"], s["cross_region"], s["cross_metric"], s["reversals"]
+    out = {
+        "cross-source mean τ-b": cs["mean_tau"]["value"],
+        "cross-source Kendall's W": cs["kendall_w"]["value"],
+        "cross-region mean τ-b": cr["mean_tau"]["value"],
+        "lightest vs heaviest region τ-b": cr["extreme_regions_tau"]["value"],
+        "cross-metric mean τ-b": cm["mean_tau"]["value"],
+        "conditions where the best scheduler depends on the metric":
+            f"{round(cm['top1_change_rate']['value'] * cm['top1_change_rate']['count'])} of "
+            f"{cm['top1_change_rate']['count']}",
+        "conditions where every scheduler ties": f"{s['rank_ties']['all_tied']['value']:.0f} of "
+                                                 f"{s['rank_ties']['all_tied']['count']}",
+        "sign reversals between sources": rv["sign_reversals"]["value"],
+        "significant and practical reversals": rv["significant_and_practical"]["value"],
+    }
+    md = rv.get("most_dramatic")
+    out["most dramatic reversal"] = (f"{md['a']} vs {md['b']}, {md['metric']} at {md['region']}: "
+                                     f"{md['label_1']} {md['rel_1']:+.0%}, {md['label_2']} {md['rel_2']:+.0%}"
+                                     if md else "none")
+    rev = A["reversals"].filter(pl.col("stage") == "significant_and_practical")
+    out["significant and practical reversals involving sarathi"] = (
+        f"{rev.filter((pl.col('a') == 'sarathi') | (pl.col('b') == 'sarathi')).height} of {rev.height}")
+    top1 = A["top1"]
+    for label, prefix in (("TPOT", "tpot_"), ("TTFT", "ttft_")):
+        t = top1.filter(pl.col("metric").str.starts_with(prefix))
+        won = t.filter(pl.col("winner").str.split("+").list.contains("sarathi")).height
+        out[f"conditions where sarathi is (tied) best on a {label} metric"] = f"{won} of {t.height}"
+    return out
+
+
+def batching_sensitivity(cfg: Config, runs_main: pl.DataFrame, runs_other: pl.DataFrame, *,
+                         replicate: int = 0) -> pl.DataFrame:
+    """The headline numbers of the study's engine and of the other batching mode side by side, each
+    computed by the study's analysis (no bootstrap: point values) on one replicate, plus the headline
+    study itself (every replicate) for reference."""
+    quick = cfg.with_overrides({"analysis": {"bootstrap": 0}})
+    main = headline_numbers(analysis.compute(quick, runs_main))
+    a = headline_numbers(analysis.compute(quick, runs_main.filter(pl.col("replicate") == replicate)))
+    b = headline_numbers(analysis.compute(quick, runs_other.filter(pl.col("replicate") == replicate)))
+    this, other = cfg.engine.batching, ("v0" if cfg.engine.batching == "v1" else "v1")
+
+    def cell(v):
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+    return pl.DataFrame({"number": list(main),
+                         f"{this} (study, all replicates)": [cell(main[k]) for k in main],
+                         f"{this} (replicate {replicate})": [cell(a[k]) for k in main],
+                         f"{other} (replicate {replicate})": [cell(b.get(k)) for k in main]})
+
+
+def swap_table(runs_recompute: pl.DataFrame, runs_swap: pl.DataFrame, metrics: Sequence[str] = SWAP_METRICS,
+               replicate: int = 0) -> pl.DataFrame:
+    """Per source × region × scheduler of the swap campaign: mean preemptions, swaps and each metric
+    over windows under recompute (the study, same replicate) and under swap."""
+    keys = ["source", "provenance", "region", "scheduler"]
+    sel = runs_swap.select(keys).unique()
+    cols = [m for m in metrics if m in runs_swap.columns]
+
+    def agg(df, tag):
+        df = df.filter(pl.col("replicate") == replicate).join(sel, on=keys)
+        return df.group_by(keys).agg(pl.col("preemptions").mean().alias(f"preemptions_{tag}"),
+                                     *[pl.col(m).mean().alias(f"{m}_{tag}") for m in cols],
+                                     *([pl.col("swaps").mean().alias(f"swaps_{tag}")] if tag == "swap" else []))
+
+    out = agg(runs_recompute, "recompute").join(agg(runs_swap, "swap"), on=keys)
+    order = [*keys, "preemptions_recompute", "preemptions_swap", "swaps_swap"]
+    for m in cols:
+        order += [f"{m}_recompute", f"{m}_swap"]
+    return out.select(order).sort(keys)
+
+
+def paths(cfg: Config) -> dict:
+    """Where the sensitivity tables are written (read by notebook 04 and summary.json)."""
+    d = cfg.paths.results_dir
+    return {"batching": d / "engine_sensitivity.parquet", "swap": d / "swap_sensitivity.parquet"}
+
+
+def save(cfg: Config, batching: pl.DataFrame | None = None, swap: pl.DataFrame | None = None) -> dict:
+    """Write the sensitivity tables (parquet, atomically)."""
+    out = {}
+    for key, df in (("batching", batching), ("swap", swap)):
+        if df is not None:
+            p = paths(cfg)[key]
+            write_parquet_atomic(df, p, {"kind": f"{key}_sensitivity"})
+            out[key] = str(p)
+    return out
+
+
+def load_saved(cfg: Config) -> dict[str, pl.DataFrame]:
+    """The sensitivity tables written by :func:`save` (only those present)."""
+    return {k: pl.read_parquet(p) for k, p in paths(cfg).items() if p.is_file()}

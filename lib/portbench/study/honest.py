@@ -1,0 +1,362 @@
+"""Honest information for the informed policies, as results: predictor accuracy, "does a predictor
+port?", the ranks of the prediction-based policies with a home, a foreign or an oracle predictor,
+and per-tenant (VTC) fairness -- the ``predictors`` and ``fairness`` blocks of ``summary.json``.
+
+**Accuracy** (:func:`accuracy`): per (train source -> target source) pair, the per-window Kendall
+tau-b and Spearman rho between the frozen predictions and the true output lengths of the target's
+frozen windows, and the MAE of log lengths; means over windows with 95% percentile-bootstrap CIs
+(windows resampled, ``predictors.bootstrap`` resamples) -- :mod:`portbench.data.predictors`.
+
+**The transfer campaign** (:func:`run_transfer`, "does a predictor port?"): on the first
+``predictors.transfer.windows_per_source`` windows of every source, in the regions
+``predictors.transfer.regions``, one replicate (replicate 0: the main campaign's seeds):
+
+* *home*: the 13 policies with each source's own predictor, plus the comparison variants
+  ``sjf_noisy_oracle``, ``ltr_noisy_oracle`` (the study's former, noisy-oracle ``sjf_predicted`` /
+  ``ltr``) and ``edf_oracle``;
+* *from P*: the policies of ``predictors.transfer.schedulers`` (sjf_predicted, ltr, edf) on every
+  other source's windows with source P's predictor.
+
+:func:`variant_ranks` ranks each prediction-based policy, in each variant (home predictor, a foreign
+predictor, the oracle variant), among the 13 of the home part on the same windows: the variant
+takes the policy's place, the other 12 keep theirs (rank 1 = best mean over the windows, ties
+averaged; metric directions from the registry).
+
+**Fairness** (:func:`fairness_block`): where the trace has tenants (fields, or the stand-in
+generator's real fields / clients), the per-tenant metrics of ``vtc`` and ``fcfs`` from the main
+runs; elsewhere "n/a -- no tenants in this trace" unless ``simulation.tenant_model: seeded`` chose
+the seeded synthetic assignment (then labelled synthetic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from ..core.config import Config
+from ..core.errors import PortbenchError
+from ..core.provenance import label
+from ..data import predictors as PR
+from ..data import windows as windows_mod
+from ..sim import metrics as metric_registry
+from ..sim import schedulers as scheduler_registry
+from . import campaign, stats
+
+ORACLE_VARIANT = {"sjf_predicted": "sjf_noisy_oracle", "ltr": "ltr_noisy_oracle", "edf": "edf_oracle"}
+NA_TENANTS = "n/a — no tenants in this trace"
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+def accuracy(cfg: Config, *, manifest: Mapping | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``(per_window, summary)``: the accuracy of every (train, target) pair's frozen predictions per
+    window, and per pair its means with bootstrap CIs (columns ``<stat>``, ``<stat>_ci_low/high``)."""
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    acc = PR.accuracy_table(cfg, manifest=manifest)
+    summ = PR.accuracy_summary(acc, cfg.predictors.bootstrap, cfg.predictors.seed)
+    prov = {s: manifest["sources"][s]["provenance"] for s in PR.sources_of(manifest)}
+    rows = []
+    for (tr, tg), d in summ.items():
+        row = {"train": tr, "target": tg, "train_label": label(tr, prov[tr]), "target_label": label(tg, prov[tg]),
+               "home": tr == tg, "windows": d["windows"]}
+        for s in PR.ACCURACY_STATS:
+            ci = d.get(f"{s}_ci") or [None, None]
+            row.update({s: d.get(s), f"{s}_ci_low": ci[0], f"{s}_ci_high": ci[1]})
+        rows.append(row)
+    schema = {"train": pl.String, "target": pl.String, "train_label": pl.String, "target_label": pl.String,
+              "home": pl.Boolean, "windows": pl.Int64}
+    for s in PR.ACCURACY_STATS:
+        schema.update({s: pl.Float64, f"{s}_ci_low": pl.Float64, f"{s}_ci_high": pl.Float64})
+    return acc, pl.DataFrame(rows, schema=schema)
+
+
+# --------------------------------------------------------------------------- transfer campaign
+
+
+def transfer_dir(cfg: Config) -> Path:
+    return Path(cfg.paths.results_dir) / "predictor_transfer"
+
+
+def _sub_config(cfg: Config, part: str, schedulers: Sequence[str]) -> Config:
+    T = cfg.predictors.transfer
+    return cfg.with_overrides({
+        "paths.results_dir": str(transfer_dir(cfg) / part), "simulation.schedulers": list(schedulers),
+        "simulation.regions": list(T.regions), "simulation.replicates": 1,
+        "campaign.windows_per_source": int(T.windows_per_source), "campaign.request_records": None})
+
+
+def _home_schedulers() -> list[str]:
+    return scheduler_registry.names("all") + [v for v in ORACLE_VARIANT.values() if v in scheduler_registry.SCHEDULERS]
+
+
+def run_transfer(cfg: Config, *, progress: bool = True, verbose: bool = True) -> pl.DataFrame:
+    """Run (or resume) the transfer campaign (module docstring); returns its runs with a column
+    ``predictor`` (the source whose predictor the run used; the target itself for home runs)."""
+    manifest = windows_mod.load_manifest(cfg)
+    T = cfg.predictors.transfer
+    srcs = PR.sources_of(manifest)
+    home_cfg = _sub_config(cfg, "home", _home_schedulers())
+    campaign.run(home_cfg, progress=progress, verbose=verbose)
+    refs = campaign.window_refs(home_cfg, manifest)
+    tables = windows_mod.load_windows(cfg, per_source=int(T.windows_per_source), manifest=manifest)
+    for p in srcs:
+        sub = _sub_config(cfg, f"from-{p}", list(T.schedulers))
+        given = {r.id: tables[r.id] for r in refs if r.source != p}
+        if not given:
+            continue
+        run = campaign.run_tables(sub, given, list(T.schedulers), manifest=manifest, train=p)
+        campaign.run(sub, windows=[(r, run[r.id]) for r in refs if r.id in run], progress=progress,
+                     verbose=verbose)
+    return load_transfer(cfg)
+
+
+def load_transfer(cfg: Config) -> pl.DataFrame | None:
+    """The transfer campaign's runs (home + every foreign predictor), or None when it has not run."""
+    base = transfer_dir(cfg)
+    parts = []
+    home = base / "home" / "runs.parquet"
+    if not home.is_file():
+        return None
+    h = pl.read_parquet(home)
+    parts.append(h.with_columns(pl.col("source").alias("predictor")))
+    for f in sorted(base.glob("from-*/runs.parquet")):
+        p = f.parent.name.removeprefix("from-")
+        parts.append(pl.read_parquet(f).with_columns(pl.lit(p).alias("predictor")))
+    return pl.concat(parts, how="diagonal_relaxed")
+
+
+def _rank(values: np.ndarray, direction: str, tolerance: float) -> np.ndarray:
+    """Ranks (1 = best) of means, practically tied as in the analysis (``analysis.rank_tolerance``,
+    :func:`portbench.study.stats.tolerant_ranks`); a NaN mean is left out (NaN rank)."""
+    r = np.full(values.shape, np.nan)
+    ok = np.isfinite(values)
+    if ok.any():
+        r[ok] = stats.tolerant_ranks(stats.ORIENTATION[direction] * values[ok], tolerance)
+    return r
+
+
+def variant_ranks(runs: pl.DataFrame, metrics: Sequence[str], schedulers: Sequence[str] | None = None,
+                  tolerance: float = 0.0) -> pl.DataFrame:
+    """One row per (source, region, metric, policy, variant): the policy's mean over the windows with
+    that predictor and its rank among the 13 when it takes the policy's place (module docstring).
+    ``variant`` is ``home``, ``from <source>`` or ``oracle`` (the comparison variant); ``tolerance`` =
+    ``analysis.rank_tolerance`` (means within it are tied, as in every ranking of the analysis)."""
+    policies = [p for p in (schedulers or list(ORACLE_VARIANT)) if p in ORACLE_VARIANT]
+    the13 = scheduler_registry.names("all")
+    rows = []
+    for (src, region), part in runs.group_by(["source", "region"], maintain_order=True):
+        home = part.filter((pl.col("predictor") == src) & pl.col("scheduler").is_in(the13))
+        wins = sorted(home["window_id"].unique().to_list())
+        for m in metrics:
+            if m not in part.columns:
+                continue
+            d = metric_registry.direction(m)
+            means = {k: float(np.nanmean(g[m].to_numpy().astype(float))) if g.height else np.nan
+                     for (k,), g in home.group_by(["scheduler"])}
+            for pol in policies:
+                variants = [("home", pol, src)]
+                for pred in sorted(part.filter((pl.col("scheduler") == pol) & (pl.col("predictor") != src))
+                                   ["predictor"].unique().to_list()):
+                    variants.append((f"from {pred}", pol, pred))
+                variants.append(("oracle", ORACLE_VARIANT[pol], src))
+                for vname, sched, pred in variants:
+                    g = part.filter((pl.col("scheduler") == sched) & (pl.col("predictor") == pred)
+                                    & pl.col("window_id").is_in(wins))
+                    if g.height == 0:
+                        continue
+                    with np.errstate(all="ignore"):
+                        mine = float(np.nanmean(g[m].to_numpy().astype(float))) if g.height else np.nan
+                    order = [k for k in the13 if k in means]
+                    vals = np.array([mine if k == pol else means[k] for k in order])
+                    r = _rank(vals, d, tolerance)
+                    rows.append({"source": src, "region": region, "metric": m, "policy": pol, "variant": vname,
+                                 "scheduler": sched, "predictor": pred, "mean": mine,
+                                 "rank": float(r[order.index(pol)]) if pol in order else np.nan,
+                                 "n_ranked": int(np.isfinite(vals).sum()), "n_windows": int(g.height)})
+    schema = {"source": pl.String, "region": pl.String, "metric": pl.String, "policy": pl.String,
+              "variant": pl.String, "scheduler": pl.String, "predictor": pl.String, "mean": pl.Float64,
+              "rank": pl.Float64, "n_ranked": pl.Int64, "n_windows": pl.Int64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def home_matches_main(cfg: Config, transfer: pl.DataFrame) -> bool | None:
+    """Whether the transfer campaign's home runs equal the main campaign's replicate-0 runs of the same
+    windows, regions and policies (same seeds, same frozen predictions); None without main runs."""
+    try:
+        main = campaign.load_runs(cfg)
+    except PortbenchError:
+        return None
+    keys = ["window_id", "region", "scheduler"]
+    home = transfer.filter(pl.col("predictor") == pl.col("source"))
+    both = home.join(main.filter(pl.col("replicate") == 0), on=keys, suffix="_main")
+    if both.height == 0:
+        return None
+    cols = [m for m in metric_registry.metric_names(cfg.simulation.slo) if m in both.columns
+            and f"{m}_main" in both.columns]
+    for m in cols:
+        a, b = both[m].to_numpy().astype(float), both[f"{m}_main"].to_numpy().astype(float)
+        if not np.allclose(a, b, equal_nan=True, rtol=1e-9, atol=1e-12):
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- summary blocks
+
+
+def _num(x):
+    if x is None:
+        return None
+    x = float(x)
+    return None if not np.isfinite(x) else float(f"{x:.6g}")
+
+
+def predictors_block(cfg: Config, *, manifest: Mapping | None = None) -> dict:
+    """``summary.json["predictors"]``: per source its home predictor's accuracy (tau, spearman, mae_log
+    with CIs, the ranker's tau, the noisy oracle's tau for reference), train rows and features; under
+    ``transfer`` every ordered source pair's accuracy and, when the transfer campaign has run, the
+    mean rank of sjf_predicted / ltr / edf with that predictor."""
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    frozen = PR.load_predictions(cfg, PR.all_pairs(manifest), manifest=manifest)
+    _, summ = accuracy(cfg, manifest=manifest)
+    out: dict = {"definition": (
+        "per window: Kendall tau-b and Spearman rho between the frozen predicted output length and the true "
+        "one, MAE of natural-log lengths; ranker_* = the LambdaRank score (ltr). Mean over the target's frozen "
+        "windows, 95% percentile bootstrap CI over windows. noisy_oracle_tau = the study's former predictor "
+        "(true length x exp(N(0, simulation.predictor_sigma))) for comparison. Predictors are trained only "
+        "on requests outside every frozen window (data.predictors)."),
+        "bootstrap": int(cfg.predictors.bootstrap),
+        "checks": ("repeats = share of window requests whose exact (prompt, output) pair / prompt length occurs among "
+                   "the training requests of the model predicting them (templated traffic, not a leak: no window row "
+                   "is a training row); past_only = a real source's predictor trained only on rows before the second "
+                   "half of its windows, tau on that half, beside the home predictor's tau there")}
+    stats = ("tau", "spearman", "mae_log", "ranker_tau", "ranker_spearman", "noisy_oracle_tau")
+
+    def acc_of(row) -> dict:
+        d = {}
+        for s in stats:
+            if row.get(s) is None:
+                continue
+            d[s] = _num(row[s])
+            d[f"{s}_ci"] = [_num(row[f"{s}_ci_low"]), _num(row[f"{s}_ci_high"])]
+        d["windows"] = int(row["windows"])
+        return d
+
+    rows = {(r["train"], r["target"]): r for r in summ.iter_rows(named=True)}
+    for s in PR.sources_of(manifest):
+        info = frozen[(s, s)].info
+        out[s] = {"label": info.get("train_label"), **acc_of(rows[(s, s)]), "train_rows": int(info["train_rows"]),
+                  "features": list(info["features"]), "feature_notes": info.get("notes", {}),
+                  "training": info.get("training", {}), "models": info.get("models"),
+                  "regressor": info.get("regressor"), "ranker": info.get("ranker"), "key": info.get("key"),
+                  "repeats": PR.repeat_share(cfg, s, manifest=manifest),
+                  "past_only": PR.past_only_check(cfg, s, manifest=manifest)}
+    transfer = load_transfer(cfg)
+    ranks = None
+    if transfer is not None:
+        ranks = variant_ranks(transfer, list(cfg.analysis.headline_metrics), tolerance=cfg.analysis.rank_tolerance)
+    tr_block: dict = {}
+    for (a, b), row in rows.items():
+        if a == b:
+            continue
+        d = {"train": a, "target": b, **acc_of(row), "features": list(frozen[(a, b)].info["features"])}
+        if ranks is not None:
+            d["mean_rank"] = {}
+            for pol in ORACLE_VARIANT:
+                f = ranks.filter((pl.col("source") == b) & (pl.col("policy") == pol))
+                foreign = f.filter(pl.col("variant") == f"from {a}")["rank"]
+                own = f.filter(pl.col("variant") == "home")["rank"]
+                if foreign.len():
+                    d["mean_rank"][pol] = {"foreign": _num(foreign.mean()), "home": _num(own.mean())}
+        tr_block[f"{a}->{b}"] = d
+    out["transfer"] = tr_block
+    if ranks is not None:
+        T = cfg.predictors.transfer
+        out["transfer"]["campaign"] = {
+            "windows_per_source": int(T.windows_per_source), "regions": list(T.regions),
+            "schedulers": list(T.schedulers), "replicates": 1, "n_runs": int(transfer.height),
+            "metrics_ranked": list(cfg.analysis.headline_metrics),
+            "rank_definition": "rank (1 = best of 13; means within analysis.rank_tolerance tied) of the policy's mean "
+                               "over the subset's windows when the variant takes its place among the 13 (home "
+                               "predictor runs); mean over regions x metrics",
+            "home_runs_equal_main_campaign": home_matches_main(cfg, transfer)}
+        out["vs_noisy_oracle"] = {}
+        for pol, orc in ORACLE_VARIANT.items():
+            f = ranks.filter(pl.col("policy") == pol)
+            out["vs_noisy_oracle"][pol] = {
+                src: {"learned": _num(g.filter(pl.col("variant") == "home")["rank"].mean()),
+                      orc: _num(g.filter(pl.col("variant") == "oracle")["rank"].mean())}
+                for (src,), g in f.group_by(["source"], maintain_order=True)}
+    return out
+
+
+def tenant_table(cfg: Config, *, manifest: Mapping | None = None) -> pl.DataFrame:
+    """Per source: where its tenants come from and how the tenant-based results are to be read."""
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    rows = []
+    for s in PR.sources_of(manifest):
+        rec = (manifest["sources"][s].get("tenants") or {})
+        lab = windows_mod.tenant_label(manifest, s, cfg.simulation.tenant_model)
+        if lab == "trace":
+            origin = ("tenant field(s) " + "/".join(rec.get("fields", [])) if rec.get("rule") == "fields"
+                      else f"the stand-in generator's tenants ({rec.get('generator_rule', '')})")
+            reading = "reported"
+        elif lab == "none":
+            origin = reading = NA_TENANTS
+        else:
+            origin, reading = lab, "reported, labelled synthetic"
+        rows.append({"source": s, "label": label(s, manifest["sources"][s]["provenance"]), "tenants": lab,
+                     "origin": origin, "tenant_metrics": reading})
+    return pl.DataFrame(rows)
+
+
+def fairness_block(cfg: Config, runs: pl.DataFrame | None = None, *, manifest: Mapping | None = None) -> dict:
+    """``summary.json["fairness"]``: the metric definitions, where each source's tenants come from, and per
+    source x region the mean tenant_service_gap / tenant_jain of vtc and fcfs (n/a without tenants)."""
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    out: dict = {"definitions": {m: metric_registry.metric(m).description
+                                 for m in ("tenant_service_gap", "tenant_jain", "slowdown_jain")},
+                 "weights": {"prompt": metric_registry.TENANT_WEIGHTS[0],
+                             "output": metric_registry.TENANT_WEIGHTS[1]},
+                 "tenant_model": cfg.simulation.tenant_model, "sources": {}}
+    if runs is None:
+        try:
+            runs = campaign.load_runs(cfg)
+        except PortbenchError:
+            runs = None
+    for row in tenant_table(cfg, manifest=manifest).iter_rows(named=True):
+        s = row["source"]
+        d: dict = {"tenants": row["tenants"], "origin": row["origin"]}
+        if row["tenants"] == "none":
+            d["vtc"] = NA_TENANTS
+        elif runs is not None and "tenant_service_gap" in runs.columns:
+            present = set(runs["scheduler"].unique().to_list())
+            if "vtc" not in present:
+                d["vtc"] = "vtc is not among this campaign's schedulers"
+            part = runs.filter((pl.col("source") == s) & pl.col("scheduler").is_in(["vtc", "fcfs"]))
+            by = {}
+            for (reg, sch), g in part.group_by(["region", "scheduler"], maintain_order=True):
+                by.setdefault(reg, {})[sch] = {"tenant_service_gap": _num(g["tenant_service_gap"].mean()),
+                                               "tenant_jain": _num(g["tenant_jain"].mean()),
+                                               "runs": int(g.height)}
+            d["by_region"] = by
+        out["sources"][s] = d
+    return out
+
+
+def add_to_summary(cfg: Config, summary: dict) -> dict:
+    """``summary`` with the ``predictors`` and ``fairness`` blocks added (a failure to build them is
+    recorded in the block rather than losing the rest of the summary)."""
+    for key, fn in (("predictors", predictors_block), ("fairness", fairness_block)):
+        try:
+            summary[key] = fn(cfg)
+        except (PortbenchError, OSError) as e:
+            summary[key] = {"error": f"{type(e).__name__}: {e}"}
+    return summary
+
+
+__all__ = ["ORACLE_VARIANT", "NA_TENANTS", "accuracy", "add_to_summary", "fairness_block", "home_matches_main",
+           "load_transfer", "predictors_block", "run_transfer", "tenant_table", "transfer_dir", "variant_ranks"]

@@ -1,0 +1,270 @@
+"""Counterfactual attribution (issue #17): hybrid windows, Shapley values, and planted sources end to end
+through the real simulator (small windows, few schedulers, one process)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from portbench import params
+from portbench.core.errors import DataError, IntegrityError, ParameterError
+from portbench.data import hybrids
+from portbench.data.window_table import window_sha256
+from portbench.study import analysis, attribution, campaign, stats
+from portbench.study.attribution import game as sh
+
+SCHEDULERS = ["fcfs", "sarathi", "sjf_oracle", "srpt_oracle", "las", "random"]
+
+
+def _window(rng, n=60) -> pl.DataFrame:
+    arr = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0, n - 1))])
+    p = np.maximum(1, rng.lognormal(6.0, 0.8, n)).astype(np.int64)
+    o = np.maximum(1, rng.lognormal(4.5, 0.9, n)).astype(np.int64)
+    return pl.DataFrame({"arrival_s": arr, "prompt_tokens": p, "output_tokens": o,
+                         "tenant": [f"t{k}" for k in rng.integers(1, 3, n)]})
+
+
+def _longer_outputs(df: pl.DataFrame) -> pl.DataFrame:
+    """A strictly increasing transform of the outputs: a different output-length distribution, the same
+    ranks (so the coupling and every other property are unchanged)."""
+    o = df["output_tokens"].to_numpy()
+    return df.with_columns(pl.Series("output_tokens", o * 2 + (o * o) // 40, dtype=pl.Int64))
+
+
+def _planted(tmp_path, b_of, *, windows=4, region="overload", properties=None, bootstrap=100):
+    rng = np.random.default_rng(1)
+    a = [_window(rng) for _ in range(windows)]
+    wins, tables = [], {}
+    for src, dfs in (("plant_a", a), ("plant_b", [b_of(d) for d in a])):
+        for i, df in enumerate(dfs):
+            wid = f"{src}-{i:02d}"
+            tables[wid] = df
+            wins.append({"id": wid, "source": src, "provenance": "standin", "sha256": window_sha256(df)})
+    # 4 windows cannot make a Wilcoxon test significant (min p = 0.125): the planted tests check the
+    # attribution's mechanics, so they rank exact means instead of the study's statistical ties
+    over = {"paths": {"results_dir": str(tmp_path / "results")}, "simulation": {"schedulers": SCHEDULERS},
+            "analysis": {"ties": "exact"},
+            "attribution": {"regions": [region], "windows": windows, "bootstrap": bootstrap}}
+    if properties is not None:
+        over["attribution"]["properties"] = properties
+    cfg = params.load("papermill_params/smoke.yaml", over)
+    return cfg, {"windows": wins}, tables
+
+
+def _run(cfg, man, tables):
+    ar = attribution.run(cfg, manifest=man, tables=tables, progress=False, verbose=False, workers=1)
+    return ar, attribution.compute(cfg, ar)
+
+
+# --------------------------------------------------------------------------- hybrid windows
+
+def test_hybrid_of_a_window_with_itself_is_the_window_bit_for_bit():
+    rng = np.random.default_rng(0)
+    a = _window(rng)
+    for r in range(len(hybrids.PROPERTIES) + 1):
+        for swap in itertools.combinations(hybrids.PROPERTIES, r):
+            assert window_sha256(hybrids.hybrid_window(a, a, swap)) == window_sha256(a), swap
+
+
+def test_hybrid_takes_exactly_the_swapped_property():
+    rng = np.random.default_rng(2)
+    a, b = _window(rng), _window(rng)
+    full = hybrids.hybrid_window(a, b, hybrids.WINDOW_PROPERTIES)
+    for c in ("prompt_tokens", "output_tokens", "tenant"):
+        assert full[c].to_list() == b[c].to_list()
+    assert np.allclose(full["arrival_s"], b["arrival_s"] * a["arrival_s"][-1] / b["arrival_s"][-1])
+    h = hybrids.hybrid_window(a, b, ["prompt"])
+    assert sorted(h["prompt_tokens"]) == sorted(b["prompt_tokens"])            # B's distribution ...
+    pa, ph = a["prompt_tokens"].to_numpy(), h["prompt_tokens"].to_numpy()
+    order = np.argsort(pa, kind="stable")
+    assert (np.diff(ph[order]) >= 0).all()                                     # ... in A's order
+    for c in ("arrival_s", "output_tokens", "tenant"):
+        assert h[c].to_list() == a[c].to_list()
+    c = hybrids.hybrid_window(a, b, ["coupling"])
+    assert sorted(c["prompt_tokens"]) == sorted(a["prompt_tokens"]) and sorted(c["output_tokens"]) == sorted(a["output_tokens"])
+    assert c["tenant"].to_list() == b["tenant"].to_list() and c["arrival_s"].to_list() == a["arrival_s"].to_list()
+    arr = hybrids.hybrid_window(a, b, ["arrival"])
+    assert arr["arrival_s"][-1] == pytest.approx(a["arrival_s"][-1]) and arr.height == a.height
+    assert arr.drop("arrival_s").equals(a.drop("arrival_s"))
+
+
+def test_hybrid_bad_input_names_the_problem():
+    rng = np.random.default_rng(3)
+    a = _window(rng)
+    with pytest.raises(DataError, match="same size"):
+        hybrids.hybrid_window(a, a.head(10), ["prompt"], a_id="x", b_id="y")
+    with pytest.raises(ParameterError, match="swap"):
+        hybrids.hybrid_window(a, a, ["length"])
+    rec = hybrids.hybrid_record({"id": "x", "source": "s", "provenance": "real", "sha256": "0"},
+                                {"id": "y", "source": "t", "provenance": "real", "sha256": "1"}, ["prompt"], a,
+                                seed=0, hybrid_id="x~y:prompt")
+    bad = dict(rec, sha256="f" * 64)
+    with pytest.raises(IntegrityError, match="x~y:prompt"):
+        hybrids.verify_records([rec], {rec["id"]: bad}, "frozen.json")
+
+
+def test_attribution_config_checks():
+    with pytest.raises(ParameterError, match="exactly once"):
+        params.load(overrides={"attribution": {"properties": ["arrival", "prompt", "output"]}})
+    with pytest.raises(ParameterError, match="attribution.regions"):
+        params.load(overrides={"attribution": {"regions": ["nowhere"]}})
+    with pytest.raises(ParameterError, match="attribution.pairs"):
+        params.load(overrides={"attribution": {"pairs": [["azure", "nope"]]}})
+    cfg = params.load()
+    assert sorted(x for g in cfg.attribution.properties for x in g) == sorted(hybrids.PROPERTIES)
+
+
+def test_default_pairs_prefer_the_all_real_panel():
+    assert attribution.resolve_pairs("auto", ["azure", "burstgpt", "bailian"]) == [("azure", "burstgpt"),
+                                                                                ("azure", "bailian")]
+    panel = ["azure", "burstgpt", "bailian", "azure_code", "mooncake"]
+    assert attribution.resolve_pairs("auto", panel) == [("azure", "azure_code"), ("azure", "mooncake"),
+                                                       ("azure_code", "mooncake")]
+    assert attribution.spaced(40, 10) == [0, 4, 9, 13, 17, 22, 26, 30, 35, 39]
+
+
+# --------------------------------------------------------------------------- Shapley values
+
+def test_shapley_on_hand_computed_games():
+    k = 3
+    weights = np.array([1.0, 2.0, 4.0])
+    additive = np.array([sum(weights[i] for i in range(k) if m >> i & 1) for m in range(2 ** k)])
+    assert np.allclose(sh.shapley(additive), weights) and sh.interaction(additive) == pytest.approx(0)
+    unanimity = np.zeros(2 ** k)
+    unanimity[-1] = 1.0                                     # only all three together matter
+    assert np.allclose(sh.shapley(unanimity), 1 / 3) and sh.interaction(unanimity) == pytest.approx(1)
+    # a dummy player (bit 2) adds nothing -> 0; the other two split v symmetrically
+    v = np.array([0, 1, 1, 3, 0, 1, 1, 3], dtype=float)
+    phi = sh.shapley(v)
+    assert phi[2] == 0 and phi[0] == phi[1] == pytest.approx(1.5) and phi.sum() == pytest.approx(v[-1])
+    assert sh.smallest_sets(np.array([0, 0, 0, 1, 0, 1, 1, 1], bool)) == [3, 5, 6]
+    with pytest.raises(ValueError):
+        sh.shapley(np.zeros(6))
+
+
+def test_compare_rankings():
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    c = attribution.compare(x, x)
+    assert c["kendall"] == 0 and c["tau"] == pytest.approx(1) and c["top1_kept"] == 1
+    c = attribution.compare(x, x[::-1])
+    assert c["kendall"] == 1 and c["tau"] == pytest.approx(-1) and c["discordance"] == 1 and c["top1_kept"] == 0
+    tied = np.array([1.5, 1.5, 3.0, 4.0])                  # one pair tied in one ranking only: half a flip
+    assert attribution.compare(x, tied)["kendall"] == pytest.approx(0.5 / 6)
+    assert attribution.compare(x, tied)["tau_norm"] == pytest.approx(1.0)
+    assert stats.tau_b(x, tied) == pytest.approx(attribution.compare(x, tied)["tau"])
+
+
+# --------------------------------------------------------------------------- planted sources, end to end
+
+def test_sources_differing_only_in_output_lengths_attribute_it_to_outputs(tmp_path):
+    cfg, man, tables = _planted(tmp_path, _longer_outputs,
+                                properties=["arrival", "prompt", "output", "coupling", "load"])
+    ar, A = _run(cfg, man, tables)
+    pr = A.summary["pairs"]["plant_a|plant_b"]
+    assert pr["disagreement"]["value"] > 0                  # the rankings do differ
+    # Longer outputs also lower B's achieved utilisation at the same rho (the campaign's work-based
+    # utilisation: ~0.79 vs ~0.99 at overload here), so the load swap carries part of the difference;
+    # the window properties other than the outputs carry none.
+    assert pr["largest_share"] == "output"
+    assert pr["shares"]["output"]["value"] + pr["shares"]["load"]["value"] >= 0.99
+    assert all(pr["shares"][p]["value"] == 0 for p in ("arrival", "prompt", "coupling"))
+    assert len(ar.runs["mask"].unique()) == 32
+    # with the outputs and the load they bring swapped together, that group carries all of it
+    cfg4, man4, tables4 = _planted(tmp_path / "grouped", _longer_outputs,
+                                   properties=["arrival", "prompt", ["output", "load"], "coupling"])
+    _, A4 = _run(cfg4, man4, tables4)
+    shares = A4.summary["pairs"]["plant_a|plant_b"]["shares"]
+    grouped = next(k for k in shares if "output" in k)
+    assert shares[grouped]["value"] >= 0.99, shares
+
+
+def test_identical_sources_attribute_nothing_and_rank_alike(tmp_path):
+    cfg, man, tables = _planted(tmp_path, lambda d: d)
+    ar, A = _run(cfg, man, tables)
+    pr = A.summary["pairs"]["plant_a|plant_b"]
+    assert pr["disagreement"]["value"] == 0
+    assert all(s["value"] is None and s["phi"] == 0 for s in pr["shares"].values())
+    h = A["hybrid_agreement"]
+    assert (h["distance_vs_a"] == 0).all() and (h["top1_kept_vs_a"] == 1).all()
+    assert ar.load["load_ratio"].to_list() == [1.0] * ar.load.height
+
+
+def _direct_runs(cfg, wid, df):
+    """The campaign's own shard computation of one window (overload, every scheduler, replicate 0)."""
+    eng = campaign.SimEngine()
+    ctx = campaign.WorkerContext(engine=eng, sim=cfg.simulation, windows={wid: df})
+    cap = campaign.compute_capacity(ctx, wid)[1]
+    shard = campaign.ShardSpec(window=campaign.WindowRef(wid, "plant_a", "standin", window_sha256(df)),
+                               region="overload", rho=cfg.simulation.region_loads["overload"],
+                               schedulers=tuple(SCHEDULERS), replicates=(0,), record_replicates=(), key="", name="x",
+                               fingerprint="")
+    out = campaign.compute_shard(ctx, shard, cap, eng.profile_name(cfg.simulation), eng.metric_names(cfg.simulation))
+    return out["runs"].drop("source", "provenance").sort("scheduler")
+
+
+def test_identity_swaps_leave_every_run_bit_identical(tmp_path):
+    cfg, man, tables = _planted(tmp_path, _longer_outputs, bootstrap=0,
+                                properties=["arrival", "prompt", "output", "coupling", "load"])
+    ar, _ = _run(cfg, man, tables)
+    wid, a, b = "plant_a-00", tables["plant_a-00"], tables["plant_b-00"]
+    direct = _direct_runs(cfg, wid, a)
+    cols = direct.columns
+    # the subset that swaps nothing is the campaign's own run of A's window, bit for bit
+    ours = ar.runs.filter((pl.col("mask") == 0) & (pl.col("window_id") == wid)).sort("scheduler").select(cols)
+    assert ours.equals(direct)
+    # B differs from A only in its outputs: swapping another window property is the identity, and each such
+    # hybrid, simulated on its own, gives exactly the runs of A (the load is not: B's longer outputs give B
+    # another achieved utilisation; its identity is checked with identical sources)
+    for r in range(4):
+        for swap in itertools.combinations(["arrival", "prompt", "coupling"], r):
+            h = hybrids.hybrid_window(a, b, swap)
+            assert window_sha256(h) == window_sha256(a), swap
+            assert _direct_runs(cfg, wid, h).equals(direct), swap
+            mask = sum(1 << ["arrival", "prompt", "output", "coupling", "load"].index(p) for p in swap)
+            got = ar.runs.filter((pl.col("mask") == mask) & (pl.col("window_id") == wid)).sort("scheduler")
+            assert got.select(cols).equals(direct), swap
+    # the output swap is not the identity
+    assert not _direct_runs(cfg, wid, hybrids.hybrid_window(a, b, ["output"])).equals(direct)
+
+
+def test_hybrids_are_frozen_and_verified(tmp_path):
+    cfg, man, tables = _planted(tmp_path, _longer_outputs, bootstrap=0)
+    attribution.run(cfg, manifest=man, tables=tables, progress=False, verbose=False, workers=1)
+    path = attribution.hybrids_path(cfg.paths.results_dir, "plant_a", "plant_b")
+    frozen = json.loads(path.read_text())
+    assert all(len(h["sha256"]) == 64 for h in frozen["hybrids"])
+    rec = frozen["hybrids"][3]
+    assert rec["a"]["id"].startswith("plant_a") and rec["b"]["id"].startswith("plant_b") and "seed" in rec
+    rec["sha256"] = "0" * 64
+    path.write_text(json.dumps(frozen))
+    with pytest.raises(IntegrityError, match="refreeze"):
+        attribution.run(cfg, manifest=man, tables=tables, progress=False, verbose=False, workers=1)
+    attribution.run(cfg, manifest=man, tables=tables, progress=False, verbose=False, workers=1, refreeze=True)
+
+
+def test_summary_section_has_shares_and_cis(tmp_path):
+    cfg, man, tables = _planted(tmp_path, _longer_outputs)
+    ar, A = _run(cfg, man, tables)
+    paths = attribution.write(cfg, A)
+    sec = json.loads(open(paths["section"]).read())
+    pr = sec["pairs"]["plant_a|plant_b"]
+    for player in cfg.attribution.players:
+        s = pr["shares"][player]
+        assert set(s) >= {"value", "ci", "phi", "phi_ci"} and len(s["ci"]) == 2
+    assert pr["disagreement"]["ci"][0] <= pr["disagreement"]["value"] <= pr["disagreement"]["ci"][1] + 1e-9
+    assert "interact" in pr["interaction"]
+    got = analysis.sections.read_sections(cfg.paths.results_dir)
+    assert got["attribution"]["pairs"].keys() == sec["pairs"].keys()
+    for t in attribution.TABLES:
+        assert (attribution.attribution_dir(cfg.paths.results_dir) / f"{t}.parquet").is_file()
+
+
+def test_cli_has_attribute_command():
+    from portbench import cli
+
+    args = cli.build_parser().parse_args(["attribute", "--refreeze", "--no-figures", "--set", "attribution.windows=3"])
+    assert args.func is cli.cmd_attribute and args.refreeze and args.no_figures
