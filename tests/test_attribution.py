@@ -92,6 +92,35 @@ def test_hybrid_takes_exactly_the_swapped_property():
     assert arr.drop("arrival_s").equals(a.drop("arrival_s"))
 
 
+def _hashed(df: pl.DataFrame, base: int) -> pl.DataFrame:
+    """``df`` with distinct prompt block hashes per request (one per 512 tokens, ids from ``base``)."""
+    hs = [[base + 1000 * i + j for j in range(-(-int(p) // 512))] for i, p in enumerate(df["prompt_tokens"])]
+    return df.with_columns(pl.Series("block_hashes", hs, dtype=pl.List(pl.Int64)))
+
+
+def test_block_hashes_travel_with_their_prompts():
+    """A prompt's block hashes go wherever its length goes: the full swap is B with B's hashes, the identity
+    keeps A's, and a hybrid whose prompts come from a source without hashes has none."""
+    rng = np.random.default_rng(5)
+    a, b = _hashed(_window(rng), 10**6), _hashed(_window(rng), 2 * 10**6)
+    full = hybrids.hybrid_window(a, b, hybrids.WINDOW_PROPERTIES)
+    assert full["block_hashes"].to_list() == b["block_hashes"].to_list()
+    assert window_sha256(hybrids.hybrid_window(a, a, hybrids.WINDOW_PROPERTIES)) == window_sha256(a)
+    for swap in (["prompt"], ["coupling"], ["prompt", "output"], ["arrival"], ["output"]):
+        h = hybrids.hybrid_window(a, b, swap)
+        src = b if "prompt" in swap else a
+        by_hash = {tuple(x): int(p) for x, p in zip(src["block_hashes"].to_list(), src["prompt_tokens"])}
+        # every request carries the hashes of the request whose prompt length it took
+        assert all(by_hash[tuple(x)] == int(p) for x, p in zip(h["block_hashes"].to_list(), h["prompt_tokens"])), swap
+    plain = b.drop("block_hashes")
+    assert "block_hashes" not in hybrids.hybrid_window(a, plain, ["prompt"]).columns
+    assert hybrids.hybrid_window(a, plain, ["output"])["block_hashes"].to_list() == a["block_hashes"].to_list()
+    h = hybrids.hybrid_window(plain, a, ["prompt"])           # A without hashes takes a hashed source's prompts
+    by_hash = {tuple(x): int(p) for x, p in zip(a["block_hashes"].to_list(), a["prompt_tokens"])}
+    assert sorted(map(tuple, h["block_hashes"].to_list())) == sorted(by_hash)
+    assert all(by_hash[tuple(x)] == int(p) for x, p in zip(h["block_hashes"].to_list(), h["prompt_tokens"]))
+
+
 def test_hybrid_bad_input_names_the_problem():
     rng = np.random.default_rng(3)
     a = _window(rng)

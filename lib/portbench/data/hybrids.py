@@ -9,6 +9,11 @@ A window of ``n`` requests is split into four *window properties* that together 
   order (the prompt/output dependence, and the order in time of long and short requests), with the
   requests' tenant labels (who sent each request belongs to the request, not to a length distribution).
 
+A prompt's block hashes (``block_hashes``, the prefix-sharing structure a trace such as Mooncake records)
+travel with its prompt length: each hybrid request takes the hashes of the request whose prompt length
+it takes, so swapping the four window properties gives B's hashes as well (and B's prefix-cache hits),
+and a hybrid whose prompts come from a source without hashes has none.
+
 A fifth property, ``load`` (the achieved utilisation a region puts the window at), is a property of
 the *run*, not of the window: it is applied by the attribution study (:mod:`portbench.study.attribution`)
 when it rescales the window, and :func:`hybrid_window` ignores it.
@@ -23,7 +28,8 @@ sorted lengths, request ``i`` of the hybrid gets
   lengths by B's at the same ranks, so A's coupling and order in time are kept exactly;
 * arrival times ``arr_B * (span_A / span_B)`` when ``arrival`` is swapped (B's pattern at A's
   rate, so A's request count and mean rate are kept), else A's times unchanged;
-* tenants of the window whose coupling it takes.
+* tenants of the window whose coupling it takes;
+* the block hashes of the request whose prompt length it takes (when that window has hashes).
 
 Swapping nothing returns A's table bit for bit; swapping the four window properties gives B's requests
 with B's arrival pattern at A's rate (which a region's rescaling removes: :func:`portbench.sim.regions.rescale`
@@ -45,12 +51,13 @@ import numpy as np
 import polars as pl
 
 from ..core.errors import DataError, IntegrityError, ParameterError
-from .window_table import SCHEMA, as_window_table, window_sha256, window_stats
+from .window_table import HASH_COLUMN, as_window_table, columns_of, window_sha256, window_stats
 
 PROPERTIES = ("arrival", "prompt", "output", "coupling", "load")
 WINDOW_PROPERTIES = ("arrival", "prompt", "output", "coupling")
 RUN_PROPERTIES = ("load",)
-CONSTRUCTION = "portbench-hybrid-v1 (quantile map of lengths, rank pattern of coupling, arrivals scaled to A's span)"
+CONSTRUCTION = ("portbench-hybrid-v2 (quantile map of lengths, rank pattern of coupling, arrivals scaled to A's span, "
+                "block hashes with their prompts)")
 DESCRIPTIONS = {
     "arrival": "inter-arrival pattern (B's arrival times scaled to A's span: A's rate kept)",
     "prompt": "prompt-length distribution (B's sorted prompt lengths at A's ranks)",
@@ -100,18 +107,28 @@ def hybrid_window(a_df: pl.DataFrame, b_df: pl.DataFrame, swap: Iterable[str], *
             raise DataError(b_id if span_b <= 0 else a_id, "zero span: an arrival pattern cannot be rescaled",
                             column="arrival_s")
         cols["arrival_s"] = pl.Series("arrival_s", arr_b * (span_a / span_b), dtype=pl.Float64)
+    prompt_src = b if "prompt" in props else a
+    hashes = None                                             # (source table, its row of each hybrid request)
     if {"prompt", "output", "coupling"} & set(props):
         cpl = b if "coupling" in props else a
         for col, prop in (("prompt_tokens", "prompt"), ("output_tokens", "output")):
             if prop not in props and "coupling" not in props:
                 continue                                  # A's column, untouched
-            values = np.sort((b if prop in props else a)[col].to_numpy())
+            src = b if prop in props else a
+            order = np.argsort(src[col].to_numpy(), kind="stable")
             ranks = _ordinal_ranks(cpl[col].to_numpy())
-            cols[col] = pl.Series(col, values[ranks], dtype=pl.Int64)
+            cols[col] = pl.Series(col, src[col].to_numpy()[order][ranks], dtype=pl.Int64)
+            if col == "prompt_tokens":
+                hashes = order[ranks]
         if "coupling" in props:
             cols["tenant"] = b["tenant"]
     out = a.with_columns(list(cols.values())) if cols else a
-    return out.select(list(SCHEMA))
+    if HASH_COLUMN in prompt_src.columns:
+        h = prompt_src[HASH_COLUMN]
+        out = out.with_columns(h if hashes is None else h.gather(hashes))
+    elif HASH_COLUMN in out.columns:
+        out = out.drop(HASH_COLUMN)
+    return out.select(list(columns_of(out)))
 
 
 def hybrid_record(a_ref: Mapping, b_ref: Mapping, swap: Sequence[str], df: pl.DataFrame, *, seed: int,

@@ -115,11 +115,12 @@ def checks_markdown(sec: Mapping) -> str:
                          f"{a['runs']} runs of A bit for bit in {a['identical']} of {a['runs']}")
         if b:
             beyond = ", ".join(b["schedulers_beyond_rounding"]) or "none"
+            tol = b.get("max_relative_difference_others")
             parts.append(f"the hybrid that swaps everything matches the campaign's runs of B to rounding "
-                         f"(relative difference ≤ {b['max_relative_difference_others']:.1g}) in "
-                         f"{b['within_rounding']} of {b['runs']}; the rest are the schedulers that draw random numbers "
-                         f"({beyond}), which every hybrid runs with A's seeds (common random numbers), so there they "
-                         "are another replicate of B")
+                         + (f"(relative difference ≤ {tol:.1g}) " if tol is not None else "")
+                         + f"in {b['within_rounding']} of {b['runs']}; the rest are runs of {beyond}: schedulers "
+                         "that draw random numbers are run with A's seeds on every hybrid (common random numbers), "
+                         "so there they are another replicate of B")
     rep = []
     for pr in sec["pairs"].values():
         r = pr.get("representative") or {}

@@ -64,24 +64,34 @@ def headline_numbers(A) -> dict:
     involving it)."""
     s = A.summary
     cs, cr, cm, rv = s["cross_source"], s["cross_region"], s["cross_metric"], s["reversals"]
+
+    def val(stat):
+        return None if stat is None else stat.get("value")
+
+    c = cs.get("conditions") or {}
     out = {
-        "cross-source mean τ-b": cs["mean_tau"]["value"],
-        "cross-source Kendall's W": cs["kendall_w"]["value"],
-        "cross-region mean τ-b": cr["mean_tau"]["value"],
-        "lightest vs heaviest region τ-b": cr["extreme_regions_tau"]["value"],
-        "cross-metric mean τ-b": cm["mean_tau"]["value"],
-        "conditions where the best scheduler depends on the metric":
-            f"{round(cm['top1_change_rate']['value'] * cm['top1_change_rate']['count'])} of "
-            f"{cm['top1_change_rate']['count']}",
-        "conditions where every scheduler ties": f"{s['rank_ties']['all_tied']['value']:.0f} of "
-                                                 f"{s['rank_ties']['all_tied']['count']}",
-        "sign reversals between sources": rv["sign_reversals"]["value"],
-        "significant and practical reversals": rv["significant_and_practical"]["value"],
+        "cross-source τ-b": val(cs.get("tau_b")),
+        "cross-source τ-b/τ-b,max": val(cs.get("tau_b_norm")),
+        "cross-source discordance": val(cs.get("discordance")),
+        "cross-source Kendall's W": val(cs.get("kendall_w")),
+        "cross-source conditions all tied": f"{c.get('all_tied')} of {c.get('total')}",
+        "cross-region τ-b": val(cr.get("tau_b")),
+        "lightest vs heaviest region τ-b": val((cr.get("extreme_regions") or {}).get("tau_b")),
+        "cross-metric τ-b/τ-b,max (headline metrics)": val(cm.get("tau_b_norm")),
+        "best group changes between two headline metrics": val(cm.get("pairwise_top1_change_rate")),
+        "sign reversals between sources": val(rv.get("sign_reversals")),
+        "significant and practical reversals": val(rv.get("significant_and_practical")),
     }
+
+    def effect(v, scale):
+        return f"{v:.0%}" if scale == "ratio" else f"{100 * v:.1f} pp"
+
     md = rv.get("most_dramatic")
-    out["most dramatic reversal"] = (f"{md['a']} vs {md['b']}, {md['metric']} at {md['region']}: "
-                                     f"{md['label_1']} {md['rel_1']:+.0%}, {md['label_2']} {md['rel_2']:+.0%}"
-                                     if md else "none")
+    out["most dramatic reversal"] = (
+        f"{md['a']} vs {md['b']}, {md['metric']} at {md['region']}: "
+        f"{md['a'] if md['diff_1'] > 0 else md['b']} better on {md['label_1']} by {effect(md['effect_1'], md['scale'])}, "
+        f"{md['a'] if md['diff_2'] > 0 else md['b']} better on {md['label_2']} by {effect(md['effect_2'], md['scale'])}"
+        if md else "none")
     rev = A["reversals"].filter(pl.col("stage") == "significant_and_practical")
     out["significant and practical reversals involving sarathi"] = (
         f"{rev.filter((pl.col('a') == 'sarathi') | (pl.col('b') == 'sarathi')).height} of {rev.height}")

@@ -181,7 +181,7 @@ def _simulate(engine: Engine, sim: SimulationConfig, df: pl.DataFrame, ref: Wind
     """Capacity (unless given) and every scheduler x replicate run of one hybrid window in each region of
     ``loads`` (``{region: rho}``), through :func:`~portbench.study.campaign.compute_shard`."""
     t0, c0 = time.perf_counter(), time.process_time()
-    ctx = WorkerContext(engine=engine, sim=sim, windows={ref.id: df})
+    ctx = WorkerContext(engine=engine, sim=sim, windows={ref.id: df}, refs={ref.id: ref})
     cap = compute_capacity(ctx, ref.id)[1] if capacity is None else float(capacity)
     frames = []
     for region, rho in loads.items():
@@ -300,7 +300,8 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
     frames, recs, loads, win_pairs = [], [], [], {}
     stats_ = {"n_sim": 0, "tasks": 0, "sim_wall": 0.0, "map_wall": 0.0, "sim_cpu": 0.0}
 
-    def simulate_units(units: dict, pw: PairWindows, htab: dict, a: str, b: str, caps: dict | None, what: str) -> dict:
+    def simulate_units(units: dict, pw: PairWindows, htab: dict, hbs: dict, a: str, b: str, caps: dict | None,
+                       what: str) -> dict:
         """``{(shas, region, rho): None}`` -> the runs of every window of each unit (cached files reused).
         A unit is content-addressed (the hybrids' SHA-256 per window, region, rho), so identical hybrids
         (a swap that changes nothing) share their runs: same tables, same seeds."""
@@ -313,7 +314,7 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
                 out[(shas, region, rho)] = pl.read_parquet(p)
                 continue
             for e, h in zip(pw.a_entries, shas):
-                t = tasks.setdefault((e["id"], h), [htab[h], WindowRef(e["id"], a, "hybrid", h), {},
+                t = tasks.setdefault((e["id"], h), [htab[h], WindowRef(e["id"], a, "hybrid", h, hbs.get(h)), {},
                                                     None if caps is None else caps[(e["id"], h)],
                                                     design.schedulers, design.replicates, profile, metrics])
                 t[2][region] = rho
@@ -351,12 +352,16 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
             parts = window_parts(design)
             shas = {part: tuple(hybrids.window_sha256(htables[(part, i)]) for i in range(len(pw))) for part in parts}
             htab = {h: htables[(part, i)] for part in parts for i, h in enumerate(shas[part])}
+            # tokens per prompt-hash block of each hybrid: its prompts' source's (hashes travel with prompts)
+            hbs = {h: windows_mod.hash_block_size(manifest, (pw.b_entries if "prompt" in part else pw.a_entries)[i])
+                   for part in parts for i, h in enumerate(shas[part])
+                   if hybrids.HASH_COLUMN in htables[(part, i)].columns}
             wb = {ea["id"]: eb["id"] for ea, eb in zip(pw.a_entries, pw.b_entries)}
             label = dict(a=a, pa=prov[a], b=b, pb=prov[b], window_b=wb)
 
             # stage 1: every window-hybrid at the regions' rho
             s1 = simulate_units({(shas[p], r, rho): None for p in parts for r, rho in design.regions.items()},
-                                pw, htab, a, b, None, f"attribution {a} vs {b}: stage 1")
+                                pw, htab, hbs, a, b, None, f"attribution {a} vs {b}: stage 1")
             caps = {}
             for (sh, _, _), df in s1.items():
                 for e, h in zip(pw.a_entries, sh):
@@ -393,7 +398,7 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
                 plan[mask] = (part, ratio)
             s2_units = {(shas[part], r, design.regions[r] * q): None for part, ratio in plan.values()
                         for r, q in ratio.items() if q != 1.0}
-            s2 = simulate_units(s2_units, pw, htab, a, b, caps, f"attribution {a} vs {b}: stage 2 (load)")
+            s2 = simulate_units(s2_units, pw, htab, hbs, a, b, caps, f"attribution {a} vs {b}: stage 2 (load)")
             units = {**s1, **s2}
             for mask, (part, ratio) in plan.items():
                 df = pl.concat([units[(shas[part], r, rho if ratio[r] == 1.0 else rho * ratio[r])]
