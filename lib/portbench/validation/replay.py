@@ -462,6 +462,25 @@ class EngineSpec:
             n = min(n, int(self.num_gpu_blocks) * int(self.block_size))
         return n
 
+    def kv_bytes(self) -> int | None:
+        """Bytes of the KV cache of ``num_gpu_blocks`` blocks (K and V of every layer and KV head, in the
+        engine's dtype), with 25% headroom (at least 16 MiB); None when the number of blocks is not fixed.
+
+        Handed to vLLM as ``kv_cache_memory_bytes`` so that the engine does not size its cache from a
+        fraction of the machine's memory minus the process's own size -- on the CPU build that
+        subtraction depends on whatever else the process has imported and fails with "less than
+        requested memory for kv" when the process is larger than the fraction."""
+        if not (self.num_gpu_blocks and self.block_size):
+            return None
+        cfg = model_config(self.model)
+        heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+        dtype = str(cfg.get("torch_dtype") or "bfloat16") if self.dtype == "auto" else self.dtype
+        width = 4 if dtype in ("float32", "float") else 2
+        per_token = 2 * int(cfg["num_hidden_layers"]) * heads * head_dim * width
+        need = int(self.num_gpu_blocks) * int(self.block_size) * per_token
+        return max(int(need * 1.25), 16 * 2**20)
+
     def engine_kwargs(self) -> dict:
         """Keyword arguments of ``vllm.AsyncEngineArgs``."""
         kw = dict(
@@ -482,8 +501,9 @@ class EngineSpec:
             kw["block_size"] = int(self.block_size)
         if self.num_gpu_blocks:
             kw["num_gpu_blocks_override"] = int(self.num_gpu_blocks)
-        if self.kv_cache_memory_bytes:
-            kw["kv_cache_memory_bytes"] = int(self.kv_cache_memory_bytes)
+        kv = self.kv_cache_memory_bytes or self.kv_bytes()
+        if kv:
+            kw["kv_cache_memory_bytes"] = int(kv)
         kw.update(self.extra)
         return kw
 
