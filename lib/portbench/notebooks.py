@@ -17,8 +17,10 @@ the point gets its own data folder and manifest and must run notebooks 01 and 02
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from .core.errors import ParameterError
+from .data import preflight
 from .params import DEFAULT_FILE, load, project_root, read, undot
 
 DATA_SECTIONS = ("sources", "windows", "standins")
@@ -42,29 +45,74 @@ def notebook_paths(only=None) -> list[Path]:
     return nbs
 
 
-def run_notebooks(params_file=None, out="build/notebooks", *, only=None, overrides=None,
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+TERMINAL_ENV = "PORTBENCH_TERMINAL_PROGRESS"    # set for the kernels: long stages draw progress on the terminal
+# ipykernel's own log (a warning about TCP transport per kernel start, an interrupt caught at shutdown):
+# errors only, so that the terminal shows the pipeline's progress and real problems
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
+
+
+@contextlib.contextmanager
+def _kernel_environment():
+    """The environment the notebook kernels inherit: matplotlib's inline backend (a non-interactive
+    ``MPLBACKEND`` such as Agg would stop every figure from being embedded in the executed notebook)
+    and terminal progress for the library's long stages."""
+    saved = {k: os.environ.get(k) for k in ("MPLBACKEND", TERMINAL_ENV)}
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
+    os.environ[TERMINAL_ENV] = "1"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_notebooks(params_file=None, out=None, *, only=None, overrides=None,
                   log_output: bool = False) -> list[Path]:
-    """Run the notebooks in order; each executed copy goes to ``out``. Stops at the first failure."""
+    """Run the notebooks in order; each executed copy goes to ``out`` (default: ``build/notebooks`` for the
+    default study, ``build/<run name>/notebooks`` for any other parameter set). Before the first notebook the
+    parameters are checked and the data they need is looked for (:func:`portbench.data.preflight.check`:
+    one short error saying what is missing and how to get it). Stops at the first failure."""
     import papermill as pm
 
     root = project_root()
     params_file = str(params_file or DEFAULT_FILE)
     overrides = overrides or {}
-    load(params_file, overrides)  # fail fast on bad parameters, before any notebook starts
-    out = Path(out) if Path(out).is_absolute() else root / out
+    cfg = load(params_file, overrides)  # fail fast on bad parameters, before any notebook starts
+    preflight.check(cfg)
+    out = Path(out) if out is not None else cfg.paths.build_dir / "notebooks"
+    out = out if out.is_absolute() else root / out
     out.mkdir(parents=True, exist_ok=True)
+    print(f"[portbench] parameters {_rel(cfg.paths.params_file, root)}"
+          + (f" (+ overrides {json.dumps(overrides, sort_keys=True, default=str)})" if overrides else "")
+          + f": notebooks -> {_rel(out, root)}, results -> {_rel(cfg.paths.results_dir, root)}, "
+          f"figures -> {_rel(cfg.paths.figures_dir, root)}", flush=True)
     done = []
-    for nb in notebook_paths(only):
-        t0 = time.perf_counter()
-        print(f"[portbench] {nb.name} ...", flush=True)
-        pm.execute_notebook(
-            str(nb), str(out / nb.name),
-            parameters={"params_file": params_file, "overrides": overrides},
-            cwd=str(root), kernel_name="python3", progress_bar=False, log_output=log_output,
-        )
-        print(f"[portbench] {nb.name} done in {time.perf_counter() - t0:.1f} s -> {out / nb.name}", flush=True)
-        done.append(out / nb.name)
+    with _kernel_environment():
+        for nb in notebook_paths(only):
+            t0 = time.perf_counter()
+            print(f"[portbench] {nb.name} ...", flush=True)
+            pm.execute_notebook(
+                str(nb), str(out / nb.name),
+                parameters={"params_file": params_file, "overrides": overrides},
+                cwd=str(root), kernel_name="python3", progress_bar=False, log_output=log_output,
+                extra_arguments=KERNEL_ARGS,
+            )
+            print(f"[portbench] {nb.name} done in {time.perf_counter() - t0:.1f} s -> {_rel(out / nb.name, root)}",
+                  flush=True)
+            done.append(out / nb.name)
     return done
+
+
+def _rel(p: Path, root: Path) -> str:
+    p = Path(p)
+    try:
+        return str(p.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(p)
 
 
 def _slug(assign: dict) -> str:

@@ -20,6 +20,8 @@ Functions take the section they use (``simulate(..., sim: SimulationConfig)``), 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -167,6 +169,30 @@ def _check_schema(params: dict, schema: dict, prefix: str = "") -> None:
             _check_schema(v, schema[k], name + ".")
 
 
+BUILD_DIR = "build"
+ISOLATED_PATHS = ("results_dir", "figures_dir")     # what a non-default run writes under build/<run name>/
+NEUTRAL_OVERRIDES = ("paths",)                      # overrides that change where things are, not results
+
+
+def _isolate(P: dict, default_paths: Mapping, path: Path, default_path: Path, over: Mapping) -> str | None:
+    """Give a non-default run folders of its own: a parameter file other than default.yaml, or overrides
+    other than ``paths.*``, that leaves ``results_dir`` / ``figures_dir`` at default.yaml's values writes them under
+    ``build/<run name>/`` instead (run name = the file's stem, plus a hash of the overrides), so that it
+    never overwrites the full study's results or the committed figures. Folders set to other values (by the
+    file or the overrides) are kept. Returns the run name (None: the default study)."""
+    changed = {k: v for k, v in over.items() if k not in NEUTRAL_OVERRIDES}
+    if path.resolve() == default_path.resolve() and not changed:
+        return None
+    name = path.stem
+    if changed:
+        name += "-" + hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    paths = P.setdefault("paths", {})
+    for key in ISOLATED_PATHS:
+        if key in default_paths and paths.get(key) == default_paths[key]:
+            paths[key] = f"{BUILD_DIR}/{name}/{key.removesuffix('_dir')}"
+    return name
+
+
 def read(params_file: str | os.PathLike | None = None, overrides: dict | None = None) -> dict:
     """The merged parameter tree: a file (default: default.yaml) over the defaults, then ``overrides``;
     keys checked against the schema; relative paths resolved against the project root."""
@@ -189,6 +215,7 @@ def read(params_file: str | os.PathLike | None = None, overrides: dict | None = 
         _check_schema(P, schema)
     P["_params_file"] = str(path)
     P["_root"] = str(root)
+    P["_run_name"] = _isolate(P, schema.get("paths") or {}, path, default_path, over)
     for key, value in P.get("paths", {}).items():
         if isinstance(value, str) and key != "mirror_env":
             P["paths"][key] = str((root / value) if not Path(value).is_absolute() else Path(value))
@@ -240,6 +267,13 @@ class PathsConfig:
     results_dir: Path
     figures_dir: Path
     mirror: Path | None = None
+    run_name: str | None = None     # a non-default run's name: its results and figures are under build/<name>/
+
+    @property
+    def build_dir(self) -> Path:
+        """Where this run's executed notebooks go: ``build/`` for the default study, ``build/<run name>/``
+        for any other parameter set."""
+        return self.root / BUILD_DIR / (self.run_name or "")
 
     @classmethod
     def from_tree(cls, P: Mapping) -> "PathsConfig":
@@ -259,7 +293,8 @@ class PathsConfig:
         return cls(root=root, params_file=Path(P.get("_params_file") or root / DEFAULT_FILE),
                    data_dir=path("data_dir", "data"), manifest=path("manifest", "data/windows/manifest.json"),
                    results_dir=path("results_dir", "data/results"), figures_dir=path("figures_dir", "figures"),
-                   mirror=(Path(mirror) if Path(mirror).is_absolute() else root / mirror) if mirror else None)
+                   mirror=(Path(mirror) if Path(mirror).is_absolute() else root / mirror) if mirror else None,
+                   run_name=P.get("_run_name"))
 
 
 SOURCE_NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
@@ -1183,3 +1218,44 @@ def build(P: Mapping) -> Config:
                       plugins=_build_plugins(P.get("plugins")), tree=copy.deepcopy(dict(P)))
     except TypeError as e:   # a key the dataclass does not have (the schema check catches it first)
         raise ParameterError("parameters", str(e), "the keys of papermill_params/default.yaml") from None
+
+
+# --------------------------------------------------------------------------- documentation of the parameters
+
+def parameter_docs(path: Path | None = None) -> dict[str, str]:
+    """``{dotted key: its documentation}`` from the comments of default.yaml: the block of comment lines right
+    above the key, its own line's comment, and comment lines below it that continue that comment (their
+    ``#`` in the same column)."""
+    path = Path(path or project_root() / DEFAULT_FILE)
+    docs: dict[str, str] = {}
+    stack: list[tuple[int, str]] = []          # (indent, key) of the enclosing mappings
+    above: list[str] = []
+    last: tuple[str, int] | None = None        # (key, its indent) while continuations of its comment may follow
+    for raw in path.read_text().splitlines():
+        stripped = raw.strip()
+        if not stripped:
+            above, last = [], None
+            continue
+        if stripped.startswith("#"):
+            text = stripped.lstrip("#").strip()
+            if last is not None and raw.index("#") > last[1]:
+                docs[last[0]] = f"{docs[last[0]]} {text}".strip()
+            else:
+                above.append(text)
+                last = None
+            continue
+        if stripped.startswith("-") or ":" not in stripped:
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        key, _, rest = stripped.partition(":")
+        key = key.strip().strip("'\"")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        dotted = ".".join([k for _, k in stack] + [key])
+        value, hash_, inline = rest.partition(" #")
+        docs[dotted] = " ".join(x for x in (" ".join(above), inline.strip()) if x)
+        above = []
+        last = (dotted, indent) if hash_ else None
+        if not value.strip():                       # a mapping opens here
+            stack.append((indent, key))
+    return docs

@@ -11,7 +11,9 @@ inside the data mirror.
    ``<mirror>/<source>/<name>``;
 2. an earlier download in ``{paths.data_dir}/raw/<name>``;
 3. a download with pooch from each official URL in turn, verified against the recorded SHA-256
-   (skipped when the environment variable ``PORTBENCH_OFFLINE`` is non-empty).
+   (skipped when the environment variable ``PORTBENCH_OFFLINE`` is non-empty, and for a source in mode
+   ``auto`` when a data mirror is configured: the mirror is then where the files come from, and a file
+   it lacks means the stand-in, without network traffic on every run).
 
 A copy whose size or SHA-256 differs from the record is a :class:`~portbench.core.errors.DataError`,
 never a silent fallback. Hashes are cached in ``{paths.data_dir}/raw/.verified.json`` keyed by
@@ -281,8 +283,9 @@ def _download(spec: OfficialFile, st: Store) -> tuple[Path | None, list[str]]:
     return None, tried
 
 
-def locate(name: str, st: Store) -> Path:
-    """A verified local copy of official file ``name`` (mirror, earlier download, or a new download).
+def locate(name: str, st: Store, *, download: bool = True) -> Path:
+    """A verified local copy of official file ``name`` (mirror, earlier download, or -- with ``download``
+    -- a new download).
 
     A name that is not an official file is looked up as a path, then in the mirror, unverified.
     """
@@ -308,6 +311,11 @@ def locate(name: str, st: Store) -> Path:
     if cached.is_file():
         verify(cached, spec, st)
         return cached
+    if not download:
+        raise MissingFileError(name, f"official file not found: {where}; not downloaded before ({cached}); "
+                                     "no download attempted" + (" (the data mirror is the source of data files "
+                                     "for mode auto; mode real downloads a file the mirror lacks)"
+                                     if mirror is not None else ""))
     got, tried = _download(spec, st)
     if got is not None:
         verify(got, spec, st)
@@ -332,7 +340,9 @@ def resolve_source(st: Store, source: SourceConfig, has_standin: bool) -> dict:
         return {"provenance": fallback[0], "origin": None, "file": None, "path": None,
                 "reason": f"no file configured; {fallback[1]}"}
     try:
-        path = locate(name, st)
+        # auto with a data mirror: a file the mirror lacks is not downloaded (the stand-in is used, with no
+        # network traffic on every run); mode real, or no mirror at all, downloads it from the official URLs
+        path = locate(name, st, download=mode == "real" or st.mirror is None)
     except MissingFileError as e:
         if mode == "real":
             raise DataError(e.file, f"sources.{source.name}.mode is real, but the {e.problem}") from None

@@ -116,7 +116,7 @@ def checks_markdown(sec: Mapping) -> str:
         if b:
             beyond = ", ".join(b["schedulers_beyond_rounding"]) or "none"
             tol = b.get("max_relative_difference_others")
-            parts.append(f"the hybrid that swaps everything matches the campaign's runs of B to rounding "
+            parts.append("the hybrid that swaps everything matches the campaign's runs of B to rounding "
                          + (f"(relative difference ≤ {tol:.1g}) " if tol is not None else "")
                          + f"in {b['within_rounding']} of {b['runs']}; the rest are runs of {beyond}: schedulers "
                          "that draw random numbers are run with A's seeds on every hybrid (common random numbers), "

@@ -681,6 +681,16 @@ def slo_sensitivity(cfg, A, close: bool = False):
                  "definitions, per source and region, with 95% CI", close)
 
 
+def _order_crossbars(lines) -> None:
+    """scikit-posthocs draws each crossbar through the members of a Python ``set`` of scheduler names, whose
+    order depends on ``PYTHONHASHSEED``: the same picture, different bytes. A horizontal line's points are
+    put in x order (the line looks the same), so the files do not depend on the hash seed."""
+    for ln in lines:
+        x, y = np.asarray(ln.get_xdata(), dtype=float), np.asarray(ln.get_ydata(), dtype=float)
+        if x.size > 1 and y.size == x.size and np.all(y == y[0]):
+            ln.set_data(np.sort(x), y)
+
+
 def cd_diagrams(cfg, A, close: bool = False):
     """Critical-difference diagrams (Friedman + Nemenyi) for the chosen conditions."""
     import pandas as pd
@@ -700,7 +710,9 @@ def cd_diagrams(cfg, A, close: bool = False):
         for a, b, p in nm.filter(sel).select("a", "b", "p").iter_rows():
             sig.loc[a, b] = sig.loc[b, a] = p
         f = fr.filter(sel).row(0, named=True)
+        n_lines = len(ax.lines)
         sp.critical_difference_diagram(ranks, sig, ax=ax, alpha=alpha, label_props={"fontsize": 8})
+        _order_crossbars(ax.lines[n_lines:])
         ax.set_title(f"{A.labels[s]} · {r} · {m}: Friedman χ² = {f['statistic']:.1f}, adj. p = {f['p_adj']:.2g}, "
                      f"{f['n_windows']} windows; bars join schedulers not different (Nemenyi, α = {alpha})",
                      fontsize=9)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -41,10 +40,11 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from tqdm import tqdm
 
 from ...core import io as fileio
 from ...core import plugins as plugin_loader
+from ...core import procs
+from ...core.progress import bar as progress_bar
 from ...core.config import Config, SimulationConfig
 from ...core.errors import DataError
 from ...core.io import sha256_hex, write_parquet_atomic
@@ -172,6 +172,7 @@ def _init_worker(ctx: WorkerContext) -> None:
     """Pool initializer: the campaign's plug-ins and scheduler modules (``load_worker_code``), then the engine."""
     global _WORKER_ENGINE
     os.environ.setdefault("MPLBACKEND", "Agg")
+    procs.die_with_parent()
     load_worker_code(ctx)
     _WORKER_ENGINE = ctx.engine
 
@@ -212,8 +213,7 @@ class _Runner:
 
     def map(self, tasks: dict, desc: str, progress: bool):
         """``{key: args}`` -> yields ``(key, result)`` as tasks finish."""
-        bar = tqdm(total=len(tasks), desc=desc, unit="task", disable=not progress or not tasks, file=sys.stderr,
-                   mininterval=1.0 if getattr(sys.stderr, "isatty", lambda: False)() else 15.0)
+        bar = progress_bar(len(tasks), desc, "task", disable=not progress or not tasks)
         try:
             if self.pool is None:
                 for key, args in tasks.items():

@@ -15,6 +15,7 @@ from typing import Any
 import polars as pl
 
 from ...core import plugins as plugin_loader
+from ...core import procs
 from ...core.config import SimulationConfig
 from ...core.errors import ParameterError, PortbenchError
 from .plan import ShardSpec, run_seed
@@ -99,6 +100,12 @@ def _init_worker(ctx: WorkerContext) -> None:
     os.environ.setdefault("MPLBACKEND", "Agg")
     load_worker_code(ctx)
     _CTX = ctx
+
+
+def _init_pool_worker(ctx: WorkerContext) -> None:
+    """Initializer of a pool worker: it ends when the campaign's process dies, then :func:`_init_worker`."""
+    procs.die_with_parent()
+    _init_worker(ctx)
 
 
 def _fail(what: str, e: BaseException) -> RunFailed:
@@ -212,7 +219,7 @@ class _Executor:
 
             # spawn: forking a process that has started polars' thread pool can deadlock.
             self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                                             initializer=_init_worker, initargs=(ctx,))
+                                             initializer=_init_pool_worker, initargs=(ctx,))
         elif kind == "dask":
             import logging
 

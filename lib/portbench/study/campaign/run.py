@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-from tqdm import tqdm
 
 from ...core import io
 from ...core import plugins as plugin_loader
 from ...core.config import Config
 from ...core.errors import DataError, check_choice
 from ...core.io import read_meta, write_parquet_atomic
+from ...core.progress import bar as progress_bar
 from ...data import predictors
 from ...data import windows as windows_mod
 from ...sim.metrics import NO_TENANT
@@ -93,7 +93,6 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
     t0 = time.perf_counter()
     engine = engine or SimEngine()
     # a terminal gets a live bar; a notebook or a log gets an update every 15 s (not hundreds of lines)
-    interval = 1.0 if getattr(sys.stderr, "isatty", lambda: False)() else 15.0
     executor = executor or cfg.campaign.executor
     workers = int(workers or cfg.campaign.workers)
     check_choice("campaign.executor", executor, EXECUTORS)
@@ -118,8 +117,7 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
         ex = _Executor(executor, workers, ctx, cfg.campaign.dask_address)
         try:
             if need_cap:
-                bar = tqdm(total=len(need_cap), desc="capacity", unit="window", disable=not progress,
-                           file=sys.stderr, mininterval=interval)
+                bar = progress_bar(len(need_cap), "capacity", "window", disable=not progress)
                 for wid, cap, wall in ex.map_unordered("capacity", [(w,) for w in need_cap]):
                     rec = {"window_id": wid, "engine": plan.common["engine"], **cap, "profile": plan.profile,
                            "capacity_policy": plan.common["capacity_policy"], "key": plan.capacity_keys[wid],
@@ -129,8 +127,8 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
                     caps[wid] = rec
                     bar.update(1)
                 bar.close()
-            bar = tqdm(total=len(plan.shards), initial=len(plan.shards) - len(todo), desc="campaign",
-                       unit="shard", disable=not progress, file=sys.stderr, mininterval=interval)
+            bar = progress_bar(len(plan.shards), "campaign", "shard", disable=not progress,
+                               initial=len(plan.shards) - len(todo))
             by_name = {sh.name: sh for sh in todo}
             args = [(sh, caps[sh.window.id], plan.profile, plan.metrics) for sh in todo]
             for res in ex.map_unordered("shard", args):

@@ -1,0 +1,32 @@
+"""Progress bars for the long stages, on the terminal whoever runs them.
+
+Run directly (CLI, a script) a bar goes to standard error as usual. Inside a notebook kernel started by
+``portbench notebooks`` / ``make all`` (environment variable :data:`TERMINAL_ENV`), standard error is the
+notebook's, which a terminal user never sees while papermill runs; there the bar goes to the kernel's
+own standard error (``sys.__stderr__``, the terminal ``make all`` runs in), so that a stage of minutes is
+never silent. Redrawn at most every second on a terminal, every 15 s into a file or log.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from tqdm import tqdm
+
+TERMINAL_ENV = "PORTBENCH_TERMINAL_PROGRESS"
+
+
+def stream():
+    """Where progress is drawn (see the module docstring)."""
+    if os.environ.get(TERMINAL_ENV) and sys.__stderr__ is not None:
+        return sys.__stderr__
+    return sys.stderr
+
+
+def bar(total: int, desc: str, unit: str, *, disable: bool = False, initial: int = 0) -> tqdm:
+    """A tqdm bar on :func:`stream`."""
+    out = stream()
+    tty = getattr(out, "isatty", lambda: False)()
+    return tqdm(total=total, initial=initial, desc=f"[portbench] {desc}", unit=unit, disable=disable, file=out,
+                mininterval=1.0 if tty else 15.0, dynamic_ncols=tty)

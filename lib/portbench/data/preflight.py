@@ -1,0 +1,80 @@
+"""Before a run: is the data it needs here? One short message saying what is missing and how to get it.
+
+:func:`check` looks, without downloading anything, for every file the run will read: the file of each
+source that the committed manifest records as *real* (its windows are verified against that file's
+bytes), the file of each configured source of the user's own (``origin: user``), and the real evidence
+every stand-in is built from (BurstGPT slices, ServeGen's Bailian statistics). It raises one
+:class:`~portbench.core.errors.DataError` of a few lines -- which files, where it looked, the setting
+that points at the data mirror and where the files come from -- instead of letting notebook 01 "pass"
+with no real source and notebook 02 fail on 120 hash mismatches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..core.config import Config
+from ..core.errors import DataError
+from . import registry, windows
+
+MAX_LISTED = 4     # missing files named one per line; the rest are counted
+
+
+def missing_files(cfg: Config) -> list[str]:
+    """One line per file the run needs and cannot find (empty: everything is here)."""
+    st = registry.store(cfg.paths)
+    try:
+        manifest = windows.load_manifest(cfg)
+    except DataError:
+        manifest = None                   # no manifest yet: notebook 02 freezes one from what it finds
+    frozen = (manifest or {}).get("sources", {})
+    out, evidence = [], []
+    for name, src in cfg.sources.items():
+        rec = frozen.get(name) or {}
+        real_in_manifest = rec.get("provenance") == "real"
+        own_file = src.file and src.file not in registry.OFFICIAL_FILES
+        if src.mode != "standin" and src.file and (real_in_manifest or own_file or src.mode == "real"):
+            try:
+                registry.locate(src.file, st, download=False)
+            except registry.MissingFileError:
+                why = "real in the committed manifest" if real_in_manifest else f"mode {src.mode}"
+                out.append(f"{name} ({why}): {src.file}")
+            continue
+        standin = cfg.standins.of(name)
+        if standin is not None and (rec.get("provenance") in (None, "standin")):
+            for rel in _standin_evidence(cfg, name):
+                if st.mirror is None or not (st.mirror / rel).exists():
+                    evidence.append(f"{name} (stand-in, built from real evidence): {rel}")
+    return out + evidence
+
+
+def _standin_evidence(cfg: Config, source: str) -> list[str]:
+    """The mirror-relative files and folders a stand-in is built from."""
+    if source == "burstgpt" and cfg.standins.burstgpt is not None:
+        return list(cfg.standins.burstgpt.slices)
+    if source == "bailian" and cfg.standins.bailian is not None:
+        return [cfg.standins.bailian.servegen_dir]
+    return []
+
+
+def check(cfg: Config) -> None:
+    """DataError (a message of at most ~12 lines) when :func:`missing_files` finds anything."""
+    missing = missing_files(cfg)
+    if not missing:
+        return
+    st = registry.store(cfg.paths)
+    if st.mirror is None:
+        where = "no data mirror is set, and ../shared/traces (beside the project) does not exist"
+    elif not Path(st.mirror).is_dir():
+        where = f"the data mirror {st.mirror} does not exist"
+    else:
+        where = f"not in the data mirror {st.mirror}"
+    lines = [f"{len(missing)} data file(s) this run needs are not here ({where}):"]
+    lines += [f"  - {m}" for m in missing[:MAX_LISTED]]
+    if len(missing) > MAX_LISTED:
+        lines.append(f"  - … and {len(missing) - MAX_LISTED} more")
+    lines += ["Point the run at a folder holding the trace files: make all DATA_MIRROR=/path/to/traces",
+              "(or $PORTBENCH_DATA_MIRROR, or paths.mirror in the parameter file). The files, their SHA-256 and",
+              "official download locations are listed in the README's 'Data' section and by `portbench files`;",
+              "a source whose official file is absent runs on its labelled stand-in (sources.<name>.mode: auto)."]
+    raise DataError("data mirror", "\n".join(lines))
