@@ -423,6 +423,35 @@ def test_real_campaign_is_deterministic_across_executors(smoke, shared_traces):
     assert dask.equals(one)
 
 
+class _EveryReplicateEngine(campaign.SimEngine):
+    """The simulator's engine without ``seed_used``: the campaign must simulate every replicate."""
+
+    def run(self, *a, **kw):
+        res = super().run(*a, **kw)
+        res.counters.pop("seed_used", None)
+        return res
+
+
+def test_replicates_of_a_policy_that_draws_no_random_number_are_simulated_once(smoke, shared_traces):
+    """12 of the 13 policies never draw from the run's generator: their replicates are the same run. The
+    campaign simulates them once and copies the rows (new replicate and seed); the table is identical to
+    simulating every replicate, and ``random`` (which draws) still differs between replicates."""
+    over = {"campaign.windows_per_source": 1, "simulation.schedulers": ["fcfs", "las", "vtc", "random"],
+            "simulation.regions": ["overload"]}
+    P = smoke("dedup", **over)
+    wins = _real_windows(P)
+    kw = dict(windows=wins, progress=False, verbose=False, workers=1)
+    fast = campaign.run(P, **kw).runs
+    full = campaign.run(smoke("every", **over), engine=_EveryReplicateEngine(), **kw).runs
+    assert fast.equals(full)
+    metrics = ["e2e_mean", "ttft_p90", "completed"]
+    for sched, same in (("fcfs", True), ("las", True), ("vtc", True), ("random", False)):
+        sub = fast.filter(pl.col("scheduler") == sched)
+        assert sub["seed"].n_unique() == sub.height                     # each row keeps its own seed
+        per_rep = sub.group_by("window_id").agg([pl.col(m).n_unique() for m in metrics])
+        assert (per_rep.select(metrics).max_horizontal() == 1).all() == same, sched
+
+
 def test_cli_simulate_runs_the_campaign_from_the_manifest(tmp_path, shared_traces, capsys):
     from portbench import cli
 

@@ -82,6 +82,23 @@ class SimResult:
         return self
 
 
+class SeedRecorder:
+    """The run's random generator (``numpy.random.default_rng(seed)``), recording whether anything drew from
+    it (or asked for any of its attributes). A run whose policy never touched it does not depend on the seed
+    -- the generator is a run's only source of randomness -- so its replicates are the same run
+    (``counters["seed_used"]``: the campaign simulates such a policy's replicates once)."""
+
+    __slots__ = ("_rng", "used")
+
+    def __init__(self, seed: int):
+        self._rng = np.random.default_rng(int(seed))
+        self.used = False
+
+    def __getattr__(self, name):
+        self.used = True
+        return getattr(self._rng, name)
+
+
 def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=None,
              engine: EngineConfig | dict | None = None, hash_block_tokens: int | None = None,
              work_marks=(), naive: bool = False, record_iterations: bool = False,
@@ -114,8 +131,9 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
     sim_end_s, horizon_s, kv_capacity_blocks, kv_max_used_blocks; refused (prompt >=
     max_model_len; counted in rejected), clipped (output clipped to the context limit);
     prefix-cache hit and query tokens; queue_mean / queue_p95 (waiting requests, time-weighted over
-    the observation); work (useful tokens) and work_at. Raises ConservationError if a request is
-    lost or the KV cache overflows.
+    the observation); work (useful tokens) and work_at; seed_used (the policy drew from the run's random
+    generator: False means any other seed gives the same run, :class:`SeedRecorder`). Raises
+    ConservationError if a request is lost or the KV cache overflows.
     """
     try:
         H = float(horizon_s)
@@ -130,7 +148,7 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
         raise ParameterError("hash_block_tokens", hash_block_tokens, "None or a positive number of tokens per hash block")
     sched = get_scheduler(scheduler) if isinstance(scheduler, str) else scheduler
     engine = EngineConfig.of(engine)
-    rng = np.random.default_rng(int(seed))
+    rng = SeedRecorder(int(seed))
     reqs, ctx = requests_from_window(window_df, profile, rng, slo,
                                      max_model_len=int(getattr(profile, "max_model_len", 0) or 0))
     sched.reset(ctx)
@@ -139,7 +157,9 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
     eng.prepare_static_ranks()
     if reqs:
         eng.run()
-    return _result(eng, reqs, profile, H)
+    res = _result(eng, reqs, profile, H)
+    res.counters["seed_used"] = rng.used
+    return res
 
 
 def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:

@@ -143,14 +143,20 @@ def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity, profile: str,
     capacity_rps = float(cap["capacity_rps"])
     scaled, horizon = engine.prepare(ctx.windows[w.id], shard.rho, capacity_rps, sim)
     rows, recs = [], []
+    n_sim = 0
     for sched in shard.schedulers:
+        res = None
         for rep in shard.replicates:
             seed = run_seed(base_seed, w.id, sched, shard.region, rep)
-            try:
-                res = engine.run(scaled, sched, seed, horizon, sim)
-            except Exception as e:
-                raise _fail(f"run window={w.id} region={shard.region} (rho={shard.rho}) scheduler={sched} "
-                            f"replicate={rep} seed={seed}", e) from None
+            # a run that never drew from its random generator is the same run under any seed: its other
+            # replicates are copies of it (an engine that does not report seed_used is always re-run)
+            if res is None or res.counters.get("seed_used", True):
+                try:
+                    res = engine.run(scaled, sched, seed, horizon, sim)
+                except Exception as e:
+                    raise _fail(f"run window={w.id} region={shard.region} (rho={shard.rho}) scheduler={sched} "
+                                f"replicate={rep} seed={seed}", e) from None
+                n_sim += 1
             row = {"source": w.source, "provenance": w.provenance, "window_id": w.id, "region": shard.region,
                    "rho": float(shard.rho), "scheduler": sched, "replicate": int(rep), "seed": int(seed),
                    "profile": profile, "capacity_rps": float(capacity_rps), "horizon_s": float(horizon)}
@@ -175,7 +181,8 @@ def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity, profile: str,
               **{m: pl.Float64 for m in metric_names}}
     runs = pl.DataFrame(rows, schema=schema)
     records = pl.concat(recs, how="vertical_relaxed") if recs else None
-    return {"shard": shard.name, "runs": runs, "records": records, "wall_s": time.perf_counter() - t0}
+    return {"shard": shard.name, "runs": runs, "records": records, "wall_s": time.perf_counter() - t0,
+            "simulated": n_sim}
 
 
 def _keyed_records(records, row: Mapping):
