@@ -373,14 +373,19 @@ def test_panels_report_each_available_panel_and_name_missing_sources(params_for)
               "future": ["azure", "splitwise"]}
     A = analysis.compute(params_for(df, **{"analysis.panels": panels}))
     P = A.summary["panels"]
-    assert list(P) == ["study", "real", "future"] and A.summary["headline_panel"] == "study"
+    # the headline is the first available all-real panel; the study's panel (with stand-ins) is reported beside it
+    assert list(P) == ["study", "real", "future"] and A.summary["headline_panel"] == "real"
     assert P["study"]["available"] and not P["study"]["all_real"]
     assert P["real"]["available"] and P["real"]["all_real"]
     assert not P["future"]["available"] and P["future"]["reason"] == "not available: sources missing (splitwise)"
     for key in ("cross_source", "cross_region", "reversals", "cross_metric"):
         assert P["real"][key]["available"] and P["future"][key]["available"] is False
     assert "fewer than two SLO metrics" in P["real"]["slo_sensitivity"]["reason"]
-    assert A.summary["cross_source"] == P["study"]["cross_source"]
+    assert A.summary["cross_source"] == P["real"]["cross_source"]
+    # with every source real (the official files present) the study's panel, first in the list, is the headline
+    allreal = analysis.compute(params_for(df.with_columns(pl.lit("real").alias("provenance")),
+                                          **{"analysis.panels": panels}))
+    assert allreal.summary["headline_panel"] == "study"
     t = A["cross_source_tau"]
     assert set(t["panel"]) == {"study", "real"}
     assert set(t.filter(pl.col("panel") == "real").select("source_1", "source_2").unique().rows()) == {

@@ -52,7 +52,9 @@ def _planted(tmp_path, b_of, *, windows=4, region="overload", properties=None, b
     if properties is not None:
         over["attribution"]["properties"] = properties
     cfg = params.load("papermill_params/smoke.yaml", over)
-    return cfg, {"windows": wins}, tables
+    # the planted sources carry their own tenants (as a trace with a tenant field does)
+    srcs = {s: {"provenance": "standin", "tenants": {"rule": "fields", "fields": ["tenant"]}} for s in ("plant_a", "plant_b")}
+    return cfg, {"windows": wins, "sources": srcs}, tables
 
 
 def _run(cfg, man, tables):
@@ -112,6 +114,15 @@ def test_block_hashes_travel_with_their_prompts():
         by_hash = {tuple(x): int(p) for x, p in zip(src["block_hashes"].to_list(), src["prompt_tokens"])}
         # every request carries the hashes of the request whose prompt length it took
         assert all(by_hash[tuple(x)] == int(p) for x, p in zip(h["block_hashes"].to_list(), h["prompt_tokens"])), swap
+    # the frozen length predictions (made from the prompt's features) travel with the prompt too
+    pa, pb = (d.with_columns((pl.col("prompt_tokens") * k).cast(pl.Float64).alias("predicted_output"),
+                             (-pl.col("prompt_tokens") * k).cast(pl.Float64).alias("ltr_score")) for d, k in ((a, 1), (b, 3)))
+    for swap in (["prompt"], ["coupling"], ["output"], list(hybrids.WINDOW_PROPERTIES), []):
+        h = hybrids.hybrid_window(pa, pb, swap)
+        k = 3 if "prompt" in swap else 1
+        assert (h["predicted_output"] == h["prompt_tokens"] * k).all() and (h["ltr_score"] == -h["prompt_tokens"] * k).all()
+        # the hybrid's definition (its frozen record) is its window columns only
+        assert hybrids.definition_sha256(h) == window_sha256(h.drop("predicted_output", "ltr_score"))
     plain = b.drop("block_hashes")
     assert "block_hashes" not in hybrids.hybrid_window(a, plain, ["prompt"]).columns
     assert hybrids.hybrid_window(a, plain, ["output"])["block_hashes"].to_list() == a["block_hashes"].to_list()

@@ -9,8 +9,10 @@ never silent. Redrawn at most every second on a terminal, every 15 s into a file
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import time
 
 from tqdm import tqdm
 
@@ -30,3 +32,20 @@ def bar(total: int, desc: str, unit: str, *, disable: bool = False, initial: int
     tty = getattr(out, "isatty", lambda: False)()
     return tqdm(total=total, initial=initial, desc=f"[portbench] {desc}", unit=unit, disable=disable, file=out,
                 mininterval=1.0 if tty else 15.0, dynamic_ncols=tty)
+
+
+def note(msg: str) -> None:
+    """One line of progress on :func:`stream` (``[portbench] msg``)."""
+    print(f"[portbench] {msg}", file=stream(), flush=True)
+
+
+@contextlib.contextmanager
+def stage(what: str, enabled: bool = True):
+    """``[portbench] what ...`` when a stage starts and ``what: done in X s`` when it ends, on :func:`stream`."""
+    if not enabled:
+        yield
+        return
+    t0 = time.perf_counter()
+    note(f"{what} ...")
+    yield
+    note(f"{what}: done in {time.perf_counter() - t0:.1f} s")

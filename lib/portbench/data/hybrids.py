@@ -10,9 +10,12 @@ A window of ``n`` requests is split into four *window properties* that together 
   requests' tenant labels (who sent each request belongs to the request, not to a length distribution).
 
 A prompt's block hashes (``block_hashes``, the prefix-sharing structure a trace such as Mooncake records)
-travel with its prompt length: each hybrid request takes the hashes of the request whose prompt length
-it takes, so swapping the four window properties gives B's hashes as well (and B's prefix-cache hits),
-and a hybrid whose prompts come from a source without hashes has none.
+and its frozen length predictions (``predicted_output``, ``ltr_score``: made from the request's arrival-time
+features, whose main one is the prompt length) travel with its prompt length (:data:`PROMPT_BOUND`): each
+hybrid request takes those of the request whose prompt length it takes. So swapping the four window
+properties gives B's hashes and predictions as well (B's prefix-cache hits, B's predictor on B's
+requests); a hybrid whose prompts come from a source without hashes has none; and swapping only the
+output lengths leaves A's predictions beside B's outputs -- A's predictor meeting outputs it did not learn.
 
 A fifth property, ``load`` (the achieved utilisation a region puts the window at), is a property of
 the *run*, not of the window: it is applied by the attribution study (:mod:`portbench.study.attribution`)
@@ -51,9 +54,13 @@ import numpy as np
 import polars as pl
 
 from ..core.errors import DataError, IntegrityError, ParameterError
+from .predictors import PREDICTION_COLUMNS
 from .window_table import HASH_COLUMN, as_window_table, columns_of, window_sha256, window_stats
 
 PROPERTIES = ("arrival", "prompt", "output", "coupling", "load")
+# Per-request columns that belong to the prompt: its block hashes (prefix sharing) and the frozen length
+# predictions made from its arrival-time features (the prediction-based policies read them)
+PROMPT_BOUND = (HASH_COLUMN, *PREDICTION_COLUMNS)
 WINDOW_PROPERTIES = ("arrival", "prompt", "output", "coupling")
 RUN_PROPERTIES = ("load",)
 CONSTRUCTION = ("portbench-hybrid-v2 (quantile map of lengths, rank pattern of coupling, arrivals scaled to A's span, "
@@ -98,7 +105,7 @@ def hybrid_window(a_df: pl.DataFrame, b_df: pl.DataFrame, swap: Iterable[str], *
         raise DataError(b_id, f"{b.height} requests, but window {a_id} has {a.height}: a hybrid takes properties "
                         "between windows of the same size (windows.size)")
     if not set(props) & set(WINDOW_PROPERTIES):
-        return a
+        return _with_prompt_bound(a, a_df, None)
     cols = {}
     if "arrival" in props:
         arr_a, arr_b = a["arrival_s"].to_numpy(), b["arrival_s"].to_numpy()
@@ -107,8 +114,8 @@ def hybrid_window(a_df: pl.DataFrame, b_df: pl.DataFrame, swap: Iterable[str], *
             raise DataError(b_id if span_b <= 0 else a_id, "zero span: an arrival pattern cannot be rescaled",
                             column="arrival_s")
         cols["arrival_s"] = pl.Series("arrival_s", arr_b * (span_a / span_b), dtype=pl.Float64)
-    prompt_src = b if "prompt" in props else a
-    hashes = None                                             # (source table, its row of each hybrid request)
+    prompt_src = b_df if "prompt" in props else a_df
+    rows = None                       # the row of prompt_src whose prompt each hybrid request takes (None: same row)
     if {"prompt", "output", "coupling"} & set(props):
         cpl = b if "coupling" in props else a
         for col, prop in (("prompt_tokens", "prompt"), ("output_tokens", "output")):
@@ -119,16 +126,23 @@ def hybrid_window(a_df: pl.DataFrame, b_df: pl.DataFrame, swap: Iterable[str], *
             ranks = _ordinal_ranks(cpl[col].to_numpy())
             cols[col] = pl.Series(col, src[col].to_numpy()[order][ranks], dtype=pl.Int64)
             if col == "prompt_tokens":
-                hashes = order[ranks]
+                rows = order[ranks]
         if "coupling" in props:
             cols["tenant"] = b["tenant"]
     out = a.with_columns(list(cols.values())) if cols else a
-    if HASH_COLUMN in prompt_src.columns:
-        h = prompt_src[HASH_COLUMN]
-        out = out.with_columns(h if hashes is None else h.gather(hashes))
-    elif HASH_COLUMN in out.columns:
-        out = out.drop(HASH_COLUMN)
-    return out.select(list(columns_of(out)))
+    return _with_prompt_bound(out.drop(HASH_COLUMN, strict=False), prompt_src, rows)
+
+
+def _with_prompt_bound(out: pl.DataFrame, prompt_src: pl.DataFrame, rows) -> pl.DataFrame:
+    """``out`` (window columns) with the :data:`PROMPT_BOUND` columns of ``prompt_src`` that it has, row
+    ``rows[i]`` for request ``i`` (None: row ``i``): a prompt's block hashes and its frozen length
+    predictions go wherever its length goes."""
+    out = out.select(list(columns_of(out)))
+    extra = [c for c in PROMPT_BOUND if c in prompt_src.columns]
+    if extra:
+        src = prompt_src.select(extra)
+        out = out.with_columns((src if rows is None else src[rows]).get_columns())
+    return out
 
 
 def hybrid_record(a_ref: Mapping, b_ref: Mapping, swap: Sequence[str], df: pl.DataFrame, *, seed: int,
@@ -141,7 +155,12 @@ def hybrid_record(a_ref: Mapping, b_ref: Mapping, swap: Sequence[str], df: pl.Da
             "b": {k: b_ref[k] for k in ("id", "source", "provenance", "sha256")},
             "swap": list(props), "window_swap": [p for p in props if p in WINDOW_PROPERTIES],
             "construction": CONSTRUCTION, "seed": int(seed), "random_draws": False,
-            "n_requests": df.height, "stats": window_stats(df), "sha256": window_sha256(df)}
+            "n_requests": df.height, "stats": window_stats(df), "sha256": definition_sha256(df)}
+
+
+def definition_sha256(df: pl.DataFrame) -> str:
+    """SHA-256 of a hybrid's window columns (its definition; the predictions it carries are not part of it)."""
+    return window_sha256(df.select(list(columns_of(df))))
 
 
 def verify_records(records: Sequence[Mapping], frozen: Mapping[str, Mapping] | None, where: str) -> None:

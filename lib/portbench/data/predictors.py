@@ -63,7 +63,6 @@ the table a run is given (``predicted_output``, ``ltr_score``).
 from __future__ import annotations
 
 import hashlib
-import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,7 +79,7 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
 
 from . import standins, synth, traces, windows
-from ..core import io
+from ..core import io, progress
 from ..core.config import Config, PredictorsConfig
 from ..core.errors import DataError, IntegrityError, ParameterError
 from ..core.provenance import label
@@ -101,7 +100,7 @@ FILE_SCHEMA = {"window_id": pl.String, "window_sha256": pl.String, "row": pl.Int
 
 
 def _note(msg: str) -> None:
-    print(f"[portbench predictors] {msg}", file=sys.stderr, flush=True)
+    progress.note(f"predictors: {msg}")
 
 
 # --------------------------------------------------------------------------- sources and features
@@ -587,6 +586,7 @@ def _compute(cfg: Config, manifest: Mapping, train: str, targets: Sequence[str],
     training = training_data(cfg, manifest, train, canon.get(train))
     out = {}
     home = None
+    transfer: dict = {}       # one model per feature set: targets sharing the common features share the model
     for target in targets:
         t0 = time.perf_counter()
         if target == train:
@@ -594,7 +594,10 @@ def _compute(cfg: Config, manifest: Mapping, train: str, targets: Sequence[str],
             pred = home
         else:
             spec = specs[train].transfer_to(specs[target])
-            pred = Predictor(train, spec, [fit_model(P, spec, training.frame)], training, 0.0)
+            key = (spec.numeric, spec.categorical)
+            if key not in transfer:
+                transfer[key] = fit_model(P, spec, training.frame)
+            pred = Predictor(train, spec, [transfer[key]], training, 0.0)
             pred.fit_s = time.perf_counter() - t0
         frames = window_frames(cfg, manifest, target, tables, canon.get(target))
         parts = []
@@ -652,8 +655,9 @@ def load_predictions(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None
         for tr, targets in todo.items():
             _note(f"training the {tr} predictor for {', '.join(targets)} (no frozen predictions with this "
                   f"fingerprint under {predictions_dir(cfg)})")
-            for tg, fr in _compute(cfg, manifest, tr, targets, tables).items():
-                out[(tr, tg)] = fr
+            with progress.stage(f"predictors: {tr} -> {', '.join(targets)}"):
+                for tg, fr in _compute(cfg, manifest, tr, targets, tables).items():
+                    out[(tr, tg)] = fr
     return {p: out[p] for p in pairs}
 
 

@@ -48,7 +48,7 @@ import numpy as np
 import polars as pl
 
 from . import registry, standins, synth, traces
-from ..core import io
+from ..core import io, progress
 from ..core.config import DISPLAY_KEYS, Config
 from ..core.errors import DataError, IntegrityError, ParameterError, PortbenchError
 from ..core.provenance import label, provenance_from_manifest
@@ -411,6 +411,9 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
     return _jsonable(manifest), tables
 
 
+MAX_PROBLEMS_SHOWN = 5     # windows named in a verification error (the rest are counted)
+
+
 def freeze(cfg: Config, refreeze: bool = False) -> dict:
     """Freeze the windows (no manifest yet, or ``refreeze``) or verify the existing manifest.
 
@@ -423,13 +426,20 @@ def freeze(cfg: Config, refreeze: bool = False) -> dict:
         manifest = load_manifest(cfg)
         _check_params(cfg, manifest)
         _note_provenance_changes(cfg, manifest)
-        ok, total, problems, tables = _verify(cfg, manifest, check_cache=False)
+        with progress.stage(f"windows: rebuilding the {len(manifest['windows'])} frozen windows from the data and "
+                            "verifying their SHA-256"):
+            ok, total, problems, tables = _verify(cfg, manifest, check_cache=False)
         if problems:
+            shown = problems[:MAX_PROBLEMS_SHOWN]
+            more = len(problems) - len(shown)
             raise IntegrityError(f"{path}: {total - ok} of {total} windows fail verification:\n  "
-                                 + "\n  ".join(problems))
+                                 + "\n  ".join(shown) + (f"\n  … and {more} more" if more else "")
+                                 + "\n(changed data files? `portbench files` shows what is found where; "
+                                 "a deliberate change needs `portbench freeze --refreeze`)")
         _write_cache(cache_path(cfg), manifest, tables)
         return manifest
-    manifest, tables = build_manifest(cfg)
+    with progress.stage("windows: freezing a new manifest"):
+        manifest, tables = build_manifest(cfg)
     manifest = write_manifest(manifest, path)
     _write_cache(cache_path(cfg), manifest, tables)
     return manifest

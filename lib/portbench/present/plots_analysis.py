@@ -172,6 +172,8 @@ def cross_source_forest(cfg, A, close: bool = False) -> list:
                 err = np.clip([vals[:, 0] - vals[:, 1], vals[:, 2] - vals[:, 0]], 0, None)
                 ax.errorbar(vals[:, 0], y + off, xerr=np.nan_to_num(err), fmt="o",
                             ms=3, lw=1, color=colors[q % 6], label=f"{A.labels[s1]} vs {A.labels[s2]}")
+                for yy in (y + off)[~np.isfinite(vals[:, 0])]:      # undefined: a ranking is all tied
+                    ax.text(0, yy, "n/a", fontsize=6.5, ha="center", va="center", color=colors[q % 6])
             ax.axvline(0, color="grey", lw=0.8)
             ax.set_title(f"{r} (ρ={A.summary['data']['rho'][r]:g})")
             ax.set_yticks(y, _metric_ticks(M), fontsize=8)
@@ -184,7 +186,7 @@ def cross_source_forest(cfg, A, close: bool = False) -> list:
         handles, labels_ = axes.flat[0].get_legend_handles_labels()
         fig.legend(handles, labels_, loc="lower center", ncol=len(pairs), bbox_to_anchor=(0.5, -0.02), frameon=False)
         fig.suptitle(f"Cross-source rank agreement, headline metrics, {_panel_label(A, panel)}: τ-b and 95% bootstrap "
-                     "CI (missing point: a ranking is all tied)", y=1.0, fontsize=10)
+                     "CI (n/a: τ-b undefined, a ranking is all tied)", y=1.0, fontsize=10)
         fig.tight_layout(rect=(0, 0.04, 1, 0.98))
         suffix = "" if panel == A.summary["headline_panel"] else f"_{panel}"
         figs.append(_save(cfg, fig, "04", f"tau_forest{suffix}", f"forest plot of every cross-source tau-b of the "
@@ -284,6 +286,28 @@ def cross_region_w_heatmap(cfg, A, close: bool = False):
                  "with 95% bootstrap CI", close)
 
 
+BUMP_LABEL_GAP = 0.5    # end labels of a bump chart at least this many ranks apart (7.5 pt text at ~0.45 rank)
+
+
+def _spread(ys, gap: float) -> list[float]:
+    """Label positions for sorted values ``ys``: as close to each value as possible, at least ``gap``
+    apart (1-D: each run of crowded labels is centred on its values, runs merged until none overlap)."""
+    blocks = []                                  # [first index, last index, top position]
+    for i, y in enumerate(ys):
+        blocks.append([i, i, float(y)])
+        while len(blocks) > 1:
+            a, b = blocks[-2], blocks[-1]
+            if a[2] + (a[1] - a[0] + 1) * gap <= b[2]:
+                break
+            first, last = a[0], b[1]
+            centre = float(np.mean(ys[first:last + 1]))
+            blocks[-2:] = [[first, last, centre - (last - first) * gap / 2]]
+    out = []
+    for first, last, top in blocks:
+        out += [top + k * gap for k in range(last - first + 1)]
+    return out
+
+
 def bump_charts(cfg, A, metrics=None, close: bool = False) -> list:
     """Per source: rank trajectories of every scheduler across the regions (one panel per metric)."""
     rk = A["rankings"]
@@ -306,15 +330,17 @@ def bump_charts(cfg, A, metrics=None, close: bool = False) -> list:
             g = rk.filter((pl.col("source") == s) & (pl.col("metric") == m))
             ranks = {(r, sc): v for r, sc, v in g.select("region", "scheduler", "rank").iter_rows()}
             x = np.arange(len(R))
-            end = {}
+            end = []
             for i, sc in enumerate(K):
                 yv = [ranks.get((r, sc), np.nan) for r in R]
                 ax.plot(x, yv, styles[i % 4], marker="o", ms=4, lw=1.6, color=palette[sc])
-                end.setdefault(yv[-1], []).append(sc)
-            for yv, names in end.items():
-                for j, sc in enumerate(names):
-                    ax.text(x[-1] + 0.12, yv + (j - (len(names) - 1) / 2) * 0.42, sc, fontsize=7.5,
-                            va="center", color=palette[sc])
+                if np.isfinite(yv[-1]):
+                    end.append((yv[-1], i, sc))
+            end.sort()
+            for (yv, _, sc), y_label in zip(end, _spread([e[0] for e in end], BUMP_LABEL_GAP)):
+                ax.text(x[-1] + 0.12, y_label, sc, fontsize=7.5, va="center", color=palette[sc])
+                if abs(y_label - yv) > 1e-9:     # a thin leader from the end point to its moved label
+                    ax.plot([x[-1] + 0.02, x[-1] + 0.1], [yv, y_label], lw=0.5, color=palette[sc])
             ax.set_xticks(x, _region_ticks(A), fontsize=8)
             ax.set_xlim(-0.2, len(R) - 1 + max(0.6, 0.22 * (len(R) - 1)))   # room for the end labels
             ax.set_ylim(len(K) + 0.7, 0.3)

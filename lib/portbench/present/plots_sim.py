@@ -10,6 +10,7 @@ from pathlib import Path
 
 import matplotlib.colors as mcolors
 import matplotlib.ticker as mticker
+from matplotlib.patches import Patch
 import numpy as np
 
 from ..core.errors import ParameterError
@@ -156,7 +157,13 @@ def plot_load_curves(runs, labels: Mapping | None = None, metrics: Sequence[str]
             if i == len(metrics) - 1:
                 ax.set_xlabel("offered load ρ (x window capacity)")
                 ax.set_xticks(rho_ticks["rho"].to_list(), [f"{r:g}" for r in rho_ticks["rho"].to_list()])
-    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), title="scheduler", frameon=False)
+    handles, names = axes[0][-1].get_legend_handles_labels()
+    handles.append(Patch(color="0.5", alpha=0.25, lw=0))
+    names.append("band: inter-quartile\nrange over windows\n× replicates")
+    axes[0][-1].legend(handles, names, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                       title="scheduler (line: median)", frameon=False)
+    fig.suptitle("Metric against offered load: median over windows × replicates, band = inter-quartile range; "
+                 "dotted line: ρ = 1 (the window's sustainable throughput)", fontsize=10, y=1.0)
     fig.tight_layout()
     return fig
 

@@ -435,7 +435,7 @@ def panels_markdown(summary: Mapping) -> str:
                     + " are stand-ins, so its numbers describe the stand-ins there")
             lines.append(f"* **{name}**{head}: {', '.join(p['sources'])} ({prov}) — {real}.")
     return ("**Panels of sources** (`analysis.panels`): every cross-source number is computed within a panel; the "
-            "first available panel is the headline.\n\n" + "\n".join(lines))
+            "headline is the first available panel whose sources are all real (else the first available one).\n\n" + "\n".join(lines))
 
 
 def power_markdown(power: Mapping) -> str:

@@ -12,12 +12,14 @@ policies' outcomes under the two preemption modes.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping, Sequence
 
 import polars as pl
 
 from ..core.config import Config
 from ..core.io import write_parquet_atomic
+from ..data import windows as windows_mod
 from ..sim import schedulers as scheduler_registry
 from . import analysis, campaign
 
@@ -26,35 +28,59 @@ SWAP_REGIONS = ("overload", "severe")
 SWAP_METRICS = ("completed", "e2e_mean", "ttft_p99", "tpot_mean")
 
 
+def headline_sources(cfg: Config, manifest: Mapping | None = None) -> list[str]:
+    """The sources of the panel the headline numbers come from (the analysis' rule,
+    :func:`portbench.study.analysis.headline_panel_of`: the first available all-real panel, else the first
+    available one); every source with windows when no panel is available."""
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    prov = windows_mod.provenance(manifest)
+    present = [s for s in cfg.source_names() if s in prov]
+    panels = analysis.panel_sources({k: list(v) for k, v in cfg.analysis.panels.items()}, present)
+    head = analysis.headline_panel_of(panels, prov)
+    return list(panels[head]["sources"]) if head and panels[head]["available"] else present
+
+
 def variant(cfg: Config, name: str, *, engine: Mapping | None = None, simulation: Mapping | None = None,
-            replicates: int = 1) -> Config:
-    """``cfg`` with the engine (and simulation) settings changed, one replicate, and its results in
-    ``{results_dir}/sensitivity/<name>`` (shards, capacities and runs of its own)."""
+            replicates: int = 1, sources: Sequence[str] | None = None) -> Config:
+    """``cfg`` with the engine (and simulation) settings changed, one replicate, only ``sources`` (None: all),
+    and its results in ``{results_dir}/sensitivity/<name>`` (shards and runs of its own)."""
     over = {"engine": dict(engine or {}), "simulation": {"replicates": int(replicates), **dict(simulation or {})},
             "paths": {"results_dir": str(cfg.paths.results_dir / "sensitivity" / name)},
             "campaign": {"request_records": {"windows_per_source": 0}}}
+    if sources is not None:
+        over["sources"] = {s: None for s in cfg.source_names() if s not in sources}
     return cfg.with_overrides(over)
 
 
-def run_variant(cfg: Config, **kw) -> pl.DataFrame:
-    """Run (or resume) a variant's campaign; returns its runs table."""
+def run_variant(cfg: Config, *, like: Config | None = None, **kw) -> pl.DataFrame:
+    """Run (or resume) a variant's campaign; returns its runs table. ``like``: the study whose measured
+    capacities the variant reuses (capacity is measured on the reference engine whatever the variant's
+    engine, so the records are the same; a record is only read when its key matches)."""
+    if like is not None:
+        src, dst = like.paths.results_dir / "capacity", cfg.paths.results_dir / "capacity"
+        if src.is_dir():
+            dst.mkdir(parents=True, exist_ok=True)
+            for f in src.glob("*.json"):
+                if not (dst / f.name).is_file():
+                    shutil.copyfile(f, dst / f.name)
     return campaign.run(cfg, **kw).runs
 
 
 def batching_variant(cfg: Config) -> Config:
-    """The V0 sensitivity campaign: every scheduler, window and region under ``engine.batching: v0``."""
+    """The V0 sensitivity campaign: every scheduler, window and region of the headline panel's sources
+    (:func:`headline_sources`) under the other batching mode (``engine.batching: v0`` for the V1 study)."""
     other = "v0" if cfg.engine.batching == "v1" else "v1"
-    return variant(cfg, f"batching_{other}", engine={"batching": other})
+    return variant(cfg, f"batching_{other}", engine={"batching": other}, sources=headline_sources(cfg))
 
 
 def swap_variant(cfg: Config, regions: Sequence[str] = SWAP_REGIONS) -> Config:
-    """The swap sensitivity campaign: the preemptive policies and the capacity policy, heavy regions,
-    ``engine.preemption: swap``."""
+    """The swap sensitivity campaign: the preemptive policies and the capacity policy, heavy regions, the
+    headline panel's sources, ``engine.preemption: swap``."""
     names = [s for s in scheduler_registry.names(cfg.simulation.schedulers)
              if s in PREEMPTIVE or s == cfg.simulation.capacity_policy]
     regs = [r for r in regions if r in cfg.simulation.loads] or list(cfg.simulation.loads)[-2:]
     return variant(cfg, "preemption_swap", engine={"preemption": "swap"},
-                   simulation={"schedulers": names, "regions": regs})
+                   simulation={"schedulers": names, "regions": regs}, sources=headline_sources(cfg))
 
 
 def headline_numbers(A) -> dict:
@@ -109,6 +135,7 @@ def batching_sensitivity(cfg: Config, runs_main: pl.DataFrame, runs_other: pl.Da
     computed by the study's analysis (no bootstrap: point values) on one replicate, plus the headline
     study itself (every replicate) for reference."""
     quick = cfg.with_overrides({"analysis": {"bootstrap": 0}})
+    runs_main = runs_main.filter(pl.col("source").is_in(runs_other["source"].unique().to_list()))  # the same sources
     main = headline_numbers(analysis.compute(quick, runs_main))
     a = headline_numbers(analysis.compute(quick, runs_main.filter(pl.col("replicate") == replicate)))
     b = headline_numbers(analysis.compute(quick, runs_other.filter(pl.col("replicate") == replicate)))

@@ -38,6 +38,7 @@ import polars as pl
 
 from ..core.config import Config
 from ..core.errors import PortbenchError
+from ..core.io import write_parquet_atomic
 from ..core.provenance import label
 from ..data import predictors as PR
 from ..data import windows as windows_mod
@@ -81,25 +82,62 @@ def transfer_dir(cfg: Config) -> Path:
     return Path(cfg.paths.results_dir) / "predictor_transfer"
 
 
-def _sub_config(cfg: Config, part: str, schedulers: Sequence[str]) -> Config:
+def _sub_config(cfg: Config, part: str, schedulers: Sequence[str], windows: int | None = None) -> Config:
     T = cfg.predictors.transfer
     return cfg.with_overrides({
         "paths.results_dir": str(transfer_dir(cfg) / part), "simulation.schedulers": list(schedulers),
         "simulation.regions": list(T.regions), "simulation.replicates": 1,
-        "campaign.windows_per_source": int(T.windows_per_source), "campaign.request_records": None})
+        "campaign.windows_per_source": int(windows or T.windows_per_source), "campaign.request_records": None})
 
 
 def _home_schedulers() -> list[str]:
     return scheduler_registry.names("all") + [v for v in ORACLE_VARIANT.values() if v in scheduler_registry.SCHEDULERS]
 
 
+MAIN_RUNS_FILE = "home_from_main.parquet"   # the home part's runs of the main campaign's policies (copied)
+
+
+def _main_home_runs(cfg: Config) -> pl.DataFrame | None:
+    """The main campaign's replicate-0 runs of the transfer campaign's windows and regions, when the main
+    campaign covers them (same seeds, same frozen predictions: the runs the home part would simulate)."""
+    T = cfg.predictors.transfer
+    if not set(T.regions) <= set(cfg.simulation.loads) or cfg.simulation.replicates < 1:
+        return None
+    wps = cfg.campaign.windows_per_source
+    if wps is not None and wps < T.windows_per_source:
+        return None
+    try:
+        main = campaign.load_runs(cfg)
+    except PortbenchError:
+        return None
+    refs = campaign.window_refs(_sub_config(cfg, "home", _home_schedulers()), windows_mod.load_manifest(cfg))
+    return main.filter((pl.col("replicate") == 0) & pl.col("region").is_in(list(T.regions))
+                       & pl.col("window_id").is_in([r.id for r in refs]))
+
+
 def run_transfer(cfg: Config, *, progress: bool = True, verbose: bool = True) -> pl.DataFrame:
     """Run (or resume) the transfer campaign (module docstring); returns its runs with a column
-    ``predictor`` (the source whose predictor the run used; the target itself for home runs)."""
+    ``predictor`` (the source whose predictor the run used; the target itself for home runs).
+
+    The home part's runs of the policies the main campaign already ran are taken from it (replicate 0 of
+    the same windows and regions: the same seeds and frozen predictions give the same runs) and only the
+    oracle variants are simulated; one window per source of those policies is simulated again as a check
+    (:func:`home_matches_main`). Without the main campaign's runs the whole home part is simulated."""
     manifest = windows_mod.load_manifest(cfg)
     T = cfg.predictors.transfer
     srcs = PR.sources_of(manifest)
-    home_cfg = _sub_config(cfg, "home", _home_schedulers())
+    main_home = _main_home_runs(cfg)
+    base = transfer_dir(cfg)
+    if main_home is not None and main_home.height:
+        have = set(main_home["scheduler"].unique().to_list())
+        simulate = [s for s in _home_schedulers() if s not in have]
+        campaign.run(_sub_config(cfg, "home-check", sorted(have), windows=1), progress=progress, verbose=verbose)
+        base.mkdir(parents=True, exist_ok=True)
+        write_parquet_atomic(main_home, base / MAIN_RUNS_FILE, {"kind": "transfer-home-from-main"})
+    else:
+        simulate = _home_schedulers()
+        (base / MAIN_RUNS_FILE).unlink(missing_ok=True)
+    home_cfg = _sub_config(cfg, "home", simulate)
     campaign.run(home_cfg, progress=progress, verbose=verbose)
     refs = campaign.window_refs(home_cfg, manifest)
     tables = windows_mod.load_windows(cfg, per_source=int(T.windows_per_source), manifest=manifest)
@@ -122,6 +160,8 @@ def load_transfer(cfg: Config) -> pl.DataFrame | None:
     if not home.is_file():
         return None
     h = pl.read_parquet(home)
+    if (base / MAIN_RUNS_FILE).is_file():        # the main campaign's policies, taken from it
+        h = pl.concat([pl.read_parquet(base / MAIN_RUNS_FILE).select(h.columns), h]).sort(campaign.SORT_COLUMNS)
     parts.append(h.with_columns(pl.col("source").alias("predictor")))
     for f in sorted(base.glob("from-*/runs.parquet")):
         p = f.parent.name.removeprefix("from-")
@@ -185,13 +225,17 @@ def variant_ranks(runs: pl.DataFrame, metrics: Sequence[str], schedulers: Sequen
 
 def home_matches_main(cfg: Config, transfer: pl.DataFrame) -> bool | None:
     """Whether the transfer campaign's home runs equal the main campaign's replicate-0 runs of the same
-    windows, regions and policies (same seeds, same frozen predictions); None without main runs."""
+    windows, regions and policies (same seeds, same frozen predictions); None without main runs. When the
+    home runs were taken from the main campaign, the check compares the runs simulated again for it (one
+    window per source, every policy of the main campaign)."""
     try:
         main = campaign.load_runs(cfg)
     except PortbenchError:
         return None
     keys = ["window_id", "region", "scheduler"]
-    home = transfer.filter(pl.col("predictor") == pl.col("source"))
+    check = transfer_dir(cfg) / "home-check" / "runs.parquet"
+    home = (pl.read_parquet(check) if (transfer_dir(cfg) / MAIN_RUNS_FILE).is_file() and check.is_file()
+            else transfer.filter(pl.col("predictor") == pl.col("source")))
     both = home.join(main.filter(pl.col("replicate") == 0), on=keys, suffix="_main")
     if both.height == 0:
         return None

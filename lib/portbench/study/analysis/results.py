@@ -16,6 +16,7 @@ from ...core import figindex
 from ...core import io as fileio
 from ...core.config import TIE_RULES, Config
 from ...core.errors import DataError
+from ...core.progress import stage
 from ...sim import profiles
 from ...sim import schedulers as scheduler_registry
 from .. import campaign, honest, stats
@@ -66,7 +67,7 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
 
     head = [cube.metrics.index(m) for m in cfg["headline_metrics"] if m in cube.metrics] or list(range(len(cube.metrics)))
     panels = panel_sources(cfg["panels"], cube.sources)
-    headline_panel = next((n for n, p in panels.items() if p["available"]), next(iter(panels), None))
+    headline_panel = headline_panel_of(panels, cube.provenance)
     side = side_tests(cube, cfg["window_size"])
     delta = deltas(cube, cfg)
     rk = rank(cfg["ties"], cube, means, boot, side, cfg, delta)
@@ -114,6 +115,15 @@ def _family_size(family: str, cube, n_sources: int) -> int:
     K, R, M = len(cube.schedulers), len(cube.regions), len(cube.metrics)
     per = K * (K - 1) // 2 * max(n_sources, 1)
     return per * {"per_metric": R, "per_region": M, "all": R * M}[family]
+
+
+def headline_panel_of(panels: dict, provenance: dict) -> str | None:
+    """The panel the headline numbers come from: the first available panel whose sources are all real
+    (cross-source claims rest first on real data), else the first available one (say, the study's panel with
+    stand-ins when no all-real panel can be formed), else the first configured one."""
+    avail = [n for n, p in panels.items() if p["available"]]
+    real = [n for n in avail if all(provenance.get(s) == "real" for s in panels[n]["sources"])]
+    return (real or avail or list(panels) or [None])[0]
 
 
 def assemble_summary(*, cube, runs, cfg: dict, head: list[int], panels: dict, headline_panel: str | None,
@@ -225,7 +235,8 @@ def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Ana
             tables = {t: pl.read_parquet(d / f"{t}.parquet") for t in TABLES}
             summary = json.loads((d / "summary_core.json").read_text())
             return Analysis(tables=tables, summary=summary, meta=meta)
-    A = compute(cfg, runs, progress=progress)
+    with stage(f"analysis of {runs.height:,} runs (the tables of notebooks 04-07 and 09)"):
+        A = compute(cfg, runs, progress=progress)
     write(cfg.paths.results_dir, A)
     figindex.forget(cfg.paths.figures_dir, FIGURE_NOTEBOOKS)  # figures of an older analysis are not indexed
     write_summary(cfg, A)

@@ -49,9 +49,9 @@ from ...core.config import Config, SimulationConfig
 from ...core.errors import DataError
 from ...core.io import sha256_hex, write_parquet_atomic
 from ...data import hybrids, windows as windows_mod
+from ...sim.schedulers import names as scheduler_names
 from ..campaign import (Engine, ShardSpec, SimEngine, WindowRef, WorkerContext, compute_capacity, compute_shard,
-                        load_worker_code,
-                        make_plan, scheduler_options)
+                        load_worker_code, make_plan, run_tables, scheduler_options)
 from .design import Design, make_design, spaced
 
 FORMAT_VERSION = 2
@@ -113,7 +113,10 @@ def pair_windows(cfg: Config, manifest: Mapping, a: str, b: str, n: int,
     eb = [eb[i] for i in spaced(len(eb), min(n, m))]
     if tables is None:
         tables = windows_mod.load_windows(cfg, [a, b], manifest=manifest)
-    return PairWindows(a, b, ea, eb, {e["id"]: tables[e["id"]] for e in ea + eb})
+    # the tables the campaign's runs get: frozen predictions attached, the tenant model applied
+    given = run_tables(cfg, {e["id"]: tables[e["id"]] for e in ea + eb}, list(scheduler_names(cfg.simulation.schedulers)),
+                       manifest=manifest)
+    return PairWindows(a, b, ea, eb, given)
 
 
 def window_parts(design: Design) -> list[tuple[str, ...]]:
@@ -350,7 +353,11 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
                              "window_b": r["b"]["id"], "swap": _part_code(r["window_swap"]), "sha256": r["sha256"],
                              "n_requests": r["n_requests"], **{k: r["stats"].get(k) for k in r["stats"]}})
             parts = window_parts(design)
+            # units are keyed by the hybrids' whole content (window + the predictions they carry); runs are
+            # labelled with the hybrids' definitions (window columns: the frozen records' SHA-256)
             shas = {part: tuple(hybrids.window_sha256(htables[(part, i)]) for i in range(len(pw))) for part in parts}
+            dshas = {part: tuple(hybrids.definition_sha256(htables[(part, i)]) for i in range(len(pw)))
+                     for part in parts}
             htab = {h: htables[(part, i)] for part in parts for i, h in enumerate(shas[part])}
             # tokens per prompt-hash block of each hybrid: its prompts' source's (hashes travel with prompts)
             hbs = {h: windows_mod.hash_block_size(manifest, (pw.b_entries if "prompt" in part else pw.a_entries)[i])
@@ -404,7 +411,7 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
                 df = pl.concat([units[(shas[part], r, rho if ratio[r] == 1.0 else rho * ratio[r])]
                                 for r, rho in design.regions.items()])
                 frames.append(_label_rows(df, mask=mask, code=design.code(mask),
-                                          sha={e["id"]: h for e, h in zip(pw.a_entries, shas[part])},
+                                          sha={e["id"]: h for e, h in zip(pw.a_entries, dshas[part])},
                                           rho_region=dict(design.regions), ratio=ratio, **label))
     finally:
         runner.close()
