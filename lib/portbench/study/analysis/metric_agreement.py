@@ -141,7 +141,9 @@ def top_winners(A: "Analysis") -> pl.DataFrame:
 
 def _top1_rows(s: str, cube: Cube, rk: Ranking, mask) -> pl.DataFrame:
     K = np.asarray(cube.schedulers)
-    means_s = np.nanmean(cube.oriented(s), axis=-1) if cube.values[s].shape[-1] else np.full(mask.shape, np.nan)
+    with warnings.catch_warnings():            # a metric undefined in every window of a cell: its mean is NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means_s = np.nanmean(cube.oriented(s), axis=-1) if cube.values[s].shape[-1] else np.full(mask.shape, np.nan)
     groups = rk.n_groups(s)
     rows = []
     for r, region in enumerate(cube.regions):
