@@ -511,3 +511,32 @@ def test_min_wilcoxon_p_and_effect_sizes():
     assert stats.effect_size(190, 200, "count", 200) == pytest.approx(0.05)
     with pytest.raises(ValueError):
         stats.effect_size(1, 2, "percent")
+
+
+def test_sign_flip_wilcoxon_equals_scipy_with_ties_and_zeros():
+    """The vectorised exact permutation test gives scipy.stats.wilcoxon(method="auto")'s p-value and statistic
+    for every row of at most 13 differences with ties or zeros (where scipy runs permutation_test)."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for W in (1, 2, 3, 5, 8, 10, 13):          # scipy's reference is slow at 13 (8,192 patterns per call)
+        for k in range(40 if W < 10 else 2):
+            d = rng.integers(-3, 4, W).astype(float) * rng.choice([1.0, 0.5, 1.25], W)
+            if k % 4 == 0:
+                d = np.round(rng.normal(size=W), 1)
+            if (d != 0).any():
+                rows.append(d)
+    for d in rows:
+        p, stat = stats._sign_flip_wilcoxon(d[None, :])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = st.wilcoxon(d, zero_method="wilcox", method="auto")
+        assert p[0] == pytest.approx(float(ref.pvalue), abs=1e-12), d
+        assert stat[0] == pytest.approx(float(ref.statistic), abs=1e-12), d
+    # and through paired_wilcoxon, many rows at once
+    block = np.stack([np.pad(r, (0, 8 - r.size)) for r in rows if r.size <= 8])[:60]
+    res = stats.paired_wilcoxon(block)
+    for i, d in enumerate(block):
+        if (d != 0).any():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                assert res.pvalue[i] == pytest.approx(float(st.wilcoxon(d, zero_method="wilcox").pvalue), abs=1e-12)

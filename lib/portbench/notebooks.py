@@ -48,8 +48,10 @@ def notebook_paths(only=None) -> list[Path]:
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 TERMINAL_ENV = "PORTBENCH_TERMINAL_PROGRESS"    # set for the kernels: long stages draw progress on the terminal
 # ipykernel's own log (a warning about TCP transport per kernel start, an interrupt caught at shutdown):
-# errors only, so that the terminal shows the pipeline's progress and real problems
-KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
+# errors only, so that the terminal shows the pipeline's progress and real problems. And the kernel's file
+# descriptor 2 is left alone (not copied into the notebook): progress drawn on sys.__stderr__ reaches the
+# terminal only, the notebook keeps the cells' own output.
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR", "--IPKernelApp.capture_fd_output=False"]
 
 
 @contextlib.contextmanager

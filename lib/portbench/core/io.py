@@ -208,3 +208,19 @@ def tree_sha256(folder: str | os.PathLike, cache: str | os.PathLike | None = Non
             h.update(struct.pack("<Q", len(data)))
             h.update(data)
     return h.hexdigest()
+
+
+def code_sha256(module: str) -> str:
+    """SHA-256 of the source of ``portbench.<module>`` (every ``.py`` file of a package, in name order): part
+    of the fingerprints of cached results, so that changed code never reuses results of the old code."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(f"portbench.{module}")
+    h = hashlib.sha256()
+    if spec.submodule_search_locations:
+        files = sorted(p for loc in spec.submodule_search_locations for p in Path(loc).rglob("*.py"))
+    else:
+        files = [Path(spec.origin)]
+    for f in files:
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()

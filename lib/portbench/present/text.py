@@ -721,3 +721,31 @@ def batching_comparison_markdown(table: pl.DataFrame) -> str:
         parts.append("Most of the significant and practical reversals do not involve it: they are between policies "
                      "that share the engine's batching and budget.")
     return " ".join(parts) + " The full table is in notebook 03."
+
+
+def _with_unit(value: float, unit: str) -> str:
+    """``1.025 s``; a unitless value alone; a fraction as is (its unit says so)."""
+    u = (unit or "").strip()
+    bare = not u or u in ("-", "1") or u.startswith(("fraction", "index", "ratio"))
+    return f"{value:.4g}" if bare else f"{value:.4g} {u}"
+
+
+def most_dramatic_markdown(md: Mapping | None) -> str:
+    """Notebook 06: the most dramatic significant-and-practical reversal, both sides with means (and their
+    unit), effect, raw and adjusted p and windows."""
+    if not md:
+        return "There is no significant-and-practical reversal of a headline metric to show."
+    unit = metrics.metric(md["metric"]).unit
+
+    def eff(v):
+        return f"{v:.0%}" if md["scale"] == "ratio" else f"{100 * v:.1f} percentage points"
+
+    def side(k):
+        return (f"mean {_with_unit(md['mean_a_' + k], unit)} ({md['a']}) vs {_with_unit(md['mean_b_' + k], unit)} "
+                f"({md['b']}), effect {eff(md['effect_' + k])}, raw p = {md['p_' + k]:.2g}, adjusted p = "
+                f"{md['p_adj_' + k]:.2g}, {md['n_' + k]} windows")
+
+    better = {k: md["a"] if md[f"diff_{k}"] > 0 else md["b"] for k in ("1", "2")}
+    return (f"**{md['a']} vs {md['b']}**, metric **{md['metric']}** ({md['direction']} is better), region "
+            f"**{md['region']}**. On **{md['label_1']}**, {better['1']} is better: {side('1')}. On "
+            f"**{md['label_2']}**, {better['2']} is better: {side('2')}.")

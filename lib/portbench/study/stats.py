@@ -445,6 +445,35 @@ def _wilcoxon_group(d: np.ndarray, method) -> tuple[np.ndarray, np.ndarray]:
     return np.atleast_1d(res.pvalue), np.atleast_1d(res.statistic)
 
 
+PERMUTATION_MAX_WIDTH = 13   # scipy's "auto": an exact sign-flip permutation test up to 2**13 <= 9999 resamples
+
+
+def _sign_flip_wilcoxon(d: np.ndarray, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """Two-sided p-value and statistic of ``scipy.stats.wilcoxon(row, method="auto")`` for rows ``d`` (S, W)
+    of at most :data:`PERMUTATION_MAX_WIDTH` complete differences with ties or zeros, where scipy runs an
+    exact permutation test (``permutation_test`` over all 2**W sign flips, statistic R+ with zeros dropped
+    and average ranks of |d|) -- the same null distribution, counts and tolerance, vectorised over rows
+    (scipy evaluates the statistic once per row and sign pattern). ``tests/test_stats.py`` checks equality."""
+    S, W = d.shape
+    nz = d != 0
+    n_nz = nz.sum(axis=-1)
+    absd = np.where(nz, np.abs(d), -1.0)                  # zeros rank below every non-zero difference
+    r = st.rankdata(absd, axis=-1) - (W - n_nz)[:, None]
+    r = np.where(nz, r, 0.0)
+    r_plus = np.sum(np.where(d > 0, r, 0.0), axis=-1)
+    r_minus = np.sum(np.where(d < 0, r, 0.0), axis=-1)
+    signs = ((np.arange(2 ** W)[:, None] >> np.arange(W)) & 1).astype(float)   # (2**W, W): 1 = positive
+    gamma = np.abs(np.finfo(float).eps * 100 * r_plus)
+    p = np.empty(S)
+    for lo in range(0, S, chunk):
+        null = r[lo:lo + chunk] @ signs.T                  # R+ of every sign pattern of every row
+        obs, g = r_plus[lo:lo + chunk, None], gamma[lo:lo + chunk, None]
+        less = np.count_nonzero(null <= obs + g, axis=-1) / 2 ** W
+        greater = np.count_nonzero(null >= obs - g, axis=-1) / 2 ** W
+        p[lo:lo + chunk] = np.clip(2 * np.minimum(less, greater), 0.0, 1.0)
+    return p, np.minimum(r_plus, r_minus)
+
+
 def paired_wilcoxon(d) -> PairedTest:
     """Two-sided Wilcoxon signed-rank test of each slice of paired differences ``d`` (..., W).
 
@@ -487,14 +516,16 @@ def paired_wilcoxon(d) -> PairedTest:
     clean = complete & ~has_zero & ~ties
     if width <= 50:
         groups = {"exact": clean, "asymptotic": complete & ~clean}
-        if width <= 13:
+        if width <= PERMUTATION_MAX_WIDTH:
             groups = {"exact": clean, "permutation": complete & ~clean}
     else:
         groups = {"asymptotic": complete}
     for name, mask in groups.items():
         if mask.any():
-            m = "exact" if name == "exact" else ("asymptotic" if name == "asymptotic" else "auto")
-            p[mask], stat[mask] = _wilcoxon_group(flat[mask], m)
+            if name == "permutation":
+                p[mask], stat[mask] = _sign_flip_wilcoxon(flat[mask])
+            else:
+                p[mask], stat[mask] = _wilcoxon_group(flat[mask], "exact" if name == "exact" else "asymptotic")
             method[mask] = name
     # slices with missing windows: one call each on the windows present (rare)
     for i in np.flatnonzero(~valid.all(axis=-1) & ~all_zero & ~too_few):

@@ -184,6 +184,9 @@ def summary_path(results_dir: Path) -> Path:
     return Path(results_dir) / "summary.json"
 
 
+ANALYSIS_CODE = ("study.analysis", "study.stats")    # the code whose source is part of the analysis' fingerprint
+
+
 def fingerprint(runs: pl.DataFrame, cfg: Config) -> str:
     """Hash of the runs table and everything in the parameters that changes the analysis."""
     h = hashlib.sha256()
@@ -193,6 +196,7 @@ def fingerprint(runs: pl.DataFrame, cfg: Config) -> str:
     h.update(json.dumps(cfg.simulation.slo_dicts, sort_keys=True, default=str).encode())
     h.update(json.dumps(scheduler_registry.names(cfg.simulation.schedulers)).encode())
     h.update(json.dumps([cfg.source_names(), cfg.display_names], sort_keys=True).encode())
+    h.update("".join(fileio.code_sha256(m) for m in ANALYSIS_CODE).encode())   # changed code recomputes
     buf = io.BytesIO()
     runs.write_ipc(buf)
     h.update(buf.getvalue())

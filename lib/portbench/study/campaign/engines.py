@@ -5,14 +5,12 @@ simulator, metrics). Tests inject deterministic fakes to check the orchestration
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from ...core import io as fileio
 from ...core.config import SimulationConfig
 from ...sim import metrics, profiles, regions
 from ...sim import schedulers as scheduler_registry
@@ -73,15 +71,7 @@ class Engine:
 
 
 def _source_hash(module: str) -> str:
-    spec = importlib.util.find_spec(f"portbench.{module}")
-    h = hashlib.sha256()
-    if spec.submodule_search_locations:
-        files = sorted(p for loc in spec.submodule_search_locations for p in Path(loc).rglob("*.py"))
-    else:
-        files = [Path(spec.origin)]
-    for f in files:
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
+    return fileio.code_sha256(module)
 
 
 def scheduler_options(sim: SimulationConfig, name: str) -> dict:
