@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import nbformat
 import polars as pl
@@ -37,6 +40,31 @@ def test_all_notebooks_run_under_smoke_params(tmp_path, shared_traces):
         assert not errors, f"{p.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
     pngs = sorted((tmp_path / "figures").rglob("*.png"))
     assert len(pngs) >= 10 and all(p.with_suffix(".pdf").is_file() for p in pngs)
+    # every executed notebook that saves a figure also shows it (embedded PNG outputs; an Agg backend in the
+    # kernels would leave the text's "the figure shows ..." without a figure)
+    index = json.loads((tmp_path / "figures" / "index.json").read_text())
+    makers = {e["notebook"][:2] for e in index.values()}
+    for p in done:
+        if p.name[:2] in makers:
+            nb = nbformat.read(p, as_version=4)
+            images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
+                         for o in c.get("outputs", []))
+            assert images >= 1, f"{p.name} saves figures but shows none"
+    # figure bytes do not depend on the interpreter's hash seed (set iteration order): notebook 07's
+    # critical-difference diagrams and notebook 05's bump charts drawn under two seeds are identical
+    code = ("import sys, hashlib, pathlib; from portbench import params; from portbench.study import analysis; "
+            "from portbench.present import plots_analysis as pa; "
+            f"cfg = params.load('papermill_params/smoke.yaml', {overrides!r} | "
+            "{'paths': {**" + repr(overrides['paths']) + ", 'figures_dir': sys.argv[1]}}); "
+            "A = analysis.load(cfg); pa.cd_diagrams(cfg, A, close=True); pa.bump_charts(cfg, A, close=True); "
+            "print(sorted((p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in pathlib.Path(sys.argv[1]).rglob('*.p*')))")
+    outs = []
+    for seed in ("1", "2"):
+        r = subprocess.run([sys.executable, "-c", code, str(tmp_path / f"fig-seed{seed}")], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed, "MPLBACKEND": "Agg"}, cwd=params.project_root())
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(r.stdout)
+    assert outs[0] == outs[1] and "cd_diagrams.png" in outs[0]
     summary = json.loads((tmp_path / "results" / "summary.json").read_text())
     for key in ("cross_source", "cross_region", "reversals", "cross_metric", "attribution"):
         assert key in summary

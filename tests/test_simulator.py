@@ -588,3 +588,29 @@ def test_profile_must_be_affine_in_context():
 def test_empty_window():
     res = simulator.simulate(window([], [], []), "fcfs", StubProfile(), horizon_s=1.0, seed=0)
     assert res.requests.height == 0 and res.counters["arrived"] == 0
+
+
+def test_runs_do_not_depend_on_the_interpreters_hash_seed():
+    """Every policy's records are the same under two PYTHONHASHSEEDs (tenants are strings: no set or dict
+    order of them may reach a decision)."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import hashlib, numpy as np, polars as pl
+from portbench.sim.engine import simulate
+from portbench.sim import profiles, schedulers
+rng = np.random.default_rng(0); n = 150
+arr = np.concatenate([[0.0], np.cumsum(rng.exponential(0.04, n - 1))])
+df = pl.DataFrame({"arrival_s": arr, "prompt_tokens": rng.integers(10, 3000, n), "output_tokens": rng.integers(1, 400, n),
+                   "tenant": [f"tenant-{k}" for k in rng.integers(1, 6, n)],
+                   "predicted_output": rng.integers(1, 400, n).astype(float), "ltr_score": rng.normal(size=n)})
+prof = profiles.get_profile(profiles.DEFAULT_PROFILE)
+for name in schedulers.names("all"):
+    r = simulate(df, name, prof, horizon_s=float(arr[-1] * 1.5), seed=1, slo={"ttft_s": 2.0, "tpot_s": 0.1})
+    print(name, hashlib.sha256(r.requests.write_csv().encode()).hexdigest())
+"""
+    outs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    assert outs[0] == outs[1] and len(outs[0].splitlines()) == 13

@@ -79,7 +79,7 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
 
 from . import standins, synth, traces, windows
-from ..core import io, progress
+from ..core import io, procs, progress
 from ..core.config import Config, PredictorsConfig
 from ..core.errors import DataError, IntegrityError, ParameterError
 from ..core.provenance import label
@@ -655,10 +655,31 @@ def load_predictions(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None
         for tr, targets in todo.items():
             _note(f"training the {tr} predictor for {', '.join(targets)} (no frozen predictions with this "
                   f"fingerprint under {predictions_dir(cfg)})")
-            with progress.stage(f"predictors: {tr} -> {', '.join(targets)}"):
-                for tg, fr in _compute(cfg, manifest, tr, targets, tables).items():
+        workers = min(int(cfg.campaign.workers), len(todo))
+        with progress.stage(f"predictors: {len(todo)} source(s) on {max(workers, 1)} process(es)"):
+            for tr, got in _train_all(cfg, manifest, todo, tables, workers):
+                for tg, fr in got.items():
                     out[(tr, tg)] = fr
     return {p: out[p] for p in pairs}
+
+
+def _train_all(cfg: Config, manifest: Mapping, todo: Mapping[str, list], tables: Mapping, workers: int):
+    """``(train source, {target: Frozen})`` for every train source of ``todo``: in this process, or (``workers``
+    > 1) on a spawn-context process pool, the longest trainings first. Each model trains on one thread with a
+    fixed seed, so the predictions are the same however they are spread over processes."""
+    if workers <= 1:
+        for tr, targets in todo.items():
+            yield tr, _compute(cfg, manifest, tr, targets, tables)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    order = sorted(todo, key=lambda tr: (source_kind(manifest, tr) != "standin", tr))   # stand-ins train longest
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                             initializer=procs.die_with_parent) as pool:
+        futures = {pool.submit(_compute, cfg, manifest, tr, todo[tr], tables): tr for tr in order}
+        for f in as_completed(futures):
+            yield futures[f], f.result()
 
 
 def all_pairs(manifest: Mapping) -> list[tuple[str, str]]:

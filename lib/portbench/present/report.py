@@ -68,7 +68,10 @@ def results_markdown(summary: Mapping) -> str:
         + ", ".join(f"{v['n_windows']} {labels[s]}" for s, v in prov.items())
         + f" windows × {len(par['regions'])} regions × {data['replicates']} replicates; "
         f"real sources: {', '.join(real) or 'none'}" + (f"; stand-ins: {', '.join(stand)}" if stand else "")
-        + f". Headline metrics (pre-specified): {', '.join(summary['headline_metrics'])}; headline panel: {panel}. "
+        + f". Headline metrics (pre-specified): {', '.join(summary['headline_metrics'])}; headline panel: {panel} "
+        + f"({', '.join(labels.get(s, s) for s in (summary.get('panels') or {}).get(panel, {}).get('sources', []))}"
+        + ("; all real: the headline is the first all-real panel" if ((summary.get("panels") or {}).get(panel) or {})
+           .get("all_real") else "; not all real: no all-real panel is available") + "). "
         "Two schedulers are tied in a ranking unless their paired Wilcoxon test over windows tells them apart "
         f"({par['tie_correction']} within the ranking, α = {par['alpha']}). Means with two 95% intervals: "
         "[windows resampled within each source, tie groups fixed] / [conditions resampled].*",
@@ -133,9 +136,23 @@ def results_markdown(summary: Mapping) -> str:
                               for m, d in mde.items()) + ", m = the tests of a per-metric family.*"]
     for w in (summary.get("power") or {}).get("warnings", []):
         lines += ["", f"**Warning:** {w}."]
+    for name, p in (summary.get("panels") or {}).items():     # every other panel, with its own numbers
+        if name == panel or not p.get("available"):
+            continue
+        pcs, prv = p.get("cross_source") or {}, p.get("reversals") or {}
+        if "tau_b" not in pcs:
+            continue
+        ppre = prv.get("study_preset") or {}
+        kind = "all real" if p.get("all_real") else "not all real: its stand-ins' numbers describe the stand-ins"
+        sp = prv.get("significant_and_practical", {}).get("value")
+        lines += ["", f"*Panel **{name}** ({', '.join(labels.get(s, s) for s in p['sources'])}; {kind}): between "
+                  f"sources {_agreement(pcs)}; reversals: {sp:,} of {prv['comparisons']['value']:,} comparisons "
+                  "significant and practical"
+                  + (f" (study preset: {ppre['significant_and_practical']:,} of {ppre['comparisons']:,})"
+                     if ppre.get("available") else "") + ".*"]
     others = [f"{n}: {p['reason']}" for n, p in (summary.get("panels") or {}).items() if not p["available"]]
     if others:
-        lines += ["", "*Other panels — " + "; ".join(others) + ".*"]
+        lines += ["", "*Panels not available — " + "; ".join(others) + ".*"]
     return "\n".join(lines)
 
 

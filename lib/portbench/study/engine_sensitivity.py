@@ -12,7 +12,6 @@ policies' outcomes under the two preemption modes.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Mapping, Sequence
 
 import polars as pl
@@ -57,12 +56,7 @@ def run_variant(cfg: Config, *, like: Config | None = None, **kw) -> pl.DataFram
     capacities the variant reuses (capacity is measured on the reference engine whatever the variant's
     engine, so the records are the same; a record is only read when its key matches)."""
     if like is not None:
-        src, dst = like.paths.results_dir / "capacity", cfg.paths.results_dir / "capacity"
-        if src.is_dir():
-            dst.mkdir(parents=True, exist_ok=True)
-            for f in src.glob("*.json"):
-                if not (dst / f.name).is_file():
-                    shutil.copyfile(f, dst / f.name)
+        campaign.reuse_capacities(like, cfg)
     return campaign.run(cfg, **kw).runs
 
 

@@ -131,13 +131,16 @@ def run_transfer(cfg: Config, *, progress: bool = True, verbose: bool = True) ->
     if main_home is not None and main_home.height:
         have = set(main_home["scheduler"].unique().to_list())
         simulate = [s for s in _home_schedulers() if s not in have]
-        campaign.run(_sub_config(cfg, "home-check", sorted(have), windows=1), progress=progress, verbose=verbose)
+        check = _sub_config(cfg, "home-check", sorted(have), windows=1)
+        campaign.reuse_capacities(cfg, check)
+        campaign.run(check, progress=progress, verbose=verbose)
         base.mkdir(parents=True, exist_ok=True)
         write_parquet_atomic(main_home, base / MAIN_RUNS_FILE, {"kind": "transfer-home-from-main"})
     else:
         simulate = _home_schedulers()
         (base / MAIN_RUNS_FILE).unlink(missing_ok=True)
     home_cfg = _sub_config(cfg, "home", simulate)
+    campaign.reuse_capacities(cfg, home_cfg)        # the main campaign's measured capacities (same windows)
     campaign.run(home_cfg, progress=progress, verbose=verbose)
     refs = campaign.window_refs(home_cfg, manifest)
     tables = windows_mod.load_windows(cfg, per_source=int(T.windows_per_source), manifest=manifest)
@@ -147,6 +150,7 @@ def run_transfer(cfg: Config, *, progress: bool = True, verbose: bool = True) ->
         if not given:
             continue
         run = campaign.run_tables(sub, given, list(T.schedulers), manifest=manifest, train=p)
+        campaign.reuse_capacities(cfg, sub)
         campaign.run(sub, windows=[(r, run[r.id]) for r in refs if r.id in run], progress=progress,
                      verbose=verbose)
     return load_transfer(cfg)

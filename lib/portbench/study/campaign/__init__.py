@@ -75,7 +75,7 @@ from .files import capacity_path, records_path, runs_path, shard_done, shard_pat
 from .plan import (CAPACITY_METHOD, FORMAT_VERSION, SEED_TAG, Plan, ShardSpec, WindowRef, make_plan, needs_predictions,
                    replicates, run_inputs, run_seed, window_refs)
 from .run import (REFUSAL_WARN_FRACTION, CampaignResult, consolidate_runs, load_capacities, load_requests, load_runs,
-                  refusal_warnings, run, run_tables)
+                  refusal_warnings, reuse_capacities, run, run_tables)
 from .tables import (ATTAINED_RANKING, CURVE_SCHEDULERS, DISTINCT_METRIC, DISTINCT_TOLERANCE, capacity_by_window,
                      capacity_comparison, capacity_summary, conservation_summary, curve_schedulers, distinct_means,
                      engine_summary, load_curves, load_story, load_summary, load_table, preemption_table, refusal_table,
@@ -89,6 +89,6 @@ __all__ = ["capacity_comparison", "DISTINCT_METRIC", "DISTINCT_TOLERANCE", "dist
            "RunResult", "ShardSpec", "SimEngine", "WindowRef", "WorkerContext", "capacity_by_window", "capacity_path",
            "capacity_summary", "compute_capacity", "compute_shard", "conservation_summary", "consolidate_runs",
            "curve_schedulers", "load_capacities", "load_curves", "load_worker_code", "load_requests", "load_runs",
-           "load_story", "make_plan", "needs_predictions", "preemption_table", "run_inputs", "run_tables", "records_path",
+           "load_story", "make_plan", "needs_predictions", "preemption_table", "reuse_capacities", "run_inputs", "run_tables", "records_path",
            "regions_table", "replicates", "run",
            "run_seed", "runs_path", "scheduler_options", "shard_done", "shard_path", "window_refs"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -181,6 +182,23 @@ def _load_window_tables(cfg: Config, plan: Plan, needed: Sequence[str]) -> dict:
             raise DataError(windows_mod.manifest_path(cfg), f"window {wid}: sha256 {got} but the plan has "
                             f"{by_id[wid].sha256}")
     return run_tables(cfg, {wid: tables[wid] for wid in needed}, plan.schedulers)
+
+
+def reuse_capacities(source: Config, target: Config) -> int:
+    """Copy the capacity records measured by campaign ``source`` into campaign ``target``'s results folder
+    (those not there yet). Capacity is measured on the reference engine for a window's content, so a
+    sub-campaign or a variant on the same windows reads the same records; a record is only used when its key
+    (window SHA-256, model, capacity policy, reference engine) matches. Returns the number copied."""
+    src, dst = Path(source.paths.results_dir) / "capacity", Path(target.paths.results_dir) / "capacity"
+    if not src.is_dir() or src.resolve() == dst.resolve():
+        return 0
+    dst.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for f in src.glob("*.json"):
+        if not (dst / f.name).is_file():
+            shutil.copyfile(f, dst / f.name)
+            n += 1
+    return n
 
 
 def run_tables(cfg: Config, tables: dict, schedulers: Sequence[str], *, manifest=None,
