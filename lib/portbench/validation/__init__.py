@@ -58,6 +58,7 @@ from ..core import io
 from ..core.config import Config, SimulationConfig, ValidationConfig, VllmEngineConfig
 from ..core.errors import ParameterError, PortbenchError
 from ..data import windows
+from ..data.predictors import PREDICTION_COLUMNS
 from ..sim import metrics, profiles, regions, schedulers
 from ..study import campaign
 from ..study.campaign import run_seed
@@ -578,7 +579,9 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
         rec = eng_all.filter(*flt)
         w = wins.filter(pl.col("window_id") == wid, pl.col("region") == region).sort("req_id")
         horizon, rho = float(w["horizon_s"][0]), float(w["rho"][0])
-        sc = w.select("arrival_s", "prompt_tokens", "output_tokens", "tenant")
+        # the replayed window as the simulator's run got it: frozen predictions included (ltr, edf, sjf_predicted)
+        sc = w.select([c for c in ("arrival_s", "prompt_tokens", "output_tokens", "tenant", *PREDICTION_COLUMNS)
+                       if c in w.columns])
         horizons[key] = horizon
         rec_by_key[key] = rec.drop(*verdict.KEY, "horizon_s")
         lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(rho).alias("rho")]
