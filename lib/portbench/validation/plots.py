@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
+import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
@@ -20,6 +21,24 @@ def _unit(metric: str) -> str:
         return metrics.metric(metric).unit
     except ParameterError:  # not a registered metric: no unit in the label
         return ""
+
+
+CASES_SHOWN = 6    # case figures shown in notebook 08 (the key reversal, the control, the first further ones)
+
+
+def case_figures(cases, engine_runs: pl.DataFrame, provenance: Mapping[str, str], figures_dir,
+                 sim_runs: pl.DataFrame | None = None, names: Mapping[str, str] | None = None,
+                 shown: int = CASES_SHOWN) -> list[dict]:
+    """:func:`case_figure` of every case with replays (saved and indexed); the first ``shown`` stay open (so a
+    notebook displays them), the others are closed. Returns the saved paths."""
+    out = []
+    have = set(engine_runs.select("scheduler", "region").unique().iter_rows()) if engine_runs.height else set()
+    for c in [c for c in cases if {(c.a, c.region), (c.b, c.region)} <= have]:
+        fig, paths = case_figure(c, engine_runs, provenance, figures_dir, sim_runs, names)
+        if len(out) >= shown:
+            plt.close(fig)
+        out.append(paths)
+    return out
 
 
 def case_figure(case: Case, engine_runs: pl.DataFrame, provenance: Mapping[str, str], figures_dir,
