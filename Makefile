@@ -12,6 +12,7 @@ DATA_MIRROR ?=
 SWEEP       ?=
 JOBS        ?= auto
 export PORTBENCH_DATA_MIRROR := $(or $(DATA_MIRROR),$(PORTBENCH_DATA_MIRROR))
+export PORTBENCH_BUILD := $(BUILD)
 export PYTHONHASHSEED := 0
 
 NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb notebooks/1*.ipynb))

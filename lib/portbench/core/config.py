@@ -170,6 +170,12 @@ def _check_schema(params: dict, schema: dict, prefix: str = "") -> None:
 
 
 BUILD_DIR = "build"
+BUILD_ENV = "PORTBENCH_BUILD"     # the build folder (the Makefile's BUILD); default build/ under the project root
+
+
+def build_base() -> str:
+    """The build folder: ``$PORTBENCH_BUILD`` (``make … BUILD=dir`` sets it), else ``build``."""
+    return os.environ.get(BUILD_ENV, "").strip() or BUILD_DIR
 ISOLATED_PATHS = ("results_dir", "figures_dir")     # what a non-default run writes under build/<run name>/
 NEUTRAL_OVERRIDES = ("paths",)                      # overrides that change where things are, not results
 
@@ -189,7 +195,7 @@ def _isolate(P: dict, default_paths: Mapping, path: Path, default_path: Path, ov
     paths = P.setdefault("paths", {})
     for key in ISOLATED_PATHS:
         if key in default_paths and paths.get(key) == default_paths[key]:
-            paths[key] = f"{BUILD_DIR}/{name}/{key.removesuffix('_dir')}"
+            paths[key] = str(Path(build_base()) / name / key.removesuffix("_dir"))
     return name
 
 
@@ -272,8 +278,9 @@ class PathsConfig:
     @property
     def build_dir(self) -> Path:
         """Where this run's executed notebooks go: ``build/`` for the default study, ``build/<run name>/``
-        for any other parameter set."""
-        return self.root / BUILD_DIR / (self.run_name or "")
+        for any other parameter set (``build`` = ``$PORTBENCH_BUILD`` when set, the Makefile's ``BUILD``)."""
+        base = Path(build_base())
+        return (base if base.is_absolute() else self.root / base) / (self.run_name or "")
 
     @classmethod
     def from_tree(cls, P: Mapping) -> "PathsConfig":
