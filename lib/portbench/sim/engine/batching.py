@@ -119,115 +119,133 @@ class Batching:
         fits (slots, KV; admission of waiting requests stops at the first that does not fit,
         residents further down still run if they fit). The token budget goes to the batch's decodes
         first, then to prompt chunks in rank order. Descheduled residents are paused (KV kept)
-        unless the batch needs their memory: then victims are evicted (recompute or swap)."""
+        unless the batch needs their memory: then victims are evicted (recompute or swap).
+
+        Cost: the walk in rank order visits requests one by one only until the last waiting request
+        or non-decoding resident it meets; the rest of the ranking (decoding members of the cohort
+        only) is decided in bulk from the cohort's block total -- all of it runs when it fits, else
+        the greedy walk's first misfit is found from the end and only the members from there on are
+        visited -- so a decision costs O(requests that change + displaced), not O(residents)."""
         if not self.n_wait and not self.paused and self.need_now + self.other_blocks + self.cache_adj <= self.cap:
             return self._plan(now)      # nobody to rank against: every resident runs
         S = self.sched
         bs, cap = self.bs, self.cap
-        chunked, v1 = self.chunked, self.v1
-        if self.pc_on:
+        chunked, v1, pc_on = self.chunked, self.v1, self.pc_on
+        if pc_on:
             self._pc_reconcile()
-        members = self._materialize()
-        self.plan_seq += 1
-        seq = self.plan_seq
-        residents = list(self.res.values())
-        if self.static:
-            for r in residents:
-                r.key = r.rank
-        else:
-            for r in residents:
-                r.key = (S.priority(r, now), r.id)
-        residents.sort(key=_key_of)
+        cohort, res, clock = self.cohort, self.res, self.clock
+        residents = self._ranked_residents(now)
         wl = self.wlist
         if not self.frozen:
+            pri = S.priority
             for r in wl:
-                r.key = (S.priority(r, now), r.id)
+                r.key = (pri(r, now), r.id)
             wl.sort(key=_key_of)
         if chunked:
-            n_dec = 0
-            for r in residents:
+            n_dec = len(cohort)                    # decoding residents: the cohort and the paused decoders
+            for r in self.paused:
                 if r.prefilled == r.prefill_target:
                     n_dec += 1
-            b = max(0, self.B - n_dec)
+            b = self.B - n_dec
+            if b < 0:
+                b = 0
         else:
             b = self.B
         free, slots = cap - self.cache_adj, self.max_seqs
         pf_tokens = admitted = 0
-        selected_dec: list[Request] = []
+        resumed: list[Request] = []            # selected decoders outside the cohort (they join it)
         prefilling: list[Request] = []
         displaced: list[Request] = []
-        i = j = 0
         nr, nw = len(residents), len(wl)
-        hol = nw == 0
-        while i < nr or not hol:
-            if not hol and (i >= nr or wl[j].key < residents[i].key):
+        walked: list[Request] = []             # residents and admitted requests in rank order (the next order)
+        cohort_need = self.need_now            # KV blocks of the cohort members not visited yet
+        outside_left = nr - len(cohort)        # residents outside the cohort not visited yet
+        i = j = 0
+        wkey = wl[0].key if nw else None
+        while i < nr or wkey is not None:
+            if wkey is not None and (i >= nr or wkey < residents[i].key):
                 r = wl[j]
                 need = self._admit_need(r, b, pf_tokens, admitted, free) if slots > 0 else None
                 if need is None:
-                    hol = True
+                    wkey = None          # head-of-line: no further admission
                     continue
                 j += 1
-                if j >= nw:
-                    hol = True
+                wkey = wl[j].key if j < nw else None
                 free -= need
                 slots -= 1
                 admitted += 1
                 pf_tokens += r.chunk
                 b -= r.chunk or (1 if chunked else 0)
-                r.mark = seq
+                walked.append(r)
                 if self._admit(r, now):
-                    selected_dec.append(r)
+                    resumed.append(r)
                 else:
                     prefilling.append(r)
-                if self.pc_on:
+                if pc_on:
                     self._pc_reconcile_walk(cap - free)
+                continue
+            if outside_left == 0 and (wkey is None or wkey > residents[-1].key):
+                # the rest are cohort members and no waiting request ranks between them
+                free, slots = self._bulk_tail(residents, i, cohort_need, free, slots, displaced)
+                walked.extend(residents[i:] if i else residents)
+                i = nr
                 continue
             r = residents[i]
             i += 1
+            walked.append(r)
+            if r.id in cohort:
+                need = (r.prompt_tokens + r.gbase + clock + bs - 1) // bs
+                cohort_need -= need
+                if slots > 0 and need <= free:
+                    free -= need
+                    slots -= 1
+                else:
+                    displaced.append(r)
+                continue
+            outside_left -= 1
             left = r.prefill_target - r.prefilled
-            if left == 0:
+            if left == 0:                      # a paused decoder
                 need = (r.prompt_tokens + r.generated + bs - 1) // bs
-            elif v1:
-                c = left if left < b else b
-                need = (r.prefilled + c + bs - 1) // bs
-            else:
-                need = r.blocks
+                if slots > 0 and need <= free:
+                    free -= need
+                    slots -= 1
+                    r.state = RUNNING
+                    resumed.append(r)
+                else:
+                    displaced.append(r)
+                continue
+            c = left if left < b else b
+            need = (r.prefilled + c + bs - 1) // bs if v1 else r.blocks
             if slots > 0 and need <= free:
                 free -= need
                 slots -= 1
                 r.state = RUNNING
-                r.mark = seq
-                if left == 0:
-                    selected_dec.append(r)
-                else:
-                    c = left if left < b else b
-                    r.chunk = c
-                    b -= c
-                    pf_tokens += c
-                    if v1:
-                        r.blocks = need
-                        if self.pc_on:
-                            self._pc_register(r, r.prefilled + c)
-                    prefilling.append(r)
+                r.chunk = c
+                b -= c
+                pf_tokens += c
+                if v1:
+                    r.blocks = need
+                    if pc_on:
+                        self._pc_register(r, r.prefilled + c)
+                prefilling.append(r)
             else:
                 displaced.append(r)
         if admitted:
             del wl[:admitted]
             self.n_wait -= admitted
-        for r in members:                      # cohort members that lost their place
-            if r.mark != seq:
+        self.rorder = walked
+        for r in displaced:                    # cohort members that lost their place
+            if r.id in cohort:
                 self._leave(r)
-        for r in selected_dec:                 # resumed (paused or swapped) decoders join the cohort
-            if r.id not in self.cohort:
-                self._join(r)
+        for r in resumed:                      # resumed (paused or swapped) decoders join the cohort
+            self._join(r)
         self.prefilling = prefilling
         self.paused = []
-        for r in displaced:
-            r.chunk = 0
         other = 0
         for r in prefilling:
             other += r.blocks
         for r in displaced:
+            r.chunk = 0
             other += r.blocks
         self.other_blocks = other
         while self.need_now + self.other_blocks + self.cache_adj > cap:
@@ -249,6 +267,94 @@ class Batching:
                 if r.prefilled != r.prefill_target:
                     prefilling.append(r)
             self.paused = displaced
-        if self.pc_on:
+        if pc_on:
             self._pc_reconcile()
         return self._iteration(now, self.need_now + self.other_blocks + self.cache_adj, pf_tokens)
+
+    def _ranked_residents(self, now: float) -> list[Request]:
+        """The residents sorted by their current key ``(priority, id)`` (static policies: their rank).
+        The order of the last decision is kept (``rorder``, exact: finished and evicted requests leave
+        it), so the sort sees a nearly sorted list."""
+        residents = self.rorder
+        if len(residents) != len(self.res):   # pragma: no cover - rorder is kept exact
+            raise AssertionError(f"rank order of {len(residents)} residents, {len(self.res)} resident")
+        if self.lazy_keys:
+            self._refresh_keys(now)
+            if self.check:                      # every cached key is the current (priority, id)
+                clock, pri = self.clock, self.sched.priority
+                for r in residents:
+                    if r.id in self.cohort:
+                        r.generated = r.gbase + clock
+                    assert r.key == (pri(r, now), r.id), (r, r.key)
+        elif not self.static:
+            self._materialize()
+            pri = self.sched.priority
+            for r in residents:
+                r.key = (pri(r, now), r.id)
+        residents.sort(key=_key_of)
+        return residents
+
+    def _refresh_keys(self, now: float) -> None:
+        """Lazy keys (built-in policies whose priority changes only as a request generates tokens, and
+        says after how many: ``key_change_tokens``): re-key only the cohort members that joined since the
+        last decision or reached their announced change; every other resident's key is current (a
+        request that does not generate keeps its key)."""
+        S, clock, cohort, h = self.sched, self.clock, self.cohort, self.kheap
+        pri, ktok = S.priority, S.key_change_tokens
+        todo = self.kdirty
+        self.kdirty = []
+        while h and h[0][0] <= clock:
+            e = heapq.heappop(h)
+            if e[2] == e[3].cver:
+                todo.append(e[3])
+        seen = set()
+        for r in todo:
+            if r.id not in cohort or r.id in seen:
+                continue
+            seen.add(r.id)
+            r.generated = r.gbase + clock
+            r.key = (pri(r, now), r.id)
+            t = ktok(r)
+            if t is not None:
+                heapq.heappush(h, (clock + t, r.id, r.cver, r))
+
+    def _bulk_tail(self, residents: list, i: int, need: int, free: int, slots: int, displaced: list):
+        """The walk over ``residents[i:]`` -- cohort members only, whose blocks total ``need`` -- with
+        ``free`` blocks and ``slots`` left: each runs if a slot is left and its blocks fit, else it is
+        displaced. Returns the free blocks and slots left. All of them run when the total fits;
+        otherwise the greedy walk's first misfit p is found from the end (the last index whose suffix
+        holds at least the overflow), the members before p run and those from p on are walked."""
+        n = len(residents) - i
+        if need <= free and n <= slots:
+            return free - need, slots - n
+        bs, clock = self.bs, self.clock
+        over = need - free                     # > 0 unless only slots are short
+        tail_needs = []                        # needs from the end, down to the first misfit
+        suffix = 0
+        p = len(residents)
+        if over > 0:
+            while p > i:
+                p -= 1
+                r = residents[p]
+                nd = (r.prompt_tokens + r.gbase + clock + bs - 1) // bs
+                tail_needs.append(nd)
+                suffix += nd
+                if suffix >= over:
+                    break
+        if i + slots < p:                      # slots run out first
+            for q in range(p - 1, i + slots - 1, -1):
+                r = residents[q]
+                nd = (r.prompt_tokens + r.gbase + clock + bs - 1) // bs
+                tail_needs.append(nd)
+                suffix += nd
+            p = i + slots
+        free -= need - suffix                  # residents[i:p] run
+        slots -= p - i
+        tail_needs.reverse()
+        for r, nd in zip(residents[p:], tail_needs):
+            if slots > 0 and nd <= free:
+                free -= nd
+                slots -= 1
+            else:
+                displaced.append(r)
+        return free, slots

@@ -128,7 +128,8 @@ def _describe(shape) -> str:
 
 def check_class(policy) -> None:
     """Contract rules that need no call (checked when a run starts)."""
-    if bool(getattr(policy, "preemptive", False)) and overrides(policy, "admission_order"):
+    if bool(getattr(policy, "preemptive", False)) and overrides(policy, "admission_order") \
+            and not getattr(policy, "admission_by_priority", False):
         raise SchedulerError(policy_name(policy), "admission_order", None,
                              "is overridden by a preemptive policy", PREEMPTIVE_ADMISSION_RULE)
 

@@ -142,6 +142,13 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
         self._init_prefix_cache(engine, reqs, hash_block_tokens)
         self.cursor = 0
         self.res: dict[int, Request] = {}
+        self.rorder: list[Request] = []     # preemptive policies: residents in the last decision's rank order
+        # lazy keys (built-in preemptive policies that say when a generating request's key changes):
+        # cohort members to re-key, and a heap of (cohort clock of the next change, id, cver, request)
+        self.lazy_keys = (self.preemptive and not self.static and bool(getattr(sched, "lazy_keys", False))
+                          and bool(getattr(sched, "frozen_waiting_keys", False)) and not is_plugin(sched))
+        self.kdirty: list[Request] = []
+        self.kheap: list = []
         self.prefilling: list[Request] = []
         self.paused: list[Request] = []
         self.cohort: dict[int, Request] = {}
@@ -286,3 +293,6 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
         assert len(waiting) == self.n_wait == (len(self.wait_heap) if self.use_heap else len(self.wlist))
         if not self.preemptive:
             assert not any(r.state == PAUSED for r in self.res.values())
+        else:
+            assert sorted(r.id for r in self.rorder) == sorted(self.res), "rank order != residents"
+

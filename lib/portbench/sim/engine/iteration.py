@@ -201,5 +201,7 @@ class Iterations:
         self._pc_release(r)
         r.blocks = 0
         del self.res[r.id]
+        if self.preemptive:
+            self.rorder.remove(r)
         self.n_finished += 1
         self.sched.on_finish(r, t)

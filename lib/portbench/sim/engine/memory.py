@@ -31,6 +31,8 @@ class CohortMemory:
         r.cver += 1
         heapq.heappush(self.fheap, (r.output_tokens - gb, r.id, r.cver, r))
         self.cohort[r.id] = r
+        if self.lazy_keys:
+            self.kdirty.append(r)       # its key may have changed (the token its prefill emitted)
 
     def _leave(self, r: Request) -> None:
         bs = self.bs

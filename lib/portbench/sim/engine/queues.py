@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from operator import attrgetter
 
 from ..request import REJECTED, RUNNING, WAITING, Request
 
-
-def _key_of(r: Request):
-    return r.key
+_key_of = attrgetter("key")      # the (priority, id) a request was last ranked by
 
 
 class Queues:
@@ -60,6 +59,8 @@ class Queues:
         resumes where it stopped. *Recompute* (otherwise): its prefill of prompt + tokens generated
         so far is redone when it is admitted again (the generated tokens stay generated)."""
         del self.res[r.id]
+        if self.preemptive:
+            self.rorder.remove(r)
         self._pc_release(r)
         decoding = r.prefilled == r.prefill_target
         computed = r.blocks if decoding else (r.prefilled + self.bs - 1) // self.bs

@@ -131,6 +131,8 @@ class BaseScheduler:
     static_priority: ClassVar[bool] = False   # True: priority(r, now) depends only on r (never on now or state);
                                               # declared by static policies, checked by the engine
     frozen_waiting_keys: ClassVar[bool] = False  # a waiting request's priority does not change while it waits
+    lazy_keys: ClassVar[bool] = False            # built-in preemptive policies: keys change only as a request
+                                                 # generates tokens, after key_change_tokens(r) of them
     prefill_token_budget: int | None = None
     vllm_static: ClassVar[bool] = False        # vLLM can run it as a static per-request priority
     OPTIONS: ClassVar[dict[str, Any]] = {"prefill_token_budget": None, "chunked_prefill": None}
@@ -215,6 +217,12 @@ class BaseScheduler:
         priorities never change: (None, None). Dynamic default: (1, None), i.e. re-decide after
         every iteration (always correct)."""
         return (None, None) if self.static_priority else (1, None)
+
+    def key_change_tokens(self, r: Request) -> int | None:
+        """(``lazy_keys`` policies) How many more tokens ``r`` can generate before its priority may change
+        (>= 1; None: never by generating). The engine then re-ranks only the requests that reached
+        their change, instead of every resident at every decision."""
+        return 1
 
     def on_arrival(self, r: Request, now: float) -> None:
         """``r`` entered the waiting queue (``now`` = the first decision point at or after its arrival)."""

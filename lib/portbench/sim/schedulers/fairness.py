@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 
 from .base import BaseScheduler, register_scheduler
@@ -32,6 +33,7 @@ class VTC(BaseScheduler):
     def reset(self, ctx):
         self._counter: dict = {t: 0 for t in sorted(set(ctx.tenant))}
         self._waiting: dict = {t: 0 for t in self._counter}
+        self._queues: dict = {}         # tenant -> its waiting requests as sorted (arrival, id, r); non-empty only
         self._charged = [False] * ctx.n
         self._last_left = None
 
@@ -50,12 +52,28 @@ class VTC(BaseScheduler):
             elif self._last_left is not None:
                 self._counter[t] = max(self._counter[t], self._counter[self._last_left])
         self._waiting[t] += 1
+        self._enqueue(r)
 
     def on_evict(self, r, now):
         self._waiting[r.tenant] += 1
+        self._enqueue(r)
+
+    def _enqueue(self, r) -> None:
+        q = self._queues.get(r.tenant)
+        if q is None:
+            self._queues[r.tenant] = [(r.arrival_s, r.id, r)]
+        else:
+            bisect.insort(q, (r.arrival_s, r.id, r))
 
     def on_admit(self, r, now):
         t = r.tenant
+        q = self._queues[t]
+        i = bisect.bisect_left(q, (r.arrival_s, r.id))
+        if i == len(q) or q[i][2] is not r:            # pragma: no cover - the hooks keep the queues exact
+            raise RuntimeError(f"vtc: request {r.id} admitted but not in its tenant's queue")
+        del q[i]
+        if not q:
+            del self._queues[t]
         self._waiting[t] -= 1
         if self._waiting[t] == 0:
             self._last_left = t
@@ -69,27 +87,17 @@ class VTC(BaseScheduler):
             c[r.tenant] += w
 
     def admission_order(self, waiting, now) -> Iterator:
-        queues: dict = {}
-        for r in sorted(waiting, key=lambda r: (r.arrival_s, r.id)):
-            queues.setdefault(r.tenant, []).append(r)
-        pos = {t: 0 for t in queues}
+        """Repeatedly the earliest request of the tenant with the smallest (counter, earliest arrival, id);
+        the engine admits each one (``on_admit`` charges its tenant and takes it out of the queue) before
+        it asks for the next, and stops at the first that does not fit. O(tenants) per request."""
+        queues, c = self._queues, self._counter
         while queues:
-            t = min(queues, key=lambda u: (self._counter[u], queues[u][pos[u]].arrival_s, queues[u][pos[u]].id))
-            r = queues[t][pos[t]]
-            pos[t] += 1
-            if pos[t] == len(queues[t]):
-                del queues[t]
-            yield r
+            t = min(queues, key=lambda u: (c[u], queues[u][0][0], queues[u][0][1]))
+            yield queues[t][0][2]
 
     def next_decision(self, batch, outside, now):
         """Iterations until the admission head (tenant with the smallest counter) changes."""
-        heads: dict = {}
-        for r in outside:
-            if r.resident:
-                continue
-            h = heads.get(r.tenant)
-            if h is None or (r.arrival_s, r.id) < (h.arrival_s, h.id):
-                heads[r.tenant] = r
+        heads = {t: q[0][2] for t, q in self._queues.items()}     # each tenant's earliest waiting request
         if len(heads) < 2:
             return (None, None)
         n_in: dict = {}

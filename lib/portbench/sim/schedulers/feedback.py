@@ -14,6 +14,7 @@ class _LevelPolicy(BaseScheduler):
     preemptive = True
     static_priority = False
     frozen_waiting_keys = True
+    lazy_keys = True
     attained = True
 
     def level(self, r) -> int:  # pragma: no cover - abstract
@@ -25,6 +26,9 @@ class _LevelPolicy(BaseScheduler):
 
     def priority(self, r, now):
         return (self.level(r), r.arrival_s)
+
+    def key_change_tokens(self, r):
+        return self.tokens_to_level(r, self.level(r) + 1)
 
     def _iters_until_after(self, m, key):
         (lvl, arr), rid = key
@@ -78,6 +82,10 @@ class MLFQ(_LevelPolicy):
         j = self._join[r.id]
         return j + bisect.bisect_right(self._bounds[j], r.generated)
 
+    def priority(self, r, now):         # (level(r), arrival), inlined: the engine ranks every resident with it
+        j = self._join[r.id]
+        return (j + bisect.bisect_right(self._bounds[j], r.generated), r.arrival_s)
+
     def tokens_to_level(self, r, level):
         j = self._join[r.id]
         if level <= j:
@@ -110,6 +118,9 @@ class LAS(_LevelPolicy):
     def level(self, r) -> int:
         return r.generated // self.quantum_tokens
 
+    def priority(self, r, now):         # (level(r), arrival), inlined
+        return (r.generated // self.quantum_tokens, r.arrival_s)
+
     def tokens_to_level(self, r, level):
         return max(level * self.quantum_tokens - r.generated, 1) if level > self.level(r) else 0
 
@@ -134,6 +145,7 @@ class RoundRobin(BaseScheduler):
     preemptive = True
     static_priority = False
     frozen_waiting_keys = True
+    lazy_keys = True
     OPTIONS = {"quantum_tokens": 64}
 
     def reset(self, ctx):
@@ -142,6 +154,9 @@ class RoundRobin(BaseScheduler):
 
     def priority(self, r, now):
         return (self._tau[r.id], r.arrival_s)
+
+    def key_change_tokens(self, r):
+        return self._turn[r.id] + self.quantum_tokens - r.generated     # its quantum expires (on_tokens)
 
     def on_tokens(self, batch, k, time_after):
         q = self.quantum_tokens
