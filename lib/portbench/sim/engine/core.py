@@ -96,6 +96,7 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
         self.engine = engine
         self.policy = sched
         self.sched = CheckedPolicy(sched) if check_contract else sched
+        self.check_contract = bool(check_contract)
         self.prof = profile
         self.H = float(horizon_s)
         self.naive = naive
@@ -188,10 +189,15 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
 
     def prepare_static_ranks(self) -> None:
         """Static policies: dense rank of (priority at arrival, id) -> ints compare fast. The declared-static
-        priority is checked first: the same key at arrival and later (SchedulerError otherwise)."""
+        priority is checked first (plug-ins, and any policy under ``check_contract``; the built-ins by
+        the test suite): the same key at arrival and later (SchedulerError otherwise)."""
         if not self.static:
             return
-        keys = check_static(self.policy, self.reqs)
+        if self.check_contract:
+            keys = check_static(self.policy, self.reqs)
+        else:
+            pri = self.policy.priority
+            keys = [pri(r, r.arrival_s) for r in self.reqs]
         keyed = sorted((k, r.id) for k, r in zip(keys, self.reqs))
         for k, (_, rid) in enumerate(keyed):
             self.reqs[rid].rank = k
@@ -258,8 +264,12 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
                 self.end_time = self.H
                 return
             t1 = now + dt
-            en = env.now          # SimPy's clock (it equals now unless an arrival woke us at t)
-            yield env.timeout(dt if en == now else delay_to(en, t1))
+            if self.cursor < n and arr_t[self.cursor] <= t1:
+                # an arrival falls within the iteration: SimPy orders the two processes. Otherwise nothing
+                # else happens before t1 and the server goes straight on (one SimPy event per arrival,
+                # not one per decision; SimPy's clock catches up at the next yield)
+                en = env.now
+                yield env.timeout(dt if en == now else delay_to(en, t1))
             self._commit(now, t1)
             now = t1
 

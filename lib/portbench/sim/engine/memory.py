@@ -59,6 +59,10 @@ class CohortMemory:
 
     def _advance(self, k: int) -> None:
         bs, c, cnt = self.bs, self.clock, self.cnt
+        if k == 1:              # one more block for the members whose P + g is a multiple of bs
+            self.need_now += cnt[-c % bs]
+            self.clock = c + 1
+            return
         d = 0
         for m in range(bs):
             w = cnt[m]
