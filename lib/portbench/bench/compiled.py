@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from importlib.util import find_spec
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from ..sim import engine as simulator
 from ..sim import profiles, schedulers
 from ..sim.engine.core import Engine
 from ..sim.request import requests_from_window
+from . import simulator as simbench
 
 STATIC_POLICIES = ("fcfs", "sarathi", "sjf_prompt", "sjf_oracle", "sjf_predicted", "edf", "random")
 
@@ -537,12 +539,8 @@ def _same(py, cc) -> bool:
 def run(quick: bool = False) -> dict:
     """Both engines on the simulator benchmark's windows (every static non-preemptive policy x region):
     identical results?, and simulated seconds per wall second of each (medians over policy x region)."""
-    from importlib.util import find_spec
-
     if find_spec("numba") is None:
         return {"status": "skipped", "reason": "numba is not installed (pip install numba) -- optional prototype"}
-    from . import simulator as simbench
-
     profile = profiles.get_profile(profiles.DEFAULT_PROFILE)
     slo = {"ttft_s": 2.0, "tpot_s": 0.1}
     t0 = time.perf_counter()
