@@ -2,8 +2,14 @@
 
 core -> data -> sim -> study -> (present, validation, params, cli, notebooks, bench): each layer
 imports only the layers below it; no module imports a module that (directly or not) imports it;
-the package's own modules are imported at module top (never inside a function); and the compute
-layers never import a plotting library.
+the package's own modules are imported at module top, and an import inside a function is only ever
+of an optional heavy dependency (``OPTIONAL_HEAVY``); the compute layers never import a plotting
+library. Every import counts: ``import``/``from`` statements (also under ``if TYPE_CHECKING:``) and
+``__import__(...)`` / ``importlib.import_module(...)`` calls; a call whose module name cannot be read
+from the source is allowed only where ``DYNAMIC_IMPORTS`` names it (plug-in loaders).
+
+The checks are pure functions of ``{module: [Imp]}``; the ``test_checker_*`` tests feed them
+injected violations so that a hole in the parser fails here, not silently.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import ast
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -23,103 +30,143 @@ ALLOWED = {  # layer -> layers it may import
     "study": {"core", "data", "sim"},
 }
 PLOTTING = ("matplotlib", "seaborn")
+# Top-level names that may be imported inside a function (optional, or heavy and needed by few calls).
+OPTIONAL_HEAVY = ("vllm", "distributed", "dask", "papermill", "pooch", "torch", "scikit_posthocs", "pandas",
+                  "pyarrow", "IPython", "matplotlib", "seaborn", "transformers", "sklearn", "psutil", "numba")
+# (module, function) whose import_module call takes a run-time name: the scheduler modules and plug-ins
+# a campaign names (user code, not the package's).
+DYNAMIC_IMPORTS = {("portbench.core.plugins", "load_spec"), ("portbench.study.campaign.executors", "load_worker_code")}
+DYNAMIC = "<dynamic>"   # target of an import call whose module name is not a literal
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+class Imp(NamedTuple):
+    target: str          # absolute module name (package-relative names resolved); DYNAMIC if unknown
+    line: int
+    function: str | None  # enclosing function (None: module level, class bodies included)
+
+
+def _module_name(path: Path, root: Path = PKG) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
 
-def _imports(path: Path):
-    """(target module, line, inside a function?) of every import in ``path`` (package-relative
-    imports resolved to absolute names; third-party imports as written)."""
-    tree = ast.parse(path.read_text())
-    mod = _module_name(path)
-    pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+def _exists(module: str, root: Path) -> bool:
+    rel = Path(*module.split("."))
+    return (root.parent / rel.with_suffix(".py")).is_file() or (root.parent / rel / "__init__.py").is_file()
+
+
+def _call_target(node: ast.Call, pkg: list[str], names: set[str]) -> str | None:
+    """The module an ``__import__`` / ``import_module`` call (``names``: those names and their aliases)
+    imports, DYNAMIC when it is not a literal; None when the call is not an import."""
+    f = node.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+    if name not in names or not node.args:
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        text = arg.value
+    elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        # f"portbench.bench.{name}": a module of the literal prefix's package
+        text = arg.values[0].value.rstrip(".")
+        if not text or text.startswith("."):
+            return DYNAMIC
+    else:
+        return DYNAMIC
+    if text.startswith("."):  # import_module(".x", __package__)
+        level = len(text) - len(text.lstrip("."))
+        base = pkg[: len(pkg) - (level - 1)]
+        return ".".join(base + ([text.lstrip(".")] if text.lstrip(".") else []))
+    return text
+
+
+def parse_imports(source: str, module: str, is_package: bool = False, root: Path = PKG) -> list[Imp]:
+    """Every import of one module's source (see the module docstring)."""
+    tree = ast.parse(source)
+    pkg = module.split(".") if is_package else module.split(".")[:-1]
     parents: dict[ast.AST, ast.AST] = {}
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
             parents[child] = node
 
-    def in_function(node) -> bool:
+    def function(node) -> str | None:
         while node in parents:
             node = parents[node]
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                return True
-        return False
+                return node.name
+            if isinstance(node, ast.Lambda):
+                return "<lambda>"
+        return None
 
-    def in_type_checking(node) -> bool:
-        while node in parents:
-            node = parents[node]
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-                return True
-        return False
-
+    import_fns = {"__import__", "import_module"} | {
+        a.asname for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "importlib"
+        for a in n.names if a.name == "import_module" and a.asname}
+    out = []
     for node in ast.walk(tree):
+        fn = function(node) if isinstance(node, (ast.Import, ast.ImportFrom, ast.Call)) else None
         if isinstance(node, ast.Import):
-            for a in node.names:
-                yield a.name, node.lineno, in_function(node), in_type_checking(node)
+            out += [Imp(a.name, node.lineno, fn) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg[: len(pkg) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.startswith("portbench"):
+            if target.split(".")[0] == "portbench":
                 for a in node.names:  # `from pkg import submodule` imports the submodule
                     sub = f"{target}.{a.name}"
-                    if (PKG.parent / (sub.replace(".", "/") + ".py")).is_file() or \
-                            (PKG.parent / sub.replace(".", "/")).is_dir():
-                        yield sub, node.lineno, in_function(node), in_type_checking(node)
-                    else:
-                        yield target, node.lineno, in_function(node), in_type_checking(node)
+                    out.append(Imp(sub if _exists(sub, root) else target, node.lineno, fn))
             else:
-                yield target, node.lineno, in_function(node), in_type_checking(node)
+                out.append(Imp(target, node.lineno, fn))
+        elif isinstance(node, ast.Call) and (target := _call_target(node, pkg, import_fns)) is not None:
+            out.append(Imp(target, node.lineno, fn))
+    return out
 
 
-FILES = sorted(PKG.rglob("*.py"))
-GRAPH: dict[str, set[str]] = defaultdict(set)
-ALL = {}
-for _f in FILES:
-    _m = _module_name(_f)
-    ALL[_m] = list(_imports(_f))
-    for _t, _line, _in_fn, _tc in ALL[_m]:
-        if _t.startswith("portbench") and _t != _m and not _tc:
-            GRAPH[_m].add(_t)
+def package_imports(root: Path = PKG) -> dict[str, list[Imp]]:
+    return {_module_name(f, root): parse_imports(f.read_text(), _module_name(f, root), f.name == "__init__.py", root)
+            for f in sorted(root.rglob("*.py"))}
 
 
-def _layer(module: str) -> str | None:
+def own(target: str) -> bool:
+    return target.split(".")[0] == "portbench"
+
+
+def layer(module: str) -> str | None:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
 
 
-def _is_module(name: str) -> bool:
-    return name in ALL
+def graph(imports: dict[str, list[Imp]]) -> dict[str, set[str]]:
+    """module -> package modules it imports (a name that is not a module counts as its package)."""
+    g: dict[str, set[str]] = defaultdict(set)
+    for mod, imps in imports.items():
+        for imp in imps:
+            t = imp.target
+            while t and t not in imports:
+                t = t.rpartition(".")[0]
+            if own(imp.target) and t and t != mod:
+                g[mod].add(t)
+    return g
 
 
-def test_every_layer_imports_only_layers_below_it():
+def layer_violations(imports) -> list[str]:
     bad = []
-    for mod, imports in ALL.items():
-        layer = _layer(mod)
-        if layer is None:
+    for mod, imps in imports.items():
+        lay = layer(mod)
+        if lay is None:
             continue
-        for target, line, _, tc in imports:
-            if not target.startswith("portbench") or tc:
-                continue
-            t_layer = _layer(target)
-            if t_layer == layer:
-                continue
-            if t_layer not in ALLOWED[layer]:
-                bad.append(f"{mod}:{line} imports {target} ({layer} may import only {sorted(ALLOWED[layer]) or 'nothing of the package'})")
-    assert not bad, "\n".join(bad)
+        for imp in imps:
+            if own(imp.target) and layer(imp.target) != lay and layer(imp.target) not in ALLOWED[lay]:
+                bad.append(f"{mod}:{imp.line} imports {imp.target} "
+                           f"({lay} may import only {sorted(ALLOWED[lay]) or 'nothing of the package'})")
+    return bad
 
 
-def test_no_import_cycles():
-    # Tarjan's strongly connected components over module -> module imports (package __init__ edges
-    # count as imports of the package's __init__ module)
-    graph = {m: {t for t in ts if t in ALL} for m, ts in GRAPH.items()}
+def cycles(imports) -> list[list[str]]:
+    """Strongly connected components of more than one module of the import graph."""
+    g = graph(imports)
     index, low, stack, on, comps = {}, {}, [], set(), []
     counter = [0]
 
@@ -128,7 +175,7 @@ def test_no_import_cycles():
         counter[0] += 1
         stack.append(v)
         on.add(v)
-        for w in graph.get(v, ()):
+        for w in sorted(g.get(v, ())):
             if w not in index:
                 strong(w)
                 low[v] = min(low[v], low[w])
@@ -145,30 +192,132 @@ def test_no_import_cycles():
             if len(comp) > 1:
                 comps.append(sorted(comp))
 
-    for v in sorted(ALL):
+    for v in sorted(imports):
         if v not in index:
             strong(v)
+    return comps
+
+
+def function_import_violations(imports) -> list[str]:
+    bad = []
+    for mod, imps in imports.items():
+        for imp in imps:
+            if imp.target == DYNAMIC:
+                if (mod, imp.function) not in DYNAMIC_IMPORTS:
+                    bad.append(f"{mod}:{imp.line} imports a module named at run time (add it to DYNAMIC_IMPORTS "
+                               "only if it loads user code)")
+            elif imp.function and (own(imp.target) or imp.target.split(".")[0] not in OPTIONAL_HEAVY):
+                bad.append(f"{mod}:{imp.line} imports {imp.target} inside {imp.function}() "
+                           "(only optional heavy dependencies may be imported inside a function)")
+    return bad
+
+
+def plotting_violations(imports) -> list[str]:
+    return [f"{mod}:{imp.line} imports {imp.target}" for mod, imps in imports.items() if layer(mod) is not None
+            for imp in imps if imp.target.split(".")[0] in PLOTTING]
+
+
+ALL = package_imports()
+
+
+def test_every_layer_imports_only_layers_below_it():
+    bad = layer_violations(ALL)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    comps = cycles(ALL)
     assert not comps, "import cycles: " + "; ".join(" <-> ".join(c) for c in comps)
 
 
-OPTIONAL_HEAVY = ("vllm", "distributed", "dask", "papermill", "pooch", "torch", "scikit_posthocs", "pandas",
-                  "pyarrow", "IPython", "matplotlib", "seaborn", "transformers", "sklearn", "psutil")
-
-
-def test_own_modules_are_imported_at_module_top():
-    bad = [f"{mod}:{line} imports {target} inside a function"
-           for mod, imports in ALL.items() for target, line, in_fn, _ in imports
-           if in_fn and target.startswith("portbench")]
+def test_imports_inside_functions_only_of_optional_heavy_dependencies():
+    bad = function_import_violations(ALL)
     assert not bad, "\n".join(bad)
 
 
 def test_compute_layers_never_import_plotting_libraries():
-    bad = [f"{mod}:{line} imports {target}"
-           for mod, imports in ALL.items() if _layer(mod) is not None
-           for target, line, _, _ in imports if target.split(".")[0] in PLOTTING]
+    bad = plotting_violations(ALL)
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("layer", LAYERS)
-def test_layer_packages_exist(layer):
-    assert (PKG / layer / "__init__.py").is_file()
+@pytest.mark.parametrize("lay", LAYERS)
+def test_layer_packages_exist(lay):
+    assert (PKG / lay / "__init__.py").is_file()
+
+
+def test_import_graph_is_read():
+    # every file parsed, and each layer above core seen importing the layer below it (a parser that
+    # resolves nothing would pass every check above)
+    assert len(ALL) == len(list(PKG.rglob("*.py"))) > 50
+    g = graph(ALL)
+    assert sum(len(ts) for ts in g.values()) > 2 * len(ALL)
+    for lay in ("data", "sim", "study"):
+        assert any(layer(m) == lay and any(layer(t) in ALLOWED[lay] for t in ts) for m, ts in g.items()), lay
+    for top in ("portbench.present", "portbench.validation", "portbench.cli", "portbench.bench"):
+        assert any(m.startswith(top) and any(layer(t) == "study" for t in ts) for m, ts in g.items()), top
+
+
+# --------------------------------------------------------------------------- the checker itself
+
+def _pkg_with(module: str, source: str) -> dict[str, list[Imp]]:
+    """The package's imports with ``module`` (a real or new module) replaced by ``source``."""
+    return {**ALL, module: parse_imports(source, module)}
+
+
+INJECTED = {  # name -> (module, source, check that must report it)
+    "upward_type_checking": ("portbench.sim.regions",
+                             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..study import stats\n",
+                             layer_violations),
+    "upward_dunder_import": ("portbench.sim.regions", "stats = __import__('portbench.study.stats')\n",
+                             layer_violations),
+    "upward_import_module": ("portbench.data.traces",
+                             "import importlib\nm = importlib.import_module('portbench.sim.metrics')\n",
+                             layer_violations),
+    "upward_relative_import_module": ("portbench.data.traces",
+                                      "from importlib import import_module\n"
+                                      "m = import_module('..sim.metrics', __package__)\n", layer_violations),
+    "upward_fstring_import_module": ("portbench.core.io",
+                                     "import importlib\ndef f(n):\n    return importlib.import_module(f'portbench.study.{n}')\n",
+                                     layer_violations),
+    "core_imports_top_package": ("portbench.core.io", "from .. import __version__\n", layer_violations),
+    "study_imports_validation": ("portbench.study.stats", "from ..validation import verdict\n", layer_violations),
+    # core.figindex imports core.io
+    "cycle_type_checking": ("portbench.core.io",
+                            "import typing\nif typing.TYPE_CHECKING:\n    from . import figindex\n", cycles),
+    "cycle_import_module": ("portbench.core.io",
+                            "import importlib\nfi = importlib.import_module('portbench.core.figindex')\n", cycles),
+    "own_module_in_function": ("portbench.sim.regions", "def f():\n    from . import metrics\n",
+                               function_import_violations),
+    "own_module_via_import_module_in_function": ("portbench.bench",
+                                                 "import importlib\ndef f(n):\n"
+                                                 "    return importlib.import_module(f'portbench.bench.{n}')\n",
+                                                 function_import_violations),
+    "light_dependency_in_function": ("portbench.sim.regions", "def f():\n    import json\n    import numpy\n",
+                                     function_import_violations),
+    "aliased_import_module": ("portbench.sim.regions",
+                              "from importlib import import_module as im\nm = im('portbench.study.stats')\n",
+                              layer_violations),
+    "dynamic_name": ("portbench.study.stats", "import importlib\ndef f(n):\n    importlib.import_module(n)\n",
+                     function_import_violations),
+    "plotting_via_dunder_import": ("portbench.study.stats", "plt = __import__('matplotlib.pyplot')\n",
+                                   plotting_violations),
+    "plotting_via_import_module": ("portbench.data.synth",
+                                   "import importlib\ndef f():\n    return importlib.import_module('seaborn')\n",
+                                   plotting_violations),
+    "plotting_type_checking": ("portbench.sim.metrics",
+                               "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from matplotlib.axes import Axes\n",
+                               plotting_violations),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INJECTED))
+def test_checker_reports_injected_violation(name):
+    module, source, check = INJECTED[name]
+    clean = check(_pkg_with(module, ""))
+    assert len(check(_pkg_with(module, source))) > len(clean), f"{name} not reported by {check.__name__}"
+
+
+def test_checker_allows_heavy_dependencies_in_functions():
+    src = "def f():\n    import vllm\n    from distributed import Client\n    pd = __import__('pandas')\n"
+    m = "portbench.validation.replay"
+    assert function_import_violations(_pkg_with(m, src)) == function_import_violations(_pkg_with(m, ""))

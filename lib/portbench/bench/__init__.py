@@ -9,6 +9,9 @@ Parts (each a median of several runs unless stated):
 
 * **simulator** (:mod:`portbench.bench.simulator`): simulated seconds per wall second per core, for
   each scheduler on real windows in each region;
+* **compiled** (:mod:`portbench.bench.compiled`, only where numba is installed): the prototype of a
+  compiled core -- the static non-preemptive policies' runs of the simulator part, simulated by both
+  engines: identical results?, and the speed of each;
 * **campaign**: wall time of the full default campaign (every scheduler x window x region x
   replicate of the parameters, on ``campaign.workers`` local processes) in a fresh results folder,
   run in a child process so that its memory can be measured. It is measured, not extrapolated,
@@ -31,7 +34,6 @@ policy's slope.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -47,10 +49,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..core import config
-from ..core.config import Config
+from ..core.config import Config, SimulationConfig
 from ..data import traces, windows
 from ..sim import schedulers
 from ..study import campaign
+from . import analysis as analysis_bench
+from . import compiled as compiled_bench
+from . import ingest as ingest_bench
+from . import simulator as simulator_bench
 
 TARGET_SPEEDUP = 30_000.0
 TARGET_CAMPAIGN_S = 60.0
@@ -103,10 +109,14 @@ def _print_result(name: str, res) -> None:
             print(f"  {k}: {_fmt(v) if isinstance(v, float) else v}")
 
 
+SUB_BENCHES = {"simulator": simulator_bench, "compiled": compiled_bench, "ingest": ingest_bench,
+               "analysis": analysis_bench}
+
+
 def _sub_bench(name: str, quick: bool) -> dict:
     """Run ``portbench.bench.<name>.run(quick)``; a failure is reported, not fatal."""
     t0 = time.perf_counter()
-    mod = importlib.import_module(f"portbench.bench.{name}")
+    mod = SUB_BENCHES[name]
     try:
         res = dict(mod.run(quick))
     except Exception as e:  # a benchmark failure is a finding; the other parts still run
@@ -216,19 +226,19 @@ def _size_windows(cfg: Config, sizes, n_windows: int) -> dict:
     return out
 
 
-def _bench_window_size(cfg: Config, quick: bool) -> dict:
+def _bench_window_size(sim: SimulationConfig, tables: Mapping, quick: bool) -> dict:
+    """Wall time of the same runs on the windows of each size in ``tables`` (:func:`_size_windows`)."""
     engine = campaign.SimEngine()
-    sim = cfg.simulation
     scheds = ["fcfs", "sarathi", "srpt_oracle"] if quick else schedulers.names(sim.schedulers)
     loads = sim.loads
     regions = {k: v for k, v in loads.items() if k in ("near_saturation", "overload")} or \
         dict(list(loads.items())[-2:])
-    n_windows = 2 if quick else 3
+    n_windows = max(len(dfs) for dfs in tables.values())
     repeats = 1 if quick else 3
-    tables = _size_windows(cfg, WINDOW_SIZES, n_windows)
     rows = []
     for size, dfs in tables.items():
-        caps = [engine.capacity(df, sim) for df in dfs]
+        caps = [engine.capacity(df, sim) for df in dfs]   # a number, or a record with capacity_rps
+        caps = [float(c["capacity_rps"]) if isinstance(c, Mapping) else float(c) for c in caps]
         walls, sim_s = [], 0.0
         for rep in range(repeats):
             t0 = time.perf_counter()
@@ -262,7 +272,8 @@ def _window_size(cfg: Config, quick: bool, sim: Mapping) -> dict:
         return {"from": "bench/simulator.py", "rows": sim["window_size_rows"], "slopes": dict(slopes),
                 "loglog_slope": float(slopes[worst]), "worst_scheduler": worst}
     try:
-        return {"from": "portbench.bench (campaign engine)", **_bench_window_size(cfg, quick)}
+        tables = _size_windows(cfg, WINDOW_SIZES, 2 if quick else 3)
+        return {"from": "portbench.bench (campaign engine)", **_bench_window_size(cfg.simulation, tables, quick)}
     except Exception as e:
         return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
 
@@ -299,6 +310,9 @@ def main(cfg: Config, quick: bool = False) -> int:
 
     report["simulator"] = _sub_bench("simulator", quick)
     _print_result("simulator (simulated s per wall s per core)", report["simulator"])
+    report["compiled"] = _sub_bench("compiled", quick)
+    _print_result("compiled prototype (numba; static non-preemptive policies, same runs as the simulator)",
+                  report["compiled"])
 
     study = cfg.with_overrides({"sources": {s: None for s in cfg.source_names() if s not in STUDY_SOURCES}})
     for key, c in (("campaign", study), ("campaign_all_sources", cfg)):

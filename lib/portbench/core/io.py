@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import struct
@@ -213,8 +214,6 @@ def tree_sha256(folder: str | os.PathLike, cache: str | os.PathLike | None = Non
 def code_sha256(module: str) -> str:
     """SHA-256 of the source of ``portbench.<module>`` (every ``.py`` file of a package, in name order): part
     of the fingerprints of cached results, so that changed code never reuses results of the old code."""
-    import importlib.util
-
     spec = importlib.util.find_spec(f"portbench.{module}")
     h = hashlib.sha256()
     if spec.submodule_search_locations:

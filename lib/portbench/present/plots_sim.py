@@ -12,6 +12,7 @@ import matplotlib.colors as mcolors
 import matplotlib.ticker as mticker
 from matplotlib.patches import Patch
 import numpy as np
+import polars as pl
 
 from ..core.errors import ParameterError
 from ..core.provenance import label
@@ -205,8 +206,6 @@ def plot_preemptions(runs, labels: Mapping | None = None):
 def plot_variant_ranks(ranks, labels: Mapping | None = None):
     """Mean rank (of 13) of sjf_predicted / ltr / edf per source with the home predictor, each foreign
     predictor and the oracle variant (:func:`portbench.study.honest.variant_ranks`)."""
-    import polars as pl
-
     g = (ranks.group_by(["source", "policy", "variant"], maintain_order=True)
          .agg(pl.col("rank").mean().alias("mean_rank")))
     srcs = g["source"].unique(maintain_order=True).to_list()

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
-from ..core.config import Config
+from ..core.config import Config, PathsConfig
 from ..core.io import write_parquet_atomic
 from ..data import windows as windows_mod
 from ..sim import schedulers as scheduler_registry
@@ -165,9 +165,9 @@ def swap_table(runs_recompute: pl.DataFrame, runs_swap: pl.DataFrame, metrics: S
     return out.select(order).sort(keys)
 
 
-def paths(cfg: Config) -> dict:
+def paths(p: PathsConfig) -> dict:
     """Where the sensitivity tables are written (read by notebook 04 and summary.json)."""
-    d = cfg.paths.results_dir
+    d = p.results_dir
     return {"batching": d / "engine_sensitivity.parquet", "swap": d / "swap_sensitivity.parquet"}
 
 
@@ -176,7 +176,7 @@ def save(cfg: Config, batching: pl.DataFrame | None = None, swap: pl.DataFrame |
     out = {}
     for key, df in (("batching", batching), ("swap", swap)):
         if df is not None:
-            p = paths(cfg)[key]
+            p = paths(cfg.paths)[key]
             write_parquet_atomic(df, p, {"kind": f"{key}_sensitivity"})
             out[key] = str(p)
     return out
@@ -184,4 +184,4 @@ def save(cfg: Config, batching: pl.DataFrame | None = None, swap: pl.DataFrame |
 
 def load_saved(cfg: Config) -> dict[str, pl.DataFrame]:
     """The sensitivity tables written by :func:`save` (only those present)."""
-    return {k: pl.read_parquet(p) for k, p in paths(cfg).items() if p.is_file()}
+    return {k: pl.read_parquet(p) for k, p in paths(cfg.paths).items() if p.is_file()}

@@ -4,11 +4,14 @@ worker (this process, a spawn-context process pool, or Dask); only the main proc
 from __future__ import annotations
 
 import importlib
+import logging
+import multiprocessing as mp
 import os
 import sys
 import time
 import traceback
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,15 +224,10 @@ class _Executor:
                                  "defined in the notebook or script itself: worker processes cannot import "
                                  "it; or move the scheduler into an importable module")
         if kind == "process" and workers > 1:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
-
             # spawn: forking a process that has started polars' thread pool can deadlock.
             self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                                              initializer=_init_pool_worker, initargs=(ctx,))
         elif kind == "dask":
-            import logging
-
             from distributed import Client, LocalCluster
 
             if dask_address:
@@ -245,8 +243,6 @@ class _Executor:
     def map_unordered(self, fn_name: str, arg_list: list[tuple]):
         """Yield results of ``fn(*args)`` as they finish (serial: in order)."""
         if self._pool is not None:
-            from concurrent.futures import as_completed
-
             fn = {"capacity": _pool_capacity, "shard": _pool_shard}[fn_name]
             futures = [self._pool.submit(fn, *a) for a in arg_list]
             try:
@@ -256,12 +252,12 @@ class _Executor:
                 for f in futures:
                     f.cancel()
         elif self._client is not None:
-            from distributed import as_completed
+            from distributed import as_completed as dask_as_completed
 
             fn = {"capacity": _dask_capacity, "shard": _dask_shard}[fn_name]
             futures = [self._client.submit(fn, self._ctx_future, *a, pure=False) for a in arg_list]
             try:
-                for f in as_completed(futures):
+                for f in dask_as_completed(futures):
                     yield f.result()
             finally:
                 self._client.cancel(futures)
