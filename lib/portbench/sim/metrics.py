@@ -343,12 +343,13 @@ def _tenants(records, keep: np.ndarray) -> np.ndarray | None:
 
 def service_curves(tenant: np.ndarray, arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarray,
                    prompt: np.ndarray | None, output: np.ndarray, generated: np.ndarray, horizon_s: float,
-                   weights: tuple[float, float] = TENANT_WEIGHTS):
+                   weights: tuple[float, float] = TENANT_WEIGHTS, tenant_index=None):
     """VTC service per tenant at every event time (see the module docstring).
 
     Returns ``(tenants, times, S, backlogged)``: ``S[t, e]`` = weighted tokens served to tenant t up to
     ``times[e]`` (right-continuous), ``backlogged[t, e]`` = tenant t was waiting throughout
-    ``(times[e], times[e+1])`` (shape ``(T, E-1)``).
+    ``(times[e], times[e+1])`` (shape ``(T, E-1)``). ``tenant_index``: ``np.unique(tenant,
+    return_inverse=True)`` when the caller has it.
     """
     h = float(horizon_s)
     wp, wo = weights
@@ -361,7 +362,7 @@ def service_curves(tenant: np.ndarray, arrival: np.ndarray, first_token: np.ndar
     n_end = np.maximum(n_end, 1.0)
     times = np.unique(np.concatenate([arrival[arrival <= h], ft[has_tok], np.minimum(end[has_tok], h), [0.0, h]]))
     times = times[(times >= 0) & (times <= h)]
-    names, idx = np.unique(tenant, return_inverse=True)
+    names, idx = np.unique(tenant, return_inverse=True) if tenant_index is None else tenant_index
     T = names.size
     p = prompt if prompt is not None else np.zeros_like(output, dtype=float)
     # each started request: a step of w_p * prompt + w_o * 1 token at ft, then a ramp of w_o per token
@@ -405,10 +406,13 @@ def tenant_fairness(tenant: np.ndarray, arrival: np.ndarray, first_token: np.nda
     """``(tenant_service_gap, tenant_jain)`` of one run's admitted requests (module docstring);
     ``(nan, nan)`` with fewer than two tenants."""
     nan = float("nan")
-    if tenant.size == 0 or np.unique(tenant).size < 2 or (np.unique(tenant) == NO_TENANT).all():
+    if tenant.size == 0:
+        return nan, nan
+    index = np.unique(tenant, return_inverse=True)
+    if index[0].size < 2 or (index[0] == NO_TENANT).all():
         return nan, nan
     names, times, S, B = service_curves(tenant, arrival, first_token, finish, prompt, output, generated,
-                                        horizon_s, weights)
+                                        horizon_s, weights, tenant_index=index)
     if times.size < 2:
         return nan, nan
     # Jain over tenants of the service rate while backlogged

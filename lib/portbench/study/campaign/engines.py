@@ -8,8 +8,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import polars as pl
-
 from ...core import io as fileio
 from ...core.config import SimulationConfig
 from ...sim import metrics, profiles, regions
@@ -155,8 +153,10 @@ class SimEngine(Engine):
         if len(w) == 2:
             # useful tokens/s over the utilisation interval, and the window's useful tokens per request
             counters["work_rate_tok_s"] = (w[1] - w[0]) / (t2 - t1)
-            r = res.requests.filter(~pl.col("refused"))
-            counters["mean_work_tokens"] = float((r["prompt_tokens"] + r["output_tokens"]).mean()) if r.height else 0.0
+            rq = res.requests
+            keep = ~rq["refused"].to_numpy()
+            tokens = (rq["prompt_tokens"].to_numpy() + rq["output_tokens"].to_numpy())[keep]
+            counters["mean_work_tokens"] = int(tokens.sum()) / tokens.size if tokens.size else 0.0
         return RunResult(counters=counters, metrics=dict(values), records=res.requests)
 
     def worker_modules(self, sim: SimulationConfig) -> list[str]:
