@@ -95,3 +95,53 @@ def test_portbench_verify_subprocess_on_real_azure(azure_only, tmp_path, root):
     assert run.returncode == 1, (run.stdout, run.stderr)
     assert run.stdout.strip().splitlines()[-1] == "0/5 windows verified"
     assert "checksum mismatch" in run.stderr
+
+
+class _Bar:
+    """Stands in for progress.bar: records the total and how far the bar got."""
+
+    mininterval = 1.0
+
+    def __init__(self, total, desc, unit, **kw):
+        self.total, self.desc, self.unit, self.n, self.closed = total, desc, unit, 0, False
+
+    def update(self, k=1):
+        self.n += k
+
+    def set_postfix_str(self, *a, **kw):
+        pass
+
+    def refresh(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture()
+def bars(monkeypatch):
+    from portbench.core import progress
+
+    made = []
+    monkeypatch.setattr(progress, "bar", lambda *a, **kw: made.append(_Bar(*a, **kw)) or made[-1])
+    return made
+
+
+def test_refreeze_with_other_windows_writes_its_own_manifest_never_the_committed_one(fake_data, tmp_path, capsys,
+                                                                                   monkeypatch, root, bars):
+    """`freeze --refreeze --set windows.per_source=…` (issue 15): the run's own manifest and cache under
+    BUILD/<run name>/windows/, said on the terminal; the committed manifest keeps its bytes. The freeze and the
+    verification each draw a progress bar to its end."""
+    monkeypatch.setenv("PORTBENCH_BUILD", str(tmp_path / "build"))
+    committed = root / "data" / "windows" / "manifest.json"
+    before = committed.read_bytes()
+    args = ["--set", f"paths.data_dir={tmp_path / 'data'}", "--set", "windows.per_source=10", "--set", "windows.size=50"]
+    assert main(["freeze", "--refreeze", *args]) == 0
+    out = capsys.readouterr()
+    own = next((tmp_path / "build").glob("default-*/windows/manifest.json"))
+    assert f"manifest: 20 windows -> {own}" in out.out and str(own.parent) in out.err
+    assert committed.read_bytes() == before
+    assert [(b.unit, b.total, b.n, b.closed) for b in bars] == [("source", 5, 5, True)]   # 5 sources, 3 skipped here
+    assert main(["verify", *args]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "20/20 windows verified"
+    assert [(b.unit, b.total, b.n, b.closed) for b in bars[1:]] == [("window", 20, 20, True)]

@@ -78,3 +78,30 @@ def test_sweep_grid_is_the_cartesian_product():
     assert len(pts) == 6 and {"x.a": 2, "y": "w"} in pts
     with pytest.raises(ParameterError):
         sweep_points({"grid": {"x": []}})
+
+
+def test_every_parameter_is_documented_in_default_yaml():
+    """`portbench params` prints each key's documentation from default.yaml's comments: none may be empty
+    (a key of a one-line mapping shares that line's comment; a name in an open map, the map's)."""
+    from portbench.cli import _leaves
+    from portbench.core.config import key_doc, parameter_docs
+
+    docs = parameter_docs()
+    tree = {k: v for k, v in params.load().tree.items() if not k.startswith("_")}
+    leaves = [k for k, _ in _leaves(tree)]
+    assert len(leaves) > 100 and "analysis.alpha" in leaves and "predictors.regressor.max_iter" in leaves
+    missing = [k for k in leaves if not key_doc(docs, k)]
+    assert not missing, f"undocumented in papermill_params/default.yaml: {missing}"
+    assert key_doc(docs, "simulation.replicates") and key_doc(docs, "sources.azure").startswith("(in sources)")
+    assert "HistGradientBoostingRegressor" in key_doc(docs, "predictors.regressor.max_iter")
+
+
+def test_parameter_docs_reads_comments_above_inline_and_continued(tmp_path):
+    f = tmp_path / "d.yaml"
+    f.write_text("# a section\nsec:\n  # above\n  a: 1    # inline\n  b: {x: 1, y: 2}   # shared\n"
+                 "            # continued\n  c: 3\n")
+    from portbench.core.config import parameter_docs
+
+    d = parameter_docs(f)
+    assert d["sec"] == "a section" and d["sec.a"] == "above inline" and d["sec.c"] == ""
+    assert d["sec.b"] == "shared continued" and d["sec.b.x"] == d["sec.b.y"] == "(in sec.b) shared continued"

@@ -226,7 +226,8 @@ def test_plugins_from_parameters_and_cli(tmp_path, capsys):
 
 
 def _campaign_params(tmp_path, name, plugin_file, **over):
-    o = {"paths": {"data_dir": str(tmp_path / "data"), "results_dir": str(tmp_path / name)},
+    o = {"paths": {"data_dir": str(tmp_path / "data"), "results_dir": str(tmp_path / name),   # the committed windows,
+                   "manifest": str(ROOT / "data" / "windows" / "manifest.json")},             # of the sources kept
          "plugins": [str(plugin_file)],
          "simulation": {"schedulers": ["fcfs", "aging_sjf", "lpf"], "regions": ["overload"], "replicates": 1},
          "campaign": {"windows_per_source": 1, "request_records": {"windows_per_source": 0}},

@@ -49,6 +49,55 @@ def test_a_non_default_parameter_set_writes_under_its_own_folder():
     assert own.paths.results_dir == Path("/tmp/x")
 
 
+def test_a_run_with_other_windows_has_its_own_manifest_window_cache_and_predictions(monkeypatch, tmp_path):
+    """Overrides that change what is frozen move the manifest and the window cache / frozen predictions under
+    build/<run name>/windows/, so `portbench freeze --refreeze` never rewrites the committed manifest."""
+    from portbench.data import predictors, windows
+
+    monkeypatch.delenv("PORTBENCH_BUILD", raising=False)     # `make test BUILD=…` moves build/
+    default = params.load()
+    committed = ROOT / "data" / "windows" / "manifest.json"
+    assert default.paths.manifest == committed and default.paths.windows_dir == ROOT / "data" / "windows"
+    for over in ({"windows": {"per_source": 5}}, {"windows": {"seed": 1}}, {"sources": {"burstgpt": {"mode": "standin"}}},
+                 {"sources": {"bailian": None}}, {"sources": {"mine": {"file": "x.csv", "columns": {
+                     "arrival": "t", "prompt_tokens": "p", "output_tokens": "o"}}}}, {"standins": {"seed": 8}}):
+        c = params.load(overrides=over)
+        run = ROOT / "build" / c.paths.run_name / "windows"
+        assert c.paths.manifest == run / "manifest.json", over
+        assert windows.cache_path(c) == run / "windows.parquet" and predictors.predictions_dir(c) == run / "predictions"
+        assert {"manifest", "windows_dir"} <= set(c.paths.isolated) and str(run) in c.paths.where()
+    # a parameter file that changes the windows: under its own name
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("extends: default.yaml\nwindows: {size: 100}\n")
+    assert params.load(mine).paths.manifest == ROOT / "build" / "mine" / "windows" / "manifest.json"
+    # what changes no window keeps the committed manifest: a label, analysis or simulation, the smoke file
+    for c in (params.load(overrides={"sources": {"azure": {"label": "Az"}}}),
+              params.load(overrides={"analysis": {"alpha": 0.1}, "simulation": {"replicates": 1}}),
+              params.load("papermill_params/smoke.yaml")):
+        assert c.paths.run_name and c.paths.manifest == committed and "manifest" not in c.paths.isolated
+    assert params.load("papermill_params/smoke.yaml").paths.windows_dir == ROOT / "build" / "smoke" / "data" / "windows"
+    # folders set explicitly are kept (data_dir: the cache stays in it); BUILD moves the run's folder
+    own = params.load(overrides={"windows": {"per_source": 5}, "paths": {"manifest": str(tmp_path / "m.json"),
+                                                                          "data_dir": str(tmp_path / "d")}})
+    assert own.paths.manifest == tmp_path / "m.json" and own.paths.windows_dir == tmp_path / "d" / "windows"
+    wd = params.load(overrides={"windows": {"per_source": 5}, "paths": {"windows_dir": str(tmp_path / "w")}})
+    assert wd.paths.windows_dir == tmp_path / "w" and wd.paths.manifest.parent.parent.parent == ROOT / "build"
+    monkeypatch.setenv("PORTBENCH_BUILD", str(tmp_path / "b"))
+    moved = params.load(overrides={"windows": {"per_source": 5}})
+    assert moved.paths.manifest == tmp_path / "b" / moved.paths.run_name / "windows" / "manifest.json"
+
+
+def test_cli_shows_where_a_run_with_other_windows_freezes(capsys, monkeypatch):
+    from portbench import cli
+
+    monkeypatch.delenv("PORTBENCH_BUILD", raising=False)
+    assert cli.main(["params", "--set", "windows.per_source=5", "--show", "paths"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("paths.manifest = "))
+    assert "/build/default-" in line and line.endswith('/windows/manifest.json"')
+    assert "windows (manifest, cache, frozen predictions) -> " in out.splitlines()[0]
+
+
 def test_cli_says_where_a_non_default_run_writes(tmp_path):
     r = _run(PORTBENCH + ["params", "--show", "paths.results_dir", "--set", "campaign.windows_per_source=1"])
     assert r.returncode == 0, r.stderr
@@ -131,6 +180,35 @@ def test_cli_output_into_a_closed_pipe_is_not_an_error():
     assert p.returncode == 0 and b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
 
 
+def test_every_command_but_sweep_takes_params_set_and_plugin():
+    """README: every command takes --params, --set and --plugin, except sweep (its file names base and grid)."""
+    import argparse
+
+    from portbench import cli
+
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"schedulers", "profiles", "files", "params", "simulate", "sweep"} <= set(sub.choices)
+    for name, p in sub.choices.items():
+        flags = {o for a in p._actions for o in a.option_strings}
+        assert "--plugin" in flags, name
+        assert ({"--params", "--set"} <= flags) == (name != "sweep"), name
+    readme = (ROOT / "README.md").read_text()
+    assert "Every command but `sweep` takes `--params FILE`" in readme
+
+
+def test_schedulers_lists_the_plugins_of_the_parameters(tmp_path):
+    """`portbench schedulers --params FILE` (and --set plugins=…) shows the rows of the file's plug-ins."""
+    plugin = ROOT / "tests" / "plugins" / "myschedulers.py"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"extends: default.yaml\nplugins: [{plugin}]\n")
+    plain = _run(PORTBENCH + ["schedulers"])
+    assert plain.returncode == 0 and "| aging_sjf |" not in plain.stdout
+    for extra in (["--params", str(mine)], ["--set", f"plugins=[{plugin}]"]):
+        r = _run(PORTBENCH + ["schedulers", *extra])
+        assert r.returncode == 0, r.stderr
+        assert "| aging_sjf |" in r.stdout and "| lpf |" in r.stdout and "| fcfs |" in r.stdout
+
+
 def test_notebooks_set_reaches_the_notebooks(monkeypatch):
     """`portbench notebooks --set k=v` hands the override to every notebook (papermill parameter)."""
     from portbench import cli, notebooks
@@ -148,6 +226,67 @@ def test_progress_goes_to_the_terminal_inside_a_notebook_kernel(monkeypatch):
     assert progress.stream() is sys.stderr
     monkeypatch.setenv(progress.TERMINAL_ENV, "1")
     assert progress.stream() is sys.__stderr__
+
+
+class _Bar:
+    """Stands in for a tqdm bar: counts updates and redraws."""
+
+    mininterval = 0.01
+
+    def __init__(self, total=None, desc="", unit="", **kw):
+        self.total, self.desc, self.unit, self.n, self.refreshes, self.closed = total, desc, unit, 0, 0, False
+        self.on_refresh = None
+
+    def update(self, k=1):
+        self.n += k
+
+    def set_postfix_str(self, *a, **kw):
+        pass
+
+    def refresh(self):
+        self.refreshes += 1
+        if self.on_refresh:
+            self.on_refresh()
+
+    def close(self):
+        self.closed = True
+
+
+def test_progress_completed_redraws_the_bar_while_a_pool_item_runs():
+    """Nothing completes until the bar has been redrawn once: the wait cannot end without a redraw."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    bar, go = _Bar(), threading.Event()
+    bar.on_refresh = go.set
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(go.wait, 60), pool.submit(lambda: 1)]
+        got = [f.result() for f in progress.completed(futures, bar)]
+    assert sorted(got, key=str) == [1, True] and bar.refreshes >= 1
+
+
+def test_predictor_training_draws_a_bar_over_the_predictors(monkeypatch, tmp_path):
+    """load_predictions: one bar, total = predictors to train, advanced as each source's training ends."""
+    import polars as pl
+
+    from portbench.data import predictors, windows
+
+    made = []
+    monkeypatch.setattr(progress, "bar", lambda *a, **kw: made.append(_Bar(*a, **kw)) or made[-1])
+    monkeypatch.setattr(windows, "load_windows", lambda cfg, **kw: {})
+    trained = []
+
+    def compute(cfg, manifest, train, targets, tables):
+        trained.append((train, tuple(targets), made[-1].n))      # the bar's position when this training starts
+        return {t: predictors.Frozen(train, t, pl.DataFrame(), {}, tmp_path / f"{t}.parquet") for t in targets}
+
+    monkeypatch.setattr(predictors, "_compute", compute)
+    cfg = params.load(overrides={"paths": {"data_dir": str(tmp_path)}, "campaign": {"workers": 1}})
+    m = {"checksum": "x", "windows": [{"id": f"{s}-00", "source": s, "provenance": "real"} for s in "abc"]}
+    got = predictors.load_predictions(cfg, [("a", "a"), ("a", "b"), ("b", "b"), ("c", "c")], manifest=m)
+    assert set(got) == {("a", "a"), ("a", "b"), ("b", "b"), ("c", "c")}
+    assert [(b.unit, b.total, b.n, b.closed) for b in made] == [("predictor", 4, 4, True)]
+    assert [n for _, _, n in trained] == [0, 2, 3]
 
 
 def test_pool_workers_exit_when_their_parent_is_killed(tmp_path):

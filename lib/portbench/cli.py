@@ -1,8 +1,10 @@
 """portbench command line: the pipeline's stages outside the notebooks (thin over the library).
 
-Every stage takes --params FILE (default papermill_params/default.yaml), --set KEY=VALUE overrides (see
-`portbench params` for every key, its value and its documentation) and --plugin FILE. A parameter set other
-than the default study writes its results and figures under build/<run name>/."""
+Every command but sweep takes --params FILE (default papermill_params/default.yaml), --set KEY=VALUE overrides
+(see `portbench params` for every key, its value and its documentation) and --plugin FILE; sweep takes a sweep
+file (which names its base parameter file and grid) and --plugin. A parameter set other than the default study
+writes its results and figures under build/<run name>/, and, when its windows differ from the default study's,
+its manifest, window cache and frozen predictions under build/<run name>/windows/."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import yaml
 
 from . import __version__, bench, notebooks, params, validation
 from .core import plugins
-from .core.config import parameter_docs
+from .core.config import key_doc, parameter_docs
 from .core.errors import ParameterError, PortbenchError
 from .data import registry, traces, windows
 from .present import attribution_text, plots_analysis, plots_attribution, report, text
@@ -43,11 +45,11 @@ def _overrides(args) -> dict:
     return over
 
 
-def _params(args):
-    cfg = params.load(args.params, _overrides(args))
+def _params(args, validate: bool = True):
+    cfg = params.load(args.params, _overrides(args), validate=validate)
     if cfg.paths.run_name and args.command in WRITING_COMMANDS:
-        print(f"[portbench] run {cfg.paths.run_name!r} (not the default study): results -> {cfg.paths.results_dir}, "
-              f"figures -> {cfg.paths.figures_dir}", file=sys.stderr, flush=True)
+        print(f"[portbench] run {cfg.paths.run_name!r} (not the default study): {cfg.paths.where()}",
+              file=sys.stderr, flush=True)
     return cfg
 
 
@@ -67,8 +69,10 @@ def cmd_ingest(args):
 
 
 def cmd_freeze(args):
-    manifest = windows.freeze(_params(args), refreeze=args.refreeze)
-    print(f"manifest: {len(manifest['windows'])} windows")
+    cfg = _params(args)
+    manifest = windows.freeze(cfg, refreeze=args.refreeze)
+    print(f"manifest: {len(manifest['windows'])} windows -> {windows.manifest_path(cfg)} "
+          f"(window cache: {windows.cache_path(cfg)})")
 
 
 def cmd_verify(args):
@@ -80,12 +84,12 @@ def cmd_verify(args):
 
 
 def cmd_schedulers(args):
-    plugins.load(_plugin_paths(args))
+    _params(args, validate=False)      # loads the parameters' plug-ins (and --plugin); a listing checks no names
     print(text.schedulers_markdown())
 
 
 def cmd_profiles(args):
-    plugins.load(_plugin_paths(args))
+    _params(args, validate=False)
     print(text.profiles_markdown())
 
 
@@ -118,6 +122,8 @@ def cmd_attribute(args):
         print()
         print(attribution_text.pair_markdown(pr, sec["design"]["players"]))
     print()
+    print(attribution_text.joint_markdown(sec))
+    print(attribution_text.load_markdown(sec))
     print(attribution_text.checks_markdown(sec))
     print(attribution_text.cost_markdown(sec))
     print(f"\ntables: {attribution.attribution_dir(cfg.paths.results_dir)}/*.parquet; section 'attribution' of summary.json")
@@ -147,10 +153,10 @@ def cmd_validate(args):
     print(json.dumps({k: s.get(k) for k in ("engine", "run", "windows_replayed", "replays", "mape",
                                             "mape_speed_corrected", "profile_fit_r2", "capacity_rps", "wall_s")},
                      indent=1, default=str))
-    for v in s.get("verdicts", []):
+    for v in s.get("verdicts", [])[:2]:      # the key reversal and the control; every case: verdicts.parquet
         print(f"{v['case']:8s} {v['a']} vs {v['b']} ({v['metric']}, {v['region']}): simulation {v['sim_sign']}; "
-              f"engine {v['engine_sign']}; re-simulation {v['resim_sign']} -> "
-              + ("reproduced" if v["reproduced"] else "sign reproduced" if v["sign_reproduced"] else "not reproduced"))
+              f"engine {v['engine_sign']}; re-simulation {v['resim_sign']} -> {v['verdict']}")
+    print(validation.verdict.verdict_line(s["verdict_counts"]))
 
 
 def cmd_params(args):
@@ -164,14 +170,15 @@ def cmd_params(args):
             raise ParameterError("--show", args.show, "a parameter or section, e.g. simulation or "
                                         "analysis.alpha (`portbench params` lists them all)")
     print(f"# parameters of {cfg.paths.params_file}" + (" with --set overrides" if args.set else "")
-          + (f" (run {cfg.paths.run_name!r}: results and figures under build/{cfg.paths.run_name}/)"
+          + (f" (run {cfg.paths.run_name!r}, not the default study: {cfg.paths.where()})"
              if cfg.paths.run_name else ""))
     for key, value in leaves:
-        doc = docs.get(key) or _parent_doc(docs, key)
+        doc = key_doc(docs, key)
         print(f"{key} = {json.dumps(value, default=str)}" + (f"\n    {doc}" if doc and args.docs else ""))
 
 
 def _leaves(tree, prefix=""):
+    """``(dotted key, value)`` of every leaf of a parameter tree (an open map: one per name in it)."""
     for k, v in tree.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and v and key not in params.OPEN_MAPS:
@@ -181,16 +188,6 @@ def _leaves(tree, prefix=""):
                 yield f"{key}.{name}", spec
         else:
             yield key, v
-
-
-def _parent_doc(docs: dict, key: str) -> str:
-    """Documentation of the nearest documented parent (a key inside an open map, e.g. a source)."""
-    parts = key.split(".")
-    for n in range(len(parts) - 1, 0, -1):
-        d = docs.get(".".join(parts[:n]))
-        if d:
-            return f"(in {'.'.join(parts[:n])}) {d}"
-    return ""
 
 
 def cmd_files(args):
@@ -223,16 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"portbench {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    def add(name, func, help_, params=True):
+    def add(name, func, help_):
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("--plugin", action="append", metavar="FILE",
                        help="load a plug-in first (a .py file or a module name), e.g. one registering a "
                             "scheduler; added to the parameters' `plugins` (repeatable)")
-        if params:
-            p.add_argument("--params", default=None, help="parameter file (default: papermill_params/default.yaml)")
-            p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                           help="override one parameter, e.g. --set simulation.replicates=1 (repeatable; "
-                                "`portbench params` lists every key with its value and documentation)")
+        p.add_argument("--params", default=None, help="parameter file (default: papermill_params/default.yaml)")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override one parameter, e.g. --set simulation.replicates=1 (repeatable; "
+                            "`portbench params` lists every key with its value and documentation)")
         p.set_defaults(func=func)
         return p
 
@@ -244,8 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--show", metavar="KEY", help="only this parameter or section, e.g. --show analysis")
     pa.add_argument("--no-docs", dest="docs", action="store_false", help="values only")
     add("files", cmd_files, "list the official trace files: size, SHA-256, whether they are here, where from")
-    add("schedulers", cmd_schedulers, "list the registered schedulers and the information each uses", params=False)
-    add("profiles", cmd_profiles, "list the hardware x model cost-model profiles", params=False)
+    add("schedulers", cmd_schedulers, "list the registered schedulers and the information each uses (with the "
+        "plug-ins of --params / --set plugins=… / --plugin)")
+    add("profiles", cmd_profiles, "list the hardware x model cost-model profiles (with the plug-ins of --params / "
+        "--set plugins=… / --plugin)")
     add("predict", cmd_predict, "train the length predictors outside the frozen windows, freeze their predictions "
         "per window and print their accuracy") \
         .add_argument("--transfer", action="store_true",
@@ -254,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("analyze", cmd_analyze, "run the portability analysis on the campaign's results")
     at = add("attribute", cmd_attribute, "counterfactual attribution: which workload property (arrival pattern, prompt "
              "or output lengths, coupling, load) moves the ranking between two sources (notebook 10)")
-    at.add_argument("--refreeze", action="store_true", help="rebuild the hybrids' frozen definitions")
+    at.add_argument("--refreeze", action="store_true", help="rewrite the committed hybrid SHA-256s (hybrids.json beside "
+                    "the window manifest) instead of verifying the rebuilt hybrids against them")
     at.add_argument("--no-figures", action="store_true", help="tables and summary only")
     add("bench", cmd_bench, "benchmark the simulator, ingest and analysis") \
         .add_argument("--quick", action="store_true", help="a representative subset (about a minute)")
@@ -268,9 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
     nb.add_argument("--out", default=None, help="folder for the executed notebooks (default: build/notebooks for "
                     "the default study, build/<run name>/notebooks for any other parameter set)")
     nb.add_argument("--only", action="append", help="run only notebooks whose name starts with this (repeatable)")
-    sw = sub.add_parser("sweep", help="run notebooks over a grid of parameter sets (one folder per point)")
+    sw_help = "run notebooks over a grid of parameter sets (one folder per point)"
+    sw = sub.add_parser("sweep", help=sw_help, description=sw_help + ". The sweep file names its base parameter "
+                        "file (`base:`) and the grid of dotted parameters, so sweep takes no --params / --set: "
+                        "change them in the sweep file or its base.")
     sw.add_argument("sweep", help="sweep file, e.g. papermill_params/sweeps/profile_x_horizon.yaml")
-    sw.add_argument("--out", default="build/sweeps")
+    sw.add_argument("--out", default="build/sweeps", help="folder of the sweeps (default: build/sweeps); each "
+                    "point under <out>/<sweep name>/<point>/")
     sw.add_argument("--plugin", action="append", metavar="FILE",
                     help="load a plug-in in every point (a .py file or a module name; repeatable)")
     sw.set_defaults(func=cmd_sweep)

@@ -91,7 +91,7 @@ def run_notebooks(params_file=None, out=None, *, only=None, overrides=None,
     print(f"[portbench] parameters {_rel(cfg.paths.params_file, root)}"
           + (f" (+ overrides {json.dumps(overrides, sort_keys=True, default=str)})" if overrides else "")
           + f": notebooks -> {_rel(out, root)}, results -> {_rel(cfg.paths.results_dir, root)}, "
-          f"figures -> {_rel(cfg.paths.figures_dir, root)}", flush=True)
+          f"figures -> {_rel(cfg.paths.figures_dir, root)}, manifest -> {_rel(cfg.paths.manifest, root)}", flush=True)
     done = []
     with _kernel_environment():
         for nb in notebook_paths(only):

@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,24 +179,50 @@ def build_base() -> str:
     return os.environ.get(BUILD_ENV, "").strip() or BUILD_DIR
 ISOLATED_PATHS = ("results_dir", "figures_dir")     # what a non-default run writes under build/<run name>/
 NEUTRAL_OVERRIDES = ("paths",)                      # overrides that change where things are, not results
+# The sections a window manifest is frozen from (without the sources' display keys, see frozen_record).
+FROZEN_SECTIONS = ("windows", "sources", "standins")
 
 
-def _isolate(P: dict, default_paths: Mapping, path: Path, default_path: Path, over: Mapping) -> str | None:
+def frozen_record(P: Mapping) -> dict:
+    """The parts of a parameter tree that decide the frozen windows: :data:`FROZEN_SECTIONS`, each source
+    without its display keys (a new label changes no window)."""
+    rec = {k: copy.deepcopy(P.get(k)) for k in FROZEN_SECTIONS if k in P}
+    if isinstance(rec.get("sources"), Mapping):
+        rec["sources"] = {s: ({k: v for k, v in spec.items() if k not in DISPLAY_KEYS}
+                              if isinstance(spec, Mapping) else spec) for s, spec in rec["sources"].items()}
+    return rec
+
+
+def _isolate(P: dict, schema: Mapping, path: Path, default_path: Path, over: Mapping) -> str | None:
     """Give a non-default run folders of its own: a parameter file other than default.yaml, or overrides
     other than ``paths.*``, that leaves ``results_dir`` / ``figures_dir`` at default.yaml's values writes them under
     ``build/<run name>/`` instead (run name = the file's stem, plus a hash of the overrides), so that it
-    never overwrites the full study's results or the committed figures. Folders set to other values (by the
-    file or the overrides) are kept. Returns the run name (None: the default study)."""
+    never overwrites the full study's results or the committed figures. A run whose windows differ from
+    default.yaml's (:func:`frozen_record`: ``windows.*``, ``sources.*`` other than labels, ``standins.*``) also
+    gets its own manifest, window cache and frozen predictions, ``build/<run name>/windows/`` (``manifest`` at
+    its default value; ``windows_dir`` unset while ``data_dir`` is at its default), so that ``portbench freeze
+    --refreeze`` never rewrites the committed manifest. Folders set to other values (by the file or the
+    overrides) are kept. Sets ``P["_isolated"]`` (the moved ``paths`` keys); returns the run name (None: the
+    default study)."""
     changed = {k: v for k, v in over.items() if k not in NEUTRAL_OVERRIDES}
+    P["_isolated"] = []
     if path.resolve() == default_path.resolve() and not changed:
         return None
     name = path.stem
     if changed:
         name += "-" + hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    default_paths = schema.get("paths") or {}
     paths = P.setdefault("paths", {})
-    for key in ISOLATED_PATHS:
-        if key in default_paths and paths.get(key) == default_paths[key]:
-            paths[key] = str(Path(build_base()) / name / key.removesuffix("_dir"))
+    run_dir = Path(build_base()) / name
+    moved = {key: str(run_dir / key.removesuffix("_dir")) for key in ISOLATED_PATHS
+             if key in default_paths and paths.get(key) == default_paths[key]}
+    if frozen_record(P) != frozen_record(schema):
+        if "manifest" in default_paths and paths.get("manifest") == default_paths["manifest"]:
+            moved["manifest"] = str(run_dir / "windows" / Path(str(default_paths["manifest"])).name)
+        if paths.get("windows_dir") is None and paths.get("data_dir") == default_paths.get("data_dir"):
+            moved["windows_dir"] = str(run_dir / "windows")
+    paths.update(moved)
+    P["_isolated"] = sorted(moved)
     return name
 
 
@@ -221,7 +248,7 @@ def read(params_file: str | os.PathLike | None = None, overrides: dict | None = 
         _check_schema(P, schema)
     P["_params_file"] = str(path)
     P["_root"] = str(root)
-    P["_run_name"] = _isolate(P, schema.get("paths") or {}, path, default_path, over)
+    P["_run_name"] = _isolate(P, schema, path, default_path, over)
     for key, value in P.get("paths", {}).items():
         if isinstance(value, str) and key != "mirror_env":
             P["paths"][key] = str((root / value) if not Path(value).is_absolute() else Path(value))
@@ -263,8 +290,9 @@ def _section(P: Mapping, key: str) -> Mapping:
 
 @dataclass(frozen=True)
 class PathsConfig:
-    """Where things are: the project root, the parameter file, data, manifest, results, figures and
-    the configured data mirror (None: ``$PORTBENCH_DATA_MIRROR``, else ``../shared/traces``)."""
+    """Where things are: the project root, the parameter file, data, manifest, the window cache and frozen
+    predictions (``windows_dir``), results, figures and the configured data mirror (None:
+    ``$PORTBENCH_DATA_MIRROR``, else ``../shared/traces``)."""
 
     root: Path
     params_file: Path
@@ -274,6 +302,8 @@ class PathsConfig:
     figures_dir: Path
     mirror: Path | None = None
     run_name: str | None = None     # a non-default run's name: its results and figures are under build/<name>/
+    windows_dir: Path | None = None     # None: {data_dir}/windows (from_tree always sets it)
+    isolated: tuple[str, ...] = ()  # the paths keys moved under build/<run name>/ (see config._isolate)
 
     @property
     def build_dir(self) -> Path:
@@ -297,11 +327,21 @@ class PathsConfig:
         mirror = p.get("mirror")
         if mirror is not None and not isinstance(mirror, (str, os.PathLike)):
             raise ParameterError("paths.mirror", mirror, "null or a folder")
+        data_dir = path("data_dir", "data")
         return cls(root=root, params_file=Path(P.get("_params_file") or root / DEFAULT_FILE),
-                   data_dir=path("data_dir", "data"), manifest=path("manifest", "data/windows/manifest.json"),
+                   data_dir=data_dir, manifest=path("manifest", "data/windows/manifest.json"),
                    results_dir=path("results_dir", "data/results"), figures_dir=path("figures_dir", "figures"),
                    mirror=(Path(mirror) if Path(mirror).is_absolute() else root / mirror) if mirror else None,
-                   run_name=P.get("_run_name"))
+                   run_name=P.get("_run_name"),
+                   windows_dir=path("windows_dir", "") if p.get("windows_dir") is not None else data_dir / "windows",
+                   isolated=tuple(P.get("_isolated") or ()))
+
+    def where(self) -> str:
+        """Where this run reads and writes, in words: ``results -> …, figures -> …, windows -> …``."""
+        win = (f"windows (manifest, cache, frozen predictions) -> {self.windows_dir}"
+               if self.manifest.parent == self.windows_dir else
+               f"manifest -> {self.manifest}, window cache and frozen predictions -> {self.windows_dir}")
+        return f"results -> {self.results_dir}, figures -> {self.figures_dir}, {win}"
 
 
 SOURCE_NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
@@ -339,8 +379,6 @@ class SourceConfig:
     label: str | None = None
 
     def __post_init__(self):
-        import re
-
         if not re.match(SOURCE_NAME_PATTERN, str(self.name)):
             raise ParameterError("sources", self.name, f"a source name matching {SOURCE_NAME_PATTERN}")
         p = f"sources.{self.name}"
@@ -774,9 +812,9 @@ class AttributionConfig:
     ranking distance the decomposition splits."""
 
     pairs: str | tuple[tuple[str, str], ...] = "auto"
-    properties: tuple[tuple[str, ...], ...] = (("arrival", "coupling"), ("prompt",), ("output",), ("load",))
+    properties: tuple[tuple[str, ...], ...] = (("arrival",), ("prompt",), ("output",), ("coupling",), ("load",))
     regions: tuple[str, ...] = ("overload", "severe")
-    windows: int = 10
+    windows: int = 8
     replicates: int = 1
     bootstrap: int = 1000
     seed: int = 0
@@ -874,7 +912,7 @@ class ValidationConfig:
     fidelity_region: str = "moderate"
     fidelity_windows: int = 2
     reduced_fidelity_windows: int = 1
-    saturation_requests: int = 300
+    saturation_requests: int | None = None   # None: the campaign's backlog size (validation.capacity.backlog_size)
     interleave: bool = True
     cpu: VllmEngineConfig = field(default_factory=lambda: VllmEngineConfig(section="validation.cpu"))
     gpu: VllmEngineConfig = field(default_factory=VllmEngineConfig)
@@ -885,8 +923,10 @@ class ValidationConfig:
         check_choice("validation.device", self.device, DEVICES)
         for key in ("seed", "window_seed"):
             _int(f"validation.{key}", getattr(self, key), 0, "a non-negative integer")
-        for key in ("windows_per_source", "reduced_windows_per_source", "saturation_requests"):
+        for key in ("windows_per_source", "reduced_windows_per_source"):
             _int(f"validation.{key}", getattr(self, key), 1, "a positive integer")
+        if self.saturation_requests is not None:
+            _int("validation.saturation_requests", self.saturation_requests, 1, "null or a positive integer")
         for key in ("fidelity_windows", "reduced_fidelity_windows"):
             _int(f"validation.{key}", getattr(self, key), 0, "a non-negative integer")
         for key in ("time_budget_s", "reduced_time_budget_s"):
@@ -1232,9 +1272,11 @@ def build(P: Mapping) -> Config:
 def parameter_docs(path: Path | None = None) -> dict[str, str]:
     """``{dotted key: its documentation}`` from the comments of default.yaml: the block of comment lines right
     above the key, its own line's comment, and comment lines below it that continue that comment (their
-    ``#`` in the same column)."""
+    ``#`` in the same column). The keys of a mapping written on one line (``regressor: {max_iter: 200, …}  # …``)
+    share that line's documentation."""
     path = Path(path or project_root() / DEFAULT_FILE)
     docs: dict[str, str] = {}
+    flows: dict[str, list[str]] = {}           # key -> the keys of its one-line mapping
     stack: list[tuple[int, str]] = []          # (indent, key) of the enclosing mappings
     above: list[str] = []
     last: tuple[str, int] | None = None        # (key, its indent) while continuations of its comment may follow
@@ -1265,4 +1307,27 @@ def parameter_docs(path: Path | None = None) -> dict[str, str]:
         last = (dotted, indent) if hash_ else None
         if not value.strip():                       # a mapping opens here
             stack.append((indent, key))
+        elif value.strip().startswith("{"):
+            try:
+                flow = yaml.safe_load(value)
+            except yaml.YAMLError:
+                flow = None
+            if isinstance(flow, dict):
+                flows[dotted] = [str(k) for k in flow]
+    for parent, keys in flows.items():
+        for k in keys:
+            docs.setdefault(f"{parent}.{k}", f"(in {parent}) {docs[parent]}" if docs[parent] else "")
     return docs
+
+
+def key_doc(docs: Mapping[str, str], key: str) -> str:
+    """The documentation of a dotted parameter key (``docs`` from :func:`parameter_docs`): its own, else, for
+    a name the user chose inside an open map (a source, an SLO, a panel …), the open map's."""
+    if docs.get(key):
+        return docs[key]
+    parts = key.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        parent = ".".join(parts[:n])
+        if parent in OPEN_MAPS and docs.get(parent):
+            return f"(in {parent}) {docs[parent]}"
+    return ""

@@ -4,7 +4,8 @@ Run directly (CLI, a script) a bar goes to standard error as usual. Inside a not
 ``portbench notebooks`` / ``make all`` (environment variable :data:`TERMINAL_ENV`), standard error is the
 notebook's, which a terminal user never sees while papermill runs; there the bar goes to the kernel's
 own standard error (``sys.__stderr__``, the terminal ``make all`` runs in), so that a stage of minutes is
-never silent. Redrawn at most every second on a terminal, every 15 s into a file or log.
+never silent. Redrawn at most every second on a terminal, every 15 s into a file or log; :func:`completed` keeps a bar's
+elapsed time moving while a pool computes a long item.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 from tqdm import tqdm
 
@@ -32,6 +35,17 @@ def bar(total: int, desc: str, unit: str, *, disable: bool = False, initial: int
     tty = getattr(out, "isatty", lambda: False)()
     return tqdm(total=total, initial=initial, desc=f"[portbench] {desc}", unit=unit, disable=disable, file=out,
                 mininterval=1.0 if tty else 15.0, dynamic_ncols=tty)
+
+
+def completed(futures: Iterable[Future], bar: tqdm) -> Iterator[Future]:
+    """The futures as they complete (as ``concurrent.futures.as_completed``), redrawing ``bar`` every
+    ``bar.mininterval`` seconds while none does, so that its elapsed time moves during a long item."""
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=getattr(bar, "mininterval", 1.0), return_when=FIRST_COMPLETED)
+        if not done:
+            bar.refresh()
+        yield from done
 
 
 def note(msg: str) -> None:

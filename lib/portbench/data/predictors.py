@@ -48,7 +48,7 @@ source-specific), so the P -> T models are trained on P's training data with the
 common to both (in the study: the prompt length). The diagonal (P = T) is the home predictor.
 
 **Frozen predictions** (:func:`load_predictions`): one parquet file per (target, train) pair,
-``{paths.data_dir}/windows/predictions/<target>__from-<train>__<key>.parquet``: ``window_id,
+``{paths.windows_dir}/predictions/<target>__from-<train>__<key>.parquet``: ``window_id,
 window_sha256, row, predicted_output, ltr_score``. ``key`` = the first 16 hex digits of the
 SHA-256 of the predictor's *fingerprint* (manifest checksum -- which fixes every window's hash and
 the source files --, the predictor parameters, the canonical table version, this module's code and
@@ -63,8 +63,10 @@ the table a run is given (``predicted_output``, ``ltr_score``).
 from __future__ import annotations
 
 import hashlib
+import multiprocessing as mp
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -531,7 +533,7 @@ def fingerprint_key(fp: Mapping) -> str:
 
 
 def predictions_dir(cfg: Config) -> Path:
-    return Path(cfg.paths.data_dir) / "windows" / "predictions"
+    return Path(cfg.paths.windows_dir) / "predictions"
 
 
 def predictions_path(cfg: Config, train: str, target: str, key: str) -> Path:
@@ -656,29 +658,35 @@ def load_predictions(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None
             _note(f"training the {tr} predictor for {', '.join(targets)} (no frozen predictions with this "
                   f"fingerprint under {predictions_dir(cfg)})")
         workers = min(int(cfg.campaign.workers), len(todo))
-        with progress.stage(f"predictors: {len(todo)} source(s) on {max(workers, 1)} process(es)"):
-            for tr, got in _train_all(cfg, manifest, todo, tables, workers):
+        bar = progress.bar(sum(len(t) for t in todo.values()),
+                           f"predictors: {len(todo)} source(s) on {max(workers, 1)} process(es)", "predictor")
+        try:
+            for tr, got in _train_all(cfg, manifest, todo, tables, workers, bar):
                 for tg, fr in got.items():
                     out[(tr, tg)] = fr
+                bar.set_postfix_str(f"{tr} done", refresh=False)
+                bar.update(len(got))
+        finally:
+            bar.close()
     return {p: out[p] for p in pairs}
 
 
-def _train_all(cfg: Config, manifest: Mapping, todo: Mapping[str, list], tables: Mapping, workers: int):
+def _train_all(cfg: Config, manifest: Mapping, todo: Mapping[str, list], tables: Mapping, workers: int, bar=None):
     """``(train source, {target: Frozen})`` for every train source of ``todo``: in this process, or (``workers``
-    > 1) on a spawn-context process pool, the longest trainings first. Each model trains on one thread with a
-    fixed seed, so the predictions are the same however they are spread over processes."""
+    > 1) on a spawn-context process pool, the longest trainings first (``bar``, a progress bar, is redrawn while
+    they run). Each model trains on one thread with a fixed seed, so the predictions are the same however they
+    are spread over processes."""
     if workers <= 1:
         for tr, targets in todo.items():
+            if bar is not None:
+                bar.set_postfix_str(f"training {tr}")
             yield tr, _compute(cfg, manifest, tr, targets, tables)
         return
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     order = sorted(todo, key=lambda tr: (source_kind(manifest, tr) != "standin", tr))   # stand-ins train longest
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                              initializer=procs.die_with_parent) as pool:
         futures = {pool.submit(_compute, cfg, manifest, tr, todo[tr], tables): tr for tr in order}
-        for f in as_completed(futures):
+        for f in (progress.completed(futures, bar) if bar is not None else as_completed(futures)):
             yield futures[f], f.result()
 
 

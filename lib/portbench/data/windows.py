@@ -30,9 +30,10 @@ file and compares bytes *and* checksum, so any single-byte change (whitespace in
 :class:`~portbench.core.errors.IntegrityError`; each window's ``sha256`` (:func:`window_sha256`) catches
 any change to its content.
 
-**Cache.** ``{paths.data_dir}/windows/windows.parquet`` holds the materialised windows (long
-format, ``window_id`` first) tagged with the manifest checksum; a cache from another manifest is
-ignored and rebuilt, a cache whose content does not match the manifest is an error.
+**Cache.** ``{paths.windows_dir}/windows.parquet`` (default ``{paths.data_dir}/windows``; a run whose
+windows differ from default.yaml's has its own, beside its own manifest: ``core.config._isolate``) holds
+the materialised windows (long format, ``window_id`` first) tagged with the manifest checksum; a cache
+from another manifest is ignored and rebuilt, a cache whose content does not match the manifest is an error.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import polars as pl
 
 from . import registry, standins, synth, traces
 from ..core import io, progress
-from ..core.config import DISPLAY_KEYS, Config
+from ..core.config import FROZEN_SECTIONS, Config, frozen_record  # noqa: F401 - FROZEN_SECTIONS: also read from here
 from ..core.errors import DataError, IntegrityError, ParameterError, PortbenchError
 from ..core.provenance import label, provenance_from_manifest
 from .registry import Store
@@ -61,9 +62,9 @@ TENANT_FIELDS = ("model", "log_type", "tenant")
 TENANT_MISSING = "unknown"
 CACHE_FILE = "windows.parquet"
 CACHE_META_KEY = b"portbench_manifest_checksum"
-# Parameter sections a manifest is frozen from; freezing with different values needs --refreeze.
-# (A source's display keys, e.g. its label, are not part of it: renaming a source needs no refreeze.)
-FROZEN_SECTIONS = ("windows", "sources", "standins")
+# FROZEN_SECTIONS (core.config): the parameter sections a manifest is frozen from; freezing with different
+# values needs --refreeze. (A source's display keys, e.g. its label, are not part of it: renaming a source
+# needs no refreeze.)
 
 
 # --------------------------------------------------------------------------- seeds
@@ -220,8 +221,8 @@ def manifest_path(cfg: Config) -> Path:
 
 
 def cache_path(cfg: Config) -> Path:
-    """The window cache, ``{paths.data_dir}/windows/windows.parquet``."""
-    return Path(cfg.paths.data_dir) / "windows" / CACHE_FILE
+    """The window cache, ``{paths.windows_dir}/windows.parquet`` (default ``{paths.data_dir}/windows``)."""
+    return Path(cfg.paths.windows_dir) / CACHE_FILE
 
 
 def parse_manifest(raw: bytes, where: str = "manifest") -> dict:
@@ -251,7 +252,10 @@ def load_manifest(cfg: Config) -> dict:
     """The committed manifest, checked byte for byte and by checksum (IntegrityError otherwise)."""
     path = manifest_path(cfg)
     if not path.is_file():
-        raise DataError(path, "no window manifest here; run `portbench freeze` (notebook 02) to create it")
+        run = cfg.paths.run_name and "manifest" in cfg.paths.isolated
+        raise DataError(path, "no window manifest here; run `portbench freeze` (notebook 02) to create it"
+                        + (f" (with the same --params / --set: run {cfg.paths.run_name!r} has windows other than the "
+                           "default study's, so it has a manifest of its own)" if run else ""))
     return parse_manifest(path.read_bytes(), str(path))
 
 
@@ -307,11 +311,7 @@ def evidence_checksums(cfg: Config, source: str) -> dict[str, str]:
 def _params_record(cfg: Config) -> dict:
     """The parameter sections the manifest is frozen from, as written in the parameter files (without
     the sources' display keys)."""
-    rec = {k: cfg.tree.get(k) for k in FROZEN_SECTIONS if k in cfg.tree}
-    if isinstance(rec.get("sources"), Mapping):
-        rec["sources"] = {s: ({k: v for k, v in spec.items() if k not in DISPLAY_KEYS}
-                              if isinstance(spec, Mapping) else spec) for s, spec in rec["sources"].items()}
-    return _jsonable(rec)
+    return _jsonable(frozen_record(cfg.tree))
 
 
 def _entry(meta: Mapping, df: pl.DataFrame, *, source: str, provenance: str) -> dict:
@@ -385,7 +385,9 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
     source_files: dict[str, str] = {}
     entries: list[dict] = []
     tables: dict[str, pl.DataFrame] = {}
+    bar = progress.bar(len(cfg.source_names()), "windows: freezing", "source")
     for source in cfg.source_names():
+        bar.set_postfix_str(source)
         info = resolved.get(source) or {"provenance": None, "file": None, "path": None, "reason": "not resolved"}
         spec = cfg.sources[source]
         file = info.get("file") or spec.file
@@ -396,6 +398,7 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
         prov = info.get("provenance")
         if prov is None:
             _loud(f"{source}: SKIPPED ({rec['reason']})")
+            bar.update(1)
             continue
         if prov == "real":
             source_files[info["file"]] = st.sha256(info["path"])
@@ -406,6 +409,8 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
             entries.append(e)
             tables[e["id"]] = df
         rec["windows"] = sum(1 for e in entries if e["source"] == source)
+        bar.update(1)
+    bar.close()
     manifest = {"version": MANIFEST_VERSION, "params": _params_record(cfg), "sources": sources_rec,
                 "source_files": source_files, "windows": entries}
     return _jsonable(manifest), tables
@@ -426,9 +431,7 @@ def freeze(cfg: Config, refreeze: bool = False) -> dict:
         manifest = load_manifest(cfg)
         _check_params(cfg, manifest)
         _note_provenance_changes(cfg, manifest)
-        with progress.stage(f"windows: rebuilding the {len(manifest['windows'])} frozen windows from the data and "
-                            "verifying their SHA-256"):
-            ok, total, problems, tables = _verify(cfg, manifest, check_cache=False)
+        ok, total, problems, tables = _verify(cfg, manifest, check_cache=False)     # with a progress bar
         if problems:
             shown = problems[:MAX_PROBLEMS_SHOWN]
             more = len(problems) - len(shown)
@@ -438,8 +441,7 @@ def freeze(cfg: Config, refreeze: bool = False) -> dict:
                                  "a deliberate change needs `portbench freeze --refreeze`)")
         _write_cache(cache_path(cfg), manifest, tables)
         return manifest
-    with progress.stage("windows: freezing a new manifest"):
-        manifest, tables = build_manifest(cfg)
+    manifest, tables = build_manifest(cfg)     # with a progress bar
     manifest = write_manifest(manifest, path)
     _write_cache(cache_path(cfg), manifest, tables)
     return manifest
@@ -530,25 +532,30 @@ def _rebuild_many(cfg: Config, manifest: Mapping, entries: Sequence[Mapping]
     by_source: dict[str, list[Mapping]] = {}
     for e in entries:
         by_source.setdefault(e["source"], []).append(e)
+    bar = progress.bar(len(entries), "windows: rebuilding from the data and verifying", "window")
     for source, group in by_source.items():
+        bar.set_postfix_str(source)
         canonical = None
         try:
             if group[0]["provenance"] == "real":
                 canonical = traces.load_canonical(cfg, source)
         except PortbenchError as err:
             problems += [f"window {e['id']}: cannot read the {source} data ({err})" for e in group]
+            bar.update(len(group))
             continue
         for e in group:
             try:
                 df = rebuild_window(e, manifest, canonical, st)
             except PortbenchError as err:
                 problems.append(f"window {e['id']}: {err}")
-                continue
-            got = window_sha256(df)
-            if got != e["sha256"]:
-                problems.append(_mismatch(e, got, "rebuilt from the source data"))
             else:
-                tables[e["id"]] = df
+                got = window_sha256(df)
+                if got != e["sha256"]:
+                    problems.append(_mismatch(e, got, "rebuilt from the source data"))
+                else:
+                    tables[e["id"]] = df
+            bar.update(1)
+    bar.close()
     return tables, problems
 
 
