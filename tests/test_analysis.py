@@ -15,7 +15,7 @@ from statsmodels.stats.multitest import multipletests
 
 import planted
 from portbench import params
-from portbench.present import plots_analysis
+from portbench.present import plots_analysis, text
 from portbench.study import analysis, stats
 from portbench.core.errors import DataError, ParameterError
 
@@ -261,6 +261,85 @@ def test_exact_ties_and_tolerance_rules_are_sensitivity_rows(params_for):
     exact = analysis.compute(params_for(small_runs(REVERSAL, skill=None), **{"analysis.ties": "exact"}))
     assert rules.filter(pl.col("tie_rule") == "exact")["tau_b"][0] == pytest.approx(
         exact.summary["cross_source"]["tau_b"]["value"], rel=1e-5)
+
+
+def test_cross_region_tie_rule_rows_match_an_analysis_under_that_rule(params_for):
+    A = analysis.compute(params_for(small_runs(REVERSAL, skill=None)))
+    rules = analysis.tie_rule_table(A, section="cross_region")
+    assert rules["tie_rule"].to_list() == ["significance", "significance_practical", "tolerance", "exact"]
+    cr = A.summary["cross_region"]
+    ch = rules.filter(pl.col("chosen")).row(0, named=True)
+    assert ch["tau_b"] == cr["tau_b"]["value"] and ch["tau_b_extreme"] == cr["extreme_regions"]["tau_b"]["value"]
+    assert ch["defined"] == cr["conditions"]["defined"] and ch["total"] == cr["conditions"]["total"]
+    for rule in ("exact", "tolerance"):
+        other = analysis.compute(params_for(small_runs(REVERSAL, skill=None), **{"analysis.ties": rule}))
+        row = rules.filter(pl.col("tie_rule") == rule).row(0, named=True)
+        oc = other.summary["cross_region"]
+        assert row["tau_b"] == pytest.approx(oc["tau_b"]["value"], rel=1e-5, nan_ok=True)
+        assert row["defined"] == oc["conditions"]["defined"]
+        assert row["tau_b_extreme"] == pytest.approx(oc["extreme_regions"]["tau_b"]["value"], rel=1e-5, nan_ok=True)
+    md = text.tie_rule_markdown(rules, A.summary["parameters"], "cross_region")
+    assert f"**{ch['tau_b']:.2f} over {ch['defined']} of {ch['total']} conditions" in md and "lightest vs heaviest" in md
+
+
+def test_least_agreeing_condition_is_not_named_on_a_point_estimate_its_interval_does_not_support():
+    from portbench.study.analysis.agreement import _least_agreeing
+
+    tau = np.array([-0.5, -0.2, 0.3, np.nan])
+    hi = np.array([1.0, -0.1, 0.4, -0.9])          # the lowest tau has an interval reaching 1; the NaN is undefined
+    resolved = np.array([2, 40, 30, 0])
+    ok = np.ones(4, bool)
+    assert _least_agreeing(tau, hi, resolved, ok) == (1,)
+    assert _least_agreeing(tau, np.full(4, np.nan), resolved, ok) == (0,)     # no CIs: the lowest tau
+    assert _least_agreeing(tau, hi, resolved, np.array([True, False, True, True])) == (2,)
+    # equal upper bounds: the lower tau, then more resolved pairs
+    assert _least_agreeing(np.array([0.1, 0.0, 0.0]), np.array([0.2, 0.2, 0.2]), np.array([5, 5, 9]),
+                           np.ones(3, bool)) == (2,)
+    assert _least_agreeing(tau, hi, resolved, np.zeros(4, bool)) is None
+
+
+def test_vtc_is_na_in_every_comparison_that_involves_a_source_without_tenants(params_for):
+    """Azure's tenant metrics are undefined in every run (no tenants): every comparison involving Azure leaves
+    vtc out on both sides -- rank agreement, reversals and the study preset -- and equals an analysis of the
+    runs without vtc; BurstGPT vs Bailian keeps it."""
+    rng = np.random.default_rng(0)
+    df = planted.make_runs(schedulers=SCHEDS + ("vtc",), regions=REGIONS, metrics=METRICS, n_windows=12, replicates=1,
+                           effects=REVERSAL, noise_sd=0.05, seed=5)
+    none = (df["source"] == "azure").to_numpy()
+    df = df.with_columns(pl.Series("tenant_service_gap", np.where(none, np.nan, rng.uniform(100, 200, df.height))),
+                         pl.Series("tenant_jain", np.where(none, np.nan, rng.uniform(0.5, 1.0, df.height))))
+    over = {"analysis.metrics": list(METRICS) + ["tenant_service_gap", "tenant_jain"], "analysis.bootstrap": 50,
+            "analysis.study_preset.regions": 2}
+    A = analysis.compute(params_for(df, **over))
+    B = analysis.compute(params_for(df.filter(pl.col("scheduler") != "vtc"), **over))
+    key = ["source_1", "source_2", "region", "metric"]
+    cols = ["tau", "ci_low", "ci_high", "concordant", "discordant", "n_items"]
+    a = A["cross_source_tau"].sort(key)
+    az = a.filter(pl.col("source_1") == "azure")
+    assert az.select(cols).equals(B["cross_source_tau"].sort(key).filter(pl.col("source_1") == "azure").select(cols))
+    assert set(az["n_items"]) == {4} and set(a.filter(pl.col("source_1") == "burstgpt")["n_items"]) == {5}
+    cr = A["cross_region_tau"].filter(pl.col("source") == "azure").sort("metric", "region_1", "region_2")
+    assert cr.select(cols).equals(B["cross_region_tau"].filter(pl.col("source") == "azure")
+                                  .sort("metric", "region_1", "region_2").select(cols))
+    assert A["cross_source_w"].select("W").equals(B["cross_source_w"].select("W"))        # Azure is in the panel
+    na = A.summary["cross_source"]["na_schedulers"]
+    assert na["dropped"] == ["vtc"] and na["sources"] == ["azure"] and na["n_items"] == 4
+    assert na["headline_conditions"] == 2 * 2 * 2           # regions x headline metrics x the source pairs with Azure
+    top = A["top1"].filter(pl.col("source") == "azure")
+    assert not top["winner"].str.contains("vtc").any() and not top["runner_up"].str.contains("vtc").any()
+    # reversals: no vtc test on Azure, and the families hold exactly the tests that exist
+    t = A["pairwise_tests"]
+    assert t.filter((pl.col("source") == "azure") & ((pl.col("a") == "vtc") | (pl.col("b") == "vtc"))).height == 0
+    for m in t["metric"].unique().to_list():
+        f = t.filter((pl.col("metric") == m) & pl.col("p").is_not_nan())      # tenant metrics: none on Azure
+        assert f.height and np.allclose(f["p_adj"].to_numpy(), multipletests(f["p"].to_numpy(), method="fdr_bh")[1])
+    pre = A.summary["reversals"]["study_preset"]
+    assert pre["comparisons"] == 2 * (6 + 6 + 10)           # regions x (pairs of 4 twice, pairs of 5 once)
+    assert pre["not_applicable"] == 2 * (4 + 4) and pre["side_tests"] == 2 * (6 + 10 + 10)
+    rev = A["reversals"].filter((pl.col("metric") == "e2e_mean") & pl.col("region").is_in(pre["regions"]))
+    assert pre["comparisons"] == rev.height and pre["sign_reversals"] == int(rev["reversal"].sum())
+    assert "vtc" in text.na_schedulers_markdown(na, {"azure": "Azure"}) and "other 4 schedulers" in \
+        text.na_schedulers_markdown(na, {"azure": "Azure"})
 
 
 # --------------------------------------------------------------------------- orientation, cross-metric

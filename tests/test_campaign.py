@@ -509,3 +509,66 @@ def test_preemption_markdown_quotes_the_heaviest_region_per_run_numbers():
     assert "On Bailian (stand-in) the cache almost never fills" in text and "mlfq" not in text
     assert present_text.preemption_markdown(runs.filter(pl.col("scheduler") != "fcfs")) is None
     assert present_text.preemption_markdown(runs.with_columns(pl.lit(0).alias("preemptions"))) is None
+
+
+# --------------------------------------------------------------------------- prefix cache and refusals (summary.json `load`)
+
+def _cache_runs(refused_vtc: int = 1) -> pl.DataFrame:
+    """A planted runs table: Mooncake carries block hashes (lookups), Azure none. Per Mooncake run of fcfs:
+    100 of 1,000 tokens hit in light, 300 of 1,000 in severe; las hits 500 of 1,000 everywhere. Azure refuses
+    one request per run under every scheduler except vtc (``refused_vtc``)."""
+    rows = []
+    for src, prov in (("azure", "real"), ("mooncake", "real")):
+        for sched in ("fcfs", "las", "vtc"):
+            for region, rho in (("light", 0.3), ("severe", 2.0)):
+                for rep in range(2):
+                    hit = 0 if src == "azure" else (500 if sched == "las" else (100 if region == "light" else 300))
+                    rows.append({"source": src, "provenance": prov, "window_id": f"{src}-00", "region": region,
+                                 "rho": rho, "scheduler": sched, "replicate": rep, "arrived": 200,
+                                 "refused": (refused_vtc if sched == "vtc" else 1) if src == "azure" else 0,
+                                 "prefix_hit_tokens": hit, "prefix_query_tokens": 0 if src == "azure" else 1000})
+    return pl.DataFrame(rows)
+
+
+def test_prefix_cache_hit_rate_per_source_scheduler_and_region():
+    from portbench.study.campaign import tables as T
+
+    runs = _cache_runs()
+    t = T.prefix_cache_table(runs, ("source", "scheduler"))
+    moon = dict(zip(*t.filter(pl.col("source") == "mooncake").select("scheduler", "hit_rate")))
+    assert moon == {"fcfs": pytest.approx(0.2), "las": pytest.approx(0.5), "vtc": pytest.approx(0.2)}
+    assert t.filter(pl.col("source") == "azure")["hit_rate"].is_null().all()        # nothing looked up: n/a
+    pc = T.prefix_cache_summary(runs, "fcfs", order=["mooncake", "azure"])
+    assert list(pc["by_source"]) == ["mooncake", "azure"]
+    m = pc["by_source"]["mooncake"]
+    assert m["hit_rate"] == pytest.approx(0.2) and m["hit_tokens"] == 800 and m["looked_up_tokens"] == 4000
+    assert m["hit_rate_all_policies"] == pytest.approx((800 + 2000 + 800) / 12000)
+    assert m["by_region"] == {"light": pytest.approx(0.1), "severe": pytest.approx(0.3)}   # lightest first
+    assert pc["by_source"]["azure"] == {"hit_rate": None, "note": T.PREFIX_NA}
+    md = present_text.prefix_cache_markdown(pc, {"mooncake": "Mooncake", "azure": "Azure"})
+    assert "active on Mooncake" in md and "20.0% of the tokens `fcfs`" in md and "(800 of 4,000)" in md
+    assert "from 20.0% (`fcfs`) to 50.0% (`las`)" in md and "10.0% in *light* to 30.0% in *severe*" in md
+    assert "Azure: no prompt block hashes" in md
+    assert "off in this campaign" in present_text.prefix_cache_markdown(pc, {}, "off")
+    assert T.prefix_cache_summary(runs.drop("prefix_hit_tokens")) == {}
+
+
+def test_refusals_per_scheduler_and_the_check_that_every_scheduler_agrees():
+    from portbench.study.campaign import tables as T
+
+    ok = T.refusal_check(_cache_runs())
+    assert ok["schedulers_agree"] and ok["disagreements"] == []
+    assert ok["by_source_scheduler"]["azure"] == {"fcfs": 4, "las": 4, "vtc": 4}    # 2 regions x 2 replicates
+    bad = T.refusal_check(_cache_runs(refused_vtc=0))
+    assert not bad["schedulers_agree"] and len(bad["disagreements"]) == 2
+    assert bad["disagreements"][0] == {"source": "azure", "region": "light",
+                                       "refused_by_scheduler": {"fcfs": 2, "las": 2, "vtc": 0}}
+    block = T.load_summary(_cache_runs(), {}, max_model_len=131072)
+    assert block["refusals"]["schedulers_agree"] and "131,072 tokens or more" in block["refusals"]["rule"]
+    assert block["refusals"]["depends_on"].startswith("the prompt alone: checked")
+    assert "schedulers disagree" in T.load_summary(_cache_runs(refused_vtc=0), {})["refusals"]["depends_on"]
+    assert block["prefix_cache"]["by_source"]["mooncake"]["hit_rate"] == pytest.approx(0.2)
+    w = campaign.refusal_warnings(_cache_runs(), max_model_len=131072)         # azure: 12 of 2,400 = 0.5 %
+    assert w == []
+    w = campaign.refusal_warnings(_cache_runs().with_columns(pl.col("refused") * 5), max_model_len=131072)
+    assert len(w) == 1 and "has 131,072 tokens (the model's context) or more" in w[0] and "longer" not in w[0]

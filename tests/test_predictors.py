@@ -43,24 +43,37 @@ def frozen(pcfg, manifest):
 # --------------------------------------------------------------------------- training data
 
 
-def test_no_frozen_window_row_is_a_training_row(pcfg, manifest):
+REAL_SOURCES = ("azure", "azure_code", "mooncake")     # every real trace of the study (checked against the manifest)
+
+
+def test_every_real_source_of_the_manifest_is_checked(manifest):
+    real = {e["source"] for e in manifest["windows"] if e["provenance"] == "real"}
+    assert real == set(REAL_SOURCES)
+
+
+@pytest.mark.parametrize("source", REAL_SOURCES)
+def test_no_frozen_window_row_is_a_training_row(pcfg, manifest, frozen, source):
     from portbench.data import traces
 
-    canon = traces.load_canonical(pcfg, "azure")
-    td = PR.training_data(pcfg, manifest, "azure", canon)
+    canon = traces.load_canonical(pcfg, source)
+    td = PR.training_data(pcfg, manifest, source, canon)
     window_rows = set()
-    for e in manifest["windows"]:
-        if e["source"] == "azure":
-            window_rows |= set(range(e["row_start"], e["row_end"] + 1))
+    entries = [e for e in manifest["windows"] if e["source"] == source]
+    for e in entries:
+        window_rows |= set(range(e["row_start"], e["row_end"] + 1))
     train = set(td.rows.tolist())
     assert not (train & window_rows)
     # every valid row is in exactly one of the two
-    assert train | window_rows == set(canon["row"].to_list())
-    assert td.record["requests"] == canon.height - 40 * 200 == len(train)
+    valid = set(canon["row"].to_list())
+    assert train | (window_rows & valid) == valid
+    assert td.record["requests"] == canon.height - len(entries) * 200 == len(train)
     assert td.frame.height == len(train)
+    # the predictor the campaign uses recorded exactly these training rows
+    rec = frozen[(source, source)].info["training"]
+    assert rec["rows_sha256"] == td.record["rows_sha256"] and rec["requests"] == len(train)
     # the windows' tables are rebuilt from exactly those window rows (same lengths, same order)
-    tables = W.load_windows(pcfg, sources=["azure"], per_source=3, manifest=manifest)
-    frames = PR.window_frames(pcfg, manifest, "azure", W.load_windows(pcfg, sources=["azure"], manifest=manifest),
+    tables = W.load_windows(pcfg, sources=[source], per_source=3, manifest=manifest)
+    frames = PR.window_frames(pcfg, manifest, source, W.load_windows(pcfg, sources=[source], manifest=manifest),
                               canon)
     for wid, df in tables.items():
         assert frames[wid]["output_tokens"].to_list() == df["output_tokens"].to_list()

@@ -438,6 +438,76 @@ def panels_markdown(summary: Mapping) -> str:
             "headline is the first available panel whose sources are all real (else the first available one).\n\n" + "\n".join(lines))
 
 
+def least_agreeing_markdown(low: Mapping | None, labels: Mapping) -> str:
+    """The least agreeing condition of a cross-source or cross-region section (``lowest``: the defined
+    condition with the lowest upper CI bound of its tau-b), with its interval and how many scheduler pairs
+    both rankings resolve."""
+    if not low:
+        return ""
+    name = lambda s: labels.get(s, s)  # noqa: E731
+    where = (f"**{low['metric']}** in **{low['region']}** between {name(low['source_1'])} and {name(low['source_2'])}"
+             if "source_1" in low else
+             f"**{low['metric']}** on {name(low['source'])} between **{low['region_1']}** and **{low['region_2']}**")
+    ci = low.get("ci") or [None, None]
+    ci_txt = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None and ci[1] is not None else " (no CI: bootstrap off)"
+    n = low.get("resolved_pairs")
+    n_txt = (f"; {n:.0f} scheduler pairs resolved in both rankings, {low.get('discordant', 0):.0f} of them ordered "
+             "oppositely" if n is not None else "")
+    norm = low.get("tau_norm")
+    return (f"The least agreeing condition — the defined one whose τ-b interval has the lowest upper bound, so that a "
+            f"condition is not named on a point estimate its interval does not support — is {where}: τ-b = "
+            f"{low['tau']:.2f}{ci_txt}" + (f", τ-b / τ-b,max {norm:.2f}" if norm is not None else "") + n_txt + ".")
+
+
+def na_schedulers_markdown(block: Mapping | None, labels: Mapping) -> str:
+    """Which schedulers an agreement section leaves out where (``na_schedulers``), and in how many of its
+    headline conditions."""
+    if not block or not block.get("dropped"):
+        return ""
+    srcs = ", ".join(labels.get(s, s) for s in block["sources"])
+    dropped = ", ".join(f"`{k}`" for k in block["dropped"])
+    return (f"{dropped} is n/a on {srcs} (no tenants in the trace: one tenant, so a tenant-fair policy has "
+            f"nothing to equalise), so the {block['headline_conditions']} headline conditions involving "
+            f"{'that source' if len(block['sources']) == 1 else 'those sources'} rank the other {block['n_items']} "
+            f"schedulers, on both sides of each comparison.")
+
+
+def tie_rule_markdown(rules: pl.DataFrame, par: Mapping, section: str = "cross_source") -> str:
+    """What changed with the tie rule: the chosen rule's headline mean tau-b against the old tolerance rule
+    and exact ranks (:func:`portbench.study.analysis.tie_rule_table`), for ``cross_source`` or
+    ``cross_region`` (with the lightest-vs-heaviest-region number)."""
+    if rules.height == 0:
+        return "No tie-rule sensitivity rows in this analysis."
+    r = {row["tie_rule"]: row for row in rules.iter_rows(named=True)}
+    ch = r.get(par["ties"]) or next(row for row in r.values() if row["chosen"])
+    f2 = lambda v: "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.2f}"  # noqa: E731
+    ext = "tau_b_extreme" in rules.columns
+
+    def one(row: Mapping) -> str:
+        out = f"{f2(row['tau_b'])} over {row['defined']} of {row['total']} conditions"
+        if ext:
+            out += (f" (lightest vs heaviest region {f2(row['tau_b_extreme'])}, {row['defined_extreme']} of "
+                    f"{row['total_extreme']})")
+        return out
+
+    msg = f"With the chosen rule (**{par['ties']}**) the headline mean τ-b is **{one(ch)}**."
+    tol, ex, sp = r.get("tolerance"), r.get("exact"), r.get("significance_practical")
+    if tol:
+        msg += (f" The old rule (means within {100 * par['rank_tolerance']:g}% tied, chained) gives {one(tol)}, and "
+                f"{f2(tol['tau_b_all_metrics'])} over every metric ({tol['defined_all_metrics']} of "
+                f"{tol['total_all_metrics']} conditions, the old headline).")
+    if ex:
+        msg += f" Exact ranks give {one(ex)} ({f2(ex['tau_b_all_metrics'])} over every metric)."
+    if sp and par["ties"] != "significance_practical":
+        msg += f" Requiring the practical size δ as well: {one(sp)}."
+    if tol and ch["tau_b"] is not None and tol["tau_b"] is not None:
+        d = ch["tau_b"] - tol["tau_b"]
+        msg += (f" The change of definition moves the headline by {d:+.2f} "
+                + ("(the old tolerance ties differences the windows resolve and orders differences they do not)."
+                   if abs(d) >= 0.005 else "(about the same number, from different tie groups)."))
+    return msg
+
+
 def power_markdown(power: Mapping) -> str:
     """Resolution warnings and the minimal detectable effects (notebook text)."""
     out = []
@@ -592,8 +662,8 @@ def engine_markdown(sim, profile) -> str:
     pc = ("automatic prefix caching on windows that carry prompt block hashes (only traces that record "
           "them, e.g. Mooncake's)" if e.prefix_caching == "auto" else "prefix caching off")
     return (f"{batching} Memory: {pre[e.preemption]}; {pc}. Context limit: `max_model_len` = "
-            f"{profile.max_model_len:,} tokens ({profile.model}): a longer prompt is refused at arrival and counted, "
-            f"outputs are clipped to `max_model_len − prompt`. Iteration cost: {profile.formula()}.")
+            f"{profile.max_model_len:,} tokens ({profile.model}): a prompt of {profile.max_model_len:,} tokens or more is "
+            f"refused at arrival and counted, outputs are clipped to `max_model_len − prompt`. Iteration cost: {profile.formula()}.")
 
 
 def refusal_markdown(refusals: pl.DataFrame, labels: Mapping, max_model_len: int,
@@ -612,6 +682,44 @@ def refusal_markdown(refusals: pl.DataFrame, labels: Mapping, max_model_len: int
     return (f"Requests whose prompt has {max_model_len:,} tokens or more, over all runs (the same requests under "
             "every scheduler and region, since refusal depends on the prompt alone): " + "; ".join(parts) + ". "
             + (" ".join(warn) if warn else f"Every source stays below {threshold:.0%}."))
+
+
+def prefix_cache_markdown(block: Mapping, labels: Mapping, prefix_caching: str = "auto") -> str:
+    """Where prefix caching was active and its hit rate per source (``load.prefix_cache`` of summary.json,
+    :func:`portbench.study.campaign.tables.prefix_cache_summary`); ``prefix_caching`` is the engine setting."""
+    by = (block or {}).get("by_source") or {}
+    if not by:
+        return "No prefix-cache counters in this campaign's runs."
+    name = lambda s: labels.get(s, s)  # noqa: E731
+    on = [s for s, d in by.items() if d.get("hit_rate") is not None]
+    off = [s for s in by if s not in on]
+    if prefix_caching == "off":
+        return "Prefix caching is off in this campaign (`engine.prefix_caching: off`): no source looks anything up."
+    if not on:
+        return ("Prefix caching is on (`engine.prefix_caching: auto`), but no window of this campaign carries prompt "
+                f"block hashes ({', '.join(name(s) for s in off)}), so it is inactive everywhere.")
+    ref = block.get("reference_policy") or "the reference policy"
+    parts = []
+    for s in on:
+        d = by[s]
+        ks = d.get("by_scheduler") or {}
+        lo, hi = (min(ks, key=ks.get), max(ks, key=ks.get)) if ks else (None, None)
+        regs = d.get("by_region") or {}
+        line = (f"**{name(s)}**: {d['hit_rate']:.1%} of the tokens `{ref}` looks up are served from the cache "
+                f"({d['hit_tokens']:,} of {d['looked_up_tokens']:,}); every policy pooled {d['hit_rate_all_policies']:.1%}")
+        if lo:
+            line += f", from {ks[lo]:.1%} (`{lo}`) to {ks[hi]:.1%} (`{hi}`)"
+        if regs:
+            r0, r1 = next(iter(regs)), list(regs)[-1]
+            line += f"; `{ref}` from {regs[r0]:.1%} in *{r0}* to {regs[r1]:.1%} in *{r1}*"
+        parts.append(line)
+    out = ("Prefix caching is active on " + " and ".join(name(s) for s in on) + ", whose windows carry prompt block "
+           "hashes: " + "; ".join(parts) + ".")
+    if off:
+        out += (f" {', '.join(name(s) for s in off)}: no prompt block hashes in the windows, so the cache is never "
+                "looked up (n/a).")
+    return out + (" A request looks up its whole current sequence each time it is admitted, so a request preempted "
+                  "by recompute can hit its own blocks again: the preemptive policies' rates include such hits.")
 
 
 def load_markdown(load: pl.DataFrame, capacity: pl.DataFrame, labels: Mapping, loads: Mapping[str, float],

@@ -17,6 +17,12 @@ Definitions (parameters in ``papermill_params/default.yaml``, section ``analysis
 * **Agreement** of two rankings (:func:`.common.compare_all`): Kendall tau-b (scipy), tau-b / tau-b,max
   (the maximum the two tie structures allow) and the discordance among pairs resolved in both, with
   95% percentile-bootstrap CIs; conditions where a ranking is all tied are counted, not averaged.
+* **n/a schedulers**: a scheduler that uses information a source lacks (``vtc`` on a trace without
+  tenants, :func:`.reversals.tenant_na`) is left out of every comparison that involves that source: its
+  side tests are in no correction family, its reversals and study-preset comparisons are not counted, and
+  every comparison of rankings (cross-source, cross-region, cross-metric, SLO) ranks the other schedulers on
+  both sides (:class:`.ties.Restricted`; ``na_schedulers`` in each section). The per-source rankings
+  tables still list it.
 * **Panels** (``analysis.panels``): sets of sources compared with each other; every cross-source table
   has a ``panel`` column and ``summary["panels"][name]`` has every section; a panel whose sources are
   not all in the runs table is reported as not available. The first available panel is the headline.

@@ -13,22 +13,27 @@ from .columns import COLUMNS
 from .agreement import _table_cols
 from .common import _empty, _frame, _mean_with_ci, _rate_with_ci, _stat, aggregate, compare_all, condition_ci, pairs_of
 from .cube import Analysis, Cube, _cd_parts
-from .ties import Ranking
+from .ties import Ranking, Restricted
 
 
 
-def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables) -> dict[str, dict]:
+def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables,
+                  red: Restricted | None = None) -> dict[str, dict]:
     """Agreement between metrics per (source, region): tau-b, tau-b / tau-b,max and discordance between every
     two metrics' rankings; for every pair of headline metrics, whether the top-1 (the best tie group) changes;
-    and the all-metrics rule (no scheduler best under every metric). Summaries per panel."""
-    S, R, M, K = cube.sources, cube.regions, cube.metrics, cube.schedulers
-    Kn = np.asarray(K)
+    and the all-metrics rule (no scheduler best under every metric). Summaries per panel. A source of
+    ``red.sources`` is ranked without its n/a schedulers (``red``)."""
+    S, R, M = cube.sources, cube.regions, cube.metrics
     mpairs = list(combinations(range(len(M)), 2))
     hpairs = list(combinations(head, 2))
     has_boot = all(rk.boot[s] is not None for s in S)
     per: dict[str, dict] = {}
     rows, crows, trows, prows = [], [], [], []
+    full_cube, full_rk = cube, rk
     for s in S:
+        cube, rk = (red.cube, red.rk) if red and red.uses(s) else (full_cube, full_rk)
+        K = cube.schedulers
+        Kn = np.asarray(K)
         V, Bt = rk.values[s], rk.boot[s] if has_boot else None                 # (R, M, K[, B])
         pr = pairs_of(compare_all(V, Bt), mpairs)                              # (R, Q[, B])
         if mpairs:
@@ -68,6 +73,7 @@ def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
                                    "headline_pairs_changed": change.sum(axis=1), "top1_changes": allm,
                                    "common_winners": common, "n_distinct_winners": distinct}))
         trows.append(_top1_rows(s, cube, rk, mask))
+    cube, rk = full_cube, full_rk
     tables["cross_metric_tau"] = pl.concat(rows) if rows else _empty("cross_metric_tau")
     tables["cross_metric_conditions"] = pl.concat(crows).select(list(COLUMNS["cross_metric_conditions"]))
     tables["top1"] = pl.concat(trows).select(list(COLUMNS["top1"]))
@@ -121,15 +127,18 @@ def _top1_pairs_rate(top1_pairs: pl.DataFrame) -> float:
     return float(d["top1_changes"].mean()) if d.height else float("nan")
 
 
-def winner_counts(top1: pl.DataFrame, n_schedulers: int) -> pl.DataFrame:
+def winner_counts(top1: pl.DataFrame, n_schedulers: int | None = None) -> pl.DataFrame:
     """Per metric and scheduler: conditions where it is top-1 (a tie for best counts for each tied
-    scheduler; conditions where every scheduler ties are left out and counted in ``all_tied``)."""
-    all_tied = top1.group_by("metric").agg((pl.col("n_tied") == n_schedulers).sum().alias("all_tied"))
-    return (top1.filter(pl.col("n_tied") < n_schedulers)
+    scheduler; conditions where every scheduler ties -- one tie group -- are left out and counted in
+    ``all_tied``). ``n_schedulers`` is not needed (kept for callers): a source whose n/a schedulers are left
+    out ranks fewer."""
+    every = pl.col("n_groups") == 1
+    all_tied = top1.group_by("metric").agg(every.sum().alias("all_tied"))
+    return (top1.filter(~every)
             .with_columns(pl.col("winner").str.split("+").alias("scheduler")).explode("scheduler")
             .group_by(["metric", "scheduler"]).agg(pl.len().alias("wins"))
             .join(all_tied, on="metric", how="right")
-            .sort(["metric", "wins"], descending=[False, True], nulls_last=True))
+            .sort(["metric", "wins", "scheduler"], descending=[False, True, False], nulls_last=True))
 
 
 def top_winners(A: "Analysis") -> pl.DataFrame:
@@ -163,9 +172,10 @@ def _top1_rows(s: str, cube: Cube, rk: Ranking, mask) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables) -> dict[str, dict]:
+def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables, red: Restricted | None = None) -> dict[str, dict]:
     """How much the ranking depends on the SLO definition: tau-b between the rankings under every two
-    ``slo_*`` metrics per (source, region), Kendall's W across them, top-1 changes; summaries per panel."""
+    ``slo_*`` metrics per (source, region), Kendall's W across them, top-1 changes; summaries per panel. A
+    source of ``red.sources`` is ranked without its n/a schedulers (``red``)."""
     S, R = cube.sources, cube.regions
     idx = [i for i, m in enumerate(cube.metrics) if m.startswith("slo_")]
     names = [cube.metrics[i] for i in idx]
@@ -175,11 +185,12 @@ def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables) -> dict[str,
                        "slo_metrics": names} for name in panels}
     has_boot = all(rk.boot[s] is not None for s in S)
     pairs = list(combinations(range(len(idx)), 2))
-    K = np.asarray(cube.schedulers)
     per, rows, crows = {}, [], []
     for s in S:
-        V = rk.values[s][:, idx]                                                 # (R, L, K)
-        Bt = rk.boot[s][:, idx] if has_boot else None
+        rks = red.rk if red and red.uses(s) else rk
+        K = np.asarray(red.cube.schedulers if red and red.uses(s) else cube.schedulers)
+        V = rks.values[s][:, idx]                                                # (R, L, K)
+        Bt = rks.boot[s][:, idx] if has_boot else None
         pr = pairs_of(compare_all(V, Bt), pairs)
         W = stats.kendall_w(stats.ranks_best_first(V, axis=-1))
         Wb = stats.kendall_w(stats.ranks_best_first(np.transpose(Bt, (0, 3, 1, 2)), axis=-1)) if has_boot else None

@@ -26,8 +26,8 @@ from .common import _num, _source_rng, panel_sources
 from .cube import Analysis, build_cube, load_runs, metric_names, settings
 from .metric_agreement import _cross_metric, _friedman, _slo_sensitivity
 from .power import mde, resolution, warn
-from .reversals import _family_definition, _reversals
-from .ties import RULE_TEXT, deltas, rank, side_tests, tie_pairs_table, ties_summary
+from .reversals import _family_definition, _reversals, tenant_na
+from .ties import RULE_TEXT, deltas, rank, restrict, side_tests, tie_pairs_table, ties_summary
 from .sections import read_sections
 
 # The per-panel sections: each is a dict panel -> section; summary["panels"][name] gathers them, and the
@@ -72,6 +72,9 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
     delta = deltas(cube, cfg)
     rk = rank(cfg["ties"], cube, means, boot, side, cfg, delta)
     others = {r: rank(r, cube, means, boot, side, cfg, delta, with_boot=False) for r in TIE_RULES if r != cfg["ties"]}
+    # schedulers that are n/a on some sources (vtc without tenants): rankings without them, for every
+    # comparison of rankings that involves such a source
+    red = restrict(tenant_na(cube), cube, means, boot, cfg, delta, cfg["ties"], TIE_RULES)
     tick("side_tests_and_ties")
 
     tables: dict[str, pl.DataFrame] = {}
@@ -80,15 +83,15 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
     tables["tie_pairs"] = tie_pairs_table(cube, side, rk, delta)
     ties = ties_summary(cube, side, rk, others, cfg, delta, head)
     tick("rankings")
-    sections = {"cross_source": _cross_source(cube, rk, others, panels, head, tables)}
+    sections = {"cross_source": _cross_source(cube, rk, others, panels, head, tables, red)}
     tick("cross_source")
-    sections["cross_region"] = _cross_region(cube, rk, panels, head, tables)
+    sections["cross_region"] = _cross_region(cube, rk, panels, head, tables, others, red)
     tick("cross_region")
     sections["reversals"] = _reversals(cube, side, delta, cfg, panels, head, tables)
     tick("reversals")
-    sections["cross_metric"] = _cross_metric(cube, rk, panels, head, tables)
+    sections["cross_metric"] = _cross_metric(cube, rk, panels, head, tables, red)
     tick("cross_metric")
-    sections["slo_sensitivity"] = _slo_sensitivity(cube, rk, panels, tables)
+    sections["slo_sensitivity"] = _slo_sensitivity(cube, rk, panels, tables, red)
     tick("slo_sensitivity")
     rv_head = sections["reversals"].get(headline_panel, {})
     fr = _friedman(cube, cfg, tables, rv_head)
@@ -256,7 +259,8 @@ def figure_index(cfg: Config) -> list[dict]:
 def engine_load_blocks(cfg: Config) -> dict:
     """The ``engine`` and ``load`` blocks of summary.json (issue #10): the engine the campaign ran on, and
     per source its capacity and per source × region utilisation, queue, refusals and distinguishable
-    schedulers (:func:`portbench.study.campaign.load_summary`). Empty when the campaign's files are not
+    schedulers, refusals per scheduler and the prefix-cache hit rate per source
+    (:func:`portbench.study.campaign.load_summary`). Empty when the campaign's files are not
     there (e.g. an analysis of a planted runs file)."""
     if cfg.analysis.runs_file is not None:
         return {}
@@ -271,7 +275,9 @@ def engine_load_blocks(cfg: Config) -> dict:
     for key, name in (("batching_sensitivity", "engine_sensitivity.parquet"), ("swap_sensitivity", "swap_sensitivity.parquet")):
         if (d / name).is_file():      # written by notebook 03 (portbench.study.engine_sensitivity)
             engine[key] = pl.read_parquet(d / name).to_dicts()
-    return {"engine": engine, "load": campaign.load_summary(runs, caps, cfg.simulation.capacity_policy)}
+    return {"engine": engine, "load": campaign.load_summary(runs, caps, cfg.simulation.capacity_policy,
+                                                            order=cfg.source_names(),
+                                                            max_model_len=engine["max_model_len"] or None)}
 
 
 def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
@@ -327,20 +333,20 @@ def headline_table(summary: dict, panel: str | None = None) -> pl.DataFrame:
                                       "definition": pl.Utf8})
 
 
-def tie_rule_table(A: Analysis, panel: str | None = None) -> pl.DataFrame:
-    """The headline cross-source numbers under every tie rule (``by_tie_rule``): the chosen rule with its CIs
-    above, the others as sensitivity rows (point estimates)."""
+def tie_rule_table(A: Analysis, panel: str | None = None, section: str = "cross_source") -> pl.DataFrame:
+    """The headline agreement numbers of ``section`` (``cross_source`` or ``cross_region``) under every tie rule
+    (``by_tie_rule``): the chosen rule first, the others as sensitivity rows (point estimates). The
+    cross-region rows also carry the lightest-vs-heaviest-region mean tau-b (``tau_b_extreme``)."""
     panel = panel or A.summary["headline_panel"]
-    cs = ((A.summary.get("panels") or {}).get(panel) or {}).get("cross_source") or {}
-    rows = [{"tie_rule": r, "chosen": v["chosen"], "tau_b": v["tau_b"], "tau_b_norm": v["tau_b_norm"],
-             "discordance": v["discordance"], "defined": v["defined"], "all_tied": v["all_tied"], "total": v["total"],
-             "tau_b_all_metrics": v["tau_b_all_metrics"], "defined_all_metrics": v["defined_all_metrics"],
-             "total_all_metrics": v["total_all_metrics"], "definition": v["definition"]}
-            for r, v in (cs.get("by_tie_rule") or {}).items()]
+    cs = ((A.summary.get("panels") or {}).get(panel) or {}).get(section) or {}
     schema = {"tie_rule": pl.Utf8, "chosen": pl.Boolean, "tau_b": pl.Float64, "tau_b_norm": pl.Float64,
               "discordance": pl.Float64, "defined": pl.Int64, "all_tied": pl.Int64, "total": pl.Int64,
-              "tau_b_all_metrics": pl.Float64, "defined_all_metrics": pl.Int64, "total_all_metrics": pl.Int64,
-              "definition": pl.Utf8}
+              "tau_b_all_metrics": pl.Float64, "defined_all_metrics": pl.Int64, "total_all_metrics": pl.Int64}
+    if section == "cross_region":
+        schema.update({"tau_b_extreme": pl.Float64, "defined_extreme": pl.Int64, "total_extreme": pl.Int64})
+    schema["definition"] = pl.Utf8
+    rows = [{"tie_rule": r, **{k: v.get(k) for k in schema if k != "tie_rule"}}
+            for r, v in (cs.get("by_tie_rule") or {}).items()]
     return pl.DataFrame(rows, schema=schema)
 
 

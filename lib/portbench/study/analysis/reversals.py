@@ -48,6 +48,22 @@ def _defined(f: pl.DataFrame, na: dict, *sources: str) -> pl.DataFrame:
     return f.filter(keep)
 
 
+def na_pairs(cube: Cube, na: dict, source: str) -> np.ndarray:
+    """(P,) scheduler pairs (``np.triu_indices`` order) that are n/a on ``source`` (``tenant_na``)."""
+    bad = na.get(source, set())
+    ia, ib = np.triu_indices(len(cube.schedulers), 1)
+    K = np.asarray(cube.schedulers, dtype=object)
+    return np.isin(K[ia], list(bad)) | np.isin(K[ib], list(bad))
+
+
+def _p_defined(cube: Cube, side: dict, na: dict, s: str) -> np.ndarray:
+    """``s``'s side-test p-values (R, M, P) with the n/a pairs' set to NaN: they are no test, so they are
+    left out of every correction family."""
+    p = side[s]["test"].pvalue
+    bad = na_pairs(cube, na, s)
+    return np.where(bad[None, None, :], np.nan, p) if bad.any() else p
+
+
 def _delta_definition(cfg: dict) -> dict:
     return {"relative": cfg["delta"], "absolute": cfg["delta_absolute"],
             "definition": f"practical size on the metric's scale: a relative difference of at least "
@@ -72,7 +88,8 @@ def _panel_reversals(cube: Cube, side: dict, delta: np.ndarray, cfg: dict, name:
     """The side-test rows and the reversal rows of one panel (families within the panel)."""
     R, M, K = cube.regions, cube.metrics, cube.schedulers
     ia, ib = np.triu_indices(len(K), 1)
-    p_all = np.stack([side[s]["test"].pvalue for s in srcs])                  # (S, R, M, P)
+    na = tenant_na(cube)
+    p_all = np.stack([_p_defined(cube, side, na, s) for s in srcs])           # (S, R, M, P); n/a pairs NaN
     groups, fam_label = _groups(cfg["family"], p_all.shape, M, R)
     p_adj = stats.adjust_pvalues(p_all, cfg["correction"], groups).reshape(p_all.shape)
     sig = {s: stats.side_significant(p_adj[i], side[s]["test"].direction, side[s]["diff"], cfg["alpha"])
@@ -101,7 +118,6 @@ def _panel_reversals(cube: Cube, side: dict, delta: np.ndarray, cfg: dict, name:
         frames.append(_cols(f).with_columns(pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"))
                       .select(list(COLUMNS["pairwise_tests"])))
     tests = pl.concat(frames)
-    na = tenant_na(cube)
     if na:   # e.g. vtc on a trace without tenants: its comparisons there are n/a
         tests = pl.concat([_defined(tests.filter(pl.col("source") == s), na, s) for s in srcs])
 
@@ -209,36 +225,46 @@ def reversal_summary(rev: pl.DataFrame, cfg: dict, labels: dict, n_side_tests: i
 
 def study_preset(cube: Cube, side: dict, delta: np.ndarray, cfg: dict, srcs: list[str]) -> dict:
     """The original study's design on one panel: the preset metric, the heaviest ``regions`` regions, every
-    scheduler pair x source pair, one family of side tests corrected with the preset's correction."""
+    scheduler pair x source pair, one family of side tests corrected with the preset's correction. As in the
+    default reversals, a comparison involving a scheduler that is n/a on one of its sources (``tenant_na``:
+    ``vtc`` without tenants) is n/a: neither compared nor in the correction family."""
     pre = cfg["study_preset"]
     metric, n_reg = pre["metric"], pre["regions"]
+    na = tenant_na(cube)
     out = {"metric": metric, "correction": pre["correction"], "alpha": cfg["alpha"],
            "definition": f"the original study's design: one metric ({metric}), the {n_reg} heaviest regions, "
                          f"{len(cube.schedulers) * (len(cube.schedulers) - 1) // 2} scheduler pairs x "
                          f"{len(srcs) * (len(srcs) - 1) // 2} source pairs; its {len(srcs)} x regions x pairs side "
-                         f"tests corrected together ({pre['correction']})"}
+                         f"tests corrected together ({pre['correction']}); comparisons involving a scheduler that is "
+                         "n/a on a source (vtc without tenants) left out, as in the default reversals"}
     if metric not in cube.metrics:
         return {**out, "available": False, "reason": f"metric {metric} is not among the analysed metrics"}
     m = cube.metrics.index(metric)
     regions = cube.regions[-n_reg:]                         # cube.regions are sorted by offered load
     ri = [cube.regions.index(r) for r in regions]
-    p = np.stack([side[s]["test"].pvalue[ri, m] for s in srcs])                 # (S, N, P)
+    p = np.stack([_p_defined(cube, side, na, s)[ri, m] for s in srcs])          # (S, N, P); n/a pairs NaN
     p_adj = stats.adjust_pvalues(p, pre["correction"]).reshape(p.shape)
     sig = {s: stats.side_significant(p_adj[i], side[s]["test"].direction[ri, m], side[s]["diff"][ri, m], cfg["alpha"])
            for i, s in enumerate(srcs)}
     tot = {"comparisons": 0, "sign_reversals": 0, "significant": 0, "significant_and_practical": 0}
+    n_na = 0
     for i, j in combinations(range(len(srcs)), 2):
         a1, a2 = side[srcs[i]], side[srcs[j]]
         v = stats.reversal_verdicts(a1["diff"][ri, m], a2["diff"][ri, m], sig[srcs[i]], sig[srcs[j]],
                                     a1["effect"][ri, m], a2["effect"][ri, m], delta[m])
-        tot["comparisons"] += v["reversal"].size
-        tot["sign_reversals"] += int(v["reversal"].sum())
-        tot["significant"] += int((v["reversal"] & v["significant"]).sum())
-        tot["significant_and_practical"] += int((v["reversal"] & v["significant"] & v["practical"]).sum())
+        ok = np.broadcast_to(~(na_pairs(cube, na, srcs[i]) | na_pairs(cube, na, srcs[j]))[None, :], v["reversal"].shape)
+        n_na += int((~ok).sum())
+        tot["comparisons"] += int(ok.sum())
+        tot["sign_reversals"] += int((v["reversal"] & ok).sum())
+        tot["significant"] += int((v["reversal"] & v["significant"] & ok).sum())
+        tot["significant_and_practical"] += int((v["reversal"] & v["significant"] & v["practical"] & ok).sum())
     n = tot["comparisons"]
     return {**out, "available": True, "regions": regions, "delta": float(delta[m]), "scale": cube.scales[m], **tot,
             "rate": _num(tot["significant_and_practical"] / n) if n else None,
-            "side_tests": int(np.isfinite(p).sum())}
+            "side_tests": int(np.isfinite(p).sum()), "not_applicable": n_na,
+            "not_applicable_definition": "comparisons left out because a scheduler is n/a on one of the two sources "
+                                         "(" + "; ".join(f"{', '.join(sorted(v))} on {k}" for k, v in na.items()
+                                                         if k in srcs) + ")" if n_na else "none"}
 
 
 def _reversals(cube: Cube, side: dict, delta: np.ndarray, cfg: dict, panels: dict, head: list[int],

@@ -125,6 +125,50 @@ def rank(rule: str, cube: Cube, means: dict, boot: dict, side: dict, cfg: dict, 
                    p_tie=p_tie if sig else None)
 
 
+@dataclass
+class Restricted:
+    """The rankings without the schedulers that are n/a on some sources (e.g. ``vtc`` where a trace has no
+    tenants, :func:`portbench.study.analysis.reversals.tenant_na`). A comparison of two rankings that
+    involves a source of ``sources`` uses these rankings on both sides: ``dropped`` are left out and the
+    others re-ranked (their own side tests, tie correction over their own pairs, tie groups)."""
+
+    sources: list[str]                 # sources where ``dropped`` are n/a
+    dropped: list[str]
+    cube: Cube                         # the cube without ``dropped``
+    rk: Ranking                        # the chosen rule's rankings of every source on that cube
+    others: dict[str, Ranking]         # the other rules' (point estimates)
+
+    def uses(self, *sources: str) -> bool:
+        """Whether a comparison between ``sources`` leaves ``dropped`` out."""
+        return any(s in self.sources for s in sources)
+
+    def reason(self, sources=None) -> str:
+        srcs = list(sources) if sources is not None else self.sources
+        return (f"{', '.join(self.dropped)}: n/a on {', '.join(srcs)} (no tenants in the trace: one tenant, so a "
+                "tenant-fair policy has nothing to equalise); every comparison of rankings that involves one of these "
+                f"sources ranks the other {len(self.cube.schedulers)} schedulers only, on both sides")
+
+
+def restrict(na: dict[str, set[str]], cube: Cube, means: dict, boot: dict, cfg: dict, delta: np.ndarray,
+             rule: str, other_rules=()) -> Restricted | None:
+    """:class:`Restricted` rankings for the n/a schedulers ``na`` ({source: schedulers}); None when nothing
+    is n/a or fewer than two schedulers would remain."""
+    dropped = sorted(set().union(*na.values())) if na else []
+    keep = [k for k, name in enumerate(cube.schedulers) if name not in dropped]
+    if not dropped or len(keep) < 2:
+        return None
+    sub = Cube(sources=cube.sources, provenance=cube.provenance, regions=cube.regions, rho=cube.rho,
+               metrics=cube.metrics, directions=cube.directions, schedulers=[cube.schedulers[k] for k in keep],
+               windows=cube.windows, values={s: v[:, :, keep] for s, v in cube.values.items()},
+               n_replicates={s: n[:, keep] for s, n in cube.n_replicates.items()}, notes=cube.notes, names=cube.names)
+    m = {s: v[..., keep] for s, v in means.items()}
+    b = {s: (v[:, :, keep] if v is not None else None) for s, v in boot.items()}
+    side = side_tests(sub, cfg["window_size"])
+    return Restricted(sources=[s for s in cube.sources if na.get(s)], dropped=dropped, cube=sub,
+                      rk=rank(rule, sub, m, b, side, cfg, delta),
+                      others={r: rank(r, sub, m, b, side, cfg, delta, with_boot=False) for r in other_rules if r != rule})
+
+
 def tie_pairs_table(cube: Cube, side: dict, rk: Ranking, delta: np.ndarray) -> pl.DataFrame:
     """One row per (source, region, metric, scheduler pair): the test, the tie decision and the groups."""
     K = np.asarray(cube.schedulers, dtype=object)

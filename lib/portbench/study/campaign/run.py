@@ -76,9 +76,9 @@ def refusal_warnings(runs, threshold: float = REFUSAL_WARN_FRACTION, max_model_l
     for r in agg.iter_rows(named=True):
         frac = r["refused"] / r["arrived"] if r["arrived"] else 0.0
         if frac > threshold:
-            lim = f" (max_model_len {max_model_len:,})" if max_model_len else ""
+            lim = f"{max_model_len:,} tokens" if max_model_len else "max_model_len tokens"
             out.append(f"WARNING: source {r['source']}: {frac:.1%} of its requests are refused because their prompt "
-                       f"is longer than the model's context{lim}; they are left out of every metric "
+                       f"has {lim} (the model's context) or more; they are left out of every metric "
                        f"({r['refused']:,} of {r['arrived']:,} arrivals over all runs)")
     return out
 

@@ -134,15 +134,95 @@ def distinct_means(values, tolerance: float = DISTINCT_TOLERANCE) -> int:
 
 
 def refusal_table(runs):
-    """Requests refused for their context length (prompt >= max_model_len), per source × region ×
-    scheduler: refused, arrived and their fraction (the same for every scheduler of a window: refusal
-    depends on the prompt alone)."""
+    """Requests refused for their context length (a prompt of ``max_model_len`` tokens or more), per
+    source × region × scheduler: refused, arrived and their fraction (the same for every scheduler of a
+    window, since refusal depends on the prompt alone: :func:`refusal_check` verifies it)."""
     if "refused" not in runs.columns:
         return pl.DataFrame()
     return (runs.group_by(["source", "region", "rho", "scheduler"])
             .agg(pl.col("refused").sum(), pl.col("clipped").sum(), pl.col("arrived").sum())
             .with_columns((pl.col("refused") / pl.col("arrived")).alias("refused_frac"))
             .sort(["source", "rho", "scheduler"]))
+
+
+def refusal_check(runs) -> dict:
+    """Refusals per scheduler, and whether every scheduler refuses the same number of requests in every
+    source × region (refusal depends on the prompt alone, so they must): ``by_source_scheduler`` (refused,
+    summed over regions and replicates), ``schedulers_agree`` and the ``disagreements`` (source, region,
+    {scheduler: refused}) where they do not. Empty without a ``refused`` column."""
+    if "refused" not in runs.columns:
+        return {}
+    t = runs.group_by(["source", "region", "scheduler"]).agg(pl.col("refused").sum(), pl.col("arrived").sum())
+    bad = []
+    for (src, reg), g in t.sort("scheduler").group_by(["source", "region"], maintain_order=True):
+        if g["refused"].n_unique() > 1:
+            bad.append({"source": src, "region": reg, "refused_by_scheduler": dict(zip(g["scheduler"], g["refused"]))})
+    per = t.group_by(["source", "scheduler"]).agg(pl.col("refused").sum()).sort("source", "scheduler")
+    by: dict = {}
+    for r in per.iter_rows(named=True):
+        by.setdefault(r["source"], {})[r["scheduler"]] = int(r["refused"])
+    return {"by_source_scheduler": by, "schedulers_agree": not bad,
+            "disagreements": sorted(bad, key=lambda d: (d["source"], d["region"]))}
+
+
+PREFIX_NA = "n/a — prefix caching inactive (no prompt block hashes in this trace's windows, or caching off)"
+
+
+def prefix_cache_table(runs, by: Sequence[str] = ("source",), schedulers: Sequence[str] | None = None):
+    """Prefix-cache hit rate per group ``by`` (columns of the runs table): tokens served from the cache
+    (``prefix_hit_tokens``) over tokens looked up (``prefix_query_tokens``), summed over the group's runs
+    (optionally only ``schedulers``' runs); ``hit_rate`` is null where nothing was looked up (caching
+    inactive). Empty without the two counters."""
+    if not {"prefix_hit_tokens", "prefix_query_tokens"} <= set(runs.columns):
+        return pl.DataFrame()
+    df = runs if schedulers is None else runs.filter(pl.col("scheduler").is_in(list(schedulers)))
+    return (df.group_by(list(by)).agg(pl.col("prefix_hit_tokens").sum().alias("hit_tokens"),
+                                      pl.col("prefix_query_tokens").sum().alias("looked_up_tokens"),
+                                      (pl.col("prefix_query_tokens") > 0).sum().alias("runs_with_lookups"),
+                                      pl.len().alias("runs"))
+            .with_columns(pl.when(pl.col("looked_up_tokens") > 0)
+                          .then(pl.col("hit_tokens") / pl.col("looked_up_tokens")).otherwise(None).alias("hit_rate"))
+            .sort(list(by)))
+
+
+def prefix_cache_summary(runs, reference: str = "fcfs", order: Sequence[str] = ()) -> dict:
+    """The prefix-cache block of ``load`` in summary.json: per source the hit rate of the reference policy's
+    runs, of every policy's runs pooled, and per scheduler (pooled over regions); per source × region the
+    reference policy's. A source where no run looked anything up is n/a (:data:`PREFIX_NA`). Empty without
+    the counters."""
+    if prefix_cache_table(runs).height == 0:
+        return {}
+    key = source_rank(order)
+    srcs = sorted(runs["source"].unique().to_list(), key=key)
+    ref = reference if reference in runs["scheduler"].unique().to_list() else None
+    f = lambda v: None if v is None else float(v)  # noqa: E731
+    pooled = {r["source"]: r for r in prefix_cache_table(runs).iter_rows(named=True)}
+    refd = {r["source"]: r for r in prefix_cache_table(runs, schedulers=[ref] if ref else None).iter_rows(named=True)}
+    by_k = prefix_cache_table(runs, ("source", "scheduler"))
+    by_r = prefix_cache_table(runs, ("source", "region"), schedulers=[ref] if ref else None)
+    out: dict = {
+        "definition": "prefix-cache hit rate = prompt tokens served from the cache / tokens looked up, summed over "
+                      "runs; a request looks up its prompt + tokens generated so far each time it is admitted (a "
+                      "request preempted by recompute looks up again on resuming and may hit its own blocks, so "
+                      "policies that preempt more have higher rates); only windows that carry prompt block hashes "
+                      "(engine.prefix_caching: auto) look anything up. hit_rate: the reference policy's runs; "
+                      "hit_rate_all_policies: every policy's runs pooled; by_scheduler: each policy's runs pooled over "
+                      "regions; by_region: the reference policy's runs per region",
+        "reference_policy": ref, "by_source": {}}
+    for s in srcs:
+        p = pooled[s]
+        if not p["looked_up_tokens"]:
+            out["by_source"][s] = {"hit_rate": None, "note": PREFIX_NA}
+            continue
+        r = refd.get(s, p)
+        ks = by_k.filter((pl.col("source") == s) & pl.col("hit_rate").is_not_null())
+        out["by_source"][s] = {
+            "hit_rate": f(r["hit_rate"]), "hit_tokens": int(r["hit_tokens"]), "looked_up_tokens": int(r["looked_up_tokens"]),
+            "hit_rate_all_policies": f(p["hit_rate"]),
+            "by_scheduler": dict(zip(ks["scheduler"], (float(x) for x in ks["hit_rate"]))),
+            "by_region": {row["region"]: f(row["hit_rate"]) for row in by_r.filter(pl.col("source") == s)
+                          .join(runs.select("region", "rho").unique(), on="region").sort("rho").iter_rows(named=True)}}
+    return out
 
 
 def load_table(runs, reference: str = "fcfs", metric: str = DISTINCT_METRIC, tolerance: float = DISTINCT_TOLERANCE,
@@ -215,13 +295,16 @@ def capacity_comparison(capacities: Mapping, runs, order: Sequence[str] = ()) ->
     return out.sort(pl.col("source").map_elements(lambda s: key(s)[0], return_dtype=pl.Int64), "source")
 
 
-def load_summary(runs, capacities: Mapping, reference: str = "fcfs") -> dict:
+def load_summary(runs, capacities: Mapping, reference: str = "fcfs", order: Sequence[str] = (),
+                 max_model_len: int | None = None) -> dict:
     """The ``load`` block of summary.json: per source its capacity (median over its windows, requests/s;
     the range; the earlier burst definition for comparison) and how it was
     measured; per source × region the target ρ, achieved utilisation, mean / p95 queue length,
-    refused requests and the number of distinct scheduler means on e2e_mean at 1 % resolution; and the
-    count of source × region conditions where every scheduler is tied on it."""
-    t = load_table(runs, reference)
+    refused requests (reference policy) and the number of distinct scheduler means on e2e_mean at 1 %
+    resolution; the count of source × region conditions where every scheduler is tied on it; ``refusals``
+    per scheduler with the check that every scheduler refuses the same requests (:func:`refusal_check`);
+    and ``prefix_cache``, the hit rate per source (:func:`prefix_cache_summary`)."""
+    t = load_table(runs, reference, order=order)
     method = next((c.get("method") for c in (capacities or {}).values() if c.get("method")), None)
     out: dict = {"capacity": {}, "by_source_region": {}, "reference_policy": reference,
                  "definition": {"capacity": "sustainable throughput of each window's request mix: completions per "
@@ -237,6 +320,19 @@ def load_summary(runs, capacities: Mapping, reference: str = "fcfs") -> dict:
                                          "the runs' time averages and of their 95th percentiles (reference policy)",
                                 "distinct_schedulers": f"distinct scheduler means of {DISTINCT_METRIC} (over windows and "
                                                        f"replicates) at {DISTINCT_TOLERANCE:.0%} relative resolution"}}
+    rc = refusal_check(runs)
+    if rc:
+        lim = f"{max_model_len:,} tokens" if max_model_len else "max_model_len tokens"
+        out["refusals"] = {
+            "rule": f"a request whose prompt has {lim} or more is refused at arrival (as vLLM refuses it), counted "
+                    "in refused and rejected and left out of every metric",
+            "depends_on": ("the prompt alone: checked, every scheduler refuses the same number of requests in every "
+                           "source × region" if rc["schedulers_agree"] else
+                           "schedulers disagree in the conditions listed under disagreements (check the engine)"),
+            **rc}
+    pc = prefix_cache_summary(runs, reference, order)
+    if pc:
+        out["prefix_cache"] = pc
     comp = capacity_comparison(capacities or {}, runs)
     for r in comp.iter_rows(named=True):
         out["capacity"][r["source"]] = {"capacity_rps": r["median_rps"], "range_rps": [r["min_rps"], r["max_rps"]],
