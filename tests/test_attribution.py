@@ -35,6 +35,19 @@ def _longer_outputs(df: pl.DataFrame) -> pl.DataFrame:
     return df.with_columns(pl.Series("output_tokens", o * 2 + (o * o) // 40, dtype=pl.Int64))
 
 
+def _planted_overrides(tmp_path, *, windows=4, region="overload", properties=None, bootstrap=100) -> dict:
+    # 4 windows cannot make a Wilcoxon test significant (min p = 0.125): the planted tests check the
+    # attribution's mechanics, so they rank exact means instead of the study's statistical ties.
+    # paths.manifest in tmp: the frozen hybrid SHA-256s (hybrids.json) are written next to it, never next to the
+    # committed manifest
+    over = {"paths": {"results_dir": str(tmp_path / "results"), "manifest": str(tmp_path / "windows" / "manifest.json")},
+            "simulation": {"schedulers": SCHEDULERS}, "analysis": {"ties": "exact"},
+            "attribution": {"regions": [region], "windows": windows, "bootstrap": bootstrap}}
+    if properties is not None:
+        over["attribution"]["properties"] = properties
+    return over
+
+
 def _planted(tmp_path, b_of, *, windows=4, region="overload", properties=None, bootstrap=100):
     rng = np.random.default_rng(1)
     a = [_window(rng) for _ in range(windows)]
@@ -44,14 +57,8 @@ def _planted(tmp_path, b_of, *, windows=4, region="overload", properties=None, b
             wid = f"{src}-{i:02d}"
             tables[wid] = df
             wins.append({"id": wid, "source": src, "provenance": "standin", "sha256": window_sha256(df)})
-    # 4 windows cannot make a Wilcoxon test significant (min p = 0.125): the planted tests check the
-    # attribution's mechanics, so they rank exact means instead of the study's statistical ties
-    over = {"paths": {"results_dir": str(tmp_path / "results")}, "simulation": {"schedulers": SCHEDULERS},
-            "analysis": {"ties": "exact"},
-            "attribution": {"regions": [region], "windows": windows, "bootstrap": bootstrap}}
-    if properties is not None:
-        over["attribution"]["properties"] = properties
-    cfg = params.load("papermill_params/smoke.yaml", over)
+    cfg = params.load("papermill_params/smoke.yaml", _planted_overrides(tmp_path, windows=windows, region=region,
+                                                                         properties=properties, bootstrap=bootstrap))
     # the planted sources carry their own tenants (as a trace with a tenant field does)
     srcs = {s: {"provenance": "standin", "tenants": {"rule": "fields", "fields": ["tenant"]}} for s in ("plant_a", "plant_b")}
     return cfg, {"windows": wins, "sources": srcs}, tables
@@ -186,6 +193,15 @@ def test_shapley_on_hand_computed_games():
         sh.shapley(np.zeros(6))
 
 
+def test_grouped_game_is_the_game_on_the_unions():
+    v = np.arange(8, dtype=float) ** 2                     # any game on 3 players
+    g = sh.grouped(v, [0b101, 0b010])                      # players {0, 2} together, player 1 alone
+    assert g.tolist() == [v[0], v[0b101], v[0b010], v[0b111]]
+    assert sh.shapley(g).sum() == pytest.approx(v[-1] - v[0])
+    with pytest.raises(ValueError):
+        sh.grouped(v, [0b011, 0b010])                      # overlapping
+
+
 def test_compare_rankings():
     x = np.array([1.0, 2.0, 3.0, 4.0])
     c = attribution.compare(x, x)
@@ -198,28 +214,74 @@ def test_compare_rankings():
     assert stats.tau_b(x, tied) == pytest.approx(attribution.compare(x, tied)["tau"])
 
 
+def _trace_case(W):
+    """A design with the five players, two schedulers and fabricated runs on ``W`` window pairs: on A fcfs beats
+    sjf_oracle on e2e_mean by 2x; every hybrid that swaps ``output`` reverses it by 2x (B's order); swapping
+    ``arrival`` (without output) tips it by 1% -- B's sign, but below the practical threshold (5%)."""
+    cfg = params.load("papermill_params/smoke.yaml", {"simulation": {"schedulers": ["fcfs", "sjf_oracle"]}})
+    d = attribution.Design(pairs=(("x", "y"),), players=tuple((p,) for p in hybrids.PROPERTIES),
+                           regions={"overload": 1.2}, windows=W, replicates=(0,), schedulers=("fcfs", "sjf_oracle"),
+                           metrics=("e2e_mean",), metrics_note="", bootstrap=0, seed=0, distance="kendall")
+    rows = []
+    for mask in d.masks:
+        out, arr = "output" in d.swap(mask), "arrival" in d.swap(mask)
+        f, s = (2.0, 1.0) if out else (1.01, 1.0) if arr else (1.0, 2.0)
+        for w in range(W):
+            for sched, val in (("fcfs", f + 0.001 * w), ("sjf_oracle", s + 0.0004 * w)):
+                rows.append({"mask": mask, "window_id": f"x-{w:02d}", "region": "overload", "rho_region": 1.2,
+                             "scheduler": sched, "replicate": 0, "e2e_mean": val})
+    c = attribution.results._pair_compute(cfg, d, pl.DataFrame(rows), "x|y")
+    rv = pl.DataFrame({"a": ["fcfs", "fcfs"], "b": ["sjf_oracle"] * 2, "source_1": ["x", "x"], "source_2": ["y", "y"],
+                       "region": ["overload", "severe"], "metric": ["e2e_mean"] * 2, "diff_1": [1.0, 1.0],
+                       "diff_2": [-1.0, -1.0], "stage": ["significant_and_practical"] * 2})
+    return attribution.trace_reversals(rv, d, "x|y", "x", "y", c, cfg)
+
+
+def test_reversal_tracing_reproduces_a_reversal_not_just_its_sign():
+    t = _trace_case(8).row(0, named=True)
+    assert t["status"] == "traced" and t["n_windows"] == 8 and t["holds_on_a"] and t["holds_on_b"]
+    # the arrival swap gives B's sign (a 1% difference) but not a practical reversal: only output reproduces it
+    assert t["minimal_sets"] == "output" and t["minimal_size"] == 1 and t["p_adj"] < 0.05 and t["rel_effect"] > 0.05
+    assert t["sign_sets"] == "arrival | output"
+    assert _trace_case(8).row(1, named=True)["status"] == "outside the attribution design"
+    # 4 windows: no Wilcoxon test can reject (smallest p = 2/2^4 = 0.125), so it is reported as untestable
+    t4 = _trace_case(4).row(0, named=True)
+    assert t4["status"] == "too few windows to test" and t4["minimal_sets"] is None
+    assert t4["sign_sets"] == "arrival | output"
+    assert attribution.min_wilcoxon_p(5) >= 0.05 > attribution.min_wilcoxon_p(6)
+
+
 # --------------------------------------------------------------------------- planted sources, end to end
 
 def test_sources_differing_only_in_output_lengths_attribute_it_to_outputs(tmp_path):
-    cfg, man, tables = _planted(tmp_path, _longer_outputs,
-                                properties=["arrival", "prompt", "output", "coupling", "load"])
+    """Issue #17's planted check, with the default players (the five properties, ungrouped).
+
+    Why >= 90% on the outputs is the right expectation: B is A with longer outputs at the same ranks, so the
+    arrival, prompt and coupling swaps give A's window bit for bit (dummy players: Shapley value 0), and the
+    load swap is the identity too -- both sources run at the region's rho on the sustainable throughput of
+    their own requests, the project's load, under which they are equally loaded (their steady-state
+    utilisation agrees). B's *finite-window* utilisation is lower than A's at the same rho, but that is a
+    consequence of its longer outputs (more of its work is still in flight when the window ends), so it
+    belongs to the outputs; the earlier design, which swapped it as a separate load, gave the load 42%. So
+    all of the disagreement is the outputs' (1.0 here; the issue's bar is 0.90)."""
+    cfg, man, tables = _planted(tmp_path, _longer_outputs)
+    assert cfg.attribution.players == ["arrival", "prompt", "output", "coupling", "load"]
     ar, A = _run(cfg, man, tables)
     pr = A.summary["pairs"]["plant_a|plant_b"]
     assert pr["disagreement"]["value"] > 0                  # the rankings do differ
-    # Longer outputs also lower B's achieved utilisation at the same rho (the campaign's work-based
-    # utilisation: ~0.79 vs ~0.99 at overload here), so the load swap carries part of the difference;
-    # the window properties other than the outputs carry none.
     assert pr["largest_share"] == "output"
-    assert pr["shares"]["output"]["value"] + pr["shares"]["load"]["value"] >= 0.99
-    assert all(pr["shares"][p]["value"] == 0 for p in ("arrival", "prompt", "coupling"))
+    assert pr["shares"]["output"]["value"] >= 0.90
+    assert all(pr["shares"][p]["value"] == 0 for p in ("arrival", "prompt", "coupling", "load"))
     assert len(ar.runs["mask"].unique()) == 32
-    # with the outputs and the load they bring swapped together, that group carries all of it
-    cfg4, man4, tables4 = _planted(tmp_path / "grouped", _longer_outputs,
-                                   properties=["arrival", "prompt", ["output", "load"], "coupling"])
-    _, A4 = _run(cfg4, man4, tables4)
-    shares = A4.summary["pairs"]["plant_a|plant_b"]["shares"]
-    grouped = next(k for k in shares if "output" in k)
-    assert shares[grouped]["value"] >= 0.99, shares
+    # the premise, measured: B's 60-request windows are less utilised than A's at the same rho, but in steady
+    # state (the windows repeated to 2,000 requests) both are at the same load
+    ld = pr["load"]["overload"]
+    assert ld["a_window"] - ld["b_window"] > 0.1
+    assert abs(ld["a_steady"] - ld["b_steady"]) < 0.1
+    # the joint (prompt, output) pairs as one group: B's requests on A's arrival times carry everything
+    j = pr["joint"]
+    assert j["hybrid"] == "prompt+output+coupling" and j["share"] == pytest.approx(1.0)
+    assert j["distance_vs_b"] == 0 and j["distance_vs_a"] == pytest.approx(pr["disagreement"]["value"])
 
 
 def test_identical_sources_attribute_nothing_and_rank_alike(tmp_path):
@@ -230,7 +292,9 @@ def test_identical_sources_attribute_nothing_and_rank_alike(tmp_path):
     assert all(s["value"] is None and s["phi"] == 0 for s in pr["shares"].values())
     h = A["hybrid_agreement"]
     assert (h["distance_vs_a"] == 0).all() and (h["top1_kept_vs_a"] == 1).all()
-    assert ar.load["load_ratio"].to_list() == [1.0] * ar.load.height
+    # every hybrid is A itself: one simulated hybrid, the same utilisation everywhere
+    assert ar.runs["hybrid_sha256"].n_unique() == len(ar.windows["plant_a|plant_b"])
+    assert ar.load["utilisation_window"].n_unique() == 1 and ar.load["utilisation_steady"].drop_nulls().n_unique() == 1
 
 
 def _direct_runs(cfg, wid, df):
@@ -247,48 +311,87 @@ def _direct_runs(cfg, wid, df):
 
 
 def test_identity_swaps_leave_every_run_bit_identical(tmp_path):
-    cfg, man, tables = _planted(tmp_path, _longer_outputs, bootstrap=0,
-                                properties=["arrival", "prompt", "output", "coupling", "load"])
+    cfg, man, tables = _planted(tmp_path, _longer_outputs, bootstrap=0)
     ar, _ = _run(cfg, man, tables)
     wid, a, b = "plant_a-00", tables["plant_a-00"], tables["plant_b-00"]
     direct = _direct_runs(cfg, wid, a)
     cols = direct.columns
+    players = cfg.attribution.players
     # the subset that swaps nothing is the campaign's own run of A's window, bit for bit
     ours = ar.runs.filter((pl.col("mask") == 0) & (pl.col("window_id") == wid)).sort("scheduler").select(cols)
     assert ours.equals(direct)
     # B differs from A only in its outputs: swapping another window property is the identity, and each such
-    # hybrid, simulated on its own, gives exactly the runs of A (the load is not: B's longer outputs give B
-    # another achieved utilisation; its identity is checked with identical sources)
+    # hybrid, simulated on its own, gives exactly the runs of A; so does the load swap (A and B are at the same
+    # load: the region's rho on their own capacity), alone or with them
     for r in range(4):
         for swap in itertools.combinations(["arrival", "prompt", "coupling"], r):
             h = hybrids.hybrid_window(a, b, swap)
             assert window_sha256(h) == window_sha256(a), swap
             assert _direct_runs(cfg, wid, h).equals(direct), swap
-            mask = sum(1 << ["arrival", "prompt", "output", "coupling", "load"].index(p) for p in swap)
-            got = ar.runs.filter((pl.col("mask") == mask) & (pl.col("window_id") == wid)).sort("scheduler")
-            assert got.select(cols).equals(direct), swap
+            mask = sum(1 << players.index(p) for p in swap)
+            for m in (mask, mask | 1 << players.index("load")):
+                got = ar.runs.filter((pl.col("mask") == m) & (pl.col("window_id") == wid)).sort("scheduler")
+                assert got.select(cols).equals(direct), (swap, m)
     # the output swap is not the identity
     assert not _direct_runs(cfg, wid, hybrids.hybrid_window(a, b, ["output"])).equals(direct)
 
 
 def test_hybrids_are_frozen_and_verified(tmp_path):
+    """Frozen as windows are: the first run commits every hybrid's SHA-256 next to the window manifest; every
+    later run -- a fresh results folder (a fresh clone) included -- verifies every rebuilt hybrid against it;
+    only an explicit refreeze rewrites it; hybrids of another design are verified against the run's own records."""
     cfg, man, tables = _planted(tmp_path, _longer_outputs, bootstrap=0)
-    attribution.run(cfg, manifest=man, tables=tables, progress=False, verbose=False, workers=1)
+    run = lambda c, **kw: attribution.run(c, manifest=man, tables=tables, progress=False, verbose=False, workers=1, **kw)
+    ar = run(cfg)
+    committed = hybrids.frozen_path(cfg.paths.manifest)
+    assert committed.parent == tmp_path / "windows" and ar.frozen["written"] == 16 * len(ar.windows["plant_a|plant_b"])
+    shas = hybrids.read_frozen(committed)
+    n = 16 * len(ar.windows["plant_a|plant_b"])                          # 16 window-hybrids per window pair
+    assert len(shas) == n and all(len(v) == 64 for v in shas.values())
+    assert set(shas) == {r["hybrid_id"] for r in ar.hybrids.iter_rows(named=True)}
+    # the run's own records (definitions, statistics) are written beside the results
     path = attribution.hybrids_path(cfg.paths.results_dir, "plant_a", "plant_b")
-    frozen = json.loads(path.read_text())
-    assert all(len(h["sha256"]) == 64 for h in frozen["hybrids"])
-    rec = frozen["hybrids"][3]
+    rec = json.loads(path.read_text())["hybrids"][3]
     assert rec["a"]["id"].startswith("plant_a") and rec["b"]["id"].startswith("plant_b") and "seed" in rec
-    rec["sha256"] = "0" * 64
-    path.write_text(json.dumps(frozen))
+    # a fresh results folder verifies against the committed SHA-256s (and writes nothing there)
+    def cfg_with(**sections):
+        over = _planted_overrides(tmp_path, bootstrap=0)
+        over["paths"]["results_dir"] = str(tmp_path / f"fresh{len(list(tmp_path.glob('fresh*')))}")
+        over.update(sections)
+        return params.load("papermill_params/smoke.yaml", over)
+    ar2 = run(cfg_with())
+    assert ar2.frozen == {"file": str(committed), "committed": n, "run": 0, "written": 0}
+    tampered = dict(shas, **{next(iter(shas)): "0" * 64})
+    hybrids.write_frozen(committed, tampered)
     with pytest.raises(IntegrityError, match="refreeze"):
-        attribution.run(cfg, manifest=man, tables=tables, progress=False, verbose=False, workers=1)
-    attribution.run(cfg, manifest=man, tables=tables, progress=False, verbose=False, workers=1, refreeze=True)
+        run(cfg_with())
+    run(cfg, refreeze=True)
+    assert hybrids.read_frozen(committed) == shas
+    # another design (one window pair more): its new hybrids are not in the committed file, so they are verified
+    # against the run's own records, and the committed file is left alone
+    ar3 = run(cfg_with(campaign={"windows_per_source": 4}))
+    assert ar3.frozen["committed"] == n and ar3.frozen["run"] == 16 and hybrids.read_frozen(committed) == shas
+    with pytest.raises(IntegrityError, match="not a frozen hybrid file"):
+        committed.write_text("{}")
+        run(cfg)
 
 
 def test_summary_section_has_shares_and_cis(tmp_path):
     cfg, man, tables = _planted(tmp_path, _longer_outputs)
     ar, A = _run(cfg, man, tables)
+    # every stated cost comes from one computation (attribution.cost_plan): the runs of this design as run, and
+    # the full design (five players: 32 subsets, 16 window-hybrids; every window, region and replicate)
+    plan = A.summary["cost"]["plan"]
+    assert plan["design"]["runs"] == ar.runs.height == A.summary["design"]["runs"]
+    load_bit = 1 << cfg.attribution.players.index("load")
+    assert plan["design"]["simulated_runs"] == ar.runs.filter(pl.col("mask") & load_bit == 0).height
+    assert plan["full"]["subsets"] == 32 and plan["full"]["window_hybrids"] == 16
+    assert plan["full"]["regions"] == list(cfg.simulation.region_loads) and plan["full"]["replicates"] == 1
+    assert plan["full"]["runs"] == (32 * len(ar.windows["plant_a|plant_b"]) * len(cfg.simulation.region_loads)
+                                    * len(SCHEDULERS) * 1)
+    from portbench.present import attribution_text
+    txt = attribution_text.cost_markdown(A.summary)
+    assert f"{plan['full']['runs']:,}" in txt and f"{plan['design']['simulated_runs']:,}" in txt
     paths = attribution.write(cfg, A)
     sec = json.loads(open(paths["section"]).read())
     pr = sec["pairs"]["plant_a|plant_b"]

@@ -17,9 +17,18 @@ properties gives B's hashes and predictions as well (B's prefix-cache hits, B's 
 requests); a hybrid whose prompts come from a source without hashes has none; and swapping only the
 output lengths leaves A's predictions beside B's outputs -- A's predictor meeting outputs it did not learn.
 
-A fifth property, ``load`` (the achieved utilisation a region puts the window at), is a property of
-the *run*, not of the window: it is applied by the attribution study (:mod:`portbench.study.attribution`)
-when it rescales the window, and :func:`hybrid_window` ignores it.
+A fifth property, ``load``, belongs to the *run*, not to the window: the offered load, i.e. the region's
+rho on the sustainable throughput of the hybrid's own requests -- the campaign's load definition (issue #10,
+:mod:`portbench.sim.regions`), under which every source in a region is at the same load (its steady-state
+utilisation is close to min(rho, 1) whatever its lengths). The attribution runs both sources of a pair in the same
+regions, so B's load is A's and swapping ``load`` is the identity (:mod:`portbench.study.attribution.runs`
+explains why the achieved utilisation of a finite window is not used instead). :func:`hybrid_window` ignores it.
+
+**Joint (prompt, output) pairs** are not a separate construction: swapping ``prompt``, ``output`` and
+``coupling`` together (:data:`JOINT`) gives B's requests -- each with B's prompt and output together, B's
+tenants and B's order in time -- on A's arrival times (exactly: ``P_B[rp_B[i]]`` is B's i-th prompt). The
+coupling cannot be split from the order in time here, because the rank pattern in arrival order is what
+pairs the lengths.
 
 **Construction** (:func:`hybrid_window`, deterministic: no random draw). With ``rp``/``ro`` the
 ordinal ranks (stable sort, so ties keep their order) of prompt/output lengths and ``P``/``O`` the
@@ -42,17 +51,25 @@ windows must have the same number of requests (``windows.size`` is one parameter
 
 Each hybrid is recorded by :func:`hybrid_record` (the two source windows with their SHA-256, the swapped
 properties, the construction's name and seed, summary statistics, the hybrid's own SHA-256 over its
-canonical bytes, :func:`portbench.data.window_table.window_sha256`) and re-verified against that record
-whenever it is rebuilt (:func:`verify_records`).
+canonical bytes, :func:`portbench.data.window_table.window_sha256`). **Frozen** means, as for windows: the
+SHA-256 of every hybrid of the default design is committed in ``hybrids.json`` next to the window manifest
+(:func:`frozen_path`; ``{hybrid id: sha256}``, the id naming both source windows and the swap), and every
+rebuilt hybrid with an id there is verified against it (:func:`verify_frozen`: IntegrityError on any
+difference); only an explicit refreeze (``portbench attribute --refreeze``) rewrites it. Hybrids of another
+design (other pairs, windows or players) are not in it: they are frozen per run
+(``{results_dir}/attribution/hybrids/``, :func:`verify_records`) and counted as such.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from ..core import io as fileio
 from ..core.errors import DataError, IntegrityError, ParameterError
 from .predictors import PREDICTION_COLUMNS
 from .window_table import HASH_COLUMN, as_window_table, columns_of, window_sha256, window_stats
@@ -63,6 +80,9 @@ PROPERTIES = ("arrival", "prompt", "output", "coupling", "load")
 PROMPT_BOUND = (HASH_COLUMN, *PREDICTION_COLUMNS)
 WINDOW_PROPERTIES = ("arrival", "prompt", "output", "coupling")
 RUN_PROPERTIES = ("load",)
+JOINT = ("prompt", "output", "coupling")      # B's joint (prompt, output) pairs, with B's order in time and tenants
+FROZEN_FILE = "hybrids.json"
+FROZEN_VERSION = 1
 CONSTRUCTION = ("portbench-hybrid-v2 (quantile map of lengths, rank pattern of coupling, arrivals scaled to A's span, "
                 "block hashes with their prompts)")
 DESCRIPTIONS = {
@@ -70,8 +90,11 @@ DESCRIPTIONS = {
     "prompt": "prompt-length distribution (B's sorted prompt lengths at A's ranks)",
     "output": "output-length distribution (B's sorted output lengths at A's ranks)",
     "coupling": "prompt/output coupling and order in time (B's rank pattern of the lengths, with its tenants)",
-    "load": "load (the region rescaled to B's achieved utilisation)",
+    "load": "offered load (the region's rho on the hybrid's own sustainable throughput: A's equals B's in a region, "
+            "so this swap is the identity)",
 }
+JOINT_DESCRIPTION = ("joint (prompt, output) pairs: prompt + output + coupling swapped together = B's requests (each "
+                     "prompt with its own output, B's tenants and order in time) on A's arrival times")
 
 
 def check_properties(props: Iterable[str], param: str = "properties") -> tuple[str, ...]:
@@ -178,3 +201,49 @@ def verify_records(records: Sequence[Mapping], frozen: Mapping[str, Mapping] | N
                 raise IntegrityError(f"{where}: hybrid {r['id']}: {key} is {r[key]!r} but the frozen record has "
                                      f"{old.get(key)!r}; the source windows or the construction changed. Refreeze "
                                      "explicitly: `portbench attribute --refreeze` (or attribute.run(..., refreeze=True))")
+
+
+# --------------------------------------------------------------------------- the committed SHA-256 of each hybrid
+
+def frozen_path(manifest_path) -> Path:
+    """The committed hybrid SHA-256s: :data:`FROZEN_FILE` next to the window manifest (``paths.manifest``)."""
+    return Path(manifest_path).with_name(FROZEN_FILE)
+
+
+def read_frozen(path) -> dict[str, str] | None:
+    """``{hybrid id: sha256}`` of a frozen file (None when there is none); IntegrityError naming the file
+    when it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        obj = json.loads(path.read_text())
+        ok = (obj.get("version") == FROZEN_VERSION and isinstance(obj.get("hybrids"), dict)
+              and all(isinstance(v, str) and len(v) == 64 for v in obj["hybrids"].values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise IntegrityError(f"{path}: not a frozen hybrid file ({e}); restore it from git or refreeze "
+                             "(`portbench attribute --refreeze`)") from None
+    if not ok:
+        raise IntegrityError(f"{path}: not a frozen hybrid file of version {FROZEN_VERSION} ({{\"version\", "
+                             "\"hybrids\": {id: sha256}}); restore it from git or refreeze "
+                             "(`portbench attribute --refreeze`)")
+    return dict(obj["hybrids"])
+
+
+def write_frozen(path, shas: Mapping[str, str]) -> None:
+    """Write ``{hybrid id: sha256}`` (sorted, one per line) with the construction's name."""
+    fileio.write_text(path, json.dumps({"version": FROZEN_VERSION, "construction": CONSTRUCTION,
+                                        "hybrids": dict(sorted(shas.items()))}, indent=1) + "\n")
+
+
+def verify_frozen(records: Sequence[Mapping], frozen: Mapping[str, str], where: str) -> int:
+    """Check every record whose id is in ``frozen`` against its committed SHA-256 (IntegrityError naming the
+    first hybrid that differs and how many do); returns how many were verified."""
+    bad = [r for r in records if r["id"] in frozen and frozen[r["id"]] != r["sha256"]]
+    if bad:
+        r = bad[0]
+        raise IntegrityError(f"{where}: {len(bad)} hybrid(s) differ from their frozen SHA-256, e.g. {r['id']}: "
+                             f"{r['sha256']} but frozen {frozen[r['id']]}; the source windows or the construction "
+                             "changed. Refreeze explicitly: `portbench attribute --refreeze` "
+                             "(or attribution.run(..., refreeze=True))")
+    return sum(r["id"] in frozen for r in records)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import polars as pl
+
 from .text import fmt
 
 
@@ -35,15 +37,65 @@ def design_markdown(sec: Mapping) -> str:
     dist = {"kendall": "Kendall's distance with ties: (discordant scheduler pairs + ½ × pairs tied in exactly one of "
                        "the two rankings) / all pairs — 0 = the same ranking (ties included), 1 = exactly reversed",
             "tau_b": "1 − Kendall's τ-b"}[d["distance"]]
+    plan = (sec.get("cost") or {}).get("plan", {}).get("design", {})
+    sim = (f" ({plan['simulated_runs']:,} of them simulated: {plan['window_hybrids']} distinct window-hybrids per window "
+           "pair, since subsets that differ only in `load` share their runs)") if plan.get("simulated_runs") else ""
     return (f"**Design.** Source pairs (A → B; the hybrids are A's windows with properties of B): {pairs}. "
             f"Players of the decomposition ({len(d['players'])}, so {d['subsets_per_pair']} hybrids per pair, from "
             f"A itself to B): {', '.join(f'`{p}`' for p in d['players'])}. Each pair is simulated on "
             f"{d['windows_per_source']} window pairs (A's i-th with B's i-th, evenly spaced through each source's "
             f"frozen windows), in {regions}, with {len(d['schedulers'])} schedulers and {d['replicates']} "
-            f"replicate{'s' if d['replicates'] != 1 else ''} per window: {d['runs']:,} runs. Rankings are over {', '.join(d['metrics'])} ({d['metrics_from']}), "
-            f"with {d['ties']}. The distance decomposed is {dist}. CIs: 95% percentile bootstrap, {d['bootstrap']} "
-            f"resamples of the window pairs (seed {d['seed']}), the same resample for every hybrid of a pair. "
-            f"Load: {d['load']}.")
+            f"replicate{'s' if d['replicates'] != 1 else ''} per window: {d['runs']:,} runs{sim}. Rankings are over "
+            f"{', '.join(d['metrics'])} ({d['metrics_from']}), with {d['ties']}. The distance decomposed is {dist}. "
+            f"CIs: 95% percentile bootstrap, {d['bootstrap']} resamples of the window pairs (seed {d['seed']}), the "
+            f"same resample for every hybrid of a pair. Load: {d['load']}.")
+
+
+def load_markdown(sec: Mapping) -> str:
+    """Why the load swap is the identity, with the measured utilisations (finite window vs steady state)."""
+    parts = []
+    for pr in sec["pairs"].values():
+        for reg, u in (pr.get("load") or {}).items():
+            if u.get("a_window") is None:
+                continue
+            steady = (f"; in steady state (each window repeated to ≥ {sec['design'].get('steady_requests', 0):,} "
+                      f"requests) {u['a_steady']:.2f} and {u['b_steady']:.2f}") if u.get("a_steady") is not None else ""
+            parts.append(f"{pr['label_a']} / {pr['label_b']} at {reg}: {u['a_window']:.2f} and {u['b_window']:.2f} in "
+                         f"the attribution's windows{steady}; the hybrids' windows range over "
+                         f"{u['hybrids_window_min']:.2f}–{u['hybrids_window_max']:.2f}")
+    if not parts:
+        return ""
+    return ("**Load.** Every hybrid runs at the region's ρ on the sustainable throughput of its own requests — the "
+            "study's load, under which the two sources of a pair are equally loaded — so the `load` swap is the "
+            "identity and its Shapley value is 0. The achieved utilisation of the reference policy differs between "
+            "the sources' finite windows all the same: " + "; ".join(parts) + ". That difference comes from how a "
+            "window's requests fill the engine before it ends (how much work its long requests still hold at the "
+            "last arrival, how deep its queue gets), i.e. from its lengths and arrival pattern, and the attribution "
+            "credits it to them; in steady state the sources' utilisations agree far more closely. (Rescaling a "
+            "hybrid to another window's utilisation would count that effect twice, and is not even possible in "
+            "general: a finite window's utilisation cannot always be reached by another request mix.)")
+
+
+def joint_markdown(sec: Mapping) -> str:
+    """The joint (prompt, output) pairs as one group, per pair (from the same runs)."""
+    parts = []
+    for pr in sec["pairs"].values():
+        j = pr.get("joint")
+        if not j:
+            continue
+        ci = j.get("share_ci") or [None, None]
+        parts.append(f"{pr['label_a']} → {pr['label_b']}: B's requests on A's arrival times (`{j['hybrid']}`) move A's "
+                     f"ranking by {j['distance_vs_a']:.2f} and end {j['distance_vs_b']:.2f} from B's (top-1 kept in "
+                     f"{_pct(j['top1_kept_vs_a'])} of the conditions); as one player against the arrival pattern its "
+                     f"share is {_share({'value': j['share'], 'ci': ci})} (the sum of its members' shares above: "
+                     f"{_pct(j['members_share'])})")
+    if not parts:
+        return ("**Joint (prompt, output) pairs.** Not expressible with these players: a player mixes a joint "
+                "property (prompt, output, coupling) with another.")
+    what = sec["design"].get("joint", "")
+    return ("**Joint (prompt, output) pairs.** " + what[:1].upper() + what[1:] + ". " + "; ".join(parts)
+            + ". The group's share comes from the two-player game {joint pairs, the rest} on the same hybrids; it "
+              "differs from the sum of its members' shares by how they interact with the arrival pattern.")
 
 
 def pair_markdown(pr: Mapping, players) -> str:
@@ -139,47 +191,68 @@ def checks_markdown(sec: Mapping) -> str:
 
 
 def tracing_markdown(tracing, sec: Mapping) -> str:
-    """The reversal tracing: how many were traced and which properties reproduce them."""
+    """The reversal tracing: how many were traced, which properties reproduce them, which could not be tested."""
     if tracing is None or tracing.height == 0:
         return ("**Reversal tracing.** " + (sec.get("tracing") or "")
                 + " No significant-and-practical reversal between these pairs' sources to trace.")
-    traced = tracing.filter(tracing["status"] == "traced")
-    n_out = int((tracing["status"] == "outside the attribution design").sum())
-    n_not = tracing.height - traced.height - n_out
+    status = tracing["status"]
+    n_out = int((status == "outside the attribution design").sum())
+    n_few = int((status == "too few windows to test").sum())
+    traced = tracing.filter(status == "traced")
+    n_in = tracing.height - n_out
+    n_not = n_in - traced.height - n_few
     txt = (f"**Reversal tracing.** The analysis finds {tracing.height} significant-and-practical reversal(s) between "
-           f"these pairs' sources; {n_out} lie outside the attribution's regions or metrics. Of the "
-           f"{tracing.height - n_out} inside, {traced.height} hold on the attribution's windows (A's order on A, B's "
-           f"order on the full swap) and are traced")
-    txt += f"; {n_not} do not hold on these windows (fewer windows than the study's)." if n_not else "."
+           f"these pairs' sources; {n_out} lie outside the attribution's regions or metrics. Of the {n_in} inside, ")
+    if n_few:
+        n_w = tracing.filter(status == "too few windows to test")["n_windows"].max()
+        txt += (f"{n_few} cannot be tested on the attribution's windows (with {n_w} windows no Wilcoxon test can "
+                "reject: reported as too few, with only the sets that give B's sign); ")
+    txt += (f"{traced.height} are reversals on these windows too (A vs the full swap, significant and practical) and are "
+            "traced")
+    txt += (f"; {n_not} are not (the attribution's {int(tracing['n_windows'].max() or 0)} windows are fewer than the "
+            "study's, so weaker effects do not reach significance on them)." if n_not else ".")
     if traced.height:
         sizes = traced["minimal_size"].value_counts().sort("minimal_size")
-        txt += (" Smallest number of swapped players that reproduces B's order: "
-                + ", ".join(f"{c} reversal(s) need {s}" for s, c in sizes.iter_rows()) + ". ")
+        txt += (" Smallest number of swapped players that reproduces the reversal (a significant-and-practical "
+                "reversal between A and that hybrid): " + ", ".join(f"{c} need {s}" for s, c in sizes.iter_rows()) + ". ")
         firsts = traced["minimal_sets"].str.split(" | ").list.first().value_counts().sort("count", descending=True)
         txt += "The sets that do it most often: " + ", ".join(f"`{s}` ({c})" for s, c in firsts.head(4).iter_rows()) + "."
+        weaker = traced.filter(pl.col("sign_sets") != pl.col("minimal_sets")).height
+        if weaker:
+            txt += (f" In {weaker} of them a smaller or different set already gives B's *sign* without a "
+                    "significant-and-practical reversal (column `sign_sets`): a sign is a weaker statement.")
     return txt
 
 
 def cost_markdown(sec: Mapping, campaign_rate: float | None = None) -> str:
-    """Measured cost of this design and the extrapolated cost of the full one (from the CPU time per run, so
-    that other jobs on the machine do not inflate it; ``campaign_rate``: the campaign's runs per CPU second)."""
-    c, d = sec.get("cost") or {}, sec["design"]
+    """Measured cost of this design and the cost of the full one, every number from ``summary.json["attribution"]
+    ["cost"]`` (the run counts of :func:`portbench.study.attribution.cost_plan`, the CPU rate measured here)
+    (``campaign_rate``: the campaign's runs per CPU second, for a second estimate)."""
+    c = sec.get("cost") or {}
+    plan = c.get("plan") or {}
     cpu_rate = c.get("runs_per_cpu_s")
-    if not cpu_rate:
+    if not cpu_rate or not plan:
         return "**Cost.** Every run was reused from an earlier computation; no timing was recorded."
     w = int(c.get("workers") or 1)
-    n_pairs = len(sec["pairs"])
-    full = n_pairs * 32 * len(d["schedulers"]) * 40 * 6 * 3
+    dz, fz = plan["design"], plan["full"]
+    check = (f" The load check added {c['load_check_runs']:,} runs of windows repeated to ≥ "
+             f"{sec['design'].get('steady_requests', 0):,} requests ({c['load_check_cpu_s']:.0f} CPU-seconds)."
+             if c.get("load_check_runs") else "")
     txt = (f"**Cost.** {'(Timing of the run that computed these results; this one reused them.) ' if c.get('reused') else ''}"
-           f"{c['simulated_runs']:,} runs were simulated in {c['simulation_wall_s']:.0f} s of wall time on {w} worker "
-           f"process(es), which got {100 * (c.get('cpu_share') or 0):.0f}% of a core each (the machine was shared); "
-           f"they used {c['simulation_cpu_s']:.0f} CPU-seconds, {cpu_rate:.0f} runs per CPU-second, so on {w} free "
-           f"core(s) this design takes about {c['simulated_runs'] / cpu_rate / w:.0f} s "
-           f"(plus {max(0.0, c['wall_s'] - c['simulation_wall_s']):.0f} s for building, freezing and reading, and the "
-           f"bootstrap). The full design — the five properties separately (32 hybrids), every window (40), every region "
-           f"(6) and the study's replicates (3) for these {n_pairs} pair(s) — is {full:,} runs: about "
-           f"{full / cpu_rate / w / 3600:.1f} h on {w} core(s) at this design's rate")
+           f"This design has {dz['runs']:,} runs ({dz['subsets']} subsets), of which {dz['simulated_runs']:,} are "
+           f"simulated ({dz['window_hybrids']} window-hybrids); {c['simulated_runs']:,} were simulated in "
+           f"{c['simulation_wall_s']:.0f} s of wall time on {w} worker process(es), which got "
+           f"{100 * (c.get('cpu_share') or 0):.0f}% of a core each (the machine was shared), using "
+           f"{c['simulation_cpu_s']:.0f} CPU-seconds: {cpu_rate:.0f} runs per CPU-second, so about "
+           f"{c['design_cpu_s'] / w:.0f} s on {w} free core(s) (plus "
+           f"{max(0.0, c['wall_s'] - c['simulation_wall_s']):.0f} s for building, verifying and reading, and the "
+           f"bootstrap).{check} The full design — the five properties as separate players ({fz['subsets']} subsets, "
+           f"{fz['window_hybrids']} window-hybrids), every window ({fz['windows']}), every region ({len(fz['regions'])}) "
+           f"and the study's replicates ({fz['replicates']}) for these {fz['pairs']} pair(s) — is {fz['runs']:,} runs, "
+           f"{fz['simulated_runs']:,} simulated: about {c['full_cpu_h'] / w:.1f} h on {w} core(s) at this design's "
+           "rate (an upper bound: the regions it adds are lighter per run, and replicates of a policy that draws no "
+           "random number are copied, not simulated)")
     if campaign_rate:
-        txt += (f" ({full / campaign_rate / w / 3600:.1f} h at the campaign's all-region rate of {campaign_rate:.0f} "
-                "runs per CPU-second; heavy regions cost more per run than light ones)")
+        txt += (f", {fz['simulated_runs'] / campaign_rate / w / 3600:.1f} h at the campaign's all-region rate of "
+                f"{campaign_rate:.0f} runs per CPU-second")
     return txt + "."

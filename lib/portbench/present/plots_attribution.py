@@ -37,8 +37,9 @@ def _ecdf(ax, values, **kw):
 def hybrid_definitions(cfg, a_df: pl.DataFrame, b_df: pl.DataFrame, *, a_label: str, b_label: str, window_a: str,
                        window_b: str, load: pl.DataFrame | None = None, close: bool = False):
     """One window pair and its single-property hybrids beside their originals: the arrival pattern, the prompt
-    and output length distributions, the coupling (prompt vs output of every request) and, when given, the
-    load swap's utilisation ratio per hybrid and region."""
+    and output length distributions, the coupling (prompt vs output of every request) and, when given (the
+    ``load`` table of the pair), every window-hybrid's achieved utilisation in the attribution's windows per
+    region beside A's and B's steady-state utilisation (all run at the region's rho)."""
     fig, axes = figures.figure(2, 3, figsize=(15, 8.2))
     axes = axes.ravel()
     ca, cb, ch = "#4C72B0", "#DD8452", "0.1"
@@ -68,24 +69,36 @@ def hybrid_definitions(cfg, a_df: pl.DataFrame, b_df: pl.DataFrame, *, a_label: 
            title="coupling (hybrid: A's lengths in B's rank pattern)")
     ax = axes[4]
     if load is not None and load.height:
-        lt = load.sort(["rho_region", "load_ratio"])
-        y = np.arange(lt.height)
-        ax.barh(y, lt["load_ratio"].to_numpy(), color=[ "0.45" if r == lt["region"][0] else "0.7" for r in lt["region"]])
-        ax.axvline(1.0, color="k", lw=0.8)
-        ax.set_yticks(y, [f"{h} @ {r}" for h, r in zip(lt["hybrid"], lt["region"])], fontsize=6.5)
-        ax.set(xlabel="ρ multiplier U_B / U_hybrid (dimensionless)", title="load swap: ρ × achieved-utilisation ratio")
+        lt = load.sort(["rho_region", "mask"])
+        regs = lt["region"].unique(maintain_order=True).to_list()
+        hyb = lt.filter(pl.col("region") == regs[0])["hybrid"].to_list()
+        y = np.arange(len(hyb))
+        h = 0.8 / len(regs)
+        for j, (reg, shade) in enumerate(zip(regs, ("0.35", "0.65", "0.8", "0.9"))):
+            lr = lt.filter(pl.col("region") == reg)
+            ax.barh(y + j * h, lr["utilisation_window"].to_numpy(), height=h, color=shade, label=f"{reg}: window")
+            for side, mask, col in (("A", 0, ca), ("B", int(lr["mask"].max()), cb)):
+                st = lr.filter(pl.col("mask") == mask)["utilisation_steady"][0]
+                if st is not None:
+                    ax.axvline(st, color=col, lw=1.0, ls=("-", ":", "-.", "--")[j % 4],
+                               label=f"{reg}: {side} in steady state")
+        ax.set_yticks(y + 0.4 - h / 2, hyb, fontsize=6.5)
+        ax.invert_yaxis()
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.04, 1.0), frameon=False)   # into the free panel
+        ax.set(xlabel="achieved utilisation (fraction of capacity)",
+               title="load: every hybrid at the region's ρ;\nutilisation of its 200-request windows vs steady state")
     else:
         ax.axis("off")
     ax = axes[5]
     ax.axis("off")
     handles = [Line2D([], [], **style_a), Line2D([], [], **style_b), Line2D([], [], **style_h)]
     ax.legend(handles, [f"A: {a_label}, window {window_a}", f"B: {b_label}, window {window_b}",
-                        "hybrid: A with that one property of B"], loc="center", fontsize=9, frameon=False)
+                        "hybrid: A with that one property of B"], loc="lower center", fontsize=9, frameon=False)
     fig.suptitle(f"Hybrids of one window pair: A = {a_label} with one property of B = {b_label}", fontsize=11)
     fig.tight_layout()
     return _save(cfg, fig, "hybrid_definitions", f"one window pair ({a_label} {window_a}, {b_label} {window_b}) and "
-                 "the hybrids that take one property of B (arrival pattern, prompt lengths, output lengths, coupling; "
-                 "load ratio of the load swap)", close)
+                 "the hybrids that take one property of B (arrival pattern, prompt lengths, output lengths, coupling), and "
+                 "the achieved utilisation of every window-hybrid at the region's rho vs A's and B's steady state", close)
 
 
 def shapley_bars(cfg, A: at.Attribution, close: bool = False):
@@ -171,13 +184,18 @@ def share_heatmap(cfg, A: at.Attribution, close: bool = False):
 
 def hybrid_paths(cfg, A: at.Attribution, close: bool = False):
     """Every hybrid's mean distance to A's ranking (x) and to B's (y), per source pair: the single swaps,
-    the pairs of swaps ... on the way from A (0, d) to B (d, 0)."""
+    the pairs of swaps ... on the way from A (0, d) to B (d, 0); subsets that differ only in ``load`` (the
+    identity) are one point."""
     pairs = A.summary["pairs"]
     h = A["hybrid_agreement"]
     fig, axes = figures.figure(1, len(pairs), figsize=(5.2 * len(pairs), 4.6), squeeze=False)
     for ax, (pair, pr) in zip(axes[0], pairs.items()):
         g = (h.filter(pl.col("pair") == pair).group_by("mask", "hybrid")
              .agg(pl.col("distance_vs_a").mean(), pl.col("distance_vs_b").mean()).sort("mask"))
+        players = A.summary["design"]["players"]
+        if "load" in players:          # the load swap is the identity: a subset with it is the same point without it
+            lb, full = 1 << players.index("load"), 2 ** len(players) - 1
+            g = g.filter(((pl.col("mask") & lb) == 0) & (pl.col("mask") != full ^ lb) | (pl.col("mask") == full))
         size = np.array([bin(m).count("1") for m in g["mask"]])
         k = len(A.summary["design"]["players"])
         sc = ax.scatter(g["distance_vs_a"], g["distance_vs_b"], c=size, cmap=plt.get_cmap("viridis", k + 1),

@@ -3,10 +3,14 @@
 For an ordered pair of sources (A, B) and a window pair (A's i-th, B's i-th attribution window), a
 **hybrid** is A's window with some properties taken from B's (:mod:`portbench.data.hybrids`): the
 arrival pattern, the prompt-length distribution, the output-length distribution, the prompt/output
-coupling (with the order in time and the tenants), and the load (the run is rescaled to B's achieved
-utilisation). The properties are grouped into **players** (``attribution.properties``); every subset of
-players is one hybrid, so a pair has ``2^players`` hybrids: the empty subset is A itself and the full
-subset is B.
+coupling (with the order in time and the tenants), and the load. Every hybrid runs at the region's
+target load rho on its own sustainable throughput, the campaign's load definition, under which A and B
+are at the same load: the ``load`` swap is the identity (:mod:`.runs` says why the achieved utilisation of
+a finite window is not used instead). The properties are grouped into **players**
+(``attribution.properties``; default: the four window properties, ungrouped); every subset of players is
+one hybrid, so a pair has ``2^players`` hybrids: the empty subset is A itself and the full subset is B.
+The joint (prompt, output) pairs are the subset prompt & output & coupling (:func:`.results.joint_group`
+reports it as one group, from the same runs).
 
 Each hybrid is simulated like a campaign window (:mod:`.runs`: the campaign's engine, capacity,
 rescaling, seeds and metrics) and ranked like a source (:mod:`.rankings`: the analysis' cube, tie rule
@@ -18,9 +22,10 @@ properties **interact** when the full swap differs from the sum of the single sw
 95% bootstrap CI excludes 0). **Bootstrap:** the window pairs are resampled with replacement
 (``attribution.bootstrap``, seeded by ``attribution.seed`` and the pair), one index matrix per pair for
 every hybrid, so hybrids stay paired on their windows; each resample recomputes every ranking, distance
-and Shapley value (the hybrids and the load ratios are those of the full data). **Reversal tracing:**
-for each significant-and-practical reversal of the analysis between A and B, the smallest sets of
-swapped players whose hybrid shows B's order on A's windows.
+and Shapley value. **Reversal tracing:** for each significant-and-practical reversal of the analysis
+between A and B, the smallest sets of swapped players whose hybrid *reproduces* it on A's attribution
+windows -- a significant-and-practical reversal between A and that hybrid, by the analysis' definition
+(:data:`.results.REPRODUCES`); where the windows are too few for the test it says so.
 
 Entry point: :func:`attribute` (``portbench attribute``, notebook 10): run, compute, write the tables under
 ``{results_dir}/attribution/`` and the ``attribution`` section of ``summary.json``.
@@ -31,13 +36,14 @@ from __future__ import annotations
 from ...core.config import Config
 from ...core.errors import DataError
 from .. import analysis
-from .design import REAL_PANEL, Design, available_sources, compared_metrics, make_design, resolve_pairs, spaced
+from .design import REAL_PANEL, Design, available_sources, compared_metrics, cost_plan, make_design, resolve_pairs, spaced
 from .rankings import compare, distance, hybrid_cube, ranks, tie_rule
-from .results import (SECTION, TABLES, Attribution, compute, endpoint_check, load, representativeness,
-                      trace_reversals, write)
-from .runs import (UTILISATION_DEFINITION, AttributionRuns, achieved_utilisation, attribution_dir, build_hybrids,
-                   hybrids_path, pair_windows, run, window_parts)
-from .game import interaction, shapley, singles, smallest_sets
+from .results import (REPRODUCES, SECTION, TABLES, TRACE_STATUS, Attribution, compute, endpoint_check, joint_group, load,
+                      min_wilcoxon_p, representativeness, trace_reversals, write)
+from .runs import (LOAD_CHECK, LOAD_DEFINITION, STEADY_REQUESTS, UTILISATION_DEFINITION, AttributionRuns,
+                   achieved_utilisation, attribution_dir, build_hybrids, freeze_hybrids, hybrids_path, pair_windows,
+                   repeated, run, window_parts)
+from .game import grouped, interaction, shapley, singles, smallest_sets
 
 
 def attribute(cfg: Config, *, refreeze: bool = False, progress: bool = True, engine=None,
@@ -61,8 +67,10 @@ def attribute(cfg: Config, *, refreeze: bool = False, progress: bool = True, eng
     return A
 
 
-__all__ = ["REAL_PANEL", "SECTION", "TABLES", "UTILISATION_DEFINITION", "Attribution", "AttributionRuns", "Design",
-           "achieved_utilisation", "attribute", "attribution_dir", "available_sources", "build_hybrids", "compare",
-           "compared_metrics", "compute", "distance", "endpoint_check", "hybrid_cube", "hybrids_path", "interaction", "load",
-           "make_design", "pair_windows", "ranks", "representativeness", "resolve_pairs", "run", "shapley", "singles", "smallest_sets",
-           "spaced", "tie_rule", "trace_reversals", "window_parts", "write"]
+__all__ = ["LOAD_CHECK", "LOAD_DEFINITION", "REAL_PANEL", "REPRODUCES", "SECTION", "STEADY_REQUESTS", "TABLES",
+           "TRACE_STATUS", "UTILISATION_DEFINITION", "Attribution", "AttributionRuns", "Design", "achieved_utilisation",
+           "attribute", "attribution_dir", "available_sources", "build_hybrids", "compare", "compared_metrics", "compute",
+           "cost_plan", "distance", "endpoint_check", "freeze_hybrids", "grouped", "hybrid_cube", "hybrids_path",
+           "interaction", "joint_group", "load", "make_design", "min_wilcoxon_p", "pair_windows", "ranks", "repeated",
+           "representativeness", "resolve_pairs", "run", "shapley", "singles", "smallest_sets", "spaced", "tie_rule",
+           "trace_reversals", "window_parts", "write"]

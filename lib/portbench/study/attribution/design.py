@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 
 import numpy as np
@@ -11,6 +11,7 @@ import numpy as np
 from ...core.config import Config
 from ...core.errors import DataError, ParameterError
 from ...data import hybrids
+from ...data import windows as windows_mod
 from ...sim import schedulers as scheduler_registry
 from ..analysis import metric_names
 
@@ -70,10 +71,41 @@ class Design:
         """The players of the subset ``mask`` joined with ' & ' (``"none"`` for the empty subset)."""
         return " & ".join(p for i, p in enumerate(self.player_names) if mask >> i & 1) or "none"
 
+    @property
+    def window_parts(self) -> int:
+        """Distinct window-property swaps among the subsets: the hybrids simulated per window pair (``load`` is
+        the identity, so a subset with it shares the runs of the same subset without it)."""
+        return len({tuple(p for p in self.swap(m) if p in hybrids.WINDOW_PROPERTIES) for m in self.masks})
+
     def n_runs(self, n_pairs: int | None = None) -> int:
-        """Simulated runs of the design (every subset, window, region, scheduler, replicate)."""
+        """Runs labelled by subset (``runs.parquet``: every subset, window, region, scheduler, replicate)."""
         n = len(self.pairs) if n_pairs is None else n_pairs
         return n * 2 ** self.k * self.windows * len(self.regions) * len(self.schedulers) * len(self.replicates)
+
+    def n_simulated(self, n_pairs: int | None = None) -> int:
+        """Runs simulated (every window-hybrid, window, region, scheduler, replicate); at most, since a
+        swap that happens to change nothing shares the runs of the hybrid it equals."""
+        n = len(self.pairs) if n_pairs is None else n_pairs
+        return n * self.window_parts * self.windows * len(self.regions) * len(self.schedulers) * len(self.replicates)
+
+
+def cost_plan(cfg: Config, design: Design, manifest: Mapping) -> dict:
+    """The one computation of every stated cost (summary.json, notebook 10, ``portbench attribute``): the
+    dimensions, subsets and runs of ``design`` and of the **full design** -- the five properties as separate
+    players (32 subsets, of which 16 distinct window-hybrids: ``load`` is the identity), every campaign window
+    of the pair's sources (the fewer of the two), every region of ``simulation.region_loads`` and the
+    campaign's replicates (``simulation.replicates``), for the same pairs and schedulers."""
+    n_win = min(len(windows_mod.select_entries(manifest, [s], cfg.campaign.windows_per_source))
+                for p in design.pairs for s in p)
+    design = replace(design, windows=min(design.windows, n_win))      # pair_windows takes at most the campaign's
+    full = replace(design, players=tuple((p,) for p in hybrids.PROPERTIES), windows=n_win,
+                   regions=dict(cfg.simulation.region_loads), replicates=tuple(range(int(cfg.simulation.replicates))))
+
+    def dims(d: Design) -> dict:
+        return {"pairs": len(d.pairs), "players": d.player_names, "subsets": 2 ** d.k, "window_hybrids": d.window_parts,
+                "windows": d.windows, "regions": list(d.regions), "schedulers": len(d.schedulers),
+                "replicates": len(d.replicates), "runs": d.n_runs(), "simulated_runs": d.n_simulated()}
+    return {"design": dims(design), "full": dims(full)}
 
 
 def available_sources(manifest: Mapping) -> list[str]:

@@ -74,3 +74,19 @@ def smallest_sets(hit) -> list[int]:
         return []
     size = popcount(masks)
     return [int(m) for m in masks[size == size.min()]]
+
+
+def grouped(v, groups) -> np.ndarray:
+    """The game on coarser players: ``groups`` is a list of disjoint masks covering every player; the value of a
+    set of groups is ``v`` of the union of their masks. ``(2^len(groups), ...)``, for :func:`shapley`."""
+    v = np.asarray(v, dtype=float)
+    k = n_players(v)
+    groups = [int(g) for g in groups]
+    union = 0
+    for g in groups:
+        if g <= 0 or g & union or g >> k:
+            raise ValueError(f"groups {groups}: expected disjoint non-empty masks of {k} players")
+        union |= g
+    if union != 2 ** k - 1:
+        raise ValueError(f"groups {groups}: they must cover all {k} players")
+    return np.stack([v[sum(g for i, g in enumerate(groups) if t >> i & 1)] for t in range(2 ** len(groups))])

@@ -98,7 +98,18 @@ def compare(rx, ry) -> dict[str, np.ndarray]:
     (the distance of the module docstring), ``top1_kept`` (1.0 when a best scheduler of ``rx`` is a best
     scheduler of ``ry``). NaN where a ranking has a missing value."""
     rx, ry = np.broadcast_arrays(np.asarray(rx, dtype=float), np.asarray(ry, dtype=float))
-    sx, sy = stats.pair_signs(rx), stats.pair_signs(ry)
+    return _compare(rx, ry, stats.pair_signs(rx), stats.pair_signs(ry), _tau_b_max(rx, ry))
+
+
+def compare_to(X, refs) -> list[dict[str, np.ndarray]]:
+    """``[compare(X, X[r]) for r in refs]`` for a stack of rankings ``X`` (first axis), with the pair signs of
+    ``X`` (and of its sorted ranks, for tau-b,max: tau-b of the two sorted vectors) computed once."""
+    X = np.asarray(X, dtype=float)
+    sx, ss = stats.pair_signs(X), stats.pair_signs(np.sort(X, axis=-1))
+    return [_compare(X, X[r], sx, sx[r], stats.tau_b_from_signs(ss, ss[r])) for r in refs]
+
+
+def _compare(rx, ry, sx, sy, tmax) -> dict[str, np.ndarray]:
     bad = np.isnan(rx).any(axis=-1) | np.isnan(ry).any(axis=-1)
     prod = sx.astype(np.float64) * sy
     disc = np.sum(prod < 0, axis=-1).astype(float)
@@ -106,7 +117,6 @@ def compare(rx, ry) -> dict[str, np.ndarray]:
     one = np.sum((sx == 0) ^ (sy == 0), axis=-1).astype(float)
     n_pairs = sx.shape[-1]
     tau = stats.tau_b_from_signs(sx, sy)
-    tmax = _tau_b_max(rx, ry)
     with np.errstate(invalid="ignore", divide="ignore"):
         norm = np.where(tmax > 0, tau / tmax, np.nan)
         discordance = np.where(res > 0, disc / res, np.nan)

@@ -17,12 +17,17 @@ from ...core.config import Config
 from ...core.errors import DataError
 from ...core.provenance import label
 from .. import stats
+from ..analysis import ties as analysis_ties
 from ..analysis.common import _num, _stat
+from ..analysis.cube import settings
+from ..analysis.reversals import _groups as reversal_groups
 from ..analysis.sections import write_section
 from . import rankings
 from .design import Design
-from .runs import UTILISATION_DEFINITION, AttributionRuns, attribution_dir
-from .game import interaction, shapley, singles, smallest_sets
+from ...data import hybrids
+from .runs import (LOAD_CHECK, LOAD_DEFINITION, STEADY_REQUESTS, UTILISATION_DEFINITION, AttributionRuns, attribution_dir,
+                   window_part)
+from .game import grouped, interaction, shapley, singles, smallest_sets
 
 SECTION = "attribution"
 TABLES = ("hybrid_agreement", "shapley", "conditions", "rankings", "tracing", "hybrids", "load")
@@ -61,25 +66,35 @@ def _share(num, den):
 
 
 def _pair_compute(cfg: Config, design: Design, runs: pl.DataFrame, pair: str) -> dict:
-    """Every array of one pair: ranks, comparisons with A and B, distances, Shapley values, bootstrap."""
-    cube = rankings.hybrid_cube(runs, cfg, design.metrics)
+    """Every array of one pair: ranks, comparisons with A and B, distances, Shapley values, bootstrap. Subsets
+    that differ only in ``load`` (the identity) have the same runs: each is ranked once, as its representative
+    (the subset without ``load``), and ``names[mask]`` is the representative's cube source."""
     masks = design.masks
-    names = [f"h{m}" for m in masks]
-    missing = [n for n in names if n not in cube.sources]
+    rep = {m: min(x for x in masks if window_part(design, x) == window_part(design, m)) for m in masks}
+    cube = rankings.hybrid_cube(runs.filter(pl.col("mask").is_in(sorted(set(rep.values())))), cfg, design.metrics)
+    names = [f"h{rep[m]}" for m in masks]
+    missing = sorted({n for n in names if n not in cube.sources})
     if missing:
         raise ValueError(f"attribution {pair}: subsets {missing} have no runs")
     W = len(cube.windows[names[0]])
     B = design.bootstrap
     idx = stats.bootstrap_indices(W, B, _rng(design.seed, pair)) if B > 0 else None
     pts, bts = rankings.ranks(cube, cfg, idx)
-    P = np.stack([pts[n] for n in names])                                   # (H, R, M, K)
-    vs_a, vs_b = rankings.compare(P, P[0]), rankings.compare(P, P[-1])
+    uniq = list(dict.fromkeys(names))                 # compared once per distinct hybrid, then indexed by subset
+    at = np.array([uniq.index(n) for n in names])
+
+    def both(X):                                      # comparisons of every subset with A (h0) and with B (full)
+        return tuple({k: v[at] for k, v in c.items()} for c in rankings.compare_to(X, (at[0], at[-1])))
+
+    Pu = np.stack([pts[n] for n in uniq])                                   # (U, R, M, K)
+    P = Pu[at]                                                              # (H, R, M, K)
+    vs_a, vs_b = both(Pu)
     v = rankings.distance(vs_a, design.distance)                            # (H, R, M)
     out = {"cube": cube, "names": names, "P": P, "vs_a": vs_a, "vs_b": vs_b, "v": v, "phi": shapley(v),
            "singles": singles(v), "interaction": interaction(v), "W": W, "B": B}
     if idx is not None:
-        Bt = np.stack([np.moveaxis(bts[n], -1, -2) for n in names])        # (H, R, M, B, K)
-        vs_a_b, vs_b_b = rankings.compare(Bt, Bt[0]), rankings.compare(Bt, Bt[-1])
+        Bu = np.stack([np.moveaxis(bts[n], -1, -2) for n in uniq])         # (U, R, M, B, K)
+        vs_a_b, vs_b_b = both(Bu)
         vb = rankings.distance(vs_a_b, design.distance)                     # (H, R, M, B)
         out.update(vs_a_b=vs_a_b, vs_b_b=vs_b_b, vb=vb, phi_b=shapley(vb), singles_b=singles(vb),
                    interaction_b=interaction(vb))
@@ -246,17 +261,62 @@ def _pooled(c: dict, design: Design) -> dict:
     return out
 
 
-def trace_reversals(reversals: pl.DataFrame | None, design: Design, pair: str, a: str, b: str, c: dict) -> pl.DataFrame:
-    """For every significant-and-practical reversal of the analysis between ``a`` and ``b`` in the
-    attribution's regions and metrics: on A's attribution windows, does A's order hold, does B's hold on B,
-    and which smallest sets of swapped properties reproduce B's order (sign of the mean oriented difference
-    on the hybrid; every set of that size is listed), with the hybrid's relative effect and Wilcoxon p."""
-    schema = {"pair": pl.String, "a": pl.String, "b": pl.String, "region": pl.String, "metric": pl.String,
-              "sign_a": pl.Float64, "sign_b": pl.Float64, "holds_on_a": pl.Boolean, "holds_on_b": pl.Boolean,
-              "status": pl.String, "minimal_sets": pl.String, "minimal_size": pl.Int64, "rel_effect": pl.Float64,
-              "p_wilcoxon": pl.Float64}
+TRACE_SCHEMA = {"pair": pl.String, "a": pl.String, "b": pl.String, "region": pl.String, "metric": pl.String,
+                "sign_a": pl.Float64, "sign_b": pl.Float64, "n_windows": pl.Int64, "holds_on_a": pl.Boolean,
+                "holds_on_b": pl.Boolean, "status": pl.String, "minimal_sets": pl.String, "minimal_size": pl.Int64,
+                "rel_effect": pl.Float64, "p_adj": pl.Float64, "sign_sets": pl.String}
+TRACE_STATUS = {
+    "traced": "traced",
+    "outside": "outside the attribution design",
+    "few": "too few windows to test",
+    "not_a": "not significant-and-practical on A's attribution windows",
+    "not_b": "not significant-and-practical between A and the full swap on these windows",
+}
+
+
+def min_wilcoxon_p(n: int) -> float:
+    """The smallest two-sided p-value a Wilcoxon signed-rank test can give on ``n`` paired windows (all of one
+    sign, no ties): 2 / 2^n."""
+    return 2.0 / 2.0 ** n if n > 0 else 1.0
+
+
+def _side_verdicts(cfg: Config, cube, names: list[str]) -> dict:
+    """The analysis' side tests (:func:`portbench.study.analysis.ties.side_tests`) of every hybrid, their
+    p-values adjusted as the analysis adjusts them (``analysis.correction`` within ``analysis.family``, the
+    hybrids of the pair in the place of the sources), significance and the practical thresholds."""
+    st = settings(cfg.analysis, cfg.windows.size)
+    side = analysis_ties.side_tests(cube, st["window_size"])
+    srcs = list(dict.fromkeys(names))                 # each simulated hybrid once (subsets differing in load share it)
+    p_all = np.stack([side[n]["test"].pvalue for n in srcs])                           # (S, R, M, P)
+    groups, _ = reversal_groups(st["family"], p_all.shape, cube.metrics, cube.regions)
+    p_adj = stats.adjust_pvalues(p_all, st["correction"], groups).reshape(p_all.shape)
+    at = [srcs.index(n) for n in names]
+    sig = np.stack([stats.side_significant(p_adj[at[h]], side[n]["test"].direction, side[n]["diff"], st["alpha"])
+                    for h, n in enumerate(names)])
+    return {"diff": np.stack([side[n]["diff"] for n in names]), "effect": np.stack([side[n]["effect"] for n in names]),
+            "rel": np.stack([side[n]["rel"] for n in names]), "n": np.stack([side[n]["test"].n for n in names]),
+            "p_adj": p_adj[at], "sig": sig, "delta": analysis_ties.deltas(cube, st), "alpha": st["alpha"]}
+
+
+def trace_reversals(reversals: pl.DataFrame | None, design: Design, pair: str, a: str, b: str, c: dict,
+                    cfg: Config | None = None) -> pl.DataFrame:
+    """Reversal tracing. For every significant-and-practical reversal of the analysis between ``a`` and ``b``
+    in the attribution's regions and metrics, with the analysis' own definition of a reversal applied on the
+    attribution's windows (the hybrids of the pair in the place of the sources; ``cfg`` gives the analysis'
+    alpha, correction, family and practical thresholds):
+
+    * it must hold between A and the full swap there: A's side test rejects in A's direction, the full swap's in
+      B's, both effects at least delta (else status ``not_a`` / ``not_b``); with too few windows for any
+      Wilcoxon test to reject (``2 / 2^n >= alpha``: n <= 5 at alpha = 0.05) it is ``too few windows to test``;
+    * a set of swapped players **reproduces** it when the hybrid that swaps that set and A form a
+      significant-and-practical reversal in the same direction; ``minimal_sets``: every smallest such set
+      (players joined by '&'), with the first one's relative effect and adjusted p;
+    * ``sign_sets``: the smallest sets whose hybrid only shows B's sign of the mean difference (no test), for
+      comparison -- a weaker statement, and the only one possible where the windows are too few."""
     if reversals is None or reversals.height == 0:
-        return pl.DataFrame(schema=schema)
+        return pl.DataFrame(schema=TRACE_SCHEMA)
+    if cfg is None:
+        raise ValueError("trace_reversals needs cfg (the analysis' alpha, correction, family and thresholds)")
     rv = reversals
     if "stage" in rv.columns:
         rv = rv.filter(pl.col("stage") == "significant_and_practical")
@@ -266,6 +326,9 @@ def trace_reversals(reversals: pl.DataFrame | None, design: Design, pair: str, a
                    ((pl.col("source_1") == b) & (pl.col("source_2") == a)))
     rv = rv.unique(subset=["a", "b", "source_1", "source_2", "region", "metric"], maintain_order=True)
     cube = c["cube"]
+    sv = _side_verdicts(cfg, cube, c["names"]) if rv.height else None
+    K = len(cube.schedulers)
+    pair_index = {(int(i), int(j)): p for p, (i, j) in enumerate(zip(*np.triu_indices(K, 1)))}
     rows = []
     for r in rv.iter_rows(named=True):
         on_a = r["source_1"] == a
@@ -273,35 +336,112 @@ def trace_reversals(reversals: pl.DataFrame | None, design: Design, pair: str, a
         sb = float(np.sign(r["diff_2"] if on_a else r["diff_1"]))
         base = {"pair": pair, "a": r["a"], "b": r["b"], "region": r["region"], "metric": r["metric"],
                 "sign_a": sa, "sign_b": sb}
+        empty = {"minimal_sets": None, "minimal_size": None, "rel_effect": None, "p_adj": None}
         if r["region"] not in cube.regions or r["metric"] not in cube.metrics:
-            rows.append({**base, "holds_on_a": None, "holds_on_b": None, "status": "outside the attribution design",
-                         "minimal_sets": None, "minimal_size": None, "rel_effect": None, "p_wilcoxon": None})
+            rows.append({**base, "n_windows": None, "holds_on_a": None, "holds_on_b": None,
+                         "status": TRACE_STATUS["outside"], "sign_sets": None, **empty})
             continue
         ri, mi = cube.regions.index(r["region"]), cube.metrics.index(r["metric"])
         ka, kb = cube.schedulers.index(r["a"]), cube.schedulers.index(r["b"])
-        d = np.stack([cube.oriented(n)[ri, mi, ka] - cube.oriented(n)[ri, mi, kb] for n in c["names"]])  # (H, W)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            md = np.nanmean(d, axis=-1)
-        hit = np.sign(md) == sb
-        holds_a, holds_b = bool(np.sign(md[0]) == sa), bool(hit[-1])
+        p = pair_index[(min(ka, kb), max(ka, kb))]
+        orient = 1.0 if ka < kb else -1.0            # side tests are of the lower-index scheduler minus the other
+        diff = orient * sv["diff"][:, ri, mi, p]                                      # (H,)
+        ok = sv["sig"][:, ri, mi, p] & (sv["effect"][:, ri, mi, p] >= sv["delta"][mi])
+        n = int(sv["n"][0, ri, mi, p])
+        sign_sets = smallest_sets(np.sign(diff) == sb)
+        sign_txt = " | ".join(design.players_of(m) for m in sign_sets) if np.sign(diff[0]) == sa else None
+        if min_wilcoxon_p(n) >= sv["alpha"]:
+            rows.append({**base, "n_windows": n, "holds_on_a": None, "holds_on_b": None, "status": TRACE_STATUS["few"],
+                         "sign_sets": sign_txt, **empty})
+            continue
+        hit = ok & (np.sign(diff) == sb)
+        holds_a = bool(ok[0] and np.sign(diff[0]) == sa)
+        holds_b = bool(hit[-1])
         if not holds_a or not holds_b:
-            status = ("A's order does not hold on A's attribution windows" if not holds_a else
-                      "B's order does not hold on the hybrid that swaps everything")
-            rows.append({**base, "holds_on_a": holds_a, "holds_on_b": holds_b, "status": status,
-                         "minimal_sets": None, "minimal_size": None, "rel_effect": None, "p_wilcoxon": None})
+            rows.append({**base, "n_windows": n, "holds_on_a": holds_a, "holds_on_b": holds_b,
+                         "status": TRACE_STATUS["not_a" if not holds_a else "not_b"], "sign_sets": sign_txt, **empty})
             continue
         sets = smallest_sets(hit)
         first = sets[0]
-        test = stats.paired_wilcoxon(d[first])
-        raw_a = cube.values[c["names"][first]][ri, mi, ka]
-        raw_b = cube.values[c["names"][first]][ri, mi, kb]
-        rel = float(stats.relative_effect(np.nanmean(raw_a), np.nanmean(raw_b)))
-        rows.append({**base, "holds_on_a": True, "holds_on_b": True, "status": "traced",
-                     "minimal_sets": " | ".join(design.players_of(s) for s in sets),
-                     "minimal_size": int(bin(first).count("1")), "rel_effect": rel,
-                     "p_wilcoxon": float(test.pvalue)})
-    return pl.DataFrame(rows, schema=schema)
+        rows.append({**base, "n_windows": n, "holds_on_a": True, "holds_on_b": True, "status": TRACE_STATUS["traced"],
+                     "minimal_sets": " | ".join(design.players_of(m) for m in sets),
+                     "minimal_size": int(bin(first).count("1")), "rel_effect": float(sv["rel"][first, ri, mi, p]),
+                     "p_adj": float(sv["p_adj"][first, ri, mi, p]), "sign_sets": sign_txt})
+    return pl.DataFrame(rows, schema=TRACE_SCHEMA)
+
+
+REPRODUCES = ("a set of swapped players reproduces a reversal when the hybrid that swaps it and A, on A's "
+              "attribution windows, form a significant-and-practical reversal in the analysis' sense (opposite signs of "
+              "the mean oriented difference, both paired Wilcoxon tests rejecting at analysis.alpha after "
+              "analysis.correction within analysis.family, the pair's hybrids in the place of the sources, and both "
+              "effects at least the metric's practical threshold)")
+
+
+def joint_group(design: Design, c: dict) -> dict | None:
+    """The joint (prompt, output) pairs (:data:`portbench.data.hybrids.JOINT`) as one group: the hybrid that
+    swaps them (its distance to A's and B's ranking, pooled over the conditions) and its Shapley share in the
+    two-group game {joint, the rest} (same subsets: no extra run), with bootstrap CIs; None when the players do
+    not allow it (a player mixes a joint property with another)."""
+    joint = next((m for m in design.masks if set(design.swap(m)) == set(hybrids.JOINT)), None)
+    if joint is None:
+        return None
+    rest = design.full ^ joint
+    total = c["v"][-1]
+    ok = np.isfinite(total)
+    if not ok.any():
+        return None
+
+    def pooled_share(v):                                            # v: the 4-valued grouped game (4, n[, B])
+        phi = shapley(v)
+        return np.nansum(phi[0], axis=0) / np.nansum(v[-1], axis=0)
+
+    g = grouped(c["v"], [joint, rest])[:, ok]
+    share = float(pooled_share(g)) if np.nansum(g[-1]) > 0 else np.nan
+    out = {"hybrid": design.code(joint), "players": design.players_of(joint),
+           "distance_vs_a": _num(float(np.nanmean(c["v"][joint][ok]))),
+           "distance_vs_b": _num(float(np.nanmean(rankings.distance(c["vs_b"], design.distance)[joint][ok]))),
+           "top1_kept_vs_a": _num(float(np.nanmean(c["vs_a"]["top1_kept"][joint][ok]))),
+           "share": _num(share), "share_ci": [None, None],
+           "members_share": _num(float(np.nansum([np.nansum(c["phi"][i][ok]) for i in range(design.k) if joint >> i & 1])
+                                       / np.nansum(total[ok])) if np.nansum(total[ok]) > 0 else None)}
+    if "vb" in c:
+        gb = grouped(c["vb"], [joint, rest])[:, ok]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lo, hi = _ci(pooled_share(gb))
+        out["share_ci"] = [_num(lo), _num(hi)]
+    return out
+
+
+def _load_summary(load: pl.DataFrame, design: Design) -> dict:
+    """Per region: A's and B's achieved utilisation in the 200-request windows and in steady state, and the
+    range of the hybrids' finite-window utilisation (``load`` table)."""
+    out = {}
+    for r in design.regions:
+        lr = load.filter(pl.col("region") == r)
+        if lr.height == 0:
+            continue
+        a = lr.filter(pl.col("mask") == 0)
+        b = lr.filter(pl.col("mask") == lr["mask"].max())
+        out[r] = {"a_window": _num(a["utilisation_window"][0]), "b_window": _num(b["utilisation_window"][0]),
+                  "a_steady": _num(a["utilisation_steady"][0]), "b_steady": _num(b["utilisation_steady"][0]),
+                  "hybrids_window_min": _num(lr["utilisation_window"].min()),
+                  "hybrids_window_max": _num(lr["utilisation_window"].max())}
+    return out
+
+
+def cost_summary(cost: dict) -> dict:
+    """The measured cost and the planned runs (:func:`.design.cost_plan`), and from them the one estimate every
+    text states: CPU-seconds of this design and CPU-hours of the full design at the measured CPU rate (an upper
+    bound: the heavy regions cost more per run than the light ones it adds, and replicates of a policy that
+    draws no random number are copied, not simulated)."""
+    out = {k: (_num(v) if isinstance(v, float) else v) for k, v in cost.items() if k != "plan"}
+    plan = cost.get("plan") or {}
+    rate = cost.get("runs_per_cpu_s")
+    out["plan"] = plan
+    if rate and plan:
+        out["design_cpu_s"] = _num(plan["design"]["simulated_runs"] / rate)
+        out["full_cpu_h"] = _num(plan["full"]["simulated_runs"] / rate / 3600)
+    return out
 
 
 def _labels(a, pa, b, pb):
@@ -328,7 +468,7 @@ def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = N
         hyb.append(h)
         shp.append(s)
         cond.append(cd)
-        t = trace_reversals(reversals, design, pair, a, b, c)
+        t = trace_reversals(reversals, design, pair, a, b, c, cfg)
         trc.append(t)
         po = _pooled(c, design)
         share_sorted = sorted(po["players"].items(), key=lambda kv: -(kv[1]["share"] if np.isfinite(kv[1]["share"])
@@ -376,8 +516,9 @@ def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = N
             "hybrids": hsum,
             "representative": representativeness(rk, analysis_rankings, a, b),
             "reversals": {"significant_and_practical": t.height,
-                          "traced": int((t["status"] == "traced").sum()) if t.height else 0,
-                          "outside_design": int((t["status"] == "outside the attribution design").sum()) if t.height else 0},
+                          **{k: int((t["status"] == v).sum()) if t.height else 0 for k, v in TRACE_STATUS.items()}},
+            "joint": joint_group(design, c),
+            "load": _load_summary(ar.load.filter(pl.col("pair") == pair), design),
         }
     tables = {"hybrid_agreement": pl.concat(hyb), "shapley": pl.concat(shp), "conditions": pl.concat(cond),
               "rankings": pl.concat(rks), "tracing": pl.concat(trc), "hybrids": ar.hybrids, "load": ar.load}
@@ -388,10 +529,14 @@ def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = N
                    "replicates": len(design.replicates), "schedulers": list(design.schedulers),
                    "metrics": list(design.metrics), "metrics_from": design.metrics_note, "bootstrap": design.bootstrap,
                    "seed": design.seed, "distance": design.distance, "ties": rankings.tie_rule(cfg),
-                   "load": UTILISATION_DEFINITION, "runs": ar.runs.height},
+                   "load": LOAD_DEFINITION, "utilisation": UTILISATION_DEFINITION, "load_check": LOAD_CHECK,
+                   "steady_requests": STEADY_REQUESTS,
+                   "joint": hybrids.JOINT_DESCRIPTION, "runs": ar.runs.height,
+                   "reproduces": REPRODUCES},
+        "frozen": ar.frozen,
         "pairs": pairs,
         "endpoints": endpoint_check(ar, campaign_runs),
-        "cost": {k: _num(v) if isinstance(v, float) else v for k, v in ar.cost.items()},
+        "cost": cost_summary(ar.cost),
     }
     return Attribution(tables=tables, summary=summary)
 

@@ -8,23 +8,38 @@ any change to them.
 of A's window id, scheduler, region, replicate): the subset that swaps nothing reproduces the campaign's runs
 of ``w`` bit for bit, and a swap that does not change the window changes no run.
 
-**Load.** The runs of a subset without ``load`` rescale the hybrid window to the region's rho on the
-hybrid's own capacity (as the campaign does for every window: the region's target load is kept). A subset
-with ``load`` puts the hybrid at B's *achieved utilisation* instead: stage 1 runs every window-hybrid at
-rho; :func:`achieved_utilisation` of the reference policy (``simulation.capacity_policy``) gives, per
-region, the mean utilisation of B (the hybrid that swaps every window property) and of the hybrid
-itself; stage 2 runs the hybrid at ``rho x U_B / U_hybrid`` (first order: utilisation proportional to
-rho near the operating point; the achieved value is recorded, ``utilisation`` column). A ratio within
-1e-9 of 1 is 1 (the same load), and then the stage-1 runs are reused unchanged.
+**Load.** Every hybrid is run as the campaign runs every window: rescaled to the region's rho on the
+sustainable throughput of its own requests (its capacity), i.e. at the region's target load. That *is* the
+project's load (issue #10): capacity is the throughput the reference engine sustains on the request mix, so
+that every source in a region is equally loaded -- in steady state the achieved utilisation is close to
+min(rho, 1) whatever the lengths (:data:`LOAD_CHECK` measures it here on both sources). A and B of a pair are simulated
+in the same regions, so they are at the same load, and the ``load`` swap ("each source at the other's
+load") is the identity: its runs are those of the same subset without it, its Shapley value is exactly 0.
 
-**Files.** ``{results_dir}/attribution/hybrids/<A>__<B>.json``: the frozen definitions of the pair's
-hybrids (:func:`portbench.data.hybrids.hybrid_record`; rebuilt hybrids are verified against them);
+The achieved utilisation of a *finite* window (``utilisation``, the campaign's per-run column) is not used
+as the load. Measured when this definition was chosen (default design, December 2026): at one rho it ranged
+over 0.6-1.5 between the sources and hybrids in 200-request windows, while the same windows repeated to 2,000
+requests gave 0.96-1.00 at overload and severe, and 0.90 for every source at rho = 0.9. The finite-window value depends on
+how the window's requests fill the engine -- how much work its long requests still hold at the last arrival,
+how deep its queue gets before the window ends -- so it is a consequence of the window's lengths and arrival
+pattern, and the attribution credits it to those properties. Swapping it as a separate property (the earlier
+design: a hybrid with ``load`` rescaled to B's finite-window utilisation, the others at rho) counted that
+effect twice: on planted sources that differ only in output lengths it gave the load 42% of the attribution.
+Holding every hybrid at A's finite-window utilisation instead is not feasible: rescaling to a target
+utilisation missed it by up to 0.3, and some targets are out of reach (azure_code's windows stayed below 0.93
+up to rho = 5, while azure's reach 1.1 at rho = 1.2). The ``load`` table reports each hybrid's finite-window
+utilisation and both sources' steady-state utilisation (:data:`LOAD_CHECK`), so the reader sees both.
+
+**Files.** ``hybrids.json`` next to the window manifest: the committed SHA-256 of every hybrid of the default
+design (:func:`portbench.data.hybrids.frozen_path`), against which every rebuilt hybrid is verified;
+``{results_dir}/attribution/hybrids/<A>__<B>.json``: the full records of the pair's hybrids
+(:func:`portbench.data.hybrids.hybrid_record`; those outside ``hybrids.json`` are verified against them);
 ``{results_dir}/attribution/runs/<A>__<B>__<region>__<key>.parquet``: the runs of one *unit* (one
 window-hybrid of every window pair, one region and rho), ``key`` a hash of everything that changes them
 (the campaign's model fingerprint and settings, the hybrids' SHA-256, region and rho, schedulers,
 replicates), so stale runs are never read, identical hybrids share their runs, and changing the
-regions or adding pairs recomputes only what is new; ``{results_dir}/attribution/runs.parquet``: all of
-them, labelled by subset.
+regions or adding pairs recomputes only what is new; ``.../<A>__<B>__steady__<region>__<key>.parquet``: the
+load check's runs; ``{results_dir}/attribution/runs.parquet``: all of them, labelled by subset.
 """
 
 from __future__ import annotations
@@ -52,16 +67,24 @@ from ...data import hybrids, windows as windows_mod
 from ...sim.schedulers import names as scheduler_names
 from ..campaign import (Engine, ShardSpec, SimEngine, WindowRef, WorkerContext, compute_capacity, compute_shard,
                         load_worker_code, make_plan, run_tables, scheduler_options)
-from .design import Design, make_design, spaced
+from .design import Design, cost_plan, make_design, spaced
 
-FORMAT_VERSION = 2
-SAME_LOAD = 1e-9          # utilisation ratios within this of 1 are the same load
+FORMAT_VERSION = 3
+STEADY_REQUESTS = 2000    # the load check: each window's arrival pattern repeated to at least this many requests
 UTILISATION_DEFINITION = ("achieved utilisation of a run = the campaign's definition (issue #10, "
                           "portbench.sim.regions.utilisation): useful tokens done per second between the 10%-quantile "
                           "and the last arrival, over capacity x the window's mean useful tokens per request; of the "
                           "reference policy's runs (simulation.capacity_policy), mean over the window pairs")
+LOAD_DEFINITION = ("load = the offered load: the region's rho on the sustainable throughput of the hybrid's own requests "
+                   "(the campaign's definition, issue #10). Both sources of a pair run in the same regions, so they "
+                   "are at the same load and the load swap is the identity; the achieved utilisation of a finite "
+                   "window differs between sources (how the window's requests fill the engine) and is credited to "
+                   "the window properties that produce it")
+LOAD_CHECK = (f"steady-state utilisation: each attribution window's arrival pattern repeated to at least "
+              f"{STEADY_REQUESTS} requests, rescaled to the region's rho on the window's capacity, run under the "
+              "reference policy; mean over the window pairs, beside the mean over the 200-request windows themselves")
 PAIR_COLUMNS = ("pair", "source_a", "provenance_a", "source_b", "provenance_b", "mask", "hybrid", "window_id",
-                "window_b", "hybrid_sha256", "region", "rho_region", "load_ratio")
+                "window_b", "hybrid_sha256", "region", "rho_region")
 
 
 def attribution_dir(results_dir: Path) -> Path:
@@ -119,11 +142,16 @@ def pair_windows(cfg: Config, manifest: Mapping, a: str, b: str, n: int,
     return PairWindows(a, b, ea, eb, given)
 
 
+def window_part(design: Design, mask: int) -> tuple[str, ...]:
+    """The window properties swapped by the subset ``mask`` (``load`` left out: the identity)."""
+    return tuple(p for p in design.swap(mask) if p in hybrids.WINDOW_PROPERTIES)
+
+
 def window_parts(design: Design) -> list[tuple[str, ...]]:
-    """The distinct window-property swaps of the design's subsets (stage 1), ``()`` first."""
+    """The distinct window-property swaps of the design's subsets (each one simulated), ``()`` first."""
     out: list[tuple[str, ...]] = []
     for mask in design.masks:
-        part = tuple(p for p in design.swap(mask) if p in hybrids.WINDOW_PROPERTIES)
+        part = window_part(design, mask)
         if part not in out:
             out.append(part)
     return out
@@ -136,7 +164,7 @@ def _part_code(part: Sequence[str]) -> str:
 def build_hybrids(design: Design, pw: PairWindows) -> tuple[dict, list[dict]]:
     """Every window-hybrid of the pair: ``{(part, i): df}`` and their records (ids ``<A window>~<B window>:<part>``)."""
     tables, records = {}, []
-    full = tuple(p for p in design.swap(design.full) if p in hybrids.WINDOW_PROPERTIES)
+    full = window_part(design, design.full)
     for part in window_parts(design):
         for i, (ea, eb) in enumerate(zip(pw.a_entries, pw.b_entries)):
             df = hybrids.hybrid_window(pw.tables[ea["id"]], pw.tables[eb["id"]], part, a_id=ea["id"], b_id=eb["id"])
@@ -148,22 +176,43 @@ def build_hybrids(design: Design, pw: PairWindows) -> tuple[dict, list[dict]]:
     return tables, records
 
 
-def freeze_hybrids(path: Path, records: list[dict], refreeze: bool = False) -> None:
-    """Verify ``records`` against the frozen file (IntegrityError on a changed hybrid unless ``refreeze``),
-    then write the union of both (new hybrids are added; a refreeze replaces)."""
-    frozen = {}
+def freeze_hybrids(path: Path, records: list[dict], frozen: Mapping[str, str] | None,
+                   frozen_file: Path | str = "hybrids.json", refreeze: bool = False) -> dict:
+    """Verify ``records``: those in the committed ``frozen`` SHA-256s (``{id: sha256}``) against them
+    (:func:`~portbench.data.hybrids.verify_frozen`), the others against the run's own file ``path`` (unless
+    ``refreeze``); then write the union of both into ``path``. Returns ``{"committed": n, "run": m}``:
+    how many were verified against the committed file, and how many only against this run's file."""
+    run_frozen = {}
     if path.is_file():
         try:
-            frozen = {r["id"]: r for r in json.loads(path.read_text())["hybrids"]}
+            run_frozen = {r["id"]: r for r in json.loads(path.read_text())["hybrids"]}
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise DataError(path, f"not a hybrid definitions file ({e}); delete it or refreeze") from None
+    n_committed = 0
     if not refreeze:
-        hybrids.verify_records(records, frozen, str(path))
-    merged = {} if refreeze else dict(frozen)
+        if frozen:
+            n_committed = hybrids.verify_frozen(records, frozen, str(frozen_file))
+        hybrids.verify_records([r for r in records if not frozen or r["id"] not in frozen], run_frozen, str(path))
+    merged = {} if refreeze else dict(run_frozen)
     merged.update({r["id"]: r for r in records})
     path.parent.mkdir(parents=True, exist_ok=True)
     fileio.write_text(path, json.dumps({"construction": hybrids.CONSTRUCTION, "properties": hybrids.DESCRIPTIONS,
                                         "hybrids": [merged[k] for k in sorted(merged)]}, indent=1, sort_keys=True))
+    return {"committed": n_committed, "run": len(records) - n_committed}
+
+
+def repeated(df: pl.DataFrame, n_min: int) -> pl.DataFrame:
+    """``df`` (a window with its extra columns) repeated until it has at least ``n_min`` requests: copy ``k``
+    starts one mean gap after copy ``k - 1`` ends, so the arrival pattern and the request mix (and hence the
+    capacity) are the window's."""
+    reps = -(-int(n_min) // df.height)
+    if reps <= 1:
+        return df
+    arr = df["arrival_s"].to_numpy()
+    span = float(arr[-1] - arr[0])
+    step = span + span / max(1, df.height - 1)
+    return pl.concat([df.with_columns(pl.Series("arrival_s", arr - arr[0] + k * step, dtype=pl.Float64))
+                      for k in range(reps)], how="vertical")
 
 
 # --------------------------------------------------------------------------- execution
@@ -249,8 +298,10 @@ class AttributionRuns:
     hybrids: pl.DataFrame
     design: Design
     windows: dict                 # pair -> [(A window id, B window id)]
-    load: pl.DataFrame            # pair x region x subset: utilisation target / own, ratio, rho used
+    load: pl.DataFrame            # pair x region x subset: finite-window utilisation; A's and B's steady-state one
     cost: dict = field(default_factory=dict)
+    frozen: dict = field(default_factory=dict)     # file, committed / run: hybrids verified against it / only
+                                                   # against the run's records; written: SHA-256s (re)frozen into it
 
 
 def _fingerprint_common(cfg: Config, engine: Engine) -> dict:
@@ -268,7 +319,7 @@ def _unit_path(results_dir: Path, a: str, b: str, region: str, key: str) -> Path
 
 
 def _label_rows(df: pl.DataFrame, *, a: str, pa: str, b: str, pb: str, mask: int, code: str, window_b: dict,
-                sha: dict, rho_region: dict, ratio: dict) -> pl.DataFrame:
+                sha: dict, rho_region: dict) -> pl.DataFrame:
     """Run rows from ``compute_shard`` re-labelled: the hybrid is not a run of source A (no ``source`` /
     ``provenance`` columns: ``source_a``/``source_b`` with their provenance instead)."""
     return df.with_columns(
@@ -278,18 +329,24 @@ def _label_rows(df: pl.DataFrame, *, a: str, pa: str, b: str, pb: str, mask: int
         pl.col("window_id").replace_strict(window_b, return_dtype=pl.String).alias("window_b"),
         pl.col("window_id").replace_strict(sha, return_dtype=pl.String).alias("hybrid_sha256"),
         pl.col("region").replace_strict(rho_region, return_dtype=pl.Float64).alias("rho_region"),
-        pl.col("region").replace_strict(ratio, return_dtype=pl.Float64).alias("load_ratio"),
     )
+
+
+LOAD_SCHEMA = {"pair": pl.String, "source_a": pl.String, "provenance_a": pl.String, "source_b": pl.String,
+               "provenance_b": pl.String, "mask": pl.Int64, "hybrid": pl.String, "region": pl.String,
+               "rho_region": pl.Float64, "utilisation_window": pl.Float64, "utilisation_steady": pl.Float64}
 
 
 def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, progress: bool = True,
         verbose: bool = True, manifest: Mapping | None = None, tables: Mapping | None = None,
         workers: int | None = None) -> AttributionRuns:
-    """Build, freeze and simulate every hybrid of every pair of ``cfg.attribution`` (cached runs reused).
+    """Build, verify (or freeze) and simulate every hybrid of every pair of ``cfg.attribution`` (cached runs
+    reused), and the load check.
 
     ``engine`` replaces the campaign's :class:`SimEngine`; ``manifest`` / ``tables`` ({window id: table})
     replace the committed manifest and its verified windows (tests); ``workers`` overrides
-    ``campaign.workers``."""
+    ``campaign.workers``. The committed hybrid SHA-256s are read from (and, when there are none yet or with
+    ``refreeze``, written to) :func:`portbench.data.hybrids.frozen_path` of ``paths.manifest``."""
     t0 = time.perf_counter()
     engine = engine or SimEngine()
     manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
@@ -299,36 +356,50 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
     profile, metrics = engine.profile_name(sim), list(engine.metric_names(sim))
     common = _fingerprint_common(cfg, engine)
     out_dir = cfg.paths.results_dir
+    frozen_file = hybrids.frozen_path(windows_mod.manifest_path(cfg))
+    frozen = None if refreeze else hybrids.read_frozen(frozen_file)
+    all_shas: dict[str, str] = {}
+    # committed: verified against frozen_file; run: only against this run's records; written: SHA-256s written
+    verified = {"file": str(frozen_file), "committed": 0, "run": 0, "written": 0}
     runner = _Runner(engine, sim, int(workers or cfg.campaign.workers), plugin_loader.specs(cfg.plugins))
     frames, recs, loads, win_pairs = [], [], [], {}
-    stats_ = {"n_sim": 0, "tasks": 0, "sim_wall": 0.0, "map_wall": 0.0, "sim_cpu": 0.0}
+    stats_ = {"n_sim": 0, "tasks": 0, "sim_wall": 0.0, "map_wall": 0.0, "sim_cpu": 0.0, "check_runs": 0,
+              "check_wall": 0.0, "check_cpu": 0.0}
 
     def simulate_units(units: dict, pw: PairWindows, htab: dict, hbs: dict, a: str, b: str, caps: dict | None,
-                       what: str) -> dict:
+                       what: str, *, kind: str = "", repeat: int = 1, schedulers=None, replicates=None) -> dict:
         """``{(shas, region, rho): None}`` -> the runs of every window of each unit (cached files reused).
         A unit is content-addressed (the hybrids' SHA-256 per window, region, rho), so identical hybrids
-        (a swap that changes nothing) share their runs: same tables, same seeds."""
+        (a swap that changes nothing) share their runs: same tables, same seeds. ``repeat``: the load check
+        (each window repeated to ``repeat`` requests, ``schedulers``/``replicates`` of the check)."""
+        scheds = tuple(schedulers or design.schedulers)
+        reps = tuple(replicates if replicates is not None else design.replicates)
         out, paths, tasks = {}, {}, {}
         for (shas, region, rho) in units:
             key = sha256_hex({"common": common, "hybrids": list(shas), "region": region, "rho": rho,
-                              "replicates": design.replicates})[:16]
-            p = paths[(shas, region, rho)] = _unit_path(out_dir, a, b, region, key)
+                              "replicates": list(reps), "schedulers": list(scheds), "repeat": repeat})[:16]
+            p = paths[(shas, region, rho)] = _unit_path(out_dir, a, b, f"{kind}{region}", key)
             if p.is_file():
                 out[(shas, region, rho)] = pl.read_parquet(p)
                 continue
             for e, h in zip(pw.a_entries, shas):
-                t = tasks.setdefault((e["id"], h), [htab[h], WindowRef(e["id"], a, "hybrid", h, hbs.get(h)), {},
+                df = htab[h] if repeat <= 1 else repeated(htab[h], repeat)
+                t = tasks.setdefault((e["id"], h), [df, WindowRef(e["id"], a, "hybrid", h, hbs.get(h)), {},
                                                     None if caps is None else caps[(e["id"], h)],
-                                                    design.schedulers, design.replicates, profile, metrics])
+                                                    scheds, reps, profile, metrics])
                 t[2][region] = rho
         got = {}
         t1 = time.perf_counter()
+        check = repeat > 1          # the load check is counted apart from the design's runs
         for key, res in runner.map({k: tuple(v) for k, v in tasks.items()}, what, progress):
             got[key] = res["runs"]
-            stats_["sim_wall"] += res["wall_s"]
-            stats_["sim_cpu"] += res["cpu_s"]
-            stats_["n_sim"] += res["runs"].height
-        stats_["map_wall"] += time.perf_counter() - t1
+            stats_["check_cpu" if check else "sim_cpu"] += res["cpu_s"]
+            if check:
+                stats_["check_runs"] += res["runs"].height
+            else:
+                stats_["sim_wall"] += res["wall_s"]
+                stats_["n_sim"] += res["runs"].height
+        stats_["check_wall" if check else "map_wall"] += time.perf_counter() - t1
         stats_["tasks"] += len(tasks)
         for u, p in paths.items():
             if u in out:
@@ -336,8 +407,8 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
             shas, region, rho = u
             df = pl.concat([got[(e["id"], h)].filter(pl.col("region") == region)
                             for e, h in zip(pw.a_entries, shas)]).sort(["window_id", "scheduler", "replicate"])
-            write_parquet_atomic(df, p, {"kind": "attribution-runs", "pair": pair_key(a, b), "region": region,
-                                         "rho": rho, "hybrids": list(shas)})
+            write_parquet_atomic(df, p, {"kind": f"attribution-runs{kind and ' ' + kind}", "pair": pair_key(a, b),
+                                         "region": region, "rho": rho, "hybrids": list(shas)})
             out[u] = df
         return out
 
@@ -346,7 +417,10 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
             pw = pair_windows(cfg, manifest, a, b, design.windows, tables)
             win_pairs[pair_key(a, b)] = [(ea["id"], eb["id"]) for ea, eb in zip(pw.a_entries, pw.b_entries)]
             htables, records = build_hybrids(design, pw)
-            freeze_hybrids(hybrids_path(out_dir, a, b), records, refreeze)
+            got = freeze_hybrids(hybrids_path(out_dir, a, b), records, frozen, frozen_file, refreeze)
+            verified["committed"] += got["committed"]
+            verified["run"] += got["run"]
+            all_shas.update({r["id"]: r["sha256"] for r in records})
             for r in records:
                 recs.append({"pair": pair_key(a, b), "source_a": a, "provenance_a": prov[a], "source_b": b,
                              "provenance_b": prov[b], "hybrid_id": r["id"], "window_id": r["a"]["id"],
@@ -366,55 +440,47 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
             wb = {ea["id"]: eb["id"] for ea, eb in zip(pw.a_entries, pw.b_entries)}
             label = dict(a=a, pa=prov[a], b=b, pb=prov[b], window_b=wb)
 
-            # stage 1: every window-hybrid at the regions' rho
-            s1 = simulate_units({(shas[p], r, rho): None for p in parts for r, rho in design.regions.items()},
-                                pw, htab, hbs, a, b, None, f"attribution {a} vs {b}: stage 1")
-            caps = {}
-            for (sh, _, _), df in s1.items():
-                for e, h in zip(pw.a_entries, sh):
-                    caps[(e["id"], h)] = float(df.filter(pl.col("window_id") == e["id"])["capacity_rps"][0])
-
-            # utilisation of every window-hybrid per region (reference policy, mean over the window pairs)
-            ref_pol = sim.capacity_policy
-            util = {}
-            for (sh, r, _), df in s1.items():
-                ref = df.filter(pl.col("scheduler") == ref_pol)
-                util[(sh, r)] = float(achieved_utilisation(ref).mean()) if ref.height else np.nan
-            full_part = tuple(p for p in design.swap(design.full) if p in hybrids.WINDOW_PROPERTIES)
-
-            # stage 2: the load swap, each subset with load at B's achieved utilisation
-            plan = {}
+            # every window-hybrid at the regions' rho (the load swap is the identity: see the module docstring)
+            units = simulate_units({(shas[p], r, rho): None for p in parts for r, rho in design.regions.items()},
+                                   pw, htab, hbs, a, b, None, f"attribution {a} vs {b}")
             for mask in design.masks:
-                swap = design.swap(mask)
-                part = tuple(p for p in swap if p in hybrids.WINDOW_PROPERTIES)
-                ratio = {r: 1.0 for r in design.regions}
-                if "load" in swap:
-                    for r in design.regions:
-                        own, target = util[(shas[part], r)], util[(shas[full_part], r)]
-                        q = target / own if own > 0 else float("nan")
-                        if not (np.isfinite(q) and q > 0):
-                            raise DataError(hybrids_path(out_dir, a, b), f"hybrid {design.code(mask)} of {a} vs {b}: "
-                                            f"no completed request under {ref_pol} in region {r}, so its achieved "
-                                            "utilisation (and the load swap) is undefined")
-                        ratio[r] = 1.0 if abs(q - 1.0) <= SAME_LOAD else q
-                        loads.append({"pair": pair_key(a, b), "source_a": a, "provenance_a": prov[a], "source_b": b,
-                                      "provenance_b": prov[b], "mask": mask, "hybrid": design.code(mask), "region": r,
-                                      "rho_region": design.regions[r], "utilisation_own": own,
-                                      "utilisation_target": target, "load_ratio": ratio[r],
-                                      "rho": design.regions[r] * ratio[r]})
-                plan[mask] = (part, ratio)
-            s2_units = {(shas[part], r, design.regions[r] * q): None for part, ratio in plan.values()
-                        for r, q in ratio.items() if q != 1.0}
-            s2 = simulate_units(s2_units, pw, htab, hbs, a, b, caps, f"attribution {a} vs {b}: stage 2 (load)")
-            units = {**s1, **s2}
-            for mask, (part, ratio) in plan.items():
-                df = pl.concat([units[(shas[part], r, rho if ratio[r] == 1.0 else rho * ratio[r])]
-                                for r, rho in design.regions.items()])
+                part = window_part(design, mask)
+                df = pl.concat([units[(shas[part], r, rho)] for r, rho in design.regions.items()])
                 frames.append(_label_rows(df, mask=mask, code=design.code(mask),
                                           sha={e["id"]: h for e, h in zip(pw.a_entries, dshas[part])},
-                                          rho_region=dict(design.regions), ratio=ratio, **label))
+                                          rho_region=dict(design.regions), **label))
+
+            # the load check: A and B (the full window swap) in steady state, under the reference policy
+            ref_pol = sim.capacity_policy
+            full_part = window_part(design, design.full)
+            caps = {}
+            for (sh, _, _), df in units.items():
+                for e, h in zip(pw.a_entries, sh):
+                    caps[(e["id"], h)] = float(df.filter(pl.col("window_id") == e["id"])["capacity_rps"][0])
+            steady = simulate_units({(shas[p], r, rho): None for p in ((), full_part) for r, rho in design.regions.items()},
+                                    pw, htab, hbs, a, b, caps, f"attribution {a} vs {b}: load check", kind="steady__",
+                                    repeat=STEADY_REQUESTS, schedulers=(ref_pol,), replicates=(0,))
+            for part in parts:
+                for r, rho in design.regions.items():
+                    ref = units[(shas[part], r, rho)].filter(pl.col("scheduler") == ref_pol)
+                    st = steady.get((shas[part], r, rho))
+                    mask = min(m for m in design.masks if window_part(design, m) == part)
+                    loads.append({"pair": pair_key(a, b), "source_a": a, "provenance_a": prov[a], "source_b": b,
+                                  "provenance_b": prov[b], "mask": mask, "hybrid": design.code(mask), "region": r,
+                                  "rho_region": rho, "utilisation_window": _mean_util(ref),
+                                  "utilisation_steady": _mean_util(st) if st is not None else None})
     finally:
         runner.close()
+    if refreeze or frozen is None:        # an explicit refreeze, or the first freeze (no committed file yet)
+        hybrids.write_frozen(frozen_file, all_shas)
+        verified.update(written=len(all_shas), run=0)
+        if verbose:
+            print(f"attribution: {'re' if refreeze else ''}froze the SHA-256 of {len(all_shas)} hybrids in {frozen_file}",
+                  flush=True)
+    elif verbose and verified["run"]:
+        print(f"attribution: {verified['committed']} hybrids verified against {frozen_file}; {verified['run']} are "
+              "not in it (another design than the committed one) and were verified against this run's own records",
+              flush=True)
     runs = pl.concat(frames, how="vertical").sort(["pair", "mask", "window_id", "region", "scheduler", "replicate"])
     cols = list(PAIR_COLUMNS) + [c for c in runs.columns if c not in PAIR_COLUMNS]
     runs = runs.select(cols)     # "utilisation": the campaign's per-run column (achieved_utilisation)
@@ -425,19 +491,25 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
             "wall_s": wall, "simulation_wall_s": map_wall, "worker_wall_s": sim_wall, "simulation_cpu_s": sim_cpu,
             "workers": runner.workers, "runs_per_wall_s": (n_sim / map_wall) if map_wall > 0 else None,
             "runs_per_cpu_s": (n_sim / sim_cpu) if sim_cpu > 0 else None,
-            "cpu_share": (sim_cpu / sim_wall) if sim_wall > 0 else None, "reused": False}
+            "cpu_share": (sim_cpu / sim_wall) if sim_wall > 0 else None, "load_check_runs": stats_["check_runs"],
+            "load_check_wall_s": stats_["check_wall"], "load_check_cpu_s": stats_["check_cpu"], "reused": False}
     cost_file = attribution_dir(out_dir) / "cost.json"
     if n_sim:
         fileio.write_json(cost_file, cost)
     elif cost_file.is_file():          # everything reused: report the run that computed it
         cost = {**json.loads(cost_file.read_text()), "runs": runs.height, "reused": True}
+    cost["plan"] = cost_plan(cfg, design, manifest)
     if verbose:
         print(f"attribution: {runs.height} runs ({n_sim} simulated now, the rest reused) of {len(design.pairs)} "
               f"pair(s) x {2 ** design.k} subsets in {wall:.1f} s", flush=True)
-    load_df = pl.DataFrame(loads) if loads else pl.DataFrame(
-        schema={"pair": pl.String, "source_a": pl.String, "provenance_a": pl.String, "source_b": pl.String,
-                "provenance_b": pl.String, "mask": pl.Int64, "hybrid": pl.String, "region": pl.String,
-                "rho_region": pl.Float64, "utilisation_own": pl.Float64, "utilisation_target": pl.Float64,
-                "load_ratio": pl.Float64, "rho": pl.Float64})
+    load_df = pl.DataFrame(loads, schema=LOAD_SCHEMA)
     return AttributionRuns(runs=runs, hybrids=pl.DataFrame(recs), design=design, windows=win_pairs, load=load_df,
-                           cost=cost)
+                           cost=cost, frozen=verified)
+
+
+def _mean_util(runs: pl.DataFrame | None) -> float | None:
+    """Mean achieved utilisation of ``runs`` (None when there are none or none is defined)."""
+    if runs is None or runs.height == 0:
+        return None
+    u = achieved_utilisation(runs).drop_nans().drop_nulls()
+    return float(u.mean()) if u.len() else None
