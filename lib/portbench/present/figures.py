@@ -44,13 +44,14 @@ def figure(*args, **kwargs):
 
 
 def save(fig, name: str, figures_dir: str | Path, *, description: str, notebook: str | None = None,
-         close: bool = False) -> dict[str, str]:
+         close: bool = False, measured: bool = False) -> dict[str, str]:
     """Save ``fig`` as ``<figures_dir>/<name>.png`` and ``.pdf`` and index it; returns both paths.
 
     ``name`` may contain a sub-folder (``"03_simulate/load_curves"``); the first folder is the
     notebook recorded in the index unless ``notebook`` is given. ``description`` is one line
     saying what the figure shows. The figure stays open (so the notebook shows it) unless ``close``
-    is true.
+    is true. ``measured``: the figure shows timings of this machine (its bytes differ from run to run);
+    it is indexed in its folder's own ``index.json``, not the committed top index (:mod:`~portbench.core.figindex`).
     """
     out = Path(figures_dir)
     paths = {}
@@ -62,7 +63,7 @@ def save(fig, name: str, figures_dir: str | Path, *, description: str, notebook:
     folder = Path(name).parent.as_posix()
     figindex.record(out, name, {"name": name, "file": f"{name}.png", "pdf": f"{name}.pdf",
                         "notebook": notebook or (folder if folder != "." else ""),
-                        "description": " ".join(description.split())})
+                        "description": " ".join(description.split())}, measured=measured)
     if close:
         plt.close(fig)
     return paths

@@ -4,6 +4,11 @@
 Each function takes the parameters ``cfg`` and an :class:`portbench.study.analysis.Analysis`, saves its
 figure(s) under ``{figures_dir}/<notebook>/`` and returns the figure (or a list of figures).
 Sources are labelled with :func:`portbench.core.provenance.label`, so stand-ins say so.
+
+Every figure that compares or pools the sources of a *panel* (``analysis.panels``) exists once per available
+panel: the headline panel's file has no suffix, every other panel's file ends in ``_<panel>`` (e.g.
+``tau_forest_study``, ``reversal_funnel_study``, ``top1_pairs_study``). Figures of one source at a time (bump
+charts, region matrices, SLO sensitivity, critical-difference diagrams) show every source once.
 """
 
 from __future__ import annotations
@@ -45,8 +50,13 @@ def _ties(A) -> str:
 
 
 def _panels(A) -> list[str]:
-    """The available panels, headline first."""
-    return [n for n, p in A.summary["panels"].items() if p["available"]]
+    """The available panels, headline first (then in the parameters' order)."""
+    avail = [n for n, p in A.summary["panels"].items() if p["available"]]
+    return sorted(avail, key=lambda n: n != A.summary["headline_panel"])
+
+
+def _panel_sources(A, panel: str) -> list[str]:
+    return list(A.summary["panels"][panel]["sources"])
 
 
 def _head(A) -> list[str]:
@@ -605,9 +615,11 @@ def most_dramatic_paired(cfg, A, close: bool = False, panel: str | None = None):
 
 # --------------------------------------------------------------------------- 07 cross-metric
 
-def metric_agreement(cfg, A, close: bool = False):
-    """Metric x metric tau-b, averaged over (source, region) conditions."""
-    t = A["cross_metric_tau"]
+def metric_agreement(cfg, A, close: bool = False, panel: str | None = None):
+    """Metric x metric tau-b, averaged over the (source, region) conditions of one panel of sources (default:
+    the headline panel)."""
+    panel = panel or A.summary["headline_panel"]
+    t = A["cross_metric_tau"].filter(pl.col("source").is_in(_panel_sources(A, panel)))
     M = A.summary["parameters"]["metrics"]
     agg = t.filter(pl.col("tau").is_not_nan()).group_by(["metric_1", "metric_2"]).agg(pl.col("tau").mean())
     arr = np.full((len(M), len(M)), np.nan)
@@ -619,20 +631,21 @@ def metric_agreement(cfg, A, close: bool = False):
     _heatmap(ax, arr, _metric_ticks(M), _metric_ticks(M), fontsize=7,
              cbar_label="mean Kendall τ-b over sources x regions (dimensionless)")
     ax.tick_params(axis="x", rotation=60)
-    n = A.summary["cross_metric"]["n_conditions"]
-    ax.set_title(f"Agreement between metric rankings: τ-b averaged over the {n} (source, region) conditions "
-                 f"({_ties(A)})")
+    n = t.select("source", "region").n_unique()
+    ax.set_title(f"Agreement between metric rankings: τ-b averaged over the {n} (source, region) conditions of\n"
+                 f"{_panel_label(A, panel)} ({_ties(A)})", fontsize=10)
     ax.set_xlabel("metric")
     ax.set_ylabel("metric")
-    return _save(cfg, fig, "07", "metric_agreement", "Kendall tau-b between the rankings under every pair of metrics, "
-                 "averaged over sources and regions", close)
+    return _save(cfg, fig, "07", f"metric_agreement{_suffix(A, panel)}", "Kendall tau-b between the rankings under "
+                 f"every pair of metrics, averaged over the sources and regions of panel {panel}", close)
 
 
-def top1_pairs(cfg, A, close: bool = False):
-    """Pairwise top-1 change rate for every pair of headline metrics (over the (source, region) conditions of the
-    headline panel where both rankings resolve a best group)."""
+def top1_pairs(cfg, A, close: bool = False, panel: str | None = None):
+    """Pairwise top-1 change rate for every pair of headline metrics (over the (source, region) conditions of one
+    panel, default the headline panel, where both rankings resolve a best group)."""
+    panel = panel or A.summary["headline_panel"]
     t = A["top1_pairs"]
-    srcs = A.summary["panels"][A.summary["headline_panel"]]["sources"] if A.summary["headline_panel"] else []
+    srcs = _panel_sources(A, panel) if panel else []
     t = t.filter(pl.col("source").is_in(srcs) & pl.col("defined")) if t.height else t
     M = _head(A)
     arr = np.full((len(M), len(M)), np.nan)
@@ -655,33 +668,36 @@ def top1_pairs(cfg, A, close: bool = False):
     ax.set_facecolor("0.93")
     ax.tick_params(axis="x", rotation=30)
     ax.tick_params(axis="y", rotation=0)
-    ax.set_title("Does the best scheduler change with the metric? Pairwise top-1 change rate, headline metrics\n"
-                 f"(best group = schedulers tied for best; n = (source, region) conditions where both resolve one; "
-                 f"{_ties(A)})", fontsize=9)
-    return _save(cfg, fig, "07", "top1_pairs", "for every pair of headline metrics, the fraction of (source, region) "
-                 "conditions in which the best tie groups share no scheduler", close)
+    ax.set_title("Does the best scheduler change with the metric? Pairwise top-1 change rate, headline metrics,\n"
+                 f"{_panel_label(A, panel)}\n(best group = schedulers tied for best; n = (source, region) conditions "
+                 f"where both resolve one; {_ties(A)})", fontsize=9)
+    return _save(cfg, fig, "07", f"top1_pairs{_suffix(A, panel)}", "for every pair of headline metrics, the fraction "
+                 f"of (source, region) conditions of panel {panel} in which the best tie groups share no scheduler", close)
 
 
-def winners(cfg, A, close: bool = False):
-    """How often each scheduler is top-1 under each metric (over source x region conditions)."""
-    t = A["top1"]
+def winners(cfg, A, close: bool = False, panel: str | None = None):
+    """How often each scheduler is top-1 under each metric (over the source x region conditions of one panel,
+    default the headline panel)."""
+    panel = panel or A.summary["headline_panel"]
+    srcs = _panel_sources(A, panel)
+    t = A["top1"].filter(pl.col("source").is_in(srcs))
     M = A.summary["parameters"]["metrics"]
     K = A.summary["parameters"]["schedulers"]
     arr = np.zeros((len(M), len(K)))
     for m, w in t.select("metric", "winner").iter_rows():
         for sc in filter(None, w.split("+")):
             arr[M.index(m), K.index(sc)] += 1
-    n = A.summary["cross_metric"]["n_conditions"]
+    n = len(srcs) * len(A.summary["parameters"]["regions"])
     fig, ax = figures.figure(figsize=(0.6 * len(K) + 3.5, 0.45 * len(M) + 1.8))
     _heatmap(ax, np.where(arr > 0, arr, np.nan), _metric_ticks(M), K, vmin=0, vmax=n, cmap="mako_r",
              cbar_label=f"conditions won (of {n} source x region)", fmt_int=True, fontsize=8, nan_text="")
     ax.tick_params(axis="x", rotation=45)
     ax.set_xlabel("scheduler")
     ax.set_ylabel("metric")
-    ax.set_title("Which scheduler is best under which metric: number of (source, region) conditions won "
-                 f"(ties count for each; {_ties(A)})")
-    return _save(cfg, fig, "07", "winners", "number of source x region conditions in which each scheduler is top-1 "
-                 "under each metric", close)
+    ax.set_title("Which scheduler is best under which metric: number of (source, region) conditions won\n"
+                 f"({_panel_label(A, panel)}; ties count for each; {_ties(A)})", fontsize=10)
+    return _save(cfg, fig, "07", f"winners{_suffix(A, panel)}", "number of source x region conditions of panel "
+                 f"{panel} in which each scheduler is top-1 under each metric", close)
 
 
 def slo_sensitivity(cfg, A, close: bool = False):
@@ -752,13 +768,26 @@ def cd_diagrams(cfg, A, close: bool = False):
 
 # --------------------------------------------------------------------------- all
 
+PANEL_FIGURES = {   # per notebook, the figures drawn once per available panel (file suffix _<panel> but the headline)
+    "06": (reversal_funnel, reversal_concentration, reversal_pairs, reversal_forest, most_dramatic_paired),
+    "07": (metric_agreement, top1_pairs, winners),
+}
+
+
+def _other_panels(cfg, A, notebook: str, close: bool) -> list:
+    return [fn(cfg, A, close=close, panel=panel) for panel in _panels(A)[1:] for fn in PANEL_FIGURES[notebook]]
+
+
 def reversal_figures_other_panels(cfg, A, close: bool = False) -> list:
     """The reversal figures of every available panel other than the headline panel."""
-    figs = []
-    for panel in _panels(A)[1:]:
-        for fn in (reversal_funnel, reversal_concentration, reversal_pairs, reversal_forest, most_dramatic_paired):
-            figs.append(fn(cfg, A, close=close, panel=panel))
-    return figs
+    return _other_panels(cfg, A, "06", close)
+
+
+def cross_metric_figures_other_panels(cfg, A, close: bool = False) -> list:
+    """The cross-metric figures that pool a panel's sources (metric agreement, top-1 pairs, winners) for every
+    available panel other than the headline panel. The per-source figures (SLO sensitivity, critical-difference
+    diagrams) show every source once."""
+    return _other_panels(cfg, A, "07", close)
 
 
 FIGURES_BY_NOTEBOOK = {
@@ -766,7 +795,7 @@ FIGURES_BY_NOTEBOOK = {
     "05": (cross_region_matrices, cross_region_w_heatmap, bump_charts),
     "06": (reversal_funnel, reversal_concentration, reversal_pairs, reversal_forest, most_dramatic_paired, power_curves,
            reversal_figures_other_panels),
-    "07": (metric_agreement, top1_pairs, winners, slo_sensitivity, cd_diagrams),
+    "07": (metric_agreement, top1_pairs, winners, slo_sensitivity, cd_diagrams, cross_metric_figures_other_panels),
 }
 
 
