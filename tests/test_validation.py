@@ -226,6 +226,24 @@ def test_clock_problems_catch_an_inverted_clock():
     assert any("first_token_s < scheduled_s" in p for p in replay.clock_problems(rec))
 
 
+def test_clock_checks_are_orderings_that_no_load_breaks():
+    # a loaded machine: the frontend stamps the arrival 0.8 s after the client sent it, the engine queues it
+    # 0.1 s later -- late, but in order: no problem
+    t = _traces()[:1]
+    replay.absorb_stats(t[0], SimpleNamespace(arrival_time=5000.0 + 0.801, queued_ts=100.0 + 0.9,
+                                              scheduled_ts=100.0 + 0.95, first_token_ts=101.0, last_token_ts=101.2))
+    t[0].client_last_mono = 101.3
+    assert replay.clock_problems(replay.records_from_traces(t, t0_mono=100.0, t0_wall=5000.0)) == []
+    # aborted at the horizon before the engine core queued it: nothing to compare, no problem
+    gone = replay.RequestTrace(1, 0.5, 10, 4, "a", submit_mono=100.5, status="aborted_at_horizon")
+    gone.arrival_time_wall = 5000.5004
+    assert replay.clock_problems(replay.records_from_traces([gone], t0_mono=100.0, t0_wall=5000.0)) == []
+    # a wall-clock stamp that is not on the client's clock (here: read from the monotonic clock)
+    t[0].arrival_time_wall = 100.0 + 0.8
+    assert any("engine_arrival_s" in p for p in
+               replay.clock_problems(replay.records_from_traces(t, t0_mono=100.0, t0_wall=5000.0)))
+
+
 def test_iteration_rows_and_the_fitted_profile(tmp_path):
     from portbench.sim import profiles
 
@@ -255,6 +273,14 @@ def test_iteration_rows_and_the_fitted_profile(tmp_path):
     assert prof.coefficients == pytest.approx(true, rel=1e-5, abs=1e-10)
     assert verdict.fit_r2(rows, prof)["r2"] == pytest.approx(1.0)
     assert verdict.profile_fit_table(rows, prof)["median_abs_rel_err"].max() < 1e-5
+
+
+def test_calibration_sample_gives_every_batch_size_room():
+    # 2,000 full-batch steps (40 decodes) and 30 small ones (3 decodes): the sample keeps every small step
+    steps = pl.DataFrame({"decode_seqs": [40] * 2000 + [3] * 30, "t_start": np.arange(2030.0)})
+    cs = verdict.calibration_sample(steps, per_bin=100, seed=1)
+    assert cs.filter(pl.col("decode_seqs") == 3).height == 30 and cs.filter(pl.col("decode_seqs") == 40).height == 100
+    assert cs["t_start"].is_sorted() and cs.equals(verdict.calibration_sample(steps, per_bin=100, seed=1))
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -300,6 +326,47 @@ def test_verdicts_reproduced_or_not():
     assert not s["reproduced"] and not s["sign_reproduced"] and s["sign_matches"] == 1
 
 
+def test_verdicts_say_inconclusive_when_the_windows_cannot_reach_alpha():
+    case = cases.select_cases(cases.planted_reversals(("azure", "burstgpt"))).cases[0]
+    # 3 windows, the engine agrees with the simulation on every window of both sources: the smallest
+    # possible two-sided Wilcoxon p is 2/2^3 = 0.25, so no outcome could be significant
+    few = verdict.verdict_table([case], _engine_runs({"azure": 0.5, "burstgpt": -0.5}, n=3, b=case.b),
+                                alpha=0.05, correction="holm")
+    assert few["engine_min_p"].to_list() == [0.25, 0.25] and not few["engine_can_reach_alpha"].any()
+    s = verdict.case_summary(few).row(0, named=True)
+    assert s["verdict"] == "inconclusive: 3 windows cannot reach α" and not s["reproduced"]
+    assert s["sign_reproduced"] and s["sign_agreement"] == "2/2" and not s["can_reach_alpha"]
+    # 6 windows reach alpha alone (2/64 = 0.031) but not after Holm over the two sides (0.0625)
+    six = verdict.verdict_table([case], _engine_runs({"azure": 0.5, "burstgpt": -0.5}, n=6, b=case.b),
+                                alpha=0.05, correction="holm")
+    assert verdict.case_summary(six)["verdict"][0] == "inconclusive: 6 windows cannot reach α after holm over 2 tests"
+    # 10 windows, the engine significantly the other way on one source: not reproduced
+    other = verdict.verdict_table([case], _engine_runs({"azure": -0.5, "burstgpt": -0.5}, b=case.b),
+                                  alpha=0.05, correction="holm")
+    s = verdict.case_summary(other).row(0, named=True)
+    assert s["verdict"] == "not reproduced" and s["sign_agreement"] == "1/2" and s["can_reach_alpha"]
+    # 10 windows, no effect: could have been significant, was not
+    none = verdict.verdict_table([case], _engine_runs({"azure": 0.0, "burstgpt": 0.0}, b=case.b),
+                                 alpha=0.05, correction="holm")
+    assert verdict.case_summary(none)["verdict"][0] == "inconclusive: not significant"
+    counts = verdict.verdict_counts(pl.concat([verdict.case_summary(t) for t in (few, six, other, none)]))
+    assert (counts["cases"], counts["inconclusive (cannot reach α)"], counts["not reproduced"],
+            counts["inconclusive (not significant)"], counts["reproduced"]) == (4, 2, 1, 1, 0)
+    assert counts["sign_agreement"]["sides"] == 8
+    line = verdict.verdict_line(counts)
+    assert line.startswith("4 cases: 1 not reproduced, 2 inconclusive (3 windows cannot reach α; ") and "sides" in line
+
+
+def test_attainable_p_is_a_floor_of_the_adjusted_p():
+    rng = np.random.default_rng(5)
+    n = np.array([3, 6, 10, 10, 12])
+    for method in ("holm", "fdr_bh"):
+        floor = verdict.attainable_p_adj(n, method)
+        for _ in range(200):                     # any p-values at or above each test's own floor
+            p = stats.min_wilcoxon_p(n) + rng.uniform(0, 1, n.size) * (1 - stats.min_wilcoxon_p(n))
+            assert np.all(stats.adjust_pvalues(p, method) >= floor - 1e-12)
+
+
 def test_fidelity_on_hand_computed_requests():
     def rec(first, finish):
         return pl.DataFrame({"req_id": [0, 1, 2], "arrival_s": [0.0, 1.0, 2.0], "first_token_s": first,
@@ -332,21 +399,61 @@ def test_step_time_share_separates_the_cost_model_from_the_schedule():
 # --------------------------------------------------------------------------- capacity and re-simulation settings
 
 
-def test_sustainable_throughput_of_a_planted_backlog():
+def test_capacity_of_a_planted_backlog():
     # one server finishing a request every 0.5 s from t = 0.5 (2 req/s), the last admitted at 40 s,
-    # then a 20 s drain tail: the makespan rate is lower, the backlogged stretch gives the service rate
+    # then a 20 s drain tail: the makespan rate is lower, the steady part gives the service rate
     n = 100
     fin = np.concatenate([0.5 * np.arange(1, 81), 40.0 + np.arange(1, 21)])
-    first = np.minimum(fin - 0.1, 40.0)
-    rec = pl.DataFrame({"arrival_s": np.zeros(n), "first_token_s": first, "finish_s": fin, "rejected": [False] * n})
-    c = capacity.sustainable_throughput(rec)
-    assert c["capacity_rps"] == pytest.approx(2.0) and c["method"].startswith("steady")
-    assert c["makespan_rps"] == pytest.approx(n / 60.0)
-    tiny = capacity.sustainable_throughput(rec.head(5))
+    adm = np.minimum(fin - 0.4, 40.0)
+    rec = pl.DataFrame({"arrival_s": np.zeros(n), "scheduled_s": adm, "finish_s": fin, "rejected": [False] * n})
+    c = capacity.saturation_throughput(rec)
+    assert c["capacity_rps"] == pytest.approx(2.0) and "last admission" in c["method"]
+    assert c["t_start_s"] == pytest.approx(5.0) and c["t_end_s"] == pytest.approx(40.0)   # 10th completion .. last admission
+    assert c["makespan_rps"] == pytest.approx(n / 60.0) and c["backlog"] == n and c["admitted"] == n
+    # a run cut before the backlog ran out (the engine's time guard): the steady part ends at the last admission
+    cut = rec.with_columns(pl.when(pl.col("finish_s") > 30).then(float("nan")).otherwise(pl.col("finish_s")).alias("finish_s"),
+                           pl.when(pl.col("scheduled_s") > 30).then(float("nan")).otherwise(pl.col("scheduled_s"))
+                           .alias("scheduled_s"))
+    cc = capacity.saturation_throughput(cut)
+    assert cc["capacity_rps"] == pytest.approx(2.0, rel=0.01) and "cut" in cc["method"] and cc["admitted"] < n
+    tiny = capacity.saturation_throughput(rec.head(3))
     assert "makespan" in tiny["method"]
+    with pytest.raises(Exception, match="admitted_s"):
+        capacity.saturation_throughput(rec.drop("scheduled_s"))
     burst = capacity.backlog_workload(_window(), 3, seed=1)
     assert burst.height == 3 and (burst["arrival_s"] == 0).all()
     assert burst.equals(capacity.backlog_workload(_window(), 3, seed=1))
+    assert capacity.backlog_workload(_window(), 7, seed=1).height == 7        # pool repeated, as regions does
+
+
+def test_capacity_is_the_campaigns_definition():
+    """The one function gives exactly regions.saturation's numbers on the simulator's run of a backlog, and the
+    backlog is the campaign's size."""
+    import math
+
+    from portbench.sim import profiles, regions
+    from portbench.sim.engine import simulate
+
+    assert capacity.backlog_size(256) == max(regions.MIN_BACKLOG, regions.BACKLOG_PER_SEQ * 256) == 4096
+    assert capacity.backlog_size(8) == regions.MIN_BACKLOG and capacity.backlog_size(256, 60) == 60
+    rng = np.random.default_rng(3)
+    pool = pl.DataFrame({"arrival_s": np.zeros(400), "prompt_tokens": rng.integers(8, 300, 400),
+                         "output_tokens": rng.integers(2, 200, 400), "tenant": ["a"] * 400})
+    es = _settings(num_blocks=97, max_num_seqs=32)
+    prof, _ = resim.sim_settings(es, profiles.get_profile(profiles.DEFAULT_PROFILE), "fcfs", _sim())
+    burst = capacity.backlog_workload(pool, regions.MIN_BACKLOG, seed=2)
+    ref = regions.saturation(burst, prof, "fcfs", engine=resim.ENGINE, min_backlog=burst.height)
+    assert ref["backlog"] == burst.height                                 # the same backlog, not repeated
+    res = simulate(burst, "fcfs", prof, horizon_s=math.inf, seed=0, engine=resim.ENGINE)
+    mine = capacity.saturation_throughput(res.requests)
+    for k in ("capacity_rps", "t_start_s", "t_end_s", "completed_in_interval", "backlog", "completed", "makespan_s"):
+        assert mine[k] == pytest.approx(ref[k], rel=0, abs=0), k
+
+
+def _sim():
+    from portbench import params
+
+    return params.load("papermill_params/smoke.yaml").simulation
 
 
 def _settings(**kw):

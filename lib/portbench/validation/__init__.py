@@ -10,18 +10,22 @@ Pipeline of :func:`run` (one engine instance for everything; every step's module
 
 1. Cases (:mod:`.cases`): the analysis' most dramatic significant-and-practical reversal whose
    policies the engine can run, a stable control (replayed on the reversal's sources), then every
-   further such reversal while the time budget allows. Windows: ``windows_per_source`` chosen at
+   further such reversal while the time budget allows -- and, when the verdicts can reach alpha at
+   all, while the correction over the growing family of side tests still lets the cases already
+   replayed reach it (Holm over m tests needs p < alpha / m). Windows: ``windows_per_source`` chosen at
    random per source with ``window_seed`` (recorded), the same windows for every case.
 2. Engine (:mod:`.replay`, :mod:`.engine_scheduler`, :mod:`.policies`): vLLM V1 batching,
    ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
    (KV blocks, block size, budget, ``max_num_seqs``, ``max_model_len``) are read back from its
    own init record (:class:`.resim.EngineSettings`). Windows are transformed the same way for both
    sides (:func:`.resim.prepare_window`: first N requests, token scale, vLLM's context limit).
-3. Warm-up: one window replayed and discarded (first steps of a fresh engine are slow).
-4. Calibration and capacity, per source: a backlogged run (``saturation_requests`` requests of the
-   source queued at t = 0, fcfs). Its completion rate in the steady stretch is the engine's
-   sustainable throughput (:func:`.capacity.sustainable_throughput`, the same function on the
-   simulator's run of the same workload); its steps fit the cost model
+3. Warm-up: one window's requests queued at t = 0, replayed and discarded (first steps of a fresh
+   engine are slow); its completion rate sizes the saturation runs.
+4. Calibration and capacity, per source, as the campaign defines capacity (``regions.saturation``):
+   a backlog of the campaign's size (``capacity.backlog_size``: 4,096 requests for ``max_num_seqs``
+   256; ``saturation_requests`` overrides) queued at t = 0 under fcfs; capacity = completions per
+   second from the 10 % completion quantile to the last admission (:func:`.capacity.saturation_throughput`,
+   the same function on the simulator's run of the same backlog); its steps fit the cost model
    (``profiles.fit_profile`` -> the *calibration profile*, R², residuals).
 5. Replays at matched load: each window rescaled to the case's rho with the *engine's* capacity of
    its source (``regions.rescale``; horizon ``regions.horizon_s``), every policy of a case on the
@@ -32,7 +36,20 @@ Pipeline of :func:`run` (one engine instance for everything; every step's module
    and, as a diagnostic, on a profile refitted to every step of the run.
 7. Fidelity (:func:`.verdict.fidelity`: per-request TTFT/TPOT/E2E MAPE, median absolute error,
    correlation; per window x policy means) and verdicts (:func:`.verdict.verdict_table`: the
-   analysis' paired Wilcoxon test on the engine's per-window metric, ``metrics.compute``).
+   analysis' paired Wilcoxon test on the engine's per-window metric, ``metrics.compute``; a case is
+   ``reproduced``, ``not reproduced`` (significantly the other way), or ``inconclusive`` -- either
+   because its windows cannot reach alpha whatever they show, or because the test did not reject;
+   sign agreement is counted separately).
+
+**Time budget** (``time_budget_s``; ``reduced_time_budget_s`` for ``make all``): counted from the start
+of the process, imports, planning and window tables included, to the written summary
+(``wall_s.total``). What is done is sized to it: the saturation backlog is the campaign's unless 30 % of
+the time left cannot hold it at the warm-up's rate (then smaller, never below ``capacity.MIN_REQUESTS``),
+and a saturation run still going at 1.5x that share is cut (its steady part then ends at its last
+admission all the same); the required cases use as many of the chosen windows as their estimated
+replays leave room for (at least one per source); further cases are added while they fit; a reserve
+is kept for the analysis, the engine's shutdown and the interpreter's exit (which ``wall_s.total``,
+written before it, cannot include).
 
 Outputs under ``{results_dir}/validation/``: ``summary.json`` (the headline: engine, model,
 windows, MAPE, verdicts, fit R², capacities, wall time), ``report.json`` (everything), and tables
@@ -42,12 +59,14 @@ windows, MAPE, verdicts, fit R², capacities, wall time), ``report.json`` (every
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +76,7 @@ import polars as pl
 from ..core import io
 from ..core.config import Config, SimulationConfig, ValidationConfig, VllmEngineConfig
 from ..core.errors import ParameterError, PortbenchError
-from ..data import windows
+from ..data import predictors, windows
 from ..data.predictors import PREDICTION_COLUMNS
 from ..sim import metrics, profiles, regions, schedulers
 from ..study import campaign
@@ -68,7 +87,17 @@ LABEL_CPU = ("real vLLM engine, CPU backend, tiny model — the scheduling and m
              "the timings are a CPU's")
 LABEL_GPU = "real vLLM engine on a CUDA GPU"
 TARGETS = {"e2e_mape": 0.10, "ttft_mape": 0.20}   # below saturation (peers publish ~2-7 % E2E on GPUs)
-RESERVE_S = 45.0       # budget kept for re-simulation, fitting and writing
+# The time budget (validation.time_budget_s / reduced_time_budget_s) counts from the start of the process
+# (imports, planning, window tables and predictions included) to the written summary; what is done is
+# sized to it (see _run).
+# Kept for what follows the last replay: the engine's shutdown (vLLM waits 5 s before it kills its engine
+# process), the analysis and writing, and the interpreter's exit after the summary (~13 s measured on a loaded
+# 2-core machine once vLLM and torch are imported; it is the one part wall_s.total cannot record) ...
+RESERVE_BASE_S = 30.0
+RESERVE_PER_REPLAY_S = 0.12   # ... plus this per replay (3 re-simulations + metrics; ~0.05 s on a quiet machine)
+SATURATION_SHARE = 0.3        # the saturation runs are sized to this share of the time left when they start ...
+SATURATION_GUARD = 1.5        # ... and cut at this many times that share (a run cut early still has its last admission)
+WARMUP_HORIZON_S = 120.0
 
 
 def settings(v: ValidationConfig) -> dict:
@@ -240,12 +269,30 @@ def skipped_report(pl_: Plan) -> dict:
     return {"ran": False, "skipped_because": why, "plan": pl_.to_dict()}
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: ``/proc/self/stat``; elsewhere: since this module was
+    imported)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])     # field 22: starttime
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+_IMPORTED = time.perf_counter()
+
+
 def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = False, progress: bool = True) -> dict:
     """Run the validation when vLLM can run here; otherwise write and return a "skipped" report.
 
     Returns the report (also ``report.json``; the headline is ``summary.json``). Never raises for a
-    missing GPU / vLLM / analysis: the rest of the pipeline does not depend on this stage.
+    missing GPU / vLLM / analysis: the rest of the pipeline does not depend on this stage. The time
+    budget counts from the start of the process (:func:`process_age_s`).
     """
+    origin = time.perf_counter() - process_age_s()
     out = out_dir(cfg)
     the_plan = plan(cfg, reversals, reduced=reduced)
     _write_json(out / "plan.json", the_plan.to_dict())
@@ -257,7 +304,7 @@ def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = F
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
-    report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress)
+    report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress, origin=origin)
     _write_json(out / "report.json", report)
     return report
 
@@ -270,9 +317,6 @@ def how_to_enable() -> str:
 def _outside_event_loop(fn, *args, **kwargs):
     """Call ``fn`` here, or in a worker thread when this thread already runs an asyncio loop (a Jupyter
     kernel does): the replay drives vLLM's AsyncLLM on an event loop of its own."""
-    import asyncio
-    from concurrent.futures import ThreadPoolExecutor
-
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -301,36 +345,55 @@ def params_fingerprint(cfg: Config) -> str:
 
 
 class _Run:
-    """State of one validation run (kept small: the steps are the methods of :func:`_run`)."""
+    """State of one validation run (kept small: the steps are the closures of :func:`_run`)."""
 
-    def __init__(self, cfg: Config, the_plan: Plan, out: Path, progress: bool):
+    def __init__(self, cfg: Config, the_plan: Plan, out: Path, progress: bool, origin: float, budget: float):
         self.cfg, self.plan, self.out, self.progress = cfg, the_plan, out, progress
-        self.sim = cfg.simulation
-        self.e = the_plan.engine
-        self.t0 = time.perf_counter()
+        self.origin, self.budget = origin, budget        # perf_counter() at the process start; seconds
         self.records: dict[tuple, pl.DataFrame] = {}     # KEY -> engine records
         self.scaled: dict[tuple, tuple[pl.DataFrame, float, float]] = {}   # (wid, region) -> (df, horizon, rho)
         self.phases: list[dict] = []                      # {"phase", "t0", "t1", ...} on the monotonic clock
         self.est_ratio: list[float] = []                  # measured / estimated replay wall time
+        self.sat_ratio: list[float] = []                  # the same for the saturation runs
 
     def log(self, msg: str) -> None:
-        _log(self.progress, f"[{time.perf_counter() - self.t0:6.0f} s] {msg}")
+        _log(self.progress, f"[{self.elapsed():6.0f} s] {msg}")
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
+        """Seconds since the process started: what the budget counts."""
+        return time.perf_counter() - self.origin
+
+    def left(self) -> float:
+        return self.budget - self.elapsed()
 
 
-def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool) -> dict:
-    R = _Run(cfg, the_plan, out, progress)
+def _reserve(n_replays: int) -> float:
+    return RESERVE_BASE_S + RESERVE_PER_REPLAY_S * n_replays
+
+
+def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, origin: float | None = None) -> dict:
+    """The validation (module docstring). Sized to the budget, which counts from the process start:
+    the saturation backlog (the campaign's size unless :data:`SATURATION_SHARE` of the time left cannot
+    hold it, then no fewer than ``capacity.MIN_REQUESTS``), the windows of the required cases (fewer
+    when their estimated replays do not fit, at least one per source), then optional cases while they
+    fit; :func:`_reserve` is kept for the analysis."""
     v, sim, e = cfg.validation, cfg.simulation, the_plan.engine
     budget = float(v.reduced_time_budget_s if the_plan.reduced else v.time_budget_s)
-    n_fid = int(v.reduced_fidelity_windows if the_plan.reduced else v.fidelity_windows)
+    R = _Run(cfg, the_plan, out, progress, time.perf_counter() if origin is None else origin, budget)
+    n_fid_plan = int(v.reduced_fidelity_windows if the_plan.reduced else v.fidelity_windows)
     load_start = os.getloadavg()
     srcs_all = sorted(the_plan.windows)
     man = windows.load_manifest(cfg)
     tables = windows.load_windows(cfg, sources=srcs_all, manifest=man)
-    # what the simulator's runs are given too: frozen predictions (edf, ltr, sjf_predicted) and tenants
-    tables = campaign.run_tables(cfg, tables, list(schedulers.names("all")), manifest=man)
+    # what the simulator's runs are given too: frozen predictions (edf, ltr, sjf_predicted) and tenants.
+    # Predictions are frozen per environment (their fingerprint has the library versions): when none are
+    # frozen for this one, they are trained here (~1-2 min on 2 cores) only if a required case needs them or
+    # the run is the full one; a reduced run then skips the further cases that need them.
+    names_req = {"fcfs"} | {x for c in the_plan.cases[:2] for x in c.schedulers}
+    names_all = names_req | {x for c in the_plan.cases for x in c.schedulers}
+    with_predictions = campaign.needs_predictions(sorted(names_req)) or (
+        campaign.needs_predictions(sorted(names_all)) and (not the_plan.reduced or _predictions_frozen(cfg, man, srcs_all)))
+    tables = campaign.run_tables(cfg, tables, sorted(names_all if with_predictions else names_req), manifest=man)
     vocab = int(replay.model_config(e.model_config)["vocab_size"])
     log_path = out / "iterations.jsonl"
     for f in [log_path, *out.glob("iterations_*.jsonl")]:
@@ -338,7 +401,9 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool) -
     status = the_plan.status
     spec = the_plan.spec
     base = base_profile(cfg)
-    R.log(f"starting vLLM ({status.distribution} {status.version}, {the_plan.device}, model {e.model_config})")
+    before_engine_s = R.elapsed()
+    R.log(f"starting vLLM ({status.distribution} {status.version}, {the_plan.device}, model {e.model_config}); "
+          f"budget {budget:.0f} s from the process start")
     with replay.Replayer(spec, log_path) as eng:
         startup_s = eng.startup_s
         inits, _ = replay.read_iteration_log(log_path)
@@ -365,37 +430,88 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool) -
                              "origin": eng.last_t0})
             return rec
 
-        # 3. warm-up: the first chosen window of the first source, arrivals compressed to a 10 s span, discarded
+        def work(df: pl.DataFrame) -> float:
+            return float((df["prompt_tokens"] + df["output_tokens"]).mean())
+
+        # 3. warm-up: the first chosen window of the first source as a backlog (every request at t = 0),
+        #    discarded; its completion rate is the pilot that sizes the saturation runs
         w0 = the_plan.windows[srcs_all[0]][0]
         wdf, _ = prep(w0)
-        span = float(wdf["arrival_s"].max() - wdf["arrival_s"].min()) or 1.0
-        warm = wdf.with_columns(((pl.col("arrival_s") - pl.col("arrival_s").min()) * (10.0 / span)).alias("arrival_s"))
-        R.log(f"warm-up: {w0} ({warm.height} requests over 10 s), discarded")
-        replay_one(warm, "fcfs", 60.0, f"warmup-{w0}", "warmup")
+        warm = wdf.with_columns(pl.lit(0.0).alias("arrival_s"))
+        R.log(f"warm-up: {w0} ({warm.height} requests queued at t=0), discarded")
+        t = time.perf_counter()
+        wrec = replay_one(warm, "fcfs", WARMUP_HORIZON_S, f"warmup-{w0}", "warmup")
+        warmup_s = time.perf_counter() - t
+        try:      # its steady part: the fresh engine's first, slow steps fall in the trimmed start
+            pilot_rps = capacity.saturation_throughput(wrec)["capacity_rps"]
+        except PortbenchError:
+            pilot_rps = warm.height / max(warmup_s, 1e-3)
 
-        # 4. calibration + capacity per source: a backlogged fcfs run
+        # 4. calibration + capacity per source: a backlogged fcfs run, regions.saturation's definition
         cap_rows: list[dict] = []
         engine_cap: dict[str, float] = {}
         bursts: dict[str, pl.DataFrame] = {}
+        sat_records: dict[str, pl.DataFrame] = {}
+        pools: dict[str, pl.DataFrame] = {}
 
-        def saturate(s: str) -> None:
-            pool = pl.concat([prep(wid)[0].select("arrival_s", "prompt_tokens", "output_tokens", "tenant")
-                              for wid in sorted(t for t in tables if _source_of(man, t) == s)])
-            burst = capacity.backlog_workload(pool, int(v.saturation_requests), _seed(sim, s, "saturation", "burst"))
-            R.log(f"saturation run {s}: {burst.height} requests queued at t=0 (fcfs)")
-            rec = replay_one(burst, "fcfs", 3600.0, f"sat-{s}", "saturation")
-            c = capacity.sustainable_throughput(rec)
-            engine_cap[s] = c["capacity_rps"]
-            bursts[s] = burst
-            cap_rows.append({"source": s, "side": "engine", **c, "preemptions": int(rec["preemptions"].sum())})
-            R.log(f"  {s}: sustainable throughput {c['capacity_rps']:.2f} req/s ({c['method']}; makespan rate "
-                  f"{c['makespan_rps']:.2f}), {int(rec['preemptions'].sum())} preemptions")
+        def pool(s: str) -> pl.DataFrame:
+            if s not in pools:
+                pools[s] = pl.concat([prep(wid)[0].select("arrival_s", "prompt_tokens", "output_tokens", "tenant")
+                                      for wid in sorted(t for t in tables if _source_of(man, t) == s)])
+            return pools[s]
+
+        def per_request_s(s: str, learned: bool = True) -> float:
+            """Estimated engine seconds per backlog request of source s: the warm-up's rate scaled by the work
+            per request, times what the saturation runs so far took over that estimate."""
+            ratio = float(np.median(R.sat_ratio)) if (R.sat_ratio and learned) else 1.0
+            return work(pool(s)) / work(warm) / pilot_rps * ratio
 
         required = sorted({s for c in the_plan.cases[:2] for s in c.sources})
+        target = capacity.backlog_size(es.max_num_seqs, v.saturation_requests)
+        floor_n = min(target, capacity.MIN_REQUESTS)
+        allot_s = SATURATION_SHARE * max(R.left() - RESERVE_BASE_S, 0.0) / len(required)   # per required source
+        fits = int(allot_s * len(required) / sum(per_request_s(s) for s in required))
+        n_sat = int(min(target, max(floor_n, fits)))
+        why = ("the campaign's backlog (regions.saturation: max(MIN_BACKLOG, BACKLOG_PER_SEQ x max_num_seqs))"
+               if v.saturation_requests is None else "validation.saturation_requests")
+        sat_note = (f"{n_sat} requests per source: {why}" if n_sat == target else
+                    f"{n_sat} requests per source instead of {target} ({why}): {SATURATION_SHARE:.0%} of the "
+                    f"{max(R.left(), 0):.0f} s left holds ~{fits} at the warm-up's rate of {pilot_rps:.0f} req/s "
+                    f"(never fewer than {floor_n})")
+        R.log(f"saturation backlog: {sat_note}")
+
+        def saturate(s: str, phase: str = "saturation") -> None:
+            burst = capacity.backlog_workload(pool(s), n_sat, _seed(sim, s, "saturation", "burst"))
+            est = n_sat * per_request_s(s)
+            share = allot_s if phase == "saturation" else max(est, R.left() - _reserve(len(R.records))) / 2
+            guard = max(SATURATION_GUARD * share, 10.0)
+            R.log(f"saturation run {s}: {burst.height} requests queued at t=0 (fcfs), ~{est:.0f} s (cut at {guard:.0f} s)")
+            t = time.perf_counter()
+            rec = replay_one(burst, "fcfs", guard, f"sat-{s}", phase)
+            took = time.perf_counter() - t
+            R.sat_ratio.append(took / (n_sat * per_request_s(s, learned=False)))
+            c = capacity.saturation_throughput(rec)
+            # diagnostic: the share of the steady part's engine steps with requests waiting (near 1: the scheduler
+            # was the bottleneck; lower: vLLM's frontend could not queue the backlog faster than it was served)
+            st = replay.iteration_rows(log_path)
+            lo, hi = eng.last_t0 + c["t_start_s"], eng.last_t0 + c["t_end_s"]
+            st = st.filter((pl.col("t_start") >= lo) & (pl.col("t_start") <= hi))
+            c["queue_nonempty_share"] = float((st["waiting"] > 0).mean()) if st.height else math.nan
+            engine_cap[s] = c["capacity_rps"]
+            bursts[s] = burst
+            sat_records[s] = rec.with_columns(pl.lit(s).alias("source"))
+            cap_rows.append({"source": s, "side": "engine", **c, "preemptions": int(rec["preemptions"].sum()),
+                             "phase": phase, "wall_s": took})
+            R.log(f"  {s}: capacity {c['capacity_rps']:.2f} req/s (steady part {c['t_start_s']:.1f}-{c['t_end_s']:.1f} s, "
+                  f"{c['completed_in_interval']} completions, requests waiting in {c['queue_nonempty_share']:.0%} of its "
+                  f"steps; makespan rate {c['makespan_rps']:.2f}), {int(rec['preemptions'].sum())} preemptions, {took:.0f} s")
+
+        t = time.perf_counter()
         for s in required:
             saturate(s)
+        saturation_s = time.perf_counter() - t
         steps = replay.iteration_rows(log_path)
-        calib_steps = _phase_steps(steps, R.phases, {"saturation"})
+        calib_steps = verdict.calibration_sample(_phase_steps(steps, R.phases, {"saturation"}), seed=int(v.seed))
         calib = verdict.fit_engine_profile(calib_steps, base, f"vllm_{e.model_config}_{the_plan.device}_calibration",
                                            floor=_floor(the_plan.device))
         calib_path = profiles.save_profile(calib, out / "engine_profile_calibration.json")
@@ -406,24 +522,42 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool) -
         the_cases = the_plan.cases
         done_cases: list[cases.Case] = []
         skipped: list[str] = []
+        skipped_why = {"time": 0, "family": 0, "predictions": 0}
         fid_region = v.fidelity_region
         fid_rho = float(sim.region_loads[fid_region])
+
+        def cap_of(s: str) -> float:
+            """The engine's capacity of s, or (not measured yet) the measured ones scaled by work per request."""
+            if s in engine_cap:
+                return engine_cap[s]
+            known = [engine_cap[k] * work(pool(k)) / work(pool(s)) for k in engine_cap]
+            return float(np.median(known)) if known else pilot_rps
 
         def scaled_window(s, wid, region, rho):
             if (wid, region) not in R.scaled:
                 if s not in engine_cap:
-                    saturate(s)
+                    saturate(s, "capacity")
                 df, _ = prep(wid)
                 sc = regions.rescale(df, rho, engine_cap[s])
                 R.scaled[(wid, region)] = (sc, float(regions.horizon_s(sc, sim.horizon_factor)), float(rho))
             return R.scaled[(wid, region)]
 
-        def estimate(s, wid, region, rho) -> float:
+        def estimate(s, wid, region, rho, learned: bool = True) -> float:
+            """Estimated wall seconds of one replay (its span, or its horizon at and above saturation), times
+            the median of measured / estimated so far."""
             df, _ = prep(wid)
-            span = (df.height - 1) / (rho * engine_cap.get(s, 1.0))
-            per = span * sim.horizon_factor if rho >= 0.9 else span + df.height / engine_cap.get(s, 1.0) * 0.2
-            ratio = float(np.median(R.est_ratio)) if R.est_ratio else 1.0
+            cap = cap_of(s)
+            span = (df.height - 1) / (rho * cap)
+            per = span * sim.horizon_factor if rho >= 0.9 else span + df.height / cap * 0.2
+            ratio = float(np.median(R.est_ratio)) if (R.est_ratio and learned) else 1.0
             return per * max(ratio, 0.5)
+
+        def need_s(todo) -> float:
+            """Estimated seconds of the replays ``todo`` ((s, wid, region, rho, sched)), saturation runs of new sources included."""
+            new = [t for t in todo if (t[0], t[1], t[2], t[4]) not in R.records]
+            srcs = {t[0] for t in new if t[0] not in engine_cap}
+            return sum(estimate(s, wid, region, rho) for s, wid, region, rho, _ in new) + \
+                sum(n_sat * per_request_s(s) for s in srcs)
 
         def do(s, wid, region, rho, sched, kind):
             key = (s, wid, region, sched)
@@ -433,35 +567,76 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool) -
             seed = _seed(sim, wid, sched, region)
             prio = replay.request_priorities(sched, sc, seed, schedulers.options_for(sim, sched),
                                              profile=calib, slo=sim.edf_slo_dict)
-            est = estimate(s, wid, region, rho)
+            est = estimate(s, wid, region, rho, learned=False)
             t = time.perf_counter()
             rec = replay_one(sc, sched, horizon, f"{wid}.{region}", kind, prio)
             R.est_ratio.append((time.perf_counter() - t) / est if est > 0 else 1.0)
             R.records[key] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
-            R.log(f"{kind} {wid} {region} (rho {rho:g}) {sched}: {rec.height} requests, horizon {horizon:.1f} s, "
-                  f"{int((rec['status'] == 'finished').sum())} finished, {int(rec['preemptions'].sum())} preemptions, "
-                  f"{time.perf_counter() - t:.1f} s")
 
-        for s in required:
-            for wid in the_plan.windows[s][:n_fid]:
-                do(s, wid, fid_region, fid_rho, "fcfs", "fidelity")
+        def case_todo(c, k):
+            return [(s, wid, c.region, float(c.rho), sched)
+                    for j in range(k) for s in c.sources if j < len(the_plan.windows[s])
+                    for wid in [the_plan.windows[s][j]]
+                    for sched in (c.schedulers if (j % 2 == 0 or not v.interleave) else c.schedulers[::-1])]
+
+        def required_todo(k, nf):
+            fid = [(s, wid, fid_region, fid_rho, "fcfs") for s in required for wid in the_plan.windows[s][:nf]]
+            return fid + [t for c in the_cases[:2] for t in case_todo(c, k)]
+
+        # the windows of the required cases: as many of the chosen ones as the time left holds (>= 1)
+        k_plan = max(len(w) for w in the_plan.windows.values())
+        k_use = k_plan
+        while k_use > 1:
+            todo = required_todo(k_use, min(n_fid_plan, k_use))
+            if need_s(todo) + _reserve(len(todo)) <= R.left():
+                break
+            k_use -= 1
+        n_fid = min(n_fid_plan, k_use)
+        if k_use < k_plan:
+            R.log(f"the time left ({R.left():.0f} s) holds the required replays on {k_use} of the {k_plan} windows "
+                  "per source")
+        for s, wid, region, rho, sched in required_todo(0, n_fid):
+            do(s, wid, region, rho, sched, "fidelity")
+        alpha, correction = float(cfg.analysis.alpha), str(cfg.analysis.correction)
+        family: list[int] = []            # windows per side of the cases replayed (the verdicts' test family)
         for i, c in enumerate(the_cases):
-            todo = [(s, wid, sched) for k in range(max(len(the_plan.windows[s]) for s in c.sources))
-                    for s in c.sources if k < len(the_plan.windows[s])
-                    for wid in [the_plan.windows[s][k]]
-                    for sched in (c.schedulers if (k % 2 == 0 or not v.interleave) else c.schedulers[::-1])]
-            new = [t for t in todo if (t[0], t[1], c.region, t[2]) not in R.records]
-            need = sum(estimate(s, wid, c.region, float(c.rho)) for s, wid, _ in new)
-            if i >= 2 and R.elapsed() + need > budget - RESERVE_S:
-                skipped.append(f"{c.kind} {c.a} vs {c.b} ({c.metric}, {c.region}, {'/'.join(c.sources)}): "
-                               f"~{need:.0f} s of replays would exceed the {budget:.0f} s budget")
-                continue
-            R.log(f"case {i + 1}/{len(the_cases)} {c.kind}: {c.a} vs {c.b}, {c.metric} at {c.region} "
-                  f"(rho {c.rho}) on {', '.join(c.sources)}: {len(new)} replays (~{need:.0f} s)")
-            for s, wid, sched in todo:
-                do(s, wid, c.region, float(c.rho), sched, f"case{i}")
+            todo = case_todo(c, k_use)
+            sides = [min(k_use, len(the_plan.windows[s])) for s in c.sources]
+            if i >= 2:
+                if not with_predictions and campaign.needs_predictions(list(c.schedulers)):
+                    skipped.append(f"{c.kind} {c.a} vs {c.b} ({c.metric}, {c.region}, {'/'.join(c.sources)}): needs "
+                                   "learned predictions, not frozen for this environment (training them does not fit "
+                                   "a reduced run)")
+                    skipped_why["predictions"] += 1
+                    continue
+                need = need_s(todo)
+                n_new = sum(1 for t in todo if (t[0], t[1], t[2], t[4]) not in R.records)
+                if need + _reserve(len(R.records) + n_new) > R.left():
+                    skipped.append(f"{c.kind} {c.a} vs {c.b} ({c.metric}, {c.region}, {'/'.join(c.sources)}): "
+                                   f"~{need:.0f} s of replays would exceed the {budget:.0f} s budget")
+                    skipped_why["time"] += 1
+                    continue
+                before = verdict.attainable_p_adj(family, correction)
+                after = verdict.attainable_p_adj(family + sides, correction)[:len(family)]
+                if np.any((before < alpha) & (after >= alpha)):
+                    skipped.append(f"{c.kind} {c.a} vs {c.b} ({c.metric}, {c.region}, {'/'.join(c.sources)}): "
+                                   f"{correction} over {len(family) + len(sides)} side tests would leave the cases "
+                                   f"replayed so far unable to reach alpha = {alpha:g} with {k_use} windows")
+                    skipped_why["family"] += 1
+                    continue
+            t = time.perf_counter()
+            for s, wid, region, rho, sched in todo:
+                do(s, wid, region, rho, sched, f"case{i}")
+            family += sides
             done_cases.append(c)
+            if i < 2:
+                R.log(f"case {i + 1}/{len(the_cases)} {c.kind}: {c.a} vs {c.b}, {c.metric} at {c.region} on "
+                      f"{', '.join(c.sources)}, {k_use} windows per source: {time.perf_counter() - t:.0f} s")
+        R.log(f"{len(done_cases)} cases replayed ({len(R.records)} replays); {len(skipped)} further cases not "
+              f"({skipped_why['time']} for time, {skipped_why['family']} to keep the test family able to reach alpha, "
+              f"{skipped_why['predictions']} for want of frozen predictions)")
         load_end = os.getloadavg()
+    engine_s = R.elapsed() - before_engine_s
     # the raw measurements: everything analyze() needs, so that the analysis can be redone from files
     raw = out / "raw"
     keyed = []
@@ -478,21 +653,40 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool) -
     pl.concat(keyed, how="vertical").write_parquet(raw / "engine_requests.parquet")
     pl.concat(win_rows, how="diagonal_relaxed").write_parquet(raw / "windows.parquet")
     pl.concat([b.with_columns(pl.lit(s).alias("source")) for s, b in bursts.items()]).write_parquet(raw / "bursts.parquet")
+    pl.concat(list(sat_records.values())).write_parquet(raw / "saturation_requests.parquet")
+    replays_s = sum(ph["t1"] - ph["t0"] for ph in R.phases if ph["phase"] not in ("warmup", "saturation"))
+    # the rest of engine_total: importing vLLM, the calibration fit, bookkeeping and the engine's shutdown
+    other_s = engine_s - startup_s - warmup_s - saturation_s - replays_s
     _write_json(raw / "run.json", {
         "engine_settings": es.to_dict(), "status": dataclasses.asdict(status), "device": the_plan.device,
         "reduced": the_plan.reduced, "budget_s": budget, "windows": the_plan.windows, "window_seed": int(v.window_seed),
         "cases": [c.to_dict() for c in done_cases], "cases_skipped": skipped, "phases": R.phases,
-        "capacity": cap_rows, "startup_s": startup_s, "replay_wall_s": R.elapsed(),
+        "capacity": cap_rows, "startup_s": startup_s, "replay_wall_s": engine_s,
+        "wall_s": {"before_engine": before_engine_s, "engine_startup": startup_s, "warmup": warmup_s,
+                   "saturation": saturation_s, "replays": replays_s, "engine_other": other_s,
+                   "engine_total": engine_s},
+        "budget": {"budget_s": budget, "counted_from": "process start", "saturation_backlog": n_sat,
+                   "saturation_backlog_target": target, "saturation_backlog_why": sat_note,
+                   "warmup_rate_rps": pilot_rps, "windows_per_source": k_use, "windows_per_source_planned": k_plan,
+                   "fidelity_windows": n_fid, "cases_replayed": len(done_cases), "cases_skipped": skipped_why,
+                   "predictions": "attached" if with_predictions else "not frozen for this environment: cases "
+                                                                           "that need them skipped"},
         "loadavg_start": list(load_start), "loadavg_end": list(load_end), "calibration_profile": str(calib_path),
         "model_config": e.model_config, "dtype": e.dtype,
         "inputs": {"params_fingerprint": params_fingerprint(cfg), "reversals_sha256": _sha(reversals_path(cfg))
                    if reversals is None else "given", "manifest_checksum": man.get("checksum")}})
-    summary = analyze(cfg, t_start=R.t0)
-    R.log(f"done in {summary['wall_s']['total']:.0f} s: MAPE below saturation TTFT {summary['mape']['ttft']:.3f}, "
-          f"TPOT {summary['mape']['tpot']:.3f}, E2E {summary['mape']['e2e']:.3f}; "
-          + "; ".join(f"{x['case']} {x['a']} vs {x['b']}: {'reproduced' if x['reproduced'] else 'not reproduced'}"
-                      for x in summary["verdicts"]))
+    summary = analyze(cfg, t_start=R.origin)
+    m = summary["mape"]
+    R.log(f"done in {summary['wall_s']['total']:.0f} s from the process start (budget {budget:.0f} s): MAPE below "
+          f"saturation TTFT {m['ttft']:.3f}, TPOT {m['tpot']:.3f}, E2E {m['e2e']:.3f}; "
+          + verdict.verdict_line(summary["verdict_counts"]))
     return {**summary, "plan": the_plan.to_dict(), "phases": R.phases}
+
+
+def _predictions_frozen(cfg: Config, man: dict, sources) -> bool:
+    """Whether every source's home predictions are frozen for this environment (no training needed)."""
+    return all(predictors.predictions_path(cfg, s, s, predictors.fingerprint_key(
+        predictors.fingerprint(cfg, man, s, s))).is_file() for s in sources)
 
 
 def _case_from_dict(d: dict) -> cases.Case:
@@ -547,7 +741,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     calib = profiles.get_profile(run_info["calibration_profile"])
     base = base_profile(cfg)
     steps = _label_phases(replay.iteration_rows(out / "iterations.jsonl"), phases)
-    calib_steps = steps.filter(pl.col("phase") == "saturation")
+    calib_steps = verdict.calibration_sample(steps.filter(pl.col("phase") == "saturation"), seed=int(cfg.validation.seed))
     all_steps = steps.filter(pl.col("phase") != "warmup")
     insample = verdict.fit_engine_profile(all_steps, base, f"vllm_{run_info['model_config']}_{device}_all_steps",
                                           floor=_floor(device))
@@ -562,9 +756,10 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     engine_cap = {r["source"]: r["capacity_rps"] for r in cap_rows}
     sim_caps = {}
     for (s,), b in bursts.group_by(["source"], maintain_order=True):
+        # the same backlog on the simulator, the same function (regions.saturation's definition)
         b = b.drop("source")
         res = resim.simulate(b, "fcfs", _seed(sim, s, "saturation", "burst"), math.inf, es, calib, sim)
-        c = capacity.sustainable_throughput(res.requests)
+        c = capacity.saturation_throughput(res.requests)
         sim_caps[s] = c["capacity_rps"]
         cap_rows.append({"source": s, "side": "simulator (calibration profile)", **c,
                          "preemptions": int(res.counters["preemptions"])})
@@ -647,6 +842,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     verdicts = verdict.verdict_table(done_cases, engine_runs, alpha=float(cfg.analysis.alpha),
                                      correction=str(cfg.analysis.correction), sim_runs=sim_runs)
     case_sum = verdict.case_summary(verdicts)
+    counts = verdict.verdict_counts(case_sum)
     win_err = verdict.window_error_table(matched["prediction"]).join(
         verdict.window_error_table(matched["speed_corrected"]).select(
             *verdict.KEY, *[pl.col(f"{x}_mape").alias(f"{x}_mape_speed_corrected") for x in verdict.LATENCIES]),
@@ -666,6 +862,9 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     ingest = (eng_req.filter(~pl.col("rejected"))["queued_s"] - eng_req.filter(~pl.col("rejected"))["arrival_s"]).drop_nans()
     cpu_share = float(all_steps["cpu_s"].sum() / all_steps["iteration_s"].sum()) if all_steps.height else math.nan
     mcfg = replay.model_config(run_info["model_config"])
+    prev_total = math.nan                # an analysis rerun keeps the run's own total
+    if t_start is None and summary_path(cfg).is_file():
+        prev_total = (json.loads(summary_path(cfg).read_text()).get("wall_s") or {}).get("total", math.nan)
     st = run_info["status"]
     pred_b, corr_b = fid["prediction"]["below_saturation"], fid["speed_corrected"]["below_saturation"]
     sf = np.array(list(speed.values()) or [math.nan])
@@ -695,8 +894,14 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                     "e2e_met_speed_corrected": bool(corr_b["e2e"]["mape"] <= TARGETS["e2e_mape"]),
                     "ttft_met_speed_corrected": bool(corr_b["ttft"]["mape"] <= TARGETS["ttft_mape"])},
         "verdicts": [{k: r[k] for k in ("case", "a", "b", "region", "metric", "sources", "windows", "sim_sign",
-                                        "engine_sign", "resim_sign", "sign_reproduced", "reproduced")}
+                                        "engine_sign", "resim_sign", "verdict", "sign_agreement", "sign_reproduced",
+                                        "reproduced", "can_reach_alpha", "min_attainable_p_adj")}
                      for r in (case_sum.to_dicts() if case_sum.height else [])],
+        "verdict_counts": counts,
+        "verdict_rules": {"alpha": float(cfg.analysis.alpha), "correction": str(cfg.analysis.correction),
+                          "family_sides": int(verdicts.height),
+                          "resolution": "the exact two-sided Wilcoxon test over n windows cannot give p < 2/2^n "
+                                        "(n = 3: 0.25); floors adjusted over the family as the p-values are"},
         "cases_skipped": run_info["cases_skipped"],
         "profile_fit_r2": calib_fit["r2"],
         "profile": {"calibration": {"path": run_info["calibration_profile"], "formula": calib.formula(),
@@ -706,10 +911,18 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
         "error_sources": error_sources,
         "speed_factor": {"median": float(np.nanmedian(sf)), "min": float(np.nanmin(sf)), "max": float(np.nanmax(sf))},
         "capacity_rps": {s: {"engine": engine_cap[s], "simulator": sim_caps.get(s)} for s in engine_cap},
-        "wall_s": {"total": (time.perf_counter() - t_start) if t_start is not None else math.nan,
-                   "engine_startup": run_info["startup_s"], "replays": run_info["replay_wall_s"],
-                   "analysis": time.perf_counter() - t0},
+        "capacity_definition": ("regions.saturation's: a backlog at t = 0 (fcfs), completions per second from the "
+                                f"{regions.STEADY_TRIM:.0%} completion quantile to the last admission; one function "
+                                "(capacity.saturation_throughput) on the engine's and the simulator's run of the same "
+                                f"backlog; {run_info.get('budget', {}).get('saturation_backlog_why', '')}"),
+        "wall_s": {**run_info.get("wall_s", {"engine_startup": run_info["startup_s"],
+                                             "engine_total": run_info["replay_wall_s"]}),
+                   "analysis": time.perf_counter() - t0,
+                   "total": (time.perf_counter() - t_start) if t_start is not None else prev_total,
+                   "total_counts_from": "process start" if t_start is not None else
+                   "process start of the run (this analysis was rerun with --analyze-only)"},
         "budget_s": run_info["budget_s"],
+        "budget": run_info.get("budget", {}),
         "machine": {"cpus": os.cpu_count(), "loadavg_start": run_info["loadavg_start"],
                     "loadavg_end": run_info["loadavg_end"], "engine_cpu_share": cpu_share},
         "submit_lag_s": {"max": float(lag.max()) if lag.len() else math.nan,
@@ -826,15 +1039,17 @@ def results_markdown(res: dict) -> str:
     m, mc = s["mape"], s.get("mape_speed_corrected", {})
     es = s["engine_settings"]
     n_rev = sum(1 for v in s["verdicts"] if v["case"] == "reversal")
-    n_rep = sum(1 for v in s["verdicts"] if v["reproduced"])
     n_sign = sum(1 for v in s["verdicts"] if v["sign_reproduced"])
+    counts = s.get("verdict_counts") or verdict.verdict_counts(s["verdicts"])
+    b = s.get("budget") or {}
     lines = [f"**{s['label']}.**",
              f"* Engine: {s['engine']} ({s['device']}), model `{s['model']['config']}` "
              f"({s['model']['architecture']}, {s['model']['layers']} layers, hidden {s['model']['hidden']}, dummy weights); "
              f"{es['num_blocks']} KV blocks x {es['block_size']} tokens, token budget {es['max_num_batched_tokens']}, "
              f"max_model_len {es['max_model_len']}; token counts x {es['token_scale']:g} on both sides. "
              f"Run: **{s['run']}**, {s['windows_replayed']} windows ({s['replays']} replays, windows drawn with seed "
-             f"{s['window_seed']}), {s['wall_s']['total']:.0f} s wall (budget {s['budget_s']:.0f} s); machine load "
+             f"{s['window_seed']}), {s['wall_s']['total']:.0f} s wall from the process start (budget "
+             f"{s['budget_s']:.0f} s); saturation backlog {b.get('saturation_backlog', '?')} requests per source; machine load "
              f"average {s['machine']['loadavg_start'][0]:.1f} at the start, {s['machine']['loadavg_end'][0]:.1f} at the "
              f"end on {s['machine']['cpus']} CPUs (the engine got {_pct(s['machine']['engine_cpu_share'])} of a core "
              "while stepping).",
@@ -846,8 +1061,10 @@ def results_markdown(res: dict) -> str:
              f"TPOT {_pct(mc.get('tpot'))}, E2E {_pct(mc.get('e2e'))}.",
              f"* Cost model fitted to {s['profile']['calibration']['fit']['steps']} calibration steps: R² "
              f"{s['profile_fit_r2']:.2f} ({s['profile']['calibration']['formula']}).",
-             f"* Verdicts: {len(s['verdicts'])} cases ({n_rev} reversals); the engine reproduces the simulated sign in "
-             f"{n_sign} and sign and significance in {n_rep}."]
+             f"* Verdicts ({n_rev} of the cases are reversals): {verdict.verdict_line(counts)}; the sign pattern of "
+             f"{n_sign} cases is reproduced. \"Inconclusive: N windows cannot reach α\" means that no outcome of "
+             "the paired test over that many windows could be significant (the exact Wilcoxon test cannot give p < "
+             "2/2^N, and the correction over the family raises that floor): the verdict is open, not negative."]
     for st in res.get("stale", []):
         lines.append(f"* **Warning: {st}** — rerun `make validate` (or `make all`).")
     return "\n".join(lines)
@@ -872,8 +1089,9 @@ def error_sources_markdown(s: dict) -> str:
             f"{sf.get('max', float('nan')):.2f}x the calibration's speed from replay to replay (median "
             f"{sf.get('median', float('nan')):.2f}x): the CPU is shared, and a step's wall time is its compute divided "
             "by the share of a core the process gets. The cost model fits the calibration steps with R² "
-            f"{s['profile_fit_r2']:.2f}; the variance it leaves is mostly this noise (the fit is unbiased for the "
-            "mean step, so sums over many steps — E2E — are predicted better than single steps — TTFT, TPOT).\n"
+            f"{s['profile_fit_r2']:.2f} (a sample with every batch size represented, verdict.calibration_sample); "
+            "the variance it leaves is mostly this noise, so sums over many steps — E2E — are predicted better "
+            "than single steps — TTFT, TPOT.\n"
             f"* **Frontend.** vLLM's scheduler sees a request {1e3 * ing.get('median', float('nan')):.1f} ms "
             f"(median; p90 {1e3 * ing.get('p90', float('nan')):.1f} ms) after the client sent it (input processing and "
             "the hand-off to the engine process); the simulator has no such delay, which weighs on TTFTs of a few "

@@ -1,4 +1,9 @@
-"""Figures of notebook 08 (through the project's one figure helper)."""
+"""Figures of notebook 08 (through the project's one figure helper).
+
+They show measurements of the machine the validation ran on (engine timings), so they are saved as
+*measured* figures (:func:`portbench.present.figures.save`): indexed in ``{figures_dir}/08_gpu_validation/
+index.json``, not in the committed top index, and the folder is ignored by git.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import polars as pl
 
+from ..core import figindex
 from ..present import figures
 from ..sim import metrics
 from ..core.errors import ParameterError
@@ -24,13 +30,24 @@ def _unit(metric: str) -> str:
 
 
 CASES_SHOWN = 6    # case figures shown in notebook 08 (the key reversal, the control, the first further ones)
+FOLDER = "08_gpu_validation"
+CASE_KINDS = ("reversal", "control")
+
+
+def case_name(case: Case) -> str:
+    """The file name of a case's figure (no folder): kind, pair, metric, region and sources, so two cases of one
+    scheduler pair never share a file, and a case keeps its name whichever cases a time budget let run."""
+    return f"{case.kind}_{case.a}_vs_{case.b}_{case.metric}_{case.region}_{'-'.join(case.sources)}"
 
 
 def case_figures(cases, engine_runs: pl.DataFrame, provenance: Mapping[str, str], figures_dir,
                  sim_runs: pl.DataFrame | None = None, names: Mapping[str, str] | None = None,
                  shown: int = CASES_SHOWN) -> list[dict]:
     """:func:`case_figure` of every case with replays (saved and indexed); the first ``shown`` stay open (so a
-    notebook displays them), the others are closed. Returns the saved paths."""
+    notebook displays them), the others are closed. The index entries of earlier runs' case figures are
+    dropped first (their files stay until overwritten). Returns the saved paths."""
+    figindex.forget_where(figures_dir, lambda name, e: e.get("notebook") == FOLDER
+                          and name.split("/")[-1].startswith(tuple(f"{k}_" for k in CASE_KINDS)))
     out = []
     have = set(engine_runs.select("scheduler", "region").unique().iter_rows()) if engine_runs.height else set()
     for c in [c for c in cases if {(c.a, c.region), (c.b, c.region)} <= have]:
@@ -68,10 +85,10 @@ def case_figure(case: Case, engine_runs: pl.DataFrame, provenance: Mapping[str, 
         ax.set_title(label(src, provenance.get(src, "real"), names))
         ax.legend(loc="best")
     fig.suptitle(f"{case.kind}: {case.a} vs {case.b} at {case.region}, one point per window")
-    paths = figures.save(fig, f"08_gpu_validation/{case.kind}_{case.a}_vs_{case.b}", figures_dir,
+    paths = figures.save(fig, f"{FOLDER}/{case_name(case)}", figures_dir, measured=True,
                          description=f"{case.kind} case: {case.metric} of {case.a} vs {case.b} at region "
-                                     f"{case.region}, one point per replayed window (vLLM measured, simulator "
-                                     "re-run on the fitted profile)")
+                                     f"{case.region} on {', '.join(case.sources)}, one point per replayed window "
+                                     "(vLLM measured, simulator re-run on the fitted profile)")
     return fig, paths
 
 
@@ -98,7 +115,7 @@ def residual_figure(iterations: pl.DataFrame, figures_dir) -> tuple[object, dict
     ax2.set_xlabel("predicted step time (ms)")
     ax2.set_ylabel("measured − predicted (ms)")
     fig.suptitle("Cost model fitted to the vLLM engine's steps")
-    paths = figures.save(fig, "08_gpu_validation/profile_fit_residuals", figures_dir,
+    paths = figures.save(fig, f"{FOLDER}/profile_fit_residuals", figures_dir, measured=True,
                          description="measured vs predicted engine step time and residuals of the cost model fitted "
                                      "to the calibration (saturation) runs, every step of the validation run")
     return fig, paths
@@ -125,7 +142,7 @@ def fidelity_figure(matched: pl.DataFrame, figures_dir, *, title: str = "") -> t
         ax.set_ylabel(f"simulator {x.upper()} (ms)")
         ax.legend(loc="upper left", markerscale=3)
     fig.suptitle(title or "Simulator vs engine, per request")
-    paths = figures.save(fig, "08_gpu_validation/fidelity_per_request", figures_dir,
+    paths = figures.save(fig, f"{FOLDER}/fidelity_per_request", figures_dir, measured=True,
                          description="per-request TTFT, TPOT and E2E: the simulator re-run with the engine-fitted "
                                      "profile and the engine's settings vs the vLLM engine")
     return fig, paths

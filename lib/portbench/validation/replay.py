@@ -19,7 +19,10 @@ ignore_eos=True, temperature=0, detokenize=False, output_kind=FINAL_ONLY), reque
 priority=...)``. FINAL_ONLY keeps the client's event loop free of per-token work, so submissions stay
 on time. At the observation horizon every request still running is aborted (``AsyncLLM.abort``: the
 generator then receives a final output with the tokens generated so far and the request's stats),
-exactly as the simulator stops at the horizon; its ``generated_tokens`` are those tokens.
+exactly as the simulator stops at the horizon; its ``generated_tokens`` are those tokens. For tests
+whose outcome must not depend on the machine's speed, arrivals and the horizon can also be events on
+the engine's own outputs (:attr:`ReplayRequest.after`, ``Replayer.replay(stop_when=...)``: "once
+request r has generated k tokens"; the requests watched stream CUMULATIVE outputs).
 
 **Timings (vLLM 0.32, read in ``vllm/v1/metrics/stats.py`` and ``vllm/v1/engine/output_processor.py``).**
 ``RequestOutput.metrics`` is the request's ``RequestStateStats`` (present when stats logging is on:
@@ -172,6 +175,9 @@ class ReplayRequest:
     output_tokens: int
     priority: int = 0
     tenant: str = ""
+    # event-based arrival: sent no earlier than arrival_s *and* only once, for each (req_id, k), request
+    # req_id of the same replay has generated k tokens by the engine's outputs (or has ended)
+    after: tuple[tuple[int, int], ...] = ()
 
     @property
     def prompt_tokens(self) -> int:
@@ -340,11 +346,18 @@ def records_from_traces(traces: Sequence[RequestTrace], *, t0_mono: float, t0_wa
     return df.select([*RECORD_COLUMNS, *EXTRA_RECORD_COLUMNS])
 
 
-def clock_problems(records: pl.DataFrame, tol_s: float = 0.5) -> list[str]:
-    """Checks that the two clocks were read right: per request, on the monotonic clock,
-    submission <= queued <= scheduled <= first token <= finish, the client received the final output
-    after the engine stamped the last token, and the wall-clock arrival agrees with the monotonic submission within
-    ``tol_s``. Returns readable problems (empty = consistent)."""
+WALL_DRIFT = 5e-4      # the most the wall clock can be slewed against the monotonic one (NTP: 500 ppm)
+WALL_EPS_S = 1e-3      # + the resolution of the (wall, monotonic) pair read at t0
+
+
+def clock_problems(records: pl.DataFrame) -> list[str]:
+    """Checks that the two clocks were read right -- orderings only, so no machine load can fail them:
+    per request, on the monotonic clock, submission <= queued <= scheduled <= first token <= finish and
+    the client received the final output after the engine stamped the last token; and the frontend's
+    wall-clock arrival (``engine_arrival_s``) lies between the client's submission and the engine
+    core's queueing (vLLM stamps it in between), up to the drift the two clocks can have
+    (:data:`WALL_EPS_S` + :data:`WALL_DRIFT` x the time since t0): a clock mix-up is off by years.
+    Returns readable problems (empty = consistent)."""
     out = []
     r = records.filter(~pl.col("rejected"))
     eps = 1e-6
@@ -354,9 +367,12 @@ def clock_problems(records: pl.DataFrame, tol_s: float = 0.5) -> list[str]:
         bad = r.filter(pl.col(a).is_not_nan() & pl.col(b).is_not_nan() & (pl.col(b) < pl.col(a) - eps))
         if bad.height:
             out.append(f"{bad.height} requests with {b} < {a} (e.g. req {bad['req_id'][0]})")
-    gap = (r["engine_arrival_s"] - r["arrival_s"]).abs()
-    if r.height and gap.max() is not None and gap.max() > tol_s:
-        out.append(f"wall-clock arrival differs from monotonic submission by up to {gap.max():.3f} s")
+    tol = WALL_EPS_S + WALL_DRIFT * pl.col("arrival_s").abs()   # (finite for every request sent)
+    for a, b in (("arrival_s", "engine_arrival_s"), ("engine_arrival_s", "queued_s")):
+        bad = r.filter(pl.col(a).is_not_nan() & pl.col(b).is_not_nan() & (pl.col(b) < pl.col(a) - tol))
+        if bad.height:
+            out.append(f"{bad.height} requests with {b} < {a} beyond the wall/monotonic drift (e.g. req "
+                       f"{bad['req_id'][0]}: the wall-clock arrival is not on the client's clock)")
     return out
 
 
@@ -523,6 +539,8 @@ class Replayer:
         self.engine = None
         self._loop = None
         self.startup_s = math.nan
+        self.last_t0 = math.nan            # origin (monotonic) of the last replay
+        self.last_horizon_s = math.nan     # where its observation ended, seconds after that origin
 
     def __enter__(self) -> "Replayer":
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -577,15 +595,19 @@ class Replayer:
 
     def replay(self, requests: Sequence[ReplayRequest], *, horizon_s: float, policy: str = "fcfs",
                rejected: Sequence[int] = (), window_df: pl.DataFrame | None = None, tag: str = "w",
-               service_s=None) -> pl.DataFrame:
+               service_s=None, stop_when: tuple[int, int] | None = None) -> pl.DataFrame:
         """Replay one window under ``policy``; returns its records (contract columns + diagnostics),
         sorted by req_id.
 
         ``horizon_s``: end of the observation, seconds after the window's start: requests still running
         then are aborted (``AsyncLLM.abort``), and their tokens generated so far are their
         ``generated_tokens`` -- the simulator's semantics (it stops at the horizon). The call returns
-        as soon as every request has finished. ``rejected``: rows recorded as rejected without being
-        sent (needs ``window_df`` for their sizes).
+        as soon as every request has finished. ``stop_when=(req_id, k)``: an event-based horizon -- the
+        observation ends (same abort) as soon as request ``req_id`` has generated ``k`` tokens by the
+        engine's outputs, if that comes before ``horizon_s``. ``self.last_horizon_s`` is where the
+        observation ended (``horizon_s``, or the event's time after t0). Requests may wait for other
+        requests' progress (:attr:`ReplayRequest.after`). ``rejected``: rows recorded as rejected without
+        being sent (needs ``window_df`` for their sizes).
         """
         if self.engine is None:
             raise PortbenchError("Replayer.replay outside its `with` block")
@@ -598,18 +620,34 @@ class Replayer:
             traces[int(i)] = RequestTrace(int(i), float(row.get("arrival_s", math.nan)),
                                           int(row.get("prompt_tokens", 0)), int(row.get("output_tokens", 0)),
                                           str(row.get("tenant", "")), status="rejected")
-        t0_mono, t0_wall = self._loop.run_until_complete(
-            _replay(self.engine, requests, traces, horizon_s=float(horizon_s), policy=policy, tag=tag))
+        t0_mono, t0_wall, end = self._loop.run_until_complete(
+            _replay(self.engine, requests, traces, horizon_s=float(horizon_s), policy=policy, tag=tag,
+                    stop_when=stop_when))
         self.last_t0 = t0_mono     # the replay's time origin on the monotonic clock
+        self.last_horizon_s = end
         ordered = [traces[k] for k in sorted(traces)]
         return records_from_traces(ordered, t0_mono=t0_mono, t0_wall=t0_wall, service_s=service_s)
 
 
 async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, RequestTrace], *,
-                  horizon_s: float, policy: str, tag: str) -> tuple[float, float]:
+                  horizon_s: float, policy: str, tag: str, stop_when: tuple[int, int] | None = None
+                  ) -> tuple[float, float, float]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
+
+    # progress events: (req_id, k) is set once request req_id has generated k tokens (or has ended);
+    # the requests they watch stream cumulative outputs, every other request sends only its final one
+    marks = {tuple(m) for r in requests for m in r.after} | ({tuple(stop_when)} if stop_when else set())
+    events = {m: asyncio.Event() for m in marks}
+    watched: dict[int, list[tuple[int, asyncio.Event]]] = {}
+    for (rid, k), ev in sorted(events.items()):
+        watched.setdefault(int(rid), []).append((int(k), ev))
+
+    def progress(rid: int, generated: int, ended: bool = False) -> None:
+        for k, ev in watched.get(rid, ()):
+            if ended or generated >= k:
+                ev.set()
 
     # small lead so the first request is not late because the tasks are still being created
     t0_mono = time.monotonic() + 0.05
@@ -617,39 +655,58 @@ async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, R
 
     async def one(r: ReplayRequest) -> None:
         tr = traces[r.req_id]
-        delay = t0_mono + r.arrival_s - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        # FINAL_ONLY: one output per request (at the end, or at the abort), so the client does no
-        # per-token work that could delay the next submission.
-        sp = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0, detokenize=False,
-                            output_kind=RequestOutputKind.FINAL_ONLY)
-        tr.submit_mono = time.monotonic()
-        tr.status = "sent"
-        last = None
         try:
-            async for out in engine.generate(TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)), sp,
-                                             request_id=policies.request_id(policy, tag, r.req_id),
-                                             priority=int(r.priority)):
-                last = out
-        except asyncio.CancelledError:
-            tr.status = "cancelled"
-        except Exception as e:  # noqa: BLE001 - recorded per request; the window still completes
-            tr.status = f"error:{type(e).__name__}: {e}"
-        tr.client_last_mono = time.monotonic()
-        if last is not None:
-            comp = last.outputs[0] if last.outputs else None
-            k = len(comp.token_ids) if comp is not None else 0
-            reason = str(getattr(comp, "finish_reason", "") or "")
-            tr.tokens_total = tr.tokens_by_horizon = k
-            tr.finished = bool(last.finished and reason != "abort" and k >= r.output_tokens)
-            tr.status = "finished" if tr.finished else ("aborted_at_horizon" if reason == "abort" else
-                                                        f"stopped:{reason or 'unknown'}")
-            absorb_stats(tr, getattr(last, "metrics", None))
+            delay = t0_mono + r.arrival_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            for m in r.after:
+                await events[tuple(m)].wait()
+            # FINAL_ONLY: one output per request (at the end, or at the abort), so the client does no
+            # per-token work that could delay the next submission; CUMULATIVE for a watched request
+            kind = RequestOutputKind.CUMULATIVE if r.req_id in watched else RequestOutputKind.FINAL_ONLY
+            sp = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True, temperature=0.0, detokenize=False,
+                                output_kind=kind)
+            tr.submit_mono = time.monotonic()
+            tr.status = "sent"
+            last = None
+            try:
+                async for out in engine.generate(TokensPrompt(prompt_token_ids=list(r.prompt_token_ids)), sp,
+                                                 request_id=policies.request_id(policy, tag, r.req_id),
+                                                 priority=int(r.priority)):
+                    last = out
+                    if r.req_id in watched and out.outputs:
+                        progress(r.req_id, len(out.outputs[0].token_ids))
+            except asyncio.CancelledError:
+                tr.status = "cancelled"
+            except Exception as e:  # noqa: BLE001 - recorded per request; the window still completes
+                tr.status = f"error:{type(e).__name__}: {e}"
+            tr.client_last_mono = time.monotonic()
+            if last is not None:
+                comp = last.outputs[0] if last.outputs else None
+                k = len(comp.token_ids) if comp is not None else 0
+                reason = str(getattr(comp, "finish_reason", "") or "")
+                tr.tokens_total = tr.tokens_by_horizon = k
+                tr.finished = bool(last.finished and reason != "abort" and k >= r.output_tokens)
+                tr.status = "finished" if tr.finished else ("aborted_at_horizon" if reason == "abort" else
+                                                            f"stopped:{reason or 'unknown'}")
+                absorb_stats(tr, getattr(last, "metrics", None))
+        finally:
+            progress(r.req_id, 0, ended=True)     # whoever waits on this request is released
 
+    end_s = float(horizon_s)
     tasks = [asyncio.ensure_future(one(r)) for r in requests]
     if tasks:
-        _, pending = await asyncio.wait(tasks, timeout=max(0.0, t0_mono + horizon_s - time.monotonic()))
+        all_done = asyncio.ensure_future(asyncio.wait(tasks))
+        stop = asyncio.ensure_future(events[tuple(stop_when)].wait()) if stop_when else None
+        await asyncio.wait([all_done] + ([stop] if stop else []),
+                           timeout=max(0.0, t0_mono + horizon_s - time.monotonic()),
+                           return_when=asyncio.FIRST_COMPLETED)
+        if stop is not None and stop.done() and not all_done.done():
+            end_s = time.monotonic() - t0_mono          # the event-based horizon
+        for f in (all_done, stop):
+            if f is not None and not f.done():
+                f.cancel()
+        pending = [t for t in tasks if not t.done()]
         if pending:
             # the observation ends: abort what is still running; AsyncLLM then hands each generator a
             # final output (finish_reason "abort") with the tokens generated so far and its stats
@@ -661,6 +718,6 @@ async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, R
                 t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     for t in traces.values():
-        if t.status == "pending":
+        if t.status in ("pending", "cancelled") and math.isnan(t.submit_mono):
             t.status = "not_sent"
-    return t0_mono, t0_wall
+    return t0_mono, t0_wall, end_s
