@@ -452,8 +452,12 @@ def test_panels_report_each_available_panel_and_name_missing_sources(params_for)
               "future": ["azure", "splitwise"]}
     A = analysis.compute(params_for(df, **{"analysis.panels": panels}))
     P = A.summary["panels"]
-    # the headline is the first available all-real panel; the study's panel (with stand-ins) is reported beside it
-    assert list(P) == ["study", "real", "future"] and A.summary["headline_panel"] == "real"
+    # the headline is the first available all-real panel; the study's panel (with stand-ins) is reported beside it.
+    # The headline panel leads every per-panel section and table (consumers such as the validation's case
+    # selection take the first panel's rows)
+    assert list(P) == ["real", "study", "future"] and A.summary["headline_panel"] == "real"
+    for name in ("reversals", "cross_source_tau"):
+        assert A[name]["panel"][0] == "real", name
     assert P["study"]["available"] and not P["study"]["all_real"]
     assert P["real"]["available"] and P["real"]["all_real"]
     assert not P["future"]["available"] and P["future"]["reason"] == "not available: sources missing (splitwise)"

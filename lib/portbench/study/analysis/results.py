@@ -68,6 +68,8 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
     head = [cube.metrics.index(m) for m in cfg["headline_metrics"] if m in cube.metrics] or list(range(len(cube.metrics)))
     panels = panel_sources(cfg["panels"], cube.sources)
     headline_panel = headline_panel_of(panels, cube.provenance)
+    if headline_panel in panels:      # the headline panel first: every per-panel table and section leads with it
+        panels = {headline_panel: panels[headline_panel], **{k: v for k, v in panels.items() if k != headline_panel}}
     side = side_tests(cube, cfg["window_size"])
     delta = deltas(cube, cfg)
     rk = rank(cfg["ties"], cube, means, boot, side, cfg, delta)
