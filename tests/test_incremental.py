@@ -125,6 +125,28 @@ def test_vtc_admission_order_matches_the_rule_at_every_step(seed, n, n_tenants):
         assert heads == {t: q[0] for t, q in _reference_vtc_order(pol, waiting).items()}
 
 
+@pytest.mark.parametrize("name", ["ltr", "vtc"])
+def test_a_full_pass_without_admissions_yields_each_waiting_request_once(name):
+    """The contract (admission_order yields only waiting requests, each at most once) also when the caller
+    admits none of them, e.g. to inspect the order: the incremental queues must not yield a head again."""
+    rng = np.random.default_rng(3)
+    n = 25
+    tenants = [f"t{k}" for k in rng.integers(0, 3, n)]
+    pol = schedulers.get_scheduler(name, **({"starvation_s": 1.0} if name == "ltr" else {}))
+    pol.reset(_ctx(n, rng, tenants=tenants))
+    waiting = []
+    for i, t in enumerate(np.sort(rng.uniform(0, 5, n))):
+        r = Request(i, float(t), int(rng.integers(1, 500)), 10, tenants[i])
+        r.state = WAITING
+        pol.on_arrival(r, 5.0)
+        waiting.append(r)
+    for now in (5.0, 100.0):                    # none starving / all starving (ltr)
+        got = [r.id for r in pol.admission_order(waiting, now)]
+        assert sorted(got) == list(range(n))
+    if name == "ltr":
+        assert got == [r.id for r in _reference_ltr_order(pol, waiting, 100.0)]
+
+
 class _Tail(Batching):
     """Just what ``_bulk_tail`` reads."""
 

@@ -91,9 +91,23 @@ class VTC(BaseScheduler):
         the engine admits each one (``on_admit`` charges its tenant and takes it out of the queue) before
         it asks for the next, and stops at the first that does not fit. O(tenants) per request."""
         queues, c = self._queues, self._counter
-        while queues:
-            t = min(queues, key=lambda u: (c[u], queues[u][0][0], queues[u][0][1]))
-            yield queues[t][0][2]
+        pos = dict.fromkeys(queues, 0)          # per tenant: its next candidate (past the ones not admitted)
+        while True:
+            best = None
+            for u, i in pos.items():
+                q = queues.get(u)
+                if q is not None and i < len(q):
+                    k = (c[u], q[i][0], q[i][1])
+                    if best is None or k < best[0]:
+                        best = (k, u, i)
+            if best is None:
+                return
+            _, t, i = best
+            r = queues[t][i][2]
+            yield r
+            q = queues.get(t)
+            if q is not None and i < len(q) and q[i][2] is r:      # not admitted: the caller went on past it
+                pos[t] = i + 1
 
     def next_decision(self, batch, outside, now):
         """Iterations until the admission head (tenant with the smallest counter) changes."""
