@@ -75,3 +75,25 @@ def test_update_readme_errors(summary_file, tmp_path):
 def test_project_readme_has_the_markers(root):
     text = (root / "README.md").read_text()
     assert text.count(report.START) == 1 and text.count(report.END) == 1
+
+
+def test_every_available_panel_gets_a_column(tmp_params, tmp_path):
+    """Two available panels (the all-real headline and the study's panel with stand-ins): one table with a
+    column per panel, the headline first, each quoting its own summary section."""
+    srcs = ("azure", "burstgpt", "bailian", "azure_code", "mooncake")
+    prov = {s: ("standin" if s in ("burstgpt", "bailian") else "real") for s in srcs}
+    runs = planted.make_runs(schedulers=("fcfs", "sarathi", "las"), regions={"busy": 0.7, "overload": 1.2},
+                             metrics=("e2e_mean", "slo_medium"), n_windows=12, replicates=1, effects=[],
+                             noise_sd=0.05, sources=srcs, provenance=prov, seed=3)
+    path = planted.write_runs(tmp_path / "results", runs)
+    P = tmp_params("papermill_params/default.yaml", **{
+        "analysis.runs_file": str(path), "analysis.metrics": ["e2e_mean", "slo_medium"], "analysis.bootstrap": 20,
+        "analysis.headline_metrics": ["e2e_mean"], "analysis.study_preset.metric": "e2e_mean",
+        "analysis.study_preset.regions": 1})
+    s = json.loads(json.dumps(analysis.compute(P).summary, default=str))
+    md = report.results_markdown(s)
+    header = next(line for line in md.splitlines() if line.startswith("| between sources, every panel |"))
+    assert header.index("**real**") < header.index("**study**") and "headline" in header
+    row = next(line for line in md.splitlines() if line.startswith("| τ-b |"))
+    for name in ("real", "study"):
+        assert f"{s['panels'][name]['cross_source']['tau_b']['value']:.2f}" in row

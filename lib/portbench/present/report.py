@@ -136,24 +136,47 @@ def results_markdown(summary: Mapping) -> str:
                               for m, d in mde.items()) + ", m = the tests of a per-metric family.*"]
     for w in (summary.get("power") or {}).get("warnings", []):
         lines += ["", f"**Warning:** {w}."]
-    for name, p in (summary.get("panels") or {}).items():     # every other panel, with its own numbers
-        if name == panel or not p.get("available"):
-            continue
-        pcs, prv = p.get("cross_source") or {}, p.get("reversals") or {}
-        if "tau_b" not in pcs:
-            continue
-        ppre = prv.get("study_preset") or {}
-        kind = "all real" if p.get("all_real") else "not all real: its stand-ins' numbers describe the stand-ins"
-        sp = prv.get("significant_and_practical", {}).get("value")
-        lines += ["", f"*Panel **{name}** ({', '.join(labels.get(s, s) for s in p['sources'])}; {kind}): between "
-                  f"sources {_agreement(pcs)}; reversals: {sp:,} of {prv['comparisons']['value']:,} comparisons "
-                  "significant and practical"
-                  + (f" (study preset: {ppre['significant_and_practical']:,} of {ppre['comparisons']:,})"
-                     if ppre.get("available") else "") + ".*"]
+    lines += _panel_table(summary, labels)
     others = [f"{n}: {p['reason']}" for n, p in (summary.get("panels") or {}).items() if not p["available"]]
     if others:
         lines += ["", "*Panels not available — " + "; ".join(others) + ".*"]
     return "\n".join(lines)
+
+
+def _panel_table(summary: Mapping, labels: Mapping) -> list[str]:
+    """Every available panel side by side (the headline first): its cross-source agreement and reversals."""
+    head = summary.get("headline_panel")
+    avail = {n: p for n, p in (summary.get("panels") or {}).items()
+             if p.get("available") and "tau_b" in (p.get("cross_source") or {})}
+    if len(avail) < 2:
+        return []
+    names = sorted(avail, key=lambda n: n != head)
+    cols = [f"**{n}** ({', '.join(labels.get(s, s) for s in avail[n]['sources'])}; "
+            + ("all real" if avail[n].get("all_real") else "stand-ins: its numbers describe the stand-ins")
+            + ("; headline" if n == head else "") + ")" for n in names]
+
+    def row(name, fn):
+        return f"| {name} | " + " | ".join(fn(avail[n]) for n in names) + " |"
+
+    def sp(p, key="significant_and_practical"):
+        rv = p.get("reversals") or {}
+        return f"{rv[key]['value']:,} of {rv['comparisons']['value']:,}" if key in rv else "n/a"
+
+    def preset(p):
+        pre = (p.get("reversals") or {}).get("study_preset") or {}
+        return f"{pre['significant_and_practical']:,} of {pre['comparisons']:,}" if pre.get("available") else "n/a"
+
+    cs = lambda p: p["cross_source"]                       # noqa: E731
+    return ["", "| between sources, every panel | " + " | ".join(cols) + " |", "|---|" + "---|" * len(names),
+            row("τ-b", lambda p: _num(cs(p)["tau_b"])),
+            row("τ-b / τ-b,max", lambda p: _num(cs(p)["tau_b_norm"])),
+            row("discordance (pairs resolved on both sides)",
+                lambda p: f"{_pct(cs(p)['discordance'], 1)} ({cs(p)['discordance']['count']:,})"),
+            row("conditions defined / all tied / total", lambda p: "{defined} / {all_tied} / {total}".format(
+                **cs(p)["conditions"])),
+            row("Kendall's W", lambda p: _num(cs(p).get("kendall_w"))),
+            row("reversals significant and ≥ δ (default)", sp),
+            row("… study preset", preset)]
 
 
 def update_readme(readme: str | Path, summary_path: str | Path) -> str:
