@@ -477,7 +477,7 @@ def test_cli_simulate_runs_the_campaign_from_the_manifest(tmp_path, shared_trace
         assert io.read_meta(campaign.shard_path(P.paths.results_dir, sh))["fingerprint"]["window"]["sha256"] == sha[sh.window.id]
 
 
-def test_scheduler_defined_in_main_needs_one_worker(smoke, monkeypatch):
+def test_scheduler_defined_in_main_needs_one_worker(smoke, monkeypatch, shared_traces):
     from portbench.sim import schedulers
 
     class Mine(schedulers.SCHEDULERS["fcfs"]):
