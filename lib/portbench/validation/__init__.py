@@ -1064,7 +1064,9 @@ def results_markdown(res: dict) -> str:
              f"* Verdicts ({n_rev} of the cases are reversals): {verdict.verdict_line(counts)}; the sign pattern of "
              f"{n_sign} cases is reproduced. \"Inconclusive: N windows cannot reach α\" means that no outcome of "
              "the paired test over that many windows could be significant (the exact Wilcoxon test cannot give p < "
-             "2/2^N, and the correction over the family raises that floor): the verdict is open, not negative."]
+             "2/2^N, and the correction over the family raises that floor; N counts the windows whose engine "
+             "difference is non-zero, and \"no window differs\" means the pair ran identically on every replayed "
+             "window): the verdict is open, not negative."]
     for st in res.get("stale", []):
         lines.append(f"* **Warning: {st}** — rerun `make validate` (or `make all`).")
     return "\n".join(lines)

@@ -205,8 +205,11 @@ def _verdict(reproduced: bool, contradicted: bool, reach: np.ndarray, g: pl.Data
         n = int(bad["engine_n_nonzero"].min())
         alpha = float(bad["alpha"][0])
         alone = bool((bad["engine_min_p"] >= alpha).all())
-        return (f"inconclusive: {n} windows cannot reach α" if alone else
-                f"inconclusive: {n} windows cannot reach α after {bad['correction'][0]} over {int(bad['family_size'][0])} tests")
+        # n: the windows whose engine difference is non-zero (the paired test's effective sample)
+        what = ("no window differs on the engine, so it cannot reach α" if n == 0 else
+                f"{n} window{'s' if n != 1 else ''} cannot reach α")
+        return (f"inconclusive: {what}" if alone else
+                f"inconclusive: {what} after {bad['correction'][0]} over {int(bad['family_size'][0])} tests")
     return "inconclusive: not significant"
 
 
