@@ -128,6 +128,19 @@ def test_key_reversal_maximises_the_smaller_side_effect():
     assert (key.a, key.b) == ("fcfs", "edf") and key.min_rel == pytest.approx(0.15)
 
 
+def test_key_reversal_is_on_a_headline_metric_when_one_qualifies():
+    """The analysis' pre-specified headline metrics come first: a larger reversal on a secondary
+    metric (ttft_p50) does not become the key case while a headline one (ttft_p90) qualifies."""
+    big = _row("fcfs", "sjf_prompt", "azure", "burstgpt", 1.0, -1.0, 0.9, 0.8, metric="ttft_p50")
+    small = _row("fcfs", "edf", "azure", "burstgpt", 1.0, -1.0, 0.2, 0.1, metric="ttft_p90")
+    rev = pl.DataFrame([{**big, "headline": False}, {**small, "headline": True}])
+    assert [(c.a, c.b, c.metric) for c in cases.reversal_cases(rev)] == [("fcfs", "edf", "ttft_p90"),
+                                                                         ("fcfs", "sjf_prompt", "ttft_p50")]
+    # no headline reversal at all: the secondary one is the key case; without the column, effect size alone
+    assert cases.key_reversal(rev.filter(~pl.col("headline"))).metric == "ttft_p50"
+    assert cases.key_reversal(rev.drop("headline")).metric == "ttft_p50"
+
+
 def test_control_needs_the_same_significant_order_on_every_source():
     rows = [
         # edf vs random: same sign everywhere but not significant on the bailian pairs

@@ -7,15 +7,17 @@ p_adj_2, n_1, n_2, reversal, significant, practical``, ...). Only pairs whose tw
 run (:func:`portbench.validation.replay.runnable`) are eligible.
 
 * **Key reversal**: among rows with ``reversal & significant & practical`` (the analysis' stage
-  ``significant_and_practical``), the one with the largest smaller-side relative effect
-  ``min(rel_1, rel_2)`` — the analysis' ``most_dramatic`` definition restricted to runnable pairs.
-  Ties: region, metric, a, b, source_1, source_2 in alphabetical order.
+  ``significant_and_practical``) on a headline metric (the table's ``headline`` column: the analysis'
+  pre-specified metrics; a secondary metric only when no headline one qualifies), the one with the
+  largest smaller-side relative effect ``min(rel_1, rel_2)`` — the analysis' ``most_dramatic``
+  definition restricted to runnable pairs. Ties: region, metric, a, b, source_1, source_2 in
+  alphabetical order.
 * **Stable control**: a runnable pair whose order is the same and significant on every source the
   validation replays -- the key reversal's two sources (every source of the table when there is no
   key reversal): for a (pair, region, metric), every source-pair row among those sources has no
   reversal, both sides significant and ``sign(diff_1) == sign(diff_2)``, and the rows cover those
   sources. Preferred at the key reversal's region and metric (so both cases are replayed under the
-  same conditions), then the largest smallest effect over the sources.
+  same conditions), then on a headline metric, then the largest smallest effect over the sources.
 * **Further reversals**: every other significant-and-practical reversal of a runnable pair, in the
   same order as the key reversal's (:func:`reversal_cases`); the run replays as many as its time
   budget allows.
@@ -134,16 +136,26 @@ def _side(row: Mapping, k: int, significant: bool) -> SideResult:
                       mean_b=f(f"mean_b_{k}"))
 
 
+def _headline_col(rev: pl.DataFrame) -> pl.Expr:
+    """1 for a row on one of the analysis' pre-specified headline metrics (its ``headline`` column), else 0;
+    all 1 for a table without that column."""
+    if "headline" in rev.columns:
+        return pl.col("headline").fill_null(False).cast(pl.Int8).alias("_headline")
+    return pl.lit(1, dtype=pl.Int8).alias("_headline")
+
+
 def reversal_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = None) -> list[Case]:
-    """Every significant-and-practical reversal of a runnable pair, the most dramatic first (largest
-    min(rel_1, rel_2); ties: region, metric, a, b, source_1, source_2 alphabetically)."""
+    """Every significant-and-practical reversal of a runnable pair: those on a headline metric first
+    (the analysis' pre-specified metrics; its ``most_dramatic`` is one of them), each group the most
+    dramatic first (largest min(rel_1, rel_2); ties: region, metric, a, b, source_1, source_2
+    alphabetically)."""
     rev = _runnable_rows(check_reversals(rev))
     cand = rev.filter(pl.col("reversal") & pl.col("significant") & pl.col("practical"))
     if cand.height == 0:
         return []
-    cand = cand.with_columns(pl.min_horizontal("rel_1", "rel_2").alias("_min_rel"))
-    cand = cand.sort(["_min_rel", "region", "metric", "a", "b", "source_1", "source_2"],
-                     descending=[True, False, False, False, False, False, False])
+    cand = cand.with_columns(pl.min_horizontal("rel_1", "rel_2").alias("_min_rel"), _headline_col(cand))
+    cand = cand.sort(["_headline", "_min_rel", "region", "metric", "a", "b", "source_1", "source_2"],
+                     descending=[True, True, False, False, False, False, False, False])
     out = []
     for i, row in enumerate(cand.iter_rows(named=True)):
         out.append(Case("reversal", row["a"], row["b"], row["region"], row["metric"],
@@ -177,8 +189,10 @@ def stable_control(rev: pl.DataFrame, prefer: Case | None = None,
     if rev.height == 0:
         return None
     rev = rev.with_columns(same=(pl.col("diff_1").sign() * pl.col("diff_2").sign()) > 0)
+    rev = rev.with_columns(_headline_col(rev))
     groups = (rev.group_by(["a", "b", "region", "metric"])
               .agg(ok=(pl.col("same") & pl.col("significant") & ~pl.col("reversal")).all(),
+                   headline=pl.col("_headline").max(),
                    n_src=pl.col("source_1").append(pl.col("source_2")).n_unique(),
                    min_rel=pl.min_horizontal("rel_1", "rel_2").min()))
     groups = groups.filter(pl.col("ok") & (pl.col("n_src") == len(all_sources)))
@@ -189,8 +203,8 @@ def stable_control(rev: pl.DataFrame, prefer: Case | None = None,
                                      + (pl.col("metric") == prefer.metric).cast(pl.Int8))
     else:
         groups = groups.with_columns(pref=pl.lit(0, dtype=pl.Int8))
-    g = groups.sort(["pref", "min_rel", "region", "metric", "a", "b"],
-                    descending=[True, True, False, False, False, False]).row(0, named=True)
+    g = groups.sort(["pref", "headline", "min_rel", "region", "metric", "a", "b"],
+                    descending=[True, True, True, False, False, False, False]).row(0, named=True)
     rows = rev.filter((pl.col("a") == g["a"]) & (pl.col("b") == g["b"]) & (pl.col("region") == g["region"])
                       & (pl.col("metric") == g["metric"]))
     sides: dict[str, SideResult] = {}
