@@ -141,6 +141,18 @@ def test_key_reversal_is_on_a_headline_metric_when_one_qualifies():
     assert cases.key_reversal(rev.drop("headline")).metric == "ttft_p50"
 
 
+def test_cases_leave_out_metrics_the_engine_cannot_measure():
+    """A replay has no isolated service time (slowdown) and no tenants: a larger reversal on
+    max_slowdown is not selected, and the selection says why."""
+    rev = pl.DataFrame([_row("fcfs", "sjf_prompt", "azure", "burstgpt", 1.0, -1.0, 0.9, 0.8, metric="max_slowdown"),
+                        _row("fcfs", "edf", "azure", "burstgpt", 1.0, -1.0, 0.2, 0.1, metric="e2e_mean")])
+    sel = cases.select_cases(rev)
+    assert [(c.a, c.b, c.metric) for c in sel.cases if c.kind == "reversal"] == [("fcfs", "edf", "e2e_mean")]
+    assert any("1 significant-and-practical reversals on max_slowdown not replayed" in m and "isolated service time" in m
+               for m in sel.messages)
+    assert cases.key_reversal(rev.filter(pl.col("metric") == "max_slowdown")) is None
+
+
 def test_control_needs_the_same_significant_order_on_every_source():
     rows = [
         # edf vs random: same sign everywhere but not significant on the bailian pairs

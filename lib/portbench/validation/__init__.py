@@ -402,6 +402,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     spec = the_plan.spec
     base = base_profile(cfg)
     before_engine_s = R.elapsed()
+    for m in the_plan.messages:
+        R.log(m)
     R.log(f"starting vLLM ({status.distribution} {status.version}, {the_plan.device}, model {e.model_config}); "
           f"budget {budget:.0f} s from the process start")
     with replay.Replayer(spec, log_path) as eng:

@@ -11,7 +11,9 @@ run (:func:`portbench.validation.replay.runnable`) are eligible.
   pre-specified metrics; a secondary metric only when no headline one qualifies), the one with the
   largest smaller-side relative effect ``min(rel_1, rel_2)`` — the analysis' ``most_dramatic``
   definition restricted to runnable pairs. Ties: region, metric, a, b, source_1, source_2 in
-  alphabetical order.
+  alphabetical order. Metrics a replay cannot measure (:data:`UNMEASURED_METRICS`: slowdown needs an
+  isolated service time, tenant fairness a tenant) are left out of every case, and the selection says
+  how many reversals that leaves out.
 * **Stable control**: a runnable pair whose order is the same and significant on every source the
   validation replays -- the key reversal's two sources (every source of the table when there is no
   key reversal): for a (pair, region, metric), every source-pair row among those sources has no
@@ -123,10 +125,23 @@ def check_reversals(rev: pl.DataFrame, where: str = "reversals") -> pl.DataFrame
     return rev
 
 
+# Metrics a replay on the engine cannot measure, and why: cases on them are not selected.
+UNMEASURED_METRICS = {
+    "max_slowdown": "slowdown = E2E / the request's isolated service time, which the engine does not measure "
+                    "(the simulator takes it from its cost model)",
+    "slowdown_jain": "slowdown = E2E / the request's isolated service time, which the engine does not measure "
+                     "(the simulator takes it from its cost model)",
+    "tenant_service_gap": "the replayed requests carry no tenant",
+    "tenant_jain": "the replayed requests carry no tenant",
+}
+
+
 def _runnable_rows(rev: pl.DataFrame) -> pl.DataFrame:
+    """Rows whose two policies vLLM can run, on a metric a replay measures (:data:`UNMEASURED_METRICS`)."""
     names = sorted(set(rev["a"].to_list()) | set(rev["b"].to_list()))
     ok = [n for n in names if replay.runnable(n)]
-    return rev.filter(pl.col("a").is_in(ok) & pl.col("b").is_in(ok))
+    return rev.filter(pl.col("a").is_in(ok) & pl.col("b").is_in(ok)
+                      & ~pl.col("metric").is_in(list(UNMEASURED_METRICS)))
 
 
 def _side(row: Mapping, k: int, significant: bool) -> SideResult:
@@ -253,6 +268,12 @@ def select_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = N
         msgs.append(f"no significant-and-practical reversal of a pair vLLM can run ({n_sp} such reversals in "
                     "total, all involving an excluded policy)" if n_sp else
                     "the analysis found no significant-and-practical reversal")
+    sp = rev.filter(pl.col("reversal") & pl.col("significant") & pl.col("practical"))
+    unmeasured = sp.filter(pl.col("metric").is_in(list(UNMEASURED_METRICS)))
+    if unmeasured.height:
+        why = sorted({UNMEASURED_METRICS[m] for m in unmeasured["metric"].unique().to_list()})
+        msgs.append(f"{unmeasured.height} significant-and-practical reversals on "
+                    f"{', '.join(sorted(unmeasured['metric'].unique().to_list()))} not replayed: {'; '.join(why)}")
     ctrl = stable_control(rev, key, region_loads)
     if ctrl is None:
         msgs.append("no runnable pair keeps the same significant order on every replayed source")

@@ -77,8 +77,11 @@ class Side:
 
 
 def paired_side(source: str, va: np.ndarray, vb: np.ndarray, direction: str) -> Side:
-    """Oriented differences over windows and the analysis' Wilcoxon test (``stats.paired_wilcoxon``)."""
+    """Oriented differences over windows and the analysis' Wilcoxon test (``stats.paired_wilcoxon``);
+    a window where either value is NaN (the metric undefined there) drops out, like a missing one."""
     va, vb = np.asarray(va, float), np.asarray(vb, float)
+    keep = ~(np.isnan(va) | np.isnan(vb))
+    va, vb = va[keep], vb[keep]
     if va.size == 0:
         return Side(source, 0, math.nan, math.nan, math.nan, math.nan, math.nan, 0.0, 0)
     d = stats.orient(va, direction) - stats.orient(vb, direction)
