@@ -97,3 +97,9 @@ def test_every_available_panel_gets_a_column(tmp_params, tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| τ-b |"))
     for name in ("real", "study"):
         assert f"{s['panels'][name]['cross_source']['tau_b']['value']:.2f}" in row
+    # nothing n/a in this table; a scheduler n/a on some sources (vtc without tenants) is named in the header
+    assert "is n/a on" not in md.split("\n")[0]
+    s["cross_source"]["na_schedulers"] = {"dropped": ["vtc"], "sources": ["azure", "mooncake"],
+                                          "headline_conditions": 4, "n_items": 2}
+    head = report.results_markdown(s).split("\n")[0]
+    assert head.endswith("*") and "`vtc` is n/a on" in head and "no tenants in the trace" in head

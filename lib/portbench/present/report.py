@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..core.errors import DataError
+from . import text
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -74,7 +75,8 @@ def results_markdown(summary: Mapping) -> str:
            .get("all_real") else "; not all real: no all-real panel is available") + "). "
         "Two schedulers are tied in a ranking unless their paired Wilcoxon test over windows tells them apart "
         f"({par['tie_correction']} within the ranking, α = {par['alpha']}). Means with two 95% intervals: "
-        "[windows resampled within each source, tie groups fixed] / [conditions resampled].*",
+        "[windows resampled within each source, tie groups fixed] / [conditions resampled]."
+        + (" " + na if (na := text.na_schedulers_markdown(cs.get("na_schedulers"), labels)) else "") + "*",
         "",
     ]
     if not cs.get("available", True) or "tau_b" not in cs:

@@ -10,9 +10,10 @@ Pipeline of :func:`run` (one engine instance for everything; every step's module
 
 1. Cases (:mod:`.cases`): the analysis' most dramatic significant-and-practical reversal whose
    policies the engine can run (on a headline metric when one qualifies), a stable control (replayed
-   on the reversal's sources), then every further such reversal while the time budget allows -- and, when the verdicts can reach alpha at
-   all, while the correction over the growing family of side tests still lets the cases already
-   replayed reach it (Holm over m tests needs p < alpha / m). Windows: ``windows_per_source`` chosen at
+   on the reversal's sources), then every further such reversal while the time budget allows -- and,
+   when the verdicts can reach alpha at all, while the correction over the growing family of side
+   tests still lets the cases already replayed reach it (Holm over m tests needs p < alpha / m).
+   Windows: ``windows_per_source`` chosen at
    random per source with ``window_seed`` (recorded), the same windows for every case.
 2. Engine (:mod:`.replay`, :mod:`.engine_scheduler`, :mod:`.policies`): vLLM V1 batching,
    ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
