@@ -60,6 +60,7 @@ class PortbenchScheduler(Scheduler):
         self._pb_options = json.loads(os.environ.get(OPTIONS_ENV) or "{}")
         self._pb_policy: dict[str, str] = {}
         self._pb_displaced = 0
+        self._pb_preempted: list[str] = []
         if self._pb_log is not None:
             sc = self.scheduler_config
             self._pb_log.write(json.dumps({
@@ -67,6 +68,21 @@ class PortbenchScheduler(Scheduler):
                 "max_num_batched_tokens": int(sc.max_num_batched_tokens), "max_num_seqs": int(sc.max_num_seqs),
                 "max_model_len": int(self.max_model_len), "policy": str(self.policy.value),
                 "chunked_prefill": bool(sc.enable_chunked_prefill), "pid": os.getpid()}) + "\n")
+
+    # ----------------------------------------------------------------- virtual engine
+
+    def pb_configure(self, options: dict, **_context) -> None:
+        """Options of the dynamic policies, given in process (the virtual engine) instead of the environment."""
+        self._pb_options = dict(options)
+
+    def _preempt_request(self, request, *args, **kwargs):
+        self._pb_preempted.append(request.request_id)
+        return super()._preempt_request(request, *args, **kwargs)
+
+    def pb_take_preempted(self) -> list[str]:
+        """Ids of the requests preempted since the last call (by vLLM or by a dynamic policy)."""
+        out, self._pb_preempted = self._pb_preempted, []
+        return out
 
     # ----------------------------------------------------------------- dynamic policies
 

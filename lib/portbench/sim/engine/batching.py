@@ -20,7 +20,11 @@ class Batching:
             S = self.sched
             pre.sort(key=(lambda r: r.rank) if self.static else (lambda r: (S.priority(r, now), r.id)))
         b = budget
+        skipped = self.skipped
         for r in pre:
+            if skipped and r in skipped:      # vLLM stopped before it in this step
+                r.chunk = 0
+                continue
             left = r.prefill_target - r.prefilled
             c = left if left < b else b
             r.chunk = c
@@ -44,6 +48,8 @@ class Batching:
         S = self.sched
         cap = self.cap
         chunked, v1 = self.chunked, self.v1
+        if self.skipped:
+            self._unskip()
         if self.pc_on:
             self._pc_reconcile()
         budget = self.B
@@ -58,8 +64,20 @@ class Batching:
             if total <= cap:
                 break
             self._materialize()
-            self._evict(S.victim(list(self.res.values()), now), now)
+            residents = list(self.res.values())
+            v = S.victim(residents, now)
             preempted = True
+            if v1 and not self.skipped:
+                i = self._first_misfit(residents, total - cap)
+                if residents[i] is v:
+                    # vLLM: the request whose blocks do not fit is itself the victim -- it is preempted and
+                    # scheduling of the running requests stops: those after it keep their KV, get no token
+                    self._evict(v, now)
+                    self._skip(residents[i + 1:])
+                    continue
+            self._evict(v, now)
+        if self.skipped and not self.cohort and not any(r.chunk for r in self.prefilling):
+            return self._plan(now)    # vLLM: an empty step; the next schedule() follows at once
         if v1:
             bs = self.bs
             for r in self.prefilling:
@@ -107,6 +125,48 @@ class Batching:
                 self.wlist = [r for r in self.wlist if r.state == WAITING]
             self.n_wait -= admitted
         return self._iteration(now, cap - free, pf_tokens)
+
+    def _first_misfit(self, residents: list, over: int) -> int:
+        """Index (in running order: admission order, vLLM's ``running`` list) of the first resident whose
+        blocks for this step do not fit when each allocates in turn (``over`` = blocks in use after every
+        allocation minus the capacity, > 0; the blocks the residents after it add are not allocated yet)."""
+        bs = self.bs
+        adds = []
+        for r in residents:
+            if r.id in self.cohort:
+                adds.append(1 if (r.prompt_tokens + r.generated - 1) % bs == 0 else 0)
+            elif r.chunk:
+                adds.append((r.prefilled + r.chunk + bs - 1) // bs - r.blocks)
+            else:
+                adds.append(0)
+        later = 0
+        for i in range(len(residents) - 1, -1, -1):   # usage at i = total − Σ adds after i
+            if over - later <= 0:
+                return i + 1
+            later += adds[i]
+        return 0
+
+    def _skip(self, rs: list) -> None:
+        """Residents that get no token in this step (vLLM stopped scheduling before them): a decoder leaves
+        the cohort and holds the blocks of its computed tokens; a prefill gets no chunk."""
+        bs = self.bs
+        for r in rs:
+            if r.id in self.cohort:
+                self._leave(r)
+                r.blocks = (r.prompt_tokens + r.generated - 1 + bs - 1) // bs
+                self.other_blocks += r.blocks
+            else:
+                r.chunk = 0
+            self.skipped.append(r)
+        self.one_step = True
+
+    def _unskip(self) -> None:
+        """The residents skipped in the last step decode again (they are still in running order)."""
+        for r in self.skipped:
+            if r.prefilled == r.prefill_target and r.id in self.res:
+                self.other_blocks -= r.blocks
+                self._join(r)
+        self.skipped = []
 
     def _heap_order(self):
         """Waiting requests of the static-rank heap, best first (the caller pops each one it admits)."""

@@ -152,6 +152,7 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
         self.kheap: list = []
         self.prefilling: list[Request] = []
         self.paused: list[Request] = []
+        self.skipped: list[Request] = []    # V1: residents vLLM gave no token in this step (self-preemption stop)
         self.cohort: dict[int, Request] = {}
         self.clock = 0
         self.SL = 0

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from ..profiles.hardware import SARATHI_TOKEN_BUDGET
+from operator import attrgetter
+
 from .base import _StaticPolicy, register_scheduler
+
+_arrival = attrgetter("arrival_s")
 
 @register_scheduler
 class FCFS(_StaticPolicy):
@@ -19,6 +23,11 @@ class FCFS(_StaticPolicy):
     name = "fcfs"
     information = "arrival"
     models = "vLLM default (Kwon et al. SOSP'23): FCFS, vLLM's token budget, recompute the latest arrival"
+
+    def victim(self, candidates, now):
+        """The latest arrival; among equal arrival times the first in running order (``candidates`` come in
+        the engine's running order) -- vLLM's ``max(running, key=(priority, arrival_time))``."""
+        return max(candidates, key=_arrival)
 
 
 @register_scheduler
