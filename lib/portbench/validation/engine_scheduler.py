@@ -61,6 +61,8 @@ class PortbenchScheduler(Scheduler):
         self._pb_policy: dict[str, str] = {}
         self._pb_displaced = 0
         self._pb_preempted: list[str] = []
+        self.pb_driver = None
+        self.pb_now = 0.0           # the virtual engine's clock (the policies' `now`)
         if self._pb_log is not None:
             sc = self.scheduler_config
             self._pb_log.write(json.dumps({
@@ -71,13 +73,23 @@ class PortbenchScheduler(Scheduler):
 
     # ----------------------------------------------------------------- virtual engine
 
-    def pb_configure(self, options: dict, **_context) -> None:
-        """Options of the dynamic policies, given in process (the virtual engine) instead of the environment."""
-        self._pb_options = dict(options)
+    def pb_configure(self, policy: str, options: dict, *, window, seed: int, profile, slo=None, row_of=None) -> None:
+        """In process (the virtual engine): run ``policy`` with the simulator's own policy object
+        (:class:`.policy_driver.PolicyDriver`) when vLLM's priority queue cannot express it (dynamic
+        policies); static ones keep vLLM's own queue (their priorities come with the requests)."""
+        from .policy_driver import PolicyDriver
+
+        self._pb_options = {policy: dict(options)}
+        if policy in policies.DRIVEN:
+            self.pb_driver = PolicyDriver(self, policy, options, window, seed, profile, slo, row_of)
+            self.waiting = self.pb_driver.queue
 
     def _preempt_request(self, request, *args, **kwargs):
         self._pb_preempted.append(request.request_id)
-        return super()._preempt_request(request, *args, **kwargs)
+        out = super()._preempt_request(request, *args, **kwargs)
+        if self.pb_driver is not None:
+            self.pb_driver.on_evict(request)
+        return out
 
     def pb_take_preempted(self) -> list[str]:
         """Ids of the requests preempted since the last call (by vLLM or by a dynamic policy)."""
@@ -87,6 +99,11 @@ class PortbenchScheduler(Scheduler):
     # ----------------------------------------------------------------- dynamic policies
 
     def add_request(self, request) -> None:
+        if self.pb_driver is not None:
+            self.pb_driver.now = self.pb_now
+            super().add_request(request)
+            self.pb_driver.on_arrival(request)
+            return
         pol = policies.policy_of(request.request_id)
         if pol in policies.DYNAMIC_KEYS:
             self._pb_policy[request.request_id] = pol
@@ -149,8 +166,16 @@ class PortbenchScheduler(Scheduler):
         t = time.monotonic()
         c = time.process_time()
         self._pb_displaced = 0
-        self._pb_rekey()
-        out = super().schedule(*args, **kwargs)
+        if self.pb_driver is not None:
+            self.pb_driver.now = self.pb_now
+            self.pb_driver.before()
+            try:
+                out = super().schedule(*args, **kwargs)
+            finally:
+                self.pb_driver.after()
+        else:
+            self._pb_rekey()
+            out = super().schedule(*args, **kwargs)
         if self._pb_log is not None and out.num_scheduled_tokens:
             prefill = decode = context = 0
             for req_id, n in out.num_scheduled_tokens.items():

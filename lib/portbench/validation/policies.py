@@ -42,7 +42,9 @@ DYNAMIC_KEYS: dict[str, Callable[[int, int, dict], int]] = {
     # shortest remaining processing time with the true output length (sim.schedulers.SRPTOracle)
     "srpt_oracle": lambda generated, max_tokens, o: max_tokens - generated,
 }
-QUANTUM_OPTIONS = {"las": ("quantum_tokens",)}   # token-valued options (scaled with the tokens)
+QUANTUM_OPTIONS = {"las": ("quantum_tokens",), "mlfq": ("quantum_tokens",), "rr": ("quantum_tokens",)}
+# Policies the virtual engine runs through the simulator's own policy object (policy_driver.PolicyDriver).
+DRIVEN = ("las", "srpt_oracle", "mlfq", "rr", "vtc", "ltr")   # token-valued options (scaled with the tokens)
 
 EXCLUDED_REASON = {
     "sarathi": "under vLLM V1 it is FCFS with Sarathi's small chunk budget, an engine-wide setting "
@@ -73,7 +75,10 @@ def engine_policy(name: str) -> EnginePolicy:
     if name in schedulers.VLLM_STATIC_PRIORITY:
         return EnginePolicy(name, "priority", "scheduling_policy='priority' with the scheduler's static key "
                             "(schedulers.static_priority, the simulation's seed) as each request's priority")
-    if name in DYNAMIC_KEYS:
+    if name == "sarathi":
+        return EnginePolicy(name, "fcfs", "FCFS (every request priority 0) on an engine whose max_num_batched_tokens "
+                            "is Sarathi-Serve's budget")
+    if name in DYNAMIC_KEYS or (name in DRIVEN and name != "ltr"):
         return EnginePolicy(name, "dynamic", "PortbenchScheduler re-keys every live request before each step "
                             "and preempts (recompute) running requests for better-ranked waiting ones")
     why = EXCLUDED_REASON.get(name, "not a static per-request order and not ported to the engine-side scheduler")

@@ -200,7 +200,8 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
     cfg = vllm_config(s)
     sched = PortbenchScheduler(cfg, _kv_cache_config(s), StructuredOutputManager(cfg), block_size=s.block_size,
                                log_stats=False)
-    sched.pb_configure({policy: options}, window=window_df, seed=seed, profile=profile, slo=slo)
+    sched.pb_configure(policy, options, window=window_df, seed=seed, profile=profile, slo=slo, row_of=row_of)
+    driver = sched.pb_driver
     reqs, _ = requests_from_window(window_df, profile, np.random.default_rng(seed), slo, max_model_len=s.max_model_len)
     n = len(reqs)
     cap_tokens = s.num_blocks * s.block_size
@@ -239,6 +240,7 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
                                  s.hash_block_tokens)
             vr = VRequest(rid, toks, sp, None, arrival_time=float(r.arrival_s),
                           priority=int(pri[r.id]) if pri is not None else 0, block_hasher=hasher)
+            sched.pb_now = now
             sched.add_request(vr)
             live[rid] = r.id
         if not live:
@@ -246,6 +248,7 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
                 break
             now = float(arr[order[cursor]])
             continue
+        sched.pb_now = now
         out = sched.schedule()
         for rid in sched.pb_take_preempted():
             decoding.discard(rid)
@@ -292,13 +295,18 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
             if first[row] != first[row]:
                 first[row] = now
             decoding.add(rid)
+        vprod = [sched.requests[rid] for rid in produced] if driver is not None else None
         sched.update_from_output(out, mro)
+        if driver is not None:
+            driver.on_tokens(vprod, now)
         for rid in produced:
             row = live[rid]
             if generated[row] >= reqs[row].output_tokens:
                 finish[row] = now
                 decoding.discard(rid)
                 del live[rid]
+                if driver is not None:
+                    driver.on_finish(vprod[produced.index(rid)], now)
     records = pl.DataFrame({
         "req_id": np.arange(n, dtype=np.int64),
         "arrival_s": arr,

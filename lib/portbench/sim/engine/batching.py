@@ -188,6 +188,8 @@ class Batching:
         visited -- so a decision costs O(requests that change + displaced), not O(residents)."""
         if not self.n_wait and not self.paused and self.need_now + self.other_blocks + self.cache_adj <= self.cap:
             return self._plan(now)      # nobody to rank against: every resident runs
+        if self.v1:
+            return self._plan_ranked(now)
         S = self.sched
         bs, cap = self.bs, self.cap
         chunked, v1, pc_on = self.chunked, self.v1, self.pc_on
@@ -327,6 +329,199 @@ class Batching:
                 if r.prefilled != r.prefill_target:
                     prefilling.append(r)
             self.paused = displaced
+        if pc_on:
+            self._pc_reconcile()
+        return self._iteration(now, self.need_now + self.other_blocks + self.cache_adj, pf_tokens)
+
+    def _gate_blocks(self, r: Request, free: int):
+        """V1 ranked plan: the blocks a waiting request reserves -- its whole current sequence less its
+        prefix-cache hit (vLLM's admission gate, ``full_sequence_must_fit``), plus the unreferenced cached
+        blocks the hit takes from the free pool -- or None when they exceed ``free``."""
+        bs = self.bs
+        if r.swapped:
+            need = (r.prompt_tokens + r.generated + bs - 1) // bs if r.prefilled == r.prefill_target \
+                else (r.prefill_target + bs - 1) // bs
+            return need if need <= free else None
+        target = r.prompt_tokens + r.generated
+        if self.pc_on:
+            h, nfree = self._pc_hit(r, target)
+            need = (target + bs - 1) // bs - h * self.eb + nfree * self.eb
+        else:
+            need = (target + bs - 1) // bs
+        return need if need <= free else None
+
+    def _plan_ranked(self, now: float):
+        """The ranked plan of preemptive policies under V1 -- one rule, also run by vLLM's scheduler
+        (:mod:`portbench.validation.engine_scheduler`; the README's "preemptive policies on vLLM"):
+
+        1. *Rank* every live request (running, paused, waiting) by ``(priority, id)``.
+        2. *Place* in rank order, each request reserving the KV blocks it needs this step: a decoder
+           its next token's blocks, a request in prefill (resident or waiting) the blocks of its whole
+           current sequence (vLLM's admission gate; a waiting one less its prefix-cache hit). A waiting
+           request that does not fit (or finds no slot) stops admission; a resident that does not fit is
+           *displaced*.
+        3. *Budget* (vLLM's order): one token for every placed decoder, then the placed residents' prompt
+           chunks in rank order, then the admissions in rank order; admission stops where the budget is
+           spent.
+        4. *Memory*: displaced residents keep their KV (paused) while the reservations and the paused
+           requests' blocks fit; otherwise the policy's victims among them are evicted.
+        """
+        S = self.sched
+        bs, cap = self.bs, self.cap
+        pc_on = self.pc_on
+        if pc_on:
+            self._pc_reconcile()
+        cohort, clock = self.cohort, self.clock
+        residents = self._ranked_residents(now)
+        wl = self.wlist
+        if not self.frozen:
+            pri = S.priority
+            for r in wl:
+                r.key = (pri(r, now), r.id)
+            wl.sort(key=_key_of)
+        free, slots = cap - self.cache_adj, self.max_seqs
+        cands: list[Request] = []              # waiting requests placed (admitted in step 3 while budget lasts)
+        resumed: list[Request] = []            # placed decoders outside the cohort (paused ones)
+        placed_pf: list[Request] = []          # placed residents in prefill, rank order
+        displaced: list[Request] = []
+        walked: list[Request] = []             # residents and candidates in rank order
+        nr, nw = len(residents), len(wl)
+        cohort_need = self.need_now
+        outside_left = nr - len(cohort)
+        n_dec = 0                              # placed decoders
+        i = j = 0
+        wkey = wl[0].key if nw else None
+        while i < nr or wkey is not None:
+            if wkey is not None and (i >= nr or wkey < residents[i].key):
+                r = wl[j]
+                need = self._gate_blocks(r, free) if slots > 0 else None
+                if need is None:
+                    wkey = None                # head-of-line: no further admission
+                    continue
+                j += 1
+                wkey = wl[j].key if j < nw else None
+                free -= need
+                slots -= 1
+                cands.append(r)
+                walked.append(r)
+                continue
+            if outside_left == 0 and (wkey is None or wkey > residents[-1].key):
+                n0 = len(displaced)
+                free, slots = self._bulk_tail(residents, i, cohort_need, free, slots, displaced)
+                n_dec += nr - i - (len(displaced) - n0)
+                walked.extend(residents[i:] if i else residents)
+                i = nr
+                continue
+            r = residents[i]
+            i += 1
+            walked.append(r)
+            if r.id in cohort:
+                need = (r.prompt_tokens + r.gbase + clock + bs - 1) // bs
+                cohort_need -= need
+                if slots > 0 and need <= free:
+                    free -= need
+                    slots -= 1
+                    n_dec += 1
+                else:
+                    displaced.append(r)
+                continue
+            outside_left -= 1
+            if r.prefilled == r.prefill_target:    # a paused decoder
+                need = (r.prompt_tokens + r.generated + bs - 1) // bs
+                if slots > 0 and need <= free:
+                    free -= need
+                    slots -= 1
+                    n_dec += 1
+                    resumed.append(r)
+                else:
+                    displaced.append(r)
+                continue
+            need = (r.prefill_target + bs - 1) // bs
+            if slots > 0 and need <= free:
+                free -= need
+                slots -= 1
+                placed_pf.append(r)
+            else:
+                displaced.append(r)
+        reserved = cap - self.cache_adj - free
+        # 3. the token budget: decoders, residents' prompt chunks, admissions
+        b = self.B - n_dec
+        if b < 0:
+            b = 0
+        pf_tokens = 0
+        for r in placed_pf:
+            left = r.prefill_target - r.prefilled
+            c = left if left < b else b
+            r.chunk = c
+            r.state = RUNNING
+            b -= c
+            pf_tokens += c
+            r.blocks = (r.prefilled + c + bs - 1) // bs
+            if c and pc_on:
+                self._pc_register(r, r.prefilled + c)
+        prefilling = list(placed_pf)
+        admitted = 0
+        skip_ids = None
+        for r in cands:
+            need = self._admit_need(r, b, pf_tokens, admitted, cap) if b > 0 else None
+            if need is None:                   # budget spent: the rest stay waiting
+                skip_ids = {x.id for x in cands[admitted:]}
+                break
+            admitted += 1
+            pf_tokens += r.chunk
+            b -= r.chunk or 1
+            if self._admit(r, now):
+                resumed.append(r)
+            else:
+                prefilling.append(r)
+            if pc_on:
+                self._pc_reconcile_walk(reserved)
+        if admitted:
+            if admitted == nw:
+                wl.clear()
+            else:
+                adm = {r.id for r in cands[:admitted]}
+                self.wlist = wl = [r for r in wl if r.id not in adm]
+            self.n_wait -= admitted
+        if skip_ids:
+            walked = [r for r in walked if r.id not in skip_ids]
+        self.rorder = walked
+        for r in displaced:
+            if r.id in cohort:
+                self._leave(r)
+        for r in resumed:
+            r.state = RUNNING
+            self._join(r)
+        self.paused = []
+        other = 0
+        for r in prefilling:
+            other += r.blocks
+        held = 0
+        for r in displaced:
+            r.chunk = 0
+            held += r.blocks
+        self.other_blocks = other + held
+        # 4. memory: paused while the reservations and the displaced requests' blocks fit
+        while displaced and reserved + held + self.cache_adj > cap:
+            v = S.victim(displaced, now)
+            displaced.remove(v)
+            held -= v.blocks
+            self.other_blocks -= v.blocks
+            self._requeue_evicted(v, now)
+        while self.need_now + self.other_blocks + self.cache_adj > cap:   # pragma: no cover - reservations cover it
+            self._materialize()
+            self._evict(S.victim(list(self.res.values()), now), now)
+            pf_tokens = sum(r.chunk for r in self.prefilling)
+        if displaced:
+            for r in displaced:
+                if r.state == RUNNING:
+                    r.state = PAUSED
+                    r.pauses += 1
+                    self.n_pause += 1
+                if r.prefilled != r.prefill_target:
+                    prefilling.append(r)
+            self.paused = displaced
+        self.prefilling = prefilling
         if pc_on:
             self._pc_reconcile()
         return self._iteration(now, self.need_now + self.other_blocks + self.cache_adj, pf_tokens)
