@@ -53,7 +53,7 @@ def _params(args, validate: bool = True):
     return cfg
 
 
-WRITING_COMMANDS = ("ingest", "freeze", "predict", "simulate", "analyze", "attribute", "validate")
+WRITING_COMMANDS = ("ingest", "freeze", "predict", "simulate", "analyze", "attribute", "validate", "conform")
 
 
 def _kv(item: str):
@@ -159,6 +159,25 @@ def cmd_validate(args):
     print(validation.verdict.verdict_line(s["verdict_counts"]))
 
 
+def cmd_conform(args):
+    """Simulator vs vLLM's own scheduler, step for step (needs .venv-vllm)."""
+    cfg = _params(args)
+    from .validation import conformance   # imports vLLM
+
+    s = conformance.run(cfg, windows_per_source=args.windows, regions=tuple(args.regions),
+                        schedulers=args.schedulers or None)
+    for pol, r in s["policies"].items():
+        state = "bit-identical" if r["bit_identical"] else (
+            f"first divergence {r['first_divergence']['window_id']} {r['first_divergence']['region']} step "
+            f"{r['first_divergence']['step']} ({r['first_divergence']['column']})" if r["first_divergence"] else "records differ")
+        print(f"{pol:13s} {r['cases']:3d} cases {r['requests']:6d} requests  steps identical "
+              f"{100 * r['steps_identical_share']:6.2f}%  E2E rel. diff mean {r['e2e_rel_mean']:.2e} max "
+              f"{r['e2e_rel_max']:.2e}  {state}")
+    print(f"wall {s['wall_s']:.0f} s (simulator {s['simulator_s']:.0f} s, vLLM {s['vllm_s']:.0f} s, "
+          f"{s['vllm_steps_per_s']:.0f} vLLM steps/s)")
+    return 0 if all(r["bit_identical"] for r in s["policies"].values()) else 1
+
+
 def cmd_params(args):
     """The effective parameters (file + overrides), one leaf per line with its documentation."""
     cfg = _params(args)
@@ -259,6 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
         .add_argument("--quick", action="store_true", help="a representative subset (about a minute)")
     add("report", cmd_report, "print the headline results from summary.json (or write them into the README)") \
         .add_argument("--readme", default=None, help="README file whose results block to replace")
+    co = add("conform", cmd_conform, "simulator vs vLLM's own V1 scheduler (virtual clock, stub model), step for "
+             "step, on real windows (needs .venv-vllm: make conform)")
+    co.add_argument("--windows", type=int, default=2, help="windows per real source (default 2)")
+    co.add_argument("--regions", nargs="+", default=["light", "near_saturation", "severe"],
+                    help="operating regions (default: light near_saturation severe)")
+    co.add_argument("--schedulers", nargs="*", default=None, help="policies (default: the study's)")
     va = add("validate", cmd_validate, "replay the selected cases through vLLM (CPU build in .venv-vllm, or a CUDA GPU)")
     va.add_argument("--reduced", action="store_true", help="the reduced run of `make all` (fewer windows, shorter budget)")
     va.add_argument("--analyze-only", action="store_true",

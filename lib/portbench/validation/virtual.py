@@ -53,6 +53,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402  (vLLM's CPU build needs torch first)
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
@@ -209,8 +210,9 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
     hashes = window_df["block_hashes"].to_list() if (s.prefix_caching and "block_hashes" in window_df.columns) else None
     hasher = None
     if s.prefix_caching:
-        init_none_hash(hash)
-        hasher = get_request_block_hasher(s.block_size, hash)
+        fn = get_hash_fn_by_name(cfg.cache_config.prefix_caching_hash_algo)
+        init_none_hash(fn)
+        hasher = get_request_block_hasher(s.block_size, fn)
     arr = np.array([r.arrival_s for r in reqs], dtype=float)
     order = np.argsort(arr, kind="stable")
     first = np.full(n, np.nan)

@@ -487,8 +487,9 @@ class Batching:
             walked = [r for r in walked if r.id not in skip_ids]
         self.rorder = walked
         for r in displaced:
-            if r.id in cohort:
+            if r.id in cohort:                 # paused: holds the blocks of its computed tokens (P + g − 1)
                 self._leave(r)
+                r.blocks = (r.prompt_tokens + r.generated - 1 + bs - 1) // bs
         for r in resumed:
             r.state = RUNNING
             self._join(r)

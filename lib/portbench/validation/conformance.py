@@ -1,0 +1,186 @@
+"""Conformance: the simulator's scheduling against vLLM's own V1 scheduler, step for step (needs vLLM).
+
+For each real source, window, operating region and policy, the same rescaled window (the campaign's
+capacity, region, horizon, profile, engine settings, seed and policy options) is run through
+
+* the simulator, one iteration at a time (``naive=True``: the closed-form decode runs of the
+  campaign path are tested against this path by the simulator's own tests), and
+* the virtual vLLM engine (:mod:`.virtual`: vLLM's scheduler, stub model, the same cost model),
+
+and compared: every step (start time, prompt tokens, decodes, context tokens, KV blocks in use) and
+every request (first-token and finish time, tokens generated, preemptions). :func:`summarise` turns
+the comparisons into ``data/results/conformance/summary.json``: per policy the requests and steps
+compared, the share of steps identical, the first divergence (where and what), and the per-request
+TTFT and E2E differences (max and mean relative).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from ..core.config import EngineConfig
+from ..sim import schedulers as registry
+from ..sim.engine import simulate
+from ..study.campaign.engines import SimEngine, scheduler_options
+from ..core.config import Config
+from ..data import windows as windows_mod
+from ..study.campaign.plan import make_plan, run_seed
+from ..study.campaign.run import run_tables
+from . import policies, virtual
+
+STEP_COMPARE = ("start_s", "prefill_tokens", "decode_seqs", "context_tokens", "kv_blocks_used")
+REGIONS = ("light", "near_saturation", "severe")
+
+
+@dataclass(frozen=True)
+class Case:
+    source: str
+    window_id: str
+    region: str
+    rho: float
+    policy: str
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    both = np.isfinite(a) & np.isfinite(b)
+    d = np.abs(a[both] - b[both]) / np.maximum(np.abs(a[both]), 1e-12)
+    return d
+
+
+def compare(sim_res, virt_res) -> dict:
+    """One case: steps and requests of the simulator (naive, iteration trace) against the virtual engine."""
+    si, vs = sim_res.iterations, virt_res.steps
+    n = min(si.height, vs.height)
+    same = np.ones(n, dtype=bool)
+    first = None
+    for c in STEP_COMPARE:
+        x, y = si[c].to_numpy()[:n], vs[c].to_numpy()[:n]
+        eq = x == y
+        same &= eq
+        bad = np.nonzero(~eq)[0]
+        if len(bad) and (first is None or bad[0] < first["step"]):
+            first = {"step": int(bad[0]), "column": c, "simulator": float(x[bad[0]]), "vllm": float(y[bad[0]])}
+    if si.height != vs.height and first is None:
+        first = {"step": n, "column": "steps", "simulator": si.height, "vllm": vs.height}
+    a, b = sim_res.requests, virt_res.requests
+    arr = a["arrival_s"].to_numpy()
+    ttft_a, ttft_b = a["first_token_s"].to_numpy() - arr, b["first_token_s"].to_numpy() - arr
+    e2e_a, e2e_b = a["finish_s"].to_numpy() - arr, b["finish_s"].to_numpy() - arr
+    rt, re_ = _rel(ttft_a, ttft_b), _rel(e2e_a, e2e_b)
+    records_equal = all(np.array_equal(a[c].to_numpy(), b[c].to_numpy(), equal_nan=True)
+                        for c in ("first_token_s", "finish_s", "generated_tokens", "preemptions", "rejected"))
+    return {"requests": int(a.height), "finished_sim": int(np.isfinite(e2e_a).sum()),
+            "finished_vllm": int(np.isfinite(e2e_b).sum()), "steps_sim": int(si.height), "steps_vllm": int(vs.height),
+            "steps_identical": int(same.sum()), "first_divergence": first, "records_identical": bool(records_equal),
+            "preemptions_sim": int(sim_res.counters["preemptions"]), "preemptions_vllm": int(virt_res.counters["preemptions"]),
+            "ttft_rel_max": float(rt.max()) if rt.size else 0.0, "ttft_rel_sum": float(rt.sum()), "ttft_n": int(rt.size),
+            "e2e_rel_max": float(re_.max()) if re_.size else 0.0, "e2e_rel_sum": float(re_.sum()), "e2e_n": int(re_.size),
+            "mean_e2e_sim": float(np.nanmean(e2e_a)) if np.isfinite(e2e_a).any() else None,
+            "mean_e2e_vllm": float(np.nanmean(e2e_b)) if np.isfinite(e2e_b).any() else None}
+
+
+def run_case(window_df: pl.DataFrame, case: Case, capacity_rps: float, sim_cfg, engine: SimEngine,
+             hash_block_tokens: int | None) -> tuple[dict, float, float]:
+    """Both sides of one case; returns (comparison, simulator seconds, vLLM seconds)."""
+    scaled, horizon = engine.prepare(window_df, case.rho, capacity_rps, sim_cfg)
+    prof = engine.profile(sim_cfg)
+    opts = scheduler_options(sim_cfg, case.policy)
+    sched = registry.get_scheduler(case.policy, **opts)
+    seed = run_seed(sim_cfg.seed, case.window_id, case.policy, case.region, 0)
+    eng = EngineConfig.of(sim_cfg.engine)
+    pc = eng.prefix_caching != "off" and hash_block_tokens is not None and "block_hashes" in scaled.columns
+    t0 = time.perf_counter()
+    s = simulate(scaled, sched, prof, horizon_s=horizon, seed=seed, slo=sim_cfg.edf_slo_dict, engine=eng,
+                 hash_block_tokens=hash_block_tokens, naive=True, record_iterations=True)
+    t1 = time.perf_counter()
+    v = virtual.run(scaled, case.policy, prof, horizon_s=horizon, seed=seed, slo=sim_cfg.edf_slo_dict, options=opts,
+                    prefix_caching=pc, hash_block_tokens=hash_block_tokens if pc else None,
+                    budget=getattr(sched, "prefill_token_budget", None))
+    t2 = time.perf_counter()
+    out = compare(s, v)
+    out["vllm_steps_per_s"] = v.counters["steps"] / max(t2 - t1, 1e-9)
+    return out, t1 - t0, t2 - t1
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Per policy (and overall): requests and steps compared, share of steps identical, the first
+    divergence, per-request TTFT/E2E differences (max and mean relative)."""
+    df = pl.DataFrame(rows)
+    out = {}
+    for pol in sorted(df["policy"].unique().to_list()):
+        d = df.filter(pl.col("policy") == pol)
+        div = [r for r in d.iter_rows(named=True) if r["first_divergence"] is not None]
+        first = None
+        if div:
+            r0 = min(div, key=lambda r: (r["source"], r["window_id"], r["region"]))
+            first = {"source": r0["source"], "window_id": r0["window_id"], "region": r0["region"], **r0["first_divergence"]}
+        steps = int(d["steps_sim"].sum())
+        n_t, n_e = int(d["ttft_n"].sum()), int(d["e2e_n"].sum())
+        out[pol] = {
+            "cases": d.height, "requests": int(d["requests"].sum()), "steps": steps,
+            "steps_identical_share": float(d["steps_identical"].sum() / steps) if steps else 1.0,
+            "cases_bit_identical": sum(1 for r in d.iter_rows(named=True)
+                                       if r["records_identical"] and r["first_divergence"] is None),
+            "first_divergence": first,
+            "ttft_rel_max": float(d["ttft_rel_max"].max()), "ttft_rel_mean": float(d["ttft_rel_sum"].sum() / n_t) if n_t else 0.0,
+            "e2e_rel_max": float(d["e2e_rel_max"].max()), "e2e_rel_mean": float(d["e2e_rel_sum"].sum() / n_e) if n_e else 0.0,
+            "preemptions_sim": int(d["preemptions_sim"].sum()), "preemptions_vllm": int(d["preemptions_vllm"].sum()),
+            "vllm_steps_per_s_median": float(d["vllm_steps_per_s"].median()),
+        }
+        out[pol]["bit_identical"] = out[pol]["cases_bit_identical"] == d.height
+    return out
+
+
+def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers=None, sources=None,
+        out_dir=None, progress: bool = True) -> dict:
+    """Conformance of every policy on the real sources' first ``windows_per_source`` windows in ``regions``;
+    writes ``{results_dir}/conformance/summary.json`` (and ``cases.parquet``) and returns the summary."""
+    sim_cfg = cfg.simulation
+    plan = make_plan(cfg)
+    names = list(schedulers) if schedulers else list(plan.schedulers)
+    real = [w for w in plan.windows if w.provenance == "real" and (sources is None or w.source in sources)]
+    chosen, per = [], {}
+    for w in real:
+        if per.get(w.source, 0) < windows_per_source:
+            per[w.source] = per.get(w.source, 0) + 1
+            chosen.append(w)
+    tables = windows_mod.load_windows(cfg, sorted({w.source for w in chosen}))
+    tables = run_tables(cfg, {w.id: tables[w.id] for w in chosen}, names)
+    loads = dict(sim_cfg.region_loads)
+    base = SimEngine()
+    rows, t_sim, t_vllm = [], 0.0, 0.0
+    t_start = time.perf_counter()
+    for w in chosen:
+        eng = base.for_window(w)
+        df = tables[w.id]
+        cap = eng.capacity(df, sim_cfg)["capacity_rps"]
+        for region in regions:
+            for pol in names:
+                case = Case(w.source, w.id, region, float(loads[region]), pol)
+                if policies.engine_policy(pol).mode == "excluded":
+                    continue
+                res, a, b = run_case(df, case, cap, sim_cfg, eng, w.block_size)
+                t_sim += a
+                t_vllm += b
+                rows.append({"source": w.source, "window_id": w.id, "region": region, "policy": pol, **res})
+                if progress:
+                    tag = "identical" if res["records_identical"] and res["first_divergence"] is None else \
+                        f"diverges at step {res['first_divergence']['step'] if res['first_divergence'] else '-'}"
+                    print(f"[conform] {w.id} {region:15s} {pol:13s} {res['steps_sim']:5d} steps: {tag}", flush=True)
+    summary = {"vllm": virtual.check_version(), "windows": [w.id for w in chosen], "regions": list(regions),
+               "profile": str(sim_cfg.profile), "engine": EngineConfig.of(sim_cfg.engine).as_dict(),
+               "policies": summarise(rows), "wall_s": time.perf_counter() - t_start,
+               "simulator_s": t_sim, "vllm_s": t_vllm,
+               "vllm_steps_per_s": float(sum(r["steps_vllm"] for r in rows) / t_vllm) if t_vllm else None}
+    out = Path(out_dir) if out_dir else Path(cfg.paths.results_dir) / "conformance"
+    out.mkdir(parents=True, exist_ok=True)
+    flat = [{k: (json.dumps(v) if isinstance(v, dict) else v) for k, v in r.items()} for r in rows]
+    pl.DataFrame(flat).write_parquet(out / "cases.parquet")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    return summary
