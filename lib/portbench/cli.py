@@ -53,7 +53,8 @@ def _params(args, validate: bool = True):
     return cfg
 
 
-WRITING_COMMANDS = ("ingest", "freeze", "predict", "simulate", "analyze", "attribute", "validate", "conform")
+WRITING_COMMANDS = ("ingest", "freeze", "predict", "simulate", "analyze", "attribute", "validate", "conform",
+                    "vllm-virtual")
 
 
 def _kv(item: str):
@@ -103,7 +104,23 @@ def cmd_predict(args):
 
 
 def cmd_simulate(args):
-    campaign.run(_params(args))
+    cfg = _params(args)
+    if args.backend == "vllm-virtual":
+        from .validation.virtual_campaign import VirtualEngine   # imports vLLM (.venv-vllm)
+
+        campaign.run(cfg, engine=VirtualEngine())
+    else:
+        campaign.run(cfg)
+
+
+def cmd_vllm_virtual(args):
+    """The headline panel's runs on the simulator and on vLLM's scheduler (needs .venv-vllm)."""
+    cfg = _params(args)
+    from .validation import virtual_campaign
+
+    s = virtual_campaign.check(cfg, budget_s=args.budget)
+    print(json.dumps(s, indent=1, default=str))
+    return 0 if s["runs"] and s["runs_bit_identical"] == s["runs"] else 1
 
 
 def cmd_analyze(args):
@@ -165,7 +182,7 @@ def cmd_conform(args):
     from .validation import conformance   # imports vLLM
 
     s = conformance.run(cfg, windows_per_source=args.windows, regions=tuple(args.regions),
-                        schedulers=args.schedulers or None)
+                        schedulers=args.schedulers or None, requests_per_window=args.requests)
     for pol, r in s["policies"].items():
         state = "bit-identical" if r["bit_identical"] else (
             f"first divergence {r['first_divergence']['window_id']} {r['first_divergence']['region']} step "
@@ -267,7 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
         "per window and print their accuracy") \
         .add_argument("--transfer", action="store_true",
                       help="also run the transfer campaign (prediction-based policies with every other source's predictor)")
-    add("simulate", cmd_simulate, "run the campaign (schedulers x windows x regions x replicates)")
+    si = add("simulate", cmd_simulate, "run the campaign (schedulers x windows x regions x replicates)")
+    si.add_argument("--backend", choices=("simulator", "vllm-virtual"), default="simulator",
+                    help="simulator (default) or vllm-virtual: every run on vLLM's own scheduler (virtual clock; "
+                         ".venv-vllm; shards keyed by the engine)")
+    vv = add("vllm-virtual", cmd_vllm_virtual, "the headline panel's runs on the simulator and on vLLM's scheduler, "
+             "compared run by run and ranking by ranking (needs .venv-vllm; part of make validate)")
+    vv.add_argument("--budget", type=float, default=300.0, help="seconds of runs (default 300)")
     add("analyze", cmd_analyze, "run the portability analysis on the campaign's results")
     at = add("attribute", cmd_attribute, "counterfactual attribution: which workload property (arrival pattern, prompt "
              "or output lengths, coupling, load) moves the ranking between two sources (notebook 10)")
@@ -284,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--regions", nargs="+", default=["light", "near_saturation", "severe"],
                     help="operating regions (default: light near_saturation severe)")
     co.add_argument("--schedulers", nargs="*", default=None, help="policies (default: the study's)")
+    co.add_argument("--requests", type=int, default=None, help="only each window's first N requests (a quick check)")
     va = add("validate", cmd_validate, "replay the selected cases through vLLM (CPU build in .venv-vllm, or a CUDA GPU)")
     va.add_argument("--reduced", action="store_true", help="the reduced run of `make all` (fewer windows, shorter budget)")
     va.add_argument("--analyze-only", action="store_true",

@@ -138,9 +138,10 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers=None, sources=None,
-        out_dir=None, progress: bool = True) -> dict:
-    """Conformance of every policy on the real sources' first ``windows_per_source`` windows in ``regions``;
-    writes ``{results_dir}/conformance/summary.json`` (and ``cases.parquet``) and returns the summary."""
+        requests_per_window: int | None = None, out_dir=None, progress: bool = True) -> dict:
+    """Conformance of every policy on the real sources' first ``windows_per_source`` windows in ``regions``
+    (``requests_per_window``: only each window's first requests -- a quick check; capacity from the whole
+    window); writes ``{results_dir}/conformance/summary.json`` (and ``cases.parquet``) and returns the summary."""
     sim_cfg = cfg.simulation
     plan = make_plan(cfg)
     names = list(schedulers) if schedulers else list(plan.schedulers)
@@ -160,6 +161,8 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
         eng = base.for_window(w)
         df = tables[w.id]
         cap = eng.capacity(df, sim_cfg)["capacity_rps"]
+        if requests_per_window:
+            df = df.head(int(requests_per_window))
         for region in regions:
             for pol in names:
                 case = Case(w.source, w.id, region, float(loads[region]), pol)
@@ -174,6 +177,7 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
                         f"diverges at step {res['first_divergence']['step'] if res['first_divergence'] else '-'}"
                     print(f"[conform] {w.id} {region:15s} {pol:13s} {res['steps_sim']:5d} steps: {tag}", flush=True)
     summary = {"vllm": virtual.check_version(), "windows": [w.id for w in chosen], "regions": list(regions),
+               "requests_per_window": requests_per_window,
                "profile": str(sim_cfg.profile), "engine": EngineConfig.of(sim_cfg.engine).as_dict(),
                "policies": summarise(rows), "wall_s": time.perf_counter() - t_start,
                "simulator_s": t_sim, "vllm_s": t_vllm,

@@ -200,9 +200,7 @@ class PolicyDriver:
             key[v.request_id] = m.key if m.key is not None else (pol.priority(m, now), m.id)
         held = {v.request_id: self._held(v) for v in running}
         cap = int(kvm.block_pool.num_gpu_blocks) - 1
-        used = cap - int(kvm.block_pool.get_num_free_blocks())
-        adj = used - sum(held.values())
-        free, slots = cap - adj, int(s.max_num_running_reqs)
+        free, slots = cap, int(s.max_num_running_reqs)
         ranked = sorted(running + waiting, key=lambda v: key[v.request_id])
         is_res = {v.request_id for v in running}
         hol = False
@@ -212,7 +210,7 @@ class PolicyDriver:
             if rid not in is_res:
                 if hol:
                     continue
-                need = self._gate(v) if slots > 0 else None
+                need = _cdiv(v.num_tokens, bs) if slots > 0 else None
                 if need is None or need > free:
                     hol = True
                     continue
@@ -236,13 +234,13 @@ class PolicyDriver:
                 pf.append(v)
             else:
                 displaced.append(v)
-        reserved = cap - adj - free
+        reserved = cap - free
         held_d = sum(held[v.request_id] for v in displaced)
-        while displaced and reserved + held_d + adj > cap:
+        while displaced and reserved + held_d > cap:
             victim_m = pol.victim([self.m(v) for v in displaced], now)
             v = next(x for x in displaced if self.row_of(x.request_id) == victim_m.id)
             displaced.remove(v)
-            held_d -= held[v.request_id]
+            held_d -= held.pop(v.request_id)
             if v in s.running:
                 s.running.remove(v)
             s._preempt_request(v, now)
@@ -261,16 +259,3 @@ class PolicyDriver:
 
     def _in_prefill(self, v) -> bool:
         return bool(getattr(v, "is_prefill_chunk", False)) or v.num_computed_tokens < v.num_tokens - 1
-
-    def _gate(self, v) -> int:
-        """vLLM's admission gate: blocks of the whole current sequence less the prefix-cache hit, plus the
-        unreferenced cached blocks the hit takes from the free pool."""
-        bs = int(self.s.block_size)
-        kvm = self.s.kv_cache_manager
-        need = _cdiv(v.num_tokens, bs)
-        if getattr(kvm, "enable_caching", False) and v.num_computed_tokens == 0:
-            blocks, n_hit = kvm.get_computed_blocks(v)[:2]
-            lst = blocks.blocks[0] if blocks.blocks else []
-            need -= n_hit // bs
-            need += sum(1 for b in lst if b.ref_cnt == 0)
-        return need

@@ -180,7 +180,9 @@ class VirtualResult:
 def _priorities(policy: str, window_df, seed: int, slo, profile, options: dict) -> np.ndarray | None:
     mode = policies.engine_policy(policy).mode
     if mode == "priority":
-        return schedulers.static_priority(policy, window_df, seed, profile=profile, slo=slo, **options)
+        opts = dict(options)
+        slo = opts.pop("slo", slo)
+        return schedulers.static_priority(policy, window_df, seed, profile=profile, slo=slo, **opts)
     return None
 
 

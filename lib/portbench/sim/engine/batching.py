@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 
+from ...core.errors import ConservationError
 from ..request import PAUSED, RUNNING, WAITING, Request
 from .queues import _key_of
 
@@ -186,10 +187,13 @@ class Batching:
         only) is decided in bulk from the cohort's block total -- all of it runs when it fits, else
         the greedy walk's first misfit is found from the end and only the members from there on are
         visited -- so a decision costs O(requests that change + displaced), not O(residents)."""
+        if self.v1:
+            # nobody to rank against and every resident's own blocks fit (the ranked plan's accounting)
+            if not self.n_wait and not self.paused and self.need_now + self.other_blocks <= self.cap:
+                return self._plan(now)
+            return self._plan_ranked(now)
         if not self.n_wait and not self.paused and self.need_now + self.other_blocks + self.cache_adj <= self.cap:
             return self._plan(now)      # nobody to rank against: every resident runs
-        if self.v1:
-            return self._plan_ranked(now)
         S = self.sched
         bs, cap = self.bs, self.cap
         chunked, v1, pc_on = self.chunked, self.v1, self.pc_on
@@ -334,20 +338,14 @@ class Batching:
         return self._iteration(now, self.need_now + self.other_blocks + self.cache_adj, pf_tokens)
 
     def _gate_blocks(self, r: Request, free: int):
-        """V1 ranked plan: the blocks a waiting request reserves -- its whole current sequence less its
-        prefix-cache hit (vLLM's admission gate, ``full_sequence_must_fit``), plus the unreferenced cached
-        blocks the hit takes from the free pool -- or None when they exceed ``free``."""
+        """V1 ranked plan: the blocks a waiting request reserves -- every block of its whole current sequence
+        (vLLM's admission gate; prefix-cache sharing is not counted on in the plan) -- or None when they exceed
+        ``free``."""
         bs = self.bs
-        if r.swapped:
-            need = (r.prompt_tokens + r.generated + bs - 1) // bs if r.prefilled == r.prefill_target \
-                else (r.prefill_target + bs - 1) // bs
-            return need if need <= free else None
-        target = r.prompt_tokens + r.generated
-        if self.pc_on:
-            h, nfree = self._pc_hit(r, target)
-            need = (target + bs - 1) // bs - h * self.eb + nfree * self.eb
+        if r.swapped and r.prefilled == r.prefill_target:
+            need = (r.prompt_tokens + r.generated + bs - 1) // bs
         else:
-            need = (target + bs - 1) // bs
+            need = (r.prompt_tokens + r.generated + bs - 1) // bs if not r.swapped else (r.prefill_target + bs - 1) // bs
         return need if need <= free else None
 
     def _plan_ranked(self, now: float):
@@ -357,14 +355,15 @@ class Batching:
         1. *Rank* every live request (running, paused, waiting) by ``(priority, id)``.
         2. *Place* in rank order, each request reserving the KV blocks it needs this step: a decoder
            its next token's blocks, a request in prefill (resident or waiting) the blocks of its whole
-           current sequence (vLLM's admission gate; a waiting one less its prefix-cache hit). A waiting
-           request that does not fit (or finds no slot) stops admission; a resident that does not fit is
-           *displaced*.
-        3. *Budget* (vLLM's order): one token for every placed decoder, then the placed residents' prompt
-           chunks in rank order, then the admissions in rank order; admission stops where the budget is
-           spent.
-        4. *Memory*: displaced residents keep their KV (paused) while the reservations and the paused
-           requests' blocks fit; otherwise the policy's victims among them are evicted.
+           current sequence (vLLM's admission gate). Every request counts all its blocks (prefix-cache
+           sharing is not counted on). A waiting request that does not fit (or finds no slot) stops
+           admission; a resident that does not fit is *displaced*.
+        3. *Memory*: displaced residents keep their KV (paused) while the reservations and the paused
+           requests' blocks fit the cache; otherwise the policy's victims among them are evicted.
+        4. *Budget and admission* (vLLM's order): one token for every placed decoder, then the placed
+           residents' prompt chunks in rank order, then the placed waiting requests in rank order through
+           vLLM's own admission (its gate on the blocks free at that moment, its prefix-cache hit); admission
+           stops at the first that does not pass or where the budget is spent.
         """
         S = self.sched
         bs, cap = self.bs, self.cap
@@ -379,8 +378,8 @@ class Batching:
             for r in wl:
                 r.key = (pri(r, now), r.id)
             wl.sort(key=_key_of)
-        free, slots = cap - self.cache_adj, self.max_seqs
-        cands: list[Request] = []              # waiting requests placed (admitted in step 3 while budget lasts)
+        free, slots = cap, self.max_seqs
+        cands: list[Request] = []              # waiting requests placed (admitted in step 4 while they pass)
         resumed: list[Request] = []            # placed decoders outside the cohort (paused ones)
         placed_pf: list[Request] = []          # placed residents in prefill, rank order
         displaced: list[Request] = []
@@ -443,12 +442,31 @@ class Batching:
                 placed_pf.append(r)
             else:
                 displaced.append(r)
-        reserved = cap - self.cache_adj - free
-        # 3. the token budget: decoders, residents' prompt chunks, admissions
+        reserved = cap - free
+        # 3. memory (before admission, as vLLM's scheduler runs it): the displaced stay paused while the
+        # reservations and their blocks fit, else the policy's victims among them are evicted
+        for r in displaced:
+            r.chunk = 0
+            if r.id in cohort:                 # paused: holds the blocks of its computed tokens (P + g − 1)
+                self._leave(r)
+                r.blocks = (r.prompt_tokens + r.generated - 1 + bs - 1) // bs
+        held = 0
+        for r in displaced:
+            held += r.blocks
+        while displaced and reserved + held > cap:
+            v = S.victim(displaced, now)
+            displaced.remove(v)
+            held -= v.blocks
+            self._requeue_evicted(v, now)
+        for r in resumed:
+            r.state = RUNNING
+            self._join(r)
+        # 4. the token budget: placed decoders, the placed residents' prompt chunks, then admissions
         b = self.B - n_dec
         if b < 0:
             b = 0
         pf_tokens = 0
+        other = held
         for r in placed_pf:
             left = r.prefill_target - r.prefilled
             c = left if left < b else b
@@ -457,62 +475,40 @@ class Batching:
             b -= c
             pf_tokens += c
             r.blocks = (r.prefilled + c + bs - 1) // bs
+            other += r.blocks
             if c and pc_on:
                 self._pc_register(r, r.prefilled + c)
+        self.other_blocks = other
         prefilling = list(placed_pf)
+        if pc_on:
+            self._pc_reconcile()
+        free = cap - (self.need_now + self.other_blocks + self.cache_adj)
         admitted = 0
-        skip_ids = None
-        for r in cands:
-            need = self._admit_need(r, b, pf_tokens, admitted, cap) if b > 0 else None
-            if need is None:                   # budget spent: the rest stay waiting
-                skip_ids = {x.id for x in cands[admitted:]}
+        for r in cands:                        # vLLM's admission: its gate on the blocks free now
+            need = self._admit_need(r, b, pf_tokens, admitted, free) if b > 0 else None
+            if need is None:                   # the rest stay waiting
                 break
             admitted += 1
             pf_tokens += r.chunk
             b -= r.chunk or 1
             if self._admit(r, now):
-                resumed.append(r)
+                self._join(r)
             else:
+                self.other_blocks += r.blocks
                 prefilling.append(r)
+            free = cap - (self.need_now + self.other_blocks + self.cache_adj)
             if pc_on:
-                self._pc_reconcile_walk(reserved)
-        if admitted:
-            if admitted == nw:
-                wl.clear()
-            else:
-                adm = {r.id for r in cands[:admitted]}
-                self.wlist = wl = [r for r in wl if r.id not in adm]
+                self._pc_reconcile()
+        if admitted:                           # (evicted victims were inserted into the waiting list meanwhile)
+            adm = {r.id for r in cands[:admitted]}
+            self.wlist = [r for r in self.wlist if r.id not in adm]
             self.n_wait -= admitted
-        if skip_ids:
-            walked = [r for r in walked if r.id not in skip_ids]
-        self.rorder = walked
-        for r in displaced:
-            if r.id in cohort:                 # paused: holds the blocks of its computed tokens (P + g − 1)
-                self._leave(r)
-                r.blocks = (r.prompt_tokens + r.generated - 1 + bs - 1) // bs
-        for r in resumed:
-            r.state = RUNNING
-            self._join(r)
+        if admitted < len(cands):
+            skip = {r.id for r in cands[admitted:]}
+            walked = [r for r in walked if r.id not in skip]
+        gone = {r.id for r in walked if r.id not in self.res}     # evicted victims left the ranking
+        self.rorder = [r for r in walked if r.id not in gone] if gone else walked
         self.paused = []
-        other = 0
-        for r in prefilling:
-            other += r.blocks
-        held = 0
-        for r in displaced:
-            r.chunk = 0
-            held += r.blocks
-        self.other_blocks = other + held
-        # 4. memory: paused while the reservations and the displaced requests' blocks fit
-        while displaced and reserved + held + self.cache_adj > cap:
-            v = S.victim(displaced, now)
-            displaced.remove(v)
-            held -= v.blocks
-            self.other_blocks -= v.blocks
-            self._requeue_evicted(v, now)
-        while self.need_now + self.other_blocks + self.cache_adj > cap:   # pragma: no cover - reservations cover it
-            self._materialize()
-            self._evict(S.victim(list(self.res.values()), now), now)
-            pf_tokens = sum(r.chunk for r in self.prefilling)
         if displaced:
             for r in displaced:
                 if r.state == RUNNING:
@@ -523,6 +519,9 @@ class Batching:
                     prefilling.append(r)
             self.paused = displaced
         self.prefilling = prefilling
+        if self.need_now + self.other_blocks + self.cache_adj > cap:   # pragma: no cover - the gate and reservations cover it
+            raise ConservationError(f"ranked plan at t={now}: {self.need_now + self.other_blocks + self.cache_adj} "
+                                    f"KV blocks after placement > capacity {cap}")
         if pc_on:
             self._pc_reconcile()
         return self._iteration(now, self.need_now + self.other_blocks + self.cache_adj, pf_tokens)

@@ -120,6 +120,7 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
         _check_cost_model(profile, self.ckv)
         self.attn = bool(getattr(profile, "c_attn_s", 0.0))   # prefill attention term
         self.preemptive = bool(getattr(sched, "preemptive", False))
+        self.ranked = self.preemptive and self.v1      # V1 preemptive policies: the ranked plan (Batching._plan_ranked)
         self.static = bool(getattr(sched, "static_priority", False))
         self.frozen = self.static or bool(getattr(sched, "frozen_waiting_keys", False))
         self.wants_tokens = not (isinstance(sched, BaseScheduler)

@@ -68,7 +68,8 @@ class Iterations:
                 self.trace.append((now, now + a, 1, 0, n, C, self.used))
             return a
         k = self._k_complete()
-        k = self._k_memory(self.cap - self.used, k)
+        # the ranked plan (preemptive, V1) counts every resident's own blocks (no prefix-cache sharing)
+        k = self._k_memory(self.cap - (self.need_now + self.other_blocks if self.ranked else self.used), k)
         inc = self.ckv * n
         self._a0, self._inc = a0, inc
         t_bound = _INF
