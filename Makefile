@@ -18,7 +18,7 @@ export PYTHONHASHSEED := 0
 NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb notebooks/1*.ipynb))
 STAMP     := $(VENV)/.installed
 
-.PHONY: help setup all notebooks figures test test-fast test-vllm sweep bench validate validate-reduced gpu-validate lab clean
+.PHONY: help setup all notebooks figures report lint test test-fast test-vllm sweep bench validate validate-reduced gpu-validate lab clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -44,7 +44,12 @@ all: $(STAMP)  ## run every notebook (01..10) in order into build/notebooks (oth
 
 figures: all  ## every figure is written by the notebooks; alias of `make all`
 
-test: $(STAMP)  ## unit, property and notebook smoke tests, then the vLLM CPU harness test
+lint: $(STAMP)  ## ruff and mypy on lib/ (settings: pyproject.toml [tool.ruff], [tool.mypy])
+	$(BIN)/ruff check lib
+	$(BIN)/mypy
+
+test: $(STAMP)  ## lint, unit, property and notebook smoke tests (+ the report site in headless Chromium), then the vLLM CPU harness test
+	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -n 2 -m "not vllm" tests
 	$(MAKE) test-vllm
 

@@ -130,7 +130,7 @@ def _data_lines(path: Path, header: bool) -> int:
 
 def _raw_lines(path: Path, numbers: Sequence[int]) -> dict[int, str]:
     """The text of the given 1-based line numbers (decoded leniently, line ending stripped)."""
-    want, out = set(numbers), {}
+    want, out = set(numbers), dict[int, str]()
     if not want:
         return out
     top = max(want)

@@ -314,7 +314,7 @@ def _spread(ys, gap: float) -> list[float]:
             blocks[-2:] = [[first, last, centre - (last - first) * gap / 2]]
     out = []
     for first, last, top in blocks:
-        out += [top + k * gap for k in range(last - first + 1)]
+        out += [top + k * gap for k in range(int(last - first + 1))]
     return out
 
 

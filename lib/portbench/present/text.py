@@ -517,7 +517,7 @@ def power_markdown(power: Mapping) -> str:
         out.append(f"**Note on resolution.** {w}.")
     rows = []
     for m, d in (power.get("by_metric") or {}).items():
-        f = (lambda v: "not reached" if v is None else (f"{v:.1%}" if d["scale"] == "ratio" else f"{100 * v:.1f} pp"))
+        f = (lambda v: "not reached" if v is None else (f"{v:.1%}" if d["scale"] == "ratio" else f"{100 * v:.1f} pp"))  # noqa: E731
         rows.append(f"| `{m}` | {d['unit']} | {f(d['mde'])} | {f(d['mde_family'])} | {d['null_pairs']} | "
                     f"{d['identical_pairs']} |")
     if rows:

@@ -385,7 +385,7 @@ def fairness_block(cfg: Config, runs: pl.DataFrame | None = None, *, manifest: M
             if "vtc" not in present:
                 d["vtc"] = "vtc is not among this campaign's schedulers"
             part = runs.filter((pl.col("source") == s) & pl.col("scheduler").is_in(["vtc", "fcfs"]))
-            by = {}
+            by: dict = {}
             for (reg, sch), g in part.group_by(["region", "scheduler"], maintain_order=True):
                 by.setdefault(reg, {})[sch] = {"tenant_service_gap": _num(g["tenant_service_gap"].mean()),
                                                "tenant_jain": _num(g["tenant_jain"].mean()),

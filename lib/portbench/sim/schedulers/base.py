@@ -265,7 +265,7 @@ def _passing_iterations(sched: BaseScheduler, batch, outside, now, iters_until_a
     return best
 
 
-SCHEDULERS: dict[str, type] = {}
+SCHEDULERS: dict[str, type[BaseScheduler]] = {}
 
 
 def register_scheduler(cls_or_name=None, cls=None, *, name: str | None = None, replace: bool = False):
@@ -315,7 +315,7 @@ def get_scheduler(name, **options) -> BaseScheduler:
     if isinstance(name, BaseScheduler) or (not isinstance(name, str) and isinstance(name, Scheduler)):
         if options:
             raise ParameterError("scheduler", name, "a name when options are given")
-        return name
+        return name  # type: ignore[return-value]  # a Scheduler-protocol instance passes as it is
     require_registered("simulation.schedulers", name)
     return SCHEDULERS[name](**options)
 
@@ -362,6 +362,7 @@ def table() -> list[dict]:
     its own or the engine's default), prefill under V0 batching (whole or chunked), models."""
     rows = []
     for name, cls in SCHEDULERS.items():
+        inst: Any
         try:
             inst = cls()
         except Exception:  # a user class with required options
