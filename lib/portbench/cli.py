@@ -21,7 +21,7 @@ from .core import plugins
 from .core.config import key_doc, parameter_docs
 from .core.errors import ParameterError, PortbenchError
 from .data import registry, traces, windows
-from .present import attribution_text, plots_analysis, plots_attribution, report, text
+from .present import attribution_text, plots_analysis, plots_attribution, report, site, text
 from .study import attribution, campaign, honest
 
 
@@ -142,6 +142,14 @@ def cmd_report(args):
         print(report.results_markdown(json.loads(summary.read_text())))
 
 
+def cmd_site(args):
+    cfg = _params(args)
+    build = Path(cfg.paths.build_dir)
+    index = site.build(args.out or build / "report", notebooks_dir=args.notebooks or build / "notebooks",
+                       figures_dir=cfg.paths.figures_dir, summary_path=Path(cfg.paths.results_dir) / "summary.json")
+    print(f"results site: {index} (every figure: {index.parent / 'figures.html'})")
+
+
 def cmd_validate(args):
     cfg = _params(args)
     if args.analyze_only:
@@ -259,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
         .add_argument("--quick", action="store_true", help="a representative subset (about a minute)")
     add("report", cmd_report, "print the headline results from summary.json (or write them into the README)") \
         .add_argument("--readme", default=None, help="README file whose results block to replace")
+    si = add("site", cmd_site, "the results site: executed notebooks as HTML, an index page with the headline "
+             "findings and every figure, and a contact sheet of all figures (make report)")
+    si.add_argument("--out", default=None, help="folder of the site (default: <build>/report, build/report for the "
+                    "default study)")
+    si.add_argument("--notebooks", default=None, help="folder of the executed notebooks (default: <build>/notebooks)")
     va = add("validate", cmd_validate, "replay the selected cases through vLLM (CPU build in .venv-vllm, or a CUDA GPU)")
     va.add_argument("--reduced", action="store_true", help="the reduced run of `make all` (fewer windows, shorter budget)")
     va.add_argument("--analyze-only", action="store_true",
