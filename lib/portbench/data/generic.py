@@ -39,7 +39,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,7 +196,11 @@ def _json_kind_problem(role: str, value, unit: str) -> str | None:
     return None
 
 
-def _diagnose_jsonl(path: Path, spec: GenericSpec) -> DataError | None:
+def diagnose_jsonl(path: Path, check: Callable[[dict, int], DataError | None],
+                   max_shown: int = _SHOWN) -> DataError | None:
+    """The first line of a JSON Lines file that is blank (inside the file), not valid UTF-8 or JSON, not a JSON
+    object, or that ``check(record, line_no)`` rejects (the error it returns); a line is quoted up to
+    ``max_shown`` characters."""
     pending_blank = None
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
@@ -211,14 +215,26 @@ def _diagnose_jsonl(path: Path, spec: GenericSpec) -> DataError | None:
             except UnicodeDecodeError as e:
                 return DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})", row=line_no)
             except ValueError as e:
-                return DataError(path, f"not valid JSON ({e}): {_shown(body.decode('utf-8', 'replace'))}", row=line_no)
+                text = body.decode("utf-8", "replace")
+                return DataError(path, f"not valid JSON ({e}): "
+                                 f"{text if len(text) <= max_shown else text[:max_shown] + '...'!r}", row=line_no)
             if not isinstance(rec, dict):
                 return DataError(path, f"expected a JSON object, found {type(rec).__name__}", row=line_no)
-            for role, col in spec.mapped.items():
-                problem = _json_kind_problem(role, rec.get(col), spec.time_unit)
-                if problem:
-                    return DataError(path, f"{_shown(rec.get(col))}: {problem}", row=line_no, column=col)
+            problem = check(rec, line_no)
+            if problem is not None:
+                return problem
     return None
+
+
+def _diagnose_jsonl(path: Path, spec: GenericSpec) -> DataError | None:
+    def check(rec: dict, line_no: int) -> DataError | None:
+        for role, col in spec.mapped.items():
+            problem = _json_kind_problem(role, rec.get(col), spec.time_unit)
+            if problem:
+                return DataError(path, f"{_shown(rec.get(col))}: {problem}", row=line_no, column=col)
+        return None
+
+    return diagnose_jsonl(path, check)
 
 
 def _data_lines(path: Path) -> int:

@@ -177,6 +177,7 @@ def share_heatmap(cfg, A: at.Attribution, close: bool = False):
         sns.heatmap(vals, ax=ax, vmin=-0.5, vmax=1.0, cmap="viridis", annot=annot, fmt="", annot_kws={"fontsize": 7},
                     xticklabels=players, yticklabels=[f"{r} / {m}" for r, m in conds.iter_rows()],
                     cbar_kws={"label": "Shapley share of the A → B distance"})
+        ax.grid(False)
         ax.set_title(pair_title(pr), fontsize=10)
         ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()

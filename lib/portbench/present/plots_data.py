@@ -539,7 +539,7 @@ def plot_predictor_transfer(summary: pl.DataFrame):
             if np.isfinite(M[i, j]):
                 ax.text(j, i, f"{M[i, j]:.2f}", ha="center", va="center", fontsize=10,
                         fontweight="bold" if i == j else None)
-    ax.set_xticks(range(len(srcs)), [lab[s] for s in srcs], rotation=15)
+    ax.set_xticks(range(len(srcs)), [lab[s] for s in srcs], rotation=30, ha="right")
     ax.set_yticks(range(len(srcs)), [lab[s] for s in srcs])
     ax.set_xlabel("used on (windows of)")
     ax.set_ylabel("trained on")

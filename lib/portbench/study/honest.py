@@ -183,6 +183,13 @@ def _rank(values: np.ndarray, direction: str, tolerance: float) -> np.ndarray:
     return r
 
 
+def ranked_count(ranks: pl.DataFrame) -> str:
+    """How many schedulers the rankings of ``ranks`` (:func:`variant_ranks`) order: ``"13"``, or
+    ``"12–13"`` where some conditions rank fewer (a policy n/a there)."""
+    lo, hi = int(ranks["n_ranked"].min()), int(ranks["n_ranked"].max())
+    return f"{hi}" if lo == hi else f"{lo}–{hi}"
+
+
 def variant_ranks(runs: pl.DataFrame, metrics: Sequence[str], schedulers: Sequence[str] | None = None,
                   tolerance: float = 0.0) -> pl.DataFrame:
     """One row per (source, region, metric, policy, variant): the policy's mean over the windows with

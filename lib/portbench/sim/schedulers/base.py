@@ -1,4 +1,4 @@
-"""The 13 scheduling policies behind one protocol, and the scheduler registry.
+"""The protocol every scheduling policy follows, the base class and the scheduler registry.
 
 How the simulator uses a scheduler (:mod:`portbench.sim.engine` has the full engine model)
 ----------------------------------------------------------------------------------------
@@ -54,11 +54,12 @@ Information a policy uses (``information``, its main kind): ``none`` | ``arrival
 ``oracle`` (the true output length) | ``tenant`` | ``attained`` (tokens generated so far: runtime
 state, not a-priori knowledge). ``uses`` (a tuple of those kinds) lists everything a policy's
 decisions read (ties are broken by arrival everywhere); by default ``(information,)`` plus
-``attained`` when ``attained=True``. Only policies named ``*_oracle`` read a true output length.
+``attained`` when ``attained=True``. Only policies named ``*_oracle`` read a true output length;
+``edf_oracle``, ``sjf_noisy_oracle`` and ``ltr_noisy_oracle`` are comparison variants outside ``all``.
 
 The protocol, the base class and the registry live here; one small module per policy family
 (:mod:`.fifo`, :mod:`.length`, :mod:`.ltr`, :mod:`.feedback`, :mod:`.deadline`, :mod:`.fairness`,
-:mod:`.baseline`) registers the 13 policies.
+:mod:`.baseline`) registers the built-in policies (``portbench schedulers`` lists them).
 """
 
 from __future__ import annotations
