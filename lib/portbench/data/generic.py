@@ -120,16 +120,22 @@ def _missing_columns(path: Path, found: Sequence[str], spec: GenericSpec) -> Non
                                   f"are {', '.join(map(str, found)) or '(none)'}", column=col)
 
 
-def _read_csv(path: Path, spec: GenericSpec) -> pl.DataFrame:
+def header_text(path: Path, max_bytes: int = 1 << 20) -> str:
+    """A CSV file's first line (at most ``max_bytes``), without BOM and line ending; DataError when it is not
+    UTF-8 or blank."""
     with open(path, "rb") as f:
-        first = f.readline(1 << 20)
+        first = f.readline(max_bytes)
     try:
-        header_text = first.decode("utf-8").lstrip("\ufeff").rstrip("\r\n")
+        text = first.decode("utf-8").lstrip("\ufeff").rstrip("\r\n")
     except UnicodeDecodeError:
         raise DataError(path, "header is not valid UTF-8", row=0) from None
-    if not header_text.strip():
+    if not text.strip():
         raise DataError(path, "first line is blank: expected a CSV header", row=0)
-    header = next(csv.reader([header_text]))
+    return text
+
+
+def _read_csv(path: Path, spec: GenericSpec) -> pl.DataFrame:
+    header = next(csv.reader([header_text(path)]))
     dup = sorted({c for c in header if header.count(c) > 1})
     if dup:
         raise DataError(path, "duplicate column name in the header", row=0, column=dup[0])

@@ -151,15 +151,7 @@ def _read_header(path: Path) -> list[str]:
     """The CSV header's column names (DataError on an empty or unreadable file)."""
     if path.stat().st_size == 0:
         raise DataError(path, "empty file: expected a CSV header and data rows")
-    with open(path, "rb") as f:
-        raw = f.readline(1 << 16)
-    try:
-        text = raw.decode("utf-8").lstrip("\ufeff").rstrip("\r\n")
-    except UnicodeDecodeError:
-        raise DataError(path, "header is not valid UTF-8", row=0) from None
-    if not text.strip():
-        raise DataError(path, "first line is blank: expected a CSV header", row=0)
-    return text.split(",")
+    return generic.header_text(path, 1 << 16).split(",")
 
 
 def _check_header(path: Path, found: list[str], accepted: Sequence[Sequence[str]]) -> tuple[str, ...]:

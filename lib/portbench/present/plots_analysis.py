@@ -89,8 +89,9 @@ def _annot(values, lo=None, hi=None, digits: int = 2) -> np.ndarray:
 
 def _heatmap(ax, values, row_labels, col_labels, *, lo=None, hi=None, vmin=-1, vmax=1, cmap="RdBu",
              cbar_label=TAU_LABEL, fontsize=7, digits=2, cbar=True, fmt_int=False, nan_text="n/a",
-             xrot: float = 0):
-    """Annotated heatmap; NaN cells are grey and say ``nan_text``."""
+             xrot: float = 0, blank_diagonal: bool = False):
+    """Annotated heatmap; NaN cells are grey and say ``nan_text``. ``blank_diagonal``: a matrix of every pair
+    of one list, whose diagonal (a thing with itself) is left grey and unlabelled."""
     import seaborn as sns
 
     values = np.asarray(values, dtype=float)
@@ -103,7 +104,7 @@ def _heatmap(ax, values, row_labels, col_labels, *, lo=None, hi=None, vmin=-1, v
     ax.grid(False)
     ax.set_facecolor("0.93")
     for i, j in zip(*np.nonzero(np.isnan(values))):
-        if nan_text:
+        if nan_text and not (blank_diagonal and i == j):
             ax.text(j + 0.5, i + 0.5, nan_text, ha="center", va="center", fontsize=fontsize, color="0.45")
     ax.tick_params(axis="y", rotation=0)
     if xrot:
@@ -260,12 +261,12 @@ def cross_region_matrices(cfg, A, close: bool = False):
         .group_by(["source", "region_1", "region_2"]).agg(pl.col("tau").mean().alias("tau"))
     for k, s in enumerate(S):
         arr = np.full((len(R), len(R)), np.nan)
-        np.fill_diagonal(arr, 1.0)
         for r1, r2, tau in agg.filter(pl.col("source") == s).select("region_1", "region_2", "tau").iter_rows():
             i, j = R.index(r1), R.index(r2)
             arr[i, j] = arr[j, i] = tau
+        np.fill_diagonal(arr, np.nan)
         _heatmap(axes[0, k], arr, _region_ticks(A, True), _region_ticks(A, True), fontsize=8, cbar=(k == len(S) - 1),
-                 cbar_label="mean Kendall τ-b over metrics (dimensionless)", xrot=35)
+                 cbar_label="mean Kendall τ-b over metrics (dimensionless)", xrot=35, blank_diagonal=True)
         axes[0, k].set_title(A.labels[s])
         axes[0, k].set_xlabel("operating region (ρ)")
         axes[0, k].set_ylabel("operating region (ρ)" if k == 0 else "")
@@ -620,13 +621,13 @@ def metric_agreement(cfg, A, close: bool = False, panel: str | None = None):
     M = A.summary["parameters"]["metrics"]
     agg = t.filter(pl.col("tau").is_not_nan()).group_by(["metric_1", "metric_2"]).agg(pl.col("tau").mean())
     arr = np.full((len(M), len(M)), np.nan)
-    np.fill_diagonal(arr, 1.0)
     for m1, m2, tau in agg.iter_rows():
         i, j = M.index(m1), M.index(m2)
         arr[i, j] = arr[j, i] = tau
+    np.fill_diagonal(arr, np.nan)
     fig, ax = figures.figure(figsize=(0.62 * len(M) + 3.5, 0.55 * len(M) + 1.5))
     _heatmap(ax, arr, _metric_ticks(M), _metric_ticks(M), fontsize=7,
-             cbar_label="mean Kendall τ-b over sources x regions (dimensionless)")
+             cbar_label="mean Kendall τ-b over sources x regions (dimensionless)", blank_diagonal=True)
     ax.tick_params(axis="x", rotation=60)
     n = t.select("source", "region").n_unique()
     ax.set_title(f"Agreement between metric rankings, {_panel_label(A, panel)}", fontsize=10)
