@@ -91,7 +91,7 @@ def _heatmap(ax, values, row_labels, col_labels, *, lo=None, hi=None, vmin=-1, v
              cbar_label=TAU_LABEL, fontsize=7, digits=2, cbar=True, fmt_int=False, nan_text="n/a",
              xrot: float = 0, blank_diagonal: bool = False):
     """Annotated heatmap; NaN cells are grey and say ``nan_text``. ``blank_diagonal``: a matrix of every pair
-    of one list, whose diagonal (a thing with itself) is left grey and unlabelled."""
+    of one list, whose diagonal (a thing with itself) is left white and unlabelled."""
     import seaborn as sns
 
     values = np.asarray(values, dtype=float)
@@ -103,6 +103,11 @@ def _heatmap(ax, values, row_labels, col_labels, *, lo=None, hi=None, vmin=-1, v
                 cbar=cbar, cbar_kws={"label": cbar_label} if cbar else None, linewidths=0.5, linecolor="white")
     ax.grid(False)
     ax.set_facecolor("0.93")
+    if blank_diagonal:
+        from matplotlib.patches import Rectangle
+
+        for i in range(min(values.shape)):
+            ax.add_patch(Rectangle((i, i), 1, 1, facecolor="white", edgecolor="none"))
     for i, j in zip(*np.nonzero(np.isnan(values))):
         if nan_text and not (blank_diagonal and i == j):
             ax.text(j + 0.5, i + 0.5, nan_text, ha="center", va="center", fontsize=fontsize, color="0.45")
