@@ -19,7 +19,7 @@ export PYTHONHASHSEED := 0
 NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb notebooks/1*.ipynb))
 STAMP     := $(VENV)/.installed
 
-.PHONY: help setup all notebooks figures test test-fast test-vllm sweep bench validate validate-reduced conform gpu-validate lab clean
+.PHONY: help setup all notebooks figures report browser lint test test-fast test-vllm sweep bench validate validate-reduced conform gpu-validate lab clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -42,14 +42,29 @@ all: $(STAMP)  ## run every notebook (01..10) in order into build/notebooks (oth
 	@$(MAKE) --no-print-directory validate-reduced
 	$(BIN)/portbench notebooks --params $(PARAMS) $(foreach n,$(POST_VALIDATION),--only $(n))
 	@if [ "$(PARAMS)" = "papermill_params/default.yaml" ]; then $(BIN)/portbench report --params $(PARAMS) --readme README.md >/dev/null && echo "README results block updated"; fi
+	@$(MAKE) --no-print-directory report
+
+report: $(STAMP)  ## the results site: executed notebooks as HTML, index with the headline findings and every figure, contact sheet (build/report/; other PARAMS: build/<name>/report/)
+	$(BIN)/portbench site --params $(PARAMS)
 
 figures: all  ## every figure is written by the notebooks; alias of `make all`
 
-test: $(STAMP)  ## unit, property and notebook smoke tests, then the vLLM CPU harness test
+lint: $(STAMP)  ## ruff and mypy on lib/ (settings: pyproject.toml [tool.ruff], [tool.mypy])
+	$(BIN)/ruff check lib
+	$(BIN)/mypy
+
+# The site test (tests/test_site.py) opens the pages in Debian's Chromium; apt installs it when absent
+# (as root, as on CI and the development machines; otherwise install `chromium` yourself).
+browser:  ## Debian's chromium for the results-site test (apt-get, only when no chromium is on PATH)
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@chromium --version
+
+test: $(STAMP) browser  ## lint, unit, property and notebook smoke tests (+ the results site in headless Chromium), then the vLLM CPU harness test
+	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest -n 2 -m "not vllm" tests
 	$(MAKE) test-vllm
 
-test-fast: $(STAMP)  ## unit tests only (no notebook smoke runs, no vLLM)
+test-fast: $(STAMP)  ## unit tests only (no notebook smoke runs, no vLLM, no lint)
 	$(BIN)/python -m pytest -n 2 -m "not slow and not vllm" tests
 
 sweep: $(STAMP)  ## run notebooks over a parameter grid: make sweep SWEEP=papermill_params/sweeps/<name>.yaml

@@ -32,7 +32,8 @@ ALLOWED = {  # layer -> layers it may import
 PLOTTING = ("matplotlib", "seaborn")
 # Top-level names that may be imported inside a function (optional, or heavy and needed by few calls).
 OPTIONAL_HEAVY = ("vllm", "distributed", "dask", "papermill", "pooch", "torch", "scikit_posthocs", "pandas",
-                  "pyarrow", "IPython", "matplotlib", "seaborn", "transformers", "sklearn", "psutil", "numba")
+                  "pyarrow", "IPython", "matplotlib", "seaborn", "transformers", "sklearn", "psutil", "numba",
+                  "nbconvert", "nbformat", "jinja2", "mistune")   # the last four: the results site only (~4 s to import)
 # (module, function) whose import_module call takes a run-time name: the scheduler modules and plug-ins
 # a campaign names (user code, not the package's).
 DYNAMIC_IMPORTS = {("portbench.core.plugins", "load_spec"), ("portbench.study.campaign.executors", "load_worker_code")}

@@ -21,7 +21,7 @@ from .core import plugins
 from .core.config import key_doc, parameter_docs
 from .core.errors import ParameterError, PortbenchError
 from .data import registry, traces, windows
-from .present import attribution_text, plots_analysis, plots_attribution, report, text
+from .present import attribution_text, plots_analysis, plots_attribution, report, site, text
 from .study import attribution, campaign, honest
 
 
@@ -157,6 +157,14 @@ def cmd_report(args):
         print(report.update_readme(args.readme, summary))
     else:
         print(report.results_markdown(json.loads(summary.read_text())))
+
+
+def cmd_site(args):
+    cfg = _params(args)
+    build = Path(cfg.paths.build_dir)
+    index = site.build(args.out or build / "report", notebooks_dir=args.notebooks or build / "notebooks",
+                       figures_dir=cfg.paths.figures_dir, summary_path=Path(cfg.paths.results_dir) / "summary.json")
+    print(f"results site: {index} (every figure: {index.parent / 'figures.html'})")
 
 
 def cmd_validate(args):
@@ -308,6 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="operating regions (default: light near_saturation severe)")
     co.add_argument("--schedulers", nargs="*", default=None, help="policies (default: the study's)")
     co.add_argument("--requests", type=int, default=None, help="only each window's first N requests (a quick check)")
+    st = add("site", cmd_site, "the results site: executed notebooks as HTML, an index page with the headline "
+             "findings and every figure, and a contact sheet of all figures (make report)")
+    st.add_argument("--out", default=None, help="folder of the site (default: <build>/report, build/report for the "
+                    "default study)")
+    st.add_argument("--notebooks", default=None, help="folder of the executed notebooks (default: <build>/notebooks)")
     va = add("validate", cmd_validate, "replay the selected cases through vLLM (CPU build in .venv-vllm, or a CUDA GPU)")
     va.add_argument("--reduced", action="store_true", help="the reduced run of `make all` (fewer windows, shorter budget)")
     va.add_argument("--analyze-only", action="store_true",

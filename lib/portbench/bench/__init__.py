@@ -237,8 +237,8 @@ def _bench_window_size(sim: SimulationConfig, tables: Mapping, quick: bool) -> d
     repeats = 1 if quick else 3
     rows = []
     for size, dfs in tables.items():
-        caps = [engine.capacity(df, sim) for df in dfs]   # a number, or a record with capacity_rps
-        caps = [float(c["capacity_rps"]) if isinstance(c, Mapping) else float(c) for c in caps]
+        found = [engine.capacity(df, sim) for df in dfs]   # a number, or a record with capacity_rps
+        caps = [float(c["capacity_rps"]) if isinstance(c, Mapping) else float(c) for c in found]
         walls, sim_s = [], 0.0
         for rep in range(repeats):
             t0 = time.perf_counter()

@@ -48,8 +48,8 @@ def run(quick: bool = False) -> dict:
     df = planted.make_runs(effects=planted.realistic_effects())
     out: dict = {"runs": df.height, "schedulers": df["scheduler"].n_unique(), "windows": df["window_id"].n_unique(),
                  "regions": df["region"].n_unique(), "replicates": df["replicate"].n_unique()}
-    with tempfile.TemporaryDirectory(prefix="bench-analysis-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="bench-analysis-") as tmp_dir:
+        tmp = Path(tmp_dir)
         planted.write_runs(tmp / "results", df)
         overrides = {"paths": {"results_dir": str(tmp / "results"), "figures_dir": str(tmp / "figures")},
                      "analysis": {"runs_file": str(tmp / "results" / "runs.parquet")}}

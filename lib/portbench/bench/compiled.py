@@ -24,6 +24,7 @@ import math
 import statistics
 import time
 from importlib.util import find_spec
+from typing import Any
 
 import numpy as np
 
@@ -513,7 +514,7 @@ def simulate_static(window_df, scheduler: str, profile, *, horizon_s: float, see
     O = np.array([r.output_tokens for r in reqs], dtype=np.int64)
     rank = np.array([r.rank for r in reqs], dtype=np.int64)
     nf = np.array([r.never_fits for r in reqs], dtype=np.bool_)
-    out = {k: np.full(n, np.nan) for k in ("first_token_s", "finish_s", "admitted_s")}
+    out: dict[str, Any] = {k: np.full(n, np.nan) for k in ("first_token_s", "finish_s", "admitted_s")}
     gen = np.zeros(n, dtype=np.int64)
     pre = np.zeros(n, dtype=np.int64)
     counters = np.zeros(4, dtype=np.int64)

@@ -120,7 +120,7 @@ def run(quick: bool = False, windows: dict | None = None) -> dict:
     for rep in range(repeats):
         for name in names:
             sched = schedulers.get_scheduler(name)
-            for i, reg, sdf, h in cases:
+            for _i, reg, sdf, h in cases:
                 t0 = time.perf_counter()
                 res = simulator.simulate(sdf, sched, profile, horizon_s=h, seed=rep, slo=slo)
                 wall = time.perf_counter() - t0
@@ -173,7 +173,7 @@ def run(quick: bool = False, windows: dict | None = None) -> dict:
             walls = []
             for rep in range(repeats):
                 t0 = time.perf_counter()
-                for _, reg, sdf, h in sc:
+                for _, _reg, sdf, h in sc:
                     simulator.simulate(sdf, name, profile, horizon_s=h, seed=rep, slo=slo)
                 walls.append((time.perf_counter() - t0) / len(sc))
             size_rows.append({"size": size, "scheduler": name, "ms_per_run": 1000 * statistics.median(walls)})

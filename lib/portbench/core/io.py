@@ -133,6 +133,19 @@ def write_parquet_atomic(df, path: str | os.PathLike, meta: Mapping | None = Non
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
+def write_tables(folder: str | os.PathLike, tables: Mapping[str, Any]) -> dict[str, str]:
+    """Each polars DataFrame of ``tables`` as ``{folder}/{name}.parquet`` (polars' writer, atomic);
+    returns name -> path. The folder is created."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, df in tables.items():
+        path = folder / f"{name}.parquet"
+        atomic_write(path, df.write_parquet)
+        paths[name] = str(path)
+    return paths
+
+
 def read_meta(path: str | os.PathLike) -> dict | None:
     """The ``portbench`` metadata of a parquet file written by :func:`write_parquet_atomic`."""
     import pyarrow.parquet as pq

@@ -25,7 +25,7 @@ def die_with_parent(poll_s: float = POLL_S) -> None:
     """End this process when its parent dies (idempotent)."""
     if getattr(die_with_parent, "_armed", False):
         return
-    die_with_parent._armed = True
+    die_with_parent._armed = True  # type: ignore[attr-defined]  # a flag on the function
     parent = os.getppid()
     if sys.platform.startswith("linux"):
         try:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,16 +120,22 @@ def _missing_columns(path: Path, found: Sequence[str], spec: GenericSpec) -> Non
                                   f"are {', '.join(map(str, found)) or '(none)'}", column=col)
 
 
-def _read_csv(path: Path, spec: GenericSpec) -> pl.DataFrame:
+def header_text(path: Path, max_bytes: int = 1 << 20) -> str:
+    """A CSV file's first line (at most ``max_bytes``), without BOM and line ending; DataError when it is not
+    UTF-8 or blank."""
     with open(path, "rb") as f:
-        first = f.readline(1 << 20)
+        first = f.readline(max_bytes)
     try:
-        header_text = first.decode("utf-8").lstrip("\ufeff").rstrip("\r\n")
+        text = first.decode("utf-8").lstrip("\ufeff").rstrip("\r\n")
     except UnicodeDecodeError:
         raise DataError(path, "header is not valid UTF-8", row=0) from None
-    if not header_text.strip():
+    if not text.strip():
         raise DataError(path, "first line is blank: expected a CSV header", row=0)
-    header = next(csv.reader([header_text]))
+    return text
+
+
+def _read_csv(path: Path, spec: GenericSpec) -> pl.DataFrame:
+    header = next(csv.reader([header_text(path)]))
     dup = sorted({c for c in header if header.count(c) > 1})
     if dup:
         raise DataError(path, "duplicate column name in the header", row=0, column=dup[0])
@@ -164,8 +170,8 @@ def _diagnose_csv(path: Path, header: Sequence[str]) -> DataError | None:
     try:
         (path.read_bytes()).decode("utf-8")
     except UnicodeDecodeError as e:
-        line = path.read_bytes()[: e.start].count(b"\n")
-        return DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})", row=line)
+        bad_row = path.read_bytes()[: e.start].count(b"\n")
+        return DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})", row=bad_row)
     lines = path.read_bytes().decode("utf-8").lstrip("\ufeff").split("\n")[1:]
     for row, line in enumerate(lines, start=1):
         line = line.rstrip("\r")
@@ -196,7 +202,11 @@ def _json_kind_problem(role: str, value, unit: str) -> str | None:
     return None
 
 
-def _diagnose_jsonl(path: Path, spec: GenericSpec) -> DataError | None:
+def diagnose_jsonl(path: Path, check: Callable[[dict, int], DataError | None],
+                   max_shown: int = _SHOWN) -> DataError | None:
+    """The first line of a JSON Lines file that is blank (inside the file), not valid UTF-8 or JSON, not a JSON
+    object, or that ``check(record, line_no)`` rejects (the error it returns); a line is quoted up to
+    ``max_shown`` characters."""
     pending_blank = None
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
@@ -211,14 +221,26 @@ def _diagnose_jsonl(path: Path, spec: GenericSpec) -> DataError | None:
             except UnicodeDecodeError as e:
                 return DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})", row=line_no)
             except ValueError as e:
-                return DataError(path, f"not valid JSON ({e}): {_shown(body.decode('utf-8', 'replace'))}", row=line_no)
+                text = body.decode("utf-8", "replace")
+                return DataError(path, f"not valid JSON ({e}): "
+                                 f"{text if len(text) <= max_shown else text[:max_shown] + '...'!r}", row=line_no)
             if not isinstance(rec, dict):
                 return DataError(path, f"expected a JSON object, found {type(rec).__name__}", row=line_no)
-            for role, col in spec.mapped.items():
-                problem = _json_kind_problem(role, rec.get(col), spec.time_unit)
-                if problem:
-                    return DataError(path, f"{_shown(rec.get(col))}: {problem}", row=line_no, column=col)
+            problem = check(rec, line_no)
+            if problem is not None:
+                return problem
     return None
+
+
+def _diagnose_jsonl(path: Path, spec: GenericSpec) -> DataError | None:
+    def check(rec: dict, line_no: int) -> DataError | None:
+        for role, col in spec.mapped.items():
+            problem = _json_kind_problem(role, rec.get(col), spec.time_unit)
+            if problem:
+                return DataError(path, f"{_shown(rec.get(col))}: {problem}", row=line_no, column=col)
+        return None
+
+    return diagnose_jsonl(path, check)
 
 
 def _data_lines(path: Path) -> int:

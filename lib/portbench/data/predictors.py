@@ -338,7 +338,7 @@ def training_data(cfg: Config, manifest: Mapping, source: str, canonical: pl.Dat
     spans = [(float(e["t_start"]), float(e["t_start"]) + float(e["duration_s"]))
              for e in manifest["windows"] if e["source"] == source]
     total = float(data.n_windows * data.window_s)
-    chunks, frames, rejected, k = -(-n // BAILIAN_TRAIN_CHUNK), [], 0, 0
+    chunks, frames, rejected, k = -(-n // BAILIAN_TRAIN_CHUNK), list[pl.DataFrame](), 0, 0
     while len(frames) < chunks:
         s_k = synth.derive_seed(seed, k)
         k += 1
@@ -596,10 +596,10 @@ def _compute(cfg: Config, manifest: Mapping, train: str, targets: Sequence[str],
             pred = home
         else:
             spec = specs[train].transfer_to(specs[target])
-            key = (spec.numeric, spec.categorical)
-            if key not in transfer:
-                transfer[key] = fit_model(P, spec, training.frame)
-            pred = Predictor(train, spec, [transfer[key]], training, 0.0)
+            spec_key = (spec.numeric, spec.categorical)
+            if spec_key not in transfer:
+                transfer[spec_key] = fit_model(P, spec, training.frame)
+            pred = Predictor(train, spec, [transfer[spec_key]], training, 0.0)
             pred.fit_s = time.perf_counter() - t0
         frames = window_frames(cfg, manifest, target, tables, canon.get(target))
         parts = []

@@ -114,7 +114,7 @@ def _qwen(name: str, size: int, sha: str, rows: int | None, note: str) -> Offici
                         block_size=16)
 
 
-_FILES = (
+_FILES: tuple[OfficialFile, ...] = (
     _azure2023("AzureLLMInferenceTrace_conv.csv", 719_188,
                "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8", 19_366),
     _azure2023("AzureLLMInferenceTrace_code.csv", 320_117,

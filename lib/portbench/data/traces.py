@@ -130,7 +130,7 @@ def _data_lines(path: Path, header: bool) -> int:
 
 def _raw_lines(path: Path, numbers: Sequence[int]) -> dict[int, str]:
     """The text of the given 1-based line numbers (decoded leniently, line ending stripped)."""
-    want, out = set(numbers), {}
+    want, out = set(numbers), dict[int, str]()
     if not want:
         return out
     top = max(want)
@@ -151,15 +151,7 @@ def _read_header(path: Path) -> list[str]:
     """The CSV header's column names (DataError on an empty or unreadable file)."""
     if path.stat().st_size == 0:
         raise DataError(path, "empty file: expected a CSV header and data rows")
-    with open(path, "rb") as f:
-        raw = f.readline(1 << 16)
-    try:
-        text = raw.decode("utf-8").lstrip("\ufeff").rstrip("\r\n")
-    except UnicodeDecodeError:
-        raise DataError(path, "header is not valid UTF-8", row=0) from None
-    if not text.strip():
-        raise DataError(path, "first line is blank: expected a CSV header", row=0)
-    return text.split(",")
+    return generic.header_text(path, 1 << 16).split(",")
 
 
 def _check_header(path: Path, found: list[str], accepted: Sequence[Sequence[str]]) -> tuple[str, ...]:
@@ -221,35 +213,21 @@ def _json_type_problem(key: str, value: Any) -> str | None:
 
 def _diagnose_jsonl(path: Path) -> DataError | None:
     """The first line that is blank (inside the file), not a JSON object, or lacks a field of the right type."""
-    pending_blank = None
-    with open(path, "rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            body = raw.rstrip(b"\r\n")
-            if not body.strip():
-                pending_blank = pending_blank or line_no
-                continue
-            if pending_blank is not None:
-                return DataError(path, "blank line: expected one JSON object per line", row=pending_blank)
-            try:
-                rec = json.loads(body.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                return DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})", row=line_no)
-            except ValueError as e:
-                return DataError(path, f"not valid JSON ({e}): {_shown(body.decode('utf-8'))}", row=line_no)
-            if not isinstance(rec, dict):
-                return DataError(path, f"expected a JSON object, found {type(rec).__name__}", row=line_no)
-            for key in QWEN_FIELDS:
-                if key not in rec:
-                    return DataError(path, "missing key", row=line_no, column=key)
-                problem = _json_type_problem(key, rec[key])
-                if problem:
-                    return DataError(path, problem, row=line_no, column=key)
-            h = rec.get(QWEN_HASHES)
-            if h is not None and not (isinstance(h, list) and all(
-                    isinstance(x, int) and not isinstance(x, bool) and abs(x) <= _INT64_MAX for x in h)):
-                return DataError(path, f"{_shown(json.dumps(h))}: expected a list of integers (block hashes)",
-                                 row=line_no, column=QWEN_HASHES)
-    return None
+    def check(rec: dict, line_no: int) -> DataError | None:
+        for key in QWEN_FIELDS:
+            if key not in rec:
+                return DataError(path, "missing key", row=line_no, column=key)
+            problem = _json_type_problem(key, rec[key])
+            if problem:
+                return DataError(path, problem, row=line_no, column=key)
+        h = rec.get(QWEN_HASHES)
+        if h is not None and not (isinstance(h, list) and all(
+                isinstance(x, int) and not isinstance(x, bool) and abs(x) <= _INT64_MAX for x in h)):
+            return DataError(path, f"{_shown(json.dumps(h))}: expected a list of integers (block hashes)",
+                             row=line_no, column=QWEN_HASHES)
+        return None
+
+    return generic.diagnose_jsonl(path, check, _MAX_SHOWN)
 
 
 # --------------------------------------------------------------------------- readers (typed, with row numbers)

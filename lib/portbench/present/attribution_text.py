@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import polars as pl
 
+from . import numbers
 from .text import fmt
 
 
@@ -25,8 +26,7 @@ def _num(stat: Mapping, digits: int = 2) -> str:
 def _share(s: Mapping) -> str:
     if s.get("value") is None:
         return "n/a"
-    ci = s.get("ci") or [None, None]
-    return f"{_pct(s['value'])}" + (f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci[0] is not None else "")
+    return numbers.with_ci(_pct(s["value"]), s.get("ci"), num=_pct)
 
 
 def design_markdown(sec: Mapping) -> str:

@@ -89,8 +89,9 @@ def _annot(values, lo=None, hi=None, digits: int = 2) -> np.ndarray:
 
 def _heatmap(ax, values, row_labels, col_labels, *, lo=None, hi=None, vmin=-1, vmax=1, cmap="RdBu",
              cbar_label=TAU_LABEL, fontsize=7, digits=2, cbar=True, fmt_int=False, nan_text="n/a",
-             xrot: float = 0):
-    """Annotated heatmap; NaN cells are grey and say ``nan_text``."""
+             xrot: float = 0, blank_diagonal: bool = False):
+    """Annotated heatmap; NaN cells are grey and say ``nan_text``. ``blank_diagonal``: a matrix of every pair
+    of one list, whose diagonal (a thing with itself) is left white and unlabelled."""
     import seaborn as sns
 
     values = np.asarray(values, dtype=float)
@@ -102,8 +103,13 @@ def _heatmap(ax, values, row_labels, col_labels, *, lo=None, hi=None, vmin=-1, v
                 cbar=cbar, cbar_kws={"label": cbar_label} if cbar else None, linewidths=0.5, linecolor="white")
     ax.grid(False)
     ax.set_facecolor("0.93")
+    if blank_diagonal:
+        from matplotlib.patches import Rectangle
+
+        for i in range(min(values.shape)):
+            ax.add_patch(Rectangle((i, i), 1, 1, facecolor="white", edgecolor="none"))
     for i, j in zip(*np.nonzero(np.isnan(values))):
-        if nan_text:
+        if nan_text and not (blank_diagonal and i == j):
             ax.text(j + 0.5, i + 0.5, nan_text, ha="center", va="center", fontsize=fontsize, color="0.45")
     ax.tick_params(axis="y", rotation=0)
     if xrot:
@@ -140,6 +146,7 @@ def cross_source_heatmaps(cfg, A, close: bool = False) -> list:
                     xticklabels=_region_ticks(A), yticklabels=[("★ " if m in head else "") + x
                                                                for m, x in zip(M, _metric_ticks(M))],
                     cbar_kws={"label": TAU_LABEL}, linewidths=0.5, linecolor="white")
+        ax.grid(False)
         ax.set_facecolor("0.93")
         for i, j in zip(*np.nonzero(np.isnan(arr[..., 0]))):      # seaborn leaves NaN cells blank: say why
             ax.text(j + 0.5, i + 0.5, "all tied" if status[i][j] == "all_tied" else "n/a", ha="center",
@@ -147,15 +154,15 @@ def cross_source_heatmaps(cfg, A, close: bool = False) -> list:
         ax.tick_params(axis="y", rotation=0)
         ax.tick_params(axis="x", rotation=0)
         l1, l2 = A.labels[s1], A.labels[s2]
-        ax.set_title(f"Rank agreement between {l1} and {l2} (panel {panel}): Kendall τ-b [95% bootstrap CI], "
-                     f"÷max = τ-b / τ-b,max\n{len(A.summary['parameters']['schedulers'])} schedulers ranked by mean over "
-                     f"windows ({_ties(A)}); all tied = a ranking ties every scheduler; ★ headline metric", fontsize=9)
+        ax.set_title(f"Rank agreement: {l1} vs {l2} (panel {panel}), τ-b [95% CI]", fontsize=10)
         ax.set_xlabel("operating region (offered load ρ relative to capacity)")
         ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
         suffix = "" if panel == A.summary["headline_panel"] else f"_{panel}"
         figs.append(_save(cfg, fig, "04", f"tau_{s1}_vs_{s2}{suffix}",
-                          f"Kendall tau-b with 95% bootstrap CI and tau-b / tau-b,max between the scheduler rankings of "
-                          f"{l1} and {l2} (panel {panel}), per metric and region", close))
+                          f"Kendall tau-b with 95% bootstrap CI and tau-b / tau-b,max (÷max) between the scheduler "
+                          f"rankings of {l1} and {l2} (panel {panel}), per metric and region; "
+                          f"{len(A.summary['parameters']['schedulers'])} schedulers ranked by mean over windows "
+                          f"({_ties(A)}); all tied = a ranking ties every scheduler; ★ headline metric", close))
     return figs
 
 
@@ -195,12 +202,12 @@ def cross_source_forest(cfg, A, close: bool = False) -> list:
             ax.set_xlabel("Kendall τ-b (dimensionless)")
         handles, labels_ = axes.flat[0].get_legend_handles_labels()
         fig.legend(handles, labels_, loc="lower center", ncol=len(pairs), bbox_to_anchor=(0.5, -0.02), frameon=False)
-        fig.suptitle(f"Cross-source rank agreement, headline metrics, {_panel_label(A, panel)}: τ-b and 95% bootstrap "
-                     "CI (n/a: τ-b undefined, a ranking is all tied)", y=1.0, fontsize=10)
+        fig.suptitle(f"Cross-source rank agreement, headline metrics, {_panel_label(A, panel)}", y=1.0, fontsize=10)
         fig.tight_layout(rect=(0, 0.04, 1, 0.98))
         suffix = "" if panel == A.summary["headline_panel"] else f"_{panel}"
         figs.append(_save(cfg, fig, "04", f"tau_forest{suffix}", f"forest plot of every cross-source tau-b of the "
-                          f"headline metrics with its 95% CI, by region, metric and source pair (panel {panel})", close))
+                          f"headline metrics with its 95% CI, by region, metric and source pair (panel {panel}; n/a: tau-b "
+                          "undefined, a ranking is all tied)", close))
     return figs
 
 
@@ -216,8 +223,7 @@ def kendall_w_heatmap(cfg, A, close: bool = False) -> list:
         _heatmap(ax, arr[..., 0], _metric_ticks(M), _region_ticks(A), lo=arr[..., 1], hi=arr[..., 2], vmin=0, vmax=1,
                  cmap="viridis", cbar_label="Kendall's W (dimensionless; 0 = no agreement, 1 = identical)",
                  nan_text="all tied")
-        ax.set_title(f"Concordance of the scheduler rankings across the sources of {_panel_label(A, panel)}:\n"
-                     f"Kendall's W (tie-corrected; {_ties(A)}) [95% bootstrap CI]", fontsize=9)
+        ax.set_title(f"Kendall's W across sources [95% CI], {_panel_label(A, panel)}", fontsize=10)
         ax.set_xlabel("operating region (offered load ρ relative to capacity)")
         ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
         suffix = "" if panel == A.summary["headline_panel"] else f"_{panel}"
@@ -242,10 +248,10 @@ def tie_structure(cfg, A, close: bool = False):
         axes[0, k].tick_params(axis="x", labelsize=7)
         axes[0, k].set_title(an.metric_label(m), fontsize=9)
         axes[0, k].set_xlabel("operating region (ρ)")
-    fig.suptitle(f"What the windows resolve: tie groups of each ranking ({_ties(A)})", y=1.0)
+    fig.suptitle("What the windows resolve: tie groups of each ranking", y=1.0)
     fig.tight_layout()
     return _save(cfg, fig, "04", "tie_groups", "number of tie groups (statistically distinguishable levels) of every "
-                 "source x region ranking, per headline metric", close)
+                 f"source x region ranking, per headline metric ({_ties(A)})", close)
 
 
 # --------------------------------------------------------------------------- 05 cross-region
@@ -260,22 +266,22 @@ def cross_region_matrices(cfg, A, close: bool = False):
         .group_by(["source", "region_1", "region_2"]).agg(pl.col("tau").mean().alias("tau"))
     for k, s in enumerate(S):
         arr = np.full((len(R), len(R)), np.nan)
-        np.fill_diagonal(arr, 1.0)
         for r1, r2, tau in agg.filter(pl.col("source") == s).select("region_1", "region_2", "tau").iter_rows():
             i, j = R.index(r1), R.index(r2)
             arr[i, j] = arr[j, i] = tau
+        np.fill_diagonal(arr, np.nan)
         _heatmap(axes[0, k], arr, _region_ticks(A, True), _region_ticks(A, True), fontsize=8, cbar=(k == len(S) - 1),
-                 cbar_label="mean Kendall τ-b over metrics (dimensionless)", xrot=35)
+                 cbar_label="mean Kendall τ-b over metrics (dimensionless)", xrot=35, blank_diagonal=True)
         axes[0, k].set_title(A.labels[s])
         axes[0, k].set_xlabel("operating region (ρ)")
         axes[0, k].set_ylabel("operating region (ρ)" if k == 0 else "")
         axes[0, k].tick_params(axis="x", labelsize=7)
         axes[0, k].tick_params(axis="y", labelsize=7)
-    fig.suptitle(f"Rank agreement between operating regions, mean τ-b over the {len(_head(A))} headline metrics "
-                 f"where defined ({_ties(A)})", y=1.0)
+    fig.suptitle("Rank agreement between operating regions (mean τ-b, headline metrics)", y=1.0)
     fig.tight_layout()
     return _save(cfg, fig, "05", "region_tau_matrices", "per source, Kendall tau-b between the rankings of every "
-                 "pair of operating regions, averaged over the headline metrics", close)
+                 "pair of operating regions, averaged over the headline metrics where defined "
+                 f"({_ties(A)})", close)
 
 
 def cross_region_w_heatmap(cfg, A, close: bool = False):
@@ -288,8 +294,7 @@ def cross_region_w_heatmap(cfg, A, close: bool = False):
     fig, ax = figures.figure(figsize=(1.6 * len(S) + 3.5, 0.45 * len(M) + 1.6))
     _heatmap(ax, arr[..., 0], _metric_ticks(M), [A.labels[s] for s in S], lo=arr[..., 1], hi=arr[..., 2],
              vmin=0, vmax=1, cmap="viridis", cbar_label="Kendall's W (dimensionless)", nan_text="all tied")
-    ax.set_title(f"Concordance of the rankings across the {len(A.summary['parameters']['regions'])} regions: "
-                 "Kendall's W [95% CI]")
+    ax.set_title("Kendall's W across regions [95% CI]")
     ax.set_xlabel("source")
     ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
     return _save(cfg, fig, "05", "kendall_w_regions", "Kendall's W across operating regions per source and metric, "
@@ -314,7 +319,7 @@ def _spread(ys, gap: float) -> list[float]:
             blocks[-2:] = [[first, last, centre - (last - first) * gap / 2]]
     out = []
     for first, last, top in blocks:
-        out += [top + k * gap for k in range(last - first + 1)]
+        out += [top + k * gap for k in range(int(last - first + 1))]
     return out
 
 
@@ -355,19 +360,19 @@ def bump_charts(cfg, A, metrics=None, close: bool = False) -> list:
             ax.set_xlim(-0.2, len(R) - 1 + max(0.6, 0.22 * (len(R) - 1)))   # room for the end labels
             ax.set_ylim(len(K) + 0.7, 0.3)
             ax.set_yticks(range(1, len(K) + 1))
-            ax.set_ylabel(f"rank (1 = best; {_ties(A)}, average rank)")
+            ax.set_ylabel("rank (1 = best)" if k % ncol == 0 else "")
             ax.set_xlabel("operating region (offered load ρ)")
             ax.set_title(an.metric_label(m))
         for ax in axes.flat[len(metrics):]:
             ax.set_visible(False)
         handles = [Line2D([], [], color=palette[sc], ls=styles[i % 4], marker="o", ms=4) for i, sc in enumerate(K)]
-        fig.legend(handles, K, loc="lower center", ncol=min(len(K), 7), frameon=False, bbox_to_anchor=(0.5, -0.04),
+        fig.legend(handles, K, loc="lower center", ncol=min(len(K), 7), frameon=False, bbox_to_anchor=(0.5, 0.0),
                    fontsize=8)
-        fig.suptitle(f"{A.labels[s]}: scheduler ranks across operating regions (rank of the mean over windows; "
-                     f"{_ties(A)})", y=1.0)
-        fig.tight_layout(rect=(0, 0.05, 1, 0.98))
+        fig.suptitle(f"{A.labels[s]}: scheduler ranks across operating regions")
+        fig.tight_layout(rect=(0, 0.07, 1, 1))
         figs.append(_save(cfg, fig, "05", f"bump_{s}", f"bump chart: rank of every scheduler in each operating region "
-                          f"on {A.labels[s]}, for {', '.join(metrics)}", close))
+                          f"on {A.labels[s]}, for {', '.join(metrics)} (rank of the mean over windows; {_ties(A)}; "
+                          "tied schedulers share their average rank)", close))
     return figs
 
 
@@ -479,10 +484,9 @@ def reversal_pairs(cfg, A, close: bool = False, panel: str | None = None):
     ax.tick_params(axis="x", rotation=45)
     ax.set_xlabel("scheduler a")
     ax.set_ylabel("scheduler b")
-    ax.set_title(f"Which scheduler pairs reverse between sources (headline metrics; all regions and source pairs; "
-                 f"panel {panel})", fontsize=9)
+    ax.set_title(f"Reversals per scheduler pair (panel {panel})", fontsize=10)
     return _save(cfg, fig, "06", f"reversal_pairs{_suffix(A, panel)}", "count of significant-and-practical reversals "
-                 f"per scheduler pair (headline metrics, panel {panel})", close)
+                 f"per scheduler pair (headline metrics; all regions and source pairs; panel {panel})", close)
 
 
 def reversal_forest(cfg, A, top: int = 20, close: bool = False, panel: str | None = None):
@@ -513,11 +517,10 @@ def reversal_forest(cfg, A, top: int = 20, close: bool = False, panel: str | Non
         ax.set_xlabel("signed effect in multiples of δ (> 0: a better than b; dotted: ±δ; δ relative for ratio "
                       "metrics, percentage points for proportions)", labelpad=2, fontsize=8)
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
-    ax.set_title(f"The {rev.height} strongest significant-and-practical reversals of the headline metrics "
-                 f"(ordered by the weaker side; panel {panel})", fontsize=9)
+    ax.set_title(f"The {rev.height} strongest reversals (panel {panel})", fontsize=10)
     return _save(cfg, fig, "06", f"reversal_forest{_suffix(A, panel)}", "forest plot of the strongest significant-and-"
-                 "practical reversals of the headline metrics: signed effect of a vs b on each source, in multiples "
-                 f"of delta (panel {panel})", close)
+                 "practical reversals of the headline metrics (ordered by the weaker side): signed effect of a vs b on "
+                 f"each source, in multiples of delta (panel {panel})", close)
 
 
 def power_curves(cfg, A, close: bool = False):
@@ -623,21 +626,21 @@ def metric_agreement(cfg, A, close: bool = False, panel: str | None = None):
     M = A.summary["parameters"]["metrics"]
     agg = t.filter(pl.col("tau").is_not_nan()).group_by(["metric_1", "metric_2"]).agg(pl.col("tau").mean())
     arr = np.full((len(M), len(M)), np.nan)
-    np.fill_diagonal(arr, 1.0)
     for m1, m2, tau in agg.iter_rows():
         i, j = M.index(m1), M.index(m2)
         arr[i, j] = arr[j, i] = tau
+    np.fill_diagonal(arr, np.nan)
     fig, ax = figures.figure(figsize=(0.62 * len(M) + 3.5, 0.55 * len(M) + 1.5))
     _heatmap(ax, arr, _metric_ticks(M), _metric_ticks(M), fontsize=7,
-             cbar_label="mean Kendall τ-b over sources x regions (dimensionless)")
+             cbar_label="mean Kendall τ-b over sources x regions (dimensionless)", blank_diagonal=True)
     ax.tick_params(axis="x", rotation=60)
     n = t.select("source", "region").n_unique()
-    ax.set_title(f"Agreement between metric rankings: τ-b averaged over the {n} (source, region) conditions of\n"
-                 f"{_panel_label(A, panel)} ({_ties(A)})", fontsize=10)
+    ax.set_title(f"Agreement between metric rankings, {_panel_label(A, panel)}", fontsize=10)
     ax.set_xlabel("metric")
     ax.set_ylabel("metric")
     return _save(cfg, fig, "07", f"metric_agreement{_suffix(A, panel)}", "Kendall tau-b between the rankings under "
-                 f"every pair of metrics, averaged over the sources and regions of panel {panel}", close)
+                 f"every pair of metrics, averaged over the {n} (source, region) conditions of panel {panel} "
+                 f"({_ties(A)})", close)
 
 
 def top1_pairs(cfg, A, close: bool = False, panel: str | None = None):
@@ -665,14 +668,14 @@ def top1_pairs(cfg, A, close: bool = False, panel: str | None = None):
     sns.heatmap(arr, ax=ax, vmin=0, vmax=1, cmap="rocket_r", annot=annot, fmt="", annot_kws={"fontsize": 8},
                 xticklabels=_metric_ticks(M), yticklabels=_metric_ticks(M),
                 cbar_kws={"label": "fraction of conditions whose best groups differ"}, linewidths=0.5, linecolor="white")
+    ax.grid(False)
     ax.set_facecolor("0.93")
     ax.tick_params(axis="x", rotation=30)
     ax.tick_params(axis="y", rotation=0)
-    ax.set_title("Does the best scheduler change with the metric? Pairwise top-1 change rate, headline metrics,\n"
-                 f"{_panel_label(A, panel)}\n(best group = schedulers tied for best; n = (source, region) conditions "
-                 f"where both resolve one; {_ties(A)})", fontsize=9)
+    ax.set_title(f"Does the best scheduler change with the metric? {_panel_label(A, panel)}", fontsize=10)
     return _save(cfg, fig, "07", f"top1_pairs{_suffix(A, panel)}", "for every pair of headline metrics, the fraction "
-                 f"of (source, region) conditions of panel {panel} in which the best tie groups share no scheduler", close)
+                 f"of (source, region) conditions of panel {panel} in which the best tie groups share no scheduler "
+                 f"(best group = schedulers tied for best; n = conditions where both resolve one; {_ties(A)})", close)
 
 
 def winners(cfg, A, close: bool = False, panel: str | None = None):
@@ -694,10 +697,9 @@ def winners(cfg, A, close: bool = False, panel: str | None = None):
     ax.tick_params(axis="x", rotation=45)
     ax.set_xlabel("scheduler")
     ax.set_ylabel("metric")
-    ax.set_title("Which scheduler is best under which metric: number of (source, region) conditions won\n"
-                 f"({_panel_label(A, panel)}; ties count for each; {_ties(A)})", fontsize=10)
+    ax.set_title(f"Which scheduler is best under which metric, {_panel_label(A, panel)}", fontsize=10)
     return _save(cfg, fig, "07", f"winners{_suffix(A, panel)}", "number of source x region conditions of panel "
-                 f"{panel} in which each scheduler is top-1 under each metric", close)
+                 f"{panel} in which each scheduler is top-1 under each metric (ties count for each; {_ties(A)})", close)
 
 
 def slo_sensitivity(cfg, A, close: bool = False):
@@ -717,10 +719,9 @@ def slo_sensitivity(cfg, A, close: bool = False):
              lo=arr[..., 1], hi=arr[..., 2], fontsize=7.5)
     ax.set_xlabel("pair of SLO definitions")
     ax.set_ylabel("source · operating region")
-    ax.set_title(f"SLO-definition sensitivity: τ-b between the rankings under two SLO definitions [95% CI]; "
-                 f"{_ties(A)}")
+    ax.set_title("SLO-definition sensitivity, τ-b [95% CI]")
     return _save(cfg, fig, "07", "slo_sensitivity", "Kendall tau-b between the rankings under every pair of SLO "
-                 "definitions, per source and region, with 95% CI", close)
+                 f"definitions, per source and region, with 95% CI ({_ties(A)})", close)
 
 
 def _order_crossbars(lines) -> None:

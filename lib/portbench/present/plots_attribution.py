@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import polars as pl
 import matplotlib.pyplot as plt
@@ -43,9 +45,9 @@ def hybrid_definitions(cfg, a_df: pl.DataFrame, b_df: pl.DataFrame, *, a_label: 
     fig, axes = figures.figure(2, 3, figsize=(15, 8.2))
     axes = axes.ravel()
     ca, cb, ch = "#4C72B0", "#DD8452", "0.1"
-    style_a = {"color": ca, "lw": 1.8}
-    style_b = {"color": cb, "lw": 1.8}
-    style_h = {"color": ch, "lw": 1.1, "ls": "--"}
+    style_a: dict[str, Any] = {"color": ca, "lw": 1.8}
+    style_b: dict[str, Any] = {"color": cb, "lw": 1.8}
+    style_h: dict[str, Any] = {"color": ch, "lw": 1.1, "ls": "--"}
     ax = axes[0]
     h_arr = hybrids.hybrid_window(a_df, b_df, ["arrival"])
     for df, st in ((a_df, style_a), (b_df, style_b), (h_arr, style_h)):
@@ -114,7 +116,7 @@ def shapley_bars(cfg, A: at.Attribution, close: bool = False):
     for ax, (pair, pr) in zip(axes[0], pairs.items()):
         cd = cond.filter(pl.col("pair") == pair)
         rows = [("all (pooled)", None, None)] + [(f"{r} / {m}", r, m) for r, m in zip(cd["region"], cd["metric"])]
-        for y, (name, reg, met) in enumerate(rows):
+        for y, (_name, reg, met) in enumerate(rows):
             if reg is None:
                 phis = [pr["shares"][p]["phi"] or 0.0 for p in players]
                 total, ci = pr["disagreement"]["value"] or 0.0, pr["disagreement"]["ci"]
@@ -175,6 +177,7 @@ def share_heatmap(cfg, A: at.Attribution, close: bool = False):
         sns.heatmap(vals, ax=ax, vmin=-0.5, vmax=1.0, cmap="viridis", annot=annot, fmt="", annot_kws={"fontsize": 7},
                     xticklabels=players, yticklabels=[f"{r} / {m}" for r, m in conds.iter_rows()],
                     cbar_kws={"label": "Shapley share of the A → B distance"})
+        ax.grid(False)
         ax.set_title(pair_title(pr), fontsize=10)
         ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()

@@ -256,7 +256,8 @@ def plot_window_stats(table: pl.DataFrame, panels: Sequence[tuple[str, str]] = S
         rng = np.random.default_rng(0)  # jitter of the dots only
         for i, d in enumerate(data, start=1):
             ax.scatter(i + rng.uniform(-0.15, 0.15, d.size), d, s=9, alpha=0.7, color=f"C{i - 1}", zorder=3)
-        ax.set_xticks(range(1, len(order) + 1), [lab.replace(" (", "\n(") for lab in order], fontsize=8)
+        ax.set_xticks(range(1, len(order) + 1), order, fontsize=8, rotation=35,
+                      ha="right", rotation_mode="anchor")
         ax.set_ylabel(name)
         values = np.concatenate([d for d in data if d.size]) if any(d.size for d in data) else np.array([])
         if values.size and values.min() > 0 and values.max() / values.min() > LOG_SCALE_RATIO:
@@ -539,7 +540,7 @@ def plot_predictor_transfer(summary: pl.DataFrame):
             if np.isfinite(M[i, j]):
                 ax.text(j, i, f"{M[i, j]:.2f}", ha="center", va="center", fontsize=10,
                         fontweight="bold" if i == j else None)
-    ax.set_xticks(range(len(srcs)), [lab[s] for s in srcs], rotation=15)
+    ax.set_xticks(range(len(srcs)), [lab[s] for s in srcs], rotation=30, ha="right")
     ax.set_yticks(range(len(srcs)), [lab[s] for s in srcs])
     ax.set_xlabel("used on (windows of)")
     ax.set_ylabel("trained on")

@@ -19,6 +19,7 @@ from ..core.provenance import label
 from ..sim import metrics
 from ..sim.profiles import calibration
 from ..study.campaign import tables
+from ..study.honest import ranked_count
 from . import figures
 from .figures import figure
 
@@ -163,8 +164,7 @@ def plot_load_curves(runs, labels: Mapping | None = None, metrics: Sequence[str]
     names.append("band: inter-quartile\nrange over windows\n× replicates")
     axes[0][-1].legend(handles, names, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                        title="scheduler (line: median)", frameon=False)
-    fig.suptitle("Metric against offered load: median over windows × replicates, band = inter-quartile range; "
-                 "dotted line: ρ = 1 (the window's sustainable throughput)", fontsize=10, y=1.0)
+    fig.suptitle("Metric against offered load (median over windows × replicates; dotted: ρ = 1)", fontsize=10, y=1.0)
     fig.tight_layout()
     return fig
 
@@ -204,8 +204,8 @@ def plot_preemptions(runs, labels: Mapping | None = None):
 
 
 def plot_variant_ranks(ranks, labels: Mapping | None = None):
-    """Mean rank (of 13) of sjf_predicted / ltr / edf per source with the home predictor, each foreign
-    predictor and the oracle variant (:func:`portbench.study.honest.variant_ranks`)."""
+    """Mean rank (among the ranked schedulers) of sjf_predicted / ltr / edf per source with the home predictor,
+    each foreign predictor and the oracle variant (:func:`portbench.study.honest.variant_ranks`)."""
     g = (ranks.group_by(["source", "policy", "variant"], maintain_order=True)
          .agg(pl.col("rank").mean().alias("mean_rank")))
     srcs = g["source"].unique(maintain_order=True).to_list()
@@ -223,9 +223,9 @@ def plot_variant_ranks(ranks, labels: Mapping | None = None):
             ax.scatter(q["mean_rank"], y, marker=markers.get(v, "s"), s=60 if v != "oracle" else 110, label=v,
                        color=f"C{k}")
         ax.set_yticks(range(len(pols)), pols)
-        ax.set_xlim(0.5, 13.5)
+        ax.set_xlim(0.5, int(ranks["n_ranked"].max()) + 0.5)
         ax.invert_xaxis()
-        ax.set_xlabel("mean rank of 13 (1 = best, right)")
+        ax.set_xlabel(f"mean rank of {ranked_count(ranks)} (1 = best, right)")
         ax.set_title((labels or {}).get(s, s))
     axes[0][0].legend(fontsize=8, loc="lower left")
     fig.suptitle("Prediction-based policies with the home, a foreign or an oracle predictor", y=1.02)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..core.errors import DataError
-from . import text
+from . import numbers, text
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -21,25 +21,16 @@ def _num(x: Mapping, digits: int = 2) -> str:
     interval after a slash: ``0.21 [0.18, 0.26] / [0.10, 0.30]``."""
     if x is None or x.get("value") is None:
         return "n/a"
-    ci, cc = x.get("ci"), x.get("ci_conditions")
-    out = f"{x['value']:.{digits}f}"
-    if ci and None not in ci:
-        out += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
-    if cc and None not in cc:
-        out += f" / [{cc[0]:.{digits}f}, {cc[1]:.{digits}f}]"
-    return out
+    num = numbers.fixed(digits)
+    return numbers.with_ci(num(x["value"]), x.get("ci"), x.get("ci_conditions"), num=num)
 
 
 def _pct(x, digits: int = 0) -> str:
+    """``31% [30, 33] / [7, 53]``: the value as a percentage, the intervals in percent."""
     if x is None or x.get("value") is None:
         return "n/a"
-    ci, cc = x.get("ci"), x.get("ci_conditions")
-    out = f"{100 * x['value']:.{digits}f}%"
-    if ci and None not in ci:
-        out += f" [{100 * ci[0]:.{digits}f}, {100 * ci[1]:.{digits}f}]"
-    if cc and None not in cc:
-        out += f" / [{100 * cc[0]:.{digits}f}, {100 * cc[1]:.{digits}f}]"
-    return out
+    return numbers.with_ci(numbers.percent(digits)(x["value"]), x.get("ci"), x.get("ci_conditions"),
+                           num=numbers.percent(digits, sign=False))
 
 
 def _effect(v, scale: str) -> str:

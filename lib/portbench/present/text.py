@@ -17,8 +17,9 @@ from ..data import standins
 from ..data.standins import StandinInputs
 from ..data.standins import burstgpt as standin_burstgpt
 from ..sim import metrics, profiles, schedulers
+from ..study import honest
 from ..study.campaign import tables as campaign_tables
-from . import plots_sim
+from . import numbers, plots_sim
 
 
 def banner(provenance_by_source: Mapping[str, str], skipped: Iterable[str] = (),
@@ -328,16 +329,10 @@ def fmt(stat: dict | None, digits: int = 2) -> str:
     """``"0.71 [0.65, 0.77] (n = 252)"`` from a summary stat dict."""
     if not stat or stat.get("value") is None:
         return "n/a"
-    v = stat["value"]
-    s = f"{v:.{digits}f}" if isinstance(v, float) else f"{v}"
-    ci = stat.get("ci")
-    if ci and ci[0] is not None:
-        s += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
-    cc = stat.get("ci_conditions")
-    if stat.get("count") is not None:
-        s += f" (n = {stat['count']}" + (f"; conditions resampled: [{cc[0]:.{digits}f}, {cc[1]:.{digits}f}])"
-                                          if cc and cc[0] is not None else ")")
-    return s
+    v, num = stat["value"], numbers.fixed(digits)
+    n = stat.get("count")
+    return numbers.with_ci(num(v) if isinstance(v, float) else f"{v}", stat.get("ci"),
+                           stat.get("ci_conditions") if n is not None else None, num=num, count=n)
 
 
 def pct(x, digits: int = 1) -> str:
@@ -350,13 +345,8 @@ def pct_ci(stat: Mapping | None, digits: int = 1) -> str:
     """``"12.9% [12.5%, 13.5%]"`` from a summary stat dict (``"n/a"`` when missing)."""
     if not stat or stat.get("value") is None:
         return "n/a"
-    ci, cc = stat.get("ci"), stat.get("ci_conditions")
-    out = pct(stat, digits)
-    if ci and ci[0] is not None:
-        out += f" [{pct(ci[0], digits)}, {pct(ci[1], digits)}]"
-    if cc and cc[0] is not None:
-        out += f" (conditions resampled: [{pct(cc[0], digits)}, {pct(cc[1], digits)}])"
-    return out
+    return numbers.with_ci(pct(stat, digits), stat.get("ci"), stat.get("ci_conditions"),
+                           num=lambda v: pct(v, digits), conditions="words")
 
 
 def tied_ranks_markdown(par: Mapping) -> str:
@@ -396,11 +386,32 @@ def tied_ranks_markdown(par: Mapping) -> str:
     return "Only exactly equal means are tied (`analysis.ties` = exact); tied schedulers share the average rank."
 
 
-def agreement_markdown() -> str:
-    """What tau-b, tau-b / tau-b,max and the discordance measure (the notebooks' method text)."""
+def rankings_markdown(par: Mapping, data: Mapping, labels: Mapping) -> str:
+    """How each ranking is made (schedulers, replicates, windows, direction, headline metrics, ties, bootstrap
+    CIs, notes on the data): the method paragraph of notebooks 04, 05 and 07."""
+    return f"""**Rankings.** For each source, region and metric, each of the {len(par['schedulers'])} schedulers'
+values are averaged over replicates within a window ({data['replicates']} replicate(s) per window: the window is the unit)
+and then over the source's windows ({', '.join(f"{labels[s]}: {n}" for s, n in data['n_windows'].items())}). Rank 1 = best, using
+each metric's direction from the metric registry (↑ higher is better, ↓ lower is better).
+
+{headline_metrics_markdown(par)}
+
+{tied_ranks_markdown(par)}
+
+**Confidence intervals** are 95% percentile-bootstrap intervals: {par['bootstrap']} resamples of the windows, drawn with
+replacement independently within each source (seed {par['seed']}); one resample of a source's windows serves all its
+schedulers, regions and metrics, so a scheduler pair stays paired on the same windows. Notes on the data:
+{'; '.join(data['notes']) or 'none (every run present, every value finite)'}."""
+
+
+def agreement_markdown(n_schedulers: int) -> str:
+    """What tau-b, tau-b / tau-b,max and the discordance measure (the notebooks' method text); the example of
+    how ties lower tau-b's ceiling is worked for ``n_schedulers``."""
+    k = n_schedulers
     return ("**Agreement of two rankings.** *Kendall's τ-b* (scipy.stats.kendalltau): 1 = same order, 0 = unrelated, "
-            "−1 = reversed; ties lower its ceiling: one scheduler above 12 tied ones, against a full order of 13, gives "
-            "τ-b ≤ √(12/78) ≈ 0.39 however well the two agree. *τ-b / τ-b,max* divides by the largest τ-b the two "
+            f"−1 = reversed; ties lower its ceiling: one scheduler above {k - 1} tied ones, against a full order of {k}, "
+            f"gives τ-b ≤ √({k - 1}/{k * (k - 1) // 2}) ≈ {math.sqrt(2 / k):.2f} however well the two agree. "
+            "*τ-b / τ-b,max* divides by the largest τ-b the two "
             "observed tie structures allow (both rankings' tie groups keep their sizes and rank positions; the maximum "
             "is the comonotone arrangement, `stats.tau_b_max`): 1 exactly when no pair resolved in both rankings is "
             "ordered oppositely. The *discordance* is the share of scheduler pairs resolved in both rankings that the "
@@ -449,7 +460,7 @@ def least_agreeing_markdown(low: Mapping | None, labels: Mapping) -> str:
              if "source_1" in low else
              f"**{low['metric']}** on {name(low['source'])} between **{low['region_1']}** and **{low['region_2']}**")
     ci = low.get("ci") or [None, None]
-    ci_txt = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci[0] is not None and ci[1] is not None else " (no CI: bootstrap off)"
+    ci_txt = numbers.with_ci("", ci, num=numbers.fixed(2)) or " (no CI: bootstrap off)"
     n = low.get("resolved_pairs")
     n_txt = (f"; {n:.0f} scheduler pairs resolved in both rankings, {low.get('discordant', 0):.0f} of them ordered "
              "oppositely" if n is not None else "")
@@ -517,7 +528,7 @@ def power_markdown(power: Mapping) -> str:
         out.append(f"**Note on resolution.** {w}.")
     rows = []
     for m, d in (power.get("by_metric") or {}).items():
-        f = (lambda v: "not reached" if v is None else (f"{v:.1%}" if d["scale"] == "ratio" else f"{100 * v:.1f} pp"))
+        f = (lambda v: "not reached" if v is None else (f"{v:.1%}" if d["scale"] == "ratio" else f"{100 * v:.1f} pp"))  # noqa: E731
         rows.append(f"| `{m}` | {d['unit']} | {f(d['mde'])} | {f(d['mde_family'])} | {d['null_pairs']} | "
                     f"{d['identical_pairs']} |")
     if rows:
@@ -551,10 +562,8 @@ def reversal_method_markdown(rv: Mapping, par: Mapping) -> str:
 def _ci(v, ci, digits: int = 2) -> str:
     if v is None:
         return "n/a"
-    s = f"{v:.{digits}f}"
-    if ci and ci[0] is not None:
-        s += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
-    return s
+    num = numbers.fixed(digits)
+    return numbers.with_ci(num(v), ci, num=num)
 
 
 def predictor_markdown(summary: pl.DataFrame, block: Mapping) -> str:
@@ -599,7 +608,8 @@ def transfer_markdown(summary: pl.DataFrame) -> str:
 
 
 def ranks_markdown(ranks: pl.DataFrame) -> str:
-    """Mean rank (of 13, over regions and metrics) of each prediction-based policy per source and variant."""
+    """Mean rank (among the ranked schedulers, over regions and metrics) of each prediction-based policy per
+    source and variant."""
     if ranks.height == 0:
         return "(no transfer runs)"
     g = (ranks.group_by(["source", "policy", "variant"], maintain_order=True)
@@ -611,7 +621,7 @@ def ranks_markdown(ranks: pl.DataFrame) -> str:
     for (src, pol), part in g.group_by(["source", "policy"], maintain_order=True):
         d = dict(zip(part["variant"], part["mean_rank"]))
         lines.append(f"| {src} | {pol} | " + " | ".join(f"{d[v]:.1f}" if v in d else "—" for v in order) + " |")
-    lines += ["", "Mean rank among the 13 (1 = best), over the transfer campaign's regions × headline metrics: "
+    lines += ["", f"Mean rank among the {honest.ranked_count(ranks)} (1 = best), over the transfer campaign's regions × headline metrics: "
               "**home** = the source's own learned predictor, **from X** = source X's predictor, **oracle** = "
               "the comparison variant that reads the true length (sjf_noisy_oracle, ltr_noisy_oracle, edf_oracle)."]
     return "\n".join(lines)

@@ -183,6 +183,13 @@ def _rank(values: np.ndarray, direction: str, tolerance: float) -> np.ndarray:
     return r
 
 
+def ranked_count(ranks: pl.DataFrame) -> str:
+    """How many schedulers the rankings of ``ranks`` (:func:`variant_ranks`) order: ``"13"``, or
+    ``"12–13"`` where some conditions rank fewer (a policy n/a there)."""
+    lo, hi = int(ranks["n_ranked"].min()), int(ranks["n_ranked"].max())
+    return f"{hi}" if lo == hi else f"{lo}–{hi}"
+
+
 def variant_ranks(runs: pl.DataFrame, metrics: Sequence[str], schedulers: Sequence[str] | None = None,
                   tolerance: float = 0.0) -> pl.DataFrame:
     """One row per (source, region, metric, policy, variant): the policy's mean over the windows with
@@ -385,7 +392,7 @@ def fairness_block(cfg: Config, runs: pl.DataFrame | None = None, *, manifest: M
             if "vtc" not in present:
                 d["vtc"] = "vtc is not among this campaign's schedulers"
             part = runs.filter((pl.col("source") == s) & pl.col("scheduler").is_in(["vtc", "fcfs"]))
-            by = {}
+            by: dict = {}
             for (reg, sch), g in part.group_by(["region", "scheduler"], maintain_order=True):
                 by.setdefault(reg, {})[sch] = {"tenant_service_gap": _num(g["tenant_service_gap"].mean()),
                                                "tenant_jain": _num(g["tenant_jain"].mean()),

@@ -246,7 +246,7 @@ def burstgpt_arrival_estimates(inp: StandinInputs, *, bootstrap: bool = True) ->
     return fit
 
 
-def log_type_shares(inp: StandinInputs) -> dict[str, dict[str, float]]:
+def log_type_shares(inp: StandinInputs) -> dict[str, Any]:
     """Log-type shares of the slices' valid rows and of the configured full file."""
     ev = burstgpt_evidence(inp)
     counts = ev.pool.group_by("log_type").len().sort("log_type")

@@ -71,7 +71,7 @@ def _window_stat_rows(windows: Sequence[tuple[str, pl.DataFrame]], provenance: s
 def _mixture_row(values: np.ndarray, probs: np.ndarray, **cols: Any) -> dict[str, Any]:
     cdf = np.cumsum(probs)
     row = {**cols, "n": None, "mean": float(np.dot(values, probs))}
-    row.update({f"p{q}": float(values[min(np.searchsorted(cdf, q / 100), values.size - 1)]) for q in PERCENTILES})
+    row.update({f"p{q}": float(values[min(int(np.searchsorted(cdf, q / 100)), values.size - 1)]) for q in PERCENTILES})
     return row
 
 
@@ -204,10 +204,10 @@ def _evidence_tables(inp: StandinInputs) -> dict[str, pl.DataFrame]:
                       metric="window inter-arrival CV", kind="two-sample KS (real windows overlap)"))
     if roll:
         for metric, raw_key in (("prompt_tokens", "input_tokens"), ("output_tokens", "output_tokens")):
-            q = {p: float(roll[raw_key][f"p{p}"]) for p in PERCENTILES}
+            pct = {p: float(roll[raw_key][f"p{p}"]) for p in PERCENTILES}
             ks.append({"provenance": "standin", "compared_with": f"{roll_desc} ({len(PERCENTILES)} percentiles)",
                        "metric": metric, "kind": "KS lower bound from percentiles",
-                       "ks": _ks_lower_bound(bg[metric].to_numpy(), q), "p_value": None,
+                       "ks": _ks_lower_bound(bg[metric].to_numpy(), pct), "p_value": None,
                        "n_standin": bg.height, "n_real": int(roll[raw_key]["count"])})
     t["burstgpt_ks"] = pl.DataFrame(ks)
 

@@ -199,7 +199,7 @@ class Batching:
         chunked, v1, pc_on = self.chunked, self.v1, self.pc_on
         if pc_on:
             self._pc_reconcile()
-        cohort, res, clock = self.cohort, self.res, self.clock
+        cohort, clock = self.cohort, self.clock
         residents = self._ranked_residents(now)
         wl = self.wlist
         if not self.frozen:

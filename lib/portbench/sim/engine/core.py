@@ -70,9 +70,9 @@ def whole_prefill_budget(profile) -> int:
 
 class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
     """One run. See the module docstring for the model.
-    
+
     Data structures (for speed; ``_check`` recomputes everything from scratch in tests):
-    
+
     * ``res``: residents (hold KV) by id; ``prefilling``: residents whose prefill is incomplete;
       ``paused``: residents a preemptive policy descheduled at the last decision.
     * the **decode cohort** ``cohort``: the decoding requests of the current batch. They all

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -363,10 +363,10 @@ def build_profile(spec: ProfileSpec, *, max_num_seqs: int | None = None,
         "source": VIDUR_SOURCE,
     }
     profile = Profile(name=spec.name, gpu=gpu.name, model=model.name,
-                      kv_capacity_blocks=kv["kv_capacity_blocks"], c0_s=c0, c_prefill_s=c_prefill,
+                      kv_capacity_blocks=cast(int, kv["kv_capacity_blocks"]), c0_s=c0, c_prefill_s=c_prefill,
                       c_decode_s=c_decode, c_kv_s=c_kv, block_size=block_size, max_num_seqs=max_num_seqs,
                       max_batched_tokens=max_batched_tokens, floor_s=floor_ms * 1e-3, floor_tokens=knee,
-                      c_attn_s=c_attn, max_model_len=max_model_len, kv_bytes_per_token=model.kv_bytes_per_token,
+                      c_attn_s=c_attn, max_model_len=cast(int, max_model_len), kv_bytes_per_token=model.kv_bytes_per_token,
                       pcie_gb_s=pcie, host_kv_blocks=host_blocks,
                       notes=spec.summary, provenance=provenance)
     # How the whole model (one formula, through Profile.iteration_time) fits the rows, per regime,

@@ -1,4 +1,4 @@
-"""The 13 scheduling policies behind one protocol, and the scheduler registry.
+"""The protocol every scheduling policy follows, the base class and the scheduler registry.
 
 How the simulator uses a scheduler (:mod:`portbench.sim.engine` has the full engine model)
 ----------------------------------------------------------------------------------------
@@ -54,11 +54,12 @@ Information a policy uses (``information``, its main kind): ``none`` | ``arrival
 ``oracle`` (the true output length) | ``tenant`` | ``attained`` (tokens generated so far: runtime
 state, not a-priori knowledge). ``uses`` (a tuple of those kinds) lists everything a policy's
 decisions read (ties are broken by arrival everywhere); by default ``(information,)`` plus
-``attained`` when ``attained=True``. Only policies named ``*_oracle`` read a true output length.
+``attained`` when ``attained=True``. Only policies named ``*_oracle`` read a true output length;
+``edf_oracle``, ``sjf_noisy_oracle`` and ``ltr_noisy_oracle`` are comparison variants outside ``all``.
 
 The protocol, the base class and the registry live here; one small module per policy family
 (:mod:`.fifo`, :mod:`.length`, :mod:`.ltr`, :mod:`.feedback`, :mod:`.deadline`, :mod:`.fairness`,
-:mod:`.baseline`) registers the 13 policies.
+:mod:`.baseline`) registers the built-in policies (``portbench schedulers`` lists them).
 """
 
 from __future__ import annotations
@@ -265,7 +266,7 @@ def _passing_iterations(sched: BaseScheduler, batch, outside, now, iters_until_a
     return best
 
 
-SCHEDULERS: dict[str, type] = {}
+SCHEDULERS: dict[str, type[BaseScheduler]] = {}
 
 
 def register_scheduler(cls_or_name=None, cls=None, *, name: str | None = None, replace: bool = False):
@@ -315,7 +316,7 @@ def get_scheduler(name, **options) -> BaseScheduler:
     if isinstance(name, BaseScheduler) or (not isinstance(name, str) and isinstance(name, Scheduler)):
         if options:
             raise ParameterError("scheduler", name, "a name when options are given")
-        return name
+        return name  # type: ignore[return-value]  # a Scheduler-protocol instance passes as it is
     require_registered("simulation.schedulers", name)
     return SCHEDULERS[name](**options)
 
@@ -362,6 +363,7 @@ def table() -> list[dict]:
     its own or the engine's default), prefill under V0 batching (whole or chunked), models."""
     rows = []
     for name, cls in SCHEDULERS.items():
+        inst: Any
         try:
             inst = cls()
         except Exception:  # a user class with required options

@@ -114,6 +114,7 @@ class LAS(_LevelPolicy):
     uses = ("attained",)           # arrival only breaks ties
     models = "least attained service / FB (Rai et al. SIGMETRICS'03), quantised"
     OPTIONS = {"quantum_tokens": 32}
+    quantum_tokens: int
 
     def level(self, r) -> int:
         return r.generated // self.quantum_tokens

@@ -24,6 +24,7 @@ class _RankPolicy(BaseScheduler):
     static_priority = False
     admission_by_priority = True        # admission_order is the priority order, computed incrementally
     OPTIONS = {"starvation_s": 10.0, "preemptive": False}
+    starvation_s: float | None
 
     def _scores(self, ctx) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError

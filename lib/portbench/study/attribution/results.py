@@ -236,7 +236,7 @@ def _pooled(c: dict, design: Design) -> dict:
     total = c["v"][-1]                                                      # (R, M)
     ok = np.isfinite(total)
     has_b = "vb" in c
-    out = {"n_conditions": int(ok.sum())}
+    out: dict = {"n_conditions": int(ok.sum())}
     den = total[ok].sum()
     out["disagreement"] = (float(total[ok].mean()) if ok.any() else np.nan,
                            _ci(np.nanmean(c["vb"][-1][ok], axis=0)) if has_b and ok.any() else (np.nan, np.nan))
@@ -545,12 +545,7 @@ def write(cfg: Config, A: Attribution) -> dict[str, str]:
     """Write every table under ``{results_dir}/attribution/``, the section for ``summary.json``
     (:func:`portbench.study.analysis.sections.write_section`) and ``attribution/summary.json``."""
     out = attribution_dir(cfg.paths.results_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, df in A.tables.items():
-        p = out / f"{name}.parquet"
-        fileio.atomic_write(p, lambda tmp, df=df: df.write_parquet(tmp))
-        paths[name] = str(p)
+    paths = fileio.write_tables(out, A.tables)
     fileio.write_json(out / "summary.json", A.summary)
     paths["section"] = str(write_section(cfg.paths.results_dir, SECTION, A.summary))
     return paths

@@ -52,8 +52,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import polars as pl
 
 from ...core import io as fileio
@@ -374,7 +374,7 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
         (each window repeated to ``repeat`` requests, ``schedulers``/``replicates`` of the check)."""
         scheds = tuple(schedulers or design.schedulers)
         reps = tuple(replicates if replicates is not None else design.replicates)
-        out, paths, tasks = {}, {}, {}
+        out, paths, tasks = {}, {}, dict[tuple, list]()
         for (shas, region, rho) in units:
             key = sha256_hex({"common": common, "hybrids": list(shas), "region": region, "rho": rho,
                               "replicates": list(reps), "schedulers": list(scheds), "repeat": repeat})[:16]
@@ -438,7 +438,7 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
                    for part in parts for i, h in enumerate(shas[part])
                    if hybrids.HASH_COLUMN in htables[(part, i)].columns}
             wb = {ea["id"]: eb["id"] for ea, eb in zip(pw.a_entries, pw.b_entries)}
-            label = dict(a=a, pa=prov[a], b=b, pb=prov[b], window_b=wb)
+            label: dict[str, Any] = dict(a=a, pa=prov[a], b=b, pb=prov[b], window_b=wb)
 
             # every window-hybrid at the regions' rho (the load swap is the identity: see the module docstring)
             units = simulate_units({(shas[p], r, rho): None for p in parts for r, rho in design.regions.items()},

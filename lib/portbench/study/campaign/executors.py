@@ -10,10 +10,10 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
@@ -243,8 +243,8 @@ class _Executor:
     def map_unordered(self, fn_name: str, arg_list: list[tuple]):
         """Yield results of ``fn(*args)`` as they finish (serial: in order)."""
         if self._pool is not None:
-            fn = {"capacity": _pool_capacity, "shard": _pool_shard}[fn_name]
-            futures = [self._pool.submit(fn, *a) for a in arg_list]
+            pool_fn = cast(Callable, {"capacity": _pool_capacity, "shard": _pool_shard}[fn_name])
+            futures = [self._pool.submit(pool_fn, *a) for a in arg_list]
             try:
                 for f in as_completed(futures):
                     yield f.result()
@@ -254,17 +254,17 @@ class _Executor:
         elif self._client is not None:
             from distributed import as_completed as dask_as_completed
 
-            fn = {"capacity": _dask_capacity, "shard": _dask_shard}[fn_name]
-            futures = [self._client.submit(fn, self._ctx_future, *a, pure=False) for a in arg_list]
+            dask_fn = cast(Callable, {"capacity": _dask_capacity, "shard": _dask_shard}[fn_name])
+            dask_futures = [self._client.submit(dask_fn, self._ctx_future, *a, pure=False) for a in arg_list]
             try:
-                for f in dask_as_completed(futures):
+                for f in dask_as_completed(dask_futures):
                     yield f.result()
             finally:
-                self._client.cancel(futures)
+                self._client.cancel(dask_futures)
         else:
-            fn = {"capacity": compute_capacity, "shard": compute_shard}[fn_name]
+            local_fn = cast(Callable, {"capacity": compute_capacity, "shard": compute_shard}[fn_name])
             for a in arg_list:
-                yield fn(self.ctx, *a)
+                yield local_fn(self.ctx, *a)
 
     def close(self) -> None:
         global _CTX

@@ -10,6 +10,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from ...core import plugins as plugin_loader
 from ...core.config import Config, RequestRecordsConfig, SimulationConfig
@@ -109,12 +110,12 @@ def _records_selection(rr: RequestRecordsConfig | None, windows: Sequence[Window
     chosen_w = set()
     for w in windows:
         seen[w.source] = seen.get(w.source, 0) + 1
-        if n in (None, "all") or seen[w.source] <= n:
+        if n in (None, "all") or seen[w.source] <= cast(int, n):
             chosen_w.add(w.id)
     r = rr.regions
     chosen_r = set(regions) if r in ("all", None) else set(r) & set(regions)
     r_reps = rr.replicates
-    chosen_rep = tuple(reps) if r_reps in ("all", None) else tuple(sorted(set(r_reps) & set(reps)))
+    chosen_rep = tuple(reps) if r_reps in ("all", None) else tuple(sorted(set(cast(tuple, r_reps)) & set(reps)))
     return chosen_w, chosen_r, chosen_rep
 
 
