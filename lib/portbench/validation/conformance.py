@@ -146,7 +146,8 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
     plan = make_plan(cfg)
     names = list(schedulers) if schedulers else list(plan.schedulers)
     real = [w for w in plan.windows if w.provenance == "real" and (sources is None or w.source in sources)]
-    chosen, per = [], {}
+    chosen: list = []
+    per: dict[str, int] = {}
     for w in real:
         if per.get(w.source, 0) < windows_per_source:
             per[w.source] = per.get(w.source, 0) + 1
