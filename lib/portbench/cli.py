@@ -60,7 +60,14 @@ def _kv(item: str):
     if "=" not in item:
         raise PortbenchError(f"--set {item!r}: expected KEY=VALUE, e.g. simulation.replicates=1")
     k, v = item.split("=", 1)
-    return k, yaml.safe_load(v)
+    if not k.strip():
+        raise PortbenchError(f"--set {item!r}: expected KEY=VALUE with a parameter name, e.g. simulation.replicates=1")
+    try:
+        return k.strip(), yaml.safe_load(v)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem", None) or "not a YAML value"
+        raise ParameterError(k.strip(), v, f"a YAML value ({mark}); quote lists and text, e.g. "
+                             f"--set '{k.strip()}=[a, b]' or --set '{k.strip()}=\"text\"'") from None
 
 
 def cmd_ingest(args):
@@ -136,6 +143,9 @@ def cmd_bench(args):
 def cmd_report(args):
     cfg = _params(args)
     summary = Path(cfg.paths.results_dir) / "summary.json"
+    if not summary.is_file():
+        raise PortbenchError(f"no results yet: {summary} does not exist; run the analysis first (`make all`, or "
+                             "`portbench simulate` then `portbench analyze` with the same --params / --set)")
     if args.readme:
         print(report.update_readme(args.readme, summary))
     else:

@@ -556,6 +556,11 @@ def _names(param: str, v) -> str | tuple[str, ...]:
         return (v,)
     if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
         raise ParameterError(param, v, "all or a list of names")
+    if not v:
+        raise ParameterError(param, list(v), "all or a non-empty list of names")
+    dup = sorted({x for x in v if list(v).count(x) > 1})
+    if dup:
+        raise ParameterError(param, list(v), f"a list of distinct names ({', '.join(dup)} given twice)")
     return tuple(v)
 
 
@@ -1182,12 +1187,21 @@ def _build_plugins(v) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _distinct(param: str, values) -> None:
+    """ParameterError when a list names something twice (a duplicate would run or count it twice)."""
+    seen = [repr(v) for v in values]
+    dup = sorted({x for x in seen if seen.count(x) > 1})
+    if dup:
+        raise ParameterError(param, list(values), f"a list of distinct entries ({', '.join(dup)} given twice)")
+
+
 def _build_attribution(a: Mapping, sources, region_names) -> AttributionConfig:
     pairs = a.get("pairs", "auto")
     if pairs != "auto":
         if not isinstance(pairs, list) or not all(isinstance(p, list) for p in pairs):
             raise ParameterError("attribution.pairs", pairs, "auto or a list of [source_a, source_b]")
         pairs = tuple(tuple(p) for p in pairs)
+        _distinct("attribution.pairs", [tuple(sorted(p)) for p in pairs])
         for i, p in enumerate(pairs):
             for x in p:
                 check_choice(f"attribution.pairs[{i}]", x, list(sources))
@@ -1204,6 +1218,7 @@ def _build_attribution(a: Mapping, sources, region_names) -> AttributionConfig:
             raise ParameterError("attribution.regions", regions, "a list of region names")
         for i, r in enumerate(regions):
             check_choice(f"attribution.regions[{i}]", r, list(region_names))
+        _distinct("attribution.regions", regions)
         regions = tuple(regions)
     kw = {k: v for k, v in {**a, "pairs": pairs, "properties": props, "regions": regions}.items() if v is not None}
     return AttributionConfig(**kw)
@@ -1221,9 +1236,11 @@ def _build_predictors(p: Mapping, region_names) -> PredictorsConfig:
         raise ParameterError("predictors.transfer.regions", regs, "a non-empty list of region names")
     for i, r in enumerate(regs):
         check_choice(f"predictors.transfer.regions[{i}]", r, list(region_names))
+    _distinct("predictors.transfer.regions", regs)
     sch = t.get("schedulers") or []
     if not isinstance(sch, list) or not sch or not all(isinstance(x, str) for x in sch):
         raise ParameterError("predictors.transfer.schedulers", sch, "a non-empty list of scheduler names")
+    _distinct("predictors.transfer.schedulers", sch)
     transfer = PredictorTransferConfig(**{**t, "regions": tuple(regs), "schedulers": tuple(sch)})
     return PredictorsConfig(**{**p, "regressor": dict(p.get("regressor") or DEFAULT_REGRESSOR),
                                "ranker": dict(p.get("ranker") or DEFAULT_RANKER), "transfer": transfer})
@@ -1252,6 +1269,8 @@ def build(P: Mapping) -> Config:
             raise ParameterError(f"sources.{name}", dict(spec), "for a source of your own: mode real or auto and a "
                                  "file (a path to a trace file: an official format, or CSV / JSONL / parquet "
                                  "with a columns mapping); it has no stand-in")
+    if not sources and src:
+        raise ParameterError("sources", dict(src), "at least one source (every source is left out with null)")
     engine = EngineConfig.of(dict(_section(P, "engine")))
     sim = _build_simulation(_section(P, "simulation"), engine)
     try:
