@@ -193,10 +193,47 @@ def frozen_record(P: Mapping) -> dict:
     return rec
 
 
+def run_name_of(path: Path, root: Path) -> str:
+    """The run folder's name of a parameter file: its stem for the project's own files (``papermill_params/
+    smoke.yaml`` -> ``smoke``), else its stem and a short hash of its resolved path (``/home/me/a/study.yaml`` ->
+    ``study-1f3a9c``), so that two files of the same name in different folders never share ``build/<name>/``."""
+    path = Path(path).resolve()
+    if path.parent == (Path(root) / "papermill_params").resolve():
+        return path.stem
+    return f"{path.stem}-{hashlib.sha256(str(path).encode()).hexdigest()[:6]}"
+
+
+# paths keys that name something portbench writes: they must stay inside the project (or be absolute)
+OUTPUT_PATH_KEYS = ("results_dir", "figures_dir", "windows_dir", "manifest", "data_dir")
+
+
+def check_path_value(key: str, value: str, root: Path) -> None:
+    """ParameterError for a ``paths`` value that would put files where the user does not expect them: a literal
+    ``~`` (never expanded: a folder named ``~`` would appear), and, for what portbench writes
+    (:data:`OUTPUT_PATH_KEYS`), a relative path that climbs out of the project with ``..``, the file system root,
+    the home folder or the project's own folder (or one above it)."""
+    param = f"paths.{key}"
+    if "~" in Path(value).parts or value.startswith("~"):
+        raise ParameterError(param, value, "a path without a literal ~ (portbench does not expand it): an absolute "
+                             "path such as /home/me/out, or a path relative to the project")
+    if key not in OUTPUT_PATH_KEYS:
+        return
+    p = Path(value)
+    target = (p if p.is_absolute() else root / p).resolve()
+    root = root.resolve()
+    if not p.is_absolute() and target != root and root not in target.parents:
+        raise ParameterError(param, value, "a path inside the project (a relative path may not leave it with ..); to "
+                             "write elsewhere, give the absolute path of a new or empty folder")
+    home = Path.home().resolve()
+    if target == Path(target.anchor) or target == home or target == root or target in root.parents:
+        raise ParameterError(param, value, "a folder of its own (not the file system root, the home folder or the "
+                             "project folder): e.g. build/mine, or the absolute path of a new or empty folder")
+
+
 def _isolate(P: dict, schema: Mapping, path: Path, default_path: Path, over: Mapping) -> str | None:
     """Give a non-default run folders of its own: a parameter file other than default.yaml, or overrides
     other than ``paths.*``, that leaves ``results_dir`` / ``figures_dir`` at default.yaml's values writes them under
-    ``build/<run name>/`` instead (run name = the file's stem, plus a hash of the overrides), so that it
+    ``build/<run name>/`` instead (run name: :func:`run_name_of`, plus a hash of the overrides), so that it
     never overwrites the full study's results or the committed figures. A run whose windows differ from
     default.yaml's (:func:`frozen_record`: ``windows.*``, ``sources.*`` other than labels, ``standins.*``) also
     gets its own manifest, window cache and frozen predictions, ``build/<run name>/windows/`` (``manifest`` at
@@ -208,7 +245,7 @@ def _isolate(P: dict, schema: Mapping, path: Path, default_path: Path, over: Map
     P["_isolated"] = []
     if path.resolve() == default_path.resolve() and not changed:
         return None
-    name = path.stem
+    name = run_name_of(path, root=default_path.parent.parent)
     if changed:
         name += "-" + hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
     default_paths = schema.get("paths") or {}
@@ -251,6 +288,7 @@ def read(params_file: str | os.PathLike | None = None, overrides: dict | None = 
     P["_run_name"] = _isolate(P, schema, path, default_path, over)
     for key, value in P.get("paths", {}).items():
         if isinstance(value, str) and key != "mirror_env":
+            check_path_value(key, value, root)
             P["paths"][key] = str((root / value) if not Path(value).is_absolute() else Path(value))
     return P
 
