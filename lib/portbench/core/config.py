@@ -117,12 +117,38 @@ def looks_like_file(spec: str) -> bool:
     return spec.endswith(".py") or "/" in spec or "\\" in spec
 
 
+def _resolve_source_files(data: dict, folder: Path) -> None:
+    """A source's ``file`` given as a relative path that exists next to the parameter file naming it becomes
+    that absolute path (else it stays: a path relative to the project root, or a name in the data mirror)."""
+    sources = data.get("sources")
+    if not isinstance(sources, Mapping):
+        return
+    for spec in sources.values():
+        f = spec.get("file") if isinstance(spec, dict) else None
+        if isinstance(f, str) and f and not Path(f).is_absolute() and (folder / f).is_file():
+            spec["file"] = str((folder / f).resolve())
+
+
+def label_follows_data(P: dict, schema: Mapping) -> None:
+    """A built-in source pointed at another file keeps no built-in label: ``sources.azure.file: my.csv`` with
+    default.yaml's ``label: Azure`` is labelled ``my`` (the file's stem) unless a label is set explicitly to
+    something else."""
+    base = schema.get("sources") if isinstance(schema.get("sources"), Mapping) else {}
+    for name, spec in (P.get("sources") or {}).items():
+        ref = base.get(name)
+        if not (isinstance(spec, dict) and isinstance(ref, Mapping)) or not spec.get("file"):
+            continue
+        if Path(str(spec["file"])).name != Path(str(ref.get("file"))).name and spec.get("label") == ref.get("label"):
+            spec["label"] = Path(str(spec["file"])).stem
+
+
 def _read_chain(path: Path, seen: tuple = ()) -> dict:
     path = path.resolve()
     if path in seen:
         raise ParameterError("extends", str(path), "no cycle of extends")
     data = _read_yaml(path)
     _resolve_plugins(data, path.parent)
+    _resolve_source_files(data, path.parent)
     base = data.pop("extends", None)
     if base is None:
         return data
@@ -283,6 +309,7 @@ def read(params_file: str | os.PathLike | None = None, overrides: dict | None = 
     P = deep_merge(P, over)
     if schema:
         _check_schema(P, schema)
+        label_follows_data(P, schema)
     P["_params_file"] = str(path)
     P["_root"] = str(root)
     P["_run_name"] = _isolate(P, schema, path, default_path, over)

@@ -434,8 +434,12 @@ def panels_markdown(summary: Mapping) -> str:
                     "not all real: " + ", ".join(s for s, v in p["provenance"].items() if v != "real")
                     + " are stand-ins, so its numbers describe the stand-ins there")
             lines.append(f"* **{name}**{head}: {', '.join(p['sources'])} ({prov}) — {real}.")
+    why = summary.get("headline_reason")
     return ("**Panels of sources** (`analysis.panels`): every cross-source number is computed within a panel; the "
-            "headline is the first available panel whose sources are all real (else the first available one).\n\n" + "\n".join(lines))
+            "headline is the first available panel whose sources are all real (else the first available one); a source "
+            "of your own that is in no panel joins the sources of that panel in an implicit panel `user`, which is then "
+            "the headline." + (f" Headline: **{summary.get('headline_panel')}**, because {why}." if why else "")
+            + "\n\n" + "\n".join(lines))
 
 
 def least_agreeing_markdown(low: Mapping | None, labels: Mapping) -> str:
