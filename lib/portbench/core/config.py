@@ -463,6 +463,12 @@ class SourceConfig:
                     raise ParameterError(f"{p}.columns", role, "a role among " + ", ".join(COLUMN_ROLES))
                 if col is not None and not (isinstance(col, str) and col):
                     raise ParameterError(f"{p}.columns.{role}", col, "a column name of the file, or null")
+            named = [(role, col) for role, col in c.items() if col]
+            for role, col in named:
+                other = [r for r, x in named if x == col and r != role]
+                if other:
+                    raise ParameterError(f"{p}.columns.{other[0]}", col, f"a column other than {role}'s: one column "
+                                         f"cannot hold both {role} and {other[0]}; map each role to its own column")
             for role in REQUIRED_ROLES:
                 if not c.get(role):
                     raise ParameterError(f"{p}.columns.{role}", c.get(role),

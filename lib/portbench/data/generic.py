@@ -103,7 +103,7 @@ def container(path: Path, named: str | None) -> str:
     if named not in GENERIC_FORMATS:
         raise DataError(path, f"format {named!r}: expected one of {', '.join(GENERIC_FORMATS)} for a file read "
                               "with a columns mapping")
-    if (named == "parquet") != (found == "parquet") or (named == "jsonl" and found != "jsonl"):
+    if (named == "parquet") != (found == "parquet") or (named == "jsonl") != (found == "jsonl"):
         raise DataError(path, f"format {named} was named, but the content is {found} "
                               f"({'parquet magic bytes PAR1' if found == 'parquet' else 'text'}); "
                               "drop `format` to detect it")

@@ -58,6 +58,7 @@ def format_report(report: Mapping) -> str:
             rows.append((source, str(r.get("provenance")), str(r.get("file")), "-", "-", "-", "-", "-", "-", "-"))
             notes.append(f"  {source}: skipped - {r.get('reason')}")
             continue
+        notes += [f"  {source}: warning - {w}" for w in r.get("warnings") or []]
         excluded = ", ".join(f"{k} {v:,}" for k, v in (r.get("excluded") or {}).items()) or "none"
         span = r.get("span_s")
         rate = r.get("rate_rps")
@@ -70,7 +71,7 @@ def format_report(report: Mapping) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     out = [line(head), line(["-" * w for w in widths]), *map(line, rows)]
-    return "\n".join(out + (["", "Skipped sources:", *notes] if notes else []))
+    return "\n".join(out + (["", "Skipped sources and warnings:", *notes] if notes else []))
 
 
 def _duration(seconds: float | None) -> str:
