@@ -14,8 +14,17 @@ from pathlib import Path
 
 from . import validation
 from .core import outputs, plugins
-from .core.config import (DEFAULT_FILE, OPEN_MAPS, SOURCE_MODES, Config, build, deep_merge, project_root,  # noqa: F401
-                          read, undot)
+from .core.config import (  # noqa: F401
+    DEFAULT_FILE,
+    OPEN_MAPS,
+    SOURCE_MODES,
+    Config,
+    build,
+    deep_merge,
+    project_root,
+    read,
+    undot,
+)
 from .core.errors import ParameterError
 from .sim import settings as sim_settings
 from .study import analysis

@@ -153,7 +153,7 @@ def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity, profile: str,
     capacity_rps = float(cap["capacity_rps"])
     try:
         scaled, horizon = engine.prepare(ctx.windows[w.id], shard.rho, capacity_rps, sim)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - whatever fails, the message names the run
         raise _fail(f"source {w.source}, window {w.id}, region {shard.region} (rho={shard.rho}): preparing the "
                     f"window's arrivals", e) from None
     rows, recs = [], []
