@@ -131,6 +131,8 @@ def resolve_pairs(pairs, available: Sequence[str], panelled: Sequence[str] | Non
                                          f"({', '.join(available)})")
         return [tuple(p) for p in pairs]
     own = [s for s in available if panelled is not None and s not in panelled and s not in REAL_PANEL]
+    if len(own) == len(available):      # only sources of one's own: each against the first (the rule below)
+        own = []
     if all(s in available for s in REAL_PANEL):
         base = list(combinations(REAL_PANEL, 2))
     else:
