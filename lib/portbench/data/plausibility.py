@@ -11,6 +11,7 @@ unusual but right); :func:`check` returns them, the ingest prints them and keeps
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 SWAP_RATIO = 4.0          # prompt * SWAP_RATIO < output ...
@@ -19,6 +20,7 @@ MAX_RATE_RPS = 5_000.0    # mean arrivals per second above this: the unit is pro
 MIN_RATE_RPS = 1 / 600    # below one request per ten minutes on average (with many rows): the unit is too large
 MIN_ROWS_RATE = 1_000     # rate checks only on traces with at least this many rows
 MAX_SPAN_S = 366 * 86_400  # a trace spanning more than a year
+BLOCK = 1 << 22           # rows per block of the checks (memory bounded whatever the trace's size)
 REPEAT_GROUP = 50         # this many rows or more at one timestamp (Mooncake's ms timestamps: at most 28)
 
 _UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "datetime": "date-times"}
@@ -33,7 +35,9 @@ def check(body: pl.DataFrame, *, source: str, columns: dict, time_unit: str) -> 
         return out
     p = f"sources.{source}"
     pc, oc, ac = columns.get("prompt_tokens"), columns.get("output_tokens"), columns.get("arrival")
-    share = float(body.select((pl.col("prompt_tokens") * SWAP_RATIO < pl.col("output_tokens")).mean()).item())
+    swapped = sum(int(part.select((pl.col("prompt_tokens") * SWAP_RATIO < pl.col("output_tokens")).sum()).item())
+                  for part in body.select("prompt_tokens", "output_tokens").iter_slices(BLOCK))
+    share = swapped / n
     if share > SWAP_SHARE:
         out.append(f"{p}.columns: the prompt column {pc!r} is less than a quarter of the output column {oc!r} on "
                    f"{share:.0%} of the rows (LLM requests usually have longer prompts than outputs): are the two "
@@ -55,13 +59,42 @@ def check(body: pl.DataFrame, *, source: str, columns: dict, time_unit: str) -> 
                        f"{1 / rate:,.0f} s on average; if its values are milliseconds or microseconds, set "
                        "time_unit: ms or us")
     if n > 1:
-        groups = body.group_by("arrival_s").len()
-        biggest = int(groups["len"].max())
+        biggest, at, distinct = _longest_run(part["arrival_s"].to_numpy() for part in
+                                             body.select("arrival_s").iter_slices(BLOCK))
         if biggest >= REPEAT_GROUP:
-            at = float(groups.filter(pl.col("len") == biggest)["arrival_s"].min())
-            repeat = 1 - groups.height / n
+            repeat = 1 - distinct / n
             out.append(f"{p}.columns.arrival: {biggest:,} rows share one time in {ac!r} ({at:g} s after the first "
                        f"row; {repeat:.0%} of the rows repeat an earlier time): the timestamps are quantised or "
                        "duplicated, so a window of consecutive requests may span no time (its rate is then undefined) "
                        "or compress a burst into one instant; use a finer-grained time column if the file has one")
     return out
+
+
+def _longest_run(blocks) -> tuple[int, float, int]:
+    """``(length, value, distinct values)`` of the longest run of equal consecutive values of the arrays ``blocks``
+    taken one after the other (arrivals are non-decreasing, so equal times are consecutive; memory: one block)."""
+    best, best_at, distinct = 0, 0.0, 0
+    run, run_at = 0, None
+    for x in blocks:
+        if not len(x):
+            continue
+        new = np.empty(len(x), dtype=bool)
+        new[0] = run_at is None or x[0] != run_at
+        new[1:] = x[1:] != x[:-1]
+        starts = np.flatnonzero(new)
+        distinct += len(starts)
+        if not len(starts):          # the whole block continues the current run
+            run += len(x)
+        else:
+            if starts[0] > 0:
+                run += int(starts[0])
+            if run > best:
+                best, best_at = run, float(run_at)
+            lengths = np.diff(np.append(starts, len(x)))
+            k = int(lengths[:-1].argmax()) if len(lengths) > 1 else None
+            if k is not None and lengths[k] > best:
+                best, best_at = int(lengths[k]), float(x[starts[k]])
+            run, run_at = int(lengths[-1]), x[starts[-1]]
+    if run > best:
+        best, best_at = run, float(run_at)
+    return best, best_at, distinct
