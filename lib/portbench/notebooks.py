@@ -101,13 +101,13 @@ def run_notebooks(params_file=None, out=None, *, only=None, overrides=None,
         for nb in notebook_paths(only):
             t0 = time.perf_counter()
             print(f"[portbench] {nb.name} ...", flush=True)
+            outputs.record(out / nb.name)      # recorded first: papermill writes the copy even when the notebook fails
             pm.execute_notebook(
                 str(nb), str(out / nb.name),
                 parameters={"params_file": params_file, "overrides": overrides},
                 cwd=str(root), kernel_name="python3", progress_bar=False, log_output=log_output,
                 extra_arguments=KERNEL_ARGS,
             )
-            outputs.record(out / nb.name)
             print(f"[portbench] {nb.name} done in {time.perf_counter() - t0:.1f} s -> {_rel(out / nb.name, root)}",
                   flush=True)
             done.append(out / nb.name)

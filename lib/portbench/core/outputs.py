@@ -89,13 +89,15 @@ def claim(folder: str | os.PathLike, root: str | os.PathLike) -> Path:
             f"{folder} already holds files that portbench did not write (it has no {MARKER} marker), so portbench "
             "will not write or delete anything there. Give a new or empty folder (portbench creates and marks it); "
             f"if the folder is the output of an older portbench run, mark it yourself: touch {marker}")
-    folder.mkdir(parents=True, exist_ok=True)
-    if not marker.exists():
-        try:
-            with open(marker, "x", encoding="utf-8") as f:
-                f.write(HEADER)
-        except FileExistsError:      # another process marked it meanwhile
-            pass
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(marker, "x", encoding="utf-8") as f:
+            f.write(HEADER)
+    except FileExistsError:          # another process marked it meanwhile
+        pass
+    except OSError as e:
+        raise OutputFolderError(f"cannot create or mark {folder} ({e.strerror or e}); give a folder you can write "
+                                "into") from None
     return folder
 
 
@@ -167,7 +169,7 @@ def clean(folders: list[str], root: Path | None = None, out=sys.stdout) -> int:
         if not top.exists():
             continue
         why = forbidden_reason(top, root)
-        if why and top != root / "build":
+        if why:
             print(f"[portbench] clean: not touching {top}: it is {why}", file=out)
             continue
         marked = sorted({m.parent for m in top.rglob(MARKER)} | ({top} if (top / MARKER).is_file() else set()),
