@@ -139,6 +139,16 @@ def test_a_folder_holding_a_users_files_is_never_written_into(tmp_path):
     assert (fresh.paths.results_dir / outputs.MARKER).is_file(), "a new folder is created and marked"
 
 
+def test_a_command_that_only_reads_creates_no_folder(tmp_path, capsys):
+    """`portbench params` / `report` claim nothing: no output folder appears for a command that writes none."""
+    from portbench import cli
+
+    assert cli.main(["params", "--set", f"paths.results_dir={tmp_path / 'new'}", "--show", "paths.results_dir"]) == 0
+    assert cli.main(["report", "--set", f"paths.results_dir={tmp_path / 'new'}"]) == 2
+    assert not (tmp_path / "new").exists()
+    capsys.readouterr()
+
+
 def test_the_stale_temp_cleaner_deletes_only_portbenchs_temporary_files(tmp_path):
     """Case: the campaign's stale-temp cleaner deleted a user's 2-hour-old .tmp file."""
     out = tmp_path / "results"

@@ -46,7 +46,7 @@ def _overrides(args) -> dict:
 
 
 def _params(args, validate: bool = True):
-    cfg = params.load(args.params, _overrides(args), validate=validate)
+    cfg = params.load(args.params, _overrides(args), validate=validate, claim=args.command not in READING_COMMANDS)
     if cfg.paths.run_name and args.command in WRITING_COMMANDS:
         print(f"[portbench] run {cfg.paths.run_name!r} (not the default study): {cfg.paths.where()}",
               file=sys.stderr, flush=True)
@@ -54,6 +54,7 @@ def _params(args, validate: bool = True):
 
 
 WRITING_COMMANDS = ("ingest", "freeze", "predict", "simulate", "analyze", "attribute", "validate")
+READING_COMMANDS = ("params", "report", "files", "schedulers", "profiles")   # claim no output folder
 
 
 def _kv(item: str):

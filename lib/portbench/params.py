@@ -31,15 +31,17 @@ from .study import analysis
 
 
 def load(params_file: str | os.PathLike | None = None, overrides: dict | None = None,
-         *, validate: bool = True) -> Config:
+         *, validate: bool = True, claim: bool = True) -> Config:
     """Read a parameter file (default: default.yaml), apply ``overrides``, build the typed config, load
     its plug-ins (``plugins``: files or modules, e.g. ones registering schedulers) and (``validate``)
-    check every name against its registry; ParameterError names the parameter and what is allowed."""
+    check every name against its registry; ParameterError names the parameter and what is allowed. With
+    ``validate`` and ``claim`` (a run that writes), the output folders are claimed (:func:`claim_outputs`)."""
     cfg = build(read(params_file, overrides))
     plugins.load(cfg.plugins)
     if validate:
         validate_config(cfg)
-        claim_outputs(cfg.paths)
+        if claim:
+            claim_outputs(cfg.paths)
     return cfg
 
 
