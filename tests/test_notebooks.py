@@ -11,7 +11,7 @@ import pytest
 
 from portbench import params
 from portbench.data import registry, windows
-from portbench.core import figindex
+from portbench.core import figindex, outputs
 from portbench.core import provenance as sources
 from portbench.notebooks import notebook_paths, run_notebooks
 
@@ -34,7 +34,8 @@ def _figure_hashes(figures_dir) -> dict[str, str]:
     out = {}
     for p in sorted(figures_dir.rglob("*")):
         rel = p.relative_to(figures_dir).as_posix()
-        if p.is_file() and rel not in measured and not (p.name == figindex.INDEX_FILE and p.parent != figures_dir):
+        if p.is_file() and rel not in measured and not (p.name == figindex.INDEX_FILE and p.parent != figures_dir) \
+                and p.name != outputs.MARKER:     # the output-folder marker records what was written, not a figure
             out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 

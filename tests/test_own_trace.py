@@ -150,14 +150,15 @@ analysis: {{bootstrap: 20}}
     proc = subprocess.run(["make", "all", f"PARAMS={pfile}", f"BUILD={build}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    nbs = sorted((build / "mine" / "notebooks").glob("0*.ipynb"))      # a non-default run: BUILD/<run name>/
+    run = build / params.load(pfile, validate=False).paths.run_name   # a non-default run: BUILD/<run name>/ (mine-<hash>)
+    nbs = sorted((run / "notebooks").glob("0*.ipynb"))
     assert [p.name for p in nbs] == sorted(p.name for p in (ROOT / "notebooks").glob("0*.ipynb"))
     for p in nbs:
         nb = nbformat.read(p, as_version=4)
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                   if o.get("output_type") == "error"]
         assert not errors, f"{p.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
-    text = json.dumps(nbformat.read(build / "mine" / "notebooks" / "01_ingest.ipynb", as_version=4).dict())
+    text = json.dumps(nbformat.read(run / "notebooks" / "01_ingest.ipynb", as_version=4).dict())
     assert "My service" in text and "user file" in text
     manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
     assert manifest["sources"]["myservice"]["origin"] == "user"

@@ -46,7 +46,7 @@ def _overrides(args) -> dict:
 
 
 def _params(args, validate: bool = True):
-    cfg = params.load(args.params, _overrides(args), validate=validate)
+    cfg = params.load(args.params, _overrides(args), validate=validate, claim=args.command not in READING_COMMANDS)
     if cfg.paths.run_name and args.command in WRITING_COMMANDS:
         print(f"[portbench] run {cfg.paths.run_name!r} (not the default study): {cfg.paths.where()}",
               file=sys.stderr, flush=True)
@@ -55,13 +55,21 @@ def _params(args, validate: bool = True):
 
 WRITING_COMMANDS = ("ingest", "freeze", "predict", "simulate", "analyze", "attribute", "validate", "conform",
                     "vllm-virtual")
+READING_COMMANDS = ("params", "report", "files", "schedulers", "profiles")   # claim no output folder
 
 
 def _kv(item: str):
     if "=" not in item:
         raise PortbenchError(f"--set {item!r}: expected KEY=VALUE, e.g. simulation.replicates=1")
     k, v = item.split("=", 1)
-    return k, yaml.safe_load(v)
+    if not k.strip():
+        raise PortbenchError(f"--set {item!r}: expected KEY=VALUE with a parameter name, e.g. simulation.replicates=1")
+    try:
+        return k.strip(), yaml.safe_load(v)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem", None) or "not a YAML value"
+        raise ParameterError(k.strip(), v, f"a YAML value ({mark}); quote lists and text, e.g. "
+                             f"--set '{k.strip()}=[a, b]' or --set '{k.strip()}=\"text\"'") from None
 
 
 def cmd_ingest(args):
@@ -153,6 +161,9 @@ def cmd_bench(args):
 def cmd_report(args):
     cfg = _params(args)
     summary = Path(cfg.paths.results_dir) / "summary.json"
+    if not summary.is_file():
+        raise PortbenchError(f"no results yet: {summary} does not exist; run the analysis first (`make all`, or "
+                             "`portbench simulate` then `portbench analyze` with the same --params / --set)")
     if args.readme:
         print(report.update_readme(args.readme, summary))
     else:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from .core import io, outputs
 from .core.errors import ParameterError
 from .data import preflight
 from .params import DEFAULT_FILE, load, project_root, read, undot
@@ -87,7 +88,10 @@ def run_notebooks(params_file=None, out=None, *, only=None, overrides=None,
     preflight.check(cfg)
     out = Path(out) if out is not None else cfg.paths.build_dir / "notebooks"
     out = out if out.is_absolute() else root / out
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        outputs.claim(out, root)
+    except outputs.OutputFolderError as e:
+        raise ParameterError("--out", str(out), f"a folder portbench may write into: {e}") from None
     print(f"[portbench] parameters {_rel(cfg.paths.params_file, root)}"
           + (f" (+ overrides {json.dumps(overrides, sort_keys=True, default=str)})" if overrides else "")
           + f": notebooks -> {_rel(out, root)}, results -> {_rel(cfg.paths.results_dir, root)}, "
@@ -97,6 +101,7 @@ def run_notebooks(params_file=None, out=None, *, only=None, overrides=None,
         for nb in notebook_paths(only):
             t0 = time.perf_counter()
             print(f"[portbench] {nb.name} ...", flush=True)
+            outputs.record(out / nb.name)      # recorded first: papermill writes the copy even when the notebook fails
             pm.execute_notebook(
                 str(nb), str(out / nb.name),
                 parameters={"params_file": params_file, "overrides": overrides},
@@ -128,6 +133,20 @@ def sweep_points(spec: dict) -> list[dict]:
         raise ParameterError("grid", grid, "a mapping of dotted parameter names to non-empty lists")
     keys = list(grid)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def point_fingerprint(base: str, overrides: dict, only) -> str:
+    """SHA-256 of what a sweep point computes from: its effective parameters (the base file and every file it
+    extends, merged with the point's overrides), the text of its plug-in files and the notebooks it runs. A
+    finished point whose fingerprint changed (say, the base file was edited) is recomputed."""
+    tree = read(base, overrides)
+    plug = {}
+    for p in tree.get("plugins") or []:
+        f = Path(p)
+        if f.is_file():
+            plug[str(f)] = io.sha256_of(f)
+    return io.sha256_hex({"parameters": {k: v for k, v in tree.items() if not k.startswith("_")},
+                          "plugins": plug, "notebooks": sorted(only)})
 
 
 def run_sweep(sweep_file, out="build/sweeps", *, plugins=()) -> list[Path]:
@@ -168,12 +187,18 @@ def run_sweep(sweep_file, out="build/sweeps", *, plugins=()) -> list[Path]:
         load(base, overrides)  # validate every point before running any
         folders.append((point, overrides, assign))
     for point, overrides, assign in folders:
-        if (point / "done").exists():
-            print(f"[portbench] sweep point {point.name}: done earlier, skipped", flush=True)
+        fp = point_fingerprint(base, overrides, only)
+        done = point / "done"
+        if done.is_file() and done.read_text().strip() == fp:
+            print(f"[portbench] sweep point {point.name}: done earlier with the same inputs, skipped", flush=True)
             continue
-        point.mkdir(parents=True, exist_ok=True)
-        (point / "point.json").write_text(json.dumps({"base": base, "assign": assign,
-                                                      "overrides": overrides}, indent=2, default=str))
+        if done.exists():
+            print(f"[portbench] sweep point {point.name}: its inputs changed since it ran (base file, plug-ins or "
+                  "grid): recomputed", flush=True)
+            done.unlink()
+        outputs.claim(point, root)
+        io.write_text(point / "point.json", json.dumps({"base": base, "assign": assign,
+                                                        "overrides": overrides}, indent=2, default=str))
         run_notebooks(base, point / "notebooks", only=only, overrides=overrides)
-        (point / "done").write_text("ok\n")
+        io.write_text(done, fp + "\n")
     return [p for p, _, _ in folders]

@@ -10,25 +10,53 @@ Notebooks take two papermill parameters, ``params_file`` and ``overrides`` (a ne
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from . import validation
-from .core import plugins
-from .core.config import (DEFAULT_FILE, OPEN_MAPS, SOURCE_MODES, Config, build, deep_merge, project_root,  # noqa: F401
-                          read, undot)
+from .core import outputs, plugins
+from .core.config import (  # noqa: F401
+    DEFAULT_FILE,
+    OPEN_MAPS,
+    SOURCE_MODES,
+    Config,
+    build,
+    deep_merge,
+    project_root,
+    read,
+    undot,
+)
+from .core.errors import ParameterError
 from .sim import settings as sim_settings
 from .study import analysis
 
 
 def load(params_file: str | os.PathLike | None = None, overrides: dict | None = None,
-         *, validate: bool = True) -> Config:
+         *, validate: bool = True, claim: bool = True) -> Config:
     """Read a parameter file (default: default.yaml), apply ``overrides``, build the typed config, load
     its plug-ins (``plugins``: files or modules, e.g. ones registering schedulers) and (``validate``)
-    check every name against its registry; ParameterError names the parameter and what is allowed."""
+    check every name against its registry; ParameterError names the parameter and what is allowed. With
+    ``validate`` and ``claim`` (a run that writes), the output folders are claimed (:func:`claim_outputs`)."""
     cfg = build(read(params_file, overrides))
     plugins.load(cfg.plugins)
     if validate:
         validate_config(cfg)
+        if claim:
+            claim_outputs(cfg.paths)
     return cfg
+
+
+def claim_outputs(paths) -> None:
+    """Make this run's output folders portbench's own (:func:`portbench.core.outputs.claim`): results, figures,
+    the window cache, the canonical tables and the build folder are created and marked, or used when marked; a
+    folder holding a user's files (no marker) is refused before anything is written."""
+    folders = (("BUILD (the build folder)", paths.build_dir), ("paths.results_dir", paths.results_dir),
+               ("paths.figures_dir", paths.figures_dir), ("paths.windows_dir", paths.windows_dir),
+               ("paths.data_dir", Path(paths.data_dir) / "canonical"))
+    for param, folder in folders:
+        try:
+            outputs.claim(folder, paths.root)
+        except outputs.OutputFolderError as e:
+            raise ParameterError(param, str(folder), f"a folder portbench may write into: {e}") from None
 
 
 def validate_config(cfg: Config) -> None:

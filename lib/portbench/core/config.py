@@ -117,12 +117,38 @@ def looks_like_file(spec: str) -> bool:
     return spec.endswith(".py") or "/" in spec or "\\" in spec
 
 
+def _resolve_source_files(data: dict, folder: Path) -> None:
+    """A source's ``file`` given as a relative path that exists next to the parameter file naming it becomes
+    that absolute path (else it stays: a path relative to the project root, or a name in the data mirror)."""
+    sources = data.get("sources")
+    if not isinstance(sources, Mapping):
+        return
+    for spec in sources.values():
+        f = spec.get("file") if isinstance(spec, dict) else None
+        if isinstance(f, str) and f and not Path(f).is_absolute() and (folder / f).is_file():
+            spec["file"] = str((folder / f).resolve())
+
+
+def label_follows_data(P: dict, schema: Mapping) -> None:
+    """A built-in source pointed at another file keeps no built-in label: ``sources.azure.file: my.csv`` with
+    default.yaml's ``label: Azure`` is labelled ``my`` (the file's stem) unless a label is set explicitly to
+    something else."""
+    base = schema.get("sources") if isinstance(schema.get("sources"), Mapping) else {}
+    for name, spec in (P.get("sources") or {}).items():
+        ref = base.get(name)
+        if not (isinstance(spec, dict) and isinstance(ref, Mapping)) or not spec.get("file"):
+            continue
+        if Path(str(spec["file"])).name != Path(str(ref.get("file"))).name and spec.get("label") == ref.get("label"):
+            spec["label"] = Path(str(spec["file"])).stem
+
+
 def _read_chain(path: Path, seen: tuple = ()) -> dict:
     path = path.resolve()
     if path in seen:
         raise ParameterError("extends", str(path), "no cycle of extends")
     data = _read_yaml(path)
     _resolve_plugins(data, path.parent)
+    _resolve_source_files(data, path.parent)
     base = data.pop("extends", None)
     if base is None:
         return data
@@ -193,10 +219,47 @@ def frozen_record(P: Mapping) -> dict:
     return rec
 
 
+def run_name_of(path: Path, root: Path) -> str:
+    """The run folder's name of a parameter file: its stem for the project's own files (``papermill_params/
+    smoke.yaml`` -> ``smoke``), else its stem and a short hash of its resolved path (``/home/me/a/study.yaml`` ->
+    ``study-1f3a9c``), so that two files of the same name in different folders never share ``build/<name>/``."""
+    path = Path(path).resolve()
+    if path.parent == (Path(root) / "papermill_params").resolve():
+        return path.stem
+    return f"{path.stem}-{hashlib.sha256(str(path).encode()).hexdigest()[:6]}"
+
+
+# paths keys that name something portbench writes: they must stay inside the project (or be absolute)
+OUTPUT_PATH_KEYS = ("results_dir", "figures_dir", "windows_dir", "manifest", "data_dir")
+
+
+def check_path_value(key: str, value: str, root: Path) -> None:
+    """ParameterError for a ``paths`` value that would put files where the user does not expect them: a literal
+    ``~`` (never expanded: a folder named ``~`` would appear), and, for what portbench writes
+    (:data:`OUTPUT_PATH_KEYS`), a relative path that climbs out of the project with ``..``, the file system root,
+    the home folder or the project's own folder (or one above it)."""
+    param = f"paths.{key}"
+    if "~" in Path(value).parts or value.startswith("~"):
+        raise ParameterError(param, value, "a path without a literal ~ (portbench does not expand it): an absolute "
+                             "path such as /home/me/out, or a path relative to the project")
+    if key not in OUTPUT_PATH_KEYS:
+        return
+    p = Path(value)
+    target = (p if p.is_absolute() else root / p).resolve()
+    root = root.resolve()
+    if not p.is_absolute() and target != root and root not in target.parents:
+        raise ParameterError(param, value, "a path inside the project (a relative path may not leave it with ..); to "
+                             "write elsewhere, give the absolute path of a new or empty folder")
+    home = Path.home().resolve()
+    if target == Path(target.anchor) or target == home or target == root or target in root.parents:
+        raise ParameterError(param, value, "a folder of its own (not the file system root, the home folder or the "
+                             "project folder): e.g. build/mine, or the absolute path of a new or empty folder")
+
+
 def _isolate(P: dict, schema: Mapping, path: Path, default_path: Path, over: Mapping) -> str | None:
     """Give a non-default run folders of its own: a parameter file other than default.yaml, or overrides
     other than ``paths.*``, that leaves ``results_dir`` / ``figures_dir`` at default.yaml's values writes them under
-    ``build/<run name>/`` instead (run name = the file's stem, plus a hash of the overrides), so that it
+    ``build/<run name>/`` instead (run name: :func:`run_name_of`, plus a hash of the overrides), so that it
     never overwrites the full study's results or the committed figures. A run whose windows differ from
     default.yaml's (:func:`frozen_record`: ``windows.*``, ``sources.*`` other than labels, ``standins.*``) also
     gets its own manifest, window cache and frozen predictions, ``build/<run name>/windows/`` (``manifest`` at
@@ -208,7 +271,7 @@ def _isolate(P: dict, schema: Mapping, path: Path, default_path: Path, over: Map
     P["_isolated"] = []
     if path.resolve() == default_path.resolve() and not changed:
         return None
-    name = path.stem
+    name = run_name_of(path, root=default_path.parent.parent)
     if changed:
         name += "-" + hashlib.sha256(json.dumps(changed, sort_keys=True, default=str).encode()).hexdigest()[:8]
     default_paths = schema.get("paths") or {}
@@ -246,11 +309,13 @@ def read(params_file: str | os.PathLike | None = None, overrides: dict | None = 
     P = deep_merge(P, over)
     if schema:
         _check_schema(P, schema)
+        label_follows_data(P, schema)
     P["_params_file"] = str(path)
     P["_root"] = str(root)
     P["_run_name"] = _isolate(P, schema, path, default_path, over)
     for key, value in P.get("paths", {}).items():
         if isinstance(value, str) and key != "mirror_env":
+            check_path_value(key, value, root)
             P["paths"][key] = str((root / value) if not Path(value).is_absolute() else Path(value))
     return P
 
@@ -398,6 +463,12 @@ class SourceConfig:
                     raise ParameterError(f"{p}.columns", role, "a role among " + ", ".join(COLUMN_ROLES))
                 if col is not None and not (isinstance(col, str) and col):
                     raise ParameterError(f"{p}.columns.{role}", col, "a column name of the file, or null")
+            named = [(role, col) for role, col in c.items() if col]
+            for role, col in named:
+                other = [r for r, x in named if x == col and r != role]
+                if other:
+                    raise ParameterError(f"{p}.columns.{other[0]}", col, f"a column other than {role}'s: one column "
+                                         f"cannot hold both {role} and {other[0]}; map each role to its own column")
             for role in REQUIRED_ROLES:
                 if not c.get(role):
                     raise ParameterError(f"{p}.columns.{role}", c.get(role),
@@ -556,6 +627,11 @@ def _names(param: str, v) -> str | tuple[str, ...]:
         return (v,)
     if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
         raise ParameterError(param, v, "all or a list of names")
+    if not v:
+        raise ParameterError(param, list(v), "all or a non-empty list of names")
+    dup = sorted({x for x in v if list(v).count(x) > 1})
+    if dup:
+        raise ParameterError(param, list(v), f"a list of distinct names ({', '.join(dup)} given twice)")
     return tuple(v)
 
 
@@ -1182,12 +1258,21 @@ def _build_plugins(v) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _distinct(param: str, values) -> None:
+    """ParameterError when a list names something twice (a duplicate would run or count it twice)."""
+    seen = [repr(v) for v in values]
+    dup = sorted({x for x in seen if seen.count(x) > 1})
+    if dup:
+        raise ParameterError(param, list(values), f"a list of distinct entries ({', '.join(dup)} given twice)")
+
+
 def _build_attribution(a: Mapping, sources, region_names) -> AttributionConfig:
     pairs = a.get("pairs", "auto")
     if pairs != "auto":
         if not isinstance(pairs, list) or not all(isinstance(p, list) for p in pairs):
             raise ParameterError("attribution.pairs", pairs, "auto or a list of [source_a, source_b]")
         pairs = tuple(tuple(p) for p in pairs)
+        _distinct("attribution.pairs", [tuple(sorted(p)) for p in pairs])
         for i, p in enumerate(pairs):
             for x in p:
                 check_choice(f"attribution.pairs[{i}]", x, list(sources))
@@ -1204,6 +1289,7 @@ def _build_attribution(a: Mapping, sources, region_names) -> AttributionConfig:
             raise ParameterError("attribution.regions", regions, "a list of region names")
         for i, r in enumerate(regions):
             check_choice(f"attribution.regions[{i}]", r, list(region_names))
+        _distinct("attribution.regions", regions)
         regions = tuple(regions)
     kw = {k: v for k, v in {**a, "pairs": pairs, "properties": props, "regions": regions}.items() if v is not None}
     return AttributionConfig(**kw)
@@ -1221,9 +1307,11 @@ def _build_predictors(p: Mapping, region_names) -> PredictorsConfig:
         raise ParameterError("predictors.transfer.regions", regs, "a non-empty list of region names")
     for i, r in enumerate(regs):
         check_choice(f"predictors.transfer.regions[{i}]", r, list(region_names))
+    _distinct("predictors.transfer.regions", regs)
     sch = t.get("schedulers") or []
     if not isinstance(sch, list) or not sch or not all(isinstance(x, str) for x in sch):
         raise ParameterError("predictors.transfer.schedulers", sch, "a non-empty list of scheduler names")
+    _distinct("predictors.transfer.schedulers", sch)
     transfer = PredictorTransferConfig(**{**t, "regions": tuple(regs), "schedulers": tuple(sch)})
     return PredictorsConfig(**{**p, "regressor": dict(p.get("regressor") or DEFAULT_REGRESSOR),
                                "ranker": dict(p.get("ranker") or DEFAULT_RANKER), "transfer": transfer})
@@ -1252,6 +1340,8 @@ def build(P: Mapping) -> Config:
             raise ParameterError(f"sources.{name}", dict(spec), "for a source of your own: mode real or auto and a "
                                  "file (a path to a trace file: an official format, or CSV / JSONL / parquet "
                                  "with a columns mapping); it has no stand-in")
+    if not sources and src:
+        raise ParameterError("sources", dict(src), "at least one source (every source is left out with null)")
     engine = EngineConfig.of(dict(_section(P, "engine")))
     sim = _build_simulation(_section(P, "simulation"), engine)
     try:

@@ -3,8 +3,22 @@
 from __future__ import annotations
 
 
+def _rebuild(cls, args, state):
+    """Unpickle a project error without calling its ``__init__`` (whose signature differs from ``args``)."""
+    err = Exception.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
+
+
 class PortbenchError(Exception):
-    """Base class of every error portbench raises on purpose."""
+    """Base class of every error portbench raises on purpose.
+
+    Every subclass pickles and unpickles with its message and fields (a worker's error reaches the
+    terminal as the same message as in one process), whatever its ``__init__`` takes."""
+
+    def __reduce__(self):
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
 
 
 class ParameterError(PortbenchError, ValueError):
@@ -83,6 +97,12 @@ def check_choices(param: str, values, allowed) -> list:
         return allowed
     if isinstance(values, str):
         values = [values]
+    values = list(values)
+    if not values:
+        raise ParameterError(param, values, "all or a non-empty list: one or more of " + ", ".join(map(str, allowed)))
+    dup = sorted({str(v) for v in values if values.count(v) > 1})
+    if dup:
+        raise ParameterError(param, values, f"a list of distinct names ({', '.join(dup)} given twice)")
     for i, v in enumerate(values):
         check_choice(f"{param}[{i}]", v, allowed)
     return list(values)

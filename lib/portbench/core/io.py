@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from . import outputs
+
 META_KEY = b"portbench"   # parquet schema-metadata key of write_parquet_atomic
 
 
@@ -36,10 +38,12 @@ def _umask() -> int:
 def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> None:
     """Write ``path`` through ``write(tmp_path)`` into a temporary file next to it, then rename it over
     ``path`` (atomic on POSIX): readers never see a half-written file. The file gets ordinary
-    permissions (``0o666`` less the umask), not ``mkstemp``'s 0600."""
+    permissions (``0o666`` less the umask), not ``mkstemp``'s 0600. The temporary file's name ends in
+    ``outputs.TEMP_SUFFIX`` (only such files are ever cleaned up as stale); a file written inside a marked output
+    folder is recorded there (:func:`portbench.core.outputs.record`: what ``make clean`` may remove)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=outputs.TEMP_SUFFIX)
     os.close(fd)
     try:
         write(tmp)
@@ -48,6 +52,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Non
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    outputs.record(path)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:

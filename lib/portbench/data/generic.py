@@ -46,11 +46,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ..core import progress
 from ..core.config import GENERIC_FORMATS, REQUIRED_ROLES, SourceConfig
 from ..core.errors import DataError
 
 ROW = "__row"
 UNIT_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000}   # divided (not multiplied): exact for integer ms
+CHUNKED_BYTES = 64 << 20   # a CSV file larger than this is read in parts (bounded memory, a progress bar)
+CHUNK_ROWS = 1_000_000     # rows per part
 _INT_LIST = r"^\s*\[?\s*(-?\d+([\s,;|]+-?\d+)*)?\s*\]?\s*$"   # a CSV cell holding a list of integers
 _SHOWN = 120
 
@@ -103,7 +106,7 @@ def container(path: Path, named: str | None) -> str:
     if named not in GENERIC_FORMATS:
         raise DataError(path, f"format {named!r}: expected one of {', '.join(GENERIC_FORMATS)} for a file read "
                               "with a columns mapping")
-    if (named == "parquet") != (found == "parquet") or (named == "jsonl" and found != "jsonl"):
+    if (named == "parquet") != (found == "parquet") or (named == "jsonl") != (found == "jsonl"):
         raise DataError(path, f"format {named} was named, but the content is {found} "
                               f"({'parquet magic bytes PAR1' if found == 'parquet' else 'text'}); "
                               "drop `format` to detect it")
@@ -134,18 +137,67 @@ def header_text(path: Path, max_bytes: int = 1 << 20) -> str:
     return text
 
 
-def _read_csv(path: Path, spec: GenericSpec) -> pl.DataFrame:
+def _csv_header(path: Path, spec: GenericSpec) -> list[str]:
+    """The CSV header's column names, checked (valid UTF-8, not blank, no duplicate, every mapped column)."""
     header = next(csv.reader([header_text(path)]))
     dup = sorted({c for c in header if header.count(c) > 1})
     if dup:
         raise DataError(path, "duplicate column name in the header", row=0, column=dup[0])
     _missing_columns(path, header, spec)
+    return header
+
+
+def _read_csv_chunked(path: Path, spec: GenericSpec, header: list[str]) -> pl.DataFrame:
+    """A large CSV file typed and validated in parts of :data:`CHUNK_ROWS` rows (memory: the typed columns plus one
+    part's text, not the whole file's text), with a progress bar; the same checks and messages as in one piece."""
+    used = list(dict.fromkeys(spec.mapped.values()))
+    lines = max(_data_lines(path) - 1, 0)
+    lf = pl.scan_csv(path, has_header=True, schema={c: pl.String for c in header}, quote_char='"',
+                     row_index_name=ROW, row_index_offset=1).select(pl.col(ROW).cast(pl.Int64), *used)
+    parts, prev, pending_blank, n = [], None, None, 0
+    bar = progress.bar(lines, f"reading {path.name}", "row")
     try:
-        df = pl.read_csv(path, has_header=True, schema={c: pl.String for c in header}, quote_char='"',
+        for batch in lf.collect_batches(chunk_size=CHUNK_ROWS):
+            blank = batch.select(pl.all_horizontal([pl.col(c).is_null() for c in used])).to_series()
+            if pending_blank is not None and not blank.all():
+                raise DataError(path, f"blank line or line with no values: expected {len(header)} comma-separated "
+                                "fields", row=pending_blank)
+            if blank.any():
+                keep = blank.not_().arg_true()
+                first_blank = int(batch[ROW][int(blank.arg_true()[0])])
+                if len(keep) and int(blank.arg_true()[0]) < int(keep[-1]):
+                    raise DataError(path, f"blank line or line with no values: expected {len(header)} comma-separated "
+                                    "fields", row=first_blank)
+                pending_blank = pending_blank or first_blank
+                batch = batch.head(int(keep[-1]) + 1 if len(keep) else 0)
+            if batch.height:
+                typed = _typed(batch, path, spec)
+                _validate(path, typed, spec, "csv", len(header), prev=prev)
+                prev = (typed["t"][-1], typed["__raw_arrival"][-1])
+                parts.append(typed.select(pl.exclude("^__raw_.*$")))
+                n += batch.height
+            bar.update(batch.height)
+    except pl.exceptions.PolarsError as e:
+        raise _diagnose_csv(path, header) or DataError(path, f"unreadable as CSV ({e})") from None
+    finally:
+        bar.close()
+    if n != lines:
+        raise _diagnose_csv(path, header) or DataError(
+            path, f"read {n} records but the file has {lines} data lines (an unbalanced quote?)")
+    if not parts:
+        return pl.DataFrame()
+    return pl.concat(parts, rechunk=False)
+
+
+def _read_csv(path: Path, spec: GenericSpec) -> pl.DataFrame:
+    header = _csv_header(path, spec)
+    used = list(dict.fromkeys(spec.mapped.values()))     # only the mapped columns are kept (bounded memory)
+    try:
+        df = pl.read_csv(path, has_header=True, schema={c: pl.String for c in header}, columns=used, quote_char='"',
                          row_index_name=ROW, row_index_offset=1, raise_if_empty=False)
     except pl.exceptions.PolarsError as e:
         raise _diagnose_csv(path, header) or DataError(path, f"unreadable as CSV ({e})") from None
-    blank = df.select(pl.all_horizontal([pl.col(c).is_null() for c in header])).to_series()
+    blank = df.select(pl.all_horizontal([pl.col(c).is_null() for c in used])).to_series()
     if df.height and blank[-1]:   # trailing blank lines are not records
         keep = blank.not_().arg_true()
         df = df.head(int(keep[-1]) + 1 if len(keep) else 0)
@@ -170,8 +222,8 @@ def _diagnose_csv(path: Path, header: Sequence[str]) -> DataError | None:
     try:
         (path.read_bytes()).decode("utf-8")
     except UnicodeDecodeError as e:
-        bad_row = path.read_bytes()[: e.start].count(b"\n")
-        return DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})", row=bad_row)
+        line = path.read_bytes()[: e.start].count(b"\n")
+        return DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})", row=line)
     lines = path.read_bytes().decode("utf-8").lstrip("\ufeff").split("\n")[1:]
     for row, line in enumerate(lines, start=1):
         line = line.rstrip("\r")
@@ -243,13 +295,26 @@ def _diagnose_jsonl(path: Path, spec: GenericSpec) -> DataError | None:
     return diagnose_jsonl(path, check)
 
 
-def _data_lines(path: Path) -> int:
-    """Non-blank-terminated line count of a JSON Lines file (trailing blank lines not counted)."""
+def _data_lines(path: Path, chunk: int = 1 << 24) -> int:
+    """Non-blank-terminated line count of a text file (trailing blank lines not counted), read in chunks (memory
+    bounded by ``chunk``, whatever the file's size)."""
+    newlines, size = 0, path.stat().st_size
     with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
-    return len(lines)
+        for block in iter(lambda: f.read(chunk), b""):
+            newlines += block.count(b"\n")
+        tail_len = min(size, chunk)
+        while True:            # trailing blank lines: from the end, as far back as the first non-blank byte
+            f.seek(size - tail_len)
+            tail = f.read(tail_len)
+            if tail.strip() or tail_len == size:
+                break
+            tail_len = min(size, tail_len * 2)
+    parts = tail.split(b"\n")
+    trailing = 0
+    while parts and not parts[-1].strip():
+        parts.pop()
+        trailing += 1
+    return newlines + 1 - trailing
 
 
 def _read_jsonl(path: Path, spec: GenericSpec) -> pl.DataFrame:
@@ -368,7 +433,10 @@ def _first_bad(df: pl.DataFrame, checks) -> tuple[int, int] | None:
     return min(hits) if hits else None
 
 
-def _validate(path: Path, df: pl.DataFrame, spec: GenericSpec, kind: str, header_cols: int | None) -> None:
+def _validate(path: Path, df: pl.DataFrame, spec: GenericSpec, kind: str, header_cols: int | None,
+              prev: tuple | None = None) -> None:
+    """DataError naming the first row that fails a check. ``prev``: (time, raw text) of the row before ``df``'s
+    first, when ``df`` is a part of the file (chunked reading)."""
     m = spec.mapped
     unit = spec.time_unit
     t_expected = ("a date-time such as 2024-05-12 00:00:00.001 (ISO 8601)" if unit == "datetime"
@@ -388,7 +456,8 @@ def _validate(path: Path, df: pl.DataFrame, spec: GenericSpec, kind: str, header
                        "a list of integers (prompt block hashes)"))
         checks.append(("block_hashes", (pl.col("block_hashes").list.len() != need).fill_null(False),
                        f"ceil(prompt_tokens / block_size {bs}) block hashes"))
-    checks.append(("arrival", (pl.col("t").diff() < 0).fill_null(False),
+    first_vs_prev = (pl.col("t") < float(prev[0])) if prev is not None and prev[0] is not None else False
+    checks.append(("arrival", (pl.col("t").diff() < 0).fill_null(first_vs_prev),
                    "timestamps in non-decreasing order (sort the file by its arrival column)"))
     hit = _first_bad(df, checks)
     if hit is None:
@@ -397,7 +466,8 @@ def _validate(path: Path, df: pl.DataFrame, spec: GenericSpec, kind: str, header
     role, bad, expected = checks[i]
     col = m[role]
     n_bad = int(df.select(pl.any_horizontal([b for _, b, _ in checks]).sum()).item())
-    more = f" ({n_bad:,} rows fail validation; this is the first)" if n_bad > 1 else ""
+    more = (f" ({n_bad:,} rows{' of this part of the file' if prev is not None or df.height == CHUNK_ROWS else ''} "
+            "fail validation; this is the first)") if n_bad > 1 else ""
     row = int(df[ROW][idx])
     value = df[f"__raw_{role}"][idx]
     if value is None and kind == "csv" and header_cols is not None:
@@ -408,7 +478,8 @@ def _validate(path: Path, df: pl.DataFrame, spec: GenericSpec, kind: str, header
     shown = "missing or null value" if value is None else _shown(value)
     previous = ""
     if i == len(checks) - 1:
-        previous = f" (the previous row has {_shown(df[f'__raw_{role}'][idx - 1])})"
+        before = df[f"__raw_{role}"][idx - 1] if idx > 0 else prev[1]
+        previous = f" (the previous row has {_shown(before)})"
     elif role == "block_hashes" and value is not None and "ceil" in expected:
         n = df["block_hashes"][idx].len() if df["block_hashes"][idx] is not None else 0
         shown = (f"{n} block hashes for {df['prompt_tokens'][idx]} prompt tokens (is block_size "
@@ -431,7 +502,11 @@ def read(path: str | Path, spec: GenericSpec) -> tuple[pl.DataFrame, dict]:
         raise DataError(path, "block_hashes is mapped but block_size is not set (tokens per hash block)")
     kind = container(path, spec.format)
     header_cols = None
-    if kind == "csv":
+    df = None
+    if kind == "csv" and path.stat().st_size > CHUNKED_BYTES:
+        header = _csv_header(path, spec)
+        raw = df = _read_csv_chunked(path, spec, header)
+    elif kind == "csv":
         raw = _read_csv(path, spec)
         with open(path, "rb") as f:
             header_cols = len(next(csv.reader([f.readline().decode("utf-8", "replace").lstrip("\ufeff").rstrip("\r\n")])))
@@ -441,13 +516,15 @@ def read(path: str | Path, spec: GenericSpec) -> tuple[pl.DataFrame, dict]:
         raw = _read_parquet(path, spec)
     if raw.height == 0:
         raise DataError(path, "no data rows")
-    df = _typed(raw, path, spec)
-    _validate(path, df, spec, kind, header_cols)
+    if df is None:                  # (a large CSV file was typed and validated part by part)
+        df = _typed(raw, path, spec)
+        _validate(path, df, spec, kind, header_cols)
+    del raw
     t = df["t"]
     out = df.select(pl.col(ROW).alias("row"), (pl.col("t") - pl.col("t").first()).alias("arrival_s"),
                     "prompt_tokens", "output_tokens",
                     *[c for c in ("tenant", "block_hashes") if c in df.columns])
-    columns = [c for c in raw.columns if c != ROW]
+    columns = list(dict.fromkeys(spec.mapped.values()))
     show = (lambda v: _iso(v)) if spec.time_unit == "datetime" else \
         (lambda v: float(v) * UNIT_PER_SECOND[spec.time_unit])
     rep = {"columns": columns, "rows_read": df.height, "excluded": {}, "t_first": show(t[0]), "t_last": show(t[-1]),

@@ -59,10 +59,16 @@ def _standin_evidence(cfg: Config, source: str) -> list[str]:
 
 def check(cfg: Config) -> None:
     """DataError (a message of at most ~12 lines) when :func:`missing_files` finds anything."""
+    st = registry.store(cfg.paths)
+    for name, src in cfg.sources.items():    # a file of the user's own: its own message (not the data mirror's)
+        if src.mode != "standin" and src.file and src.file not in registry.OFFICIAL_FILES:
+            try:
+                registry.locate(src.file, st, download=False)
+            except registry.MissingFileError:
+                raise DataError(f"sources.{name}.file", registry.user_file_missing(src.file, st)) from None
     missing = missing_files(cfg)
     if not missing:
         return
-    st = registry.store(cfg.paths)
     if st.mirror is None:
         where = "no data mirror is set, and ../shared/traces (beside the project) does not exist"
     elif not Path(st.mirror).is_dir():

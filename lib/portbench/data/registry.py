@@ -344,6 +344,8 @@ def resolve_source(st: Store, source: SourceConfig, has_standin: bool) -> dict:
         # network traffic on every run); mode real, or no mirror at all, downloads it from the official URLs
         path = locate(name, st, download=mode == "real" or st.mirror is None)
     except MissingFileError as e:
+        if name not in OFFICIAL_FILES:      # a file of the user's own: never silently skipped or replaced
+            raise DataError(f"sources.{source.name}.file", user_file_missing(name, st)) from None
         if mode == "real":
             raise DataError(e.file, f"sources.{source.name}.mode is real, but the {e.problem}") from None
         return {"provenance": fallback[0], "origin": None, "file": name, "path": None,
@@ -353,6 +355,15 @@ def resolve_source(st: Store, source: SourceConfig, has_standin: bool) -> dict:
                 "reason": f"official file found at {path} and verified"}
     return {"provenance": "real", "origin": USER, "file": name, "path": path,
             "reason": f"user file found at {path} (not an official file: recorded by its SHA-256, not verified)"}
+
+
+def user_file_missing(name: str, st: Store) -> str:
+    """The message for a trace file of the user's own (not an official file) that is not there."""
+    looked = [str(Path(name) if Path(name).is_absolute() else st.root / name)]
+    looked += [str(p) for p in mirror_candidates(name, st)][:2]
+    return (f"your trace file {name!r} was not found (looked at {'; '.join(looked)}). Give its absolute path, or a "
+            "path relative to the parameter file that names it (else to the project root); fix the path or leave "
+            "the source out with `sources.<name>: null`")
 
 
 def hash_block_size(source: SourceConfig) -> int | None:

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from . import generic, registry
+from . import generic, plausibility, registry
 from ..core import io
 from ..core.config import Config, SourceConfig
 from ..core.errors import DataError
@@ -566,6 +566,9 @@ def read_file(path: str | os.PathLike, fmt: str | None = None, *, source: str | 
               "prompt_tokens_median": _median(table, "prompt_tokens"),
               "output_tokens_median": _median(table, "output_tokens"),
               "sha256": None}
+    if mapping is not None:
+        report["warnings"] = plausibility.check(body, source=source, columns=dict(mapping.mapped),
+                                                time_unit=mapping.time_unit)
     return table, report
 
 
@@ -658,6 +661,8 @@ def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.D
     name, path = info["file"], Path(info["path"])
     spec = registry.OFFICIAL_FILES.get(name) if info.get("origin") == registry.OFFICIAL else None
     table, rep = read_source_file(cfg.sources[source], path, spec)
+    for w in rep.get("warnings") or []:
+        _loud(f"WARNING {source} ({Path(name).name}): {w}")
     table = table.with_columns(pl.lit(Path(name).name, pl.String).alias("file"))
     rep["file"] = Path(name).name
     if spec is not None and spec.rows is not None and rep["rows_read"] != spec.rows:

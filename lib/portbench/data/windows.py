@@ -180,6 +180,12 @@ def cut_windows(canonical: pl.DataFrame, n_windows: int, size: int, seed: int, s
         meta = {"id": wid, "file": rows["file"][0], "row_start": int(rows["row"][0]),
                 "row_end": int(rows["row"][-1]), "t_start": float(rows["arrival_s"].min()),
                 "tenant_fields": fields}
+        if df.height >= 2 and not float(df["arrival_s"].max()) > 0:
+            raise DataError(meta["file"], f"source {source!r}, window {wid}: its {df.height} requests (rows "
+                            f"{meta['row_start']}-{meta['row_end']}) all share one arrival time, so its request "
+                            "rate is undefined and it cannot be scaled to a load; the arrival column is too coarse "
+                            f"(check sources.{source}.time_unit and the arrival column) or the rows are duplicated",
+                            column="arrival")
         out.append((meta, df))
     return out
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import seaborn as sns
 
-from ..core import figindex
+from ..core import figindex, outputs
 from ..core.figindex import INDEX_FILE, forget, index  # noqa: F401  (the figure index, re-exported)
 
 _STYLED = False
@@ -59,6 +59,7 @@ def save(fig, name: str, figures_dir: str | Path, *, description: str, notebook:
         p = out / f"{name}.{ext}"
         p.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(p, metadata=metadata)
+        outputs.record(p)
         paths[ext] = str(p)
     folder = Path(name).parent.as_posix()
     figindex.record(out, name, {"name": name, "file": f"{name}.png", "pdf": f"{name}.pdf",

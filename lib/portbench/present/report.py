@@ -62,7 +62,9 @@ def results_markdown(summary: Mapping) -> str:
         f"real sources: {', '.join(real) or 'none'}" + (f"; stand-ins: {', '.join(stand)}" if stand else "")
         + f". Headline metrics (pre-specified): {', '.join(summary['headline_metrics'])}; headline panel: {panel} "
         + f"({', '.join(labels.get(s, s) for s in (summary.get('panels') or {}).get(panel, {}).get('sources', []))}"
-        + ("; all real: the headline is the first all-real panel" if ((summary.get("panels") or {}).get(panel) or {})
+        + (f"; the headline because {summary.get('headline_reason')}"
+           if ((summary.get("panels") or {}).get(panel) or {}).get("own_sources") else
+           "; all real: the headline is the first all-real panel" if ((summary.get("panels") or {}).get(panel) or {})
            .get("all_real") else "; not all real: no all-real panel is available") + "). "
         "Two schedulers are tied in a ranking unless their paired Wilcoxon test over windows tells them apart "
         f"({par['tie_correction']} within the ranking, α = {par['alpha']}). Means with two 95% intervals: "

@@ -59,6 +59,7 @@ def format_report(report: Mapping) -> str:
             rows.append((source, str(r.get("provenance")), str(r.get("file")), "-", "-", "-", "-", "-", "-", "-"))
             notes.append(f"  {source}: skipped - {r.get('reason')}")
             continue
+        notes += [f"  {source}: warning - {w}" for w in r.get("warnings") or []]
         excluded = ", ".join(f"{k} {v:,}" for k, v in (r.get("excluded") or {}).items()) or "none"
         span = r.get("span_s")
         rate = r.get("rate_rps")
@@ -71,7 +72,7 @@ def format_report(report: Mapping) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     out = [line(head), line(["-" * w for w in widths]), *map(line, rows)]
-    return "\n".join(out + (["", "Skipped sources:", *notes] if notes else []))
+    return "\n".join(out + (["", "Skipped sources and warnings:", *notes] if notes else []))
 
 
 def _duration(seconds: float | None) -> str:
@@ -445,8 +446,12 @@ def panels_markdown(summary: Mapping) -> str:
                     "not all real: " + ", ".join(s for s, v in p["provenance"].items() if v != "real")
                     + " are stand-ins, so its numbers describe the stand-ins there")
             lines.append(f"* **{name}**{head}: {', '.join(p['sources'])} ({prov}) — {real}.")
+    why = summary.get("headline_reason")
     return ("**Panels of sources** (`analysis.panels`): every cross-source number is computed within a panel; the "
-            "headline is the first available panel whose sources are all real (else the first available one).\n\n" + "\n".join(lines))
+            "headline is the first available panel whose sources are all real (else the first available one); a source "
+            "of your own that is in no panel joins the sources of that panel in an implicit panel `user`, which is then "
+            "the headline." + (f" Headline: **{summary.get('headline_panel')}**, because {why}." if why else "")
+            + "\n\n" + "\n".join(lines))
 
 
 def least_agreeing_markdown(low: Mapping | None, labels: Mapping) -> str:

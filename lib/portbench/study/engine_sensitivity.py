@@ -34,7 +34,7 @@ def headline_sources(cfg: Config, manifest: Mapping | None = None) -> list[str]:
     manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
     prov = windows_mod.provenance(manifest)
     present = [s for s in cfg.source_names() if s in prov]
-    panels = analysis.panel_sources({k: list(v) for k, v in cfg.analysis.panels.items()}, present)
+    panels = analysis.panel_sources({k: list(v) for k, v in cfg.analysis.panels.items()}, present, prov)
     head = analysis.headline_panel_of(panels, prov)
     return list(panels[head]["sources"]) if head and panels[head]["available"] else present
 

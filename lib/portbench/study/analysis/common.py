@@ -260,14 +260,28 @@ def aggregate(res: dict, mask, what: str) -> dict:
     }
 
 
-def panel_sources(panels: dict, present: list[str]) -> dict[str, dict]:
+def panel_sources(panels: dict, present: list[str], provenance: dict | None = None) -> dict[str, dict]:
     """Which panels can be analysed with the sources ``present``: ``{name: {"sources", "available",
     "missing"}}``. With no configured panel available and at least two sources present, an implicit
-    panel ``all`` (every source present) is added, so a study of one's own sources still compares them."""
+    panel ``all`` (every source present) is added, so a study of one's own sources still compares them.
+    A source present in no configured panel (a trace of the user's own) joins an implicit panel ``user``, placed
+    first: the sources of the panel that would otherwise be the headline (the first available all-real one, by
+    ``provenance``, else the first available one) plus the user's sources, so that every cross-source table,
+    reversal count and figure answers for it."""
     out = {}
     for name, srcs in panels.items():
         missing = [s for s in srcs if s not in present]
         out[name] = {"sources": list(srcs), "available": not missing, "missing": missing}
-    if not any(p["available"] for p in out.values()) and len(present) >= 2:
+    avail = [n for n, p in out.items() if p["available"]]
+    if not avail and len(present) >= 2:
         out["all"] = {"sources": list(present), "available": True, "missing": [], "implicit": True}
+        return out
+    panelled = {s for srcs in panels.values() for s in srcs}
+    own = [s for s in present if s not in panelled]
+    if own and avail:
+        real = [n for n in avail if provenance is not None and all(provenance.get(s) == "real" for s in out[n]["sources"])]
+        base = (real or avail)[0]
+        user = {"sources": list(out[base]["sources"]) + own, "available": True, "missing": [], "implicit": True,
+                "extends": base, "own": own}
+        out = {"user": user, **{k: v for k, v in out.items() if k != "user"}}
     return out

@@ -66,7 +66,7 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
     tick("means_and_bootstrap")
 
     head = [cube.metrics.index(m) for m in cfg["headline_metrics"] if m in cube.metrics] or list(range(len(cube.metrics)))
-    panels = panel_sources(cfg["panels"], cube.sources)
+    panels = panel_sources(cfg["panels"], cube.sources, cube.provenance)
     headline_panel = headline_panel_of(panels, cube.provenance)
     if headline_panel in panels:      # the headline panel first: every per-panel table and section leads with it
         panels = {headline_panel: panels[headline_panel], **{k: v for k, v in panels.items() if k != headline_panel}}
@@ -131,6 +131,23 @@ def headline_panel_of(panels: dict, provenance: dict) -> str | None:
     return (real or avail or list(panels) or [None])[0]
 
 
+def headline_reason(panels: dict, headline: str | None, provenance: dict) -> str:
+    """Why ``headline`` is the headline panel, in words (summary.json ``headline_reason``)."""
+    if headline is None or headline not in panels:
+        return "no panel of at least two sources is available"
+    p = panels[headline]
+    real = all(provenance.get(s) == "real" for s in p["sources"])
+    if p.get("own"):
+        return (f"it holds your own source(s) {', '.join(p['own'])}, which are in no configured panel, together with "
+                f"the sources of panel {p['extends']}" + (" (all real)" if real else "")
+                + ", so every cross-source number answers whether the rankings port to your workload")
+    if p.get("implicit"):
+        return "no configured panel is available, so every source present is compared (implicit panel all)"
+    if real:
+        return "it is the first available panel whose sources are all real (cross-source claims rest on real data first)"
+    return "no all-real panel is available; it is the first available panel (it includes stand-ins)"
+
+
 def assemble_summary(*, cube, runs, cfg: dict, head: list[int], panels: dict, headline_panel: str | None,
                      sections: dict[str, dict], blocks: dict[str, dict], names: dict[str, str],
                      skipped: list[str]) -> dict:
@@ -140,6 +157,7 @@ def assemble_summary(*, cube, runs, cfg: dict, head: list[int], panels: dict, he
         "schema": SCHEMA,
         "headline_metrics": [cube.metrics[k] for k in head],
         "headline_panel": headline_panel,
+        "headline_reason": headline_reason(panels, headline_panel, cube.provenance),
         "parameters": {**{k: cfg[k] for k in ("alpha", "delta", "delta_absolute", "ties", "tie_correction",
                                               "rank_tolerance", "correction", "family", "bootstrap", "seed",
                                               "ci_level", "panels", "study_preset", "power", "window_size")},
@@ -174,6 +192,7 @@ def assemble_summary(*, cube, runs, cfg: dict, head: list[int], panels: dict, he
             "sources": p["sources"], "available": p["available"],
             **({} if p["available"] else {"reason": f"not available: sources missing ({', '.join(p['missing'])})"}),
             "implicit": bool(p.get("implicit", False)), "provenance": provs,
+            **({"extends": p["extends"], "own_sources": list(p["own"])} if p.get("own") else {}),
             "all_real": bool(p["available"] and all(v == "real" for v in provs.values())),
             **{key: sections[key].get(name) for key in PANEL_SECTIONS}}
     summary.update(blocks)

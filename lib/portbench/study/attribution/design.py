@@ -117,10 +117,12 @@ def available_sources(manifest: Mapping) -> list[str]:
     return out
 
 
-def resolve_pairs(pairs, available: Sequence[str]) -> list[tuple[str, str]]:
+def resolve_pairs(pairs, available: Sequence[str], panelled: Sequence[str] | None = None) -> list[tuple[str, str]]:
     """The ordered pairs (A, B): ``pairs`` as given (each source must have windows), or for ``"auto"`` every
     pair of the all-real panel :data:`REAL_PANEL` when all three have windows, else the first of azure /
-    the first source against every other source."""
+    the first source against every other source. With ``auto``, a source of the user's own (with windows, in no
+    configured panel: ``panelled`` lists the sources of ``analysis.panels``) is paired with every source of the
+    all-real panel that has windows (else with the first source), so the attribution answers for it too."""
     if pairs != "auto":
         for i, p in enumerate(pairs):
             for s in p:
@@ -128,12 +130,18 @@ def resolve_pairs(pairs, available: Sequence[str]) -> list[tuple[str, str]]:
                     raise ParameterError(f"attribution.pairs[{i}]", list(p), f"sources with frozen windows "
                                          f"({', '.join(available)})")
         return [tuple(p) for p in pairs]
+    own = [s for s in available if panelled is not None and s not in panelled and s not in REAL_PANEL]
+    if len(own) == len(available):      # only sources of one's own: each against the first (the rule below)
+        own = []
     if all(s in available for s in REAL_PANEL):
-        return list(combinations(REAL_PANEL, 2))
-    if len(available) < 2:
-        raise DataError("manifest", f"attribution needs two sources with windows, found {list(available)}")
-    first = "azure" if "azure" in available else available[0]
-    return [(first, s) for s in available if s != first]
+        base = list(combinations(REAL_PANEL, 2))
+    else:
+        if len(available) < 2:
+            raise DataError("manifest", f"attribution needs two sources with windows, found {list(available)}")
+        first = "azure" if "azure" in available else available[0]
+        base = [(first, s) for s in available if s != first and s not in own]
+    real = [s for s in REAL_PANEL if s in available] or [s for s in available if s not in own][:1]
+    return base + [(r, s) for s in own for r in real if (r, s) not in base]
 
 
 def spaced(n: int, k: int) -> list[int]:
@@ -162,7 +170,8 @@ def make_design(cfg: Config, manifest: Mapping) -> Design:
             raise ParameterError(f"attribution.regions[{i}]", r, f"one of {', '.join(cfg.simulation.region_loads)}")
     regions = dict(sorted(((r, float(cfg.simulation.region_loads[r])) for r in a.regions), key=lambda kv: (kv[1], kv[0])))
     metrics, note = compared_metrics(cfg)
-    return Design(pairs=tuple(resolve_pairs(a.pairs, available_sources(manifest))), players=tuple(a.properties),
+    panelled = [x for srcs in cfg.analysis.panels.values() for x in srcs] or None
+    return Design(pairs=tuple(resolve_pairs(a.pairs, available_sources(manifest), panelled)), players=tuple(a.properties),
                   regions=regions, windows=int(a.windows), replicates=tuple(range(int(a.replicates))),
                   schedulers=tuple(scheduler_registry.names(cfg.simulation.schedulers)), metrics=metrics,
                   metrics_note=note, bootstrap=int(a.bootstrap), seed=int(a.seed), distance=a.distance)

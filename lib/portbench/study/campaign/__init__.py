@@ -74,15 +74,15 @@ from .executors import (COUNTER_COLUMNS, EXECUTORS, KEY_COLUMNS, LOAD_COLUMNS, R
 from .files import capacity_path, records_path, runs_path, shard_done, shard_path
 from .plan import (CAPACITY_METHOD, FORMAT_VERSION, SEED_TAG, Plan, ShardSpec, WindowRef, make_plan, needs_predictions,
                    replicates, run_inputs, run_seed, window_refs)
-from .run import (REFUSAL_WARN_FRACTION, CampaignResult, consolidate_runs, load_capacities, load_requests, load_runs,
-                  refusal_warnings, reuse_capacities, run, run_tables)
+from .run import (REFUSAL_WARN_FRACTION, CampaignResult, check_plugins, consolidate_runs, load_capacities, load_requests,
+                  load_runs, refusal_warnings, reuse_capacities, run, run_tables)
 from .tables import (ATTAINED_RANKING, CURVE_SCHEDULERS, DISTINCT_METRIC, DISTINCT_TOLERANCE, capacity_by_window,
                      capacity_comparison, capacity_summary, conservation_summary, curve_schedulers, distinct_means,
                      engine_summary, load_curves, load_story, load_summary, load_table, preemption_table, refusal_table,
                      regions_table)
 
 
-__all__ = ["capacity_comparison", "DISTINCT_METRIC", "DISTINCT_TOLERANCE", "distinct_means", "engine_summary", "load_summary", "load_table",
+__all__ = ["capacity_comparison", "check_plugins", "DISTINCT_METRIC", "DISTINCT_TOLERANCE", "distinct_means", "engine_summary", "load_summary", "load_table",
            "refusal_table", "CAPACITY_METHOD", "LOAD_COLUMNS", "REFUSAL_WARN_FRACTION",
            "refusal_warnings", "ATTAINED_RANKING", "COUNTER_COLUMNS", "CURVE_SCHEDULERS", "EXECUTORS", "FORMAT_VERSION", "KEY_COLUMNS",
            "MODEL_MODULES", "RUN_COLUMNS", "SEED_TAG", "SORT_COLUMNS", "CampaignResult", "Engine", "Plan", "RunFailed",

@@ -112,6 +112,11 @@ def _init_pool_worker(ctx: WorkerContext) -> None:
 
 
 def _fail(what: str, e: BaseException) -> RunFailed:
+    """The error of a failed run as one message naming the run (source, window, region, scheduler); a
+    project error (bad data, a broken scheduler contract) keeps its own short message, anything else
+    (a bug) adds the worker's last frames."""
+    if isinstance(e, PortbenchError):
+        return RunFailed(f"{what}: {e}")
     tb = "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=-4))
     return RunFailed(f"{what} failed: {type(e).__name__}: {e}\n--- worker traceback (last frames) ---\n{tb}")
 
@@ -121,10 +126,12 @@ def compute_capacity(ctx: WorkerContext, window_id: str) -> tuple[str, dict, flo
     at least ``capacity_rps``)."""
     t0 = time.perf_counter()
     engine = ctx.engine.for_window(ctx.refs[window_id]) if window_id in ctx.refs else ctx.engine
+    ref = ctx.refs.get(window_id)
     try:
         cap = engine.capacity(ctx.windows[window_id], ctx.sim)
     except Exception as e:
-        raise _fail(f"capacity of window {window_id}", e) from None
+        src = f"source {ref.source}, " if ref is not None else ""
+        raise _fail(f"capacity of {src}window {window_id}", e) from None
     rec = dict(cap) if isinstance(cap, dict) else {"capacity_rps": cap}
     rps = rec.get("capacity_rps")
     if isinstance(rps, bool) or not isinstance(rps, (int, float)) or not rps > 0:
@@ -144,7 +151,11 @@ def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity, profile: str,
     engine = ctx.engine.for_window(w)
     cap = capacity if isinstance(capacity, dict) else {"capacity_rps": float(capacity)}
     capacity_rps = float(cap["capacity_rps"])
-    scaled, horizon = engine.prepare(ctx.windows[w.id], shard.rho, capacity_rps, sim)
+    try:
+        scaled, horizon = engine.prepare(ctx.windows[w.id], shard.rho, capacity_rps, sim)
+    except Exception as e:  # noqa: BLE001 - whatever fails, the message names the run
+        raise _fail(f"source {w.source}, window {w.id}, region {shard.region} (rho={shard.rho}): preparing the "
+                    f"window's arrivals", e) from None
     rows, recs = [], []
     n_sim = 0
     for sched in shard.schedulers:
@@ -157,8 +168,8 @@ def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity, profile: str,
                 try:
                     res = engine.run(scaled, sched, seed, horizon, sim)
                 except Exception as e:
-                    raise _fail(f"run window={w.id} region={shard.region} (rho={shard.rho}) scheduler={sched} "
-                                f"replicate={rep} seed={seed}", e) from None
+                    raise _fail(f"source {w.source}, window {w.id}, region {shard.region} (rho={shard.rho}), "
+                                f"scheduler {sched}, replicate {rep} (seed {seed})", e) from None
                 n_sim += 1
             row = {"source": w.source, "provenance": w.provenance, "window_id": w.id, "region": shard.region,
                    "rho": float(shard.rho), "scheduler": sched, "replicate": int(rep), "seed": int(seed),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ...core import outputs
 from .plan import ShardSpec, _safe
 
 def runs_path(results_dir: Path) -> Path:
@@ -25,10 +26,12 @@ def capacity_path(results_dir: Path, window_id: str, key: str) -> Path:
 
 
 def _clean_stale_tmp(folder: Path, older_than_s: float = 600.0) -> None:
-    if not folder.is_dir():
+    """Delete io.atomic_write's temporary files older than ``older_than_s`` left in ``folder`` by a killed run:
+    only files with its temporary suffix (never another ``.tmp`` file) and only in a marked output folder."""
+    if not folder.is_dir() or outputs.marked_root(folder) is None:
         return
     now = time.time()
-    for p in folder.glob(".*.tmp"):  # left by a killed worker (io.atomic_write's temporary names)
+    for p in folder.glob(f".*{outputs.TEMP_SUFFIX}"):
         try:
             if now - p.stat().st_mtime > older_than_s:
                 p.unlink()

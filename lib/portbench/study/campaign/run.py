@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -21,12 +22,34 @@ from ...core.io import read_meta, write_parquet_atomic
 from ...core.progress import bar as progress_bar
 from ...data import predictors
 from ...data import windows as windows_mod
+from ...sim import information
+from ...sim import schedulers as scheduler_registry
+from ...sim import settings as sim_settings
 from ...sim.metrics import NO_TENANT
 from .engines import Engine, SimEngine
-from .executors import (COUNTER_COLUMNS, EXECUTORS, KEY_COLUMNS, LOAD_COLUMNS, RUN_COLUMNS, SORT_COLUMNS, RunFailed,
-                        WorkerContext, _Executor)
-from .files import _clean_stale_tmp, capacity_path, records_path, runs_path, shard_done, shard_path
+from .executors import (
+    COUNTER_COLUMNS,
+    EXECUTORS,
+    KEY_COLUMNS,
+    LOAD_COLUMNS,
+    RUN_COLUMNS,
+    SORT_COLUMNS,
+    RunFailed,
+    WorkerContext,
+    _Executor,
+    compute_shard,
+    load_worker_code,
+)
+from .files import (
+    _clean_stale_tmp,
+    capacity_path,
+    records_path,
+    runs_path,
+    shard_done,
+    shard_path,
+)
 from .plan import Plan, make_plan, needs_predictions
+
 
 @dataclass
 class CampaignResult:
@@ -128,6 +151,7 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
                     caps[wid] = rec
                     bar.update(1)
                 bar.close()
+            check_plugins(ctx, todo[0], caps[todo[0].window.id], plan)
             bar = progress_bar(len(plan.shards), "campaign", "shard", disable=not progress,
                                initial=len(plan.shards) - len(todo))
             by_name = {sh.name: sh for sh in todo}
@@ -167,6 +191,40 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
         for line in refusal_warnings(runs, max_model_len=mml):
             print(line, file=sys.stderr, flush=True)
     return result
+
+
+def check_plugins(ctx: WorkerContext, shard, capacity, plan: Plan) -> None:
+    """The plug-in contract, checked cheaply before the campaign on every plug-in scheduler of the plan (in this
+    process, on the first shard's window and region); RunFailed naming the policy and the rule when it fails:
+
+    * randomness only from the run's generator: two runs with the same seed give the same results (a policy
+      drawing from ``random``, ``numpy.random``'s global state or the clock does not, so its seeds, replicates
+      and cached results would mean nothing);
+    * the information it declares: unless it declares ``oracle``, its decisions do not change when only the true
+      output lengths are permuted (:func:`portbench.sim.information.reads_true_output`)."""
+    plug = [s for s in plan.schedulers if sim_settings.is_plugin(s)]
+    if not plug:
+        return
+    load_worker_code(ctx, "the main process")
+    for name in plug:
+        one = dataclasses.replace(shard, schedulers=(name,), replicates=tuple(shard.replicates[:1]), record_replicates=())
+        a, b = (compute_shard(ctx, one, capacity, plan.profile, plan.metrics)["runs"] for _ in range(2))
+        if not a.equals(b):
+            diff = [c for c in a.columns if not a[c].equals(b[c])]
+            raise RunFailed(f"scheduler {name!r} (a plug-in): two runs of window {shard.window.id}, region "
+                            f"{shard.region} with the same seed gave different results ({', '.join(diff[:4])}): it "
+                            "draws randomness outside the run's generator (random, numpy.random's global state, the "
+                            "clock ...). Draw every random number from the generator the engine passes (ctx.rng in "
+                            "reset(ctx)), so that a run is reproducible from its seed")
+        declared = scheduler_registry.uses(name)
+        prof = ctx.engine.profile(ctx.sim) if hasattr(ctx.engine, "profile") else None
+        if "oracle" not in declared and prof is not None and \
+                information.reads_true_output(name, ctx.windows[shard.window.id], ctx.sim, prof):
+            raise RunFailed(f"scheduler {name!r} (a plug-in) declares information {', '.join(declared)}, but its "
+                            f"decisions on window {shard.window.id} change when only the requests' true output "
+                            "lengths are permuted: it reads the true output length (r.output_tokens or "
+                            "ctx.output_tokens). Declare information = \"oracle\" (and name it *_oracle), or decide "
+                            "from what it declares (the prompt, predictions: r.predicted_output)")
 
 
 def _load_window_tables(cfg: Config, plan: Plan, needed: Sequence[str]) -> dict:
