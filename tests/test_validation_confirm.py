@@ -244,3 +244,46 @@ def test_hashed_prompts_share_exactly_the_hashed_prefix():
     assert not (p[0][:64] == p[2][:64]).all()
     plain, _ = replay.build_requests(w, vocab_size=1000, seed=0)
     assert not (np.array(plain[0].prompt_token_ids)[:64] == np.array(plain[1].prompt_token_ids)[:64]).all()
+
+
+# --------------------------------------------------------------------------- step grid (no vLLM)
+
+
+def test_step_grid_shapes_schedule_and_fit():
+    from portbench.core.config import StepGridConfig
+    from portbench.sim import profiles
+    from portbench.validation import steps
+    g = StepGridConfig()
+    shapes = steps.grid(g)
+    assert shapes[0].kind == "decode" and {s.kind for s in shapes} == {"decode", "prefill", "mixed"}
+    assert shapes[-1].model_inputs() == (128, 16, 16 * 65 + 128, 128 * 129 // 2)
+    order = steps.schedule(shapes, 2, seed=3)
+    assert order == steps.schedule(shapes, 2, seed=3) and order[0] == (0, 0)
+    for r in (0, 1):   # every shape once per round besides the repeated reference
+        assert sorted(i for rr, i in order if rr == r and i) == list(range(1, len(shapes)))
+    # a known cost model, medians exact: the fit recovers it, attention term included
+    true = dict(c0_s=5e-3, c_prefill_s=2e-5, c_decode_s=1e-4, c_kv_s=1e-7, c_attn_s=3e-9)
+    rows = []
+    rng = np.random.default_rng(0)
+    for s in shapes:
+        p, b, c, a = s.model_inputs()
+        t = true["c0_s"] + true["c_prefill_s"] * p + true["c_decode_s"] * b + true["c_kv_s"] * c + true["c_attn_s"] * a
+        for k in range(9):
+            rows.append({"shape": s.name, "kind": s.kind, "step_wall_s": t * (1 + 0.01 * (k - 4)), "as_planned": True,
+                         "prefill_tokens": p, "decode_seqs": b, "context_tokens": c, "attention_pairs": a,
+                         "round": 0, "reference": False})
+    tab = steps.shape_table(pl.DataFrame(rows))
+    assert (tab["lo_s"] < tab["median_s"]).all() and (tab["median_s"] < tab["hi_s"]).all()
+    prof, out, summ = steps.fit(tab, profiles.get_profile("a100_40gb_llama3_1_8b"), "t")
+    for k, v in true.items():
+        assert summ["coefficients"][k] == pytest.approx(v, rel=1e-3)
+    assert summ["max_abs_rel_err"] < 1e-6 and summ["r2"] == pytest.approx(1.0)
+    assert prof.c_attn_s == pytest.approx(true["c_attn_s"], rel=1e-3) and prof.floor_s == 0
+
+
+def test_median_ci_order_statistics():
+    from portbench.validation import steps
+    med, lo, hi = steps.median_ci(np.arange(1.0, 21.0))
+    # n = 20: binom(20, .5) 2.5 % quantile = 6 -> the 6th and 15th order statistics
+    assert (med, lo, hi) == (10.5, 6.0, 15.0)
+    assert math.isnan(steps.median_ci([1.0, 2.0, 3.0])[1])

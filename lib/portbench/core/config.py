@@ -930,11 +930,12 @@ class StepGridConfig:
     """The fixed-shape step timing grid (``validation.step_grid``; engine tokens)."""
 
     decode_batches: tuple = (1, 16, 64)
-    decode_contexts: tuple = (64, 512)
+    decode_contexts: tuple = (64, 256)
     prefill_tokens: tuple = (64, 256)
     cached_contexts: tuple = (0, 512)
     mixed: tuple = ((16, 128),)
     rounds: int = 5
+    reduced_rounds: int = 3
     steps_per_shape: int = 4
 
     def __post_init__(self):
@@ -946,7 +947,7 @@ class StepGridConfig:
         if not isinstance(self.mixed, (list, tuple)) or not all(
                 isinstance(x, (list, tuple)) and len(x) == 2 and all(_is_int(y) and y > 0 for y in x) for x in self.mixed):
             raise ParameterError(f"{p}.mixed", self.mixed, "a list of [decode batch, prefill tokens] pairs")
-        for key in ("rounds", "steps_per_shape"):
+        for key in ("rounds", "reduced_rounds", "steps_per_shape"):
             _int(f"{p}.{key}", getattr(self, key), 1, "a positive integer")
 
 

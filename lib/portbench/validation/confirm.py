@@ -243,3 +243,47 @@ def case_verdict(survives: dict, ev: dict) -> str:
     """The case's verdict: ``not testable on this engine`` when the finding does not survive the engine's
     settings in re-simulation, else step 2's (reproduced / not reproduced / inconclusive)."""
     return "not testable on this engine" if not survives["survives"] else ev["verdict"]
+
+
+def case_label(c: Case) -> str:
+    return f"{c.kind} {c.a} vs {c.b} ({c.metric}, {c.region}, {'/'.join(c.sources)})"
+
+
+def verdicts(confirmatory: Sequence[Case], exploratory: Sequence[Case], engine_runs: pl.DataFrame,
+             resim_runs: pl.DataFrame, *, alpha: float, delta: float, margin: float) -> list[dict]:
+    """Per case (confirmatory first): ``survives_settings`` (step 1), ``engine_vs_resim`` (step 2),
+    ``verdict`` (:func:`case_verdict`); confirmatory cases also ``confirmatory`` (one-sided tests, the
+    intersection-union p, its Holm adjustment over the family, ``confirmed``). Exploratory cases carry the
+    same effect sizes and intervals but no test outcome beyond step 2's interval (``role``)."""
+    conf = confirm_family([confirm_case(c, engine_runs) for c in confirmatory], alpha) if confirmatory else []
+    out = []
+    for i, c in enumerate([*confirmatory, *exploratory]):
+        surv = survives_settings(c, resim_runs, delta=delta, level=1 - 2 * alpha)
+        ev = engine_vs_resim(c, engine_runs, resim_runs, margin=margin, alpha=alpha)
+        row = {"case": case_label(c), "kind": c.kind, "a": c.a, "b": c.b, "region": c.region, "metric": c.metric,
+               "sources": list(c.sources), "role": "confirmatory" if i < len(confirmatory) else "exploratory",
+               "campaign_sign": {s.source: int(np.sign(s.diff)) if math.isfinite(s.diff) else 0 for s in c.sides},
+               "survives_settings": surv, "engine_vs_resim": ev, "verdict": case_verdict(surv, ev)}
+        if i < len(confirmatory):
+            row["confirmatory"] = conf[i]
+        out.append(row)
+    return out
+
+
+def verdict_counts(rows: Sequence[dict]) -> dict:
+    """Counts per role: verdicts (:data:`VERDICTS`) and, for the confirmatory family, how many are confirmed."""
+    out = {}
+    for role in ("confirmatory", "exploratory"):
+        rs = [r for r in rows if r["role"] == role]
+        out[role] = {"cases": len(rs), **{v: sum(r["verdict"] == v for r in rs) for v in VERDICTS}}
+        if role == "confirmatory":
+            out[role]["confirmed"] = sum(bool(r["confirmatory"]["confirmed"]) for r in rs)
+    return out
+
+
+def verdict_line(counts: dict) -> str:
+    """One line: the confirmatory family's outcome and the exploratory verdicts."""
+    c, e = counts.get("confirmatory", {}), counts.get("exploratory", {})
+    part = lambda d: ", ".join(f"{d[v]} {v}" for v in VERDICTS if d.get(v))  # noqa: E731
+    return (f"confirmatory: {c.get('confirmed', 0)} of {c.get('cases', 0)} confirmed (Holm); {part(c) or 'no case'}"
+            f" | exploratory ({e.get('cases', 0)} cases): {part(e) or 'none'}")
