@@ -9,9 +9,8 @@ import numpy as np
 import polars as pl
 import pytest
 import scipy.stats as st
-
 from portbench.core.errors import DataError
-from portbench.validation import cases, confirm, matching, prereg
+from portbench.validation import confirm, matching, prereg
 from portbench.validation.cases import Case, SideResult
 
 
@@ -264,7 +263,6 @@ def test_step_grid_shapes_schedule_and_fit():
     # a known cost model, medians exact: the fit recovers it, attention term included
     true = dict(c0_s=5e-3, c_prefill_s=2e-5, c_decode_s=1e-4, c_kv_s=1e-7, c_attn_s=3e-9)
     rows = []
-    rng = np.random.default_rng(0)
     for s in shapes:
         p, b, c, a = s.model_inputs()
         t = true["c0_s"] + true["c_prefill_s"] * p + true["c_decode_s"] * b + true["c_kv_s"] * c + true["c_attn_s"] * a

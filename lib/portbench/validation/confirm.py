@@ -48,26 +48,31 @@ VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not testable on thi
 
 
 def window_effects(runs: pl.DataFrame, source: str, region: str, metric: str, a: str, b: str,
-                   direction: str | None = None) -> tuple[list[str], np.ndarray]:
+                   direction: str | None = None, *, with_level: bool = False):
     """Windows where both a and b were measured and the per-window oriented effect of a over b
-    (relative for ratio metrics, absolute for proportions; replicates averaged)."""
+    (relative for ratio metrics, absolute for proportions; replicates averaged); ``with_level``: also the
+    per-window level (|a| + |b|) / 2 (in which an absolute effect's noise is counted)."""
     direction = direction or metrics.direction(metric)
+    empty = ([], np.array([]), np.array([])) if with_level else ([], np.array([]))
     if runs.height == 0 or metric not in runs.columns:
-        return [], np.array([])
+        return empty
     sub = (runs.filter((pl.col("source") == source) & (pl.col("region") == region) & pl.col("scheduler").is_in([a, b]))
            .group_by(["window_id", "scheduler"]).agg(pl.col(metric).mean()))
     if sub.height == 0:
-        return [], np.array([])
+        return empty
     wide = sub.pivot(on="scheduler", index="window_id", values=metric).sort("window_id")
     if a not in wide.columns or b not in wide.columns:
-        return [], np.array([])
+        return empty
     wide = wide.drop_nulls([a, b]).filter(pl.col(a).is_not_nan() & pl.col(b).is_not_nan())
     va, vb = wide[a].to_numpy().astype(float), wide[b].to_numpy().astype(float)
     d = stats.orient(va, direction) - stats.orient(vb, direction)
-    if metric_scale(metric) != "proportion":
-        scale = (np.abs(va) + np.abs(vb)) / 2.0
+    level = (np.abs(va) + np.abs(vb)) / 2.0
+    relative = metric_scale(metric) != "proportion"
+    if relative:
         with np.errstate(invalid="ignore", divide="ignore"):
-            d = np.where(scale > 0, d / scale, 0.0)
+            d = np.where(level > 0, d / level, 0.0)
+    if with_level:
+        return wide["window_id"].to_list(), d, (np.ones_like(level) if relative else level)
     return wide["window_id"].to_list(), d
 
 

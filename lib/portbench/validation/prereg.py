@@ -121,34 +121,38 @@ def _same(x: Case, y: Case) -> bool:
 
 
 def case_power(effects: Sequence[np.ndarray], signs: Sequence[int], n: int, ps: PowerSettings, m: int,
-               rng: np.random.Generator) -> float:
+               rng: np.random.Generator, levels: Sequence[np.ndarray] | None = None) -> float:
     """Simulated power of one case's intersection-union test with ``n`` windows per side at Holm's strictest
-    threshold alpha / m: resample each side's campaign effects, add the engine's noise, run the one-sided
-    exact Wilcoxon test per side; the share of simulations in which every side rejects."""
+    threshold alpha / m: resample each side's campaign effects (windows with their ``levels``: 1 for relative
+    effects, the metric's level for absolute ones), add the engine's noise (sqrt(2) x noise_cv x level), run
+    the one-sided exact Wilcoxon test per side; the share of simulations in which every side rejects."""
     if not effects or any(e.size == 0 for e in effects) or any(s == 0 for s in signs):
         return 0.0
-    level = ps.alpha / max(int(m), 1)
+    levels = levels if levels is not None else [np.ones_like(e) for e in effects]
+    thr = ps.alpha / max(int(m), 1)
     ok = np.ones(ps.simulations, bool)
-    for e, s in zip(effects, signs):
-        d = e[rng.integers(0, e.size, size=(ps.simulations, n))]
-        d = d + rng.normal(0.0, math.sqrt(2.0) * ps.noise_cv, size=d.shape)
+    for e, lv, s in zip(effects, levels, signs):
+        idx = rng.integers(0, e.size, size=(ps.simulations, n))
+        d = e[idx] + rng.normal(0.0, 1.0, size=idx.shape) * math.sqrt(2.0) * ps.noise_cv * lv[idx]
         p = sst.wilcoxon(d, alternative="greater" if s > 0 else "less", axis=-1, method="exact").pvalue
-        ok &= np.asarray(p) < level
+        ok &= np.asarray(p) < thr
     return float(ok.mean())
 
 
 def power(the_cases: Sequence[Case], runs: pl.DataFrame, ps: PowerSettings) -> dict:
     """The windows per source of the family (module docstring) and every case's power at it."""
     m = len(the_cases)
-    eff = []
+    eff, lev = [], []
     for c in the_cases:
-        sides = [window_effects(runs, s.source, c.region, c.metric, c.a, c.b, c.direction)[1] for s in c.sides]
-        eff.append((sides, [int(np.sign(s.diff)) if math.isfinite(s.diff) else 0 for s in c.sides]))
+        got = [window_effects(runs, s.source, c.region, c.metric, c.a, c.b, c.direction, with_level=True)
+               for s in c.sides]
+        eff.append(([g[1] for g in got], [int(np.sign(s.diff)) if math.isfinite(s.diff) else 0 for s in c.sides]))
+        lev.append([g[2] for g in got])
     table: dict[int, list[float]] = {}
     chosen = None
     for n in range(int(ps.min_windows), int(ps.max_windows) + 1):
         rng = np.random.default_rng([int(ps.seed), n])
-        table[n] = [case_power(e, s, n, ps, m, rng) for e, s in eff]
+        table[n] = [case_power(e, s, n, ps, m, rng, lv) for (e, s), lv in zip(eff, lev)]
         if all(x >= ps.target for x in table[n]):
             chosen = n
             break

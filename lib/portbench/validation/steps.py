@@ -204,7 +204,7 @@ def measure(spec, shapes: Sequence[Shape], *, rounds: int, steps_per_shape: int,
 
     def last_record():
         rec = None
-        for line in fh.readlines():
+        for line in fh:
             d = json.loads(line)
             if d.get("event") != "init":
                 rec = d
@@ -226,6 +226,7 @@ def measure(spec, shapes: Sequence[Shape], *, rounds: int, steps_per_shape: int,
             else:
                 os.environ[k] = v
         os.environ.pop(ITERATION_LOG_ENV, None)
+        engine.engine_core.shutdown()
         del engine
     return pl.DataFrame(rows), startup
 
