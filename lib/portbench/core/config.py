@@ -907,8 +907,6 @@ class ConfirmatoryConfig:
     draw_seed: int = 24
     noise_cv: float = 0.05
     min_windows: int = 6
-    max_windows: int = 10
-    reduced_max_windows: int = 3
     power_simulations: int = 400
 
     def __post_init__(self):
@@ -919,10 +917,8 @@ class ConfirmatoryConfig:
         _int(f"{p}.draw_seed", self.draw_seed, 0, "a non-negative integer")
         if not _is_num(self.noise_cv) or not 0 < self.noise_cv < 1:
             raise ParameterError(f"{p}.noise_cv", self.noise_cv, "a relative standard deviation in (0, 1)")
-        for key in ("min_windows", "max_windows", "reduced_max_windows", "power_simulations"):
+        for key in ("min_windows", "power_simulations"):
             _int(f"{p}.{key}", getattr(self, key), 1, "a positive integer")
-        if self.min_windows > self.max_windows:
-            raise ParameterError(f"{p}.min_windows", self.min_windows, f"at most max_windows ({self.max_windows})")
 
 
 @dataclass(frozen=True)

@@ -292,7 +292,7 @@ def power_plan(cfg: Config, conf: list, *, reduced: bool, messages: list[str]) -
     """The power calculation of :mod:`.prereg` on the campaign's runs (``analysis.load_runs``) with
     ``validation.confirmatory``'s settings; without a runs table, the largest window count (said in ``messages``)."""
     c = cfg.validation.confirmatory
-    hi = int(c.reduced_max_windows if reduced else c.max_windows)
+    hi = int(cfg.validation.reduced_windows_per_source if reduced else cfg.validation.windows_per_source)
     ps = prereg.PowerSettings(alpha=float(cfg.analysis.alpha), target=float(cfg.analysis.power.target),
                               noise_cv=float(c.noise_cv), min_windows=min(int(c.min_windows), hi), max_windows=hi,
                               simulations=int(c.power_simulations), seed=int(c.draw_seed))
@@ -1233,9 +1233,8 @@ def results_markdown(res: dict) -> str:
         return f"**The validation did not run**: {s.get('skipped_because')}. {s.get('how_to_enable', how_to_enable())}"
     m, mc = s["mape"], s.get("mape_speed_corrected", {})
     es = s["engine_settings"]
-    n_rev = sum(1 for v in s["verdicts"] if v["case"] == "reversal")
-    n_sign = sum(1 for v in s["verdicts"] if v["sign_reproduced"])
-    counts = s.get("verdict_counts") or verdict.verdict_counts(s["verdicts"])
+    counts = s.get("verdict_counts") or confirm.verdict_counts(s["verdicts"])
+    sm = s.get("settings_match") or {}
     b = s.get("budget") or {}
     lines = [f"**{s['label']}.**",
              f"* Engine: {s['engine']} ({s['device']}), model `{s['model']['config']}` "
@@ -1256,12 +1255,12 @@ def results_markdown(res: dict) -> str:
              f"TPOT {_pct(mc.get('tpot'))}, E2E {_pct(mc.get('e2e'))}.",
              f"* Cost model fitted to {s['profile']['calibration']['fit']['steps']} calibration steps: R² "
              f"{s['profile_fit_r2']:.2f} ({s['profile']['calibration']['formula']}).",
-             f"* Verdicts ({n_rev} of the cases are reversals): {verdict.verdict_line(counts)}; the sign pattern of "
-             f"{n_sign} cases is reproduced. \"Inconclusive: N windows cannot reach α\" means that no outcome of "
-             "the paired test over that many windows could be significant (the exact Wilcoxon test cannot give p < "
-             "2/2^N, and the correction over the family raises that floor; N counts the windows whose engine "
-             "difference is non-zero, and \"no window differs\" means the pair ran identically on every replayed "
-             "window): the verdict is open, not negative."]
+             f"* Verdicts: {confirm.verdict_line(counts)} (the confirmatory family was pre-registered and is "
+             "tested with Holm; the exploratory cases carry effect sizes and intervals only).",
+             f"* Settings: the engine matches the campaign on "
+             f"{sum(v['match'] for v in sm.get('settings', {}).values())} of {len(sm.get('settings', {}))} settings "
+             f"(real-token equivalents); every source loses at most {_pct(sm.get('max_extra_lost_share'))} more requests "
+             f"than the campaign: {'yes' if sm.get('all_sources_ok') else 'no'}."]
     for st in res.get("stale", []):
         lines.append(f"* **Warning: {st}** — rerun `make validate` (or `make all`).")
     return "\n".join(lines)
@@ -1304,4 +1303,69 @@ def fidelity_table(s: dict) -> pl.DataFrame:
                 rows.append({"resimulation": variant, "loads": scope, "latency": x.upper(), "requests": v["n"],
                              "MAPE": v["mape"], "median_abs_err_ms": 1e3 * v["median_abs_err_s"],
                              "pearson_r": v["pearson_r"], "spearman_r": v["spearman_r"], "bias": v["bias"]})
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
+def _fmt_eff(e: dict) -> str:
+    m, lo, hi = e.get("mean"), e.get("lo"), e.get("hi")
+    if m is None or not isinstance(m, (int, float)) or not math.isfinite(m):
+        return "n/a"
+    ci = f" [{lo:+.3f}, {hi:+.3f}]" if isinstance(lo, (int, float)) and math.isfinite(lo) else ""
+    return f"{m:+.3f}{ci}"
+
+
+def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
+    """Notebook 08's lead: the pre-registered family and its outcome, in plain words (from ``summary.json``)."""
+    if not s or not s.get("ran") or "preregistration" not in s:
+        return ""
+    pr, rows = s["preregistration"], [r for r in s["verdicts"] if r["role"] == "confirmatory"]
+    nm = lambda x: (names or {}).get(x, x)  # noqa: E731
+    n_run = pr.get("windows_per_source_run")
+    lines = [f"**Pre-registered before any engine run** (`{Path(pr['path']).name}`, SHA-256 `{pr['sha256'][:16]}…`, "
+             f"verified when the verdicts were computed): {pr['n_cases']} cases, {pr['windows_per_source']} windows per "
+             f"source from the power calculation (target power {'reached' if pr.get('target_reached') else 'not reached'}"
+             f"{'' if n_run in (None, pr['windows_per_source']) else f'; {n_run} ran: the time budget cut the rest'}), "
+             f"α = {pr['alpha']:g}, {pr['correction'].capitalize()} over the family. A case is confirmed when both "
+             f"one-sided tests in the simulated direction reject and its Holm-adjusted p is below α. "
+             f"**{sum(bool(r['confirmatory']['confirmed']) for r in rows)} of {len(rows)} confirmed.**", ""]
+    for r in rows:
+        sides = r["engine_vs_resim"]["sides"]
+        sim = "; ".join(f"{nm(src)}: {r['a'] if sg > 0 else r['b']} better" for src, sg in r["campaign_sign"].items())
+        surv = r["survives_settings"]
+        c = r["confirmatory"]
+        ps = ", ".join(f"{x['p_one_sided']:.3g}" for x in c["sides"])
+        eng = "; ".join(f"{nm(sd['source'])} {_fmt_eff(sd['engine_effect'])} (re-simulation "
+                        f"{_fmt_eff(sd['resim_effect'])})" for sd in sides)
+        lines.append(
+            f"* **{r['kind']}: {r['a']} vs {r['b']}**, {r['metric']} at {r['region']} — the campaign: {sim}. "
+            + ("Under the engine's settings the re-simulation keeps it. " if surv["survives"] else
+               "Under the engine's settings the re-simulation **no longer shows it: not testable on this engine**. ")
+            + f"Effects (+: {r['a']} better) on the engine with 90 % intervals: {eng}. "
+            + f"One-sided p per source {ps}; intersection-union "
+              f"p {c['p_iut']:.3g}, Holm {c['p_holm']:.3g}: **{'confirmed' if c['confirmed'] else 'not confirmed'}**. "
+            + f"Engine vs re-simulation: **{r['engine_vs_resim']['verdict']}**; verdict: **{r['verdict']}**.")
+    ec = s["verdict_counts"].get("exploratory", {})
+    if ec.get("cases"):
+        lines += ["", f"Exploratory ({ec['cases']} further cases, no significance claimed): "
+                  + ", ".join(f"{ec[v]} {v}" for v in confirm.VERDICTS if ec.get(v)) + "."]
+    return "\n".join(lines)
+
+
+def settings_table(s: dict) -> pl.DataFrame:
+    """``settings_match`` as a table: one row per setting (real-token equivalents), then per source the
+    requests each side loses to its limits."""
+    sm = (s or {}).get("settings_match") or {}
+    rows = [{"what": k, "campaign": str(v["campaign"]), "engine": str(v["engine"]), "match": v["match"]}
+            for k, v in sm.get("settings", {}).items()]
+    rows += [{"what": f"lost requests: {src}", "campaign": f"{v['campaign']['lost_share']:.2%}",
+              "engine": f"{v['engine']['lost_share']:.2%}", "match": v["ok"]} for src, v in sm.get("sources", {}).items()]
+    rows += [{"what": f"prefix caching: {src}", "campaign": str(v["prefix_caching"]["campaign"]),
+              "engine": str(v["prefix_caching"]["engine"]), "match": v["prefix_caching"]["match"]}
+             for src, v in sm.get("sources", {}).items()]
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
+def step_fit_table(s: dict) -> pl.DataFrame:
+    """``step_fit``'s per-shape rows."""
+    rows = ((s or {}).get("step_fit") or {}).get("per_shape") or []
     return pl.DataFrame(rows) if rows else pl.DataFrame()
