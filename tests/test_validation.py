@@ -550,7 +550,8 @@ def test_one_engine_for_every_policy(tmp_params):
     c = P.validation.cpu
     assert kw["scheduling_policy"] == "priority" and kw["enable_chunked_prefill"] is True
     assert kw["scheduler_cls"] == replay.ENGINE_SCHEDULER and kw["disable_log_stats"] is False
-    assert kw["load_format"] == "dummy" and kw["skip_tokenizer_init"] and not kw["enable_prefix_caching"]
+    assert kw["load_format"] == "dummy" and kw["skip_tokenizer_init"]
+    assert kw["enable_prefix_caching"] is (c.prefix_caching != "off")   # matched to the campaign (auto)
     assert (kw["num_gpu_blocks_override"], kw["block_size"], kw["max_num_batched_tokens"], kw["max_num_seqs"],
             kw["max_model_len"]) == (c.kv_blocks, c.block_size, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len)
     assert spec.env == {"OMP_NUM_THREADS": "1"} and spec.policy_options["las"]["quantum_tokens"] == 4
@@ -606,7 +607,9 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
     reps = the_plan.replays()
     assert set(reps["engine_mode"].to_list()) == {"fcfs", "priority", "dynamic"}
     assert (reps["windows"] == P.validation.windows_per_source).all()
-    assert set(reps.filter(pl.col("required"))["order"].to_list()) == {0, 1}
+    # required: the pre-registered family (key, control, 3 reversals drawn from the 3 source pairs)
+    assert len(the_plan.confirmatory) == 5 and the_plan.preregistration["correction"] == "holm"
+    assert set(reps.filter(pl.col("required"))["order"].to_list()) == set(range(5))
     assert "No vLLM" in validation.status_markdown(the_plan)
     assert validation.plan(P, cases.planted_reversals(SOURCES), reduced=True).windows["azure"] == \
         the_plan.windows["azure"][:P.validation.reduced_windows_per_source]
