@@ -6,15 +6,16 @@ validate`` / ``make validate``; on a CUDA GPU also notebook 08: the replay when 
 "skipped" report otherwise -- it never raises because vLLM or a GPU is missing) and
 :func:`read_results` (notebook 08 in the main environment reads what the run wrote).
 
-Pipeline of :func:`run` (one engine instance for everything; every step's module says more):
+Pipeline of :func:`run` (one engine instance for every policy but ``sarathi``, which runs on an
+instance of its own with its budget; every step's module says more):
 
-1. Cases (:mod:`.cases`): the analysis' most dramatic significant-and-practical reversal whose
-   policies the engine can run (on a headline metric when one qualifies), a stable control (replayed
-   on the reversal's sources), then every further such reversal while the time budget allows -- and,
-   when the verdicts can reach alpha at all, while the correction over the growing family of side
-   tests still lets the cases already replayed reach it (Holm over m tests needs p < alpha / m).
-   Windows: ``windows_per_source`` chosen at
-   random per source with ``window_seed`` (recorded), the same windows for every case.
+1. Cases (:mod:`.prereg`, :mod:`.cases`): the pre-registered confirmatory family -- the analysis' most
+   dramatic significant-and-practical reversal whose policies the engine can run, a stable control
+   (replayed on the reversal's sources), up to three reversals drawn at random (seeded, stratified by
+   source pair), the number of windows from a power calculation -- written with its SHA-256 to
+   ``preregistration.json`` before any engine starts; then every further such reversal (exploratory)
+   while the time budget allows. Windows: chosen at random per source with ``window_seed`` (recorded),
+   the same windows for every case. Then the fixed-shape step grid (:mod:`.steps`) on an in-process engine.
 2. Engine (:mod:`.replay`, :mod:`.engine_scheduler`, :mod:`.policies`): vLLM V1 batching,
    ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
    (KV blocks, block size, budget, ``max_num_seqs``, ``max_model_len``) are read back from its
@@ -36,11 +37,9 @@ Pipeline of :func:`run` (one engine instance for everything; every step's module
    settings) on the calibration profile -- a prediction, the profile was fitted before any replay --
    and, as a diagnostic, on a profile refitted to every step of the run.
 7. Fidelity (:func:`.verdict.fidelity`: per-request TTFT/TPOT/E2E MAPE, median absolute error,
-   correlation; per window x policy means) and verdicts (:func:`.verdict.verdict_table`: the
-   analysis' paired Wilcoxon test on the engine's per-window metric, ``metrics.compute``; a case is
-   ``reproduced``, ``not reproduced`` (significantly the other way), or ``inconclusive`` -- either
-   because its windows cannot reach alpha whatever they show, or because the test did not reject;
-   sign agreement is counted separately).
+   correlation; per window x policy means) and the two-step verdicts (:mod:`.confirm`: does the finding
+   survive the engine's settings in re-simulation; does the engine reproduce the re-simulation -- TOST
+   on effect sizes; the pre-registered family confirmed by one-sided tests, intersection-union, Holm).
 
 **Time budget** (``time_budget_s``; ``reduced_time_budget_s`` for ``make all``): counted from the start
 of the process, imports, planning and window tables included, to the written summary
@@ -175,8 +174,11 @@ def sarathi_budget(cfg: Config, token_scale: float) -> int:
 
 
 def sarathi_spec(cfg: Config, spec: replay.EngineSpec, token_scale: float) -> replay.EngineSpec:
-    """The engine instance ``sarathi`` runs on (:data:`.cases.OWN_INSTANCE`): the run's engine with Sarathi-Serve's budget."""
-    return dataclasses.replace(spec, max_batched_tokens=sarathi_budget(cfg, token_scale))
+    """The engine instance ``sarathi`` runs on (:data:`.cases.OWN_INSTANCE`): the run's engine with Sarathi-Serve's
+    budget x token_scale, raised to ``max_num_seqs`` where it is smaller (vLLM requires a budget of at least
+    ``max_num_seqs``: with token counts scaled, 512 x 1/8 = 64 < 256; the budget actually run is what
+    ``settings_match`` reports and what the re-simulation uses)."""
+    return dataclasses.replace(spec, max_batched_tokens=max(sarathi_budget(cfg, token_scale), int(spec.max_num_seqs or 0)))
 
 
 def policy_options(sim: SimulationConfig, token_scale: float) -> dict:
@@ -288,16 +290,27 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
     return Plan(status, device, reduced, selection, wins, spec, v.engine(device), msgs, conf, explore, doc)
 
 
+def campaign_window_values(cfg: Config) -> pl.DataFrame:
+    """The campaign's per-window metric values as the analysis used them (``analysis/window_values.parquet``:
+    replicate-averaged, one column per metric), else the campaign's runs table (``analysis.load_runs``)."""
+    f = Path(cfg.paths.results_dir) / "analysis" / "window_values.parquet"
+    if f.is_file():
+        wv = pl.read_parquet(f)
+        return wv.pivot(on="metric", index=["source", "window_id", "region", "scheduler"], values="value")
+    return analysis_cube.load_runs(cfg)
+
+
 def power_plan(cfg: Config, conf: list, *, reduced: bool, messages: list[str]) -> dict:
-    """The power calculation of :mod:`.prereg` on the campaign's runs (``analysis.load_runs``) with
-    ``validation.confirmatory``'s settings; without a runs table, the largest window count (said in ``messages``)."""
+    """The power calculation of :mod:`.prereg` on the campaign's per-window values
+    (:func:`campaign_window_values`) with ``validation.confirmatory``'s settings; without them, the largest
+    window count (said in ``messages``)."""
     c = cfg.validation.confirmatory
     hi = int(cfg.validation.reduced_windows_per_source if reduced else cfg.validation.windows_per_source)
     ps = prereg.PowerSettings(alpha=float(cfg.analysis.alpha), target=float(cfg.analysis.power.target),
                               noise_cv=float(c.noise_cv), min_windows=min(int(c.min_windows), hi), max_windows=hi,
                               simulations=int(c.power_simulations), seed=int(c.draw_seed))
     try:
-        runs = analysis_cube.load_runs(cfg)
+        runs = campaign_window_values(cfg)
     except PortbenchError as e:
         messages.append(f"power calculation: no campaign runs ({e}); {hi} windows per source")
         return {"windows_per_source": hi, "target_reached": False, "power_at_n": [math.nan] * len(conf),
@@ -644,7 +657,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                 return
             sc, horizon, _ = scaled_window(s, wid, region, rho)
             if sched in cases.OWN_INSTANCE:      # its own engine instance, after the shared engine's replays
-                if (s, wid, region, rho, sched, kind) not in deferred:
+                if all(d[:3] + d[4:5] != (s, wid, region, sched) for d in deferred):
                     deferred.append((s, wid, region, rho, sched, kind))
                 return
             seed = _seed(sim, wid, sched, region)
@@ -736,8 +749,9 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     raw.mkdir(parents=True, exist_ok=True)
     pl.concat(keyed, how="vertical").write_parquet(raw / "engine_requests.parquet")
     pl.concat(win_rows, how="diagonal_relaxed").write_parquet(raw / "windows.parquet")
-    pl.concat([b.with_columns(pl.lit(s).alias("source")) for s, b in bursts.items()]).write_parquet(raw / "bursts.parquet")
-    pl.concat(list(sat_records.values())).write_parquet(raw / "saturation_requests.parquet")
+    pl.concat([b.with_columns(pl.lit(s).alias("source")) for s, b in bursts.items()],
+              how="diagonal_relaxed").write_parquet(raw / "bursts.parquet")   # block_hashes where a source has them
+    pl.concat(list(sat_records.values()), how="diagonal_relaxed").write_parquet(raw / "saturation_requests.parquet")
     replays_s = sum(ph["t1"] - ph["t0"] for ph in R.phases if ph["phase"] not in ("warmup", "saturation"))
     # the rest of engine_total: importing vLLM, the calibration fit, bookkeeping and the engine's shutdown
     other_s = engine_s - startup_s - warmup_s - saturation_s - replays_s
@@ -769,7 +783,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     m = summary["mape"]
     R.log(f"done in {summary['wall_s']['total']:.0f} s from the process start (budget {budget:.0f} s): MAPE below "
           f"saturation TTFT {m['ttft']:.3f}, TPOT {m['tpot']:.3f}, E2E {m['e2e']:.3f}; "
-          + verdict.verdict_line(summary["verdict_counts"]))
+          + confirm.verdict_line(summary["verdict_counts"]))
     return {**summary, "plan": the_plan.to_dict(), "phases": R.phases}
 
 

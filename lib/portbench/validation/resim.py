@@ -122,11 +122,15 @@ def sim_settings(s: EngineSettings, profile: Profile, scheduler: str, sim: Simul
     Profile: ``kv_capacity_blocks`` = the engine's usable blocks (``num_blocks - 1``), its
     ``block_size``, ``max_num_seqs`` and ``max_batched_tokens`` (the token budget). Options: the
     simulation's (``schedulers.options_for``) with token quanta scaled like the workload; the batching
-    is :data:`ENGINE`'s (module docstring).
+    is :data:`ENGINE`'s (module docstring). A policy run on an engine instance of its own with an engine-wide
+    token option (:data:`ENGINE_WIDE_TOKEN_OPTIONS`: sarathi's budget) gets that instance's budget (``s`` is
+    then that instance's settings).
     """
     prof = dataclasses.replace(profile, kv_capacity_blocks=s.usable_blocks, block_size=s.block_size,
                                max_num_seqs=s.max_num_seqs, max_batched_tokens=s.max_num_batched_tokens)
     opts = scaled_options(scheduler, dict(schedulers.options_for(sim, scheduler)), s.token_scale)
+    for key in ENGINE_WIDE_TOKEN_OPTIONS.get(scheduler, ()):   # what its own engine instance ran with
+        opts[key] = int(s.max_num_batched_tokens)
     return prof, opts
 
 
