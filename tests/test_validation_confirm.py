@@ -93,6 +93,12 @@ def test_survives_settings_needs_sign_and_size_on_every_side():
     s = confirm.survives_settings(c, gone, delta=0.05, level=0.95)
     assert not s["survives"] and [x["keeps_sign_and_size"] for x in s["sides"]] == [True, False]
     assert confirm.case_verdict(s, {"verdict": "reproduced"}) == "not testable on this engine"
+    # the campaign's effect in the same units, over its own windows
+    camp = _runs({"azure": [0.3, 0.1], "mooncake": [-0.2, -0.4]})
+    s2 = confirm.survives_settings(c, resim, delta=0.05, level=0.95, campaign_runs=camp)
+    assert [sd["campaign_effect"]["mean"] for sd in s2["sides"]] == pytest.approx([0.2, -0.3])
+    # proportions: absolute effects against delta_absolute
+    assert confirm.practical_size("slo_medium", 0.05, 0.1) == 0.1 and confirm.practical_size("e2e_mean", 0.05, 0.1) == 0.05
 
 
 def test_engine_vs_resim_pairs_windows_and_tests_each_side():

@@ -962,8 +962,13 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     conf = prereg.cases_from(doc)
     explore = [c for c in done_cases if not any(prereg._same(c, d) for d in conf)]
     alpha = float(doc["alpha"])
+    try:
+        camp_runs = campaign_window_values(cfg)
+    except PortbenchError:
+        camp_runs = None
     rows = confirm.verdicts(conf, explore, engine_runs, sim_runs, alpha=alpha, delta=float(cfg.analysis.delta),
-                            margin=float(doc["equivalence_margin"]))
+                            delta_absolute=float(cfg.analysis.delta_absolute), margin=float(doc["equivalence_margin"]),
+                            campaign_runs=camp_runs)
     counts = confirm.verdict_counts(rows)
     verdicts = verdict_rows_table(rows)
     win_err = verdict.window_error_table(matched["prediction"]).join(
@@ -1030,8 +1035,9 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
         "verdict_counts": counts,
         "verdict_rules": {"alpha": alpha, "correction": doc["correction"], "confirmatory_cases": len(conf),
                           "step_1": "survives_settings: every side of the re-simulation under the engine's settings "
-                                    f"keeps the campaign's sign with |effect| >= analysis.delta ({cfg.analysis.delta:g}); "
-                                    "otherwise 'not testable on this engine'",
+                                    f"keeps the campaign's sign with |effect| >= analysis.delta ({cfg.analysis.delta:g}; "
+                                    f"delta_absolute {cfg.analysis.delta_absolute:g} for proportions); otherwise "
+                                    "'not testable on this engine'",
                           "step_2": "engine_vs_resim: per side the paired per-window difference of effects (engine - "
                                     f"re-simulation), TOST at +-{doc['equivalence_margin']:g}: 'reproduced' when every "
                                     "side is equivalent, 'not reproduced' when a side differs beyond the margin, else "
@@ -1086,7 +1092,7 @@ def verdict_rows_table(rows: list[dict]) -> pl.DataFrame:
             s, sv, d = sd["source"], surv.get(sd["source"], {}), sd["difference"]
             out.append({"case_id": i, "case": r["case"], "role": r["role"], "kind": r["kind"], "a": r["a"], "b": r["b"],
                         "region": r["region"], "metric": r["metric"], "source": s, "windows": sd["windows"],
-                        "campaign_effect": sv.get("campaign_effect"),
+                        "campaign_effect": (sv.get("campaign_effect") or {}).get("mean"),
                         "resim_effect": sd["resim_effect"]["mean"], "resim_lo": sd["resim_effect"]["lo"],
                         "resim_hi": sd["resim_effect"]["hi"],
                         "engine_effect": sd["engine_effect"]["mean"], "engine_lo": sd["engine_effect"]["lo"],

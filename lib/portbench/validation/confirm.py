@@ -11,7 +11,8 @@ re-simulation's rows), so the verdicts serve every engine.
 * **Step 1, does the finding survive the engine's settings?** (:func:`survives_settings`): the
   campaign's per-source sign vs the re-simulation under the engine's exact settings (same windows,
   limits, KV cache, budget, prefix caching, token scale). It survives when every side keeps the
-  campaign's sign with at least the practical size (``analysis.delta``); otherwise the case is
+  campaign's sign with at least the practical size (``analysis.delta``, ``delta_absolute`` for
+  proportions); otherwise the case is
   *not testable on this engine*: the engine could not show the finding even if the simulator were
   perfect.
 * **Step 2, does the engine reproduce the re-simulation?** (:func:`engine_vs_resim`): per side the
@@ -182,21 +183,36 @@ def tost(x, margin: float, alpha: float) -> Tost:
 # --------------------------------------------------------------------------- the two verdicts
 
 
-def survives_settings(case: Case, resim_runs: pl.DataFrame, *, delta: float, level: float) -> dict:
-    """Step 1: per side the campaign's effect (its oriented relative effect, signed) and the
-    re-simulation's under the engine's settings (mean per-window effect with its t interval); the case
-    survives when every side keeps the campaign's sign with |effect| >= ``delta``."""
+def practical_size(metric: str, delta: float, delta_absolute: float) -> float:
+    """The practical size in effect units: ``delta`` (relative) for ratio and count metrics, ``delta_absolute``
+    for proportions (the analysis' two thresholds)."""
+    return float(delta_absolute if metric_scale(metric) == "proportion" else delta)
+
+
+def survives_settings(case: Case, resim_runs: pl.DataFrame, *, delta: float, level: float,
+                      campaign_runs: pl.DataFrame | None = None, delta_absolute: float | None = None) -> dict:
+    """Step 1: per side the campaign's effect and the re-simulation's under the engine's settings (mean
+    per-window effect with its t interval, in the same units: :func:`window_effects`; the campaign's over its
+    own windows when ``campaign_runs`` is given, else its relative effect); the case survives when every side
+    of the re-simulation keeps the campaign's sign with |effect| >= the practical size (:func:`practical_size`)."""
     direction = case.direction or metrics.direction(case.metric)
+    size = practical_size(case.metric, delta, delta if delta_absolute is None else delta_absolute)
     sides, ok = [], True
     for s in case.sides:
         wins, e = window_effects(resim_runs, s.source, case.region, case.metric, case.a, case.b, direction)
         ci = mean_ci(e, level)
         sign = int(np.sign(s.diff)) if math.isfinite(s.diff) else 0
-        keeps = bool(ci.n > 0 and sign != 0 and np.sign(ci.mean) == sign and abs(ci.mean) >= delta)
+        keeps = bool(ci.n > 0 and sign != 0 and np.sign(ci.mean) == sign and abs(ci.mean) >= size)
         ok = ok and keeps
-        sides.append({"source": s.source, "campaign_effect": sign * float(s.rel) if math.isfinite(s.rel) else math.nan,
-                      "resim_effect": ci.to_dict(), "keeps_sign_and_size": keeps})
-    return {"survives": bool(ok and sides), "delta": float(delta), "sides": sides}
+        if campaign_runs is not None:
+            camp = mean_ci(window_effects(campaign_runs, s.source, case.region, case.metric, case.a, case.b,
+                                          direction)[1], level).to_dict()
+        else:
+            camp = {"mean": sign * float(s.rel) if math.isfinite(s.rel) else math.nan, "lo": math.nan,
+                    "hi": math.nan, "n": 0, "level": level}
+        sides.append({"source": s.source, "campaign_effect": camp, "resim_effect": ci.to_dict(),
+                      "keeps_sign_and_size": keeps})
+    return {"survives": bool(ok and sides), "practical_size": size, "sides": sides}
 
 
 def engine_vs_resim(case: Case, engine_runs: pl.DataFrame, resim_runs: pl.DataFrame, *, margin: float,
@@ -255,7 +271,8 @@ def case_label(c: Case) -> str:
 
 
 def verdicts(confirmatory: Sequence[Case], exploratory: Sequence[Case], engine_runs: pl.DataFrame,
-             resim_runs: pl.DataFrame, *, alpha: float, delta: float, margin: float) -> list[dict]:
+             resim_runs: pl.DataFrame, *, alpha: float, delta: float, margin: float,
+             delta_absolute: float | None = None, campaign_runs: pl.DataFrame | None = None) -> list[dict]:
     """Per case (confirmatory first): ``survives_settings`` (step 1), ``engine_vs_resim`` (step 2),
     ``verdict`` (:func:`case_verdict`); confirmatory cases also ``confirmatory`` (one-sided tests, the
     intersection-union p, its Holm adjustment over the family, ``confirmed``). Exploratory cases carry the
@@ -263,7 +280,8 @@ def verdicts(confirmatory: Sequence[Case], exploratory: Sequence[Case], engine_r
     conf = confirm_family([confirm_case(c, engine_runs) for c in confirmatory], alpha) if confirmatory else []
     out = []
     for i, c in enumerate([*confirmatory, *exploratory]):
-        surv = survives_settings(c, resim_runs, delta=delta, level=1 - 2 * alpha)
+        surv = survives_settings(c, resim_runs, delta=delta, level=1 - 2 * alpha, campaign_runs=campaign_runs,
+                                 delta_absolute=delta_absolute)
         ev = engine_vs_resim(c, engine_runs, resim_runs, margin=margin, alpha=alpha)
         row = {"case": case_label(c), "kind": c.kind, "a": c.a, "b": c.b, "region": c.region, "metric": c.metric,
                "sources": list(c.sources), "role": "confirmatory" if i < len(confirmatory) else "exploratory",
