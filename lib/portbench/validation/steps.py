@@ -26,7 +26,9 @@ validation measures shapes, not runs:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -38,6 +40,7 @@ from scipy import stats as sst
 
 from ..sim.profiles import Profile
 from ..sim.profiles.costmodel import attention_pairs
+from .replay import ITERATION_LOG_ENV
 
 MIXED_DECODE_CONTEXT = None   # mixed steps decode at the grid's smallest decode context
 TARGET_SHAPE_ERROR = 0.05      # per-shape median error target (issue: <= 5 %)
@@ -181,11 +184,6 @@ def measure(spec, shapes: Sequence[Shape], *, rounds: int, steps_per_shape: int,
             vocab: int) -> tuple[pl.DataFrame, float]:
     """Time the grid on an in-process engine built from ``spec`` (:class:`.replay.EngineSpec`; prefix
     caching forced on). Returns (one row per timed step, engine start-up seconds)."""
-    import json
-    import os
-
-    from .replay import ITERATION_LOG_ENV
-
     saved = {k: os.environ.get(k) for k in spec.env}
     os.environ.update({k: str(v) for k, v in spec.env.items()})   # before torch is imported (its thread pool)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
