@@ -51,10 +51,14 @@ replays leave room for (at least one per source); further cases are added while 
 is kept for the analysis, the engine's shutdown and the interpreter's exit (which ``wall_s.total``,
 written before it, cannot include).
 
-Outputs under ``{results_dir}/validation/``: ``summary.json`` (the headline: engine, model,
-windows, MAPE, verdicts, fit R², capacities, wall time), ``report.json`` (everything), and tables
-``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``,
-``verdicts``, ``window_errors``, ``capacity`` (parquet), ``engine_profile*.json``.
+Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written before any engine run;
+its SHA-256 in the summary), ``summary.json`` (the headline: engine, settings_match, preregistration,
+verdicts, step_fit, MAPE, fit R², capacities, wall time), ``report.json`` (everything), and tables
+``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``, ``verdicts`` (one row
+per case x source: both steps' effects and intervals, the confirmatory tests), ``step_grid`` (per shape),
+``window_errors``, ``capacity`` (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
+cost model fitted to the step grid), the step logs ``iterations*.jsonl`` (``_grid``: the step grid;
+``_sarathi``: sarathi's own instance).
 """
 
 from __future__ import annotations
