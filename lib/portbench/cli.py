@@ -189,10 +189,13 @@ def cmd_validate(args):
     print(json.dumps({k: s.get(k) for k in ("engine", "run", "windows_replayed", "replays", "mape",
                                             "mape_speed_corrected", "profile_fit_r2", "capacity_rps", "wall_s")},
                      indent=1, default=str))
-    for v in s.get("verdicts", [])[:2]:      # the key reversal and the control; every case: verdicts.parquet
-        print(f"{v['case']:8s} {v['a']} vs {v['b']} ({v['metric']}, {v['region']}): simulation {v['sim_sign']}; "
-              f"engine {v['engine_sign']}; re-simulation {v['resim_sign']} -> {v['verdict']}")
-    print(validation.verdict.verdict_line(s["verdict_counts"]))
+    for v in s.get("verdicts", []):         # the pre-registered family; every case: verdicts.parquet
+        if v["role"] == "confirmatory":
+            c = v["confirmatory"]
+            print(f"{v['case']}: survives the engine's settings: {v['survives_settings']['survives']}; engine vs "
+                  f"re-simulation: {v['engine_vs_resim']['verdict']}; Holm p {c['p_holm']:.3g} -> "
+                  f"{'confirmed' if c['confirmed'] else 'not confirmed'}; verdict: {v['verdict']}")
+    print(validation.confirm.verdict_line(s["verdict_counts"]))
 
 
 def cmd_conform(args):

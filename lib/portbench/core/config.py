@@ -948,9 +948,11 @@ class VllmEngineConfig:
     dtype: str = "auto"
     enforce_eager: bool = False
     gpu_memory_utilization: float = 0.9
+    prefix_caching: str = "off"
 
     def __post_init__(self):
         p = self.section
+        check_choice(f"{p}.prefix_caching", self.prefix_caching, PREFIX_CACHING_MODES)
         if not isinstance(self.model_config, str) or not self.model_config:
             raise ParameterError(f"{p}.model_config", self.model_config, "a model config name or folder")
         if not _is_num(self.token_scale) or not 0 < self.token_scale <= 1:
@@ -974,6 +976,54 @@ class VllmEngineConfig:
 
 
 @dataclass(frozen=True)
+class ConfirmatoryConfig:
+    """The pre-registered confirmatory family (``validation.confirmatory``)."""
+
+    extra_reversals: int = 3
+    draw_seed: int = 24
+    noise_cv: float = 0.05
+    min_windows: int = 6
+    power_simulations: int = 400
+
+    def __post_init__(self):
+        p = "validation.confirmatory"
+        _int(f"{p}.extra_reversals", self.extra_reversals, 0, "an integer in [0, 3]")
+        if self.extra_reversals > 3:
+            raise ParameterError(f"{p}.extra_reversals", self.extra_reversals, "an integer in [0, 3] (<= 5 cases)")
+        _int(f"{p}.draw_seed", self.draw_seed, 0, "a non-negative integer")
+        if not _is_num(self.noise_cv) or not 0 < self.noise_cv < 1:
+            raise ParameterError(f"{p}.noise_cv", self.noise_cv, "a relative standard deviation in (0, 1)")
+        for key in ("min_windows", "power_simulations"):
+            _int(f"{p}.{key}", getattr(self, key), 1, "a positive integer")
+
+
+@dataclass(frozen=True)
+class StepGridConfig:
+    """The fixed-shape step timing grid (``validation.step_grid``; engine tokens)."""
+
+    decode_batches: tuple = (1, 16, 64)
+    decode_contexts: tuple = (64, 256)
+    prefill_tokens: tuple = (64, 256)
+    cached_contexts: tuple = (0, 512)
+    mixed: tuple = ((16, 128),)
+    rounds: int = 5
+    reduced_rounds: int = 3
+    steps_per_shape: int = 4
+
+    def __post_init__(self):
+        p = "validation.step_grid"
+        for key in ("decode_batches", "decode_contexts", "prefill_tokens", "cached_contexts"):
+            v = getattr(self, key)
+            if not isinstance(v, (list, tuple)) or not v or not all(_is_int(x) and x >= 0 for x in v):
+                raise ParameterError(f"{p}.{key}", v, "a non-empty list of non-negative integers")
+        if not isinstance(self.mixed, (list, tuple)) or not all(
+                isinstance(x, (list, tuple)) and len(x) == 2 and all(_is_int(y) and y > 0 for y in x) for x in self.mixed):
+            raise ParameterError(f"{p}.mixed", self.mixed, "a list of [decode batch, prefill tokens] pairs")
+        for key in ("rounds", "reduced_rounds", "steps_per_shape"):
+            _int(f"{p}.{key}", getattr(self, key), 1, "a positive integer")
+
+
+@dataclass(frozen=True)
 class ValidationConfig:
     """The real-engine (vLLM) validation: device, vLLM version, windows, time budget, the two engines."""
 
@@ -990,6 +1040,9 @@ class ValidationConfig:
     reduced_fidelity_windows: int = 1
     saturation_requests: int | None = None   # None: the campaign's backlog size (validation.capacity.backlog_size)
     interleave: bool = True
+    equivalence_margin: float = 0.05
+    confirmatory: ConfirmatoryConfig = field(default_factory=lambda: ConfirmatoryConfig())
+    step_grid: StepGridConfig = field(default_factory=lambda: StepGridConfig())
     cpu: VllmEngineConfig = field(default_factory=lambda: VllmEngineConfig(section="validation.cpu"))
     gpu: VllmEngineConfig = field(default_factory=VllmEngineConfig)
 
@@ -1013,6 +1066,9 @@ class ValidationConfig:
             raise ParameterError("validation.fidelity_region", self.fidelity_region, "a region name")
         if not isinstance(self.interleave, bool):
             raise ParameterError("validation.interleave", self.interleave, "true or false")
+        m = self.equivalence_margin
+        if not _is_num(m) or not 0 < m < 1:
+            raise ParameterError("validation.equivalence_margin", m, "a number in (0, 1): the TOST margin on effects")
 
     def engine(self, device: str) -> VllmEngineConfig:
         """The engine section for ``device`` (``cpu`` or ``cuda``)."""
@@ -1026,6 +1082,14 @@ def _build_validation(V: Mapping) -> ValidationConfig:
         if sub is not None and not isinstance(sub, Mapping):
             raise ParameterError(section, sub, "a mapping (see papermill_params/default.yaml)")
         V[key] = VllmEngineConfig(section=section, **dict(sub or {}))
+    for key, cls in (("confirmatory", ConfirmatoryConfig), ("step_grid", StepGridConfig)):
+        sub = V.get(key)
+        if sub is not None and not isinstance(sub, Mapping):
+            raise ParameterError(f"validation.{key}", sub, "a mapping (see papermill_params/default.yaml)")
+        if key == "step_grid" and sub:
+            sub = {k: (tuple(tuple(x) if isinstance(x, list) else x for x in v) if isinstance(v, list) else v)
+                   for k, v in sub.items()}
+        V[key] = cls(**dict(sub or {}))
     return ValidationConfig(**V)
 
 

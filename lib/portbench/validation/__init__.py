@@ -6,15 +6,16 @@ validate`` / ``make validate``; on a CUDA GPU also notebook 08: the replay when 
 "skipped" report otherwise -- it never raises because vLLM or a GPU is missing) and
 :func:`read_results` (notebook 08 in the main environment reads what the run wrote).
 
-Pipeline of :func:`run` (one engine instance for everything; every step's module says more):
+Pipeline of :func:`run` (one engine instance for every policy but ``sarathi``, which runs on an
+instance of its own with its budget; every step's module says more):
 
-1. Cases (:mod:`.cases`): the analysis' most dramatic significant-and-practical reversal whose
-   policies the engine can run (on a headline metric when one qualifies), a stable control (replayed
-   on the reversal's sources), then every further such reversal while the time budget allows -- and,
-   when the verdicts can reach alpha at all, while the correction over the growing family of side
-   tests still lets the cases already replayed reach it (Holm over m tests needs p < alpha / m).
-   Windows: ``windows_per_source`` chosen at
-   random per source with ``window_seed`` (recorded), the same windows for every case.
+1. Cases (:mod:`.prereg`, :mod:`.cases`): the pre-registered confirmatory family -- the analysis' most
+   dramatic significant-and-practical reversal whose policies the engine can run, a stable control
+   (replayed on the reversal's sources), up to three reversals drawn at random (seeded, stratified by
+   source pair), the number of windows from a power calculation -- written with its SHA-256 to
+   ``preregistration.json`` before any engine starts; then every further such reversal (exploratory)
+   while the time budget allows. Windows: chosen at random per source with ``window_seed`` (recorded),
+   the same windows for every case. Then the fixed-shape step grid (:mod:`.steps`) on an in-process engine.
 2. Engine (:mod:`.replay`, :mod:`.engine_scheduler`, :mod:`.policies`): vLLM V1 batching,
    ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
    (KV blocks, block size, budget, ``max_num_seqs``, ``max_model_len``) are read back from its
@@ -36,11 +37,9 @@ Pipeline of :func:`run` (one engine instance for everything; every step's module
    settings) on the calibration profile -- a prediction, the profile was fitted before any replay --
    and, as a diagnostic, on a profile refitted to every step of the run.
 7. Fidelity (:func:`.verdict.fidelity`: per-request TTFT/TPOT/E2E MAPE, median absolute error,
-   correlation; per window x policy means) and verdicts (:func:`.verdict.verdict_table`: the
-   analysis' paired Wilcoxon test on the engine's per-window metric, ``metrics.compute``; a case is
-   ``reproduced``, ``not reproduced`` (significantly the other way), or ``inconclusive`` -- either
-   because its windows cannot reach alpha whatever they show, or because the test did not reject;
-   sign agreement is counted separately).
+   correlation; per window x policy means) and the two-step verdicts (:mod:`.confirm`: does the finding
+   survive the engine's settings in re-simulation; does the engine reproduce the re-simulation -- TOST
+   on effect sizes; the pre-registered family confirmed by one-sided tests, intersection-union, Holm).
 
 **Time budget** (``time_budget_s``; ``reduced_time_budget_s`` for ``make all``): counted from the start
 of the process, imports, planning and window tables included, to the written summary
@@ -52,10 +51,14 @@ replays leave room for (at least one per source); further cases are added while 
 is kept for the analysis, the engine's shutdown and the interpreter's exit (which ``wall_s.total``,
 written before it, cannot include).
 
-Outputs under ``{results_dir}/validation/``: ``summary.json`` (the headline: engine, model,
-windows, MAPE, verdicts, fit R², capacities, wall time), ``report.json`` (everything), and tables
-``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``,
-``verdicts``, ``window_errors``, ``capacity`` (parquet), ``engine_profile*.json``.
+Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written before any engine run;
+its SHA-256 in the summary), ``summary.json`` (the headline: engine, settings_match, preregistration,
+verdicts, step_fit, MAPE, fit R², capacities, wall time), ``report.json`` (everything), and tables
+``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``, ``verdicts`` (one row
+per case x source: both steps' effects and intervals, the confirmatory tests), ``step_grid`` (per shape),
+``window_errors``, ``capacity`` (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
+cost model fitted to the step grid), the step logs ``iterations*.jsonl`` (``_grid``: the step grid;
+``_sarathi``: sarathi's own instance).
 """
 
 from __future__ import annotations
@@ -81,8 +84,20 @@ from ..data import predictors, windows
 from ..data.predictors import PREDICTION_COLUMNS
 from ..sim import metrics, profiles, regions, schedulers
 from ..study import campaign
+from ..study.analysis import cube as analysis_cube
 from ..study.campaign import run_seed
-from . import capacity, cases, policies, replay, resim, verdict
+from . import (
+    capacity,
+    cases,
+    confirm,
+    matching,
+    policies,
+    prereg,
+    replay,
+    resim,
+    steps,
+    verdict,
+)
 
 LABEL_CPU = ("real vLLM engine, CPU backend, tiny model — the scheduling and memory mechanics are vLLM's, "
              "the timings are a CPU's")
@@ -99,6 +114,7 @@ RESERVE_PER_REPLAY_S = 0.12   # ... plus this per replay (3 re-simulations + met
 SATURATION_SHARE = 0.3        # the saturation runs are sized to this share of the time left when they start ...
 SATURATION_GUARD = 1.5        # ... and cut at this many times that share (a run cut early still has its last admission)
 WARMUP_HORIZON_S = 120.0
+PREREGISTRATION = "preregistration.json"
 
 
 def settings(v: ValidationConfig) -> dict:
@@ -150,8 +166,23 @@ def engine_spec(cfg: Config, device: str) -> replay.EngineSpec:
                              num_gpu_blocks=blocks, block_size=block_size, max_model_len=e.max_model_len,
                              dtype=e.dtype, enforce_eager=e.enforce_eager,
                              gpu_memory_utilization=e.gpu_memory_utilization, seed=int(v.seed),
+                             enable_prefix_caching=e.prefix_caching != "off",
                              policy_options=policy_options(cfg.simulation, e.token_scale),
                              env=dict(replay.CPU_ENGINE_ENV) if device == "cpu" else {})
+
+
+def sarathi_budget(cfg: Config, token_scale: float) -> int:
+    """Sarathi-Serve's token budget on the engine: the simulator's ``prefill_token_budget`` x ``token_scale``."""
+    opts = resim.scaled_options("sarathi", dict(schedulers.options_for(cfg.simulation, "sarathi")), token_scale)
+    return int(opts["prefill_token_budget"])
+
+
+def sarathi_spec(cfg: Config, spec: replay.EngineSpec, token_scale: float) -> replay.EngineSpec:
+    """The engine instance ``sarathi`` runs on (:data:`.cases.OWN_INSTANCE`): the run's engine with Sarathi-Serve's
+    budget x token_scale, raised to ``max_num_seqs`` where it is smaller (vLLM requires a budget of at least
+    ``max_num_seqs``: with token counts scaled, 512 x 1/8 = 64 < 256; the budget actually run is what
+    ``settings_match`` reports and what the re-simulation uses)."""
+    return dataclasses.replace(spec, max_batched_tokens=max(sarathi_budget(cfg, token_scale), int(spec.max_num_seqs or 0)))
 
 
 def policy_options(sim: SimulationConfig, token_scale: float) -> dict:
@@ -185,25 +216,19 @@ class Plan:
     spec: replay.EngineSpec | None
     engine: VllmEngineConfig | None
     messages: list[str]
+    confirmatory: list[cases.Case] = dataclasses.field(default_factory=list)   # the pre-registered family
+    exploratory: list[cases.Case] = dataclasses.field(default_factory=list)
+    preregistration: dict | None = None    # the document prereg.write stores before any engine run
 
     @property
     def runnable(self) -> bool:
-        return bool(self.status.ok and self.selection and self.selection.cases and self.windows)
+        return bool(self.status.ok and self.confirmatory and self.windows)
 
     @property
     def cases(self) -> list[cases.Case]:
-        """The cases as replayed: the control restricted to the key reversal's sources."""
-        if not self.selection or not self.selection.cases:
-            return []
-        key = self.selection.cases[0] if self.selection.cases[0].kind == "reversal" else None
-        out = []
-        for c in self.selection.cases:
-            if c.kind == "control" and key is not None:
-                sides = tuple(s for s in c.sides if s.source in key.sources)
-                if len(sides) == len(key.sources):
-                    c = dataclasses.replace(c, sides=sides, notes=c.notes + f"; replayed on {', '.join(key.sources)}")
-            out.append(c)
-        return out
+        """The cases as replayed: the confirmatory family (the control on the key reversal's sources), then
+        the exploratory ones."""
+        return [*self.confirmatory, *self.exploratory]
 
     def replays(self) -> pl.DataFrame:
         """One row per (case, source, scheduler) the run would replay (optional cases included)."""
@@ -211,7 +236,8 @@ class Plan:
         for i, c in enumerate(self.cases):
             for s in c.sources:
                 for sched in c.schedulers:
-                    rows.append({"case": c.kind, "order": i, "required": i < 2, "source": s, "region": c.region,
+                    rows.append({"case": c.kind, "order": i, "required": i < len(self.confirmatory), "source": s,
+                                 "region": c.region,
                                  "rho": c.rho, "scheduler": sched, "engine_mode": policies.engine_policy(sched).mode,
                                  "windows": len(self.windows.get(s, []))})
         schema = {"case": pl.Utf8, "order": pl.Int64, "required": pl.Boolean, "source": pl.Utf8, "region": pl.Utf8,
@@ -220,7 +246,7 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {"status": dataclasses.asdict(self.status), "device": self.device, "reduced": self.reduced,
-                "cases": [c.to_dict() for c in self.cases],
+                "cases": [c.to_dict() for c in self.cases], "confirmatory_cases": len(self.confirmatory),
                 "excluded": self.selection.excluded if self.selection else {},
                 "windows": self.windows, "messages": self.messages,
                 "engine_args": self.spec.engine_kwargs() if self.spec else None}
@@ -231,33 +257,69 @@ def _device(status: replay.EngineStatus) -> str | None:
 
 
 def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = False) -> Plan:
-    """Select the cases, choose the windows, check the engine; starts nothing. ``reversals``
-    overrides the analysis' file; ``reduced``: the fewer windows of ``make all``."""
+    """Select the cases (the pre-registered confirmatory family, :mod:`.prereg`, and the exploratory
+    rest), size the windows by the power calculation, choose them, check the engine; starts nothing.
+    ``reversals`` overrides the analysis' file; ``reduced``: the fewer windows of ``make all``."""
     v = cfg.validation
     status = replay.engine_status(v.device, v.vllm_version)
     device = _device(status) or ("cpu" if v.device == "cpu" else "cuda")
     msgs: list[str] = []
-    selection = None
+    selection, conf, explore, doc = None, [], [], None
     try:
         rev = reversals if reversals is not None else cases.read_reversals(reversals_path(cfg))
         selection = cases.select_cases(rev, cfg.simulation.region_loads)
-        msgs += selection.messages
+        conf, explore, m = prereg.choose_cases(rev, cfg.simulation.region_loads, extra=v.confirmatory.extra_reversals,
+                                               seed=v.confirmatory.draw_seed, eligible=cases.engine_runnable)
+        msgs += m
     except PortbenchError as e:
         msgs.append(str(e))
     wins: dict[str, list[str]] = {}
-    k = v.reduced_windows_per_source if reduced else v.windows_per_source
-    if selection and selection.cases:
-        srcs = sorted({s for c in selection.cases for s in c.sources})
+    if conf:
+        pw = power_plan(cfg, conf, reduced=reduced, messages=msgs)
+        srcs = sorted({s for c in [*conf, *explore] for s in c.sources})
         try:
-            wins = choose_windows(windows.load_manifest(cfg), srcs, int(k), int(v.window_seed))
+            wins = choose_windows(windows.load_manifest(cfg), srcs, int(pw["windows_per_source"]), int(v.window_seed))
         except PortbenchError as e:
             msgs.append(f"windows: {e}")
+        doc = prereg.document(conf, pw, {s: wins.get(s, []) for s in sorted({s for c in conf for s in c.sources})},
+                              alpha=float(cfg.analysis.alpha), draw_seed=v.confirmatory.draw_seed,
+                              extra=v.confirmatory.extra_reversals, margin=float(v.equivalence_margin),
+                              inputs={"reversals_sha256": _sha(reversals_path(cfg)) if reversals is None else "given",
+                                      "params_fingerprint": params_fingerprint(cfg), "run": "reduced" if reduced else "full"})
     spec = None
     try:
         spec = engine_spec(cfg, device)
     except PortbenchError as e:
         msgs.append(f"engine configuration: {e}")
-    return Plan(status, device, reduced, selection, wins, spec, v.engine(device), msgs)
+    return Plan(status, device, reduced, selection, wins, spec, v.engine(device), msgs, conf, explore, doc)
+
+
+def campaign_window_values(cfg: Config) -> pl.DataFrame:
+    """The campaign's per-window metric values as the analysis used them (``analysis/window_values.parquet``:
+    replicate-averaged, one column per metric), else the campaign's runs table (``analysis.load_runs``)."""
+    f = Path(cfg.paths.results_dir) / "analysis" / "window_values.parquet"
+    if f.is_file():
+        wv = pl.read_parquet(f)
+        return wv.pivot(on="metric", index=["source", "window_id", "region", "scheduler"], values="value")
+    return analysis_cube.load_runs(cfg)
+
+
+def power_plan(cfg: Config, conf: list, *, reduced: bool, messages: list[str]) -> dict:
+    """The power calculation of :mod:`.prereg` on the campaign's per-window values
+    (:func:`campaign_window_values`) with ``validation.confirmatory``'s settings; without them, the largest
+    window count (said in ``messages``)."""
+    c = cfg.validation.confirmatory
+    hi = int(cfg.validation.reduced_windows_per_source if reduced else cfg.validation.windows_per_source)
+    ps = prereg.PowerSettings(alpha=float(cfg.analysis.alpha), target=float(cfg.analysis.power.target),
+                              noise_cv=float(c.noise_cv), min_windows=min(int(c.min_windows), hi), max_windows=hi,
+                              simulations=int(c.power_simulations), seed=int(c.draw_seed))
+    try:
+        runs = campaign_window_values(cfg)
+    except PortbenchError as e:
+        messages.append(f"power calculation: no campaign runs ({e}); {hi} windows per source")
+        return {"windows_per_source": hi, "target_reached": False, "power_at_n": [math.nan] * len(conf),
+                "settings": ps.__dict__, "note": "no campaign runs table"}
+    return prereg.power(conf, runs, ps)
 
 
 def _write_json(path: Path, obj: Any) -> Path:
@@ -305,7 +367,9 @@ def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = F
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
-    report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress, origin=origin)
+    # the confirmatory family, written and hashed before any engine starts (prereg.py)
+    sha = prereg.write(out / PREREGISTRATION, the_plan.preregistration)
+    report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress, origin=origin, prereg_sha=sha)
     _write_json(out / "report.json", report)
     return report
 
@@ -372,7 +436,8 @@ def _reserve(n_replays: int) -> float:
     return RESERVE_BASE_S + RESERVE_PER_REPLAY_S * n_replays
 
 
-def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, origin: float | None = None) -> dict:
+def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, origin: float | None = None,
+         prereg_sha: str = "") -> dict:
     """The validation (module docstring). Sized to the budget, which counts from the process start:
     the saturation backlog (the campaign's size unless :data:`SATURATION_SHARE` of the time left cannot
     hold it, then no fewer than ``capacity.MIN_REQUESTS``), the windows of the required cases (fewer
@@ -390,7 +455,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     # Predictions are frozen per environment (their fingerprint has the library versions): when none are
     # frozen for this one, they are trained here (~1-2 min on 2 cores) only if a required case needs them or
     # the run is the full one; a reduced run then skips the further cases that need them.
-    names_req = {"fcfs"} | {x for c in the_plan.cases[:2] for x in c.schedulers}
+    n_req = len(the_plan.confirmatory)     # the pre-registered cases: required, with every chosen window
+    names_req = {"fcfs"} | {x for c in the_plan.cases[:n_req] for x in c.schedulers}
     names_all = names_req | {x for c in the_plan.cases for x in c.schedulers}
     with_predictions = campaign.needs_predictions(sorted(names_req)) or (
         campaign.needs_predictions(sorted(names_all)) and (not the_plan.reduced or _predictions_frozen(cfg, man, srcs_all)))
@@ -405,6 +471,24 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     before_engine_s = R.elapsed()
     for m in the_plan.messages:
         R.log(m)
+    prereg_path = out / PREREGISTRATION
+    R.log(f"pre-registration written before any engine run: {prereg_path} (SHA-256 {prereg_sha[:16]}...), "
+          f"{n_req} confirmatory cases, {the_plan.preregistration['windows_per_source']} windows per source")
+    # the step grid: fixed shapes on an in-process engine of its own (steps.py), before the replays
+    g = v.step_grid
+    shapes = steps.grid(g)
+    rounds = int(g.reduced_rounds if the_plan.reduced else g.rounds)
+    R.log(f"step grid: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
+    t = time.perf_counter()
+    grid_log = out / "iterations_grid.jsonl"
+    grid_log.unlink(missing_ok=True)
+    grid_rows, grid_startup = steps.measure(spec, shapes, rounds=rounds, steps_per_shape=int(g.steps_per_shape),
+                                            seed=int(v.seed), log_path=grid_log, vocab=vocab)
+    (out / "raw").mkdir(parents=True, exist_ok=True)
+    grid_rows.write_parquet(out / "raw" / "step_grid.parquet")
+    step_info = {"shapes": len(shapes), "rounds": rounds, "steps_per_shape": int(g.steps_per_shape),
+                 "steps": grid_rows.height, "wall_s": time.perf_counter() - t, "startup_s": grid_startup}
+    R.log(f"step grid: {grid_rows.height} steps in {step_info['wall_s']:.0f} s")
     R.log(f"starting vLLM ({status.distribution} {status.version}, {the_plan.device}, model {e.model_config}); "
           f"budget {budget:.0f} s from the process start")
     with replay.Replayer(spec, log_path) as eng:
@@ -414,7 +498,10 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             raise PortbenchError(f"the engine wrote no init record to {log_path} (is the scheduler class loaded?)")
         es = resim.EngineSettings.from_init(inits[-1], device=the_plan.device, distribution=status.distribution,
                                             version=status.version, model=e.model_config, token_scale=e.token_scale,
-                                            requests_per_window=e.requests_per_window)
+                                            requests_per_window=e.requests_per_window,
+                                            prefix_caching=spec.enable_prefix_caching)
+        # engine tokens per block hash of each source (prefix caching: prompts built from the trace's hashes)
+        hash_tokens = {s: resim.scaled_hash_block(windows.hash_block_size(man, {"source": s}), es) for s in srcs_all}
         R.log(f"engine up in {startup_s:.0f} s: {es.num_blocks} KV blocks x {es.block_size} tokens, budget "
               f"{es.max_num_batched_tokens} tokens, max_num_seqs {es.max_num_seqs}, max_model_len {es.max_model_len}")
         prepared: dict[str, tuple[pl.DataFrame, dict]] = {}
@@ -424,13 +511,17 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                 prepared[wid] = resim.prepare_window(tables[wid], es)
             return prepared[wid]
 
-        def replay_one(df, policy, horizon, tag, phase, prio=None):
+        def replay_one(df, policy, horizon, tag, phase, prio=None, *, source, engine=None, as_policy=None):
+            """One replay on ``engine`` (default: the shared one); ``as_policy``: the policy the engine runs it
+            as (sarathi: fcfs on its own instance), recorded under ``policy``."""
+            engine = engine or eng
             reqs, rej = replay.build_requests(df, vocab_size=vocab, seed=_seed(sim, tag, "prompt-tokens", ""),
-                                              priorities=prio, max_model_len=es.max_model_len)
+                                              priorities=prio, max_model_len=es.max_model_len,
+                                              hash_block_tokens=hash_tokens.get(source))
             t_a = time.monotonic()
-            rec = eng.replay(reqs, horizon_s=horizon, policy=policy, rejected=rej, window_df=df, tag=tag)
+            rec = engine.replay(reqs, horizon_s=horizon, policy=as_policy or policy, rejected=rej, window_df=df, tag=tag)
             R.phases.append({"phase": phase, "tag": tag, "policy": policy, "t0": t_a, "t1": time.monotonic(),
-                             "origin": eng.last_t0})
+                             "origin": engine.last_t0, "instance": "own" if engine is not eng else "shared"})
             return rec
 
         def work(df: pl.DataFrame) -> float:
@@ -443,7 +534,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
         warm = wdf.with_columns(pl.lit(0.0).alias("arrival_s"))
         R.log(f"warm-up: {w0} ({warm.height} requests queued at t=0), discarded")
         t = time.perf_counter()
-        wrec = replay_one(warm, "fcfs", WARMUP_HORIZON_S, f"warmup-{w0}", "warmup")
+        wrec = replay_one(warm, "fcfs", WARMUP_HORIZON_S, f"warmup-{w0}", "warmup", source=srcs_all[0])
         warmup_s = time.perf_counter() - t
         try:      # its steady part: the fresh engine's first, slow steps fall in the trimmed start
             pilot_rps = capacity.saturation_throughput(wrec)["capacity_rps"]
@@ -459,7 +550,9 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
 
         def pool(s: str) -> pl.DataFrame:
             if s not in pools:
-                pools[s] = pl.concat([prep(wid)[0].select("arrival_s", "prompt_tokens", "output_tokens", "tenant")
+                cols = ["arrival_s", "prompt_tokens", "output_tokens", "tenant"] + (
+                    ["block_hashes"] if hash_tokens.get(s) else [])
+                pools[s] = pl.concat([prep(wid)[0].select(cols)
                                       for wid in sorted(t for t in tables if _source_of(man, t) == s)])
             return pools[s]
 
@@ -469,7 +562,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             ratio = float(np.median(R.sat_ratio)) if (R.sat_ratio and learned) else 1.0
             return work(pool(s)) / work(warm) / pilot_rps * ratio
 
-        required = sorted({s for c in the_plan.cases[:2] for s in c.sources})
+        required = sorted({s for c in the_plan.cases[:n_req] for s in c.sources})
         target = capacity.backlog_size(es.max_num_seqs, v.saturation_requests)
         floor_n = min(target, capacity.MIN_REQUESTS)
         allot_s = SATURATION_SHARE * max(R.left() - RESERVE_BASE_S, 0.0) / len(required)   # per required source
@@ -490,7 +583,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             guard = max(SATURATION_GUARD * share, 10.0)
             R.log(f"saturation run {s}: {burst.height} requests queued at t=0 (fcfs), ~{est:.0f} s (cut at {guard:.0f} s)")
             t = time.perf_counter()
-            rec = replay_one(burst, "fcfs", guard, f"sat-{s}", phase)
+            rec = replay_one(burst, "fcfs", guard, f"sat-{s}", phase, source=s)
             took = time.perf_counter() - t
             R.sat_ratio.append(took / (n_sat * per_request_s(s, learned=False)))
             c = capacity.saturation_throughput(rec)
@@ -513,8 +606,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
         for s in required:
             saturate(s)
         saturation_s = time.perf_counter() - t
-        steps = replay.iteration_rows(log_path)
-        calib_steps = verdict.calibration_sample(_phase_steps(steps, R.phases, {"saturation"}), seed=int(v.seed))
+        logged = replay.iteration_rows(log_path)
+        calib_steps = verdict.calibration_sample(_phase_steps(logged, R.phases, {"saturation"}), seed=int(v.seed))
         calib = verdict.fit_engine_profile(calib_steps, base, f"vllm_{e.model_config}_{the_plan.device}_calibration",
                                            floor=_floor(the_plan.device))
         calib_path = profiles.save_profile(calib, out / "engine_profile_calibration.json")
@@ -567,14 +660,20 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             if key in R.records:
                 return
             sc, horizon, _ = scaled_window(s, wid, region, rho)
+            if sched in cases.OWN_INSTANCE:      # its own engine instance, after the shared engine's replays
+                if all(d[:3] + d[4:5] != (s, wid, region, sched) for d in deferred):
+                    deferred.append((s, wid, region, rho, sched, kind))
+                return
             seed = _seed(sim, wid, sched, region)
             prio = replay.request_priorities(sched, sc, seed, schedulers.options_for(sim, sched),
                                              profile=calib, slo=sim.edf_slo_dict)
             est = estimate(s, wid, region, rho, learned=False)
             t = time.perf_counter()
-            rec = replay_one(sc, sched, horizon, f"{wid}.{region}", kind, prio)
+            rec = replay_one(sc, sched, horizon, f"{wid}.{region}", kind, prio, source=s)
             R.est_ratio.append((time.perf_counter() - t) / est if est > 0 else 1.0)
             R.records[key] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
+
+        deferred: list[tuple] = []
 
         def case_todo(c, k):
             return [(s, wid, c.region, float(c.rho), sched)
@@ -584,7 +683,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
 
         def required_todo(k, nf):
             fid = [(s, wid, fid_region, fid_rho, "fcfs") for s in required for wid in the_plan.windows[s][:nf]]
-            return fid + [t for c in the_cases[:2] for t in case_todo(c, k)]
+            return fid + [t for c in the_cases[:n_req] for t in case_todo(c, k)]
 
         # the windows of the required cases: as many of the chosen ones as the time left holds (>= 1)
         k_plan = max(len(w) for w in the_plan.windows.values())
@@ -600,12 +699,9 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                   "per source")
         for s, wid, region, rho, sched in required_todo(0, n_fid):
             do(s, wid, region, rho, sched, "fidelity")
-        alpha, correction = float(cfg.analysis.alpha), str(cfg.analysis.correction)
-        family: list[int] = []            # windows per side of the cases replayed (the verdicts' test family)
         for i, c in enumerate(the_cases):
             todo = case_todo(c, k_use)
-            sides = [min(k_use, len(the_plan.windows[s])) for s in c.sources]
-            if i >= 2:
+            if i >= n_req:     # exploratory: while the time budget allows
                 if not with_predictions and campaign.needs_predictions(list(c.schedulers)):
                     skipped.append(f"{c.kind} {c.a} vs {c.b} ({c.metric}, {c.region}, {'/'.join(c.sources)}): needs "
                                    "learned predictions, not frozen for this environment (training them does not fit "
@@ -619,26 +715,28 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                                    f"~{need:.0f} s of replays would exceed the {budget:.0f} s budget")
                     skipped_why["time"] += 1
                     continue
-                before = verdict.attainable_p_adj(family, correction)
-                after = verdict.attainable_p_adj(family + sides, correction)[:len(family)]
-                if np.any((before < alpha) & (after >= alpha)):
-                    skipped.append(f"{c.kind} {c.a} vs {c.b} ({c.metric}, {c.region}, {'/'.join(c.sources)}): "
-                                   f"{correction} over {len(family) + len(sides)} side tests would leave the cases "
-                                   f"replayed so far unable to reach alpha = {alpha:g} with {k_use} windows")
-                    skipped_why["family"] += 1
-                    continue
             t = time.perf_counter()
             for s, wid, region, rho, sched in todo:
                 do(s, wid, region, rho, sched, f"case{i}")
-            family += sides
             done_cases.append(c)
-            if i < 2:
+            if i < n_req:
                 R.log(f"case {i + 1}/{len(the_cases)} {c.kind}: {c.a} vs {c.b}, {c.metric} at {c.region} on "
                       f"{', '.join(c.sources)}, {k_use} windows per source: {time.perf_counter() - t:.0f} s")
         R.log(f"{len(done_cases)} cases replayed ({len(R.records)} replays); {len(skipped)} further cases not "
-              f"({skipped_why['time']} for time, {skipped_why['family']} to keep the test family able to reach alpha, "
-              f"{skipped_why['predictions']} for want of frozen predictions)")
-        load_end = os.getloadavg()
+              f"({skipped_why['time']} for time, {skipped_why['predictions']} for want of frozen predictions)")
+    own_settings = {}
+    if deferred:     # sarathi: FCFS on an engine instance of its own with Sarathi-Serve's budget (cases.OWN_INSTANCE)
+        sspec = sarathi_spec(cfg, spec, e.token_scale)
+        s_log = out / "iterations_sarathi.jsonl"
+        R.log(f"{len(deferred)} replays on sarathi's own engine instance (token budget {sspec.max_batched_tokens})")
+        with replay.Replayer(sspec, s_log) as eng2:
+            own_settings["sarathi"] = replay.read_iteration_log(s_log)[0][-1]
+            for s, wid, region, rho, sched, kind in deferred:
+                sc, horizon, _ = R.scaled[(wid, region)]
+                rec = replay_one(sc, sched, horizon, f"{wid}.{region}", kind, None, source=s, engine=eng2,
+                                 as_policy="fcfs")
+                R.records[(s, wid, region, sched)] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
+    load_end = os.getloadavg()
     engine_s = R.elapsed() - before_engine_s
     # the raw measurements: everything analyze() needs, so that the analysis can be redone from files
     raw = out / "raw"
@@ -655,8 +753,9 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     raw.mkdir(parents=True, exist_ok=True)
     pl.concat(keyed, how="vertical").write_parquet(raw / "engine_requests.parquet")
     pl.concat(win_rows, how="diagonal_relaxed").write_parquet(raw / "windows.parquet")
-    pl.concat([b.with_columns(pl.lit(s).alias("source")) for s, b in bursts.items()]).write_parquet(raw / "bursts.parquet")
-    pl.concat(list(sat_records.values())).write_parquet(raw / "saturation_requests.parquet")
+    pl.concat([b.with_columns(pl.lit(s).alias("source")) for s, b in bursts.items()],
+              how="diagonal_relaxed").write_parquet(raw / "bursts.parquet")   # block_hashes where a source has them
+    pl.concat(list(sat_records.values()), how="diagonal_relaxed").write_parquet(raw / "saturation_requests.parquet")
     replays_s = sum(ph["t1"] - ph["t0"] for ph in R.phases if ph["phase"] not in ("warmup", "saturation"))
     # the rest of engine_total: importing vLLM, the calibration fit, bookkeeping and the engine's shutdown
     other_s = engine_s - startup_s - warmup_s - saturation_s - replays_s
@@ -664,6 +763,11 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
         "engine_settings": es.to_dict(), "status": dataclasses.asdict(status), "device": the_plan.device,
         "reduced": the_plan.reduced, "budget_s": budget, "windows": the_plan.windows, "window_seed": int(v.window_seed),
         "cases": [c.to_dict() for c in done_cases], "cases_skipped": skipped, "phases": R.phases,
+        "confirmatory_cases": n_req, "own_instance_settings": own_settings,
+        "preregistration": {"path": str(prereg_path), "sha256": prereg_sha,
+                            "windows_per_source": int(the_plan.preregistration["windows_per_source"]),
+                            "windows_per_source_run": k_use},
+        "step_grid": step_info, "hash_block_tokens": hash_tokens,
         "capacity": cap_rows, "startup_s": startup_s, "replay_wall_s": engine_s,
         "wall_s": {"before_engine": before_engine_s, "engine_startup": startup_s, "warmup": warmup_s,
                    "saturation": saturation_s, "replays": replays_s, "engine_other": other_s,
@@ -671,7 +775,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
         "budget": {"budget_s": budget, "counted_from": "process start", "saturation_backlog": n_sat,
                    "saturation_backlog_target": target, "saturation_backlog_why": sat_note,
                    "warmup_rate_rps": pilot_rps, "windows_per_source": k_use, "windows_per_source_planned": k_plan,
-                   "fidelity_windows": n_fid, "cases_replayed": len(done_cases), "cases_skipped": skipped_why,
+                   "fidelity_windows": n_fid, "cases_replayed": len(done_cases),
+                   "cases_skipped": {k: x for k, x in skipped_why.items() if k != "family"},
                    "predictions": "attached" if with_predictions else "not frozen for this environment: cases "
                                                                            "that need them skipped"},
         "loadavg_start": list(load_start), "loadavg_end": list(load_end), "calibration_profile": str(calib_path),
@@ -682,7 +787,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     m = summary["mape"]
     R.log(f"done in {summary['wall_s']['total']:.0f} s from the process start (budget {budget:.0f} s): MAPE below "
           f"saturation TTFT {m['ttft']:.3f}, TPOT {m['tpot']:.3f}, E2E {m['e2e']:.3f}; "
-          + verdict.verdict_line(summary["verdict_counts"]))
+          + confirm.verdict_line(summary["verdict_counts"]))
     return {**summary, "plan": the_plan.to_dict(), "phases": R.phases}
 
 
@@ -723,6 +828,8 @@ RESIM_VARIANTS = {
                        "time: the machine's load during that replay), arrivals when vLLM's scheduler "
                        "received each request (queued_ts: the frontend's ingestion delay)",
     "all_steps_profile": "a profile refitted to every step of the run (replays included), scheduled arrivals",
+    "step_grid": "the cost model fitted to the fixed-shape step grid's medians (steps.py; attention term fitted), "
+                 "scheduled arrivals: the whole-run prediction from per-step timing",
 }
 
 
@@ -743,33 +850,42 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     device = run_info["device"]
     calib = profiles.get_profile(run_info["calibration_profile"])
     base = base_profile(cfg)
-    steps = _label_phases(replay.iteration_rows(out / "iterations.jsonl"), phases)
-    calib_steps = verdict.calibration_sample(steps.filter(pl.col("phase") == "saturation"), seed=int(cfg.validation.seed))
-    all_steps = steps.filter(pl.col("phase") != "warmup")
+    logged = _label_phases(replay.iteration_rows(out / "iterations.jsonl"), phases)
+    calib_steps = verdict.calibration_sample(logged.filter(pl.col("phase") == "saturation"), seed=int(cfg.validation.seed))
+    all_steps = logged.filter(pl.col("phase") != "warmup")
     insample = verdict.fit_engine_profile(all_steps, base, f"vllm_{run_info['model_config']}_{device}_all_steps",
                                           floor=_floor(device))
     insample_path = profiles.save_profile(insample, out / "engine_profile.json")
     calib_fit, insample_fit = verdict.fit_r2(calib_steps, calib), verdict.fit_r2(all_steps, insample)
     calib_on_all = verdict.fit_r2(all_steps, calib)
-    speed = _speed_factors(steps, phases, calib)
-    residuals = steps.with_columns(pl.Series("predicted_s", np.atleast_1d(calib.iteration_time(
-        steps["prefill_tokens"].to_numpy(), steps["decode_seqs"].to_numpy(), steps["context_tokens"].to_numpy()))))
+    speed = _speed_factors(logged, phases, calib)
+    residuals = logged.with_columns(pl.Series("predicted_s", np.atleast_1d(calib.iteration_time(
+        logged["prefill_tokens"].to_numpy(), logged["decode_seqs"].to_numpy(), logged["context_tokens"].to_numpy()))))
 
     cap_rows = [r for r in run_info["capacity"] if r["side"] == "engine"]
     engine_cap = {r["source"]: r["capacity_rps"] for r in cap_rows}
     sim_caps = {}
+    man = windows.load_manifest(cfg)
+    trace_hb = {s: windows.hash_block_size(man, {"source": s}) for s in {w["source"] for w in man["windows"]}}
+    es_of = {"sarathi": dataclasses.replace(es, max_num_batched_tokens=int(
+        run_info["own_instance_settings"]["sarathi"]["max_num_batched_tokens"]))} \
+        if run_info.get("own_instance_settings", {}).get("sarathi") else {}
     for (s,), b in bursts.group_by(["source"], maintain_order=True):
         # the same backlog on the simulator, the same function (regions.saturation's definition)
         b = b.drop("source")
-        res = resim.simulate(b, "fcfs", _seed(sim, s, "saturation", "burst"), math.inf, es, calib, sim)
+        res = resim.simulate(b, "fcfs", _seed(sim, s, "saturation", "burst"), math.inf, es, calib, sim,
+                             hash_block_tokens=trace_hb.get(s))
         c = capacity.saturation_throughput(res.requests)
         sim_caps[s] = c["capacity_rps"]
         cap_rows.append({"source": s, "side": "simulator (calibration profile)", **c,
                          "preemptions": int(res.counters["preemptions"])})
 
     keys = eng_all.select(*verdict.KEY).unique(maintain_order=True).sort(list(verdict.KEY))
-    sim_req: dict[str, list] = {k: [] for k in RESIM_VARIANTS}
-    sim_rows: dict[str, list] = {k: [] for k in RESIM_VARIANTS}
+    step_fit = step_fit_section(out, base, f"vllm_{run_info['model_config']}_{device}_step_grid")
+    grid_prof = step_fit.pop("_profile", None)
+    variants = {k: v for k, v in RESIM_VARIANTS.items() if k != "step_grid" or grid_prof is not None}
+    sim_req: dict[str, list] = {k: [] for k in variants}
+    sim_rows: dict[str, list] = {k: [] for k in variants}
     eng_req, horizons, rec_by_key = [], {}, {}
     for key in keys.iter_rows():
         s, wid, region, sched = key
@@ -778,8 +894,8 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
         w = wins.filter(pl.col("window_id") == wid, pl.col("region") == region).sort("req_id")
         horizon, rho = float(w["horizon_s"][0]), float(w["rho"][0])
         # the replayed window as the simulator's run got it: frozen predictions included (ltr, edf, sjf_predicted)
-        sc = w.select([c for c in ("arrival_s", "prompt_tokens", "output_tokens", "tenant", *PREDICTION_COLUMNS)
-                       if c in w.columns])
+        sc = w.select([c for c in ("arrival_s", "prompt_tokens", "output_tokens", "tenant", "block_hashes",
+                                   *PREDICTION_COLUMNS) if c in w.columns])
         horizons[key] = horizon
         rec_by_key[key] = rec.drop(*verdict.KEY, "horizon_s")
         lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(rho).alias("rho")]
@@ -789,9 +905,11 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
         queued = rec.sort("req_id")["queued_s"].to_numpy()
         arr_engine = rec.sort("req_id")["arrival_s"].to_numpy()
         sc_q = sc.with_columns(pl.Series("arrival_s", np.where(np.isfinite(queued), queued, sc["arrival_s"].to_numpy())))
-        for variant, (prof, df) in {"prediction": (calib, sc), "speed_corrected": (_scaled_profile(calib, f), sc_q),
-                                    "all_steps_profile": (insample, sc)}.items():
-            res = resim.simulate(df, sched, seed, horizon, es, prof, sim)
+        runs_of = {"prediction": (calib, sc), "speed_corrected": (_scaled_profile(calib, f), sc_q),
+                   "all_steps_profile": (insample, sc), "step_grid": (grid_prof, sc)}
+        for variant, (prof, df) in ((k, runs_of[k]) for k in variants):
+            res = resim.simulate(df, sched, seed, horizon, es_of.get(sched, es), prof, sim,
+                                 hash_block_tokens=trace_hb.get(s))
             r = res.requests
             if variant == "speed_corrected":    # latencies from the same client arrival as the engine's
                 r = r.with_columns(pl.Series("arrival_s", arr_engine))
@@ -801,7 +919,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
             sim_req[variant].append(r.with_columns(*lit))
     # the cost model's share of the error: E2E with the engine's own step times replaced by predictions
     share_rows = []
-    origins = {(ph["tag"], ph["policy"]): ph.get("origin") for ph in phases}
+    origins = {(ph["tag"], ph["policy"]): ph.get("origin") for ph in phases if ph.get("instance") != "own"}
     for key, rec in rec_by_key.items():
         s_, wid, region, sched = key
         org = origins.get((f"{wid}.{region}", sched))
@@ -833,7 +951,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     engine_runs = engine_runs.join(wins.select("window_id", "region", "rho").unique(), on=["window_id", "region"])
     eng_req = pl.concat(eng_req, how="vertical")
     fid, matched = {}, {}
-    for variant in RESIM_VARIANTS:
+    for variant in variants:
         m = verdict.matched_latencies(eng_req, pl.concat(sim_req[variant], how="diagonal_relaxed"))
         matched[variant] = m
         fid[variant] = {"below_saturation": verdict.fidelity(m.filter(pl.col("rho") < 1.0)),
@@ -842,10 +960,21 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                         "by_scheduler": {p: verdict.fidelity(g) for (p,), g in m.group_by(["scheduler"], maintain_order=True)}}
     sim_runs = pl.DataFrame(sim_rows["prediction"])
     done_cases = [_case_from_dict(d) for d in run_info["cases"]]
-    verdicts = verdict.verdict_table(done_cases, engine_runs, alpha=float(cfg.analysis.alpha),
-                                     correction=str(cfg.analysis.correction), sim_runs=sim_runs)
-    case_sum = verdict.case_summary(verdicts)
-    counts = verdict.verdict_counts(case_sum)
+    # the two-step verdicts: the pre-registered family (its file checked against the recorded hash), then the rest
+    pr = run_info["preregistration"]
+    doc = prereg.check(Path(pr["path"]), pr["sha256"])
+    conf = prereg.cases_from(doc)
+    explore = [c for c in done_cases if not any(prereg._same(c, d) for d in conf)]
+    alpha = float(doc["alpha"])
+    try:
+        camp_runs = campaign_window_values(cfg)
+    except PortbenchError:
+        camp_runs = None
+    rows = confirm.verdicts(conf, explore, engine_runs, sim_runs, alpha=alpha, delta=float(cfg.analysis.delta),
+                            delta_absolute=float(cfg.analysis.delta_absolute), margin=float(doc["equivalence_margin"]),
+                            campaign_runs=camp_runs)
+    counts = confirm.verdict_counts(rows)
+    verdicts = verdict_rows_table(rows)
     win_err = verdict.window_error_table(matched["prediction"]).join(
         verdict.window_error_table(matched["speed_corrected"]).select(
             *verdict.KEY, *[pl.col(f"{x}_mape").alias(f"{x}_mape_speed_corrected") for x in verdict.LATENCIES]),
@@ -854,7 +983,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                      "sim_runs": sim_runs, "sim_runs_speed_corrected": pl.DataFrame(sim_rows["speed_corrected"]),
                      "sim_runs_all_steps_profile": pl.DataFrame(sim_rows["all_steps_profile"]),
                      "sim_requests": pl.concat(sim_req["prediction"], how="diagonal_relaxed"),
-                     "verdicts": verdicts, "case_summary": case_sum, "window_errors": win_err,
+                     "verdicts": verdicts, "window_errors": win_err,
                      "matched_requests": matched["prediction"], "step_time_share": shares,
                      "matched_requests_speed_corrected": matched["speed_corrected"],
                      "capacity": pl.DataFrame(cap_rows)}.items():
@@ -896,15 +1025,32 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                     "ttft_met": bool(pred_b["ttft"]["mape"] <= TARGETS["ttft_mape"]),
                     "e2e_met_speed_corrected": bool(corr_b["e2e"]["mape"] <= TARGETS["e2e_mape"]),
                     "ttft_met_speed_corrected": bool(corr_b["ttft"]["mape"] <= TARGETS["ttft_mape"])},
-        "verdicts": [{k: r[k] for k in ("case", "a", "b", "region", "metric", "sources", "windows", "sim_sign",
-                                        "engine_sign", "resim_sign", "verdict", "sign_agreement", "sign_reproduced",
-                                        "reproduced", "can_reach_alpha", "min_attainable_p_adj")}
-                     for r in (case_sum.to_dicts() if case_sum.height else [])],
+        "settings_match": settings_match_section(cfg, es, run_info, man),
+        "preregistration": {"path": pr["path"], "sha256": pr["sha256"], "verified": True,
+                            "cases": [confirm.case_label(c) for c in conf], "n_cases": len(conf),
+                            "windows_per_source": doc["windows_per_source"],
+                            "windows_per_source_run": pr.get("windows_per_source_run"),
+                            "power_at_n": doc["power"].get("power_at_n"),
+                            "target_reached": doc["power"].get("target_reached"),
+                            "alpha": alpha, "correction": doc["correction"],
+                            "confirmed_when": doc["confirmed_when"], "equivalence_margin": doc["equivalence_margin"],
+                            "draw": doc["draw"]},
+        "verdicts": rows,
         "verdict_counts": counts,
-        "verdict_rules": {"alpha": float(cfg.analysis.alpha), "correction": str(cfg.analysis.correction),
-                          "family_sides": int(verdicts.height),
-                          "resolution": "the exact two-sided Wilcoxon test over n windows cannot give p < 2/2^n "
-                                        "(n = 3: 0.25); floors adjusted over the family as the p-values are"},
+        "verdict_rules": {"alpha": alpha, "correction": doc["correction"], "confirmatory_cases": len(conf),
+                          "step_1": "survives_settings: every side of the re-simulation under the engine's settings "
+                                    f"keeps the campaign's sign with |effect| >= analysis.delta ({cfg.analysis.delta:g}; "
+                                    f"delta_absolute {cfg.analysis.delta_absolute:g} for proportions); otherwise "
+                                    "'not testable on this engine'",
+                          "step_2": "engine_vs_resim: per side the paired per-window difference of effects (engine - "
+                                    f"re-simulation), TOST at +-{doc['equivalence_margin']:g}: 'reproduced' when every "
+                                    "side is equivalent, 'not reproduced' when a side differs beyond the margin, else "
+                                    "'inconclusive'",
+                          "confirmatory": doc["confirmed_when"],
+                          "exploratory": "the same effect sizes and intervals, no significance language"},
+        "step_fit": step_fit,
+        "mape_step_grid": ({x: fid["step_grid"]["below_saturation"][x]["mape"] for x in verdict.LATENCIES}
+                           if "step_grid" in fid else None),
         "cases_skipped": run_info["cases_skipped"],
         "profile_fit_r2": calib_fit["r2"],
         "profile": {"calibration": {"path": run_info["calibration_profile"], "formula": calib.formula(),
@@ -938,6 +1084,76 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     }
     _write_json(summary_path(cfg), summary)
     return summary
+
+
+def verdict_rows_table(rows: list[dict]) -> pl.DataFrame:
+    """The verdicts as a flat table: one row per (case, source) with both steps' effects and intervals."""
+    out = []
+    for i, r in enumerate(rows):
+        surv = {sd["source"]: sd for sd in r["survives_settings"]["sides"]}
+        conf = {sd["source"]: sd for sd in (r.get("confirmatory") or {}).get("sides", [])}
+        for sd in r["engine_vs_resim"]["sides"]:
+            s, sv, d = sd["source"], surv.get(sd["source"], {}), sd["difference"]
+            out.append({"case_id": i, "case": r["case"], "role": r["role"], "kind": r["kind"], "a": r["a"], "b": r["b"],
+                        "region": r["region"], "metric": r["metric"], "source": s, "windows": sd["windows"],
+                        "campaign_effect": (sv.get("campaign_effect") or {}).get("mean"),
+                        "resim_effect": sd["resim_effect"]["mean"], "resim_lo": sd["resim_effect"]["lo"],
+                        "resim_hi": sd["resim_effect"]["hi"],
+                        "engine_effect": sd["engine_effect"]["mean"], "engine_lo": sd["engine_effect"]["lo"],
+                        "engine_hi": sd["engine_effect"]["hi"],
+                        "difference": d["mean"], "difference_lo": d["lo"], "difference_hi": d["hi"],
+                        "p_equivalent": d["p_equivalent"], "p_beyond": d["p_beyond"], "side_step_2": d["verdict"],
+                        "survives_side": bool(sv.get("keeps_sign_and_size", False)),
+                        "survives_settings": bool(r["survives_settings"]["survives"]),
+                        "p_one_sided": conf.get(s, {}).get("p_one_sided"),
+                        "p_iut": (r.get("confirmatory") or {}).get("p_iut"),
+                        "p_holm": (r.get("confirmatory") or {}).get("p_holm"),
+                        "confirmed": (r.get("confirmatory") or {}).get("confirmed"),
+                        "verdict": r["verdict"]})
+    return pl.DataFrame(out) if out else pl.DataFrame()
+
+
+def settings_match_section(cfg: Config, es: resim.EngineSettings, run_info: dict, man: dict) -> dict:
+    """``summary.json`` ``settings_match``: the campaign's settings vs the engine's as it reported them
+    (:mod:`.matching`), requests lost per source over every window of the manifest."""
+    own = (run_info.get("own_instance_settings") or {}).get("sarathi")
+    eng = matching.engine_settings(num_blocks=es.num_blocks, block_size=es.block_size,
+                                   max_num_batched_tokens=es.max_num_batched_tokens, max_num_seqs=es.max_num_seqs,
+                                   max_model_len=es.max_model_len, token_scale=es.token_scale,
+                                   prefix_caching=es.prefix_caching,
+                                   sarathi_token_budget=int(own["max_num_batched_tokens"]) if own else None)
+    camp = matching.campaign_settings(base_profile(cfg), cfg.engine.prefix_caching)
+    srcs = sorted({w["source"] for w in man["windows"]})
+    tables = windows.load_windows(cfg, sources=srcs, manifest=man)
+    by = {s: pl.concat([tables[w["id"]].select("prompt_tokens", "output_tokens") for w in man["windows"]
+                        if w["source"] == s and w["id"] in tables]) for s in srcs}
+    out = matching.settings_match(camp, eng, {"max_model_len": es.max_model_len,
+                                              "usable_kv_tokens": es.usable_blocks * es.block_size,
+                                              "block_size": es.block_size}, {s: d for s, d in by.items() if d.height},
+                                  hash_block_tokens={s: windows.hash_block_size(man, {"source": s}) for s in srcs})
+    if not own:
+        out["settings"]["sarathi_token_budget"]["note"] = "sarathi was not replayed in this run"
+    return out
+
+
+def step_fit_section(out: Path, base, name: str) -> dict:
+    """``summary.json`` ``step_fit`` from ``raw/step_grid.parquet`` (:mod:`.steps`): per shape the median step
+    time with its interval, the fit's error (interval) and leave-one-shape-out error, R², the coefficients
+    (attention included), the reference shape's drift; ``_profile`` carries the fitted profile (saved as
+    ``engine_profile_step_grid.json``). Empty without a grid."""
+    f = out / "raw" / "step_grid.parquet"
+    if not f.is_file():
+        return {}
+    rows = pl.read_parquet(f)
+    tab = steps.shape_table(rows)
+    prof, table, summ = steps.fit(tab, base, name)
+    path = profiles.save_profile(prof, out / "engine_profile_step_grid.json")
+    table.write_parquet(out / "step_grid.parquet")
+    return {**summ, "profile": str(path), "formula": prof.formula(), "drift": steps.drift(rows),
+            "time": "wall time of LLMEngine.step() (in-process engine)",
+            "per_shape": table.select("shape", "kind", "steps", "median_s", "lo_s", "hi_s", "cv", "predicted_s",
+                                      "rel_err", "rel_err_lo", "rel_err_hi", "loo_rel_err").to_dicts(),
+            "_profile": prof}
 
 
 def _floor(device: str | None) -> str:
@@ -986,7 +1202,7 @@ def read_results(cfg: Config) -> dict:
     summary = json.loads(p.read_text())
     res["summary"] = summary
     for name in ("engine_runs", "sim_runs", "sim_runs_insample", "engine_requests", "iterations", "verdicts",
-                 "case_summary", "window_errors", "matched_requests", "capacity"):
+                 "window_errors", "matched_requests", "capacity", "step_grid"):
         f = out / f"{name}.parquet"
         if f.is_file():
             res[name] = pl.read_parquet(f)
@@ -1041,9 +1257,8 @@ def results_markdown(res: dict) -> str:
         return f"**The validation did not run**: {s.get('skipped_because')}. {s.get('how_to_enable', how_to_enable())}"
     m, mc = s["mape"], s.get("mape_speed_corrected", {})
     es = s["engine_settings"]
-    n_rev = sum(1 for v in s["verdicts"] if v["case"] == "reversal")
-    n_sign = sum(1 for v in s["verdicts"] if v["sign_reproduced"])
-    counts = s.get("verdict_counts") or verdict.verdict_counts(s["verdicts"])
+    counts = s.get("verdict_counts") or confirm.verdict_counts(s["verdicts"])
+    sm = s.get("settings_match") or {}
     b = s.get("budget") or {}
     lines = [f"**{s['label']}.**",
              f"* Engine: {s['engine']} ({s['device']}), model `{s['model']['config']}` "
@@ -1064,12 +1279,12 @@ def results_markdown(res: dict) -> str:
              f"TPOT {_pct(mc.get('tpot'))}, E2E {_pct(mc.get('e2e'))}.",
              f"* Cost model fitted to {s['profile']['calibration']['fit']['steps']} calibration steps: R² "
              f"{s['profile_fit_r2']:.2f} ({s['profile']['calibration']['formula']}).",
-             f"* Verdicts ({n_rev} of the cases are reversals): {verdict.verdict_line(counts)}; the sign pattern of "
-             f"{n_sign} cases is reproduced. \"Inconclusive: N windows cannot reach α\" means that no outcome of "
-             "the paired test over that many windows could be significant (the exact Wilcoxon test cannot give p < "
-             "2/2^N, and the correction over the family raises that floor; N counts the windows whose engine "
-             "difference is non-zero, and \"no window differs\" means the pair ran identically on every replayed "
-             "window): the verdict is open, not negative."]
+             f"* Verdicts: {confirm.verdict_line(counts)} (the confirmatory family was pre-registered and is "
+             "tested with Holm; the exploratory cases carry effect sizes and intervals only).",
+             f"* Settings: the engine matches the campaign on "
+             f"{sum(v['match'] for v in sm.get('settings', {}).values())} of {len(sm.get('settings', {}))} settings "
+             f"(real-token equivalents); every source loses at most {_pct(sm.get('max_extra_lost_share'))} more requests "
+             f"than the campaign: {'yes' if sm.get('all_sources_ok') else 'no'}."]
     for st in res.get("stale", []):
         lines.append(f"* **Warning: {st}** — rerun `make validate` (or `make all`).")
     return "\n".join(lines)
@@ -1112,4 +1327,69 @@ def fidelity_table(s: dict) -> pl.DataFrame:
                 rows.append({"resimulation": variant, "loads": scope, "latency": x.upper(), "requests": v["n"],
                              "MAPE": v["mape"], "median_abs_err_ms": 1e3 * v["median_abs_err_s"],
                              "pearson_r": v["pearson_r"], "spearman_r": v["spearman_r"], "bias": v["bias"]})
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
+def _fmt_eff(e: dict) -> str:
+    m, lo, hi = e.get("mean"), e.get("lo"), e.get("hi")
+    if m is None or not isinstance(m, (int, float)) or not math.isfinite(m):
+        return "n/a"
+    ci = f" [{lo:+.3f}, {hi:+.3f}]" if isinstance(lo, (int, float)) and math.isfinite(lo) else ""
+    return f"{m:+.3f}{ci}"
+
+
+def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
+    """Notebook 08's lead: the pre-registered family and its outcome, in plain words (from ``summary.json``)."""
+    if not s or not s.get("ran") or "preregistration" not in s:
+        return ""
+    pr, rows = s["preregistration"], [r for r in s["verdicts"] if r["role"] == "confirmatory"]
+    nm = lambda x: (names or {}).get(x, x)  # noqa: E731
+    n_run = pr.get("windows_per_source_run")
+    lines = [f"**Pre-registered before any engine run** (`{Path(pr['path']).name}`, SHA-256 `{pr['sha256'][:16]}…`, "
+             f"verified when the verdicts were computed): {pr['n_cases']} cases, {pr['windows_per_source']} windows per "
+             f"source from the power calculation (target power {'reached' if pr.get('target_reached') else 'not reached'}"
+             f"{'' if n_run in (None, pr['windows_per_source']) else f'; {n_run} ran: the time budget cut the rest'}), "
+             f"α = {pr['alpha']:g}, {pr['correction'].capitalize()} over the family. A case is confirmed when both "
+             f"one-sided tests in the simulated direction reject and its Holm-adjusted p is below α. "
+             f"**{sum(bool(r['confirmatory']['confirmed']) for r in rows)} of {len(rows)} confirmed.**", ""]
+    for r in rows:
+        sides = r["engine_vs_resim"]["sides"]
+        sim = "; ".join(f"{nm(src)}: {r['a'] if sg > 0 else r['b']} better" for src, sg in r["campaign_sign"].items())
+        surv = r["survives_settings"]
+        c = r["confirmatory"]
+        ps = ", ".join(f"{x['p_one_sided']:.3g}" for x in c["sides"])
+        eng = "; ".join(f"{nm(sd['source'])} {_fmt_eff(sd['engine_effect'])} (re-simulation "
+                        f"{_fmt_eff(sd['resim_effect'])})" for sd in sides)
+        lines.append(
+            f"* **{r['kind']}: {r['a']} vs {r['b']}**, {r['metric']} at {r['region']} — the campaign: {sim}. "
+            + ("Under the engine's settings the re-simulation keeps it. " if surv["survives"] else
+               "Under the engine's settings the re-simulation **no longer shows it: not testable on this engine**. ")
+            + f"Effects (+: {r['a']} better) on the engine with 90 % intervals: {eng}. "
+            + f"One-sided p per source {ps}; intersection-union "
+              f"p {c['p_iut']:.3g}, Holm {c['p_holm']:.3g}: **{'confirmed' if c['confirmed'] else 'not confirmed'}**. "
+            + f"Engine vs re-simulation: **{r['engine_vs_resim']['verdict']}**; verdict: **{r['verdict']}**.")
+    ec = s["verdict_counts"].get("exploratory", {})
+    if ec.get("cases"):
+        lines += ["", f"Exploratory ({ec['cases']} further cases, no significance claimed): "
+                  + ", ".join(f"{ec[v]} {v}" for v in confirm.VERDICTS if ec.get(v)) + "."]
+    return "\n".join(lines)
+
+
+def settings_table(s: dict) -> pl.DataFrame:
+    """``settings_match`` as a table: one row per setting (real-token equivalents), then per source the
+    requests each side loses to its limits."""
+    sm = (s or {}).get("settings_match") or {}
+    rows = [{"what": k, "campaign": str(v["campaign"]), "engine": str(v["engine"]), "match": v["match"]}
+            for k, v in sm.get("settings", {}).items()]
+    rows += [{"what": f"lost requests: {src}", "campaign": f"{v['campaign']['lost_share']:.2%}",
+              "engine": f"{v['engine']['lost_share']:.2%}", "match": v["ok"]} for src, v in sm.get("sources", {}).items()]
+    rows += [{"what": f"prefix caching: {src}", "campaign": str(v["prefix_caching"]["campaign"]),
+              "engine": str(v["prefix_caching"]["engine"]), "match": v["prefix_caching"]["match"]}
+             for src, v in sm.get("sources", {}).items()]
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
+def step_fit_table(s: dict) -> pl.DataFrame:
+    """``step_fit``'s per-shape rows."""
+    rows = ((s or {}).get("step_fit") or {}).get("per_shape") or []
     return pl.DataFrame(rows) if rows else pl.DataFrame()

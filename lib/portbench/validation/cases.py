@@ -4,7 +4,7 @@ Input: the analysis' reversal table (``{results_dir}/analysis/reversals.parquet`
 ``portbench.study.analysis.COLUMNS["reversals"]``: ``a, b, source_1, source_2, region, metric, direction,
 diff_1, diff_2`` (oriented: positive = a better), ``rel_1, rel_2, min_rel, p_1, p_2, p_adj_1,
 p_adj_2, n_1, n_2, reversal, significant, practical``, ...). Only pairs whose two policies vLLM can
-run (:func:`portbench.validation.replay.runnable`) are eligible.
+run (:func:`engine_runnable`: the shared engine's policies, and `sarathi` on an instance of its own) are eligible.
 
 * **Key reversal**: among rows with ``reversal & significant & practical`` (the analysis' stage
   ``significant_and_practical``) on a headline metric (the table's ``headline`` column: the analysis'
@@ -136,10 +136,22 @@ UNMEASURED_METRICS = {
 }
 
 
+# Policies the validation runs on an engine instance of their own (an engine-wide setting, not a per-request
+# rule), and how: the policy-side code (policies.py) does not list them as runnable on the shared engine.
+OWN_INSTANCE = {"sarathi": "FCFS on its own engine instance whose token budget is Sarathi-Serve's 512 x token_scale"}
+
+
+def engine_runnable(name: str) -> bool:
+    """Whether the validation can run ``name``: on the shared engine (``replay.runnable``) or on an instance
+    of its own (:data:`OWN_INSTANCE`)."""
+    return bool(replay.runnable(name) or name in OWN_INSTANCE)
+
+
 def _runnable_rows(rev: pl.DataFrame) -> pl.DataFrame:
-    """Rows whose two policies vLLM can run, on a metric a replay measures (:data:`UNMEASURED_METRICS`)."""
+    """Rows whose two policies the validation can run (:func:`engine_runnable`), on a metric a replay
+    measures (:data:`UNMEASURED_METRICS`)."""
     names = sorted(set(rev["a"].to_list()) | set(rev["b"].to_list()))
-    ok = [n for n in names if replay.runnable(n)]
+    ok = [n for n in names if engine_runnable(n)]
     return rev.filter(pl.col("a").is_in(ok) & pl.col("b").is_in(ok)
                       & ~pl.col("metric").is_in(list(UNMEASURED_METRICS)))
 
@@ -259,7 +271,7 @@ def select_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = N
     """The key reversal and the stable control from a reversal table (either may be missing)."""
     rev = check_reversals(rev)
     names = sorted(set(schedulers or []) | set(rev["a"].to_list()) | set(rev["b"].to_list()))
-    excluded = {n: replay.engine_policy(n).note for n in names if not replay.runnable(n)}
+    excluded = {n: replay.engine_policy(n).note for n in names if not engine_runnable(n)}
     msgs = []
     revs = reversal_cases(rev, region_loads)
     key = revs[0] if revs else None

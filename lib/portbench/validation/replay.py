@@ -221,11 +221,27 @@ def request_priorities(scheduler: str, window_df: pl.DataFrame, seed: int, optio
     return priority_ranks(static_keys(scheduler, window_df, seed, options, profile=profile, slo=slo))
 
 
+def hashed_prompt(n_tokens: int, hashes, hash_block_tokens: int, vocab_size: int, rng: np.random.Generator
+                  ) -> np.ndarray:
+    """Prompt token ids whose j-th block of ``hash_block_tokens`` tokens is a fixed function of the trace's
+    j-th block hash (a trace's hash names a whole prefix, so equal hashes give equal prefixes and vLLM's
+    prefix cache hits exactly where the simulator's does); the rest (and a prompt without hashes) random."""
+    lo = min(10, max(vocab_size - 1, 0))
+    full = min(len(hashes or ()), int(n_tokens) // int(hash_block_tokens)) if hash_block_tokens else 0
+    parts = [np.random.default_rng([int(h) % 2**63, 24]).integers(lo, vocab_size, size=int(hash_block_tokens))
+             for h in list(hashes)[:full]]
+    parts.append(rng.integers(lo, vocab_size, size=int(n_tokens) - full * int(hash_block_tokens or 0)))
+    return np.concatenate(parts)
+
+
 def build_requests(window_df: pl.DataFrame, *, vocab_size: int, seed: int, priorities=None,
-                   max_model_len: int | None = None) -> tuple[list[ReplayRequest], list[int]]:
+                   max_model_len: int | None = None, hash_block_tokens: int | None = None
+                   ) -> tuple[list[ReplayRequest], list[int]]:
     """Requests of one (rescaled) window: random prompt token ids of the trace's prompt length.
 
-    Token ids are drawn from a seeded generator (distinct prompts, so no prefix is shared). Returns
+    Token ids are drawn from a seeded generator (distinct prompts, so no prefix is shared), except, with
+    ``hash_block_tokens`` and a ``block_hashes`` column, the blocks the trace hashes
+    (:func:`hashed_prompt`: shared prefixes as in the trace, for prefix caching). Returns
     ``(requests, refused_rows)``. vLLM's input rule (``input_processor._validate_prompt_len``): a
     prompt of ``max_model_len`` tokens or more is refused before the scheduler; a longer output is
     cut at ``max_model_len`` (finish reason ``length``), so ``max_tokens`` is clipped to
@@ -242,9 +258,11 @@ def build_requests(window_df: pl.DataFrame, *, vocab_size: int, seed: int, prior
     pt = window_df["prompt_tokens"].to_numpy()
     ot = window_df["output_tokens"].to_numpy()
     ten = window_df["tenant"].to_list() if "tenant" in window_df.columns else [""] * n
+    hs = window_df["block_hashes"].to_list() if (hash_block_tokens and "block_hashes" in window_df.columns) else None
     reqs, rejected = [], []
     for i in range(n):
-        ids = rng.integers(lo, vocab_size, size=int(pt[i]))
+        ids = (hashed_prompt(int(pt[i]), hs[i], int(hash_block_tokens), vocab_size, rng) if hs is not None
+               else rng.integers(lo, vocab_size, size=int(pt[i])))
         out = int(ot[i])
         if max_model_len is not None:
             if int(pt[i]) >= max_model_len:
@@ -467,6 +485,7 @@ class EngineSpec:
     gpu_memory_utilization: float = 0.9
     seed: int = 0
     record_iterations: bool = True
+    enable_prefix_caching: bool = False  # vLLM's prefix caching (prompts share blocks only where built from block hashes)
     policy_options: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)     # environment of the engine process (e.g. OMP_NUM_THREADS)
     extra: dict = field(default_factory=dict)
@@ -502,7 +521,7 @@ class EngineSpec:
         kw = dict(
             model=str(model_dir(self.model)), load_format="dummy", skip_tokenizer_init=True,
             dtype=self.dtype, seed=self.seed, enforce_eager=self.enforce_eager,
-            max_model_len=self.resolved_max_model_len(), enable_prefix_caching=False,
+            max_model_len=self.resolved_max_model_len(), enable_prefix_caching=bool(self.enable_prefix_caching),
             scheduling_policy="priority", enable_chunked_prefill=True,
             disable_log_stats=False,   # RequestOutput.metrics (RequestStateStats) needs stats on
             async_scheduling=False,    # one step at a time: the simulator's model (and the CPU build's only mode)

@@ -8,9 +8,10 @@ re-simulation (replays, the capacity run) goes through :func:`simulate`.
 
 Batching. vLLM V1 runs decodes first and chunks prompts under ``max_num_batched_tokens`` for every
 policy; the re-simulation runs the simulator's own vLLM-V1 mode (:data:`ENGINE`: ``batching: v1``,
-recompute preemption as V1 does, prefix caching off as the replay engine runs), with the profile's
-token budget set to the engine's ``max_num_batched_tokens``. The earlier stand-in for V1 (chunked
-prefill under the engine's budget, from before the simulator had V1 batching) is no longer used.
+recompute preemption as V1 does), with the profile's token budget set to the engine's
+``max_num_batched_tokens``. Prefix caching as the engine ran it (``EngineSettings.prefix_caching``):
+on, the re-simulation passes the window's block hashes with ``hash_block_tokens`` x ``token_scale``
+tokens per hash (the replay builds prompts from the same hashes: ``replay.hashed_prompt``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from . import policies
 
 # The simulator's engine for the re-simulation: vLLM V1 as the replay engine runs it.
 ENGINE = EngineConfig(batching="v1", preemption="recompute", prefix_caching="off")
+ENGINE_PREFIX = EngineConfig(batching="v1", preemption="recompute", prefix_caching="auto")
 BATCHING = ENGINE.batching
 
 
@@ -47,6 +49,7 @@ class EngineSettings:
     max_model_len: int
     token_scale: float = 1.0
     requests_per_window: int | None = None
+    prefix_caching: bool = False
 
     @property
     def usable_blocks(self) -> int:
@@ -54,13 +57,15 @@ class EngineSettings:
 
     @classmethod
     def from_init(cls, init: dict, *, device: str, distribution: str, version: str, model: str,
-                  token_scale: float, requests_per_window: int | None) -> "EngineSettings":
+                  token_scale: float, requests_per_window: int | None, prefix_caching: bool = False
+                  ) -> "EngineSettings":
         """From the ``init`` record :class:`.engine_scheduler.PortbenchScheduler` writes."""
         return cls(device=device, distribution=distribution, version=version, model=model,
                    num_blocks=int(init["num_blocks"]), block_size=int(init["block_size"]),
                    max_num_batched_tokens=int(init["max_num_batched_tokens"]),
                    max_num_seqs=int(init["max_num_seqs"]), max_model_len=int(init["max_model_len"]),
-                   token_scale=float(token_scale), requests_per_window=requests_per_window)
+                   token_scale=float(token_scale), requests_per_window=requests_per_window,
+                   prefix_caching=bool(prefix_caching))
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "usable_blocks": self.usable_blocks, "sim_batching": BATCHING}
@@ -95,10 +100,15 @@ def prepare_window(df: pl.DataFrame, s: EngineSettings) -> tuple[pl.DataFrame, d
     return df, {"requests": n0, "refused": refused, "clipped": clipped}
 
 
+# token-valued options of policies the engine runs as an engine-wide setting (sarathi: its own engine instance
+# with this budget), scaled on the simulator's side like the engine's
+ENGINE_WIDE_TOKEN_OPTIONS = {"sarathi": ("prefill_token_budget",)}
+
+
 def scaled_options(name: str, options: dict, scale: float) -> dict:
-    """Token-valued scheduler options (e.g. LAS's quantum) x ``scale``, at least 1."""
+    """Token-valued scheduler options (e.g. LAS's quantum, Sarathi-Serve's budget) x ``scale``, at least 1."""
     out = dict(options)
-    for key in policies.QUANTUM_OPTIONS.get(name, ()):
+    for key in (*policies.QUANTUM_OPTIONS.get(name, ()), *ENGINE_WIDE_TOKEN_OPTIONS.get(name, ())):
         v = out.get(key, schedulers.SCHEDULERS[name].option_defaults().get(key))
         if v is not None:
             out[key] = max(1, int(math.ceil(v * scale)))
@@ -112,11 +122,15 @@ def sim_settings(s: EngineSettings, profile: Profile, scheduler: str, sim: Simul
     Profile: ``kv_capacity_blocks`` = the engine's usable blocks (``num_blocks - 1``), its
     ``block_size``, ``max_num_seqs`` and ``max_batched_tokens`` (the token budget). Options: the
     simulation's (``schedulers.options_for``) with token quanta scaled like the workload; the batching
-    is :data:`ENGINE`'s (module docstring).
+    is :data:`ENGINE`'s (module docstring). A policy run on an engine instance of its own with an engine-wide
+    token option (:data:`ENGINE_WIDE_TOKEN_OPTIONS`: sarathi's budget) gets that instance's budget (``s`` is
+    then that instance's settings).
     """
     prof = dataclasses.replace(profile, kv_capacity_blocks=s.usable_blocks, block_size=s.block_size,
                                max_num_seqs=s.max_num_seqs, max_batched_tokens=s.max_num_batched_tokens)
     opts = scaled_options(scheduler, dict(schedulers.options_for(sim, scheduler)), s.token_scale)
+    for key in ENGINE_WIDE_TOKEN_OPTIONS.get(scheduler, ()):   # what its own engine instance ran with
+        opts[key] = int(s.max_num_batched_tokens)
     return prof, opts
 
 
@@ -126,9 +140,23 @@ def engine_policy_options(s: EngineSettings, sim: SimulationConfig) -> dict:
                    if k in policies.QUANTUM_OPTIONS.get(name, ())} for name in policies.DYNAMIC_KEYS}
 
 
+def scaled_hash_block(hash_block_tokens: int | None, s: EngineSettings) -> int | None:
+    """Engine tokens per block hash (the trace's x ``token_scale``) when the engine caches prefixes and that
+    is a whole number of its KV blocks; else None (no prefix caching for this window)."""
+    if not (s.prefix_caching and hash_block_tokens):
+        return None
+    hb = float(hash_block_tokens) * s.token_scale
+    return int(hb) if hb == int(hb) and int(hb) % s.block_size == 0 else None
+
+
 def simulate(window_df: pl.DataFrame, scheduler: str, seed: int, horizon_s: float, s: EngineSettings,
-             profile: Profile, sim: SimulationConfig):
-    """One re-simulation of a replayed window with the engine's settings (:func:`sim_settings`)."""
+             profile: Profile, sim: SimulationConfig, hash_block_tokens: int | None = None):
+    """One re-simulation of a replayed window with the engine's settings (:func:`sim_settings`);
+    ``hash_block_tokens``: the trace's tokens per block hash (prefix caching when the engine had it on)."""
     prof, opts = sim_settings(s, profile, scheduler, sim)
     sched = schedulers.get_scheduler(scheduler, **opts)
-    return _simulate(window_df, sched, prof, horizon_s=horizon_s, seed=seed, slo=sim.edf_slo_dict, engine=ENGINE)
+    hb = scaled_hash_block(hash_block_tokens, s)
+    if hb is None and "block_hashes" in window_df.columns:
+        window_df = window_df.drop("block_hashes")
+    return _simulate(window_df, sched, prof, horizon_s=horizon_s, seed=seed, slo=sim.edf_slo_dict,
+                     engine=ENGINE_PREFIX if hb else ENGINE, hash_block_tokens=hb)

@@ -1,24 +1,8 @@
-"""Does the engine reproduce the simulated finding? Paired tests, simulator error, fitted profile.
+"""Simulator fidelity against the engine, the fitted profile, per-window values.
 
-* **Engine verdict per (case, source)**: the measured metric per scheduler and window
-  (``portbench.sim.metrics.compute`` on the replay's records — the one metric function), the oriented
-  per-window differences ``a - b`` (positive = a better; orientation from the metric registry), and
-  the analysis' own paired test ``portbench.study.stats.paired_wilcoxon`` (two-sided Wilcoxon signed-rank
-  over windows). p-values are adjusted over the validation's family (every engine side test of every
-  case) with ``analysis.correction``; a side is significant when ``stats.side_significant`` says so
-  at ``analysis.alpha``. The relative effect is ``stats.relative_effect`` of the two means.
-* **Match with the simulation**: per source, whether the engine's sign equals the simulation's and
-  whether significance agrees. A *reversal* reproduces when the engine's signs are opposite on the two
-  sources and both sides are significant; a *control* reproduces when every source keeps the
-  simulated sign, significantly. ``sign_reproduced`` drops the significance requirement.
-* **What a verdict can say** (:func:`case_summary`'s ``verdict``): ``reproduced``; ``not reproduced``
-  (a side is significant with the sign opposite to the simulation's); ``inconclusive: N windows cannot
-  reach α`` when a side's test cannot reject whatever the data -- the exact Wilcoxon test over n
-  non-zero differences cannot give p < 2/2^n (``stats.min_wilcoxon_p``, as in the analysis' resolution
-  check ``study.analysis.power``), and the correction over the family raises that floor
-  (``engine_min_p_adj``: the floors adjusted as the p-values are; Holm and Benjamini-Hochberg are
-  monotone, so no side's adjusted p can fall below it); ``inconclusive: not significant`` otherwise.
-  Sign agreement (engine sign = simulated sign) is counted per side, separately from significance.
+The verdicts (does a finding survive the engine's settings; does the engine reproduce the
+re-simulation; the pre-registered confirmatory family with Holm) are :mod:`.confirm`'s.
+
 * **Simulator fidelity**: the same rescaled windows re-simulated with the same policies and the
   engine's settings (:mod:`.resim`), compared request by request (requests completed on both sides)
   for TTFT, TPOT and E2E: MAPE, median absolute error, correlation and bias
@@ -29,16 +13,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 import polars as pl
 from scipy import stats as sst
 
-from ..study import stats
 from ..sim import metrics, profiles
-from .cases import Case
 
 KEY = ("source", "window_id", "region", "scheduler")
 LATENCIES = ("ttft", "tpot", "e2e")
@@ -59,193 +40,6 @@ def window_values(runs: pl.DataFrame, source: str, region: str, metric: str, a: 
         return [], np.array([]), np.array([])
     wide = wide.drop_nulls([a, b])
     return wide["window_id"].to_list(), wide[a].to_numpy().astype(float), wide[b].to_numpy().astype(float)
-
-
-@dataclass(frozen=True)
-class Side:
-    """The engine's paired comparison of a vs b on one source."""
-
-    source: str
-    n: int
-    mean_a: float
-    mean_b: float
-    diff: float          # oriented mean difference: positive = a better
-    rel: float
-    p: float
-    test_direction: float
-    n_nonzero: int = 0   # windows with a non-zero difference (the Wilcoxon sample size)
-
-
-def paired_side(source: str, va: np.ndarray, vb: np.ndarray, direction: str) -> Side:
-    """Oriented differences over windows and the analysis' Wilcoxon test (``stats.paired_wilcoxon``);
-    a window where either value is NaN (the metric undefined there) drops out, like a missing one."""
-    va, vb = np.asarray(va, float), np.asarray(vb, float)
-    keep = ~(np.isnan(va) | np.isnan(vb))
-    va, vb = va[keep], vb[keep]
-    if va.size == 0:
-        return Side(source, 0, math.nan, math.nan, math.nan, math.nan, math.nan, 0.0, 0)
-    d = stats.orient(va, direction) - stats.orient(vb, direction)
-    t = stats.paired_wilcoxon(d[None, :])
-    ma, mb = float(np.nanmean(va)), float(np.nanmean(vb))
-    return Side(source, int(va.size), ma, mb, float(np.nanmean(d)), float(stats.relative_effect(ma, mb)),
-                float(t.pvalue[0]), float(t.direction[0]), int(t.n_nonzero[0]))
-
-
-def attainable_p_adj(n_nonzero, correction: str) -> np.ndarray:
-    """Per side test of one family: the smallest adjusted p-value it can reach -- every test at its own
-    floor ``stats.min_wilcoxon_p(n)``, adjusted over the family with ``correction`` (Holm and
-    Benjamini-Hochberg adjusted p-values never decrease when a raw p-value increases, so no outcome of
-    the data gives less)."""
-    n = np.asarray(n_nonzero, dtype=float)
-    if n.size == 0:
-        return np.array([])
-    return stats.adjust_pvalues(stats.min_wilcoxon_p(n), correction)
-
-
-def verdict_table(cases: Sequence[Case], engine_runs: pl.DataFrame, *, alpha: float, correction: str,
-                  sim_runs: pl.DataFrame | None = None) -> pl.DataFrame:
-    """One row per (case, source): simulation vs engine sign and significance (module docstring).
-
-    ``engine_runs``: one row per (source, window_id, region, scheduler) with one column per metric
-    (the replay's measurements). ``sim_runs`` (optional, same layout): the re-simulation of the
-    replayed windows on the engine's fitted profile, reported as ``resim_*`` columns.
-    """
-    rows = []
-    for case_id, c in enumerate(cases):
-        direction = c.direction or metric_direction(c.metric)
-        for s in c.sides:
-            wins, va, vb = window_values(engine_runs, s.source, c.region, c.metric, c.a, c.b)
-            e = paired_side(s.source, va, vb, direction)
-            row = {"case_id": case_id, "case": c.kind, "a": c.a, "b": c.b, "region": c.region, "metric": c.metric,
-                   "direction": direction, "source": s.source, "sim_diff": s.diff, "sim_rel": s.rel,
-                   "sim_p_adj": s.p_adj, "sim_significant": bool(s.significant), "n_windows": e.n,
-                   "engine_mean_a": e.mean_a, "engine_mean_b": e.mean_b, "engine_diff": e.diff,
-                   "engine_rel": e.rel, "engine_p": e.p, "engine_test_direction": e.test_direction,
-                   "engine_n_nonzero": e.n_nonzero}
-            if sim_runs is not None:
-                _, sa, sb = window_values(sim_runs, s.source, c.region, c.metric, c.a, c.b)
-                r = paired_side(s.source, sa, sb, direction)
-                row.update(resim_diff=r.diff, resim_rel=r.rel, resim_p=r.p)
-            rows.append(row)
-    if not rows:
-        return pl.DataFrame()
-    df = pl.DataFrame(rows)
-    p = df["engine_p"].to_numpy().astype(float)
-    p_adj = stats.adjust_pvalues(p, correction)
-    sig = stats.side_significant(p_adj, df["engine_test_direction"].to_numpy(), df["engine_diff"].to_numpy(), alpha)
-    floor = stats.min_wilcoxon_p(df["engine_n_nonzero"].to_numpy())
-    floor_adj = attainable_p_adj(df["engine_n_nonzero"].to_numpy(), correction)
-    df = df.with_columns(pl.Series("engine_p_adj", p_adj), pl.Series("engine_significant", sig.astype(bool)),
-                         pl.Series("engine_min_p", floor.astype(float)), pl.Series("engine_min_p_adj", floor_adj),
-                         pl.Series("engine_can_reach_alpha", floor_adj < alpha),
-                         pl.lit(float(alpha)).alias("alpha"), pl.lit(str(correction)).alias("correction"),
-                         pl.lit(df.height).alias("family_size"))
-    return df.with_columns(
-        sign_match=(pl.col("engine_diff").sign() == pl.col("sim_diff").sign()) & (pl.col("engine_diff") != 0),
-        significance_match=pl.col("engine_significant") == pl.col("sim_significant"),
-        contradicts=pl.col("engine_significant") & (pl.col("engine_diff").sign() != pl.col("sim_diff").sign()))
-
-
-def _sign(x) -> int:
-    x = float(x)
-    return 0 if not math.isfinite(x) or x == 0 else (1 if x > 0 else -1)
-
-
-def case_summary(verdicts: pl.DataFrame) -> pl.DataFrame:
-    """One row per case: what the engine says about the simulated finding.
-
-    ``sim_sign`` / ``engine_sign`` / ``resim_sign``: per source, the sign of the oriented mean
-    difference (+1: ``a`` better) in the analysis' simulation, on the engine, and in the
-    re-simulation of the replayed windows on the engine's cost model (``source:sign`` lists).
-    ``sign_agreement``: sides whose engine sign equals the simulated sign, "k/n". ``verdict``
-    (module docstring): ``reproduced`` | ``not reproduced`` | ``inconclusive: N windows cannot reach α``
-    | ``inconclusive: not significant``; ``reproduced`` / ``sign_reproduced`` are the booleans.
-    """
-    if verdicts.height == 0:
-        return pl.DataFrame()
-    out = []
-    by = ["case_id"] if "case_id" in verdicts.columns else []   # one case per entry of the cases list (a pair
-    for key, g in verdicts.group_by([*by, "case", "a", "b", "region", "metric"],   # can recur on other sources)
-                                    maintain_order=True):
-        kind, a, b, region, metric = key[len(by):]
-        signs = np.sign(g["engine_diff"].to_numpy())
-        sig = g["engine_significant"].to_numpy().astype(bool)
-        if kind == "reversal":
-            sign_ok = bool(len(signs) == 2 and signs[0] * signs[1] < 0 and g["sign_match"].all())
-        else:
-            sign_ok = bool(g["sign_match"].all())
-        reproduced = bool(sign_ok and sig.all())
-        reach = g["engine_can_reach_alpha"].to_numpy().astype(bool) if "engine_can_reach_alpha" in g.columns \
-            else np.ones(g.height, bool)
-        contradicted = bool(g["contradicts"].any()) if "contradicts" in g.columns else False
-        src = g["source"].to_list()
-        fmt = lambda col: ", ".join(f"{s}:{_sign(v):+d}" for s, v in zip(src, g[col].to_list()))  # noqa: E731
-        n_min = int(g["n_windows"].min())
-        out.append({"case_id": int(key[0]) if by else len(out), "case": kind, "a": a, "b": b, "region": region,
-                    "metric": metric, "sources": ", ".join(src), "windows": n_min,
-                    "sim_sign": fmt("sim_diff"), "engine_sign": fmt("engine_diff"),
-                    "resim_sign": fmt("resim_diff") if "resim_diff" in g.columns else "",
-                    "verdict": _verdict(reproduced, contradicted, reach, g),
-                    "sign_agreement": f"{int(g['sign_match'].sum())}/{g.height}",
-                    "sign_reproduced": sign_ok, "reproduced": reproduced, "can_reach_alpha": bool(reach.all()),
-                    "min_attainable_p_adj": float(g["engine_min_p_adj"].max()) if "engine_min_p_adj" in g.columns
-                    else math.nan,
-                    "resim_sign_matches_engine": int(sum(_sign(x) == _sign(y) for x, y in
-                                                         zip(g["engine_diff"].to_list(), g["resim_diff"].to_list())))
-                    if "resim_diff" in g.columns else 0,
-                    "sign_matches": int(g["sign_match"].sum()), "significance_matches": int(g["significance_match"].sum()),
-                    "sides": g.height})
-    return pl.DataFrame(out)
-
-
-def _verdict(reproduced: bool, contradicted: bool, reach: np.ndarray, g: pl.DataFrame) -> str:
-    if reproduced:
-        return "reproduced"
-    if contradicted:
-        return "not reproduced"
-    if not reach.all():
-        bad = g.filter(~pl.col("engine_can_reach_alpha"))
-        n = int(bad["engine_n_nonzero"].min())
-        alpha = float(bad["alpha"][0])
-        alone = bool((bad["engine_min_p"] >= alpha).all())
-        # n: the windows whose engine difference is non-zero (the paired test's effective sample)
-        what = ("no window differs on the engine, so it cannot reach α" if n == 0 else
-                f"{n} window{'s' if n != 1 else ''} cannot reach α")
-        return (f"inconclusive: {what}" if alone else
-                f"inconclusive: {what} after {bad['correction'][0]} over {int(bad['family_size'][0])} tests")
-    return "inconclusive: not significant"
-
-
-VERDICT_KINDS = ("reproduced", "not reproduced", "inconclusive (cannot reach α)", "inconclusive (not significant)")
-
-
-def verdict_counts(summary: pl.DataFrame | list[dict]) -> dict:
-    """Counts of :func:`case_summary`'s verdicts (:data:`VERDICT_KINDS`) and of the sides whose engine
-    sign equals the simulated sign."""
-    rows = summary.to_dicts() if isinstance(summary, pl.DataFrame) else list(summary)
-    kind = lambda v: (v if v in ("reproduced", "not reproduced") else  # noqa: E731
-                      "inconclusive (not significant)" if v == "inconclusive: not significant" else
-                      "inconclusive (cannot reach α)")
-    counts = {k: 0 for k in VERDICT_KINDS}
-    for r in rows:
-        counts[kind(r["verdict"])] += 1
-    agree = sum(int(r["sign_agreement"].split("/")[0]) for r in rows)
-    sides = sum(int(r["sign_agreement"].split("/")[1]) for r in rows)
-    why = sorted({r["verdict"].removeprefix("inconclusive: ") for r in rows
-                  if kind(r["verdict"]) == "inconclusive (cannot reach α)"})
-    return {"cases": len(rows), **counts, "cannot_reach_alpha": why, "sign_agreement": {"agree": agree, "sides": sides}}
-
-
-def verdict_line(counts: dict) -> str:
-    """One short line: the verdict counts and the sign agreement."""
-    if not counts.get("cases"):
-        return "no verdict"
-    parts = [f"{counts[k]} {k}" if k != "inconclusive (cannot reach α)" else
-             f"{counts[k]} inconclusive ({'; '.join(counts.get('cannot_reach_alpha') or ['cannot reach α'])})"
-             for k in VERDICT_KINDS if counts.get(k)]
-    sa = counts["sign_agreement"]
-    return (f"{counts['cases']} cases: " + ", ".join(parts)
-            + f"; engine sign = simulated sign on {sa['agree']}/{sa['sides']} sides")
 
 
 # --------------------------------------------------------------------------- simulator fidelity

@@ -1,0 +1,293 @@
+"""The validation's verdict statistics without vLLM: TOST, intersection-union, Holm, the two verdicts,
+the pre-registration (its draw, power and hash) and the settings match -- on hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+import scipy.stats as st
+from portbench.core.errors import DataError
+from portbench.validation import confirm, matching, prereg
+from portbench.validation.cases import Case, SideResult
+
+
+def _runs(effects: dict[str, list[float]], metric: str = "e2e_mean", base: float = 10.0, region: str = "overload"):
+    """Per-window rows of schedulers a and b whose relative effect (oriented: a better) is each value given:
+    a = base * (1 - e/2) / (1 + e/2)-style values solved so that (b - a) / ((a + b) / 2) = e."""
+    rows = []
+    for s, es in effects.items():
+        for i, e in enumerate(es):
+            a = base * (2 - e) / 2
+            b = base * (2 + e) / 2       # (b - a) / ((a + b)/2) = e ; lower is better -> a better when e > 0
+            for name, v in (("a", a), ("b", b)):
+                rows.append({"source": s, "window_id": f"{s}-{i:02d}", "region": region, "scheduler": name, metric: v})
+    return pl.DataFrame(rows)
+
+
+def _case(kind="reversal", signs=(1, -1), sources=("azure", "mooncake"), metric="e2e_mean"):
+    sides = tuple(SideResult(source=s, diff=float(g), rel=0.2, p_adj=0.001, significant=True)
+                  for s, g in zip(sources, signs))
+    return Case(kind, "a", "b", "overload", metric, sides, rho=1.2, direction="lower")
+
+
+# --------------------------------------------------------------------------- effects and tests
+
+
+def test_window_effects_are_relative_and_oriented():
+    runs = _runs({"azure": [0.1, 0.2, -0.1]})
+    wins, e = confirm.window_effects(runs, "azure", "overload", "e2e_mean", "a", "b", "lower")
+    assert wins == ["azure-00", "azure-01", "azure-02"]
+    assert np.allclose(e, [0.1, 0.2, -0.1])
+    _, e2 = confirm.window_effects(runs, "azure", "overload", "e2e_mean", "b", "a", "lower")
+    assert np.allclose(e2, [-0.1, -0.2, 0.1])
+
+
+def test_one_sided_wilcoxon_exact_values():
+    # 5 positive differences: one-sided exact p = 1/2^5; two negatives among 6 distinct: by enumeration
+    assert confirm.one_sided_wilcoxon([1, 2, 3, 4, 5], +1) == pytest.approx(1 / 32)
+    assert confirm.one_sided_wilcoxon([1, 2, 3, 4, 5], -1) == pytest.approx(1.0)
+    d = [1.0, 2.0, -3.0, 4.0, 5.0, 6.0]        # R+ = 18 of 21; P(R+ >= 18) over 2^6 sign patterns
+    signs = ((np.arange(64)[:, None] >> np.arange(6)) & 1)
+    rplus = (signs * np.arange(1, 7)).sum(axis=1)
+    assert confirm.one_sided_wilcoxon(d, +1) == pytest.approx((rplus >= 18).mean())
+    assert confirm.one_sided_wilcoxon([0.0, 0.0], +1) == 1.0
+
+
+def test_intersection_union_is_the_largest_side():
+    assert confirm.intersection_union([0.01, 0.03]) == 0.03
+    assert confirm.intersection_union([0.01, float("nan")]) == 1.0
+
+
+def test_holm_hand_computed():
+    # sorted p: 0.01, 0.02, 0.03, 0.04 -> x4, x3, x2, x1 = 0.04, 0.06, 0.06 (monotone), 0.06
+    p = [0.03, 0.01, 0.04, 0.02]
+    assert np.allclose(confirm.holm(p), [0.06, 0.04, 0.06, 0.06])
+    fam = confirm.confirm_family([{"p_iut": x} for x in p], alpha=0.05)
+    assert [r["confirmed"] for r in fam] == [False, True, False, False]
+
+
+def test_tost_hand_computed():
+    x = np.array([0.01, -0.01, 0.02, 0.0, -0.02])       # mean 0, sd sqrt(0.001/4) = 0.0158
+    t = confirm.tost(x, 0.05, 0.05)
+    se = x.std(ddof=1) / math.sqrt(5)
+    assert t.p_equivalent == pytest.approx(st.t.sf(0.05 / se, 4))
+    assert t.verdict == "reproduced" and -0.05 < t.lo < t.hi < 0.05
+    far = confirm.tost(x + 0.2, 0.05, 0.05)             # mean 0.2, far beyond the margin
+    assert far.verdict == "not reproduced" and far.p_beyond == pytest.approx(st.t.sf((0.2 - 0.05) / se, 4))
+    edge = confirm.tost(x * 5 + 0.05, 0.05, 0.05)       # straddles the margin: neither
+    assert edge.verdict == "inconclusive"
+    assert confirm.tost([0.0], 0.05, 0.05).verdict == "inconclusive"
+
+
+# --------------------------------------------------------------------------- the two verdicts
+
+
+def test_survives_settings_needs_sign_and_size_on_every_side():
+    c = _case()
+    resim = _runs({"azure": [0.2, 0.25, 0.15], "mooncake": [-0.3, -0.2, -0.25]})
+    assert confirm.survives_settings(c, resim, delta=0.05, level=0.95)["survives"]
+    gone = _runs({"azure": [0.2, 0.25, 0.15], "mooncake": [0.01, -0.02, 0.0]})   # mooncake side vanished
+    s = confirm.survives_settings(c, gone, delta=0.05, level=0.95)
+    assert not s["survives"] and [x["keeps_sign_and_size"] for x in s["sides"]] == [True, False]
+    assert confirm.case_verdict(s, {"verdict": "reproduced"}) == "not testable on this engine"
+    # the campaign's effect in the same units, over its own windows
+    camp = _runs({"azure": [0.3, 0.1], "mooncake": [-0.2, -0.4]})
+    s2 = confirm.survives_settings(c, resim, delta=0.05, level=0.95, campaign_runs=camp)
+    assert [sd["campaign_effect"]["mean"] for sd in s2["sides"]] == pytest.approx([0.2, -0.3])
+    # proportions: absolute effects against delta_absolute
+    assert confirm.practical_size("slo_medium", 0.05, 0.1) == 0.1 and confirm.practical_size("e2e_mean", 0.05, 0.1) == 0.05
+
+
+def test_engine_vs_resim_pairs_windows_and_tests_each_side():
+    c = _case()
+    resim = _runs({"azure": [0.20, 0.25, 0.15, 0.22], "mooncake": [-0.3, -0.2, -0.25, -0.22]})
+    same = _runs({"azure": [0.21, 0.24, 0.16, 0.22], "mooncake": [-0.29, -0.21, -0.25, -0.23]})
+    ev = confirm.engine_vs_resim(c, same, resim, margin=0.05, alpha=0.05)
+    assert ev["verdict"] == "reproduced" and all(sd["windows"] == 4 and sd["sign_agrees"] for sd in ev["sides"])
+    flipped = _runs({"azure": [0.21, 0.24, 0.16, 0.22], "mooncake": [0.2, 0.25, 0.22, 0.21]})
+    ev2 = confirm.engine_vs_resim(c, flipped, resim, margin=0.05, alpha=0.05)
+    assert ev2["verdict"] == "not reproduced" and not ev2["sides"][1]["sign_agrees"]
+
+
+def test_confirm_case_intersection_union_over_sides():
+    c = _case()
+    eng = _runs({"azure": [0.1, 0.2, 0.15, 0.12, 0.3, 0.05, 0.07],
+                 "mooncake": [-0.1, -0.2, -0.15, -0.12, -0.3, -0.05, 0.01]})
+    r = confirm.confirm_case(c, eng)
+    p_az, p_mc = (sd["p_one_sided"] for sd in r["sides"])
+    assert p_az == pytest.approx(1 / 128)                 # all 7 in the simulated direction
+    assert p_mc > p_az and r["p_iut"] == p_mc             # the smallest rank against it: 2/128
+    assert p_mc == pytest.approx(2 / 128)
+
+
+# --------------------------------------------------------------------------- pre-registration
+
+
+def _reversal_table():
+    rows = []
+
+    def add(a, b, s1, s2, d1, d2, rel, metric="e2e_mean", region="overload"):
+        rows.append({"panel": "real", "a": a, "b": b, "source_1": s1, "source_2": s2, "region": region,
+                     "metric": metric, "direction": "lower", "headline": True, "diff_1": d1, "diff_2": d2,
+                     "rel_1": rel, "rel_2": rel, "p_1": 1e-4, "p_2": 1e-4, "p_adj_1": 1e-3, "p_adj_2": 1e-3,
+                     "reversal": d1 * d2 < 0, "significant": True, "practical": True})
+    for s1, s2 in (("azure", "mooncake"), ("azure", "azure_code"), ("azure_code", "mooncake")):
+        add("fcfs", "sjf_prompt", s1, s2, 1.0, -1.0, 0.5 if s1 == "azure" and s2 == "mooncake" else 0.1)
+        add("fcfs", "las", s1, s2, 1.0, -1.0, 0.2)
+        add("random", "sjf_oracle", s1, s2, -1.0, -1.0, 0.3)
+        add("fcfs", "srpt_oracle", s1, s2, 1.0, -1.0, 0.15, region="severe")
+    return pl.DataFrame(rows)
+
+
+def test_draw_is_seeded_and_stratified_by_source_pair():
+    rev = _reversal_table()
+    loads = {"overload": 1.2, "severe": 2.0}
+    conf, explore, _ = prereg.choose_cases(rev, loads, extra=3, seed=5)
+    assert conf[0].kind == "reversal" and (conf[0].a, conf[0].b) == ("fcfs", "sjf_prompt")
+    assert conf[1].kind == "control" and set(conf[1].sources) == set(conf[0].sources)
+    drawn = conf[2:]
+    assert len(drawn) == 3 and len({"/".join(sorted(c.sources)) for c in drawn}) == 3   # one per source pair
+    again, _, _ = prereg.choose_cases(rev, loads, extra=3, seed=5)
+    assert [(c.a, c.b, c.region, c.sources) for c in again] == [(c.a, c.b, c.region, c.sources) for c in conf]
+    assert len(conf) <= prereg.MAX_CASES
+    assert not any(prereg._same(e, c) for e in explore for c in conf)
+
+
+def test_power_grows_with_windows_and_reaches_the_target():
+    c = _case()
+    runs = _runs({"azure": list(np.linspace(0.15, 0.35, 20)), "mooncake": list(-np.linspace(0.15, 0.35, 20))})
+    ps = prereg.PowerSettings(alpha=0.05, target=0.8, noise_cv=0.05, min_windows=3, max_windows=12,
+                              simulations=200, seed=0)
+    pw = prereg.power([c], runs, ps)
+    # the effects are all far from 0: every side rejects as soon as 1/2^n < alpha, i.e. n = 5
+    assert pw["windows_per_source"] == 5 and pw["target_reached"]
+    assert pw["power_by_n"]["3"][0] == 0.0 and pw["power_at_n"][0] >= 0.8
+    weak = _runs({"azure": list(np.linspace(-0.3, 0.32, 20)), "mooncake": list(-np.linspace(-0.3, 0.32, 20))})
+    pw2 = prereg.power([c], weak, ps)
+    assert not pw2["target_reached"] and pw2["windows_per_source"] == 12
+
+
+def test_preregistration_hash_changes_with_a_case(tmp_path):
+    pw = {"windows_per_source": 8, "power_at_n": [0.9, 0.95], "target_reached": True}
+    a = [_case(), _case("control", (1, 1))]
+    doc = prereg.document(a, pw, {"azure": ["azure-01"]}, alpha=0.05, inputs={"x": 1}, draw_seed=1, extra=3,
+                          margin=0.05)
+    h = prereg.write(tmp_path / "p.json", doc)
+    assert h == prereg.sha256(doc) and prereg.check(tmp_path / "p.json", h)["correction"] == "holm"
+    b = [_case(), _case("control", (1, 1), metric="ttft_p90")]
+    doc_b = prereg.document(b, pw, {"azure": ["azure-01"]}, alpha=0.05, inputs={"x": 1}, draw_seed=1, extra=3,
+                            margin=0.05)
+    assert prereg.sha256(doc_b) != h
+    assert prereg.sha256(dict(doc)) == h                 # same content, same hash (no timestamp inside)
+    back = prereg.cases_from(doc)
+    assert [(c.kind, c.metric, c.sources) for c in back] == [(c.kind, c.metric, c.sources) for c in a]
+    (tmp_path / "p.json").write_text((tmp_path / "p.json").read_text().replace('"holm"', '"fdr_bh"'))
+    with pytest.raises(DataError):
+        prereg.check(tmp_path / "p.json", h)
+
+
+# --------------------------------------------------------------------------- settings match
+
+
+def test_settings_match_counts_requests_only_the_engine_loses():
+    from portbench.sim import profiles
+    prof = profiles.get_profile("a100_40gb_llama3_1_8b")
+    camp = matching.campaign_settings(prof, "auto")
+    df = pl.DataFrame({"prompt_tokens": [100, 9000, 20000, 200000], "output_tokens": [10, 10, 10, 10]})
+    eng = matching.engine_settings(num_blocks=192, block_size=32, max_num_batched_tokens=512, max_num_seqs=256,
+                                   max_model_len=1024, token_scale=0.125, prefix_caching=False,
+                                   sarathi_token_budget=None)
+    r = matching.settings_match(camp, eng, {"max_model_len": 1024, "usable_kv_tokens": 191 * 32, "block_size": 32},
+                                {"x": df}, hash_block_tokens={"x": 512})
+    src = r["sources"]["x"]
+    # campaign: 200,000 >= 131,072 refused; engine (x 1/8): 9000 -> 1125 and 20000 -> 2500 >= 1024 refused too
+    assert src["campaign"]["refused"] == 1 and src["engine"]["refused"] == 3
+    assert src["extra_lost_share"] == pytest.approx(0.5) and not src["ok"] and not r["all_sources_ok"]
+    assert not r["settings"]["max_model_len"]["match"] and r["settings"]["max_num_seqs"]["match"]
+    assert src["prefix_caching"] == {"campaign": True, "engine": False, "match": False, "hash_block_tokens": 512}
+    eng2 = matching.engine_settings(num_blocks=632, block_size=32, max_num_batched_tokens=256, max_num_seqs=256,
+                                    max_model_len=16384, token_scale=0.125, prefix_caching=True, sarathi_token_budget=64)
+    r2 = matching.settings_match(camp, eng2, {"max_model_len": 16384, "usable_kv_tokens": 631 * 32, "block_size": 32},
+                                 {"x": df}, hash_block_tokens={"x": 512})
+    assert r2["sources"]["x"]["extra_lost_share"] == 0 and r2["all_sources_ok"]
+    assert all(r2["settings"][k]["match"] for k in ("max_model_len", "kv_cache_tokens", "max_num_batched_tokens",
+                                                      "sarathi_token_budget"))
+    assert r2["sources"]["x"]["prefix_caching"]["match"]
+
+
+def test_default_cpu_engine_matches_the_campaign():
+    """The shipped CPU settings are the campaign's x token_scale (what summary.json settings_match reports)."""
+    from portbench import params
+    from portbench.sim import profiles
+    cfg = params.load(None)
+    c = cfg.validation.cpu
+    prof = profiles.get_profile(cfg.simulation.profile)
+    camp = matching.campaign_settings(prof, cfg.engine.prefix_caching)
+    eng = matching.engine_settings(num_blocks=int(c.kv_blocks), block_size=c.block_size,
+                                   max_num_batched_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
+                                   max_model_len=c.max_model_len, token_scale=c.token_scale,
+                                   prefix_caching=c.prefix_caching != "off", sarathi_token_budget=64)
+    df = pl.DataFrame({"prompt_tokens": [1], "output_tokens": [1]})
+    r = matching.settings_match(camp, eng, {"max_model_len": c.max_model_len,
+                                            "usable_kv_tokens": (int(c.kv_blocks) - 1) * c.block_size,
+                                            "block_size": c.block_size}, {"x": df})
+    assert all(r["settings"][k]["match"] for k in ("max_model_len", "kv_cache_tokens", "max_num_batched_tokens",
+                                                     "max_num_seqs", "sarathi_token_budget"))
+
+
+def test_hashed_prompts_share_exactly_the_hashed_prefix():
+    from portbench.validation import replay
+    w = pl.DataFrame({"arrival_s": [0.0, 1.0, 2.0], "prompt_tokens": [150, 140, 150], "output_tokens": [3, 3, 3],
+                      "block_hashes": [[1, 2], [1, 3], [7, 8]]})
+    reqs, _ = replay.build_requests(w, vocab_size=1000, seed=0, hash_block_tokens=64)
+    p = [np.array(r.prompt_token_ids) for r in reqs]
+    assert [len(x) for x in p] == [150, 140, 150]
+    assert (p[0][:64] == p[1][:64]).all() and not (p[0][64:128] == p[1][64:128]).all()
+    assert not (p[0][:64] == p[2][:64]).all()
+    plain, _ = replay.build_requests(w, vocab_size=1000, seed=0)
+    assert not (np.array(plain[0].prompt_token_ids)[:64] == np.array(plain[1].prompt_token_ids)[:64]).all()
+
+
+# --------------------------------------------------------------------------- step grid (no vLLM)
+
+
+def test_step_grid_shapes_schedule_and_fit():
+    from portbench.core.config import StepGridConfig
+    from portbench.sim import profiles
+    from portbench.validation import steps
+    g = StepGridConfig()
+    shapes = steps.grid(g)
+    assert shapes[0].kind == "decode" and {s.kind for s in shapes} == {"decode", "prefill", "mixed"}
+    assert shapes[-1].model_inputs() == (128, 16, 16 * 65 + 128, 128 * 129 // 2)
+    order = steps.schedule(shapes, 2, seed=3)
+    assert order == steps.schedule(shapes, 2, seed=3) and order[0] == (0, 0)
+    for r in (0, 1):   # every shape once per round besides the repeated reference
+        assert sorted(i for rr, i in order if rr == r and i) == list(range(1, len(shapes)))
+    # a known cost model, medians exact: the fit recovers it, attention term included
+    true = dict(c0_s=5e-3, c_prefill_s=2e-5, c_decode_s=1e-4, c_kv_s=1e-7, c_attn_s=3e-9)
+    rows = []
+    for s in shapes:
+        p, b, c, a = s.model_inputs()
+        t = true["c0_s"] + true["c_prefill_s"] * p + true["c_decode_s"] * b + true["c_kv_s"] * c + true["c_attn_s"] * a
+        for k in range(9):
+            rows.append({"shape": s.name, "kind": s.kind, "step_wall_s": t * (1 + 0.01 * (k - 4)), "as_planned": True,
+                         "prefill_tokens": p, "decode_seqs": b, "context_tokens": c, "attention_pairs": a,
+                         "round": 0, "reference": False})
+    tab = steps.shape_table(pl.DataFrame(rows))
+    assert (tab["lo_s"] < tab["median_s"]).all() and (tab["median_s"] < tab["hi_s"]).all()
+    prof, out, summ = steps.fit(tab, profiles.get_profile("a100_40gb_llama3_1_8b"), "t")
+    for k, v in true.items():
+        assert summ["coefficients"][k] == pytest.approx(v, rel=1e-3)
+    assert summ["max_abs_rel_err"] < 1e-6 and summ["r2"] == pytest.approx(1.0)
+    assert prof.c_attn_s == pytest.approx(true["c_attn_s"], rel=1e-3) and prof.floor_s == 0
+
+
+def test_median_ci_order_statistics():
+    from portbench.validation import steps
+    med, lo, hi = steps.median_ci(np.arange(1.0, 21.0))
+    # n = 20: binom(20, .5) 2.5 % quantile = 6 -> the 6th and 15th order statistics
+    assert (med, lo, hi) == (10.5, 6.0, 15.0)
+    assert math.isnan(steps.median_ci([1.0, 2.0, 3.0])[1])
