@@ -222,8 +222,8 @@ def _diagnose_csv(path: Path, header: Sequence[str]) -> DataError | None:
     try:
         (path.read_bytes()).decode("utf-8")
     except UnicodeDecodeError as e:
-        line = path.read_bytes()[: e.start].count(b"\n")
-        return DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})", row=line)
+        bad_row = path.read_bytes()[: e.start].count(b"\n")
+        return DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})", row=bad_row)
     lines = path.read_bytes().decode("utf-8").lstrip("\ufeff").split("\n")[1:]
     for row, line in enumerate(lines, start=1):
         line = line.rstrip("\r")

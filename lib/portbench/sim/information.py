@@ -41,7 +41,7 @@ def decisions(name: str, window_df: pl.DataFrame, sim: SimulationConfig, profile
     later = now + 0.02
     waiting = [r for r in reqs if r.state == WAITING]
     out += [[sched.priority(r, later) for r in reqs], [r.id for r in sched.admission_order(waiting, later)],
-            sched.victim(batch, later).id if batch else None, sched.next_decision(batch, waiting, later)]
+            [sched.victim(batch, later).id if batch else None], list(sched.next_decision(batch, waiting, later))]
     return out
 
 

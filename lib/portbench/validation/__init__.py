@@ -264,7 +264,9 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
     status = replay.engine_status(v.device, v.vllm_version)
     device = _device(status) or ("cpu" if v.device == "cpu" else "cuda")
     msgs: list[str] = []
-    selection, conf, explore, doc = None, [], [], None
+    conf: list = []
+    explore: list = []
+    selection, doc = None, None
     try:
         rev = reversals if reversals is not None else cases.read_reversals(reversals_path(cfg))
         selection = cases.select_cases(rev, cfg.simulation.region_loads)

@@ -54,7 +54,7 @@ def window_effects(runs: pl.DataFrame, source: str, region: str, metric: str, a:
     (relative for ratio metrics, absolute for proportions; replicates averaged); ``with_level``: also the
     per-window level (|a| + |b|) / 2 (in which an absolute effect's noise is counted)."""
     direction = direction or metrics.direction(metric)
-    empty = ([], np.array([]), np.array([])) if with_level else ([], np.array([]))
+    empty: tuple = ([], np.array([]), np.array([])) if with_level else ([], np.array([]))
     if runs.height == 0 or metric not in runs.columns:
         return empty
     sub = (runs.filter((pl.col("source") == source) & (pl.col("region") == region) & pl.col("scheduler").is_in([a, b]))
@@ -135,8 +135,8 @@ def intersection_union(p_sides: Sequence[float]) -> float:
 
 def holm(p: Sequence[float]) -> np.ndarray:
     """Holm's step-down adjusted p-values (family-wise error), through the analysis' ``stats.adjust_pvalues``."""
-    p = np.asarray(p, float)
-    return stats.adjust_pvalues(p, CORRECTION) if p.size else p
+    arr = np.asarray(p, float)
+    return stats.adjust_pvalues(arr, CORRECTION) if arr.size else arr
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def engine_vs_resim(case: Case, engine_runs: pl.DataFrame, resim_runs: pl.DataFr
     The case: ``reproduced`` when every side is, ``not reproduced`` when any side is, else ``inconclusive``."""
     direction = case.direction or metrics.direction(case.metric)
     level = 1 - 2 * alpha
-    sides = []
+    sides: list[dict] = []
     for s in case.sides:
         we, e = window_effects(engine_runs, s.source, case.region, case.metric, case.a, case.b, direction)
         wr, r = window_effects(resim_runs, s.source, case.region, case.metric, case.a, case.b, direction)
@@ -245,7 +245,7 @@ def confirm_case(case: Case, engine_runs: pl.DataFrame) -> dict:
     """One confirmatory case on the engine: per side the one-sided Wilcoxon test in the simulated
     direction (the campaign's sign), the intersection-union p (largest side's). Holm: :func:`holm`."""
     direction = case.direction or metrics.direction(case.metric)
-    sides = []
+    sides: list[dict] = []
     for s in case.sides:
         _, d = window_effects(engine_runs, s.source, case.region, case.metric, case.a, case.b, direction)
         sign = int(np.sign(s.diff)) if math.isfinite(s.diff) else 0

@@ -167,7 +167,7 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
         for region in regions:
             for pol in names:
                 case = Case(w.source, w.id, region, float(loads[region]), pol)
-                if policies.engine_policy(pol).mode == "excluded":
+                if policies.virtual_mode(pol) == "excluded":
                     continue
                 res, a, b = run_case(df, case, cap, sim_cfg, eng, w.block_size)
                 t_sim += a

@@ -43,16 +43,31 @@ DYNAMIC_KEYS: dict[str, Callable[[int, int, dict], int]] = {
     "srpt_oracle": lambda generated, max_tokens, o: max_tokens - generated,
 }
 QUANTUM_OPTIONS = {"las": ("quantum_tokens",), "mlfq": ("quantum_tokens",), "rr": ("quantum_tokens",)}
-# Policies the virtual engine runs through the simulator's own policy object (policy_driver.PolicyDriver).
-DRIVEN = ("las", "srpt_oracle", "mlfq", "rr", "vtc", "ltr")   # token-valued options (scaled with the tokens)
+# Policies the virtual engine (validation/virtual.py) runs through the simulator's own policy object
+# (policy_driver.PolicyDriver); the wall-clock replay's shared engine runs only what engine_policy() says.
+DRIVEN = ("las", "srpt_oracle", "mlfq", "rr", "vtc", "ltr")
 
-EXCLUDED_REASON = {
-    "sarathi": "under vLLM V1 it is FCFS with Sarathi's small chunk budget, an engine-wide setting "
-               "(max_num_batched_tokens >= max_num_seqs in vLLM); not a per-request policy",
-    "mlfq": "skip-join levels from the simulator's profile and demotion by token quantum: not ported to "
-            "the engine-side scheduler",
-    "rr": "rotates the batch every token quantum with pausing (KV kept): not ported",
-    "vtc": "per-tenant virtual token counters: not ported",
+
+def virtual_mode(name: str) -> str:
+    """How the virtual engine runs scheduler ``name``: ``fcfs`` (priority 0; sarathi on an engine with its own
+    budget), ``priority`` (static rank), ``driven`` (the simulator's policy object) or ``excluded``."""
+    if name in ("fcfs", "sarathi", "vtc"):
+        return "driven" if name == "vtc" else "fcfs"
+    if name in DRIVEN:
+        return "driven"
+    if name in schedulers.VLLM_STATIC_PRIORITY:
+        return "priority"
+    return "excluded"   # token-valued options (scaled with the tokens)
+
+EXCLUDED_REASON = {   # on the wall-clock replay's shared engine; the virtual engine runs all of them (virtual_mode)
+    "sarathi": "under vLLM V1 it is FCFS with Sarathi's small chunk budget, an engine-wide setting: it runs on an "
+               "engine instance of its own (validation cases) and on the virtual engine",
+    "mlfq": "runs on the virtual vLLM engine (the simulator's policy object inside vLLM's scheduler); not on the "
+            "wall-clock replay's shared engine",
+    "rr": "runs on the virtual vLLM engine (the simulator's policy object inside vLLM's scheduler); not on the "
+          "wall-clock replay's shared engine",
+    "vtc": "runs on the virtual vLLM engine (the simulator's policy object inside vLLM's scheduler); not on the "
+           "wall-clock replay's shared engine",
 }
 
 
@@ -75,10 +90,7 @@ def engine_policy(name: str) -> EnginePolicy:
     if name in schedulers.VLLM_STATIC_PRIORITY:
         return EnginePolicy(name, "priority", "scheduling_policy='priority' with the scheduler's static key "
                             "(schedulers.static_priority, the simulation's seed) as each request's priority")
-    if name == "sarathi":
-        return EnginePolicy(name, "fcfs", "FCFS (every request priority 0) on an engine whose max_num_batched_tokens "
-                            "is Sarathi-Serve's budget")
-    if name in DYNAMIC_KEYS or (name in DRIVEN and name != "ltr"):
+    if name in DYNAMIC_KEYS:
         return EnginePolicy(name, "dynamic", "PortbenchScheduler re-keys every live request before each step "
                             "and preempts (recompute) running requests for better-ranked waiting ones")
     why = EXCLUDED_REASON.get(name, "not a static per-request order and not ported to the engine-side scheduler")

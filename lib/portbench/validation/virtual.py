@@ -178,8 +178,7 @@ class VirtualResult:
 
 
 def _priorities(policy: str, window_df, seed: int, slo, profile, options: dict) -> np.ndarray | None:
-    mode = policies.engine_policy(policy).mode
-    if mode == "priority":
+    if policy in schedulers.VLLM_STATIC_PRIORITY:     # (ltr too: its score rank picks vLLM's victims)
         opts = dict(options)
         slo = opts.pop("slo", slo)
         return schedulers.static_priority(policy, window_df, seed, profile=profile, slo=slo, **opts)
@@ -196,9 +195,9 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
     ``budget``: the policy's token budget when it has its own (sarathi).
     """
     options = dict(options or {})
-    ep = policies.engine_policy(policy)
-    if ep.mode == "excluded":
-        raise PortbenchError(f"policy {policy!r} cannot run on vLLM's scheduler: {ep.note}")
+    if policies.virtual_mode(policy) == "excluded":
+        raise PortbenchError(f"policy {policy!r} cannot run on the virtual vLLM engine: it is not one of the study's "
+                             "built-in policies (plug-ins run on the simulator only)")
     s = VirtualSettings.of(profile, budget=budget, prefix_caching=prefix_caching, hash_block_tokens=hash_block_tokens)
     cfg = vllm_config(s)
     sched = PortbenchScheduler(cfg, _kv_cache_config(s), StructuredOutputManager(cfg), block_size=s.block_size,

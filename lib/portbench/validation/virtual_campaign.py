@@ -66,7 +66,7 @@ def check(cfg: Config, *, budget_s: float = 600.0, panel: str = "real", out_dir=
         for s in srcs:
             if k < len(by_src[s]):
                 order.append(by_src[s][k])
-    names = [n for n in plan.schedulers if policies.engine_policy(n).mode != "excluded"]
+    names = [n for n in plan.schedulers if policies.virtual_mode(n) != "excluded"]
     loads = dict(sim_cfg.region_loads)
     base_s, base_v = SimEngine(), VirtualEngine()
     rows = []
