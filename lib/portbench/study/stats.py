@@ -688,3 +688,111 @@ def nemenyi_cd(k: int, n_blocks: int, alpha: float = 0.05) -> float:
     """
     q = st.studentized_range.ppf(1 - alpha, k, np.inf) / np.sqrt(2)
     return float(q * np.sqrt(k * (k + 1) / (6.0 * n_blocks)))
+
+
+# --------------------------------------------------------------------------- equivalence and what ports
+
+def tost_paired(d, margin) -> np.ndarray:
+    """Two one-sided paired t-tests (TOST) of equivalence: p-value of "the mean difference lies within
+    ``(-margin, margin)``" for each slice of paired differences ``d`` (..., W) (``margin`` broadcast against
+    the slice shape). ``p = max(p_lower, p_upper)`` with ``p_lower = P(T >= (mean + margin) / se)`` and
+    ``p_upper = P(T <= (mean - margin) / se)``, T ~ t(n - 1), se = sd / sqrt(n) -- what statsmodels'
+    ``ttost_paired`` returns. Missing windows (NaN) are left out; a slice whose differences are all equal
+    (se = 0) has p = 0 when its mean is inside the margin and 1 otherwise; fewer than two windows: NaN."""
+    d = np.asarray(d, dtype=float)
+    margin = np.broadcast_to(np.asarray(margin, dtype=float), d.shape[:-1])
+    n = np.sum(~np.isnan(d), axis=-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(d, axis=-1)
+        sd = np.nanstd(d, axis=-1, ddof=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se = sd / np.sqrt(n)
+        df = np.maximum(n - 1, 1)
+        p_lo = st.t.sf((mean + margin) / se, df)
+        p_hi = st.t.cdf((mean - margin) / se, df)
+    p = np.maximum(p_lo, p_hi)
+    flat = (se == 0) & (n >= 2)
+    p = np.where(flat, np.where(np.abs(mean) < margin, 0.0, 1.0), p)
+    return np.where((n >= 2) & ~np.isnan(margin), p, np.nan)
+
+
+def adjust_last_axis(p, method: str) -> np.ndarray:
+    """Multiple-comparison adjustment of p-values along the last axis (one family per slice), vectorised;
+    NaN p-values are left out of their family and stay NaN. ``method``: ``fdr_bh`` (Benjamini-Hochberg),
+    ``holm`` or ``none``; equal to statsmodels ``multipletests`` per slice (``tests/test_ports.py``)."""
+    p = np.asarray(p, dtype=float)
+    if method == "none":
+        return p.copy()
+    if method not in CORRECTIONS:
+        raise ValueError(f"correction {method!r}: expected one of {CORRECTIONS + ('none',)}")
+    nan = np.isnan(p)
+    m = np.sum(~nan, axis=-1, keepdims=True)
+    order = np.argsort(np.where(nan, np.inf, p), axis=-1, kind="stable")
+    ps = np.take_along_axis(np.where(nan, np.inf, p), order, axis=-1)
+    rank = np.arange(1, p.shape[-1] + 1)
+    with np.errstate(invalid="ignore"):
+        if method == "fdr_bh":
+            adj = ps * m / rank
+            adj = np.flip(np.minimum.accumulate(np.flip(np.where(np.isfinite(adj), adj, np.inf), -1), axis=-1), -1)
+        else:
+            adj = np.maximum.accumulate(np.where(np.isfinite(ps), ps * (m - rank + 1), -np.inf), axis=-1)
+    adj = np.clip(adj, 0.0, 1.0)
+    out = np.empty(p.shape)
+    np.put_along_axis(out, order, adj, axis=-1)
+    return np.where(nan, np.nan, out)
+
+
+# side classes of a scheduler pair in one ranking (portbench.study.analysis.ports)
+STRONG_A, STRONG_B, EQUIVALENT, UNDETERMINED, NOT_APPLICABLE = 1, -1, 0, 2, -9
+
+
+def side_classes(p_adj, direction, mean_diff, effect, p_tost_adj, alpha: float, delta) -> np.ndarray:
+    """Class of each pair in its ranking: STRONG_A / STRONG_B (the Wilcoxon test rejects after correction,
+    in the direction of the mean, and the effect is at least ``delta``: a or b is better), EQUIVALENT (the
+    TOST at +-delta rejects after correction), UNDETERMINED otherwise; NOT_APPLICABLE where the mean
+    difference is missing. int8 array of the inputs' shape."""
+    sig = side_significant(p_adj, direction, mean_diff, alpha)
+    with np.errstate(invalid="ignore"):
+        strong = sig & (np.asarray(effect, dtype=float) >= delta)
+        equiv = np.asarray(p_tost_adj, dtype=float) < alpha
+    diff = np.asarray(mean_diff, dtype=float)
+    out = np.full(diff.shape, UNDETERMINED, dtype=np.int8)
+    out[equiv & ~strong] = EQUIVALENT
+    out[strong & (diff > 0)] = STRONG_A
+    out[strong & (diff < 0)] = STRONG_B
+    out[np.isnan(diff)] = NOT_APPLICABLE
+    return out
+
+
+FOUR_WAY = ("same_order", "reversal", "one_side", "neither")
+
+
+def four_way(c1, c2) -> np.ndarray:
+    """The four-way class of each comparison of two sides' :func:`side_classes`: 0 strong on both in the same
+    order, 1 strong on both in opposite orders (a reversal), 2 strong on one side only, 3 on neither; -1 where
+    a side is NOT_APPLICABLE."""
+    c1, c2 = np.asarray(c1), np.asarray(c2)
+    s1, s2 = np.abs(c1) == 1, np.abs(c2) == 1
+    out = np.full(np.broadcast(c1, c2).shape, 3, dtype=np.int8)
+    out[s1 ^ s2] = 2
+    out[s1 & s2 & (c1 == c2)] = 0
+    out[s1 & s2 & (c1 != c2)] = 1
+    out[(c1 == NOT_APPLICABLE) | (c2 == NOT_APPLICABLE)] = -1
+    return out
+
+
+def four_way_counts(fw, axis=None) -> np.ndarray:
+    """Counts of the four classes (last axis of length 4, in :data:`FOUR_WAY` order) over ``axis`` of
+    :func:`four_way` codes (``axis=None``: every axis)."""
+    fw = np.asarray(fw)
+    return np.stack([np.sum(fw == k, axis=axis) for k in range(4)], axis=-1)
+
+
+def concordance(counts) -> np.ndarray:
+    """Share of comparisons strong on both sides whose order is the same: same / (same + reversal); NaN
+    where none is strong on both. ``counts`` from :func:`four_way_counts` (classes on the last axis)."""
+    c = np.asarray(counts, dtype=float)
+    n = c[..., 0] + c[..., 1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, c[..., 0] / n, np.nan)

@@ -29,6 +29,8 @@ from .power import mde, resolution, warn
 from .reversals import _family_definition, _reversals, tenant_na
 from .ties import RULE_TEXT, deltas, rank, restrict, side_tests, tie_pairs_table, ties_summary
 from .sections import read_sections
+from . import ports
+from .plan import plan_block, plan_path
 
 # The per-panel sections: each is a dict panel -> section; summary["panels"][name] gathers them, and the
 # headline panel's sections are also the top-level entries of summary.json.
@@ -104,12 +106,17 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
     mdes, tables["power_curves"] = mde(cube, cfg, head, family_size,
                                        (panels.get(headline_panel) or {}).get("sources") or cube.sources)
     tick("power")
+    headline_block, controls, tables["ports"] = ports.compute_block(cube, cfg, delta, tenant_na(cube), panels,
+                                                                    headline_panel, head)
+    tick("headline_what_ports")
 
     summary = assemble_summary(
         cube=cube, runs=runs, cfg=cfg, head=head, panels=panels, headline_panel=headline_panel, sections=sections,
         names={s: config.display_names.get(s, s) for s in cube.sources},
         skipped=[s for s in config.source_names() if s not in cube.sources],
-        blocks={"ties": ties, "friedman": fr, "power": {**mdes, "resolution": res, "warnings": res["warnings"]}})
+        blocks={"headline": headline_block, "controls": controls,
+                "analysis_plan": plan_block(config.paths.root, cfg),
+                "ties": ties, "friedman": fr, "power": {**mdes, "resolution": res, "warnings": res["warnings"]}})
     timings["total"] = round(time.perf_counter() - t0, 3)
     meta = {"fingerprint": fingerprint(runs, config), "timings_s": timings}
     return Analysis(tables=tables, summary=summary, meta=meta)
@@ -202,6 +209,8 @@ def fingerprint(runs: pl.DataFrame, cfg: Config) -> str:
     h.update(json.dumps(scheduler_registry.names(cfg.simulation.schedulers)).encode())
     h.update(json.dumps([cfg.source_names(), cfg.display_names], sort_keys=True).encode())
     h.update("".join(fileio.code_sha256(m) for m in ANALYSIS_CODE).encode())   # changed code recomputes
+    plan = plan_path(cfg.paths.root)
+    h.update(plan.read_bytes() if plan.is_file() else b"no plan")             # a changed plan recomputes
     buf = io.BytesIO()
     runs.write_ipc(buf)
     h.update(buf.getvalue())
