@@ -148,3 +148,46 @@ def test_a_deviation_from_the_plan_is_reported(tmp_path):
     block = plan_mod.plan_block(tmp_path, used)
     assert block["follows_plan"] is False and block["deviations"] == {"delta": {"plan": 0.05, "used": 0.1}}
     assert len(block["sha256"]) == 64
+
+
+def test_fast_signed_rank_equals_scipy_asymptotic():
+    import scipy.stats as st
+    rng = np.random.default_rng(5)
+    d = np.round(rng.normal(0.2, 1.0, (400, 40)), 1)         # rounded: ties and zeros
+    d[:5] = 0.0
+    d[5:10, :30] = 0.0
+    p, direction = stats.signed_rank_normal(d)
+    for i in range(d.shape[0]):
+        if np.all(d[i] == 0):
+            assert p[i] == 1.0 and direction[i] == 0
+            continue
+        ref = st.wilcoxon(d[i], method="asymptotic").pvalue
+        assert p[i] == pytest.approx(ref, rel=1e-9, abs=1e-15)
+        assert direction[i] == stats.paired_wilcoxon(d[i]).direction
+
+
+def test_resampled_signed_rank_equals_the_test_on_resampled_rows():
+    rng = np.random.default_rng(8)
+    d = np.round(rng.normal(0.1, 1.0, (60, 30)), 1)
+    d[0] = 0.0
+    d[1, :20] = 0.0
+    idx = rng.integers(0, 30, (25, 30))
+    counts = np.stack([np.bincount(i, minlength=30) for i in idx])
+    p, direction = stats.resampled_signed_rank(d, counts)
+    p_ref, dir_ref = stats.signed_rank_normal(np.moveaxis(d[:, idx], 1, 0))   # (B, rows, W)
+    assert np.allclose(p, p_ref, rtol=1e-9, atol=1e-15)
+    assert (direction == dir_ref).all()
+
+
+def test_resampled_classes_equal_the_classes_of_resampled_windows():
+    x1, _ = _two_sources(0.3, -0.3, W=40, seed=4)
+    rng = np.random.default_rng(1)
+    x = np.concatenate([x1, x1 * np.array([1.0, 1.04, 0.97])[None, None, :, None]], axis=0)   # (R=2, M, K, W)
+    idx = rng.integers(0, 40, (30, 40))
+    counts = np.stack([np.bincount(i, minlength=40) for i in idx])
+    kw = dict(window_size=200, alpha=0.05, correction="fdr_bh")
+    got = ports.classify_resampled(x, np.array([-1.0]), ["ratio"], np.array([0.05]), counts, **kw)
+    ref = ports.classify(np.moveaxis(x[..., idx], -2, 0), np.array([-1.0]), ["ratio"], np.array([0.05]), fast=True,
+                         **kw)["classes"]
+    assert got.shape == ref.shape == (30, 2, 1, 3)
+    assert (got == ref).all()

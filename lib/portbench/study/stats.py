@@ -700,12 +700,18 @@ def tost_paired(d, margin) -> np.ndarray:
     ``ttost_paired`` returns. Missing windows (NaN) are left out; a slice whose differences are all equal
     (se = 0) has p = 0 when its mean is inside the margin and 1 otherwise; fewer than two windows: NaN."""
     d = np.asarray(d, dtype=float)
-    margin = np.broadcast_to(np.asarray(margin, dtype=float), d.shape[:-1])
     n = np.sum(~np.isnan(d), axis=-1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(d, axis=-1)
         sd = np.nanstd(d, axis=-1, ddof=1)
+    return tost_from_moments(mean, sd, n, margin)
+
+
+def tost_from_moments(mean, sd, n, margin) -> np.ndarray:
+    """:func:`tost_paired` from the differences' mean, standard deviation (ddof 1) and count."""
+    mean, sd, n = (np.asarray(x, dtype=float) for x in (mean, sd, n))
+    margin = np.broadcast_to(np.asarray(margin, dtype=float), np.broadcast(mean, sd, n).shape)
     with np.errstate(invalid="ignore", divide="ignore"):
         se = sd / np.sqrt(n)
         df = np.maximum(n - 1, 1)
@@ -796,3 +802,81 @@ def concordance(counts) -> np.ndarray:
     n = c[..., 0] + c[..., 1]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(n > 0, c[..., 0] / n, np.nan)
+
+
+def signed_rank_normal(d) -> tuple[np.ndarray, np.ndarray]:
+    """Two-sided Wilcoxon signed-rank test by the normal approximation (zeros dropped, average ranks for tied
+    |d|, tie-corrected variance, no continuity correction): ``(p, direction)`` for each slice of ``d`` (..., W)
+    -- ``scipy.stats.wilcoxon(d, method="asymptotic")``'s p-value, in one sort (the bootstrap re-runs it
+    thousands of times). A missing difference (NaN) counts as a zero (dropped); a slice with no non-zero
+    difference has p = 1 and direction 0."""
+    d = np.asarray(d, dtype=float)
+    W = d.shape[-1]
+    a = np.abs(d)
+    nz = a > 0                                            # NaN -> False
+    key = np.where(nz, a, -1.0)
+    order = np.argsort(key, axis=-1, kind="stable")
+    s = np.take_along_axis(key, order, axis=-1)
+    new = np.ones(s.shape, dtype=bool)
+    new[..., 1:] = s[..., 1:] != s[..., :-1]
+    pos = np.arange(W)
+    start = np.maximum.accumulate(np.where(new, pos, 0), axis=-1)
+    is_end = np.ones(s.shape, dtype=bool)
+    is_end[..., :-1] = new[..., 1:]
+    end = np.flip(np.minimum.accumulate(np.flip(np.where(is_end, pos, W - 1), -1), axis=-1), -1)
+    n = nz.sum(axis=-1)
+    avg = (start + end) / 2.0 + 1.0 - (W - n)[..., None]  # ranks among the non-zero differences
+    t = (end - start + 1).astype(float)
+    nz_sorted = s > 0
+    ties = np.sum(np.where(nz_sorted, t * t - 1.0, 0.0), axis=-1)     # = sum over tie groups of t^3 - t
+    r = np.empty(s.shape)
+    np.put_along_axis(r, order, avg, axis=-1)
+    r_plus = np.sum(np.where(nz & (d > 0), r, 0.0), axis=-1)
+    r_minus = np.sum(np.where(nz & (d < 0), r, 0.0), axis=-1)
+    mean = n * (n + 1) / 4.0
+    var = n * (n + 1) * (2 * n + 1) / 24.0 - ties / 48.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.abs(r_plus - mean) / np.sqrt(var)
+    p = np.where((n > 0) & (var > 0), 2.0 * st.norm.sf(z), 1.0)
+    return np.clip(p, 0.0, 1.0), np.sign(r_plus - r_minus)
+
+
+def resampled_signed_rank(d, counts) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`signed_rank_normal` of every bootstrap resample of ``d`` (rows, W) given as window multiplicities
+    ``counts`` (B, W) -- without sorting per resample: a resample's tie groups of |d| are the original groups
+    (with multiplicities), so one sort of each row serves every resample. Returns ``(p, direction)`` (B, rows);
+    equal to :func:`signed_rank_normal` of the resampled rows (``tests/test_ports.py``). NaN counts as zero."""
+    d = np.asarray(d, dtype=float)
+    c = np.asarray(counts, dtype=float)
+    W = d.shape[-1]
+    a = np.abs(d)
+    nz = a > 0
+    key = np.where(nz, a, -1.0)
+    order = np.argsort(key, axis=-1, kind="stable")                      # (rows, W)
+    s = np.take_along_axis(key, order, axis=-1)
+    sgn = np.take_along_axis(np.sign(np.where(nz, d, 0.0)), order, axis=-1)
+    nzs = s > 0
+    new = np.ones(s.shape, dtype=bool)
+    new[:, 1:] = s[:, 1:] != s[:, :-1]
+    pos = np.arange(W)
+    start = np.maximum.accumulate(np.where(new, pos, 0), axis=-1)        # (rows, W) first position of the group
+    is_end = np.ones(s.shape, dtype=bool)
+    is_end[:, :-1] = new[:, 1:]
+    end = np.flip(np.minimum.accumulate(np.flip(np.where(is_end, pos, W - 1), -1), axis=-1), -1)
+    cs = c[:, order] * nzs                                                # (B, rows, W) multiplicity, zeros dropped
+    cum = np.cumsum(cs, axis=-1)
+    rows = np.arange(d.shape[0])[:, None]
+    before = np.where(start > 0, np.take_along_axis(cum, np.broadcast_to(np.maximum(start - 1, 0), cum.shape), -1), 0.0)
+    total = np.take_along_axis(cum, np.broadcast_to(end, cum.shape), -1) - before
+    rank = before + (total + 1.0) / 2.0
+    del rows
+    r_plus = np.sum(cs * rank * (sgn > 0), axis=-1)
+    r_minus = np.sum(cs * rank * (sgn < 0), axis=-1)
+    n = cum[..., -1]
+    ties = np.sum(np.where(is_end, total ** 3 - total, 0.0), axis=-1)
+    mean = n * (n + 1) / 4.0
+    var = n * (n + 1) * (2 * n + 1) / 24.0 - ties / 48.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.abs(r_plus - mean) / np.sqrt(var)
+    p = np.where((n > 0) & (var > 0), 2.0 * st.norm.sf(z), 1.0)
+    return np.clip(p, 0.0, 1.0), np.sign(r_plus - r_minus)

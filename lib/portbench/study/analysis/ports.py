@@ -69,12 +69,14 @@ def margins(means_a, means_b, scales, deltas, window_size: float) -> np.ndarray:
 
 
 def classify(raw, sign, scales, deltas, *, window_size: float, alpha: float, correction: str,
-             pair_ok=None) -> dict[str, np.ndarray]:
+             pair_ok=None, fast: bool = False) -> dict[str, np.ndarray]:
     """Side classes of every scheduler pair of every ranking in ``raw`` (..., M, K, W): per-window values in
     the metrics' own units (``sign`` orients them: +1 higher is better, -1 lower). Returns ``classes``
     (..., M, P) int8 (pairs in ``np.triu_indices(K, 1)`` order), ``diff`` (oriented mean difference, + = a
     better), ``effect``, ``p`` / ``p_tost`` (raw) and ``p_adj`` / ``p_tost_adj`` (adjusted within each
-    ranking over the pairs of ``pair_ok``; pairs outside it are NOT_APPLICABLE)."""
+    ranking over the pairs of ``pair_ok``; pairs outside it are NOT_APPLICABLE). ``fast``: the Wilcoxon p-values by
+    the normal approximation (:func:`portbench.study.stats.signed_rank_normal`; bootstrap resamples) instead of
+    scipy's choice of method."""
     raw = np.asarray(raw, dtype=float)
     K = raw.shape[-2]
     ia, ib = np.triu_indices(K, 1)
@@ -91,15 +93,59 @@ def classify(raw, sign, scales, deltas, *, window_size: float, alpha: float, cor
     for m, sc in enumerate(scales):
         effect[..., m, :] = stats.effect_size(ma[..., m, :], mb[..., m, :], sc, window_size)
     ok = np.ones(len(ia), bool) if pair_ok is None else np.asarray(pair_ok, bool)
-    test = stats.paired_wilcoxon(d)
-    p = np.where(ok, test.pvalue, np.nan)
+    if fast:
+        p_w, direction = stats.signed_rank_normal(d)
+        n_nonzero = np.sum(d != 0, axis=-1)
+    else:
+        test = stats.paired_wilcoxon(d)
+        p_w, direction, n_nonzero = test.pvalue, test.direction, test.n_nonzero
+    p = np.where(ok, p_w, np.nan)
     p_tost = np.where(ok, stats.tost_paired(d, margins(ma, mb, scales, deltas, window_size)), np.nan)
     p_adj = stats.adjust_last_axis(p, correction)
     p_tost_adj = stats.adjust_last_axis(p_tost, correction)
-    cls = stats.side_classes(p_adj, test.direction, diff, effect, p_tost_adj, alpha, np.asarray(deltas)[:, None])
+    cls = stats.side_classes(p_adj, direction, diff, effect, p_tost_adj, alpha, np.asarray(deltas)[:, None])
     cls = np.where(ok, cls, stats.NOT_APPLICABLE).astype(np.int8)
     return {"classes": cls, "diff": diff, "effect": effect, "p": p, "p_adj": p_adj, "p_tost": p_tost,
-            "p_tost_adj": p_tost_adj, "n_nonzero": test.n_nonzero}
+            "p_tost_adj": p_tost_adj, "n_nonzero": n_nonzero}
+
+
+def classify_resampled(raw, sign, scales, deltas, counts, *, window_size: float, alpha: float, correction: str,
+                       pair_ok=None) -> np.ndarray:
+    """:func:`classify`'s classes (B, ..., M, P) for every bootstrap resample of the windows, given as window
+    multiplicities ``counts`` (B, W): means, standard deviations and the effects by matrix products, the Wilcoxon
+    tests by :func:`portbench.study.stats.resampled_signed_rank` (normal approximation), the TOSTs and the
+    correction as in :func:`classify`. Missing values drop out of every sum."""
+    raw = np.asarray(raw, dtype=float)
+    K, W = raw.shape[-2], raw.shape[-1]
+    ia, ib = np.triu_indices(K, 1)
+    xo = raw * np.asarray(sign, dtype=float)[:, None, None]
+    d = xo[..., ia, :] - xo[..., ib, :]                                   # (..., M, P, W)
+    lead = d.shape[:-1]
+    rows = d.reshape(-1, W)
+    v = ~np.isnan(rows)
+    c = np.asarray(counts, dtype=float)                                   # (B, W)
+    d0 = np.where(v, rows, 0.0)
+    n = c @ v.T                                                           # (B, rows)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = (c @ d0.T) / n
+        var = ((c @ (d0 * d0).T) - n * mean * mean) / (n - 1)
+        ra = np.where(v, raw[..., ia, :].reshape(-1, W), 0.0)
+        rb = np.where(v, raw[..., ib, :].reshape(-1, W), 0.0)
+        ma, mb = (c @ ra.T) / n, (c @ rb.T) / n
+    B = c.shape[0]
+    shape = (B,) + lead
+    mean, ma, mb, n = (x.reshape(shape) for x in (mean, ma, mb, n))
+    sd = np.sqrt(np.maximum(var, 0.0)).reshape(shape)
+    effect = np.empty(shape)
+    for m, sc in enumerate(scales):
+        effect[..., m, :] = stats.effect_size(ma[..., m, :], mb[..., m, :], sc, window_size)
+    ok = np.ones(len(ia), bool) if pair_ok is None else np.asarray(pair_ok, bool)
+    p_w, direction = stats.resampled_signed_rank(np.where(v, rows, 0.0), c)
+    p = np.where(ok, p_w.reshape(shape), np.nan)
+    p_tost = np.where(ok, stats.tost_from_moments(mean, sd, n, margins(ma, mb, scales, deltas, window_size)), np.nan)
+    cls = stats.side_classes(stats.adjust_last_axis(p, correction), direction.reshape(shape), mean, effect,
+                             stats.adjust_last_axis(p_tost, correction), alpha, np.asarray(deltas)[:, None])
+    return np.where(ok, cls, stats.NOT_APPLICABLE).astype(np.int8)
 
 
 # --------------------------------------------------------------------------- the comparisons
@@ -165,27 +211,26 @@ def _pair_ok(cube: Cube, na: dict, keep=None) -> dict[str, np.ndarray]:
 
 
 def source_classes(cube: Cube, metric_idx, cfg: dict, deltas, na: dict, *, keep=None, windows=None,
-                   boot: int = 0, seed: int = 0, chunk: int = 50) -> tuple[dict, dict | None]:
-    """Side classes of every source: ``(point, boot)``, point[s] (R, Mh, P), boot[s] (B, R, Mh, P) or None.
-    ``windows``: per source the window positions to use (default: all); ``keep``: the schedulers kept."""
+                   boot: int = 0, seed: int = 0, chunk: int = 50, sources=None) -> tuple[dict, dict | None]:
+    """Side classes of every source of ``sources`` (default: all): ``(point, boot)``, point[s] (R, Mh, P),
+    boot[s] (B, R, Mh, P) or None. ``windows``: per source the window positions to use (default: all);
+    ``keep``: the schedulers kept."""
     ok = _pair_ok(cube, na, keep)
     sign = cube.sign[metric_idx]
     scales = [cube.scales[m] for m in metric_idx]
     dl = np.asarray(deltas)[metric_idx]
     kw = dict(window_size=cfg["window_size"], alpha=cfg["alpha"], correction=cfg["tie_correction"])
     point, bt = {}, ({} if boot else None)
-    for s in cube.sources:
+    for s in (sources or cube.sources):
         raw = cube.values[s][:, metric_idx]
         if windows is not None:
             raw = raw[..., np.asarray(windows[s])]
         point[s] = classify(raw, sign, scales, dl, pair_ok=ok[s], **kw)["classes"]
         if boot:
             idx = stats.bootstrap_indices(raw.shape[-1], boot, _source_rng(seed, s))
-            parts = []
-            for lo in range(0, boot, chunk):
-                sub = np.moveaxis(raw[..., idx[lo:lo + chunk]], -2, 0)       # (b, R, M, K, W)
-                parts.append(classify(sub, sign, scales, dl, pair_ok=ok[s], **kw)["classes"])
-            bt[s] = np.concatenate(parts)
+            counts = np.stack([np.bincount(i, minlength=raw.shape[-1]) for i in idx])
+            bt[s] = np.concatenate([classify_resampled(raw, sign, scales, dl, counts[lo:lo + chunk], pair_ok=ok[s], **kw)
+                                    for lo in range(0, boot, chunk)])
     return point, bt
 
 
@@ -408,8 +453,10 @@ def headline(cube: Cube, cfg: dict, deltas, na: dict, sources: list[str], metric
     source positions) restrict the data (controls, windows curve); ``boot`` resamples (default
     ``cfg["bootstrap"]``); ``details``: also the breakdowns and the secondary rows."""
     B = cfg["bootstrap"] if boot is None else boot
-    point, bt = source_classes(cube, metric_idx, cfg, deltas, na, keep=keep, windows=windows, boot=B, seed=cfg["seed"])
+    point, bt = source_classes(cube, metric_idx, cfg, deltas, na, keep=keep, windows=windows, boot=B, seed=cfg["seed"],
+                               sources=sources)
     block = headline_numbers(cube, point, bt, sources)
+    block["_boot"] = bt
     block["sides"] = side_shares(point, sources)
     if details:
         block["breakdowns"] = breakdowns(cube, point, bt, sources, metric_idx)
@@ -418,13 +465,18 @@ def headline(cube: Cube, cfg: dict, deltas, na: dict, sources: list[str], metric
 
 
 def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headline_panel: str | None, metric_idx,
-                  *, window_counts=(10, 20, 30, 40), curve_boot: int = 200) -> tuple[dict, dict, pl.DataFrame]:
+                  *, window_counts=(10, 20, 30, 40), curve_boot: int = 200, control_boot: int = 200,
+                  matched: dict | None = None) -> tuple[dict, dict, pl.DataFrame]:
     """``(headline, controls, table)``: the ``headline`` and ``controls`` blocks of summary.json and the
-    per-comparison table, for the headline panel (and the across-sources numbers of every other panel)."""
+    per-comparison table, for the headline panel (and the across-sources numbers of every other panel).
+    The headline's intervals use ``analysis.bootstrap`` resamples; the windows curve ``curve_boot``, the other
+    panels and the controls ``control_boot`` (each re-runs every test per resample). ``matched``: the region
+    pairs of equal congestion (:func:`matched_control`)."""
     avail = {n: p for n, p in panels.items() if p["available"]}
     name = headline_panel if headline_panel in avail else next(iter(avail), None)
     sources = avail[name]["sources"] if name else list(cube.sources)
     block, point = headline(cube, cfg, deltas, na, sources, metric_idx)
+    head_boot = block.pop("_boot")
     block = {"panel": name, "sources": sources, "metrics": [cube.metrics[m] for m in metric_idx],
              "definition": DEFINITION.format(corr=cfg["tie_correction"], alpha=cfg["alpha"]),
              "four_way_classes": FOUR_WAY_TEXT,
@@ -435,7 +487,8 @@ def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headlin
     for n, p in avail.items():
         if n == name:
             continue
-        b, _ = headline(cube, cfg, deltas, na, p["sources"], metric_idx, details=False)
+        b, _ = headline(cube, cfg, deltas, na, p["sources"], metric_idx, details=False, boot=control_boot)
+        b.pop("_boot")
         block["panels"][n] = {"sources": p["sources"], "concordance": b["concordance"], "four_way": b["four_way"]}
     curve = []
     for n in window_counts:
@@ -443,20 +496,101 @@ def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headlin
             continue
         win = {s: evenly_spaced(len(cube.windows[s]), n) for s in cube.sources}
         b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, windows=win, boot=curve_boot, details=False)
+        b.pop("_boot")
         curve.append({"windows": n, **{k: b["concordance"][k] for k in b["concordance"]},
                       "four_way": b["four_way"], "sides": b["sides"]})
     block["by_windows"] = {"definition": f"the headline on n evenly spaced windows per source ({curve_boot} "
                                          "resamples for the intervals)", "points": curve}
     controls = {"headline": {k: block["concordance"][k] for k in block["concordance"]}}
     keep = [k for k in cube.schedulers if k not in PREDICTOR_POLICIES]
-    b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, keep=keep, details=False)
+    b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, keep=keep, details=False, boot=control_boot)
+    b.pop("_boot")
     controls["without_predictor_policies"] = {"dropped": [k for k in PREDICTOR_POLICIES if k in cube.schedulers],
                                               "concordance": b["concordance"], "four_way": b["four_way"]}
     if "sarathi" in cube.schedulers:
         b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, keep=[k for k in cube.schedulers if k != "sarathi"],
-                        details=False)
+                        details=False, boot=control_boot)
+        b.pop("_boot")
         controls["without_sarathi"] = {
             "dropped": ["sarathi"], "why": "sarathi is FCFS order with a 512-token budget (the engine's is larger): "
                                           "its comparisons measure a token budget more than an ordering",
             "concordance": b["concordance"], "four_way": b["four_way"]}
+    if matched is not None:
+        controls["matched_congestion"] = matched_control(cube, point, head_boot, sources, matched)
+    for c in controls.values():
+        if isinstance(c, dict) and "concordance" in c:
+            c["bootstrap"] = control_boot
     return block, controls, ports_table(cube, point, sources, metric_idx, name or "all")
+
+
+def matched_control(cube: Cube, point: dict, boot: dict | None, sources: list[str], matched: dict[str, list]) -> dict:
+    """The across-sources headline at matched congestion: source a's region ra is compared with source b's region
+    rb whose mean queue is closest (``matched``: ``{"a vs b": [(ra, rb, queue_a, queue_b), ...]}``, from
+    :func:`portbench.study.analysis.hygiene.matched_queue`) instead of with b's same-rho region; ``point`` /
+    ``boot``: the headline's side classes (:func:`source_classes`)."""
+    ri = {r: i for i, r in enumerate(cube.regions)}
+    pc = np.zeros(4, dtype=np.int64)
+    bc = np.zeros((next(iter(boot.values())).shape[0], 4), dtype=np.int64) if boot else None
+    used = []
+    for a, b in combinations(sources, 2):
+        for ra, rb, qa, qb in matched.get(f"{a} vs {b}", []):
+            pc += _counts(stats.four_way(point[a][ri[ra]], point[b][ri[rb]]), None)
+            if bc is not None:
+                bc += _counts(stats.four_way(boot[a][:, ri[ra]], boot[b][:, ri[rb]]), (1, 2))
+            used.append({"pair": f"{a} vs {b}", "region_a": ra, "region_b": rb, "queue_a": _num(qa), "queue_b": _num(qb)})
+    return {"concordance": {"across_sources": _conc_stat(pc, bc, "at matched congestion (each region of a source "
+                                                                "against the other source's region of closest mean queue)")},
+            "four_way": {"across_sources": _share_block(pc)}, "matched_regions": used}
+
+
+def breakdown_table(block: dict) -> pl.DataFrame:
+    """The headline block's breakdowns as one table: kind, grouping, group, the four shares, concordance with its
+    interval and the number of comparisons strong on both sides (for notebooks 04 and 09)."""
+    rows = []
+    for kind in ("across_sources", "across_regions"):
+        top = (block.get("concordance") or {}).get(kind) or {}
+        fw = (block.get("four_way") or {}).get(kind)
+        if fw:
+            rows.append((kind, "all", "all", *(fw[k]["share"] for k in stats.FOUR_WAY), fw["total"], top.get("value"),
+                         *(top.get("ci") or [None, None]), top.get("n")))
+        for grouping, groups in ((block.get("breakdowns") or {}).get(kind) or {}).items():
+            for name, v in groups.items():
+                f = v["four_way"]
+                rows.append((kind, grouping.removeprefix("by_"), name, *(f[k]["share"] for k in stats.FOUR_WAY),
+                             f["total"], v.get("value"), *(v.get("ci") or [None, None]), v.get("n")))
+    schema = {"kind": pl.String, "grouping": pl.String, "group": pl.String, "same_order": pl.Float64,
+              "reversal": pl.Float64, "one_side": pl.Float64, "neither": pl.Float64, "comparisons": pl.Int64,
+              "concordance": pl.Float64, "ci_low": pl.Float64, "ci_high": pl.Float64, "strong_on_both": pl.Int64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def windows_table(block: dict) -> pl.DataFrame:
+    """The headline as a function of windows per source (``by_windows``) as a table."""
+    rows = []
+    for p in (block.get("by_windows") or {}).get("points", []):
+        for kind in ("across_sources", "across_regions"):
+            c = p.get(kind) or {}
+            fw = (p.get("four_way") or {}).get(kind) or {}
+            rows.append((p["windows"], kind, c.get("value"), *(c.get("ci") or [None, None]), c.get("n"),
+                         (fw.get("reversal") or {}).get("share"), (p.get("sides") or {}).get("strong"),
+                         (p.get("sides") or {}).get("equivalent")))
+    schema = {"windows": pl.Int64, "kind": pl.String, "concordance": pl.Float64, "ci_low": pl.Float64,
+              "ci_high": pl.Float64, "strong_on_both": pl.Int64, "reversal_share": pl.Float64,
+              "pairs_strong": pl.Float64, "pairs_equivalent": pl.Float64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def controls_table(controls: dict) -> pl.DataFrame:
+    """Every control of ``summary.json["controls"]`` with its concordance across sources and regions."""
+    rows = []
+    for name, c in controls.items():
+        cc = c.get("concordance") if "concordance" in c else (c if name == "headline" else None)
+        if not cc:
+            rows.append((name, None, None, None, None, None, None, c.get("reason")))
+            continue
+        s, r = cc.get("across_sources") or {}, cc.get("across_regions") or {}
+        rows.append((name, s.get("value"), *(s.get("ci") or [None, None]), r.get("value"), *(r.get("ci") or [None, None]),
+                     ", ".join(c.get("dropped", []) or c.get("jittered_sources", []) or [])))
+    schema = {"control": pl.String, "across_sources": pl.Float64, "as_ci_low": pl.Float64, "as_ci_high": pl.Float64,
+              "across_regions": pl.Float64, "ar_ci_low": pl.Float64, "ar_ci_high": pl.Float64, "note": pl.String}
+    return pl.DataFrame(rows, schema=schema, orient="row")
