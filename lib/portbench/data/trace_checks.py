@@ -17,6 +17,8 @@ follows it (seeded), keeping their order -- the ``arrival_jitter`` sensitivity.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 ZERO_GAP_FLAG = 0.2      # quantised when at least this share of consecutive gaps is zero
@@ -81,5 +83,4 @@ def windows_check(arrivals) -> dict:
 
 def seeded_rng(seed: int, key: str) -> np.random.Generator:
     """The jitter's random stream of one window: ``seed`` with a stable hash of ``key`` (the window id)."""
-    import zlib
     return np.random.default_rng([int(seed), zlib.crc32(str(key).encode())])

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.stats as st
+from scipy import special
 from statsmodels.stats.multitest import multipletests
 
 ORIENTATION = {"higher": 1.0, "lower": -1.0}
@@ -715,8 +716,8 @@ def tost_from_moments(mean, sd, n, margin) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         se = sd / np.sqrt(n)
         df = np.maximum(n - 1, 1)
-        p_lo = st.t.sf((mean + margin) / se, df)
-        p_hi = st.t.cdf((mean - margin) / se, df)
+        p_lo = special.stdtr(df, -(mean + margin) / se)          # t survival function
+        p_hi = special.stdtr(df, (mean - margin) / se)
     p = np.maximum(p_lo, p_hi)
     flat = (se == 0) & (n >= 2)
     p = np.where(flat, np.where(np.abs(mean) < margin, 0.0, 1.0), p)
@@ -847,36 +848,41 @@ def resampled_signed_rank(d, counts) -> tuple[np.ndarray, np.ndarray]:
     (with multiplicities), so one sort of each row serves every resample. Returns ``(p, direction)`` (B, rows);
     equal to :func:`signed_rank_normal` of the resampled rows (``tests/test_ports.py``). NaN counts as zero."""
     d = np.asarray(d, dtype=float)
-    c = np.asarray(counts, dtype=float)
+    c = np.asarray(counts, dtype=np.float32)
     W = d.shape[-1]
     a = np.abs(d)
     nz = a > 0
     key = np.where(nz, a, -1.0)
     order = np.argsort(key, axis=-1, kind="stable")                      # (rows, W)
     s = np.take_along_axis(key, order, axis=-1)
-    sgn = np.take_along_axis(np.sign(np.where(nz, d, 0.0)), order, axis=-1)
+    sgn = np.take_along_axis(np.sign(np.where(nz, d, 0.0)), order, axis=-1).astype(np.float32)
     nzs = s > 0
-    new = np.ones(s.shape, dtype=bool)
-    new[:, 1:] = s[:, 1:] != s[:, :-1]
-    pos = np.arange(W)
-    start = np.maximum.accumulate(np.where(new, pos, 0), axis=-1)        # (rows, W) first position of the group
-    is_end = np.ones(s.shape, dtype=bool)
-    is_end[:, :-1] = new[:, 1:]
-    end = np.flip(np.minimum.accumulate(np.flip(np.where(is_end, pos, W - 1), -1), axis=-1), -1)
-    cs = c[:, order] * nzs                                                # (B, rows, W) multiplicity, zeros dropped
+    tied = np.any((s[:, 1:] == s[:, :-1]) & nzs[:, 1:], axis=-1)        # rows with tied non-zero |d|
+    cs = c[:, order] * nzs.astype(np.float32)                             # (B, rows, W) multiplicity, zeros dropped
     cum = np.cumsum(cs, axis=-1)
-    rows = np.arange(d.shape[0])[:, None]
-    before = np.where(start > 0, np.take_along_axis(cum, np.broadcast_to(np.maximum(start - 1, 0), cum.shape), -1), 0.0)
-    total = np.take_along_axis(cum, np.broadcast_to(end, cum.shape), -1) - before
-    rank = before + (total + 1.0) / 2.0
-    del rows
-    r_plus = np.sum(cs * rank * (sgn > 0), axis=-1)
-    r_minus = np.sum(cs * rank * (sgn < 0), axis=-1)
-    n = cum[..., -1]
-    ties = np.sum(np.where(is_end, total ** 3 - total, 0.0), axis=-1)
+    n = cum[..., -1].astype(float)
+    rank = cum - (cs - 1.0) / 2.0                                         # each value its own group: the average rank
+    ties = np.sum(cs * cs * cs - cs, axis=-1, dtype=float)
+    if tied.any():                                                        # rows with tied values: groups span positions
+        t = np.flatnonzero(tied)
+        st_, nzt = s[t], nzs[t]
+        new = np.ones(st_.shape, dtype=bool)
+        new[:, 1:] = st_[:, 1:] != st_[:, :-1]
+        pos = np.arange(W)
+        start = np.maximum.accumulate(np.where(new, pos, 0), axis=-1)
+        is_end = np.ones(st_.shape, dtype=bool)
+        is_end[:, :-1] = new[:, 1:]
+        end = np.flip(np.minimum.accumulate(np.flip(np.where(is_end, pos, W - 1), -1), axis=-1), -1)
+        ct = cum[:, t]
+        before = np.where(start > 0, np.take_along_axis(ct, np.broadcast_to(np.maximum(start - 1, 0), ct.shape), -1), 0)
+        total = np.take_along_axis(ct, np.broadcast_to(end, ct.shape), -1) - before
+        rank[:, t] = before + (total + 1.0) / 2.0
+        ties[:, t] = np.sum(np.where(is_end & nzt, total.astype(float) ** 3 - total, 0.0), axis=-1)
+    signed = np.sum(cs * rank * sgn, axis=-1, dtype=float)               # R+ - R-
+    r_plus = (n * (n + 1) / 2.0 + signed) / 2.0
     mean = n * (n + 1) / 4.0
     var = n * (n + 1) * (2 * n + 1) / 24.0 - ties / 48.0
     with np.errstate(invalid="ignore", divide="ignore"):
         z = np.abs(r_plus - mean) / np.sqrt(var)
-    p = np.where((n > 0) & (var > 0), 2.0 * st.norm.sf(z), 1.0)
-    return np.clip(p, 0.0, 1.0), np.sign(r_plus - r_minus)
+    p = np.where((n > 0) & (var > 0), 2.0 * special.ndtr(-z), 1.0)
+    return np.clip(p, 0.0, 1.0), np.sign(signed)

@@ -494,13 +494,16 @@ def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headlin
     for n in window_counts:
         if n > min(len(cube.windows[s]) for s in sources):
             continue
-        win = {s: evenly_spaced(len(cube.windows[s]), n) for s in cube.sources}
-        b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, windows=win, boot=curve_boot, details=False)
-        b.pop("_boot")
+        if all(n == len(cube.windows[s]) for s in sources):
+            b = block                              # every window: the headline itself
+        else:
+            win = {s: evenly_spaced(len(cube.windows[s]), n) for s in cube.sources}
+            b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, windows=win, boot=curve_boot, details=False)
+            b.pop("_boot")
         curve.append({"windows": n, **{k: b["concordance"][k] for k in b["concordance"]},
                       "four_way": b["four_way"], "sides": b["sides"]})
     block["by_windows"] = {"definition": f"the headline on n evenly spaced windows per source ({curve_boot} "
-                                         "resamples for the intervals)", "points": curve}
+                                         "resamples for the intervals; every window: the headline's)", "points": curve}
     controls = {"headline": {k: block["concordance"][k] for k in block["concordance"]}}
     keep = [k for k in cube.schedulers if k not in PREDICTOR_POLICIES]
     b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, keep=keep, details=False, boot=control_boot)
