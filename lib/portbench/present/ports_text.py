@@ -61,11 +61,20 @@ def headline_sentences(summary: Mapping) -> list[str]:
     br = (h.get("breakdowns") or {}).get("across_sources") or {}
     worst_pair, worst_metric = _extreme(br.get("by_source_pair")), _extreme(br.get("by_metric"))
     worst_region, worst_fam = _extreme(br.get("by_region")), _extreme(br.get("by_family"))
+    fams = (h.get("breakdowns") or {}).get("families") or {}
+
+    def name(what, key):
+        if what == "source pair":
+            return " vs ".join(labels.get(x, x) for x in key.split(" vs "))
+        if what.startswith("scheduler family"):
+            return f"{key} ({', '.join(fams.get(key, []))})"
+        return key
+
     parts = []
     for what, e in (("source pair", worst_pair), ("metric", worst_metric), ("region", worst_region),
                     ("scheduler family (pairs involving one)", worst_fam)):
         if e:
-            parts.append(f"{what} {e[0]} ({conc(e[1])})")
+            parts.append(f"{what} {name(what, e[0])} ({conc(e[1])})")
     if parts:
         out.append("Where it reverses most (lowest concordance across sources, at least 10 comparisons strong on both): "
                    + "; ".join(parts) + ".")
@@ -111,7 +120,10 @@ def controls_sentences(summary: Mapping) -> list[str]:
 def what_ports_markdown(summary: Mapping) -> str:
     """The README's lead paragraph of results: the headline, its table and the controls."""
     h = summary.get("headline") or {}
-    lines = headline_sentences(summary)
+    lines = []
+    for sentence in headline_sentences(summary):
+        lines += [sentence, ""]
+    lines = lines[:-1]
     ctl = controls_sentences(summary)
     if ctl:
         lines += ["", "How far the design moves it (concordance among comparisons strong on both sides):", "", *ctl]

@@ -209,6 +209,7 @@ COLUMNS: dict[str, dict[str, str]] = {
         "kind": "across_sources (two sources, same region) | across_regions (two regions of one source)",
         "panel": "the panel whose sources are compared",
         "source_1": "first side's source", "source_2": "second side's source (= source_1 across regions)",
+        "provenance_1": "provenance of source_1 (real | standin)", "provenance_2": "provenance of source_2",
         "region_1": "first side's region", "region_2": "second side's region (= region_1 across sources)",
         "metric": "headline metric", "a": "scheduler a", "b": "scheduler b",
         "side_1": "first side's class: a / b (strongly ordered, that scheduler better) | equivalent (TOST at +-delta) "

@@ -186,12 +186,14 @@ def _share_block(counts) -> dict:
 def _conc_stat(point_counts, boot_counts, what: str) -> dict:
     """``{value, ci, n, definition}`` of the concordance from counts (4,) and per-resample counts (B, 4)."""
     v = stats.concordance(point_counts)
-    ci = [None, None]
+    ci, med = [None, None], None
     if boot_counts is not None:
-        lo, hi = stats.percentile_ci(stats.concordance(boot_counts))
+        bc = stats.concordance(boot_counts)
+        lo, hi = stats.percentile_ci(bc)
         ci = [_num(lo), _num(hi)]
+        med = _num(np.nanmedian(bc)) if np.isfinite(bc).any() else None
     c = np.asarray(point_counts)
-    return {"value": _num(v), "ci": ci, "n": int(c[0] + c[1]), "reversals": int(c[1]),
+    return {"value": _num(v), "ci": ci, "boot_median": med, "n": int(c[0] + c[1]), "reversals": int(c[1]),
             "definition": f"share of the comparisons strong on both sides that keep their order, {what}"}
 
 
@@ -444,7 +446,11 @@ def ports_table(cube: Cube, classes: dict, sources: list[str], metric_idx, panel
                                  names[int(c[j, mi, p])], fw_names[int(fw[mi, p])]))
     cols = ["kind", "panel", "source_1", "source_2", "region_1", "region_2", "metric", "a", "b", "side_1", "side_2",
             "four_way"]
-    return pl.DataFrame(rows, schema=cols, orient="row")
+    df = pl.DataFrame(rows, schema=cols, orient="row")
+    prov = dict(cube.provenance)
+    return df.with_columns(pl.col("source_1").replace_strict(prov, return_dtype=pl.String).alias("provenance_1"),
+                           pl.col("source_2").replace_strict(prov, return_dtype=pl.String).alias("provenance_2")
+                           ).select(cols[:4] + ["provenance_1", "provenance_2"] + cols[4:])
 
 
 def headline(cube: Cube, cfg: dict, deltas, na: dict, sources: list[str], metric_idx, *, keep=None, windows=None,
