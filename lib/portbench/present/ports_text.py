@@ -107,6 +107,15 @@ def controls_sentences(summary: Mapping) -> list[str]:
                     + move(c["without_predictor_policies"]))
     if "without_sarathi" in c:
         rows.append("without sarathi (a token budget more than an order): " + move(c["without_sarathi"]))
+    tb = c.get("token_budget") or {}
+    if tb.get("by_metric"):
+        parts = []
+        for m, by in tb["by_metric"].items():
+            sb = sum(v.get("sarathi_better", 0) for v in by.values())
+            fb = sum(v.get("fcfs_better", 0) for v in by.values())
+            n = sum(sum(v.values()) for v in by.values())
+            parts.append(f"{m}: sarathi better in {sb}, fcfs better in {fb} of {n} source × region rankings")
+        rows.append("the token budget alone (fcfs vs sarathi, same order): " + "; ".join(parts))
     if "matched_congestion" in c:
         rows.append("regions matched by congestion (mean queue) instead of ρ: " + move(c["matched_congestion"]))
     j = c.get("arrival_jitter") or {}

@@ -524,6 +524,9 @@ def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headlin
             "dropped": ["sarathi"], "why": "sarathi is FCFS order with a 512-token budget (the engine's is larger): "
                                           "its comparisons measure a token budget more than an ordering",
             "concordance": b["concordance"], "four_way": b["four_way"]}
+    budget = token_budget(cube, point, sources, metric_idx)
+    if budget:
+        controls["token_budget"] = budget
     if matched is not None:
         controls["matched_congestion"] = matched_control(cube, point, head_boot, sources, matched)
     for c in controls.values():
@@ -550,6 +553,32 @@ def matched_control(cube: Cube, point: dict, boot: dict | None, sources: list[st
     return {"concordance": {"across_sources": _conc_stat(pc, bc, "at matched congestion (each region of a source "
                                                                 "against the other source's region of closest mean queue)")},
             "four_way": {"across_sources": _share_block(pc)}, "matched_regions": used}
+
+
+def token_budget(cube: Cube, point: dict, sources: list[str], metric_idx) -> dict | None:
+    """The token budget as an engine factor, apart from ordering: ``sarathi`` is FCFS order with a small token
+    budget, so the pair (fcfs, sarathi) differs in the budget alone. Per headline metric and source, how its sides
+    are classified over the regions (fcfs better / sarathi better / equivalent / undetermined)."""
+    if not {"fcfs", "sarathi"} <= set(cube.schedulers):
+        return None
+    K = len(cube.schedulers)
+    ia, ib = np.triu_indices(K, 1)
+    i, j = sorted((cube.schedulers.index("fcfs"), cube.schedulers.index("sarathi")))
+    p = int(np.flatnonzero((ia == i) & (ib == j))[0])
+    a = cube.schedulers[i]
+    out = {"definition": "sarathi = fcfs's order with a 512-token budget instead of the engine's: the pair measures "
+                         "the budget alone; per headline metric and source, the pair's side classes over the regions",
+           "by_metric": {}}
+    for mi, m in enumerate(metric_idx):
+        row = {}
+        for s in sources:
+            c = point[s][:, mi, p]
+            better = {stats.STRONG_A: a, stats.STRONG_B: "sarathi" if a == "fcfs" else "fcfs"}
+            row[s] = {f"{better[stats.STRONG_A]}_better": int(np.sum(c == stats.STRONG_A)),
+                      f"{better[stats.STRONG_B]}_better": int(np.sum(c == stats.STRONG_B)),
+                      "equivalent": int(np.sum(c == stats.EQUIVALENT)), "undetermined": int(np.sum(c == stats.UNDETERMINED))}
+        out["by_metric"][cube.metrics[m]] = row
+    return out
 
 
 def breakdown_table(block: dict) -> pl.DataFrame:
@@ -594,6 +623,8 @@ def controls_table(controls: dict) -> pl.DataFrame:
     rows = []
     for name, c in controls.items():
         cc = c.get("concordance") if "concordance" in c else (c if name == "headline" else None)
+        if name == "token_budget":
+            continue                       # a factor apart from ordering: its own table (notebook 04)
         if not cc:
             rows.append((name, None, None, None, None, None, None, c.get("reason")))
             continue
