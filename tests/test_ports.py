@@ -7,12 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from statsmodels.stats.multitest import multipletests
-from statsmodels.stats.weightstats import ttost_paired
-
 from portbench.study import stats
 from portbench.study.analysis import plan as plan_mod
 from portbench.study.analysis import ports
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.weightstats import ttost_paired
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -185,7 +184,7 @@ def test_resampled_classes_equal_the_classes_of_resampled_windows():
     x = np.concatenate([x1, x1 * np.array([1.0, 1.04, 0.97])[None, None, :, None]], axis=0)   # (R=2, M, K, W)
     idx = rng.integers(0, 40, (30, 40))
     counts = np.stack([np.bincount(i, minlength=40) for i in idx])
-    kw = dict(window_size=200, alpha=0.05, correction="fdr_bh")
+    kw = {"window_size": 200, "alpha": 0.05, "correction": "fdr_bh"}
     got = ports.classify_resampled(x, np.array([-1.0]), ["ratio"], np.array([0.05]), counts, **kw)
     ref = ports.classify(np.moveaxis(x[..., idx], -2, 0), np.array([-1.0]), ["ratio"], np.array([0.05]), fast=True,
                          **kw)["classes"]

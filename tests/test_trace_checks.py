@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-
 from portbench.data import trace_checks as tc
 from portbench.study.analysis import hygiene
 from portbench.study.campaign.run import jitter_tables

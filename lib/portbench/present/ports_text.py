@@ -50,13 +50,13 @@ def headline_sentences(summary: Mapping) -> list[str]:
     srcs = ", ".join(labels.get(s, s) for s in h.get("sources", []))
     side = h.get("sides") or {}
     out = [
-        f"**What ports.** Of the scheduler orders that are clearly there on two sources ({srcs}; same region and "
+        (f"**What ports.** Of the scheduler orders that are clearly there on two sources ({srcs}; same region and "
         f"metric; each side significant and at least δ apart), **{conc(cs)} keep their order** across sources; across "
         f"operating regions of one source the same share is **{conc(cr)}** (95% intervals: windows resampled, every "
-        "test re-run).",
-        f"But most orders are not clearly there on both sides. Across sources: {four_way_text(fs)}. Across regions: "
+        "test re-run)."),
+        (f"But most orders are not clearly there on both sides. Across sources: {four_way_text(fs)}. Across regions: "
         f"{four_way_text(fr)}. Of all the rankings' scheduler pairs, {pct(side.get('strong'))} are strongly ordered, "
-        f"{pct(side.get('equivalent'))} equivalent within ±δ and {pct(side.get('undetermined'))} undetermined.",
+        f"{pct(side.get('equivalent'))} equivalent within ±δ and {pct(side.get('undetermined'))} undetermined."),
     ]
     br = (h.get("breakdowns") or {}).get("across_sources") or {}
     worst_pair, worst_metric = _extreme(br.get("by_source_pair")), _extreme(br.get("by_metric"))
@@ -143,7 +143,7 @@ def what_ports_markdown(summary: Mapping) -> str:
             for p in curve) + "."]
     sec = h.get("secondary") or {}
     if sec.get("tau_b"):
-        f2 = lambda e: "n/a" if not e or e.get("value") is None else f"{e['value']:.2f}"   # noqa: E731
+        f2 = lambda e: "n/a" if not e or e.get("value") is None else f"{e['value']:.2f}"
         lines += ["", "Secondary, on the same classes (equivalent pairs tied, undetermined left out): τ-b across sources "
                   f"{f2(sec['tau_b'].get('across_sources'))}, across regions {f2(sec['tau_b'].get('across_regions'))}; "
                   f"τ-b/τ-b,max {f2(sec['tau_b_norm'].get('across_sources'))} / "

@@ -22,7 +22,6 @@ import numpy as np
 import polars as pl
 
 from ...core.config import Config
-from ...core.errors import PortbenchError
 from ...data import trace_checks
 from ...data import traces as traces_mod
 from ...data import windows as windows_mod
@@ -208,5 +207,14 @@ def matched_queue(cong: dict, sources, regions) -> dict:
     return out
 
 
-__all__ = ["congestion_block", "jitter_dir", "jittered_runs", "load_jitter", "matched_queue", "run_jitter",
-           "trace_checks_block", "load_records", "waiting_from_records"]
+__all__ = [
+    "congestion_block",
+    "jitter_dir",
+    "jittered_runs",
+    "load_jitter",
+    "load_records",
+    "matched_queue",
+    "run_jitter",
+    "trace_checks_block",
+    "waiting_from_records",
+]

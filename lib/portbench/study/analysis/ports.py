@@ -221,7 +221,7 @@ def source_classes(cube: Cube, metric_idx, cfg: dict, deltas, na: dict, *, keep=
     sign = cube.sign[metric_idx]
     scales = [cube.scales[m] for m in metric_idx]
     dl = np.asarray(deltas)[metric_idx]
-    kw = dict(window_size=cfg["window_size"], alpha=cfg["alpha"], correction=cfg["tie_correction"])
+    kw = {"window_size": cfg["window_size"], "alpha": cfg["alpha"], "correction": cfg["tie_correction"]}
     point, bt = {}, ({} if boot else None)
     for s in (sources or cube.sources):
         raw = cube.values[s][:, metric_idx]
@@ -277,6 +277,8 @@ def breakdowns(cube: Cube, classes: dict, boot: dict | None, sources: list[str],
             p = np.take(point, i, axis=axis)
             b = np.take(bc, i, axis=axis + 1) if bc is not None else None
             pc = _counts(p, None)
+            if pc.sum() == 0:                      # nothing compared (every pair n/a there)
+                continue
             res[lab] = {**_conc_stat(pc, _counts(b, tuple(range(1, b.ndim))) if b is not None else None, ""),
                         "four_way": _share_block(pc)}
             res[lab].pop("definition")
@@ -291,6 +293,8 @@ def breakdowns(cube: Cube, classes: dict, boot: dict | None, sources: list[str],
             p = point[..., sel]
             b = bc[..., sel] if bc is not None else None
             pc = _counts(p, None)
+            if pc.sum() == 0:
+                continue
             res[lab] = {**_conc_stat(pc, _counts(b, tuple(range(1, b.ndim))) if b is not None else None, ""),
                         "four_way": _share_block(pc)}
             res[lab].pop("definition")
