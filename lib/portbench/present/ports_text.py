@@ -118,6 +118,10 @@ def controls_sentences(summary: Mapping) -> list[str]:
         rows.append("the token budget alone (fcfs vs sarathi, same order): " + "; ".join(parts))
     if "matched_congestion" in c:
         rows.append("regions matched by congestion (mean queue) instead of ρ: " + move(c["matched_congestion"]))
+    e = c.get("equal_information") or {}
+    if e.get("available"):
+        rows.append("equal information (sjf_predicted, ltr, edf replaced by their oracle variants, the same noise on "
+                    "every source): " + move(e))
     j = c.get("arrival_jitter") or {}
     if j.get("available"):
         rows.append(f"arrivals spread within the timestamp grid of {', '.join(j['jittered_sources'])}: " + move(j))

@@ -25,7 +25,7 @@ from ...core.config import Config
 from ...data import trace_checks
 from ...data import traces as traces_mod
 from ...data import windows as windows_mod
-from .. import campaign
+from .. import campaign, honest
 from .common import _num
 
 
@@ -104,6 +104,49 @@ def jittered_runs(runs: pl.DataFrame, jitter: pl.DataFrame) -> pl.DataFrame:
     """``runs`` with the rows of the jittered sources replaced by their jittered runs."""
     srcs = jitter["source"].unique().to_list()
     return pl.concat([runs.filter(~pl.col("source").is_in(srcs)), jitter.select(runs.columns)], how="vertical")
+
+
+# --------------------------------------------------------------------------- equal information
+
+
+def equal_info_dir(cfg: Config) -> Path:
+    return Path(cfg.paths.results_dir) / "equal_information"
+
+
+def run_equal_information(cfg: Config, sources, *, progress: bool = True) -> pl.DataFrame | None:
+    """The equal-information control: the predictor-informed policies' oracle variants
+    (:data:`portbench.study.honest.ORACLE_VARIANT`: ``sjf_noisy_oracle``, ``ltr_noisy_oracle`` -- the true length
+    with the same log-normal noise, ``simulation.predictor_sigma``, on every source -- and ``edf_oracle``, which has
+    no noisy variant) on every window of ``sources``, every region and replicate, under
+    ``{results_dir}/equal_information``. Returns the runs (None when none of the policies is in the campaign)."""
+    manifest = windows_mod.load_manifest(cfg)
+    main = campaign.make_plan(cfg, manifest=manifest).schedulers
+    variants = [v for k, v in honest.ORACLE_VARIANT.items() if k in main]
+    if not variants:
+        return None
+    sub = cfg.with_overrides({"paths.results_dir": str(equal_info_dir(cfg)), "simulation.schedulers": variants,
+                              "campaign.request_records": None})
+    refs = [r for r in campaign.window_refs(cfg, manifest) if r.source in set(sources)]
+    tables = windows_mod.load_windows(cfg, sorted({r.source for r in refs}), per_source=cfg.campaign.windows_per_source,
+                                      manifest=manifest)
+    given = campaign.run_tables(sub, {r.id: tables[r.id] for r in refs}, variants, manifest=manifest)
+    campaign.reuse_capacities(cfg, sub)
+    return campaign.run(sub, windows=[(r, given[r.id]) for r in refs], progress=progress, verbose=False).runs
+
+
+def load_equal_information(cfg: Config) -> pl.DataFrame | None:
+    p = campaign.runs_path(equal_info_dir(cfg))
+    return pl.read_parquet(p) if p.is_file() else None
+
+
+def equal_information_runs(runs: pl.DataFrame, variants: pl.DataFrame) -> pl.DataFrame:
+    """``runs`` with each predictor-informed policy's rows replaced, on the sources ``variants`` covers, by its
+    oracle variant's rows (renamed to the policy, so the variant takes its place among the 13)."""
+    back = {v: k for k, v in honest.ORACLE_VARIANT.items()}
+    v = variants.with_columns(pl.col("scheduler").replace(back)).select(runs.columns)
+    srcs = v["source"].unique().to_list()
+    drop = pl.col("source").is_in(srcs) & pl.col("scheduler").is_in(v["scheduler"].unique().to_list())
+    return pl.concat([runs.filter(~drop), v], how="vertical")
 
 
 # --------------------------------------------------------------------------- congestion

@@ -633,8 +633,9 @@ def controls_table(controls: dict) -> pl.DataFrame:
             rows.append((name, None, None, None, None, None, None, c.get("reason")))
             continue
         s, r = cc.get("across_sources") or {}, cc.get("across_regions") or {}
+        note = c.get("dropped") or c.get("jittered_sources") or [f"{k} -> {v}" for k, v in (c.get("replaced") or {}).items()]
         rows.append((name, s.get("value"), *(s.get("ci") or [None, None]), r.get("value"), *(r.get("ci") or [None, None]),
-                     ", ".join(c.get("dropped", []) or c.get("jittered_sources", []) or [])))
+                     ", ".join(note)))
     schema = {"control": pl.String, "across_sources": pl.Float64, "as_ci_low": pl.Float64, "as_ci_high": pl.Float64,
               "across_regions": pl.Float64, "ar_ci_low": pl.Float64, "ar_ci_high": pl.Float64, "note": pl.String}
     return pl.DataFrame(rows, schema=schema, orient="row")

@@ -332,6 +332,17 @@ def add_design_controls(cfg: Config, summary: dict) -> dict:
     else:
         controls["arrival_jitter"] = {"available": False, "reason": "the jittered runs have not been simulated "
                                       "(hygiene.run_jitter; notebook 04)"}
+    eq = hygiene.load_equal_information(cfg)
+    if eq is not None:
+        controls["equal_information"] = {
+            **jitter_headline(cfg, hygiene.equal_information_runs(runs, eq), what="equal_information"),
+            "replaced": {k: v for k, v in honest.ORACLE_VARIANT.items()},
+            "why": "every source's predictor-informed policies get the same information: the true output length with "
+                   f"the same log-normal noise (sigma = {cfg.simulation.predictor_sigma:g}; edf: the exact length, it "
+                   "has no noisy variant), instead of a predictor whose quality differs from trace to trace"}
+    else:
+        controls["equal_information"] = {"available": False, "reason": "the oracle variants have not been simulated "
+                                         "(hygiene.run_equal_information; notebook 04)"}
     summary["controls"] = controls
     return summary
 
@@ -339,9 +350,9 @@ def add_design_controls(cfg: Config, summary: dict) -> dict:
 JITTER_BOOT = 200   # resamples of the arrival-jitter control's intervals
 
 
-def jitter_headline(config: Config, runs: pl.DataFrame) -> dict:
-    """The headline (concordance and four-way table, headline panel) on ``runs`` with the quantised sources'
-    arrivals spread within their grid."""
+def jitter_headline(config: Config, runs: pl.DataFrame, what: str = "arrival_jitter") -> dict:
+    """The headline (concordance and four-way table, headline panel) on ``runs``: by default the runs with the
+    quantised sources' arrivals spread within their grid (``what``: the control's name)."""
     cfg = settings(config.analysis, config.windows.size)
     cube = build_cube(runs, metric_spec=config.analysis.metrics, all_metrics=metric_names(config.simulation.slo),
                       scheduler_order=config.simulation.schedulers, source_order=config.source_names(),
@@ -353,11 +364,12 @@ def jitter_headline(config: Config, runs: pl.DataFrame) -> dict:
     b, _ = ports.headline(cube, cfg, deltas(cube, cfg), tenant_na(cube), sources, head, boot=JITTER_BOOT,
                           details=False)
     b.pop("_boot", None)
-    jittered = sorted(runs.filter(pl.col("source").is_in(sources))["source"].unique().to_list())
-    return {"available": True, "jittered_sources": json.loads((hygiene.jitter_dir(config) / "sources.json").read_text())
-            if (hygiene.jitter_dir(config) / "sources.json").is_file() else jittered,
-            "concordance": b["concordance"], "four_way": b["four_way"], "sides": b["sides"],
-            "bootstrap": JITTER_BOOT}
+    out = {"available": True, "concordance": b["concordance"], "four_way": b["four_way"], "sides": b["sides"],
+           "bootstrap": JITTER_BOOT}
+    if what == "arrival_jitter":
+        f = hygiene.jitter_dir(config) / "sources.json"
+        out["jittered_sources"] = json.loads(f.read_text()) if f.is_file() else []
+    return out
 
 
 def add_honest_information(cfg: Config, summary: dict) -> dict:
