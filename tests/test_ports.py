@@ -190,3 +190,18 @@ def test_resampled_classes_equal_the_classes_of_resampled_windows():
                          **kw)["classes"]
     assert got.shape == ref.shape == (30, 2, 1, 3)
     assert (got == ref).all()
+
+
+def test_effective_windows_of_independent_and_of_trending_windows():
+    from portbench.study.analysis.cube import Cube
+    rng = np.random.default_rng(0)
+    W = 40
+    iid = rng.normal(10, 1, W)
+    trend = np.linspace(5, 15, W) + rng.normal(0, 0.1, W)
+    vals = {s: np.tile(v, (1, 1, 1, 1)) for s, v in (("a", iid), ("b", trend))}
+    cube = Cube(sources=["a", "b"], provenance={"a": "real", "b": "real"}, regions=["r"], rho={"r": 0.5},
+                metrics=["e2e_mean"], directions=["lower"], schedulers=["fcfs"], windows={"a": [], "b": []},
+                values=vals, n_replicates={})
+    e = ports.effective_windows(cube, [0])["by_source"]
+    assert abs(e["a"]["lag1_autocorrelation"]) < 0.4 and e["a"]["effective_windows"] > 20
+    assert e["b"]["lag1_autocorrelation"] > 0.9 and e["b"]["effective_windows"] < 3

@@ -145,6 +145,16 @@ def what_ports_markdown(summary: Mapping) -> str:
         lines += ["", "With fewer windows per source (evenly spaced): " + "; ".join(
             f"{p['windows']}: across sources {conc(p['across_sources'])}, across regions {conc(p['across_regions'])}"
             for p in curve) + "."]
+    ew = (h.get("effective_windows") or {}).get("by_source") or {}
+    if ew:
+        labels = {s: v["label"] for s, v in (summary.get("provenance") or {}).items()}
+        lines += ["", "Windows are not independent draws: in trace order, FCFS's per-window values have a lag-1 "
+                  "autocorrelation of " + ", ".join(f"{v['lag1_autocorrelation']:.2f} ({labels.get(s, s)})"
+                                                    for s, v in ew.items())
+                  + "; as AR(1) series the 40 windows are worth about "
+                  + ", ".join(f"{v['effective_windows']:.0f}" for v in ew.values())
+                  + " independent ones (medians over regions × headline metrics). The intervals above resample windows "
+                  "as if independent."]
     sec = h.get("secondary") or {}
     if sec.get("tau_b"):
         f2 = lambda e: "n/a" if not e or e.get("value") is None else f"{e['value']:.2f}"

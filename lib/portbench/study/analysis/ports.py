@@ -493,6 +493,7 @@ def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headlin
              "interval": ("95% percentile hierarchical bootstrap: windows resampled within each source (one index for "
                           f"every region and metric of the source), tests and classes re-run in each of "
                           f"{cfg['bootstrap']} resamples"), **block}
+    block["effective_windows"] = effective_windows(cube, metric_idx)
     block["panels"] = {}
     for n, p in avail.items():
         if n == name:
@@ -639,3 +640,31 @@ def controls_table(controls: dict) -> pl.DataFrame:
     schema = {"control": pl.String, "across_sources": pl.Float64, "as_ci_low": pl.Float64, "as_ci_high": pl.Float64,
               "across_regions": pl.Float64, "ar_ci_low": pl.Float64, "ar_ci_high": pl.Float64, "note": pl.String}
     return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def effective_windows(cube: Cube, metric_idx, reference: str = "fcfs") -> dict:
+    """Per source, how many independent windows its windows are worth: the lag-1 autocorrelation r1 of the reference
+    policy's per-window values in trace order (the windows are stride-sampled, so neighbours are close in time and
+    may share a trace hour), and the AR(1) effective sample size n (1 - r1) / (1 + r1) (clipped to [1, n]); medians
+    over regions x headline metrics."""
+    if reference not in cube.schedulers:
+        return {}
+    k = cube.schedulers.index(reference)
+    out = {"definition": f"{reference}'s per-window values in trace order: lag-1 autocorrelation r1 and the AR(1) "
+                         "effective number of windows n (1 - r1) / (1 + r1), medians over regions x headline metrics",
+           "by_source": {}}
+    for s in cube.sources:
+        x = cube.values[s][:, metric_idx, k, :]                           # (R, M, W), windows in id (= trace) order
+        n = x.shape[-1]
+        r1 = []
+        for v in x.reshape(-1, n):
+            v = v[np.isfinite(v)]
+            if v.size >= 4 and np.std(v) > 0:
+                r1.append(float(np.corrcoef(v[:-1], v[1:])[0, 1]))
+        if not r1:
+            continue
+        r = np.asarray(r1)
+        ess = np.clip(n * (1 - r) / (1 + r), 1, n)
+        out["by_source"][s] = {"windows": int(n), "lag1_autocorrelation": _num(np.median(r)),
+                               "effective_windows": _num(np.median(ess))}
+    return out
