@@ -52,3 +52,12 @@ def test_union_length_and_matched_queue():
                                  "b": {"light": {"queue_mean": 1.6}, "heavy": {"queue_mean": 40.0}}}}
     m = hygiene.matched_queue(cong, ["a", "b"], ["light", "heavy"])
     assert [(ra, rb) for ra, rb, _, _ in m["a vs b"]] == [("light", "light"), ("heavy", "light")]
+
+
+def test_equal_information_runs_put_the_oracle_variants_in_the_policies_places():
+    runs = pl.DataFrame({"source": ["a", "a", "b", "b"], "scheduler": ["ltr", "fcfs", "ltr", "fcfs"], "x": [1.0, 2.0, 3.0, 4.0]})
+    var = pl.DataFrame({"source": ["a"], "scheduler": ["ltr_noisy_oracle"], "x": [9.0]})
+    out = hygiene.equal_information_runs(runs, var).sort("source", "scheduler")
+    assert out.height == 4
+    assert out.filter((pl.col("source") == "a") & (pl.col("scheduler") == "ltr"))["x"].to_list() == [9.0]
+    assert out.filter((pl.col("source") == "b") & (pl.col("scheduler") == "ltr"))["x"].to_list() == [3.0]
