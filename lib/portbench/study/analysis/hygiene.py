@@ -34,7 +34,7 @@ def trace_checks_block(cfg: Config, *, manifest=None) -> dict:
     windows and (real sources) on the whole trace."""
     manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
     sources = [s for s in cfg.source_names() if s in manifest.get("sources", {})]
-    tables = windows_mod.load_windows(cfg, sources, manifest=manifest)
+    tables = windows_mod.load_windows(cfg, sources, per_source=cfg.campaign.windows_per_source, manifest=manifest)
     by_source: dict[str, list] = {}
     src_of = {e["id"]: e["source"] for e in manifest["windows"]}
     for wid, df in tables.items():
@@ -46,7 +46,8 @@ def trace_checks_block(cfg: Config, *, manifest=None) -> dict:
         "grid_step_s": f"the step that at least {trace_checks.GRID_SHARE:.0%} of the non-zero gaps are whole multiples "
                        f"of (within {trace_checks.GRID_TOL:.0%} of a step), else null",
         "distinct_ratio": "distinct arrival times / requests", "zero_gap_share": "share of consecutive gaps that are 0",
-        "scope": "windows = the frozen windows' arrivals (gaps within each window); trace = the whole file (ingest)"},
+        "scope": "windows = the campaign's frozen windows' arrivals (gaps within each window); trace = the whole file "
+                 "(ingest report)"},
         "sources": {}}
     for s in sources:
         w = trace_checks.windows_check(by_source.get(s, []))
