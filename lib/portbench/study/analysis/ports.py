@@ -166,6 +166,9 @@ def across_regions(classes: dict[str, np.ndarray], sources: list[str], n_regions
     per = []
     for s in sources:
         c = classes[s]                                                    # (..., R, M, P)
+        if not rp:                                                        # one region: nothing to compare
+            per.append(np.zeros(c.shape[:-3] + (0,) + c.shape[-2:], dtype=np.int8))
+            continue
         per.append(np.stack([stats.four_way(c[..., i, :, :], c[..., j, :, :]) for i, j in rp], axis=-3))
     return rp, np.stack(per, axis=-4)
 
