@@ -664,3 +664,31 @@ def test_every_figure_is_saved_and_indexed(params_for):
     for f in index:
         png = Path(f["file"]) if Path(f["file"]).is_absolute() else Path(P.paths.root) / f["file"]
         assert png.is_file() and png.with_suffix(".pdf").is_file() and f["description"]
+
+
+# --------------------------------------------------------------------------- what ports (issue #25)
+
+def test_what_ports_finds_the_planted_reversal_and_not_the_inconsistent_one(params_for):
+    P = params_for(small_runs(REVERSAL + INCONSISTENT))
+    A = analysis.compute(P)
+    ports = A["ports"].filter(pl.col("kind") == "across_sources")
+    row = ports.filter((pl.col("a") == "fcfs") & (pl.col("b") == "sarathi") & (pl.col("source_1") == "azure")
+                       & (pl.col("source_2") == "burstgpt") & (pl.col("region_1") == "overload")
+                       & (pl.col("metric") == "e2e_mean")).row(0, named=True)
+    assert (row["side_1"], row["side_2"], row["four_way"]) == ("a", "b", "reversal")
+    inc = ports.filter((pl.col("b") == "las") & (pl.col("source_1") == "azure") & (pl.col("source_2") == "bailian")
+                       & (pl.col("region_1") == "busy") & (pl.col("metric") == "slo_medium"))
+    assert inc.height == 3 and "reversal" not in set(inc["four_way"])
+    h = A.summary["headline"]
+    fw = h["four_way"]["across_sources"]
+    counts = ports.group_by("four_way").len()
+    assert fw["total"] == ports.filter(pl.col("four_way") != "n/a").height
+    assert {r["four_way"]: r["len"] for r in counts.iter_rows(named=True)}["reversal"] == fw["reversal"]["count"] >= 1
+    assert sum(fw[k]["share"] for k in stats.FOUR_WAY) == pytest.approx(1.0, abs=1e-5)
+    c = h["concordance"]["across_sources"]
+    assert c["n"] == fw["same_order"]["count"] + fw["reversal"]["count"]
+    assert c["value"] == pytest.approx(fw["same_order"]["count"] / c["n"], abs=1e-5)
+    assert c["ci"][0] <= c["ci"][1] and set(h["concordance"]) == {"across_sources", "across_regions"}
+    assert A.summary["analysis_plan"]["sha256"] and A.summary["analysis_plan"]["deviations"]["headline_metrics"]
+    assert {"without_predictor_policies", "matched_congestion"} <= set(A.summary["controls"])
+    assert A["ports"].columns == list(analysis.COLUMNS["ports"])

@@ -713,6 +713,7 @@ class SimulationConfig:
     edf_slo: str | None = None
     tenant_model: str = "trace"
     engine: EngineConfig = field(default_factory=EngineConfig)  # the top-level ``engine`` section
+    arrival_jitter: bool = False   # spread quantised arrivals within their grid (data.trace_checks), seeded
 
     def __post_init__(self):
         if not isinstance(self.engine, EngineConfig):
@@ -739,6 +740,8 @@ class SimulationConfig:
             raise ParameterError("simulation.slo", self.slo, "a non-empty mapping name -> {ttft_s, tpot_s}")
         check_choice("simulation.edf_slo", self.edf_slo, list(self.slo))
         check_choice("simulation.tenant_model", self.tenant_model, TENANT_MODELS)
+        if not isinstance(self.arrival_jitter, bool):
+            raise ParameterError("simulation.arrival_jitter", self.arrival_jitter, "true or false")
         if not isinstance(self.scheduler_options, dict):
             raise ParameterError("simulation.scheduler_options", self.scheduler_options,
                                  "a mapping scheduler -> {option: value}")

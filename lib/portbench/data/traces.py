@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from . import generic, plausibility, registry
+from . import generic, plausibility, registry, trace_checks
 from ..core import io
 from ..core.config import Config, SourceConfig
 from ..core.errors import DataError
@@ -665,6 +665,12 @@ def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.D
         _loud(f"WARNING {source} ({Path(name).name}): {w}")
     table = table.with_columns(pl.lit(Path(name).name, pl.String).alias("file"))
     rep["file"] = Path(name).name
+    rep["timestamps"] = trace_checks.timestamp_check(table["arrival_s"].to_numpy())   # quantised arrivals?
+    if rep["timestamps"]["quantised"]:
+        step = rep["timestamps"]["grid_step_s"]
+        _loud(f"{source}: quantised timestamps -- {rep['timestamps']['zero_gap_share']:.0%} of consecutive gaps are "
+              f"zero" + (f", arrivals on a {step:g} s grid" if step else "") + " (simulation.arrival_jitter spreads "
+              "them within the grid)")
     if spec is not None and spec.rows is not None and rep["rows_read"] != spec.rows:
         raise DataError(path, f"read {rep['rows_read']:,} data rows, but the official {name} has {spec.rows:,}")
     rep |= {"provenance": "real", "origin": info.get("origin"), "skipped": False, "sha256": st.sha256(path),

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..core.errors import DataError
-from . import numbers, text
+from . import numbers, ports_text, text
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -72,6 +72,9 @@ def results_markdown(summary: Mapping) -> str:
         + (" " + na if (na := text.na_schedulers_markdown(cs.get("na_schedulers"), labels)) else "") + "*",
         "",
     ]
+    if summary.get("headline"):                 # what ports (issue #25) leads; the tau-b tables below are secondary
+        lines += [ports_text.what_ports_markdown(summary), "", "*Secondary: rank agreement on tie-group rankings "
+                  "(the earlier headline), reversals and cross-metric changes.*", ""]
     if not cs.get("available", True) or "tau_b" not in cs:
         return "\n".join(lines + [f"Cross-source numbers not available: {cs.get('reason')}."])
     old = (cs.get("by_tie_rule") or {}).get("tolerance") or {}

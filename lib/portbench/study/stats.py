@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.stats as st
+from scipy import special
 from statsmodels.stats.multitest import multipletests
 
 ORIENTATION = {"higher": 1.0, "lower": -1.0}
@@ -688,3 +689,200 @@ def nemenyi_cd(k: int, n_blocks: int, alpha: float = 0.05) -> float:
     """
     q = st.studentized_range.ppf(1 - alpha, k, np.inf) / np.sqrt(2)
     return float(q * np.sqrt(k * (k + 1) / (6.0 * n_blocks)))
+
+
+# --------------------------------------------------------------------------- equivalence and what ports
+
+def tost_paired(d, margin) -> np.ndarray:
+    """Two one-sided paired t-tests (TOST) of equivalence: p-value of "the mean difference lies within
+    ``(-margin, margin)``" for each slice of paired differences ``d`` (..., W) (``margin`` broadcast against
+    the slice shape). ``p = max(p_lower, p_upper)`` with ``p_lower = P(T >= (mean + margin) / se)`` and
+    ``p_upper = P(T <= (mean - margin) / se)``, T ~ t(n - 1), se = sd / sqrt(n) -- what statsmodels'
+    ``ttost_paired`` returns. Missing windows (NaN) are left out; a slice whose differences are all equal
+    (se = 0) has p = 0 when its mean is inside the margin and 1 otherwise; fewer than two windows: NaN."""
+    d = np.asarray(d, dtype=float)
+    n = np.sum(~np.isnan(d), axis=-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(d, axis=-1)
+        sd = np.nanstd(d, axis=-1, ddof=1)
+    return tost_from_moments(mean, sd, n, margin)
+
+
+def tost_from_moments(mean, sd, n, margin) -> np.ndarray:
+    """:func:`tost_paired` from the differences' mean, standard deviation (ddof 1) and count."""
+    mean, sd, n = (np.asarray(x, dtype=float) for x in (mean, sd, n))
+    margin = np.broadcast_to(np.asarray(margin, dtype=float), np.broadcast(mean, sd, n).shape)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se = sd / np.sqrt(n)
+        df = np.maximum(n - 1, 1)
+        p_lo = special.stdtr(df, -(mean + margin) / se)          # t survival function
+        p_hi = special.stdtr(df, (mean - margin) / se)
+    p = np.maximum(p_lo, p_hi)
+    flat = (se == 0) & (n >= 2)
+    p = np.where(flat, np.where(np.abs(mean) < margin, 0.0, 1.0), p)
+    return np.where((n >= 2) & ~np.isnan(margin), p, np.nan)
+
+
+def adjust_last_axis(p, method: str) -> np.ndarray:
+    """Multiple-comparison adjustment of p-values along the last axis (one family per slice), vectorised;
+    NaN p-values are left out of their family and stay NaN. ``method``: ``fdr_bh`` (Benjamini-Hochberg),
+    ``holm`` or ``none``; equal to statsmodels ``multipletests`` per slice (``tests/test_ports.py``)."""
+    p = np.asarray(p, dtype=float)
+    if method == "none":
+        return p.copy()
+    if method not in CORRECTIONS:
+        raise ValueError(f"correction {method!r}: expected one of {CORRECTIONS + ('none',)}")
+    nan = np.isnan(p)
+    m = np.sum(~nan, axis=-1, keepdims=True)
+    order = np.argsort(np.where(nan, np.inf, p), axis=-1, kind="stable")
+    ps = np.take_along_axis(np.where(nan, np.inf, p), order, axis=-1)
+    rank = np.arange(1, p.shape[-1] + 1)
+    with np.errstate(invalid="ignore"):
+        if method == "fdr_bh":
+            adj = ps * m / rank
+            adj = np.flip(np.minimum.accumulate(np.flip(np.where(np.isfinite(adj), adj, np.inf), -1), axis=-1), -1)
+        else:
+            adj = np.maximum.accumulate(np.where(np.isfinite(ps), ps * (m - rank + 1), -np.inf), axis=-1)
+    adj = np.clip(adj, 0.0, 1.0)
+    out = np.empty(p.shape)
+    np.put_along_axis(out, order, adj, axis=-1)
+    return np.where(nan, np.nan, out)
+
+
+# side classes of a scheduler pair in one ranking (portbench.study.analysis.ports)
+STRONG_A, STRONG_B, EQUIVALENT, UNDETERMINED, NOT_APPLICABLE = 1, -1, 0, 2, -9
+
+
+def side_classes(p_adj, direction, mean_diff, effect, p_tost_adj, alpha: float, delta) -> np.ndarray:
+    """Class of each pair in its ranking: STRONG_A / STRONG_B (the Wilcoxon test rejects after correction,
+    in the direction of the mean, and the effect is at least ``delta``: a or b is better), EQUIVALENT (the
+    TOST at +-delta rejects after correction), UNDETERMINED otherwise; NOT_APPLICABLE where the mean
+    difference is missing. int8 array of the inputs' shape."""
+    sig = side_significant(p_adj, direction, mean_diff, alpha)
+    with np.errstate(invalid="ignore"):
+        strong = sig & (np.asarray(effect, dtype=float) >= delta)
+        equiv = np.asarray(p_tost_adj, dtype=float) < alpha
+    diff = np.asarray(mean_diff, dtype=float)
+    out = np.full(diff.shape, UNDETERMINED, dtype=np.int8)
+    out[equiv & ~strong] = EQUIVALENT
+    out[strong & (diff > 0)] = STRONG_A
+    out[strong & (diff < 0)] = STRONG_B
+    out[np.isnan(diff)] = NOT_APPLICABLE
+    return out
+
+
+FOUR_WAY = ("same_order", "reversal", "one_side", "neither")
+
+
+def four_way(c1, c2) -> np.ndarray:
+    """The four-way class of each comparison of two sides' :func:`side_classes`: 0 strong on both in the same
+    order, 1 strong on both in opposite orders (a reversal), 2 strong on one side only, 3 on neither; -1 where
+    a side is NOT_APPLICABLE."""
+    c1, c2 = np.asarray(c1), np.asarray(c2)
+    s1, s2 = np.abs(c1) == 1, np.abs(c2) == 1
+    out = np.full(np.broadcast(c1, c2).shape, 3, dtype=np.int8)
+    out[s1 ^ s2] = 2
+    out[s1 & s2 & (c1 == c2)] = 0
+    out[s1 & s2 & (c1 != c2)] = 1
+    out[(c1 == NOT_APPLICABLE) | (c2 == NOT_APPLICABLE)] = -1
+    return out
+
+
+def four_way_counts(fw, axis=None) -> np.ndarray:
+    """Counts of the four classes (last axis of length 4, in :data:`FOUR_WAY` order) over ``axis`` of
+    :func:`four_way` codes (``axis=None``: every axis)."""
+    fw = np.asarray(fw)
+    return np.stack([np.sum(fw == k, axis=axis) for k in range(4)], axis=-1)
+
+
+def concordance(counts) -> np.ndarray:
+    """Share of comparisons strong on both sides whose order is the same: same / (same + reversal); NaN
+    where none is strong on both. ``counts`` from :func:`four_way_counts` (classes on the last axis)."""
+    c = np.asarray(counts, dtype=float)
+    n = c[..., 0] + c[..., 1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, c[..., 0] / n, np.nan)
+
+
+def signed_rank_normal(d) -> tuple[np.ndarray, np.ndarray]:
+    """Two-sided Wilcoxon signed-rank test by the normal approximation (zeros dropped, average ranks for tied
+    |d|, tie-corrected variance, no continuity correction): ``(p, direction)`` for each slice of ``d`` (..., W)
+    -- ``scipy.stats.wilcoxon(d, method="asymptotic")``'s p-value, in one sort (the bootstrap re-runs it
+    thousands of times). A missing difference (NaN) counts as a zero (dropped); a slice with no non-zero
+    difference has p = 1 and direction 0."""
+    d = np.asarray(d, dtype=float)
+    W = d.shape[-1]
+    a = np.abs(d)
+    nz = a > 0                                            # NaN -> False
+    key = np.where(nz, a, -1.0)
+    order = np.argsort(key, axis=-1, kind="stable")
+    s = np.take_along_axis(key, order, axis=-1)
+    new = np.ones(s.shape, dtype=bool)
+    new[..., 1:] = s[..., 1:] != s[..., :-1]
+    pos = np.arange(W)
+    start = np.maximum.accumulate(np.where(new, pos, 0), axis=-1)
+    is_end = np.ones(s.shape, dtype=bool)
+    is_end[..., :-1] = new[..., 1:]
+    end = np.flip(np.minimum.accumulate(np.flip(np.where(is_end, pos, W - 1), -1), axis=-1), -1)
+    n = nz.sum(axis=-1)
+    avg = (start + end) / 2.0 + 1.0 - (W - n)[..., None]  # ranks among the non-zero differences
+    t = (end - start + 1).astype(float)
+    nz_sorted = s > 0
+    ties = np.sum(np.where(nz_sorted, t * t - 1.0, 0.0), axis=-1)     # = sum over tie groups of t^3 - t
+    r = np.empty(s.shape)
+    np.put_along_axis(r, order, avg, axis=-1)
+    r_plus = np.sum(np.where(nz & (d > 0), r, 0.0), axis=-1)
+    r_minus = np.sum(np.where(nz & (d < 0), r, 0.0), axis=-1)
+    mean = n * (n + 1) / 4.0
+    var = n * (n + 1) * (2 * n + 1) / 24.0 - ties / 48.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.abs(r_plus - mean) / np.sqrt(var)
+    p = np.where((n > 0) & (var > 0), 2.0 * st.norm.sf(z), 1.0)
+    return np.clip(p, 0.0, 1.0), np.sign(r_plus - r_minus)
+
+
+def resampled_signed_rank(d, counts) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`signed_rank_normal` of every bootstrap resample of ``d`` (rows, W) given as window multiplicities
+    ``counts`` (B, W) -- without sorting per resample: a resample's tie groups of |d| are the original groups
+    (with multiplicities), so one sort of each row serves every resample. Returns ``(p, direction)`` (B, rows);
+    equal to :func:`signed_rank_normal` of the resampled rows (``tests/test_ports.py``). NaN counts as zero."""
+    d = np.asarray(d, dtype=float)
+    c = np.asarray(counts, dtype=np.float32)
+    W = d.shape[-1]
+    a = np.abs(d)
+    nz = a > 0
+    key = np.where(nz, a, -1.0)
+    order = np.argsort(key, axis=-1, kind="stable")                      # (rows, W)
+    s = np.take_along_axis(key, order, axis=-1)
+    sgn = np.take_along_axis(np.sign(np.where(nz, d, 0.0)), order, axis=-1).astype(np.float32)
+    nzs = s > 0
+    tied = np.any((s[:, 1:] == s[:, :-1]) & nzs[:, 1:], axis=-1)        # rows with tied non-zero |d|
+    cs = c[:, order] * nzs.astype(np.float32)                             # (B, rows, W) multiplicity, zeros dropped
+    cum = np.cumsum(cs, axis=-1)
+    n = cum[..., -1].astype(float)
+    rank = cum - (cs - 1.0) / 2.0                                         # each value its own group: the average rank
+    ties = np.sum(cs * cs * cs - cs, axis=-1, dtype=float)
+    if tied.any():                                                        # rows with tied values: groups span positions
+        t = np.flatnonzero(tied)
+        st_, nzt = s[t], nzs[t]
+        new = np.ones(st_.shape, dtype=bool)
+        new[:, 1:] = st_[:, 1:] != st_[:, :-1]
+        pos = np.arange(W)
+        start = np.maximum.accumulate(np.where(new, pos, 0), axis=-1)
+        is_end = np.ones(st_.shape, dtype=bool)
+        is_end[:, :-1] = new[:, 1:]
+        end = np.flip(np.minimum.accumulate(np.flip(np.where(is_end, pos, W - 1), -1), axis=-1), -1)
+        ct = cum[:, t]
+        before = np.where(start > 0, np.take_along_axis(ct, np.broadcast_to(np.maximum(start - 1, 0), ct.shape), -1), 0)
+        total = np.take_along_axis(ct, np.broadcast_to(end, ct.shape), -1) - before
+        rank[:, t] = before + (total + 1.0) / 2.0
+        ties[:, t] = np.sum(np.where(is_end & nzt, total.astype(float) ** 3 - total, 0.0), axis=-1)
+    signed = np.sum(cs * rank * sgn, axis=-1, dtype=float)               # R+ - R-
+    r_plus = (n * (n + 1) / 2.0 + signed) / 2.0
+    mean = n * (n + 1) / 4.0
+    var = n * (n + 1) * (2 * n + 1) / 24.0 - ties / 48.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.abs(r_plus - mean) / np.sqrt(var)
+    p = np.where((n > 0) & (var > 0), 2.0 * special.ndtr(-z), 1.0)
+    return np.clip(p, 0.0, 1.0), np.sign(signed)

@@ -205,6 +205,18 @@ COLUMNS: dict[str, dict[str, str]] = {
         "top1_changes": "no scheduler is best (or tied best, within rank_tolerance) under every SLO definition",
         "winners": "best scheduler under each SLO definition, 'slo=winner; ...'",
     },
+    "ports": {
+        "kind": "across_sources (two sources, same region) | across_regions (two regions of one source)",
+        "panel": "the panel whose sources are compared",
+        "source_1": "first side's source", "source_2": "second side's source (= source_1 across regions)",
+        "provenance_1": "provenance of source_1 (real | standin)", "provenance_2": "provenance of source_2",
+        "region_1": "first side's region", "region_2": "second side's region (= region_1 across sources)",
+        "metric": "headline metric", "a": "scheduler a", "b": "scheduler b",
+        "side_1": "first side's class: a / b (strongly ordered, that scheduler better) | equivalent (TOST at +-delta) "
+                  "| undetermined | n/a",
+        "side_2": "second side's class",
+        "four_way": "same_order | reversal (strong on both, opposite) | one_side | neither | n/a",
+    },
     "power_curves": {
         "metric": "headline metric", "region": "operating region, or 'all' (pooled)",
         "effect": "planted effect (relative difference for ratio metrics, absolute for proportions / counts)",

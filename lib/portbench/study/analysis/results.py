@@ -15,7 +15,7 @@ import polars as pl
 from ...core import figindex
 from ...core import io as fileio
 from ...core.config import TIE_RULES, Config
-from ...core.errors import DataError
+from ...core.errors import DataError, PortbenchError
 from ...core.progress import stage
 from ...sim import profiles
 from ...sim import schedulers as scheduler_registry
@@ -29,6 +29,8 @@ from .power import mde, resolution, warn
 from .reversals import _family_definition, _reversals, tenant_na
 from .ties import RULE_TEXT, deltas, rank, restrict, side_tests, tie_pairs_table, ties_summary
 from .sections import read_sections
+from . import hygiene, ports
+from .plan import plan_block, plan_path
 
 # The per-panel sections: each is a dict panel -> section; summary["panels"][name] gathers them, and the
 # headline panel's sections are also the top-level entries of summary.json.
@@ -104,12 +106,20 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
     mdes, tables["power_curves"] = mde(cube, cfg, head, family_size,
                                        (panels.get(headline_panel) or {}).get("sources") or cube.sources)
     tick("power")
+    congestion = hygiene.congestion_block(runs, config.simulation.capacity_policy)
+    hp = panels.get(headline_panel) or {}
+    matched = hygiene.matched_queue(congestion, hp.get("sources") or cube.sources, cube.regions)
+    headline_block, controls, tables["ports"] = ports.compute_block(cube, cfg, delta, tenant_na(cube), panels,
+                                                                    headline_panel, head, matched=matched)
+    tick("headline_what_ports")
 
     summary = assemble_summary(
         cube=cube, runs=runs, cfg=cfg, head=head, panels=panels, headline_panel=headline_panel, sections=sections,
         names={s: config.display_names.get(s, s) for s in cube.sources},
         skipped=[s for s in config.source_names() if s not in cube.sources],
-        blocks={"ties": ties, "friedman": fr, "power": {**mdes, "resolution": res, "warnings": res["warnings"]}})
+        blocks={"headline": headline_block, "controls": controls, "congestion": congestion,
+                "analysis_plan": plan_block(config.paths.root, cfg),
+                "ties": ties, "friedman": fr, "power": {**mdes, "resolution": res, "warnings": res["warnings"]}})
     timings["total"] = round(time.perf_counter() - t0, 3)
     meta = {"fingerprint": fingerprint(runs, config), "timings_s": timings}
     return Analysis(tables=tables, summary=summary, meta=meta)
@@ -221,6 +231,8 @@ def fingerprint(runs: pl.DataFrame, cfg: Config) -> str:
     h.update(json.dumps(scheduler_registry.names(cfg.simulation.schedulers)).encode())
     h.update(json.dumps([cfg.source_names(), cfg.display_names], sort_keys=True).encode())
     h.update("".join(fileio.code_sha256(m) for m in ANALYSIS_CODE).encode())   # changed code recomputes
+    plan = plan_path(cfg.paths.root)
+    h.update(plan.read_bytes() if plan.is_file() else b"no plan")             # a changed plan recomputes
     buf = io.BytesIO()
     runs.write_ipc(buf)
     h.update(buf.getvalue())
@@ -310,8 +322,73 @@ def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
     summary["figures"] = figure_index(cfg)
     summary.update(read_sections(cfg.paths.results_dir, reserved=summary))  # later stages' sections (attribution)
     summary = add_honest_information(cfg, summary)
+    summary = add_design_controls(cfg, summary)
     fileio.write_text(summary_path(cfg.paths.results_dir), json.dumps(summary, indent=1, default=_json_default))
     return summary
+
+
+def add_design_controls(cfg: Config, summary: dict) -> dict:
+    """Issue #25's blocks that need more than the runs table: ``trace_checks`` (quantised timestamps of every
+    source), ``congestion`` with the share of time with a waiting request (per-request records), and
+    ``controls.arrival_jitter`` (the headline with the quantised sources' arrivals spread within their grid,
+    when :func:`portbench.study.analysis.hygiene.run_jitter` has run)."""
+    if cfg.analysis.runs_file is not None:
+        return summary
+    try:
+        summary["trace_checks"] = hygiene.trace_checks_block(cfg)
+    except (PortbenchError, OSError) as e:
+        summary["trace_checks"] = {"error": f"{type(e).__name__}: {e}"}
+    try:
+        runs = load_runs(cfg)
+    except PortbenchError:
+        return summary
+    summary["congestion"] = hygiene.congestion_block(runs, cfg.simulation.capacity_policy,
+                                                     hygiene.load_records(cfg.paths.results_dir))
+    jit = hygiene.load_jitter(cfg)
+    controls = dict(summary.get("controls") or {})
+    if jit is not None:
+        controls["arrival_jitter"] = jitter_headline(cfg, hygiene.jittered_runs(runs, jit))
+    else:
+        controls["arrival_jitter"] = {"available": False, "reason": "the jittered runs have not been simulated "
+                                      "(hygiene.run_jitter; notebook 04)"}
+    eq = hygiene.load_equal_information(cfg)
+    if eq is not None:
+        controls["equal_information"] = {
+            **jitter_headline(cfg, hygiene.equal_information_runs(runs, eq), what="equal_information"),
+            "replaced": {k: v for k, v in honest.ORACLE_VARIANT.items()},
+            "why": "every source's predictor-informed policies get the same information: the true output length with "
+                   f"the same log-normal noise (sigma = {cfg.simulation.predictor_sigma:g}; edf: the exact length, it "
+                   "has no noisy variant), instead of a predictor whose quality differs from trace to trace"}
+    else:
+        controls["equal_information"] = {"available": False, "reason": "the oracle variants have not been simulated "
+                                         "(hygiene.run_equal_information; notebook 04)"}
+    summary["controls"] = controls
+    return summary
+
+
+JITTER_BOOT = 200   # resamples of the arrival-jitter control's intervals
+
+
+def jitter_headline(config: Config, runs: pl.DataFrame, what: str = "arrival_jitter") -> dict:
+    """The headline (concordance and four-way table, headline panel) on ``runs``: by default the runs with the
+    quantised sources' arrivals spread within their grid (``what``: the control's name)."""
+    cfg = settings(config.analysis, config.windows.size)
+    cube = build_cube(runs, metric_spec=config.analysis.metrics, all_metrics=metric_names(config.simulation.slo),
+                      scheduler_order=config.simulation.schedulers, source_order=config.source_names(),
+                      names=config.display_names)
+    head = [cube.metrics.index(m) for m in cfg["headline_metrics"] if m in cube.metrics]
+    panels = panel_sources(cfg["panels"], cube.sources)
+    hp = headline_panel_of(panels, cube.provenance)
+    sources = panels[hp]["sources"] if hp in panels and panels[hp]["available"] else cube.sources
+    b, _ = ports.headline(cube, cfg, deltas(cube, cfg), tenant_na(cube), sources, head, boot=JITTER_BOOT,
+                          details=False)
+    b.pop("_boot", None)
+    out = {"available": True, "concordance": b["concordance"], "four_way": b["four_way"], "sides": b["sides"],
+           "bootstrap": JITTER_BOOT}
+    if what == "arrival_jitter":
+        f = hygiene.jitter_dir(config) / "sources.json"
+        out["jittered_sources"] = json.loads(f.read_text()) if f.is_file() else []
+    return out
 
 
 def add_honest_information(cfg: Config, summary: dict) -> dict:

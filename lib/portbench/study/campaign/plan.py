@@ -204,6 +204,8 @@ def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | 
         "metrics": metric_list,
         "engine": s.engine.as_dict(),
     }
+    if s.arrival_jitter:                 # only when on: the default study's fingerprints are unchanged
+        common["arrival_jitter"] = True
     if cfg.plugins:
         common["plugins"] = plugin_loader.fingerprint(plugin_loader.specs(cfg.plugins))
     cap_common = {**{k: common[k] for k in ("format", "model", "capacity_policy", "capacity_options")},

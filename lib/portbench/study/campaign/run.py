@@ -21,6 +21,7 @@ from ...core.errors import DataError, check_choice
 from ...core.io import read_meta, write_parquet_atomic
 from ...core.progress import bar as progress_bar
 from ...data import predictors
+from ...data import trace_checks
 from ...data import windows as windows_mod
 from ...sim import information
 from ...sim import schedulers as scheduler_registry
@@ -265,16 +266,38 @@ def run_tables(cfg: Config, tables: dict, schedulers: Sequence[str], *, manifest
     them, the window's frozen predictions (columns ``predicted_output``, ``ltr_score``; source
     ``train``'s predictor instead of the home one when given); on a source without tenants and
     ``simulation.tenant_model: trace`` every request gets the tenant ``NO_TENANT`` (tenant metrics
-    n/a, vtc has one counter). The frozen tables themselves are not changed."""
+    n/a, vtc has one counter). With ``simulation.arrival_jitter`` the windows of a source whose arrivals are
+    quantised get them spread within the grid (:func:`jitter_tables`). The frozen tables themselves are not changed."""
     manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
     if needs_predictions(schedulers):
         tables = predictors.attach(cfg, tables, manifest=manifest, train=train)
     by_id = {e["id"]: e["source"] for e in manifest["windows"]}
+    if cfg.simulation.arrival_jitter:
+        tables = jitter_tables(tables, by_id, cfg.simulation.seed)
     out = {}
     for wid, df in tables.items():
         if windows_mod.tenant_label(manifest, by_id[wid], cfg.simulation.tenant_model) == "none":
             df = df.with_columns(pl.lit(NO_TENANT).alias("tenant"))
         out[wid] = df
+    return out
+
+
+def jitter_tables(tables: dict, source_of: dict, seed: int) -> dict:
+    """The window tables with quantised arrivals spread within their grid: per source, the windows' arrivals are
+    checked together (:func:`portbench.data.trace_checks.windows_check`); a quantised source with a grid step gets
+    :func:`~portbench.data.trace_checks.jitter_arrivals` per window, seeded by ``seed`` and the window id."""
+    by_source: dict[str, list] = {}
+    for wid in tables:
+        by_source.setdefault(source_of[wid], []).append(wid)
+    out = dict(tables)
+    for _src, wids in by_source.items():
+        chk = trace_checks.windows_check([tables[w]["arrival_s"].to_numpy() for w in wids])
+        if not (chk["quantised"] and chk["grid_step_s"]):
+            continue
+        for w in wids:
+            rng = trace_checks.seeded_rng(seed, w)
+            out[w] = tables[w].with_columns(pl.Series("arrival_s", trace_checks.jitter_arrivals(
+                tables[w]["arrival_s"].to_numpy(), chk["grid_step_s"], rng)))
     return out
 
 
