@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         .add_argument("--transfer", action="store_true",
                       help="also run the transfer campaign (prediction-based policies with every other source's predictor)")
     si = add("simulate", cmd_simulate, "run the campaign (schedulers x windows x regions x replicates)")
-    si.add_argument("--backend", choices=("simulator", "vllm-virtual"), default="simulator",
+    si.add_argument("--backend", choices=("simulator", "vllm-virtual"), default="simulator", metavar="NAME",
                     help="simulator (default) or vllm-virtual: every run on vLLM's own scheduler (virtual clock; "
                          ".venv-vllm; shards keyed by the engine)")
     vv = add("vllm-virtual", cmd_vllm_virtual, "the headline panel's runs on the simulator and on vLLM's scheduler, "
