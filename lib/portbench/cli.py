@@ -204,7 +204,8 @@ def cmd_conform(args):
     from .validation import conformance   # imports vLLM
 
     s = conformance.run(cfg, windows_per_source=args.windows, regions=tuple(args.regions),
-                        schedulers=args.schedulers or None, requests_per_window=args.requests)
+                        schedulers=args.schedulers or None, requests_per_window=args.requests,
+                        sources=args.sources or None)
     for pol, r in s["policies"].items():
         state = "bit-identical" if r["bit_identical"] else (
             f"first divergence {r['first_divergence']['window_id']} {r['first_divergence']['region']} step "
@@ -330,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="operating regions (default: light near_saturation severe)")
     co.add_argument("--schedulers", nargs="*", default=None, help="policies (default: the study's)")
     co.add_argument("--requests", type=int, default=None, help="only each window's first N requests (a quick check)")
+    co.add_argument("--sources", nargs="*", default=None, help="real sources (default: every real source)")
     st = add("site", cmd_site, "the results site: executed notebooks as HTML, an index page with the headline "
              "findings and every figure, and a contact sheet of all figures (make report)")
     st.add_argument("--out", default=None, help="folder of the site (default: <build>/report, build/report for the "

@@ -7,7 +7,14 @@ the ``running`` list, the priority ``waiting`` queue (``_heap``), ``kv_cache_man
 a request's block ids) and the ``Request`` fields ``priority``, ``arrival_time``,
 ``num_computed_tokens``, ``num_prompt_tokens``, ``num_tokens``, ``num_output_tokens``, ``max_tokens``.
 
-**Decisions.** Requests of static policies (fcfs, priority) are scheduled by vLLM's own code,
+**Two ways in.** In the virtual engine (:mod:`.virtual`, one policy per scheduler instance) the
+policy is configured in process (:meth:`PortbenchScheduler.pb_configure`): static policies keep vLLM's
+priority queue; every policy vLLM lacks (``policies.DRIVEN``) runs through the simulator's own policy
+object (:class:`.policy_driver.PolicyDriver`: the waiting queue, the running list, ``_preempt_request``)
+-- the rules the conformance tests hold bit-identical to the simulator. In the wall-clock replay (one
+engine shared by every policy, request ids naming the policy) the older per-request keys below apply.
+
+**Decisions (wall-clock replay).** Requests of static policies (fcfs, priority) are scheduled by vLLM's own code,
 unchanged. Before each step, requests whose id names a dynamic policy
 (:data:`portbench.validation.policies.DYNAMIC_KEYS`) get their priority recomputed; the waiting
 heap is re-heapified, the running list sorted by (priority, arrival) (token-budget order), and
