@@ -5,7 +5,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
+from operator import attrgetter
+
 from .base import BaseScheduler, register_scheduler
+
+_arrival = attrgetter("arrival_s")
 
 @register_scheduler
 class VTC(BaseScheduler):
@@ -41,7 +45,8 @@ class VTC(BaseScheduler):
         return (self._counter[r.tenant], r.arrival_s)
 
     def victim(self, candidates, now):
-        return max(candidates, key=lambda r: (r.arrival_s, r.id))
+        """The latest arrival; among equal arrival times the first in running order (vLLM's rule, as for FCFS)."""
+        return max(candidates, key=_arrival)
 
     def on_arrival(self, r, now):
         t = r.tenant
