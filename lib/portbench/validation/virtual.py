@@ -253,12 +253,15 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
             continue
         sched.pb_now = now
         out = sched.schedule()
-        for rid in sched.pb_take_preempted():
+        preempted_now = sched.pb_take_preempted()
+        for rid in preempted_now:
             decoding.discard(rid)
             preempt[live[rid]] += 1
             n_preempt += 1
         sched_tok = out.num_scheduled_tokens
         if not sched_tok:
+            if preempted_now:          # vLLM preempted the first running request itself: an empty step,
+                continue               # the next schedule() follows at once (the simulator's _plan does the same)
             if cursor >= n:
                 raise RuntimeError(f"vLLM's scheduler made no progress at t={now} with {len(live)} live requests "
                                    f"(policy {policy})")
