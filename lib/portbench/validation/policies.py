@@ -22,7 +22,9 @@ the windows of every policy can be interleaved on the same engine:
   recomputed (vLLM cannot pause a request and keep its KV), which is the simulator's behaviour
   whenever memory is what is short.
 
-Everything else (MLFQ, RR, VTC, sarathi) is ``excluded`` with the reason (:func:`engine_policy`).
+Everything else (MLFQ, RR, VTC, sarathi) is ``excluded`` from the wall-clock replay's shared engine with the
+reason (:func:`engine_policy`). The virtual engine (:mod:`.virtual`) runs every built-in policy
+(:func:`virtual_mode`): the dynamic ones through the simulator's own policy objects (:mod:`.policy_driver`).
 """
 
 from __future__ import annotations
