@@ -98,7 +98,7 @@ class SimEngine(Engine):
         size = getattr(window, "block_size", None)
         if size == self.hash_block_size:
             return self
-        eng = SimEngine.__new__(SimEngine)
+        eng = type(self).__new__(type(self))
         eng.__dict__.update(self.__dict__)
         eng.hash_block_size = size
         return eng
