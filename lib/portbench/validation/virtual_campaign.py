@@ -168,7 +168,7 @@ def _reversals_kept(cfg: Config, df: pl.DataFrame, panel: str) -> dict:
     for c in ("reversal", "significant", "practical"):
         if c in rev.columns:
             rev = rev.filter(pl.col(c))
-    kept = checked = 0
+    kept = checked = signs = 0
     for r in rev.iter_rows(named=True):
         sides = []
         for src in (r["source_1"], r["source_2"]):
@@ -181,6 +181,9 @@ def _reversals_kept(cfg: Config, df: pl.DataFrame, panel: str) -> dict:
         if len(sides) != 2:
             continue
         checked += 1
-        if all(np.sign(s) == np.sign(v) and _same(float(s), float(v)) for s, v in sides):
-            kept += 1
-    return {"available": True, "reversals": int(rev.height), "checked": checked, "kept_sign_and_size": kept}
+        if all(np.sign(s) == np.sign(v) for s, v in sides):
+            signs += 1
+            if all(_same(float(s), float(v)) for s, v in sides):
+                kept += 1
+    return {"available": True, "reversals": int(rev.height), "checked": checked, "kept_sign": signs,
+            "kept_sign_and_size": kept}
