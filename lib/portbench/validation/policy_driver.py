@@ -52,7 +52,6 @@ class PolicyQueue(RequestQueue):
     # --- the queue's content
     def add_request(self, request) -> None:
         self._reqs[request.request_id] = request
-        self._d.on_waiting(request)
 
     def prepend_request(self, request) -> None:
         self.add_request(request)
@@ -123,7 +122,6 @@ class PolicyDriver:
         self.ordered = not self.preemptive and not getattr(self.pol, "static_priority", False)
         self.paused: list = []          # vLLM requests paused by the plan (out of `running` for the step)
         self.queue = PolicyQueue(self)
-        self.plan_admits: list = []
 
     def m(self, v):
         return self.mirror[self.row_of(v.request_id)]
@@ -136,9 +134,6 @@ class PolicyDriver:
         self.pol.on_arrival(m, self.now)
         if self.preemptive:
             m.key = (self.pol.priority(m, self.now), m.id)
-
-    def on_waiting(self, v) -> None:
-        pass
 
     def on_admit(self, v) -> None:
         m = self.m(v)

@@ -161,7 +161,7 @@ def prompt_tokens(n: int, row: int, hashes=None, hash_block_tokens: int | None =
 
 def request_id(policy: str, row: int) -> str:
     """Zero-padded (vLLM breaks priority ties by request id as a string)."""
-    return policies.request_id(policy, "v", 0)[:-1] + f"{row:07d}"
+    return policies.request_id(policy, "v", 0).rsplit(policies.ID_SEP, 1)[0] + f"{policies.ID_SEP}{row:07d}"
 
 
 def row_of(req_id: str) -> int:
