@@ -199,7 +199,10 @@ class PolicyDriver:
         ranked = sorted(running + waiting, key=lambda v: key[v.request_id])
         is_res = {v.request_id for v in running}
         hol = False
-        cands, dec, pf, displaced = [], [], [], []
+        cands: list = []
+        dec: list = []
+        pf: list = []
+        displaced: list = []
         for v in ranked:
             rid = v.request_id
             if rid not in is_res:
@@ -213,20 +216,13 @@ class PolicyDriver:
                 slots -= 1
                 cands.append(v)
                 continue
-            if v.num_computed_tokens >= v.num_tokens - 1 and not self._in_prefill(v):
-                need = _cdiv(v.num_computed_tokens + 1, bs)
-                if slots > 0 and need <= free:
-                    free -= need
-                    slots -= 1
-                    dec.append(v)
-                else:
-                    displaced.append(v)
-                continue
-            need = _cdiv(v.num_tokens, bs)
+            # a decoder reserves its next token's blocks, a request in prefill its whole current sequence
+            decoding = not self._in_prefill(v)
+            need = _cdiv(v.num_computed_tokens + 1 if decoding else v.num_tokens, bs)
             if slots > 0 and need <= free:
                 free -= need
                 slots -= 1
-                pf.append(v)
+                (dec if decoding else pf).append(v)
             else:
                 displaced.append(v)
         reserved = cap - free
