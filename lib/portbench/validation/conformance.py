@@ -24,11 +24,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ..core.config import EngineConfig
 from ..sim import schedulers as registry
 from ..sim.engine import simulate
 from ..study.campaign.engines import SimEngine, scheduler_options
-from ..core.config import Config
+from ..core import io as fileio
+from ..core import outputs
+from ..core.config import Config, EngineConfig
 from ..data import windows as windows_mod
 from ..study.campaign.plan import make_plan, run_seed
 from ..study.campaign.run import run_tables
@@ -183,9 +184,20 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
                "policies": summarise(rows), "wall_s": time.perf_counter() - t_start,
                "simulator_s": t_sim, "vllm_s": t_vllm,
                "vllm_steps_per_s": float(sum(r["steps_vllm"] for r in rows) / t_vllm) if t_vllm else None}
-    out = Path(out_dir) if out_dir else Path(cfg.paths.results_dir) / "conformance"
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_folder(cfg, out_dir, "conformance")
     flat = [{k: (json.dumps(v) if isinstance(v, dict) else v) for k, v in r.items()} for r in rows]
-    pl.DataFrame(flat).write_parquet(out / "cases.parquet")
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    table = pl.DataFrame(flat)
+    fileio.atomic_write(out / "cases.parquet", table.write_parquet)
+    fileio.atomic_write(out / "summary.json", lambda t: Path(t).write_text(json.dumps(summary, indent=1, sort_keys=True)
+                                                                          + "\n"))
     return summary
+
+
+def out_folder(cfg: Config, out_dir, name: str) -> Path:
+    """``{results_dir}/name`` (inside the run's claimed results folder), or ``out_dir`` claimed as portbench's own
+    (:func:`portbench.core.outputs.claim`: a folder holding someone else's files is refused)."""
+    if out_dir:
+        return outputs.claim(out_dir, cfg.paths.root)
+    out = Path(cfg.paths.results_dir) / name
+    out.mkdir(parents=True, exist_ok=True)
+    return out

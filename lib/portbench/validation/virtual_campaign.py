@@ -25,6 +25,7 @@ import numpy as np
 import polars as pl
 from scipy import stats as sps
 
+from ..core import io as fileio
 from ..core.config import Config, EngineConfig
 from ..sim import metrics
 from ..study.campaign.engines import RunResult, SimEngine, scheduler_options
@@ -32,6 +33,7 @@ from ..study.campaign.plan import make_plan, run_seed
 from ..study.campaign.run import run_tables
 from ..data import windows as windows_mod
 from . import policies, virtual
+from .conformance import out_folder
 
 
 class VirtualEngine(SimEngine):
@@ -133,11 +135,10 @@ def check(cfg: Config, *, budget_s: float = 600.0, panel: str = "real", out_dir=
         "tau_b_min": float(np.nanmin([c["tau_b"] for c in conds])) if conds else None,
         "reversals": _reversals_kept(cfg, df, panel),
     }
-    out = Path(out_dir) if out_dir else Path(cfg.paths.results_dir) / "validation"
-    out.mkdir(parents=True, exist_ok=True)
-    df.write_parquet(out / "vllm_virtual_runs.parquet")
-    (out / "vllm_virtual.json").write_text(json.dumps({**summary, "per_condition": conds}, indent=1, sort_keys=True)
-                                           + "\n")
+    out = out_folder(cfg, out_dir, "validation")
+    fileio.atomic_write(out / "vllm_virtual_runs.parquet", df.write_parquet)
+    text = json.dumps({**summary, "per_condition": conds}, indent=1, sort_keys=True) + "\n"
+    fileio.atomic_write(out / "vllm_virtual.json", lambda t: Path(t).write_text(text))
     return summary
 
 
