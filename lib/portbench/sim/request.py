@@ -70,7 +70,7 @@ class Request:
         self.chunk = 0
         self.gbase = 0
         self.cver = 0
-        self.key = None
+        self.key: Any = None
         self.mark = -1
         self.refused = False          # prompt >= max_model_len: refused at arrival (vLLM: HTTP 400)
         self.trace_output_tokens = output

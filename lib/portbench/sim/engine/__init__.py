@@ -103,7 +103,8 @@ tokens generated; by given times with ``work_marks``), from which the campaign d
 Determinism: the only randomness is ``numpy.random.default_rng(seed)`` handed to the scheduler;
 ties are broken by request id (= window row). Same inputs -> identical outputs.
 
-The package: :mod:`.core` (the engine's state and SimPy processes), :mod:`.memory` (the decode cohort's
+The package: :mod:`.core` (the engine's state and SimPy processes), :mod:`.state` (that state declared once,
+for the type checker: every attribute the parts share), :mod:`.memory` (the decode cohort's
 KV blocks, the prefix cache), :mod:`.queues` (waiting queue, admission, recompute and swap preemption),
 :mod:`.batching` (batch formation, V1 and V0), :mod:`.iteration` (iterations and closed-form decode runs),
 :mod:`.simulate` (the entry point).

@@ -8,9 +8,10 @@ import heapq
 from ...core.errors import ConservationError
 from ..request import PAUSED, RUNNING, WAITING, Request
 from .queues import _key_of
+from .state import EngineState
 
 
-class Batching:
+class Batching(EngineState):
     """Mixin of :class:`~portbench.sim.engine.core.Engine`: which requests form the next iteration."""
 
     def _chunks(self, budget: int, now: float) -> int:

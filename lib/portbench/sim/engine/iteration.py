@@ -6,11 +6,12 @@ from __future__ import annotations
 from ...core.errors import ConservationError
 from ..profiles import decode_run_s, first_k_reaching, last_k_within
 from ..request import FINISHED, Request
+from .state import EngineState
 
 _INF = float("inf")
 
 
-class Iterations:
+class Iterations(EngineState):
     """Mixin of :class:`~portbench.sim.engine.core.Engine`: iterations and closed-form decode runs."""
 
     def _iteration(self, now: float, used: int, pf_tokens: int):

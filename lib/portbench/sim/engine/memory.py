@@ -12,9 +12,10 @@ from collections import OrderedDict
 
 from ...core.errors import ParameterError
 from ..request import Request
+from .state import EngineState
 
 
-class CohortMemory:
+class CohortMemory(EngineState):
     """Mixin of :class:`~portbench.sim.engine.core.Engine`: the decode cohort and its KV blocks."""
 
     def _join(self, r: Request) -> None:
@@ -116,7 +117,7 @@ class CohortMemory:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
-class PrefixCache:
+class PrefixCache(EngineState):
     """Mixin of :class:`~portbench.sim.engine.core.Engine`: vLLM's automatic prefix caching, for windows
     whose requests carry prompt block hashes (``block_hashes``: one hash per ``hash_block_tokens``
     prompt tokens, chained so that equal hashes mean equal prefixes).

@@ -7,11 +7,12 @@ import heapq
 from operator import attrgetter
 
 from ..request import REJECTED, RUNNING, WAITING, Request
+from .state import EngineState
 
 _key_of = attrgetter("key")      # the (priority, id) a request was last ranked by
 
 
-class Queues:
+class Queues(EngineState):
     """Mixin of :class:`~portbench.sim.engine.core.Engine`: arrivals into the waiting queue, admission
     (V1: the whole current sequence must fit the free blocks, blocks allocated per chunk; V0: the
     whole prefill's blocks allocated at admission), preemption by recompute or swap."""
