@@ -111,9 +111,10 @@ KV blocks, the prefix cache), :mod:`.queues` (waiting queue, admission, recomput
 """
 
 from ..request import FINISHED, NOT_ARRIVED, PAUSED, REJECTED, RUNNING, STATE_NAMES, WAITING, Request
-from .core import WHOLE_PREFILL_TOKENS, Engine, whole_prefill_budget
+from .core import Engine
+from .modes import WHOLE_PREFILL_TOKENS, BatchingMode, V0Batching, V1Batching, batching_mode, whole_prefill_budget
 from .simulate import RECORD_COLUMNS, SimResult, queue_stats, simulate
 
 __all__ = ["FINISHED", "NOT_ARRIVED", "PAUSED", "RECORD_COLUMNS", "REJECTED", "RUNNING", "STATE_NAMES",
-           "WAITING", "WHOLE_PREFILL_TOKENS", "Engine", "Request", "SimResult", "queue_stats", "simulate",
-           "whole_prefill_budget"]
+           "WAITING", "WHOLE_PREFILL_TOKENS", "BatchingMode", "Engine", "Request", "SimResult", "V0Batching",
+           "V1Batching", "batching_mode", "queue_stats", "simulate", "whole_prefill_budget"]

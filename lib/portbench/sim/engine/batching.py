@@ -49,7 +49,8 @@ class Batching(EngineState):
         the first that does not fit stops admission)."""
         S = self.sched
         cap = self.cap
-        chunked, v1 = self.chunked, self.v1
+        mode = self.mode
+        chunked, per_chunk = mode.chunked, mode.per_chunk
         if self.skipped:
             self._unskip()
         if self.pc_on:
@@ -60,7 +61,7 @@ class Batching(EngineState):
         while True:
             if chunked:
                 budget = self._chunks(max(0, self.B - len(self.cohort)), now)
-                if v1:
+                if per_chunk:
                     extra = self._chunk_blocks()
             total = self.need_now + self.other_blocks + extra + self.cache_adj
             if total <= cap:
@@ -69,7 +70,7 @@ class Batching(EngineState):
             residents = list(self.res.values())
             v = S.victim(residents, now)
             preempted = True
-            if v1 and not self.skipped:
+            if per_chunk and not self.skipped:
                 i = self._first_misfit(residents, total - cap)
                 if residents[i] is v:
                     # vLLM: the request whose blocks do not fit is itself the victim -- it is preempted and
@@ -80,7 +81,7 @@ class Batching(EngineState):
             self._evict(v, now)
         if self.skipped and not self.cohort and not any(r.chunk for r in self.prefilling):
             return self._plan(now)    # vLLM: an empty step; the next schedule() follows at once
-        if v1:
+        if per_chunk:
             bs = self.bs
             for r in self.prefilling:
                 if r.chunk:
@@ -98,9 +99,9 @@ class Batching(EngineState):
         if chunked:
             for r in self.prefilling:
                 pf_tokens += r.chunk
-        if v1 and preempted and self.n_wait:
+        if per_chunk and preempted and self.n_wait:
             self.one_step = True      # admission resumes at the next iteration boundary
-        if self.n_wait and slots > 0 and not (v1 and preempted):
+        if self.n_wait and slots > 0 and not (per_chunk and preempted):
             use_heap = self.use_heap
             for r in (self._heap_order() if use_heap else S.admission_order(self.wlist, now)):
                 if slots <= 0:
@@ -188,16 +189,17 @@ class Batching(EngineState):
         only) is decided in bulk from the cohort's block total -- all of it runs when it fits, else
         the greedy walk's first misfit is found from the end and only the members from there on are
         visited -- so a decision costs O(requests that change + displaced), not O(residents)."""
-        if self.v1:
+        if self.ranked:
             # nobody to rank against and every resident's own blocks fit (the ranked plan's accounting)
             if not self.n_wait and not self.paused and self.need_now + self.other_blocks <= self.cap:
                 return self._plan(now)
             return self._plan_ranked(now)
         if not self.n_wait and not self.paused and self.need_now + self.other_blocks + self.cache_adj <= self.cap:
             return self._plan(now)      # nobody to rank against: every resident runs
+        # V0 from here on (V1 ranks in _plan_ranked): a prompt's blocks were all allocated at admission
         S = self.sched
         bs, cap = self.bs, self.cap
-        chunked, v1, pc_on = self.chunked, self.v1, self.pc_on
+        chunked, pc_on = self.mode.chunked, self.pc_on
         if pc_on:
             self._pc_reconcile()
         cohort, clock = self.cohort, self.clock
@@ -282,7 +284,7 @@ class Batching(EngineState):
                     displaced.append(r)
                 continue
             c = left if left < b else b
-            need = (r.prefilled + c + bs - 1) // bs if v1 else r.blocks
+            need = r.blocks
             if slots > 0 and need <= free:
                 free -= need
                 slots -= 1
@@ -290,10 +292,6 @@ class Batching(EngineState):
                 r.chunk = c
                 b -= c
                 pf_tokens += c
-                if v1:
-                    r.blocks = need
-                    if pc_on:
-                        self._pc_register(r, r.prefilled + c)
                 prefilling.append(r)
             else:
                 displaced.append(r)

@@ -15,9 +15,8 @@ from .batching import Batching
 from .contract import CheckedPolicy, check_class, check_static, is_plugin, overrides
 from .iteration import Iterations
 from .memory import CohortMemory, PrefixCache
+from .modes import batching_mode
 from .queues import Queues
-
-WHOLE_PREFILL_TOKENS = 4096
 
 
 def delay_to(now: float, t: float) -> float:
@@ -51,23 +50,6 @@ def _check_cost_model(profile, ckv: float) -> None:
                              "iteration_time affine in context_tokens with slope c_kv_s")
 
 
-def whole_prefill_budget(profile) -> int:
-    """Token budget of a whole-prompt (prefill-first, vLLM V0) iteration: the profile's
-    ``max_prefill_tokens`` if it has one, else vLLM's default without chunked prefill,
-    ``max_num_batched_tokens = max(max_model_len, 2048)`` (the profile's ``max_model_len``, else its
-    provenance's, else :data:`WHOLE_PREFILL_TOKENS` = 4096, Llama-2's context). The profile's
-    ``max_batched_tokens`` is the V1 (chunked) budget."""
-    v = getattr(profile, "max_prefill_tokens", None)
-    if v:
-        return int(v)
-    mml = int(getattr(profile, "max_model_len", 0) or 0)
-    if mml:
-        return max(mml, 2048)
-    prov = getattr(profile, "provenance", None) or {}
-    mml = (prov.get("model_spec") or {}).get("max_model_len") if isinstance(prov, dict) else None
-    return max(int(mml), 2048) if mml else WHOLE_PREFILL_TOKENS
-
-
 class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
     """One run. See the module docstring for the model.
 
@@ -88,12 +70,14 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
 
     def __init__(self, reqs: list[Request], sched: BaseScheduler, profile, horizon_s: float,
                  naive: bool, record_iterations: bool, check: bool = False, check_contract: bool | None = None,
-                 engine: EngineConfig | None = None, hash_block_tokens: int | None = None, marks=()):
+                 settings: EngineConfig | None = None, hash_block_tokens: int | None = None, marks=()):
         check_class(sched)
         if check_contract is None:   # plug-ins are checked on every call; built-ins by the test suite
             check_contract = is_plugin(sched)
-        engine = EngineConfig.of(engine)
-        self.engine = engine
+        # ``settings``: the ``engine:`` section (batching, preemption, prefix caching); "engine" alone names
+        # this class, the run
+        settings = EngineConfig.of(settings)
+        self.settings = settings
         self.policy = sched
         self.sched = CheckedPolicy(sched) if check_contract else sched
         self.check_contract = bool(check_contract)
@@ -104,23 +88,16 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
         self.trace = [] if record_iterations else None
         self.bs = bs = int(getattr(profile, "block_size", 16))
         self.cap = int(profile.kv_capacity_blocks)
-        self.v1 = engine.batching == "v1"
-        # V1 chunks every policy's prompts; V0 only those that chunk by definition (sarathi)
-        self.chunked = True if self.v1 else bool(getattr(sched, "chunked_prefill", False))
-        budget = getattr(sched, "prefill_token_budget", None)
-        if budget is None:
-            budget = profile.max_batched_tokens if self.chunked else whole_prefill_budget(profile)
-        self.B = int(budget)
-        self.max_seqs = int(profile.max_num_seqs)
-        if self.chunked:
-            # every running decode takes one budget token (vLLM requires max_num_batched_tokens >=
-            # max_num_seqs): a smaller budget caps the running sequences
-            self.max_seqs = min(self.max_seqs, self.B)
+        # the batching mode, chosen once: V1 chunks every policy's prompts; V0 only those that chunk by
+        # definition (sarathi)
+        self.mode = mode = batching_mode(settings.batching, sched)
+        self.B = mode.token_budget(sched, profile)
+        self.max_seqs = mode.max_seqs(profile, self.B)
         self.ckv = float(profile.c_kv_s)
         _check_cost_model(profile, self.ckv)
         self.attn = bool(getattr(profile, "c_attn_s", 0.0))   # prefill attention term
         self.preemptive = bool(getattr(sched, "preemptive", False))
-        self.ranked = self.preemptive and self.v1      # V1 preemptive policies: the ranked plan (Batching._plan_ranked)
+        self.ranked = self.preemptive and mode.per_chunk   # V1 preemptive policies: the ranked plan (Batching._plan_ranked)
         self.static = bool(getattr(sched, "static_priority", False))
         self.frozen = self.static or bool(getattr(sched, "frozen_waiting_keys", False))
         self.wants_tokens = not (isinstance(sched, BaseScheduler)
@@ -134,14 +111,14 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
         for r in reqs:
             r.never_fits = r.refused or r.prompt_tokens + r.output_tokens > cap_tokens
         # swap preemption: the profile's host memory and PCIe bandwidth (recompute when it has none)
-        self.swap = engine.preemption == "swap" and bool(getattr(profile, "can_swap", False))
+        self.swap = settings.preemption == "swap" and bool(getattr(profile, "can_swap", False))
         self.host_cap = int(getattr(profile, "host_kv_blocks", 0)) if self.swap else 0
         self.swap_s_block = float(profile.swap_s_per_block) if self.swap else 0.0
         self.host_used = 0
         self.pending_s = 0.0            # swap copies charged to the next iteration
         self.n_swap_out = self.n_swap_in = 0
         self.swap_s = 0.0
-        self._init_prefix_cache(engine, reqs, hash_block_tokens)
+        self._init_prefix_cache(settings, reqs, hash_block_tokens)
         self.cursor = 0
         self.res: dict[int, Request] = {}
         self.rorder: list[Request] = []     # preemptive policies: residents in the last decision's rank order
@@ -294,7 +271,7 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
         adj = self._check_prefix_cache()
         assert self.used == need + other + adj and self.used <= self.cap, (self.used, need, other, adj)
         assert self.host_used == sum(r.swap_blocks for r in self.reqs if r.swapped) <= max(self.host_cap, 0)
-        if self.v1:
+        if self.mode.per_chunk:
             for r in self.res.values():   # V1 allocates per chunk: a resident holds its computed + scheduled tokens
                 if r.prefilled != r.prefill_target:
                     assert r.blocks == (r.prefilled + r.chunk + bs - 1) // bs, r

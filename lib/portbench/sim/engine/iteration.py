@@ -30,7 +30,7 @@ class Iterations(EngineState):
                 c, p0 = r.chunk, r.prefilled
                 ctx += p0 + c
                 pairs += c * p0 + c * (c + 1) // 2
-            if self.chunked:
+            if self.mode.chunked:
                 n = len(self.cohort)
                 ctx += self.SL + n * self.clock
                 nd = n

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
+from ...core.config import EngineConfig
 from ...core.errors import ParameterError
 from ..request import Request
 from .state import EngineState
@@ -139,7 +140,7 @@ class PrefixCache(EngineState):
     use = Σ blocks + ``cache_adj`` (<= Σ blocks: sharing saves memory).
     """
 
-    def _init_prefix_cache(self, engine, reqs: list[Request], hash_block_tokens) -> None:
+    def _init_prefix_cache(self, settings: EngineConfig, reqs: list[Request], hash_block_tokens) -> None:
         self.pc_on = False
         self.cache_adj = 0
         self.pc_ref = 0          # blocks of entries referenced by a resident
@@ -149,7 +150,7 @@ class PrefixCache(EngineState):
         self.pc_hit_tokens = 0
         self.pc_query_tokens = 0
         self.pc_hashed = any(r.hashes for r in reqs)
-        if not self.pc_hashed or engine.prefix_caching == "off" or not self.v1:
+        if not self.pc_hashed or settings.prefix_caching == "off" or not self.mode.per_chunk:
             return
         Hb = hash_block_tokens
         if isinstance(Hb, bool) or not isinstance(Hb, int) or Hb <= 0 or Hb % self.bs:

@@ -84,29 +84,31 @@ class Queues(EngineState):
         self.sched.on_evict(r, now)
         self._push_waiting(r, now)
 
-    def _admit_need(self, r: Request, budget_left: int, pf_tokens: int, admitted: int, free: int):
+    def _admit_need(self, r: Request, budget_left: int, pf_tokens: int, admitted: int, free: int) -> int | None:
         """KV blocks that admitting waiting request ``r`` now adds to the blocks in use, or None if it
         cannot be admitted now (the caller stops admitting: head-of-line). Sets ``r.chunk`` (this
         iteration's prompt tokens) and ``r.hit`` (prefix-cache entries hit).
 
-        * V1 (vLLM's admission gate): the blocks of its whole current sequence (prompt + tokens
-          generated so far), less its prefix-cache hit, must fit the free blocks; only the blocks of
-          this iteration's chunk (at most the token budget left) are allocated.
-        * V0: the blocks of its whole prefill are allocated at admission (chunked policies too);
-          whole-prompt batches stop at the budget (a longer prompt is prefilled alone).
+        * V1 (vLLM's admission gate; :meth:`~.modes.V1Batching.fresh_need`): the blocks of its whole current
+          sequence (prompt + tokens generated so far), less its prefix-cache hit, must fit the free blocks;
+          only the blocks of this iteration's chunk (at most the token budget left) are allocated.
+        * V0 (:meth:`~.modes.V0Batching.fresh_need`): the blocks of its whole prefill are allocated at
+          admission (chunked policies too); whole-prompt batches stop at the budget (a longer prompt is
+          prefilled alone).
         * swapped out: its KV comes back (blocks of what it had computed, plus this iteration's
           decode token or prompt chunk).
         """
-        bs = self.bs
+        mode = self.mode
         if r.swapped:
+            bs = self.bs
             if r.prefilled == r.prefill_target:              # resumes decoding
-                if self.chunked and budget_left < 1:
+                if mode.chunked and budget_left < 1:
                     return None
                 r.chunk = 0
                 need = (r.prompt_tokens + r.generated + bs - 1) // bs
             else:
                 left = r.prefill_target - r.prefilled
-                if self.chunked:
+                if mode.chunked:
                     c = left if left < budget_left else budget_left
                     if c <= 0:
                         return None
@@ -115,45 +117,16 @@ class Queues(EngineState):
                     if admitted and pf_tokens + c > self.B:
                         return None
                 r.chunk = c
-                need = ((r.prefilled + c if self.v1 else r.prefill_target) + bs - 1) // bs
+                need = (mode.prefill_blocks_tokens(r, c) + bs - 1) // bs
             r.hit = 0
             return need if need <= free else None
-        target = r.prompt_tokens + r.generated
-        if self.v1:
-            h = nfree = 0
-            if self.pc_on:
-                h, nfree = self._pc_hit(r, target)
-            eb = self.eb if self.pc_on else 0
-            cached = h * eb * bs
-            if (target + bs - 1) // bs - h * eb + nfree * eb > free:
-                return None
-            c = target - cached
-            if c > budget_left:
-                c = budget_left
-            if c <= 0:
-                return None
-            r.chunk = c
-            r.hit = h
-            return (c + bs - 1) // bs + nfree * eb
-        if self.chunked:
-            c = target if target < budget_left else budget_left
-            if c <= 0:
-                return None
-        else:
-            c = target
-            if admitted and pf_tokens + c > self.B:   # a longer prompt is prefilled alone
-                return None
-        r.chunk = c
-        r.hit = 0
-        need = (target + bs - 1) // bs
-        return need if need <= free else None
+        return mode.fresh_need(self, r, r.prompt_tokens + r.generated, budget_left, pf_tokens, admitted, free)
 
     def _admit(self, r: Request, now: float) -> bool:
         """Admit ``r`` after :meth:`_admit_need`: sets its blocks, takes its prefix-cache hit,
         registers the full hash blocks its chunk computes, swaps it back in if it was swapped out.
         Returns True when it resumes decoding (swapped in after its prefill); the caller puts it in
         the decode cohort or in the prefill list (and counts its blocks)."""
-        bs = self.bs
         r.state = RUNNING
         self.res[r.id] = r
         if r.admitted_s != r.admitted_s:        # NaN: first admission
@@ -169,24 +142,9 @@ class Queues(EngineState):
             r.swap_blocks = 0
             if r.prefilled == r.prefill_target:
                 return True
-            r.blocks = ((r.prefilled + r.chunk if self.v1 else r.prefill_target) + bs - 1) // bs
+            r.blocks = (self.mode.prefill_blocks_tokens(r, r.chunk) + self.bs - 1) // self.bs
             return False
         target = r.prompt_tokens + r.generated
         r.prefill_target = target
-        if self.v1:
-            cached = 0
-            if self.pc_on:
-                cached = r.hit * self.Hb
-                self.pc_query_tokens += target
-                self.pc_hit_tokens += cached
-                if r.hit:
-                    self._pc_take(r, r.hit)
-                self._pc_register(r, cached + r.chunk)
-            r.prefilled = cached
-            if cached > r.high:
-                r.high = cached
-            r.blocks = (cached + r.chunk + bs - 1) // bs
-        else:
-            r.prefilled = 0
-            r.blocks = (target + bs - 1) // bs
+        self.mode.fresh_admit(self, r, target)
         return False

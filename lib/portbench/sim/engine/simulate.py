@@ -153,7 +153,7 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
                                      max_model_len=int(getattr(profile, "max_model_len", 0) or 0))
     sched.reset(ctx)
     eng = Engine(reqs, sched, profile, H, naive, record_iterations, check_invariants, check_contract,
-                 engine=engine, hash_block_tokens=hash_block_tokens, marks=work_marks)
+                 settings=engine, hash_block_tokens=hash_block_tokens, marks=work_marks)
     eng.prepare_static_ranks()
     if reqs:
         eng.run()
@@ -183,7 +183,7 @@ def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
     n = len(reqs)
     pro = np.fromiter((r.prompt_tokens for r in reqs), dtype=np.int64, count=n)
     out = np.fromiter((r.output_tokens for r in reqs), dtype=np.int64, count=n)
-    svc = (profile.isolated_service_s(pro, out, eng.B if eng.chunked else None) if hasattr(profile, "prefill_s")
+    svc = (profile.isolated_service_s(pro, out, eng.B if eng.mode.chunked else None) if hasattr(profile, "prefill_s")
            else profile.isolated_service_s(pro, out)) if n else np.zeros(0)
     t_obs = H if np.isfinite(H) else float(eng.end_time)
     waits = list(eng.wq)
@@ -221,7 +221,7 @@ def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
         "prefix_hit_tokens": eng.pc_hit_tokens, "prefix_query_tokens": eng.pc_query_tokens,
         "prefix_caching": bool(eng.pc_on), "queue_mean": q_mean, "queue_p95": q_p95,
         "work": int(eng.work), "work_at": [float(w) for w in eng.work_at],
-        "batching": eng.engine.batching, "preemption": eng.engine.preemption, "token_budget": eng.B,
+        "batching": eng.settings.batching, "preemption": eng.settings.preemption, "token_budget": eng.B,
     }
     if arrived != completed + unfinished + rejected or eng.n_finished != completed:
         raise ConservationError(f"arrived {arrived} != completed {completed} + unfinished {unfinished} + "

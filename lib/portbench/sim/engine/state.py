@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...core.config import EngineConfig
 from ..request import Request
+from .modes import BatchingMode
 
 
 class EngineState:
     """Declarations of the engine's state (see :class:`~portbench.sim.engine.core.Engine` for the meaning)."""
 
     # the run's settings and inputs
-    engine: EngineConfig
+    settings: EngineConfig            # the engine: section (batching, preemption, prefix caching)
     policy: Any                       # the scheduler (a BaseScheduler or a plug-in's duck-typed class)
     sched: Any                        # the scheduler, or its contract checker (CheckedPolicy)
     check_contract: bool
@@ -31,8 +32,7 @@ class EngineState:
     trace: list[tuple] | None
     bs: int                           # KV block size (tokens)
     cap: int                          # KV capacity (blocks)
-    v1: bool
-    chunked: bool
+    mode: BatchingMode                # V1Batching or V0Batching (engine.batching), chosen once
     B: int                            # token budget per iteration
     max_seqs: int
     ckv: float
