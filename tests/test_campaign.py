@@ -471,7 +471,7 @@ def test_cli_simulate_runs_the_campaign_from_the_manifest(tmp_path, shared_trace
     assert runs.height == 2 * n_src and set(runs["provenance"]) <= {"real", "standin"}
     from portbench.data import windows
 
-    manifest = windows.load_manifest(P)
+    manifest = windows.load_manifest(P.paths)
     sha = {w["id"]: w["sha256"] for w in manifest["windows"]}
     for sh in campaign.make_plan(P).shards:
         assert io.read_meta(campaign.shard_path(P.paths.results_dir, sh))["fingerprint"]["window"]["sha256"] == sha[sh.window.id]

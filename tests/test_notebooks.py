@@ -96,7 +96,7 @@ def test_all_notebooks_run_under_smoke_params(tmp_path, shared_traces, monkeypat
 
 def _no_stand_in_shown_as_real(results, summary):
     """Every result table with a source column carries the manifest's provenance; labels say '(stand-in)'."""
-    prov = sources.provenance_from_manifest(json.loads(windows.manifest_path(params.load()).read_text()))
+    prov = sources.provenance_from_manifest(json.loads(windows.manifest_path(params.load().paths).read_text()))
     tables = sorted(results.rglob("*.parquet"))
     assert tables
     for path in tables:
@@ -116,7 +116,7 @@ def _no_stand_in_shown_as_real(results, summary):
 def test_committed_manifest_labels_match_the_data_available(shared_traces):
     """A source is real in the manifest only if its official file is present; stand-ins are synthetic."""
     P = params.load()
-    manifest = windows.load_manifest(P)
+    manifest = windows.load_manifest(P.paths)
     resolved = registry.resolve_sources(params.load(overrides={"paths.mirror": str(shared_traces)}))
     for w in manifest["windows"]:
         assert w["provenance"] == resolved[w["source"]]["provenance"], w["id"]

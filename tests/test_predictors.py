@@ -32,7 +32,7 @@ def pcfg(tmp_path_factory, shared_traces):
 
 @pytest.fixture(scope="module")
 def manifest(pcfg):
-    return W.load_manifest(pcfg)
+    return W.load_manifest(pcfg.paths)
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,7 @@ def test_a_run_with_other_windows_has_its_own_manifest_window_cache_and_predicti
         c = params.load(overrides=over)
         run = ROOT / "build" / c.paths.run_name / "windows"
         assert c.paths.manifest == run / "manifest.json", over
-        assert windows.cache_path(c) == run / "windows.parquet" and predictors.predictions_dir(c) == run / "predictions"
+        assert windows.cache_path(c.paths) == run / "windows.parquet" and predictors.predictions_dir(c.paths) == run / "predictions"
         assert {"manifest", "windows_dir"} <= set(c.paths.isolated) and str(run) in c.paths.where()
     # a parameter file that changes the windows: under its own name
     mine = tmp_path / "mine.yaml"

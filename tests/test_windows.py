@@ -297,15 +297,15 @@ def test_freeze_builds_manifest_and_cache(fake_data, small_params, capsys, tmp_p
     assert m["sources"]["bailian"]["provenance"] is None and W.skipped_sources(m) == ["bailian"]
     assert m["sources"]["azure"]["tenants"] == {"rule": "seeded", "tenants": 4, "shares": "zipf 1/k"}
     assert m["sources"]["burstgpt"]["tenants"] == {"rule": "fields", "fields": ["model", "log_type"]}
-    assert str(tmp_path) not in W.manifest_path(P).read_text(), "no machine-specific paths in the manifest"
+    assert str(tmp_path) not in W.manifest_path(P.paths).read_text(), "no machine-specific paths in the manifest"
     assert "official file az.csv found" in m["sources"]["azure"]["reason"]
     assert "no stand-in" in m["sources"]["bailian"]["reason"]
     raw_dir = Path(registry.store(P.paths).mirror)
     assert m["source_files"] == {f: io.sha256_of(raw_dir / f) for f in ("az.csv", "bg.csv")}
     assert m["params"]["windows"] == P.tree["windows"]
-    assert W.manifest_path(P).read_bytes() == W.canonical_json(m)
-    assert W.cache_path(P).is_file()
-    assert W.manifest_path(P).stat().st_mode & 0o044 == 0o044, "an ordinary, readable file (not mkstemp's 0600)"
+    assert W.manifest_path(P.paths).read_bytes() == W.canonical_json(m)
+    assert W.cache_path(P.paths).is_file()
+    assert W.manifest_path(P.paths).stat().st_mode & 0o044 == 0o044, "an ordinary, readable file (not mkstemp's 0600)"
     tables = W.load_windows(P)
     assert list(tables) == [e["id"] for e in m["windows"]]
     for e in m["windows"]:
@@ -319,16 +319,16 @@ def test_freeze_builds_manifest_and_cache(fake_data, small_params, capsys, tmp_p
 def test_refreeze_is_byte_identical_and_freeze_never_rewrites(fake_data, small_params, monkeypatch):
     P = small_params()
     W.freeze(P)
-    path = W.manifest_path(P)
+    path = W.manifest_path(P.paths)
     first = path.read_bytes()
     W.freeze(P, refreeze=True)
     assert path.read_bytes() == first, "same parameters, same data -> byte-identical manifest"
-    W.cache_path(P).unlink()
+    W.cache_path(P.paths).unlink()
     stat = path.stat()
     monkeypatch.setattr(W, "write_manifest", lambda *a, **k: pytest.fail("freeze rewrote the manifest"))
     m = W.freeze(P)
     assert path.read_bytes() == first and path.stat().st_mtime_ns == stat.st_mtime_ns
-    assert W.cache_path(P).is_file(), "freeze without refreeze materialises the cache"
+    assert W.cache_path(P.paths).is_file(), "freeze without refreeze materialises the cache"
     assert m == json.loads(first)
 
 
@@ -343,10 +343,10 @@ def test_freeze_with_other_params_needs_refreeze(fake_data, small_params):
 def test_load_windows_subset_and_rebuild_without_cache(fake_data, small_params):
     P = small_params()
     m = W.freeze(P)
-    W.cache_path(P).unlink()
+    W.cache_path(P.paths).unlink()
     sub = W.load_windows(P, sources=["burstgpt"], per_source=3)
     assert list(sub) == ["burstgpt-00", "burstgpt-01", "burstgpt-02"]
-    assert W.cache_path(P).is_file()
+    assert W.cache_path(P.paths).is_file()
     full = W.load_windows(P)
     assert all(W.window_sha256(full[e["id"]]) == e["sha256"] for e in m["windows"])
 
@@ -354,13 +354,13 @@ def test_load_windows_subset_and_rebuild_without_cache(fake_data, small_params):
 def test_load_windows_detects_a_tampered_cache(fake_data, small_params):
     P = small_params()
     m = W.freeze(P)
-    cache = pl.read_parquet(W.cache_path(P))
+    cache = pl.read_parquet(W.cache_path(P.paths))
     target = m["windows"][3]
     idx = cache.with_row_index().filter(pl.col("window_id") == target["id"])["index"][7]
     tampered = cache.with_columns(
         pl.when(pl.int_range(pl.len()) == idx).then(pl.col("output_tokens") + 1)
         .otherwise(pl.col("output_tokens")).alias("output_tokens"))
-    W._write_cache(W.cache_path(P), m, {wid: part.drop("window_id") for (wid,), part in
+    W._write_cache(W.cache_path(P.paths), m, {wid: part.drop("window_id") for (wid,), part in
                           tampered.partition_by("window_id", as_dict=True, maintain_order=True).items()})
     with pytest.raises(IntegrityError) as e:
         W.load_windows(P)
@@ -375,22 +375,22 @@ def test_load_windows_detects_a_tampered_cache(fake_data, small_params):
 def test_unreadable_or_foreign_cache(fake_data, small_params, capsys):
     P = small_params()
     m = W.freeze(P)
-    cache = W.cache_path(P)
+    cache = W.cache_path(P.paths)
     raw = cache.read_bytes()
     cache.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(IntegrityError, match="delete it"):
         W.load_windows(P)
     cache.unlink()
-    W._write_cache(W.cache_path(P), {**m, "checksum": "0" * 64}, W.load_windows(P))  # a cache of another manifest
+    W._write_cache(W.cache_path(P.paths), {**m, "checksum": "0" * 64}, W.load_windows(P))  # a cache of another manifest
     tables = W.load_windows(P)
     assert "another manifest" in capsys.readouterr().err and len(tables) == 20
-    assert W._read_cache(W.cache_path(P), m).keys() == tables.keys(), "the foreign cache was replaced"
+    assert W._read_cache(W.cache_path(P.paths), m).keys() == tables.keys(), "the foreign cache was replaced"
 
 
 def test_tampered_source_data_is_detected(fake_data, small_params):
     P = small_params()
     m = W.freeze(P)
-    W.cache_path(P).unlink()
+    W.cache_path(P.paths).unlink()
     canon = fake_data["canon"]["azure"]
     e = m["windows"][2]
     fake_data["canon"]["azure"] = canon.with_columns(
@@ -416,7 +416,7 @@ def test_changed_source_file_is_reported(fake_data, small_params):
 def test_verify_reports_a_damaged_manifest(fake_data, small_params):
     P = small_params()
     W.freeze(P)
-    path = W.manifest_path(P)
+    path = W.manifest_path(P.paths)
     raw = path.read_bytes()
     path.write_bytes(raw.replace(b'"size": 50', b'"size": 51'))
     ok, total, problems = W.verify(P)
@@ -427,7 +427,7 @@ def test_verify_reports_a_damaged_manifest(fake_data, small_params):
     assert W.verify(P)[:2] == (0, 0)
     path.unlink()
     with pytest.raises(DataError, match="portbench freeze"):
-        W.load_manifest(P)
+        W.load_manifest(P.paths)
 
 
 # --------------------------------------------------------------------------- the real Azure trace
@@ -463,23 +463,23 @@ def test_real_azure_windows_stable_across_freezes(azure_only, tmp_params, tmp_pa
     assert len(az) == 40 and all(e["n_requests"] == 200 for e in az)
     assert all(e["file"] == "AzureLLMInferenceTrace_conv.csv" and e["provenance"] == "real" for e in az)
     assert [e["sha256"] for e in az] == [e["sha256"] for e in m2["windows"] if e["source"] == "azure"]
-    assert W.manifest_path(P1).read_bytes() == W.manifest_path(P2).read_bytes()
+    assert W.manifest_path(P1.paths).read_bytes() == W.manifest_path(P2.paths).read_bytes()
     assert m1["source_files"]["AzureLLMInferenceTrace_conv.csv"] == \
         "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8"  # PROVENANCE.md
     rows = [(e["row_start"], e["row_end"]) for e in az]
     assert all(a <= b < c for (a, b), (c, _) in zip(rows, rows[1:])), "non-overlapping, in trace order"
     assert rows[0][0] >= 1 and rows[-1][1] <= 19_366
     assert all(e["duration_s"] > 0 and e["stats"]["rate_rps"] > 0 for e in az)
-    first = W.manifest_path(P1).read_bytes()
+    first = W.manifest_path(P1.paths).read_bytes()
     W.freeze(P1, refreeze=True)
-    assert W.manifest_path(P1).read_bytes() == first
+    assert W.manifest_path(P1.paths).read_bytes() == first
     assert W.verify(P1) == (40, 40, [])
 
 
 def test_real_azure_every_tampered_manifest_byte_fails_verify(azure_only, tmp_params, tmp_path):
     P = _real_params(tmp_params, tmp_path, **{"windows.per_source": 8, "windows.size": 50})
     W.freeze(P)
-    path = W.manifest_path(P)
+    path = W.manifest_path(P.paths)
     raw = path.read_bytes()
     rng = np.random.default_rng(0)
     positions = rng.choice(len(raw), size=600, replace=False)
@@ -514,10 +514,10 @@ def test_real_azure_every_single_value_change_of_a_window_is_detected(azure_only
         changed = df.with_columns(pl.Series(col, v, dtype=df.schema[col]))
         assert W.window_sha256(changed) != e["sha256"], (trial, e["id"], col, i)
         if trial % 60 == 0:  # through the cache too (each check rewrites the parquet)
-            W._write_cache(W.cache_path(P), m, {**tables, e["id"]: changed})
+            W._write_cache(W.cache_path(P.paths), m, {**tables, e["id"]: changed})
             with pytest.raises(IntegrityError, match=e["id"]):
                 W.load_windows(P)
-    W._write_cache(W.cache_path(P), m, tables)
+    W._write_cache(W.cache_path(P.paths), m, tables)
     assert list(W.load_windows(P)) == [e["id"] for e in m["windows"]]
 
 
@@ -540,11 +540,11 @@ def test_standin_windows_freeze_regenerate_and_verify(monkeypatch, shared_traces
         assert m["sources"][s]["reason"] == "mode standin: the labelled stand-in was requested"
         for name, sha in standins.evidence_sha256(standins.inputs(P), s).items():
             assert m["source_files"][name] == sha
-    W.cache_path(P).unlink()
+    W.cache_path(P.paths).unlink()
     assert W.verify(P) == (6, 6, [])
-    first = W.manifest_path(P).read_bytes()
+    first = W.manifest_path(P.paths).read_bytes()
     W.freeze(P, refreeze=True)
-    assert W.manifest_path(P).read_bytes() == first, "stand-in windows refreeze byte-identically"
+    assert W.manifest_path(P.paths).read_bytes() == first, "stand-in windows refreeze byte-identically"
     e = m["windows"][4]
     original = standins.regenerate
 
@@ -630,7 +630,7 @@ def test_committed_manifest_keeps_the_original_120_windows():
     """Adding sources never changes a frozen window: the original study's 120 windows keep their ids,
     order and SHA-256 (recorded before azure_code and mooncake were added)."""
     want = json.loads(WINDOWS_120.read_text())["windows"]
-    m = W.load_manifest(params.load())
+    m = W.load_manifest(params.load().paths)
     got = {e["id"]: e["sha256"] for e in m["windows"]}
     assert len(want) == 120 and {k: got.get(k) for k in want} == want
     assert [e["id"] for e in m["windows"]][:120] == list(W.window_ids("azure", 40) + W.window_ids("burstgpt", 40)
@@ -652,13 +652,13 @@ def test_refreezing_the_default_study_reproduces_the_committed_manifest(shared_t
     P = params.load(overrides={"paths": {"data_dir": str(tmp_path / "data"), "mirror": str(shared_traces),
                                          "manifest": str(tmp_path / "manifest.json")}})
     W.freeze(P, refreeze=True)
-    assert (tmp_path / "manifest.json").read_bytes() == W.manifest_path(params.load()).read_bytes()
+    assert (tmp_path / "manifest.json").read_bytes() == W.manifest_path(params.load().paths).read_bytes()
 
 
 def test_mooncake_windows_carry_block_hashes_and_others_do_not(shared_traces, tmp_path, monkeypatch):
     monkeypatch.setenv("PORTBENCH_OFFLINE", "1")
     P = params.load(overrides={"paths": {"data_dir": str(tmp_path / "data"), "mirror": str(shared_traces)}})
-    m = W.load_manifest(P)
+    m = W.load_manifest(P.paths)
     tables = W.load_windows(P, sources=["azure", "azure_code", "mooncake"], per_source=2)
     for wid, df in tables.items():
         entry = next(e for e in m["windows"] if e["id"] == wid)

@@ -80,8 +80,8 @@ def cmd_ingest(args):
 def cmd_freeze(args):
     cfg = _params(args)
     manifest = windows.freeze(cfg, refreeze=args.refreeze)
-    print(f"manifest: {len(manifest['windows'])} windows -> {windows.manifest_path(cfg)} "
-          f"(window cache: {windows.cache_path(cfg)})")
+    print(f"manifest: {len(manifest['windows'])} windows -> {windows.manifest_path(cfg.paths)} "
+          f"(window cache: {windows.cache_path(cfg.paths)})")
 
 
 def cmd_verify(args):
@@ -140,7 +140,7 @@ def cmd_attribute(args):
     A = attribution.attribute(cfg, refreeze=args.refreeze)
     if not args.no_figures:
         plots_attribution.make_all(cfg, A, close=True)
-        plots_attribution.hybrid_definitions(cfg, **plots_attribution.example_pair(cfg, A), close=True)
+        plots_attribution.hybrid_definitions(cfg.paths, **plots_attribution.example_pair(cfg, A), close=True)
     sec = A.summary
     print(attribution_text.design_markdown(sec))
     for pr in sec["pairs"].values():

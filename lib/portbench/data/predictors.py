@@ -82,7 +82,7 @@ from threadpoolctl import threadpool_limits
 
 from . import standins, synth, traces, windows
 from ..core import io, procs, progress
-from ..core.config import Config, PredictorsConfig
+from ..core.config import Config, PathsConfig, PredictorsConfig
 from ..core.errors import DataError, IntegrityError, ParameterError
 from ..core.provenance import label
 from .registry import store
@@ -281,10 +281,10 @@ def _fold_of(prompt: np.ndarray, group: Sequence[str], k: int) -> np.ndarray:
     return np.array([synth.name_key(f"{int(p)}|{g}") % k for p, g in zip(prompt, group)], dtype=np.int64)
 
 
-def _standin_inputs(cfg: Config, manifest: Mapping, source: str) -> tuple[dict, Any]:
+def _standin_inputs(paths: PathsConfig, manifest: Mapping, source: str) -> tuple[dict, Any]:
     """The first window's generator params of a stand-in source, after verifying its evidence."""
     entry = next(e for e in manifest["windows"] if e["source"] == source)
-    st = store(cfg.paths)
+    st = store(paths)
     params = entry["generator"]["params"]
     standins.verify_evidence(st, params["evidence"])
     return params, standins.mirror_of(st)
@@ -310,7 +310,7 @@ def training_data(cfg: Config, manifest: Mapping, source: str, canonical: pl.Dat
                "windows": len(ranges), "rows_sha256": hashlib.sha256(trows.tobytes()).hexdigest()}
         return TrainingData(source, _canonical_frame(train), None, rec, rows=trows)
     n = int(P.standin_train_requests)
-    params, root = _standin_inputs(cfg, manifest, source)
+    params, root = _standin_inputs(cfg.paths, manifest, source)
     seed = synth.derive_seed(cfg.standins.seed, source, "predictor-train", P.seed)
     window_seeds = {int(e["generator"]["seed"]) for e in manifest["windows"] if e["source"] == source}
     if kind == "burstgpt-standin":
@@ -532,12 +532,12 @@ def fingerprint_key(fp: Mapping) -> str:
     return io.sha256_hex(fp)[:16]
 
 
-def predictions_dir(cfg: Config) -> Path:
-    return Path(cfg.paths.windows_dir) / "predictions"
+def predictions_dir(paths: PathsConfig) -> Path:
+    return Path(paths.windows_dir) / "predictions"
 
 
-def predictions_path(cfg: Config, train: str, target: str, key: str) -> Path:
-    return predictions_dir(cfg) / f"{target}__from-{train}__{key}.parquet"
+def predictions_path(paths: PathsConfig, train: str, target: str, key: str) -> Path:
+    return predictions_dir(paths) / f"{target}__from-{train}__{key}.parquet"
 
 
 def _content_sha(df: pl.DataFrame) -> str:
@@ -615,7 +615,7 @@ def _compute(cfg: Config, manifest: Mapping, train: str, targets: Sequence[str],
         info = {**pred.info(), "train_source": train, "target": target, "key": key,
                 "train_label": label(train, manifest["sources"][train]["provenance"]),
                 "target_label": label(target, manifest["sources"][target]["provenance"])}
-        path = predictions_path(cfg, train, target, key)
+        path = predictions_path(cfg.paths, train, target, key)
         io.write_parquet_atomic(df, path, {"fingerprint": fp, "key": key, "content_sha256": _content_sha(df),
                                            "info": info})
         out[target] = Frozen(train, target, df, info, path)
@@ -635,7 +635,7 @@ def load_predictions(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None
                      manifest: Mapping | None = None) -> dict[tuple[str, str], Frozen]:
     """Frozen predictions ``{(train, target): Frozen}`` (default pairs: every source's home predictor),
     read and verified, or computed and written when missing (module docstring)."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     srcs = sources_of(manifest)
     pairs = [(s, s) for s in srcs] if pairs is None else list(pairs)
     for tr, tg in pairs:
@@ -646,7 +646,7 @@ def load_predictions(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None
     todo: dict[str, list[str]] = {}
     for tr, tg in pairs:
         fp = fingerprint(cfg, manifest, tr, tg)
-        path = predictions_path(cfg, tr, tg, fingerprint_key(fp))
+        path = predictions_path(cfg.paths, tr, tg, fingerprint_key(fp))
         if path.is_file():
             df, meta = _read_file(path, fp, manifest, tg)
             out[(tr, tg)] = Frozen(tr, tg, df, meta.get("info", {}), path)
@@ -656,7 +656,7 @@ def load_predictions(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None
         tables = windows.load_windows(cfg, manifest=manifest)
         for tr, targets in todo.items():
             _note(f"training the {tr} predictor for {', '.join(targets)} (no frozen predictions with this "
-                  f"fingerprint under {predictions_dir(cfg)})")
+                  f"fingerprint under {predictions_dir(cfg.paths)})")
         workers = min(int(cfg.campaign.workers), len(todo))
         bar = progress.bar(sum(len(t) for t in todo.values()),
                            f"predictors: {len(todo)} source(s) on {max(workers, 1)} process(es)", "predictor")
@@ -701,11 +701,11 @@ def attach(cfg: Config, tables: Mapping[str, pl.DataFrame], *, manifest: Mapping
     """``tables`` (window id -> frozen window table) with the frozen predictions added as columns
     ``predicted_output`` and ``ltr_score`` (home predictor, or source ``train``'s). The input tables
     are not modified; a window whose hash differs from the predictions' is an IntegrityError."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     by_id = {e["id"]: e for e in manifest["windows"]}
     missing = [w for w in tables if w not in by_id]
     if missing:
-        raise DataError(windows.manifest_path(cfg), f"windows {missing[:3]} are not in the manifest")
+        raise DataError(windows.manifest_path(cfg.paths), f"windows {missing[:3]} are not in the manifest")
     pairs = sorted({(train or by_id[w]["source"], by_id[w]["source"]) for w in tables})
     frozen = load_predictions(cfg, pairs, manifest=manifest)
     out = {}
@@ -722,7 +722,7 @@ def attach(cfg: Config, tables: Mapping[str, pl.DataFrame], *, manifest: Mapping
 
 def predictor_info(cfg: Config, *, manifest: Mapping | None = None) -> dict[str, dict]:
     """``{source: info}`` of every home predictor (features, notes, train rows, training record, key)."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     return {tr: fr.info for (tr, _), fr in load_predictions(cfg, manifest=manifest).items()}
 
 
@@ -755,7 +755,7 @@ def accuracy_table(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None, 
     """One row per (train, target, window): the accuracy of the frozen predictions on that window
     (:func:`window_accuracy`); home pairs also carry the noisy oracle's tau (true x exp(N(0, sigma)),
     ``simulation.predictor_sigma``, seeded per window) for comparison."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     pairs = all_pairs(manifest) if pairs is None else list(pairs)
     frozen = load_predictions(cfg, pairs, manifest=manifest)
     tables = windows.load_windows(cfg, manifest=manifest)
@@ -813,7 +813,7 @@ def repeat_share(cfg: Config, source: str, *, manifest: Mapping | None = None) -
     (prompt, output) pair also occurs among the training requests of the model that predicts them
     (for a cross-fitted stand-in: the other folds), and the share whose prompt length occurs there.
     Repeats are a property of the trace (templated requests), not a leak -- but they explain a high tau."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     kind = source_kind(manifest, source)
     canon = traces.load_canonical(cfg, source) if kind == "real" else None
     td = training_data(cfg, manifest, source, canon)
@@ -842,7 +842,7 @@ def past_only_check(cfg: Config, source: str, *, manifest: Mapping | None = None
     (trained on rows before and after every window) on the same windows. A large drop would mean the
     home predictor profits from rows after a window (drift it could not know in deployment).
     None for stand-ins (no time order between the generator's training output and the windows)."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     if source_kind(manifest, source) != "real":
         return None
     P = cfg.predictors

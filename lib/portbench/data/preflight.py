@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..core.config import Config
+from ..core.config import Config, StandinsConfig
 from ..core.errors import DataError
 from . import registry, windows
 
@@ -24,10 +24,10 @@ def missing_files(cfg: Config) -> list[str]:
     """One line per file the run needs and cannot find (empty: everything is here)."""
     st = registry.store(cfg.paths)
     try:
-        manifest = windows.load_manifest(cfg)
+        manifest = windows.load_manifest(cfg.paths)
     except DataError:
         manifest = None                   # no manifest yet: notebook 02 freezes one from what it finds
-    frozen = (manifest or {}).get("sources", {})
+    frozen = manifest.get("sources", {}) if manifest else {}
     out, evidence = [], []
     for name, src in cfg.sources.items():
         rec = frozen.get(name) or {}
@@ -42,18 +42,18 @@ def missing_files(cfg: Config) -> list[str]:
             continue
         standin = cfg.standins.of(name)
         if standin is not None and (rec.get("provenance") in (None, "standin")):
-            for rel in _standin_evidence(cfg, name):
+            for rel in _standin_evidence(cfg.standins, name):
                 if st.mirror is None or not (st.mirror / rel).exists():
                     evidence.append(f"{name} (stand-in, built from real evidence): {rel}")
     return out + evidence
 
 
-def _standin_evidence(cfg: Config, source: str) -> list[str]:
+def _standin_evidence(standins: StandinsConfig, source: str) -> list[str]:
     """The mirror-relative files and folders a stand-in is built from."""
-    if source == "burstgpt" and cfg.standins.burstgpt is not None:
-        return list(cfg.standins.burstgpt.slices)
-    if source == "bailian" and cfg.standins.bailian is not None:
-        return [cfg.standins.bailian.servegen_dir]
+    if source == "burstgpt" and standins.burstgpt is not None:
+        return list(standins.burstgpt.slices)
+    if source == "bailian" and standins.bailian is not None:
+        return [standins.bailian.servegen_dir]
     return []
 
 

@@ -31,7 +31,7 @@ file and compares bytes *and* checksum, so any single-byte change (whitespace in
 any change to its content.
 
 **Cache.** ``{paths.windows_dir}/windows.parquet`` (default ``{paths.data_dir}/windows``; a run whose
-windows differ from default.yaml's has its own, beside its own manifest: ``core.config._isolate``) holds
+windows differ from default.yaml's has its own, beside its own manifest: ``core.paramfile._isolate``) holds
 the materialised windows (long format, ``window_id`` first) tagged with the manifest checksum; a cache
 from another manifest is ignored and rebuilt, a cache whose content does not match the manifest is an error.
 """
@@ -50,7 +50,7 @@ import polars as pl
 
 from . import registry, standins, synth, traces
 from ..core import io, progress
-from ..core.config import FROZEN_SECTIONS, Config, frozen_record  # noqa: F401 - FROZEN_SECTIONS: also read from here
+from ..core.config import FROZEN_SECTIONS, Config, PathsConfig, frozen_record  # noqa: F401 - FROZEN_SECTIONS: also read from here
 from ..core.errors import DataError, IntegrityError, ParameterError, PortbenchError
 from ..core.provenance import label, provenance_from_manifest
 from .registry import Store
@@ -221,14 +221,14 @@ def manifest_checksum(manifest: Mapping) -> str:
     return hashlib.sha256(canonical_json({k: v for k, v in manifest.items() if k != "checksum"})).hexdigest()
 
 
-def manifest_path(cfg: Config) -> Path:
+def manifest_path(paths: PathsConfig) -> Path:
     """Where the manifest lives (``paths.manifest``)."""
-    return Path(cfg.paths.manifest)
+    return Path(paths.manifest)
 
 
-def cache_path(cfg: Config) -> Path:
+def cache_path(paths: PathsConfig) -> Path:
     """The window cache, ``{paths.windows_dir}/windows.parquet`` (default ``{paths.data_dir}/windows``)."""
-    return Path(cfg.paths.windows_dir) / CACHE_FILE
+    return Path(paths.windows_dir) / CACHE_FILE
 
 
 def parse_manifest(raw: bytes, where: str = "manifest") -> dict:
@@ -254,15 +254,38 @@ def parse_manifest(raw: bytes, where: str = "manifest") -> dict:
     return m
 
 
-def load_manifest(cfg: Config) -> dict:
+class Manifest(dict[str, Any]):
+    """The window manifest as frozen (the canonical JSON mapping, unchanged: it serialises and hashes as before),
+    with typed views of its parts. :func:`load_manifest` returns one; a stage loads it once and passes it on
+    (``manifest=``)."""
+
+    @property
+    def windows(self) -> list[dict]:
+        """Every window's entry (id, source, rows or generator, SHA-256 …), in manifest order."""
+        return self["windows"]
+
+    @property
+    def sources(self) -> dict:
+        return self["sources"]
+
+    @property
+    def checksum(self) -> str:
+        return self["checksum"]
+
+    def window_ids(self, source: str | None = None) -> list[str]:
+        """The window ids (of one source), in manifest order."""
+        return [e["id"] for e in self["windows"] if source is None or e["source"] == source]
+
+
+def load_manifest(paths: PathsConfig) -> Manifest:
     """The committed manifest, checked byte for byte and by checksum (IntegrityError otherwise)."""
-    path = manifest_path(cfg)
+    path = manifest_path(paths)
     if not path.is_file():
-        run = cfg.paths.run_name and "manifest" in cfg.paths.isolated
+        run = paths.run_name and "manifest" in paths.isolated
         raise DataError(path, "no window manifest here; run `portbench freeze` (notebook 02) to create it"
-                        + (f" (with the same --params / --set: run {cfg.paths.run_name!r} has windows other than the "
+                        + (f" (with the same --params / --set: run {paths.run_name!r} has windows other than the "
                            "default study's, so it has a manifest of its own)" if run else ""))
-    return parse_manifest(path.read_bytes(), str(path))
+    return Manifest(parse_manifest(path.read_bytes(), str(path)))
 
 
 def write_manifest(manifest: dict, path: Path) -> dict:
@@ -425,16 +448,16 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
 MAX_PROBLEMS_SHOWN = 5     # windows named in a verification error (the rest are counted)
 
 
-def freeze(cfg: Config, refreeze: bool = False) -> dict:
+def freeze(cfg: Config, refreeze: bool = False) -> Manifest:
     """Freeze the windows (no manifest yet, or ``refreeze``) or verify the existing manifest.
 
     With a manifest present and ``refreeze`` false the manifest is never rewritten: every window
     is rebuilt from the source data and checked against its hash (IntegrityError on any
     mismatch), and the window cache is materialised.
     """
-    path = manifest_path(cfg)
+    path = manifest_path(cfg.paths)
     if path.is_file() and not refreeze:
-        manifest = load_manifest(cfg)
+        manifest = load_manifest(cfg.paths)
         _check_params(cfg, manifest)
         _note_provenance_changes(cfg, manifest)
         ok, total, problems, tables = _verify(cfg, manifest, check_cache=False)     # with a progress bar
@@ -445,11 +468,11 @@ def freeze(cfg: Config, refreeze: bool = False) -> dict:
                                  + "\n  ".join(shown) + (f"\n  … and {more} more" if more else "")
                                  + "\n(changed data files? `portbench files` shows what is found where; "
                                  "a deliberate change needs `portbench freeze --refreeze`)")
-        _write_cache(cache_path(cfg), manifest, tables)
+        _write_cache(cache_path(cfg.paths), manifest, tables)
         return manifest
-    manifest, tables = build_manifest(cfg)     # with a progress bar
-    manifest = write_manifest(manifest, path)
-    _write_cache(cache_path(cfg), manifest, tables)
+    built, tables = build_manifest(cfg)     # with a progress bar
+    manifest = Manifest(write_manifest(built, path))
+    _write_cache(cache_path(cfg.paths), manifest, tables)
     return manifest
 
 
@@ -461,7 +484,7 @@ def _check_params(cfg: Config, manifest: Mapping) -> None:
     for section in [s for s in FROZEN_SECTIONS if s != "standins" or has_standins]:
         if now.get(section) != frozen.get(section):
             raise ParameterError(section, now.get(section),
-                                 f"the values the manifest {manifest_path(cfg)} was frozen with "
+                                 f"the values the manifest {manifest_path(cfg.paths)} was frozen with "
                                  f"({frozen.get(section)!r}); run `portbench freeze --refreeze` to refreeze, "
                                  "or point paths.manifest at another file")
 
@@ -643,15 +666,15 @@ def load_windows(cfg: Config, sources: Iterable[str] | None = None, per_source: 
     the window and both hashes. Windows missing from the cache are rebuilt (ingesting or
     regenerating as needed) and added to it.
     """
-    manifest = manifest if manifest is not None else load_manifest(cfg)
+    manifest = manifest if manifest is not None else load_manifest(cfg.paths)
     entries = select_entries(manifest, sources, per_source)
-    cached = _read_cache(cache_path(cfg), manifest)
+    cached = _read_cache(cache_path(cfg.paths), manifest)
     out: dict[str, pl.DataFrame] = {}
     for e in entries:
         if e["id"] in cached:
             got = window_sha256(cached[e["id"]])
             if got != e["sha256"]:
-                raise IntegrityError(_mismatch(e, got, f"cache {cache_path(cfg)}")
+                raise IntegrityError(_mismatch(e, got, f"cache {cache_path(cfg.paths)}")
                                      + "; delete the cache to rebuild it from the source data")
             out[e["id"]] = cached[e["id"]]
     missing = [e for e in entries if e["id"] not in out]
@@ -660,7 +683,7 @@ def load_windows(cfg: Config, sources: Iterable[str] | None = None, per_source: 
         if problems:
             raise IntegrityError("; ".join(problems))
         out.update(built)
-        _write_cache(cache_path(cfg), manifest, {**cached, **built})
+        _write_cache(cache_path(cfg.paths), manifest, {**cached, **built})
     return {e["id"]: out[e["id"]] for e in entries}
 
 
@@ -671,11 +694,11 @@ def _verify(cfg: Config, manifest: Mapping, *, check_cache: bool = True
     tables, window_problems = _rebuild_many(cfg, manifest, entries)
     problems += window_problems
     bad = {e["id"] for e in entries if e["id"] not in tables}
-    if check_cache and cache_path(cfg).is_file():
-        cached = _read_cache(cache_path(cfg), manifest)
+    if check_cache and cache_path(cfg.paths).is_file():
+        cached = _read_cache(cache_path(cfg.paths), manifest)
         for e in entries:
             if e["id"] in cached and (got := window_sha256(cached[e["id"]])) != e["sha256"]:
-                problems.append(_mismatch(e, got, f"cache {cache_path(cfg)}"))
+                problems.append(_mismatch(e, got, f"cache {cache_path(cfg.paths)}"))
                 bad.add(e["id"])
     return len(entries) - len(bad), len(entries), problems, tables
 
@@ -686,9 +709,9 @@ def verify(cfg: Config) -> tuple[int, int, list[str]]:
     Windows are rebuilt from the source data (and the cache, when present, is checked too).
     Returns ``(n_ok, n_total, problems)``; a damaged manifest gives ``(0, n_listed, [problem])``.
     """
-    path = manifest_path(cfg)
+    path = manifest_path(cfg.paths)
     try:
-        manifest = load_manifest(cfg)
+        manifest = load_manifest(cfg.paths)
     except IntegrityError as e:
         try:
             n_listed = len(json.loads(path.read_bytes())["windows"])

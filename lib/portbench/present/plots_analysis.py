@@ -1,8 +1,10 @@
 """Figures of the portability analysis (notebooks 04-07). Every figure goes through
 ``portbench.present.figures.save``, which records it in the figure index (``summary.json``).
 
-Each function takes the parameters ``cfg`` and an :class:`portbench.study.analysis.Analysis`, saves its
-figure(s) under ``{figures_dir}/<notebook>/`` and returns the figure (or a list of figures).
+Each function takes the ``paths`` section (``cfg.paths``) and an :class:`portbench.study.analysis.Analysis`, saves
+its figure(s) under ``{paths.figures_dir}/<notebook>/`` and returns the figure (or a list of figures); the bump
+charts also take the metrics to show (``cfg.analysis.headline_metrics``). :func:`make_all` and :func:`run` (the
+``portbench analyze`` driver) take the whole parameters.
 Sources are labelled with :func:`portbench.core.provenance.label`, so stand-ins say so.
 
 Every figure that compares or pools the sources of a *panel* (``analysis.panels``) exists once per available
@@ -18,6 +20,7 @@ import time
 import numpy as np
 import polars as pl
 
+from ..core.config import PathsConfig
 from ..study import analysis as an
 from . import figures
 
@@ -25,8 +28,8 @@ NB = {name[:2]: name for name in an.FIGURE_NOTEBOOKS}  # "04" -> "04_cross_workl
 TAU_LABEL = "Kendall τ-b (dimensionless; 1 = same order, 0 = unrelated, −1 = reversed)"
 
 
-def _save(cfg, fig, notebook: str, name: str, shows: str, close: bool = False):
-    figures.save(fig, f"{NB[notebook]}/{name}", cfg.paths.figures_dir, description=shows, close=close)
+def _save(paths: PathsConfig, fig, notebook: str, name: str, shows: str, close: bool = False):
+    figures.save(fig, f"{NB[notebook]}/{name}", paths.figures_dir, description=shows, close=close)
     return fig
 
 
@@ -123,7 +126,7 @@ def _heatmap(ax, values, row_labels, col_labels, *, lo=None, hi=None, vmin=-1, v
 
 # --------------------------------------------------------------------------- 04 cross-workload
 
-def cross_source_heatmaps(cfg, A, close: bool = False) -> list:
+def cross_source_heatmaps(paths: PathsConfig, A, close: bool = False) -> list:
     """One heatmap per panel and source pair: tau-b [95% CI] and tau-b / tau-b,max for every metric x region."""
     t = A["cross_source_tau"]
     R, M = A.summary["parameters"]["regions"], A.summary["parameters"]["metrics"]
@@ -158,7 +161,7 @@ def cross_source_heatmaps(cfg, A, close: bool = False) -> list:
         ax.set_xlabel("operating region (offered load ρ relative to capacity)")
         ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
         suffix = "" if panel == A.summary["headline_panel"] else f"_{panel}"
-        figs.append(_save(cfg, fig, "04", f"tau_{s1}_vs_{s2}{suffix}",
+        figs.append(_save(paths, fig, "04", f"tau_{s1}_vs_{s2}{suffix}",
                           f"Kendall tau-b with 95% bootstrap CI and tau-b / tau-b,max (÷max) between the scheduler "
                           f"rankings of {l1} and {l2} (panel {panel}), per metric and region; "
                           f"{len(A.summary['parameters']['schedulers'])} schedulers ranked by mean over windows "
@@ -166,7 +169,7 @@ def cross_source_heatmaps(cfg, A, close: bool = False) -> list:
     return figs
 
 
-def cross_source_forest(cfg, A, close: bool = False) -> list:
+def cross_source_forest(paths: PathsConfig, A, close: bool = False) -> list:
     """Forest plot per panel: every headline cross-source tau-b with its CI, by region, metric and source pair."""
     figs = []
     for panel in _panels(A):
@@ -205,13 +208,13 @@ def cross_source_forest(cfg, A, close: bool = False) -> list:
         fig.suptitle(f"Cross-source rank agreement, headline metrics, {_panel_label(A, panel)}", y=1.0, fontsize=10)
         fig.tight_layout(rect=(0, 0.04, 1, 0.98))
         suffix = "" if panel == A.summary["headline_panel"] else f"_{panel}"
-        figs.append(_save(cfg, fig, "04", f"tau_forest{suffix}", f"forest plot of every cross-source tau-b of the "
+        figs.append(_save(paths, fig, "04", f"tau_forest{suffix}", f"forest plot of every cross-source tau-b of the "
                           f"headline metrics with its 95% CI, by region, metric and source pair (panel {panel}; n/a: tau-b "
                           "undefined, a ranking is all tied)", close))
     return figs
 
 
-def kendall_w_heatmap(cfg, A, close: bool = False) -> list:
+def kendall_w_heatmap(paths: PathsConfig, A, close: bool = False) -> list:
     """Kendall's W across the sources of each panel, per metric x region."""
     figs = []
     R, M = A.summary["parameters"]["regions"], A.summary["parameters"]["metrics"]
@@ -227,12 +230,12 @@ def kendall_w_heatmap(cfg, A, close: bool = False) -> list:
         ax.set_xlabel("operating region (offered load ρ relative to capacity)")
         ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
         suffix = "" if panel == A.summary["headline_panel"] else f"_{panel}"
-        figs.append(_save(cfg, fig, "04", f"kendall_w_sources{suffix}", f"Kendall's W across the sources of panel "
+        figs.append(_save(paths, fig, "04", f"kendall_w_sources{suffix}", f"Kendall's W across the sources of panel "
                           f"{panel} per metric and region, with 95% bootstrap CI", close))
     return figs
 
 
-def tie_structure(cfg, A, close: bool = False):
+def tie_structure(paths: PathsConfig, A, close: bool = False):
     """How much each ranking resolves: tie groups per source x region for every headline metric."""
     rk = A["rankings"]
     R, K = A.summary["parameters"]["regions"], A.summary["parameters"]["schedulers"]
@@ -250,13 +253,13 @@ def tie_structure(cfg, A, close: bool = False):
         axes[0, k].set_xlabel("operating region (ρ)")
     fig.suptitle("What the windows resolve: tie groups of each ranking", y=1.0)
     fig.tight_layout()
-    return _save(cfg, fig, "04", "tie_groups", "number of tie groups (statistically distinguishable levels) of every "
+    return _save(paths, fig, "04", "tie_groups", "number of tie groups (statistically distinguishable levels) of every "
                  f"source x region ranking, per headline metric ({_ties(A)})", close)
 
 
 # --------------------------------------------------------------------------- 05 cross-region
 
-def cross_region_matrices(cfg, A, close: bool = False):
+def cross_region_matrices(paths: PathsConfig, A, close: bool = False):
     """Per source: region x region tau-b averaged over metrics."""
     t = A["cross_region_tau"]
     R = A.summary["parameters"]["regions"]
@@ -279,12 +282,12 @@ def cross_region_matrices(cfg, A, close: bool = False):
         axes[0, k].tick_params(axis="y", labelsize=7)
     fig.suptitle("Rank agreement between operating regions (mean τ-b, headline metrics)", y=1.0)
     fig.tight_layout()
-    return _save(cfg, fig, "05", "region_tau_matrices", "per source, Kendall tau-b between the rankings of every "
+    return _save(paths, fig, "05", "region_tau_matrices", "per source, Kendall tau-b between the rankings of every "
                  "pair of operating regions, averaged over the headline metrics where defined "
                  f"({_ties(A)})", close)
 
 
-def cross_region_w_heatmap(cfg, A, close: bool = False):
+def cross_region_w_heatmap(paths: PathsConfig, A, close: bool = False):
     """Kendall's W across the regions per source x metric."""
     t = A["cross_region_w"]
     M = A.summary["parameters"]["metrics"]
@@ -297,7 +300,7 @@ def cross_region_w_heatmap(cfg, A, close: bool = False):
     ax.set_title("Kendall's W across regions [95% CI]")
     ax.set_xlabel("source")
     ax.set_ylabel("metric (↑ higher is better, ↓ lower is better)")
-    return _save(cfg, fig, "05", "kendall_w_regions", "Kendall's W across operating regions per source and metric, "
+    return _save(paths, fig, "05", "kendall_w_regions", "Kendall's W across operating regions per source and metric, "
                  "with 95% bootstrap CI", close)
 
 
@@ -323,13 +326,13 @@ def _spread(ys, gap: float) -> list[float]:
     return out
 
 
-def bump_charts(cfg, A, metrics=None, close: bool = False) -> list:
+def bump_charts(paths: PathsConfig, A, metrics=None, close: bool = False) -> list:
     """Per source: rank trajectories of every scheduler across the regions (one panel per metric)."""
     rk = A["rankings"]
     R = A.summary["parameters"]["regions"]
     K = A.summary["parameters"]["schedulers"]
     allm = A.summary["parameters"]["metrics"]
-    metrics = [m for m in (metrics or list(cfg.analysis.headline_metrics) or allm[:4]) if m in allm] or allm[:4]
+    metrics = [m for m in (list(metrics or ()) or allm[:4]) if m in allm] or allm[:4]
     import seaborn as sns
     from matplotlib.lines import Line2D
 
@@ -370,7 +373,7 @@ def bump_charts(cfg, A, metrics=None, close: bool = False) -> list:
                    fontsize=8)
         fig.suptitle(f"{A.labels[s]}: scheduler ranks across operating regions")
         fig.tight_layout(rect=(0, 0.07, 1, 1))
-        figs.append(_save(cfg, fig, "05", f"bump_{s}", f"bump chart: rank of every scheduler in each operating region "
+        figs.append(_save(paths, fig, "05", f"bump_{s}", f"bump chart: rank of every scheduler in each operating region "
                           f"on {A.labels[s]}, for {', '.join(metrics)} (rank of the mean over windows; {_ties(A)}; "
                           "tied schedulers share their average rank)", close))
     return figs
@@ -387,7 +390,7 @@ def _suffix(A, panel: str) -> str:
     return "" if panel == A.summary["headline_panel"] else f"_{panel}"
 
 
-def reversal_funnel(cfg, A, close: bool = False, panel: str | None = None):
+def reversal_funnel(paths: PathsConfig, A, close: bool = False, panel: str | None = None):
     """Counts (and rates) at each stage, the default design (headline metrics, per-metric families) beside the
     original study's design (study_preset), for one panel (default: the headline panel)."""
     panel = panel or A.summary["headline_panel"]
@@ -421,12 +424,12 @@ def reversal_funnel(cfg, A, close: bool = False, panel: str | None = None):
     ax.set_title(f"Scheduler-pair reversals between sources ({_panel_label(A, panel)}):\n"
                  f"α = {rv['alpha']}, δ = {dl['relative']:.0%} relative (ratio metrics) / "
                  f"{100 * dl['absolute']:g} points (proportions)", fontsize=9)
-    return _save(cfg, fig, "06", f"reversal_funnel{_suffix(A, panel)}", "number and rate of comparisons that reverse "
+    return _save(paths, fig, "06", f"reversal_funnel{_suffix(A, panel)}", "number and rate of comparisons that reverse "
                  "in sign, significantly, and significantly and practically: the default design beside the original "
                  f"study's design (panel {panel})", close)
 
 
-def reversal_concentration(cfg, A, close: bool = False, panel: str | None = None):
+def reversal_concentration(paths: PathsConfig, A, close: bool = False, panel: str | None = None):
     """Where significant-and-practical reversals concentrate: metric x region (every metric), and per source pair
     (headline metrics), for one panel (default: the headline panel)."""
     panel = panel or A.summary["headline_panel"]
@@ -462,11 +465,11 @@ def reversal_concentration(cfg, A, close: bool = False, panel: str | None = None
     axes[1].set_title("by source pair, headline metrics")
     fig.suptitle(f"Where the significant-and-practical reversals concentrate ({_panel_label(A, panel)})", y=1.01)
     fig.tight_layout()
-    return _save(cfg, fig, "06", f"reversal_concentration{_suffix(A, panel)}", "count of significant-and-practical "
+    return _save(paths, fig, "06", f"reversal_concentration{_suffix(A, panel)}", "count of significant-and-practical "
                  f"reversals per metric x region, and reversals at each stage per source pair (panel {panel})", close)
 
 
-def reversal_pairs(cfg, A, close: bool = False, panel: str | None = None):
+def reversal_pairs(paths: PathsConfig, A, close: bool = False, panel: str | None = None):
     """Scheduler-pair matrix: significant-and-practical reversals per pair (headline metrics, every condition)."""
     panel = panel or A.summary["headline_panel"]
     rev = _head_reversals(A, panel)
@@ -485,11 +488,11 @@ def reversal_pairs(cfg, A, close: bool = False, panel: str | None = None):
     ax.set_xlabel("scheduler a")
     ax.set_ylabel("scheduler b")
     ax.set_title(f"Reversals per scheduler pair (panel {panel})", fontsize=10)
-    return _save(cfg, fig, "06", f"reversal_pairs{_suffix(A, panel)}", "count of significant-and-practical reversals "
+    return _save(paths, fig, "06", f"reversal_pairs{_suffix(A, panel)}", "count of significant-and-practical reversals "
                  f"per scheduler pair (headline metrics; all regions and source pairs; panel {panel})", close)
 
 
-def reversal_forest(cfg, A, top: int = 20, close: bool = False, panel: str | None = None):
+def reversal_forest(paths: PathsConfig, A, top: int = 20, close: bool = False, panel: str | None = None):
     """Forest plot of the strongest significant-and-practical reversals (headline metrics): each side's signed
     effect in multiples of the metric's practical threshold δ."""
     panel = panel or A.summary["headline_panel"]
@@ -518,12 +521,12 @@ def reversal_forest(cfg, A, top: int = 20, close: bool = False, panel: str | Non
                       "metrics, percentage points for proportions)", labelpad=2, fontsize=8)
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
     ax.set_title(f"The {rev.height} strongest reversals (panel {panel})", fontsize=10)
-    return _save(cfg, fig, "06", f"reversal_forest{_suffix(A, panel)}", "forest plot of the strongest significant-and-"
+    return _save(paths, fig, "06", f"reversal_forest{_suffix(A, panel)}", "forest plot of the strongest significant-and-"
                  "practical reversals of the headline metrics (ordered by the weaker side): signed effect of a vs b on "
                  f"each source, in multiples of delta (panel {panel})", close)
 
 
-def power_curves(cfg, A, close: bool = False):
+def power_curves(paths: PathsConfig, A, close: bool = False):
     """Power of one side test against the planted effect, per headline metric (pooled and per region)."""
     pc = A["power_curves"]
     M = [m for m in _head(A) if m in set(pc["metric"])] if pc.height else []
@@ -558,7 +561,7 @@ def power_curves(cfg, A, close: bool = False):
     fig.suptitle(f"Power at {pw['by_metric'][M[0]]['windows'] if M else '-'} windows per source, on the study's own "
                  "noise (planted effects)", y=1.02)
     fig.tight_layout()
-    return _save(cfg, fig, "06", "power_curves", "power of one paired Wilcoxon side test against the planted effect per "
+    return _save(paths, fig, "06", "power_curves", "power of one paired Wilcoxon side test against the planted effect per "
                  "headline metric, per region and pooled, at alpha and at alpha/m", close)
 
 
@@ -568,7 +571,7 @@ def _fmt_effect(v, scale: str) -> str:
     return f"{v:.1%}" if scale == "ratio" else f"{100 * v:.1f} pp" if scale == "proportion" else f"{100 * v:.1f} pp of the window"
 
 
-def most_dramatic_paired(cfg, A, close: bool = False, panel: str | None = None):
+def most_dramatic_paired(paths: PathsConfig, A, close: bool = False, panel: str | None = None):
     """Per-window paired plot of the most dramatic reversal of a panel of sources, one axis per source."""
     panel = panel or A.summary["headline_panel"]
     md = (A.summary["panels"][panel].get("reversals") or {}).get("most_dramatic")
@@ -577,7 +580,7 @@ def most_dramatic_paired(cfg, A, close: bool = False, panel: str | None = None):
         for ax in axes:
             ax.text(0.5, 0.5, "no significant-and-practical reversal", ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
-        return _save(cfg, fig, "06", f"most_dramatic{_suffix(A, panel)}", "per-window paired plot of the most dramatic "
+        return _save(paths, fig, "06", f"most_dramatic{_suffix(A, panel)}", "per-window paired plot of the most dramatic "
                      f"reversal (none found; panel {panel})", close)
     wv = A["window_values"]
     a, b, region, metric = md["a"], md["b"], md["region"], md["metric"]
@@ -612,13 +615,13 @@ def most_dramatic_paired(cfg, A, close: bool = False, panel: str | None = None):
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Most dramatic reversal: {a} vs {b}, {metric}, region {region} — one line per window "
                  f"(green: {a} better, orange: {b} better)", y=1.02)
-    return _save(cfg, fig, "06", f"most_dramatic{_suffix(A, panel)}", f"per-window paired plot of the most dramatic reversal ({a} vs {b}, "
+    return _save(paths, fig, "06", f"most_dramatic{_suffix(A, panel)}", f"per-window paired plot of the most dramatic reversal ({a} vs {b}, "
                  f"{metric}, {region}, {md['label_1']} vs {md['label_2']})", close)
 
 
 # --------------------------------------------------------------------------- 07 cross-metric
 
-def metric_agreement(cfg, A, close: bool = False, panel: str | None = None):
+def metric_agreement(paths: PathsConfig, A, close: bool = False, panel: str | None = None):
     """Metric x metric tau-b, averaged over the (source, region) conditions of one panel of sources (default:
     the headline panel)."""
     panel = panel or A.summary["headline_panel"]
@@ -638,12 +641,12 @@ def metric_agreement(cfg, A, close: bool = False, panel: str | None = None):
     ax.set_title(f"Agreement between metric rankings, {_panel_label(A, panel)}", fontsize=10)
     ax.set_xlabel("metric")
     ax.set_ylabel("metric")
-    return _save(cfg, fig, "07", f"metric_agreement{_suffix(A, panel)}", "Kendall tau-b between the rankings under "
+    return _save(paths, fig, "07", f"metric_agreement{_suffix(A, panel)}", "Kendall tau-b between the rankings under "
                  f"every pair of metrics, averaged over the {n} (source, region) conditions of panel {panel} "
                  f"({_ties(A)})", close)
 
 
-def top1_pairs(cfg, A, close: bool = False, panel: str | None = None):
+def top1_pairs(paths: PathsConfig, A, close: bool = False, panel: str | None = None):
     """Pairwise top-1 change rate for every pair of headline metrics (over the (source, region) conditions of one
     panel, default the headline panel, where both rankings resolve a best group)."""
     panel = panel or A.summary["headline_panel"]
@@ -673,12 +676,12 @@ def top1_pairs(cfg, A, close: bool = False, panel: str | None = None):
     ax.tick_params(axis="x", rotation=30)
     ax.tick_params(axis="y", rotation=0)
     ax.set_title(f"Does the best scheduler change with the metric? {_panel_label(A, panel)}", fontsize=10)
-    return _save(cfg, fig, "07", f"top1_pairs{_suffix(A, panel)}", "for every pair of headline metrics, the fraction "
+    return _save(paths, fig, "07", f"top1_pairs{_suffix(A, panel)}", "for every pair of headline metrics, the fraction "
                  f"of (source, region) conditions of panel {panel} in which the best tie groups share no scheduler "
                  f"(best group = schedulers tied for best; n = conditions where both resolve one; {_ties(A)})", close)
 
 
-def winners(cfg, A, close: bool = False, panel: str | None = None):
+def winners(paths: PathsConfig, A, close: bool = False, panel: str | None = None):
     """How often each scheduler is top-1 under each metric (over the source x region conditions of one panel,
     default the headline panel)."""
     panel = panel or A.summary["headline_panel"]
@@ -698,18 +701,18 @@ def winners(cfg, A, close: bool = False, panel: str | None = None):
     ax.set_xlabel("scheduler")
     ax.set_ylabel("metric")
     ax.set_title(f"Which scheduler is best under which metric, {_panel_label(A, panel)}", fontsize=10)
-    return _save(cfg, fig, "07", f"winners{_suffix(A, panel)}", "number of source x region conditions of panel "
+    return _save(paths, fig, "07", f"winners{_suffix(A, panel)}", "number of source x region conditions of panel "
                  f"{panel} in which each scheduler is top-1 under each metric (ties count for each; {_ties(A)})", close)
 
 
-def slo_sensitivity(cfg, A, close: bool = False):
+def slo_sensitivity(paths: PathsConfig, A, close: bool = False):
     """tau-b between the rankings under different SLO definitions, per source x region."""
     t = A["slo_tau"]
     fig, ax = figures.figure(figsize=(8, 0.38 * max(t.height // 3, 4) + 2))
     if t.height == 0:
         ax.text(0.5, 0.5, "fewer than two SLO metrics", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
-        return _save(cfg, fig, "07", "slo_sensitivity", "SLO sensitivity (not available)", close)
+        return _save(paths, fig, "07", "slo_sensitivity", "SLO sensitivity (not available)", close)
     conds = t.select("source", "region").unique(maintain_order=True).rows()
     pairs = t.select("slo_1", "slo_2").unique(maintain_order=True).rows()
     d = {(s, r, a, b): (v, lo, hi) for s, r, a, b, v, lo, hi in
@@ -720,7 +723,7 @@ def slo_sensitivity(cfg, A, close: bool = False):
     ax.set_xlabel("pair of SLO definitions")
     ax.set_ylabel("source · operating region")
     ax.set_title("SLO-definition sensitivity, τ-b [95% CI]")
-    return _save(cfg, fig, "07", "slo_sensitivity", "Kendall tau-b between the rankings under every pair of SLO "
+    return _save(paths, fig, "07", "slo_sensitivity", "Kendall tau-b between the rankings under every pair of SLO "
                  f"definitions, per source and region, with 95% CI ({_ties(A)})", close)
 
 
@@ -734,7 +737,7 @@ def _order_crossbars(lines) -> None:
             ln.set_data(np.sort(x), y)
 
 
-def cd_diagrams(cfg, A, close: bool = False):
+def cd_diagrams(paths: PathsConfig, A, close: bool = False):
     """Critical-difference diagrams (Friedman + Nemenyi) for the chosen conditions."""
     import pandas as pd
     import scikit_posthocs as sp
@@ -763,7 +766,7 @@ def cd_diagrams(cfg, A, close: bool = False):
     if not conds:
         axes[0, 0].text(0.5, 0.5, "no condition selected", ha="center", transform=axes[0, 0].transAxes)
     fig.tight_layout()
-    return _save(cfg, fig, "07", "cd_diagrams", "critical-difference diagrams (average per-window ranks, Nemenyi "
+    return _save(paths, fig, "07", "cd_diagrams", "critical-difference diagrams (average per-window ranks, Nemenyi "
                  "post-hoc) for " + "; ".join("/".join(c) for c in conds), close)
 
 
@@ -775,20 +778,20 @@ PANEL_FIGURES = {   # per notebook, the figures drawn once per available panel (
 }
 
 
-def _other_panels(cfg, A, notebook: str, close: bool) -> list:
-    return [fn(cfg, A, close=close, panel=panel) for panel in _panels(A)[1:] for fn in PANEL_FIGURES[notebook]]
+def _other_panels(paths: PathsConfig, A, notebook: str, close: bool) -> list:
+    return [fn(paths, A, close=close, panel=panel) for panel in _panels(A)[1:] for fn in PANEL_FIGURES[notebook]]
 
 
-def reversal_figures_other_panels(cfg, A, close: bool = False) -> list:
+def reversal_figures_other_panels(paths: PathsConfig, A, close: bool = False) -> list:
     """The reversal figures of every available panel other than the headline panel."""
-    return _other_panels(cfg, A, "06", close)
+    return _other_panels(paths, A, "06", close)
 
 
-def cross_metric_figures_other_panels(cfg, A, close: bool = False) -> list:
+def cross_metric_figures_other_panels(paths: PathsConfig, A, close: bool = False) -> list:
     """The cross-metric figures that pool a panel's sources (metric agreement, top-1 pairs, winners) for every
     available panel other than the headline panel. The per-source figures (SLO sensitivity, critical-difference
     diagrams) show every source once."""
-    return _other_panels(cfg, A, "07", close)
+    return _other_panels(paths, A, "07", close)
 
 
 FIGURES_BY_NOTEBOOK = {
@@ -804,7 +807,10 @@ def make_all(cfg, A, close: bool = True) -> list[dict]:
     """Every figure of notebooks 04-07 (for ``portbench analyze``); returns the figure index."""
     for fns in FIGURES_BY_NOTEBOOK.values():
         for fn in fns:
-            fn(cfg, A, close=close)
+            if fn is bump_charts:
+                bump_charts(cfg.paths, A, cfg.analysis.headline_metrics, close=close)
+            else:
+                fn(cfg.paths, A, close=close)
     return an.figure_index(cfg)
 
 

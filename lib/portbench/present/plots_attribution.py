@@ -11,6 +11,7 @@ import polars as pl
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 
+from ..core.config import PathsConfig
 from ..core.provenance import label
 from ..data import hybrids
 from ..data import windows as windows_mod
@@ -21,8 +22,8 @@ NB = "10_attribution"
 PLAYER_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860")
 
 
-def _save(cfg, fig, name: str, shows: str, close: bool = False):
-    figures.save(fig, f"{NB}/{name}", cfg.paths.figures_dir, description=shows, close=close)
+def _save(paths: PathsConfig, fig, name: str, shows: str, close: bool = False):
+    figures.save(fig, f"{NB}/{name}", paths.figures_dir, description=shows, close=close)
     return fig
 
 
@@ -36,7 +37,7 @@ def _ecdf(ax, values, **kw):
     ax.step(x, np.arange(1, x.size + 1) / x.size, where="post", **kw)
 
 
-def hybrid_definitions(cfg, a_df: pl.DataFrame, b_df: pl.DataFrame, *, a_label: str, b_label: str, window_a: str,
+def hybrid_definitions(paths: PathsConfig, a_df: pl.DataFrame, b_df: pl.DataFrame, *, a_label: str, b_label: str, window_a: str,
                        window_b: str, load: pl.DataFrame | None = None, close: bool = False):
     """One window pair and its single-property hybrids beside their originals: the arrival pattern, the prompt
     and output length distributions, the coupling (prompt vs output of every request) and, when given (the
@@ -98,12 +99,12 @@ def hybrid_definitions(cfg, a_df: pl.DataFrame, b_df: pl.DataFrame, *, a_label: 
                         "hybrid: A with that one property of B"], loc="lower center", fontsize=9, frameon=False)
     fig.suptitle(f"Hybrids of one window pair: A = {a_label} with one property of B = {b_label}", fontsize=11)
     fig.tight_layout()
-    return _save(cfg, fig, "hybrid_definitions", f"one window pair ({a_label} {window_a}, {b_label} {window_b}) and "
+    return _save(paths, fig, "hybrid_definitions", f"one window pair ({a_label} {window_a}, {b_label} {window_b}) and "
                  "the hybrids that take one property of B (arrival pattern, prompt lengths, output lengths, coupling), and "
                  "the achieved utilisation of every window-hybrid at the region's rho vs A's and B's steady state", close)
 
 
-def shapley_bars(cfg, A: at.Attribution, close: bool = False):
+def shapley_bars(paths: PathsConfig, A: at.Attribution, close: bool = False):
     """Per source pair: for every region x metric (and pooled over them), the Shapley values of the players
     stacked (distance units; they add up to the A -> B distance), with the sum of the single swaps as a
     marker (away from the bar's end when the properties interact) and the total's bootstrap CI."""
@@ -147,12 +148,12 @@ def shapley_bars(cfg, A: at.Attribution, close: bool = False):
         ax.set_title(pair_title(pr), fontsize=10)
     axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    return _save(cfg, fig, "shapley_bars", "Shapley decomposition of the ranking distance between each source pair "
+    return _save(paths, fig, "shapley_bars", "Shapley decomposition of the ranking distance between each source pair "
                  "over the swapped properties, per region x metric and pooled (bars add up to the A -> B distance; "
                  "error bar: its 95% bootstrap CI; diamond: the sum of the single swaps)", close)
 
 
-def share_heatmap(cfg, A: at.Attribution, close: bool = False):
+def share_heatmap(paths: PathsConfig, A: at.Attribution, close: bool = False):
     """Shapley shares (phi / A -> B distance) of every player by condition (region / metric), one panel per
     source pair; cells annotated with the share and its 95% bootstrap CI."""
     import seaborn as sns
@@ -181,11 +182,11 @@ def share_heatmap(cfg, A: at.Attribution, close: bool = False):
         ax.set_title(pair_title(pr), fontsize=10)
         ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
-    return _save(cfg, fig, "share_heatmap", "Shapley share of each property (column) in the ranking distance between "
+    return _save(paths, fig, "share_heatmap", "Shapley share of each property (column) in the ranking distance between "
                  "the two sources, per region / metric (row), with 95% bootstrap CIs", close)
 
 
-def hybrid_paths(cfg, A: at.Attribution, close: bool = False):
+def hybrid_paths(paths: PathsConfig, A: at.Attribution, close: bool = False):
     """Every hybrid's mean distance to A's ranking (x) and to B's (y), per source pair: the single swaps,
     the pairs of swaps ... on the way from A (0, d) to B (d, 0); subsets that differ only in ``load`` (the
     identity) are one point."""
@@ -212,13 +213,13 @@ def hybrid_paths(cfg, A: at.Attribution, close: bool = False):
                title=pair_title(pr))
         fig.colorbar(sc, ax=ax, label="players swapped (count)", ticks=range(k + 1))
     fig.tight_layout()
-    return _save(cfg, fig, "hybrid_paths", "every hybrid's ranking distance to A's and to B's ranking (mean over "
+    return _save(paths, fig, "hybrid_paths", "every hybrid's ranking distance to A's and to B's ranking (mean over "
                  "regions x metrics), coloured by the number of swapped properties", close)
 
 
 def make_all(cfg, A: at.Attribution, close: bool = True) -> list:
     """The attribution's summary figures (not the hybrid definitions, which need window tables)."""
-    return [shapley_bars(cfg, A, close), share_heatmap(cfg, A, close), hybrid_paths(cfg, A, close)]
+    return [shapley_bars(cfg.paths, A, close), share_heatmap(cfg.paths, A, close), hybrid_paths(cfg.paths, A, close)]
 
 
 def example_pair(cfg, A: at.Attribution, tables: dict | None = None) -> dict:

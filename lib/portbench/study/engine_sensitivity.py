@@ -31,7 +31,7 @@ def headline_sources(cfg: Config, manifest: Mapping | None = None) -> list[str]:
     """The sources of the panel the headline numbers come from (the analysis' rule,
     :func:`portbench.study.analysis.headline_panel_of`: the first available all-real panel, else the first
     available one); every source with windows when no panel is available."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     prov = windows_mod.provenance(manifest)
     present = [s for s in cfg.source_names() if s in prov]
     panels = analysis.panel_sources({k: list(v) for k, v in cfg.analysis.panels.items()}, present, prov)

@@ -56,7 +56,7 @@ NA_TENANTS = "n/a — no tenants in this trace"
 def accuracy(cfg: Config, *, manifest: Mapping | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``(per_window, summary)``: the accuracy of every (train, target) pair's frozen predictions per
     window, and per pair its means with bootstrap CIs (columns ``<stat>``, ``<stat>_ci_low/high``)."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     acc = PR.accuracy_table(cfg, manifest=manifest)
     summ = PR.accuracy_summary(acc, cfg.predictors.bootstrap, cfg.predictors.seed)
     prov = {s: manifest["sources"][s]["provenance"] for s in PR.sources_of(manifest)}
@@ -110,7 +110,7 @@ def _main_home_runs(cfg: Config) -> pl.DataFrame | None:
         main = campaign.load_runs(cfg)
     except PortbenchError:
         return None
-    refs = campaign.window_refs(_sub_config(cfg, "home", _home_schedulers()), windows_mod.load_manifest(cfg))
+    refs = campaign.window_refs(_sub_config(cfg, "home", _home_schedulers()), windows_mod.load_manifest(cfg.paths))
     return main.filter((pl.col("replicate") == 0) & pl.col("region").is_in(list(T.regions))
                        & pl.col("window_id").is_in([r.id for r in refs]))
 
@@ -123,7 +123,7 @@ def run_transfer(cfg: Config, *, progress: bool = True, verbose: bool = True) ->
     the same windows and regions: the same seeds and frozen predictions give the same runs) and only the
     oracle variants are simulated; one window per source of those policies is simulated again as a check
     (:func:`home_matches_main`). Without the main campaign's runs the whole home part is simulated."""
-    manifest = windows_mod.load_manifest(cfg)
+    manifest = windows_mod.load_manifest(cfg.paths)
     T = cfg.predictors.transfer
     srcs = PR.sources_of(manifest)
     main_home = _main_home_runs(cfg)
@@ -274,7 +274,7 @@ def predictors_block(cfg: Config, *, manifest: Mapping | None = None) -> dict:
     with CIs, the ranker's tau, the noisy oracle's tau for reference), train rows and features; under
     ``transfer`` every ordered source pair's accuracy and, when the transfer campaign has run, the
     mean rank of sjf_predicted / ltr / edf with that predictor."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     frozen = PR.load_predictions(cfg, PR.all_pairs(manifest), manifest=manifest)
     _, summ = accuracy(cfg, manifest=manifest)
     out: dict = {"definition": (
@@ -350,7 +350,7 @@ def predictors_block(cfg: Config, *, manifest: Mapping | None = None) -> dict:
 
 def tenant_table(cfg: Config, *, manifest: Mapping | None = None) -> pl.DataFrame:
     """Per source: where its tenants come from and how the tenant-based results are to be read."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     rows = []
     for s in PR.sources_of(manifest):
         rec = (manifest["sources"][s].get("tenants") or {})
@@ -371,7 +371,7 @@ def tenant_table(cfg: Config, *, manifest: Mapping | None = None) -> pl.DataFram
 def fairness_block(cfg: Config, runs: pl.DataFrame | None = None, *, manifest: Mapping | None = None) -> dict:
     """``summary.json["fairness"]``: the metric definitions, where each source's tenants come from, and per
     source x region the mean tenant_service_gap / tenant_jain of vtc and fcfs (n/a without tenants)."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     out: dict = {"definitions": {m: metric_registry.metric(m).description
                                  for m in ("tenant_service_gap", "tenant_jain", "slowdown_jain")},
                  "weights": {"prompt": metric_registry.TENANT_WEIGHTS[0],

@@ -280,7 +280,7 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
         pw = power_plan(cfg, conf, reduced=reduced, messages=msgs)
         srcs = sorted({s for c in [*conf, *explore] for s in c.sources})
         try:
-            wins = choose_windows(windows.load_manifest(cfg), srcs, int(pw["windows_per_source"]), int(v.window_seed))
+            wins = choose_windows(windows.load_manifest(cfg.paths), srcs, int(pw["windows_per_source"]), int(v.window_seed))
         except PortbenchError as e:
             msgs.append(f"windows: {e}")
         doc = prereg.document(conf, pw, {s: wins.get(s, []) for s in sorted({s for c in conf for s in c.sources})},
@@ -451,7 +451,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     n_fid_plan = int(v.reduced_fidelity_windows if the_plan.reduced else v.fidelity_windows)
     load_start = os.getloadavg()
     srcs_all = sorted(the_plan.windows)
-    man = windows.load_manifest(cfg)
+    man = windows.load_manifest(cfg.paths)
     tables = windows.load_windows(cfg, sources=srcs_all, manifest=man)
     # what the simulator's runs are given too: frozen predictions (edf, ltr, sjf_predicted) and tenants.
     # Predictions are frozen per environment (their fingerprint has the library versions): when none are
@@ -795,7 +795,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
 
 def _predictions_frozen(cfg: Config, man: dict, sources) -> bool:
     """Whether every source's home predictions are frozen for this environment (no training needed)."""
-    return all(predictors.predictions_path(cfg, s, s, predictors.fingerprint_key(
+    return all(predictors.predictions_path(cfg.paths, s, s, predictors.fingerprint_key(
         predictors.fingerprint(cfg, man, s, s))).is_file() for s in sources)
 
 
@@ -867,7 +867,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     cap_rows = [r for r in run_info["capacity"] if r["side"] == "engine"]
     engine_cap = {r["source"]: r["capacity_rps"] for r in cap_rows}
     sim_caps = {}
-    man = windows.load_manifest(cfg)
+    man = windows.load_manifest(cfg.paths)
     trace_hb = {s: windows.hash_block_size(man, {"source": s}) for s in {w["source"] for w in man["windows"]}}
     es_of = {"sarathi": dataclasses.replace(es, max_num_batched_tokens=int(
         run_info["own_instance_settings"]["sarathi"]["max_num_batched_tokens"]))} \

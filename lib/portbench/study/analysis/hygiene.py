@@ -32,7 +32,7 @@ from .common import _num
 def trace_checks_block(cfg: Config, *, manifest=None) -> dict:
     """``summary.json["trace_checks"]``: per source ``quantised``, ``grid_step_s`` and the measures, on its
     windows and (real sources) on the whole trace."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     sources = [s for s in cfg.source_names() if s in manifest.get("sources", {})]
     tables = windows_mod.load_windows(cfg, sources, per_source=cfg.campaign.windows_per_source, manifest=manifest)
     by_source: dict[str, list] = {}
@@ -80,7 +80,7 @@ def run_jitter(cfg: Config, sources=None, *, progress: bool = True) -> pl.DataFr
     """Simulate the quantised sources' windows again with arrivals spread within their grid (every scheduler,
     region and replicate of the campaign); ``sources`` default: the trace checks' quantised sources. Returns
     the runs (None when no source is quantised)."""
-    manifest = windows_mod.load_manifest(cfg)
+    manifest = windows_mod.load_manifest(cfg.paths)
     sources = list(sources if sources is not None else trace_checks_block(cfg, manifest=manifest)["quantised_sources"])
     if not sources:
         return None
@@ -120,7 +120,7 @@ def run_equal_information(cfg: Config, sources, *, progress: bool = True) -> pl.
     with the same log-normal noise, ``simulation.predictor_sigma``, on every source -- and ``edf_oracle``, which has
     no noisy variant) on every window of ``sources``, every region and replicate, under
     ``{results_dir}/equal_information``. Returns the runs (None when none of the policies is in the campaign)."""
-    manifest = windows_mod.load_manifest(cfg)
+    manifest = windows_mod.load_manifest(cfg.paths)
     main = campaign.make_plan(cfg, manifest=manifest).schedulers
     variants = [v for k, v in honest.ORACLE_VARIANT.items() if k in main]
     if not variants:

@@ -130,7 +130,7 @@ def pair_windows(cfg: Config, manifest: Mapping, a: str, b: str, n: int,
     eb = windows_mod.select_entries(manifest, [b], cfg.campaign.windows_per_source)
     m = min(len(ea), len(eb))
     if m < 2:
-        raise DataError(windows_mod.manifest_path(cfg), f"attribution of {a} vs {b} needs two windows of each, "
+        raise DataError(windows_mod.manifest_path(cfg.paths), f"attribution of {a} vs {b} needs two windows of each, "
                         f"found {len(ea)} and {len(eb)}")
     ea = [ea[i] for i in spaced(len(ea), min(n, m))]
     eb = [eb[i] for i in spaced(len(eb), min(n, m))]
@@ -349,14 +349,14 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
     ``refreeze``, written to) :func:`portbench.data.hybrids.frozen_path` of ``paths.manifest``."""
     t0 = time.perf_counter()
     engine = engine or SimEngine()
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     design = make_design(cfg, manifest)
     sim = cfg.simulation
     prov = windows_mod.provenance(manifest)
     profile, metrics = engine.profile_name(sim), list(engine.metric_names(sim))
     common = _fingerprint_common(cfg, engine)
     out_dir = cfg.paths.results_dir
-    frozen_file = hybrids.frozen_path(windows_mod.manifest_path(cfg))
+    frozen_file = hybrids.frozen_path(windows_mod.manifest_path(cfg.paths))
     frozen = None if refreeze else hybrids.read_frozen(frozen_file)
     all_shas: dict[str, str] = {}
     # committed: verified against frozen_file; run: only against this run's records; written: SHA-256s written

@@ -122,7 +122,7 @@ def _records_selection(rr: RequestRecordsConfig | None, windows: Sequence[Window
 def window_refs(cfg: Config, manifest: Mapping | None = None) -> list[WindowRef]:
     """The campaign's windows (manifest order; the first ``campaign.windows_per_source`` per source; only
     sources of the parameters -- one left out with ``sources: {name: null}`` is not simulated)."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     entries = windows_mod.select_entries(manifest, cfg.source_names(), cfg.campaign.windows_per_source)
     return [WindowRef(e["id"], e["source"], e["provenance"], e["sha256"], windows_mod.hash_block_size(manifest, e))
             for e in entries]
@@ -182,7 +182,7 @@ def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | 
         wins = _refs(windows)
         inputs = _given_inputs(windows)
     else:
-        manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+        manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
         wins = window_refs(cfg, manifest)
         inputs = run_inputs(cfg, manifest, wins, scheds)
     regs = s.loads

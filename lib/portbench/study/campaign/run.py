@@ -121,7 +121,9 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
     executor = executor or cfg.campaign.executor
     workers = int(workers or cfg.campaign.workers)
     check_choice("campaign.executor", executor, EXECUTORS)
-    plan = make_plan(cfg, engine=engine, windows=windows)
+    # the manifest, loaded once for the stage (the plan, the window tables, their predictions)
+    manifest = windows_mod.load_manifest(cfg.paths) if windows is None else None
+    plan = make_plan(cfg, engine=engine, windows=windows, manifest=manifest)
     out = Path(cfg.paths.results_dir)
     for sub in ("runs", "requests", "capacity"):
         (out / sub).mkdir(parents=True, exist_ok=True)
@@ -135,7 +137,7 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
         if windows is not None:
             loaded = {ref.id: df for ref, df in windows if ref.id in needed}
         else:
-            loaded = _load_window_tables(cfg, plan, needed)
+            loaded = _load_window_tables(cfg, plan, needed, manifest)
         ctx = WorkerContext(engine=engine, sim=cfg.simulation, windows=loaded,
                             modules=engine.worker_modules(cfg.simulation),
                             plugins=plugin_loader.specs(cfg.plugins), refs={w.id: w for w in plan.windows})
@@ -228,19 +230,19 @@ def check_plugins(ctx: WorkerContext, shard, capacity, plan: Plan) -> None:
                             "from what it declares (the prompt, predictions: r.predicted_output)")
 
 
-def _load_window_tables(cfg: Config, plan: Plan, needed: Sequence[str]) -> dict:
+def _load_window_tables(cfg: Config, plan: Plan, needed: Sequence[str], manifest: windows_mod.Manifest) -> dict:
     tables = windows_mod.load_windows(cfg, sorted({w.source for w in plan.windows}),
-                                      per_source=cfg.campaign.windows_per_source)
+                                      per_source=cfg.campaign.windows_per_source, manifest=manifest)
     missing = [w for w in needed if w not in tables]
     if missing:
-        raise DataError(windows_mod.manifest_path(cfg), f"windows {missing[:3]} of the plan could not be loaded")
+        raise DataError(windows_mod.manifest_path(cfg.paths), f"windows {missing[:3]} of the plan could not be loaded")
     by_id = {w.id: w for w in plan.windows}
     for wid in needed:  # load_windows verified the hashes; the plan must agree with them
         got = windows_mod.window_sha256(tables[wid])
         if got != by_id[wid].sha256:
-            raise DataError(windows_mod.manifest_path(cfg), f"window {wid}: sha256 {got} but the plan has "
+            raise DataError(windows_mod.manifest_path(cfg.paths), f"window {wid}: sha256 {got} but the plan has "
                             f"{by_id[wid].sha256}")
-    return run_tables(cfg, {wid: tables[wid] for wid in needed}, plan.schedulers)
+    return run_tables(cfg, {wid: tables[wid] for wid in needed}, plan.schedulers, manifest=manifest)
 
 
 def reuse_capacities(source: Config, target: Config) -> int:
@@ -268,7 +270,7 @@ def run_tables(cfg: Config, tables: dict, schedulers: Sequence[str], *, manifest
     ``simulation.tenant_model: trace`` every request gets the tenant ``NO_TENANT`` (tenant metrics
     n/a, vtc has one counter). With ``simulation.arrival_jitter`` the windows of a source whose arrivals are
     quantised get them spread within the grid (:func:`jitter_tables`). The frozen tables themselves are not changed."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg)
+    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     if needs_predictions(schedulers):
         tables = predictors.attach(cfg, tables, manifest=manifest, train=train)
     by_id = {e["id"]: e["source"] for e in manifest["windows"]}
