@@ -632,6 +632,39 @@ def ranks_markdown(ranks: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def variant_ranks_summary(ranks: pl.DataFrame, labels: Mapping[str, str], windows_per_source: int) -> str:
+    """Per source, each prediction-based policy's mean rank with the home predictor, the oracle variant and the
+    range over foreign predictors, then the mean and the largest loss of the learned predictor against the oracle
+    variant it replaces (notebook 03, from :func:`portbench.study.honest.variant_ranks`)."""
+    g = ranks.group_by(["source", "policy", "variant"]).agg(pl.col("rank").mean().alias("r"))
+
+    def r_of(src, pol, var):
+        x = g.filter((pl.col("source") == src) & (pl.col("policy") == pol) & (pl.col("variant") == var))["r"]
+        return float(x[0]) if x.len() else float("nan")
+
+    lines = []
+    for src in ranks["source"].unique(maintain_order=True).to_list():
+        parts = []
+        for pol in ranks["policy"].unique(maintain_order=True).to_list():
+            h, o = r_of(src, pol, "home"), r_of(src, pol, "oracle")
+            foreign = [r_of(src, pol, v) for v in g.filter((pl.col("source") == src) & (pl.col("policy") == pol)
+                                                           & pl.col("variant").str.starts_with("from "))["variant"].to_list()]
+            s = f"`{pol}` {h:.1f} (oracle variant {o:.1f}"
+            if foreign:
+                s += f"; foreign predictors {min(foreign):.1f}–{max(foreign):.1f}"
+            parts.append(s + ")")
+        lines.append(f"* **{labels[src]}**: " + ", ".join(parts))
+    gap = (g.filter(pl.col("variant") == "home").join(g.filter(pl.col("variant") == "oracle"), on=["source", "policy"])
+           .with_columns((pl.col("r") - pl.col("r_right")).alias("d")))
+    worst = gap.sort("d")
+    return (f"**Mean rank of {honest.ranked_count(ranks)} with the home predictor** (and with the oracle variant / "
+            "foreign predictors):\n\n" + "\n".join(lines) + "\n\n"
+            f"Averaged over sources and policies, the learned predictor ranks {gap['d'].mean():+.1f} places from the "
+            f"oracle variant it replaces (positive = worse); the largest loss is {worst['d'][-1]:+.1f} "
+            f"(`{worst['policy'][-1]}` on {labels[worst['source'][-1]]}). Ranks come from {windows_per_source} "
+            "windows per source; ranks tie means within `analysis.rank_tolerance`.")
+
+
 def fairness_markdown(block: Mapping) -> str:
     """Per source: its tenants and the tenant metrics of vtc vs fcfs (n/a where the trace has none)."""
     lines = ["| source | tenants | region | vtc service gap | fcfs service gap | vtc Jain (tenants) | "

@@ -165,6 +165,15 @@ def swap_table(runs_recompute: pl.DataFrame, runs_swap: pl.DataFrame, metrics: S
     return out.select(order).sort(keys)
 
 
+def swap_means(swap: pl.DataFrame) -> pl.DataFrame:
+    """Per scheduler, the means of :func:`swap_table` over sources, regions and windows: preemptions under
+    recompute, swaps under swap, completed requests and mean E2E latency under each (notebook 03)."""
+    return swap.group_by("scheduler").agg(pl.col("preemptions_recompute").mean(), pl.col("swaps_swap").mean(),
+                                          pl.col("completed_recompute").mean(), pl.col("completed_swap").mean(),
+                                          pl.col("e2e_mean_recompute").mean(), pl.col("e2e_mean_swap").mean()
+                                          ).sort("scheduler")
+
+
 def paths(p: PathsConfig) -> dict:
     """Where the sensitivity tables are written (read by notebook 04 and summary.json)."""
     d = p.results_dir
