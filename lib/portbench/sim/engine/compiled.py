@@ -1,0 +1,963 @@
+"""The compiled engine core (``engine.core: compiled | auto``): the engine's decision loop as one numba
+function over flat arrays, bit-identical to the SimPy reference engine (:mod:`portbench.sim.engine.core`)
+for the runs it supports.
+
+What it runs: the built-in *static non-preemptive* policies (``fcfs``, ``sarathi``, ``sjf_prompt``,
+``sjf_oracle``, ``sjf_predicted``, ``edf``, ``random`` and the comparison variants ``edf_oracle``,
+``sjf_noisy_oracle``) under vLLM V1 batching with recompute preemption (swap only on a profile without
+host memory, where it is recompute), the context limit, prefix caching, the self-preemption stop of
+vLLM's running loop (:meth:`Batching._first_misfit`), work marks, queue intervals and the step log
+(``record_iterations``). Everything else -- preemptive and dynamic policies, V0 batching, swap, plug-ins,
+``naive``/``check_invariants``/``check_contract`` runs -- runs on the reference (:func:`unsupported`
+says why). The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
+reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
+loop is compiled, and the records are assembled by the reference's ``_result``: only the loop differs.
+
+Every operation of the reference is reproduced in the same order with the same floating-point
+arithmetic (iteration times, the closed-form decode runs, first/last k), so the records and counters
+are identical, not close (``tests/test_compiled_core.py``). Compiled once per process and cached on
+disk (numba's ``cache=True``, in ``__pycache__`` next to this file or ``$NUMBA_CACHE_DIR``).
+"""
+
+from __future__ import annotations
+
+import math
+from importlib.util import find_spec
+
+import numpy as np
+
+from ...core.errors import ConservationError, ParameterError
+
+# the built-in policies the compiled core runs (registry names) and their victim rule
+VICTIM_ARRIVAL = ("fcfs", "sarathi")     # the latest arrival, first in running order among ties
+VICTIM_RANK = ("sjf_prompt", "sjf_oracle", "sjf_predicted", "edf", "edf_oracle", "random", "sjf_noisy_oracle")
+SUPPORTED_POLICIES = VICTIM_ARRIVAL + VICTIM_RANK
+
+# request states (as portbench.sim.request)
+_NOT_ARRIVED, _WAITING, _RUNNING, _FINISHED, _REJECTED = -1, 0, 1, 3, 4
+# per-request int fields (rows of R)
+GEN, PREF, TGT, BLK, CHK, GB, CV, INC, HIGH, HIT, NSH, ST, RANK, PREEMPT, PP, OO, SKF, NFITS = range(18)
+N_RFIELDS = 18
+# per-request float fields (rows of F)
+FT, FIN, ADM, WS, ARR = range(5)
+# scalar state (S)
+(NEED, OTHER, CLOCK, SL, NCOH, NRES, NWAIT, ADJ, PCREF, PCSH, LRUN, LRUH, LRUT, NPRE, NRUN, NSKIP, NF,
+ NPREEMPT, PCHIT, PCQ, WORK, NFIN, NWA, ONESTEP, NITER, NDEC, MAXUSED, CURSOR, USED) = range(29)
+N_S = 29
+# configuration (C)
+C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE = range(11)
+# status codes
+OK, ERR_KV, ERR_RUN_KV, ERR_PROGRESS = 0, 1, 2, 3
+
+
+def unsupported(sched, engine, profile, *, naive: bool = False, check_invariants: bool = False,
+                check_contract: bool | None = None) -> str | None:
+    """Why the compiled core cannot run this run (a short phrase), or None when it can."""
+    from .contract import is_plugin
+    name = getattr(sched, "name", type(sched).__name__)
+    if is_plugin(sched):
+        return f"policy {name!r} is a plug-in (plug-ins run on the reference engine)"
+    if name not in SUPPORTED_POLICIES or type(sched).__module__.split(".")[:3] != ["portbench", "sim", "schedulers"]:
+        return f"policy {name!r} is not implemented in the compiled core (it runs {', '.join(SUPPORTED_POLICIES)})"
+    if getattr(sched, "preemptive", False):
+        return f"policy {name!r} with option preemptive: true"
+    if engine.batching != "v1":
+        return f"engine.batching: {engine.batching}"
+    if engine.preemption == "swap" and getattr(profile, "can_swap", False):
+        return "engine.preemption: swap"
+    if naive:
+        return "naive=True"
+    if check_invariants:
+        return "check_invariants=True"
+    if check_contract:
+        return "check_contract=True"
+    from ..profiles.costmodel import Profile
+    if not isinstance(profile, Profile) or type(profile).iteration_time is not Profile.iteration_time \
+            or type(profile).floor_time is not Profile.floor_time:
+        return "a profile that is not a portbench cost-model Profile"
+    if find_spec("numba") is None:
+        return "numba is not installed"
+    return None
+
+
+def require_supported(reason: str | None) -> None:
+    """``engine.core: compiled`` on a run the compiled core does not run: one ParameterError."""
+    if reason is not None:
+        raise ParameterError("engine.core", "compiled", f"a run the compiled core supports, not one with {reason} "
+                             "(engine.core: auto runs it on the reference engine)")
+
+
+_KERNEL = None
+
+
+def kernel():
+    """The compiled loop (compiled once per process; numba caches the machine code on disk)."""
+    global _KERNEL
+    if _KERNEL is None:
+        import numba
+        jit = numba.njit(cache=True, nogil=True)
+        g = globals()
+        for f in _HELPERS:
+            g[f.__name__] = jit(f)
+        _KERNEL = jit(_loop)
+    return _KERNEL
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers (compiled by kernel(); plain Python otherwise)
+
+def decode_run_s(k, a, g):
+    return k * a + g * k * (k - 1) / 2
+
+
+def last_k_within(a, g, x):
+    if x < a:
+        return 0
+    if g > 0:
+        b = a - g / 2
+        k = math.floor((-b + math.sqrt(b * b + 2 * g * x)) / g)
+    else:
+        k = math.floor(x / a)
+    while k > 0 and decode_run_s(k, a, g) > x:
+        k -= 1
+    while decode_run_s(k + 1, a, g) <= x:
+        k += 1
+    return k
+
+
+def first_k_reaching(a, g, x):
+    if g > 0:
+        b = a - g / 2
+        k = math.ceil((-b + math.sqrt(b * b + 2 * g * x)) / g)
+    else:
+        k = math.ceil(x / a)
+    if k < 1:
+        k = 1
+    while k > 1 and decode_run_s(k - 1, a, g) >= x:
+        k -= 1
+    while decode_run_s(k, a, g) < x:
+        k += 1
+    return k
+
+
+def iteration_time(Fc, p, b, c, a):
+    """The profile's iteration_time(p, b, c, a) (Fc: c0, c_prefill, c_decode, c_kv, c_attn, floor_s,
+    floor_tokens), the same operations in the same order."""
+    tok = p + b
+    fl = 0.0
+    if Fc[5] > 0 and tok < Fc[6]:
+        fl = Fc[5] * (1.0 - tok / Fc[6])
+    return Fc[0] + Fc[1] * p + Fc[2] * b + Fc[3] * c + Fc[4] * a + fl
+
+
+def _heap_less(fk, fid, fcv, i, j):
+    if fk[i] != fk[j]:
+        return fk[i] < fk[j]
+    if fid[i] != fid[j]:
+        return fid[i] < fid[j]
+    return fcv[i] < fcv[j]
+
+
+def _fsift_down(fk, fid, fcv, j, n):
+    while True:
+        left = 2 * j + 1
+        if left >= n:
+            return
+        m = left
+        if left + 1 < n and _heap_less(fk, fid, fcv, left + 1, left):
+            m = left + 1
+        if not _heap_less(fk, fid, fcv, m, j):
+            return
+        fk[j], fk[m] = fk[m], fk[j]
+        fid[j], fid[m] = fid[m], fid[j]
+        fcv[j], fcv[m] = fcv[m], fcv[j]
+        j = m
+
+
+def _fpush(fk, fid, fcv, S, R, k, i, v):
+    """Push (k, id, cver) on the completion heap; when full, drop the stale entries first."""
+    n = S[NF]
+    if n == fk.shape[0]:
+        m = 0
+        for a in range(n):
+            if fcv[a] == R[CV, fid[a]]:
+                fk[m], fid[m], fcv[m] = fk[a], fid[a], fcv[a]
+                m += 1
+        for a in range(m // 2 - 1, -1, -1):
+            _fsift_down(fk, fid, fcv, a, m)
+        n = m
+    j = n
+    fk[j], fid[j], fcv[j] = k, i, v
+    while j > 0:
+        p = (j - 1) >> 1
+        if not _heap_less(fk, fid, fcv, j, p):
+            break
+        fk[j], fk[p] = fk[p], fk[j]
+        fid[j], fid[p] = fid[p], fid[j]
+        fcv[j], fcv[p] = fcv[p], fcv[j]
+        j = p
+    S[NF] = n + 1
+
+
+def _fpop(fk, fid, fcv, S):
+    n = S[NF] - 1
+    fk[0], fid[0], fcv[0] = fk[n], fid[n], fcv[n]
+    S[NF] = n
+    _fsift_down(fk, fid, fcv, 0, n)
+
+
+def _wpush(wheap, S, k):
+    j = S[NWAIT]
+    S[NWAIT] = j + 1
+    while j > 0:
+        p = (j - 1) >> 1
+        if wheap[p] <= k:
+            break
+        wheap[j] = wheap[p]
+        j = p
+    wheap[j] = k
+
+
+def _wpop(wheap, S):
+    n = S[NWAIT] - 1
+    S[NWAIT] = n
+    last = wheap[n]
+    j = 0
+    while True:
+        left = 2 * j + 1
+        if left >= n:
+            break
+        m = left
+        if left + 1 < n and wheap[left + 1] < wheap[left]:
+            m = left + 1
+        if wheap[m] >= last:
+            break
+        wheap[j] = wheap[m]
+        j = m
+    if n > 0:
+        wheap[j] = last
+
+
+def _list_remove(lst, S, idx, x):
+    n = S[idx]
+    for a in range(n):
+        if lst[a] == x:
+            for b in range(a, n - 1):
+                lst[b] = lst[b + 1]
+            S[idx] = n - 1
+            return
+
+
+def _join(r, R, S, cnt, fk, fid, fcv, bs):
+    P = R[PP, r]
+    g = R[GEN, r]
+    gb = g - S[CLOCK]
+    R[GB, r] = gb
+    L = P + gb
+    S[SL] += L
+    cnt[L % bs] += 1
+    b = (P + g + bs - 1) // bs
+    R[BLK, r] = b
+    S[NEED] += b
+    R[CV, r] += 1
+    R[INC, r] = 1
+    S[NCOH] += 1
+    _fpush(fk, fid, fcv, S, R, R[OO, r] - gb, r, R[CV, r])
+
+
+def _leave(r, R, S, cnt, bs):
+    P = R[PP, r]
+    g = R[GB, r] + S[CLOCK]
+    R[GEN, r] = g
+    L = P + R[GB, r]
+    S[SL] -= L
+    cnt[L % bs] -= 1
+    b = (P + g + bs - 1) // bs
+    S[NEED] -= b
+    R[BLK, r] = b
+    R[CV, r] += 1
+    R[INC, r] = 0
+    S[NCOH] -= 1
+
+
+def _advance(k, S, cnt, bs):
+    c = S[CLOCK]
+    if k == 1:
+        S[NEED] += cnt[-c % bs]
+        S[CLOCK] = c + 1
+        return
+    d = 0
+    for m in range(bs):
+        w = cnt[m]
+        if w:
+            d += w * (((m + c - 1) % bs + k) // bs)
+    S[NEED] += d
+    S[CLOCK] = c + k
+
+
+# prefix cache: entries are dense hash ids; ref[h] = -1 (not cached) or the residents referencing it;
+# unreferenced cached entries form an LRU list (lprev/lnext, S[LRUH] oldest .. S[LRUT] newest)
+
+def _lru_remove(h, lprev, lnext, S):
+    p, q = lprev[h], lnext[h]
+    if p >= 0:
+        lnext[p] = q
+    else:
+        S[LRUH] = q
+    if q >= 0:
+        lprev[q] = p
+    else:
+        S[LRUT] = p
+    S[LRUN] -= 1
+
+
+def _lru_append(h, lprev, lnext, S):
+    t = S[LRUT]
+    lprev[h] = t
+    lnext[h] = -1
+    if t >= 0:
+        lnext[t] = h
+    else:
+        S[LRUH] = h
+    S[LRUT] = h
+    S[LRUN] += 1
+
+
+def _pc_ref(h, ref, lprev, lnext, S, eb):
+    x = ref[h]
+    if x < 0:
+        ref[h] = 1
+        S[PCREF] += eb
+    else:
+        if x == 0:
+            _lru_remove(h, lprev, lnext, S)
+            S[PCREF] += eb
+        ref[h] = x + 1
+
+
+def _pc_hit(r, tokens, hoff, hid, ref, Hb):
+    """(entries hit, of which unreferenced) for a waiting request of ``tokens`` tokens."""
+    n = hoff[r + 1] - hoff[r]
+    if n == 0:
+        return 0, 0
+    lim = (tokens - 1) // Hb
+    if n < lim:
+        lim = n
+    h = 0
+    nfree = 0
+    while h < lim:
+        x = ref[hid[hoff[r] + h]]
+        if x < 0:
+            break
+        if x == 0:
+            nfree += 1
+        h += 1
+    return h, nfree
+
+
+def _pc_take(r, h, R, S, hoff, hid, ref, lprev, lnext, eb):
+    for j in range(h):
+        _pc_ref(hid[hoff[r] + j], ref, lprev, lnext, S, eb)
+    R[NSH, r] = h
+    S[PCSH] += h * eb
+    S[ADJ] = S[PCREF] - S[PCSH]
+
+
+def _pc_register(r, upto, R, S, hoff, hid, ref, lprev, lnext, Hb, eb):
+    nh = hoff[r + 1] - hoff[r]
+    if nh == 0:
+        return
+    j = R[NSH, r]
+    n = upto // Hb
+    if nh < n:
+        n = nh
+    if j >= n:
+        return
+    while j < n:
+        _pc_ref(hid[hoff[r] + j], ref, lprev, lnext, S, eb)
+        j += 1
+    S[PCSH] += (j - R[NSH, r]) * eb
+    R[NSH, r] = j
+    S[ADJ] = S[PCREF] - S[PCSH]
+
+
+def _pc_release(r, R, S, hoff, hid, ref, lprev, lnext, eb):
+    k = R[NSH, r]
+    if k == 0:
+        return
+    for j in range(k - 1, -1, -1):
+        h = hid[hoff[r] + j]
+        x = ref[h] - 1
+        ref[h] = x
+        if x == 0:
+            _lru_append(h, lprev, lnext, S)
+            S[PCREF] -= eb
+    S[PCSH] -= k * eb
+    R[NSH, r] = 0
+    S[ADJ] = S[PCREF] - S[PCSH]
+
+
+def _pc_reconcile(S, ref, lprev, lnext, cap, eb):
+    if S[LRUN] == 0:
+        return
+    over = (S[NEED] + S[OTHER] + S[ADJ]) + eb * S[LRUN] - cap
+    while over > 0 and S[LRUN] > 0:
+        h = S[LRUH]
+        _lru_remove(h, lprev, lnext, S)
+        ref[h] = -1
+        over -= eb
+
+
+def _note_marks(t, inclusive, partial, n, a0, inc, t0, marks, work_at, S):
+    i = S[NWA]
+    while i < marks.shape[0] and (marks[i] < t or (inclusive and marks[i] == t)):
+        w = S[WORK]
+        if partial:
+            w += n * last_k_within(a0, inc, marks[i] - t0)
+        work_at[i] = w
+        i += 1
+    S[NWA] = i
+
+
+def _release_finish(r, t, R, F, S, run, hoff, hid, ref, lprev, lnext, eb):
+    R[ST, r] = _FINISHED
+    F[FIN, r] = t
+    _pc_release(r, R, S, hoff, hid, ref, lprev, lnext, eb)
+    R[BLK, r] = 0
+    _list_remove(run, S, NRUN, r)
+    S[NRES] -= 1
+    S[NFIN] += 1
+
+
+def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb):
+    """:meth:`Queues._evict` + ``_requeue_evicted`` (recompute)."""
+    if R[INC, v]:
+        _leave(v, R, S, cnt, bs)
+    else:
+        S[OTHER] -= R[BLK, v]
+        if R[PREF, v] != R[TGT, v]:
+            _list_remove(pre, S, NPRE, v)
+    _list_remove(run, S, NRUN, v)
+    S[NRES] -= 1
+    _pc_release(v, R, S, hoff, hid, ref, lprev, lnext, eb)
+    R[ST, v] = _WAITING
+    R[BLK, v] = 0
+    R[CHK, v] = 0
+    R[PREEMPT, v] += 1
+    F[WS, v] = now
+    S[NPREEMPT] += 1
+    R[PREF, v] = 0
+    R[TGT, v] = R[PP, v] + R[GEN, v]
+    _wpush(wheap, S, R[RANK, v])
+
+
+def _chunks(budget, R, S, pre):
+    """:meth:`Batching._chunks` (static policies: prefills in rank order; skipped ones get no chunk)."""
+    n = S[NPRE]
+    if n > 1:
+        for a in range(1, n):
+            x = pre[a]
+            b = a - 1
+            while b >= 0 and R[RANK, pre[b]] > R[RANK, x]:
+                pre[b + 1] = pre[b]
+                b -= 1
+            pre[b + 1] = x
+    for a in range(n):
+        r = pre[a]
+        if S[NSKIP] and R[SKF, r]:
+            R[CHK, r] = 0
+            continue
+        left = R[TGT, r] - R[PREF, r]
+        c = left if left < budget else budget
+        R[CHK, r] = c
+        budget -= c
+    return budget
+
+
+def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_at):
+    """The engine's server loop (:meth:`Engine._server` with ``_plan`` and ``_commit``) for the runs
+    :func:`unsupported` accepts. Returns (status, end_time, S, wq_start, wq_end, trace)."""
+    n = R.shape[1]
+    bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
+    pc_on, Hb, eb, n_arr, varr, trace_on = C[C_PC], C[C_HB], C[C_EB], C[C_NARR], C[C_VARR], C[C_TRACE]
+    ckv = Fc[3]
+    INF = math.inf
+    S = np.zeros(N_S, np.int64)
+    S[LRUH] = -1
+    S[LRUT] = -1
+    cnt = np.zeros(bs, np.int64)
+    nh = hid.shape[0]
+    nhe = 1
+    for a in range(nh):
+        if hid[a] + 1 > nhe:
+            nhe = hid[a] + 1
+    ref = np.full(nhe, -1, np.int64)
+    lprev = np.full(nhe, -1, np.int64)
+    lnext = np.full(nhe, -1, np.int64)
+    fcap = 2 * n + 16
+    fk = np.empty(fcap, np.int64)
+    fid = np.empty(fcap, np.int64)
+    fcv = np.empty(fcap, np.int64)
+    run = np.empty(n, np.int64)       # residents in running (admission) order
+    pre = np.empty(n, np.int64)       # residents in prefill
+    skl = np.empty(n, np.int64)       # residents skipped in this step
+    wheap = np.empty(n + 1, np.int64)
+    adds = np.empty(n, np.int64)
+    wq_s = np.empty(2 * n + 16, np.float64)
+    wq_e = np.empty(2 * n + 16, np.float64)
+    nwq = 0
+    tr_f = np.empty((16 if trace_on else 1, 2), np.float64)
+    tr_i = np.empty((16 if trace_on else 1, 5), np.int64)
+    ntr = 0
+    status = OK
+    end_time = 0.0
+    now = 0.0
+    a0 = 0.0
+    inc = 0.0
+    while True:
+        # ---- arrivals up to now
+        if S[CURSOR] < n_arr and arr_t[S[CURSOR]] <= now:
+            c = S[CURSOR]
+            while c < n_arr and arr_t[c] <= now:
+                r = order[c]
+                c += 1
+                if R[NFITS, r]:
+                    R[ST, r] = _REJECTED
+                    continue
+                R[ST, r] = _WAITING
+                F[WS, r] = F[ARR, r]
+                _wpush(wheap, S, R[RANK, r])
+            S[CURSOR] = c
+        if S[NRES] == 0 and S[NWAIT] == 0:
+            if S[CURSOR] >= n_arr:
+                end_time = now
+                break
+            t = arr_t[S[CURSOR]]
+            _note_marks(t, False, False, 0, 0.0, 0.0, 0.0, marks, work_at, S)
+            now = t
+            continue
+        S[NDEC] += 1
+        # ---- plan (:meth:`Batching._plan`, V1, non-preemptive)
+        while True:
+            if S[NSKIP]:                                    # _unskip
+                for a in range(S[NSKIP]):
+                    r = skl[a]
+                    R[SKF, r] = 0
+                    if R[PREF, r] == R[TGT, r] and R[ST, r] == _RUNNING:
+                        S[OTHER] -= R[BLK, r]
+                        _join(r, R, S, cnt, fk, fid, fcv, bs)
+                S[NSKIP] = 0
+            if pc_on:
+                _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+            budget = B
+            preempted = False
+            extra = 0
+            total = 0
+            while True:
+                b0 = B - S[NCOH]
+                budget = _chunks(b0 if b0 > 0 else 0, R, S, pre)
+                extra = 0
+                for a in range(S[NPRE]):
+                    r = pre[a]
+                    extra += (R[PREF, r] + R[CHK, r] + bs - 1) // bs - R[BLK, r]
+                total = S[NEED] + S[OTHER] + extra + S[ADJ]
+                if total <= cap:
+                    break
+                # the victim among the residents (running order)
+                nr = S[NRUN]
+                v = -1
+                for a in range(nr):
+                    r = run[a]
+                    if v < 0:
+                        v = r
+                    elif varr:
+                        if F[ARR, r] > F[ARR, v]:
+                            v = r
+                    elif R[RANK, r] > R[RANK, v]:
+                        v = r
+                preempted = True
+                if S[NSKIP] == 0:
+                    # _first_misfit
+                    clock = S[CLOCK]
+                    for a in range(nr):
+                        r = run[a]
+                        if R[INC, r]:
+                            g = R[GB, r] + clock
+                            adds[a] = 1 if (R[PP, r] + g - 1) % bs == 0 else 0
+                        elif R[CHK, r]:
+                            adds[a] = (R[PREF, r] + R[CHK, r] + bs - 1) // bs - R[BLK, r]
+                        else:
+                            adds[a] = 0
+                    over = total - cap
+                    later = 0
+                    i = 0
+                    for a in range(nr - 1, -1, -1):
+                        if over - later <= 0:
+                            i = a + 1
+                            break
+                        later += adds[a]
+                    if run[i] == v:
+                        nskip = nr - i - 1
+                        for a in range(nskip):
+                            skl[a] = run[i + 1 + a]
+                        _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb)
+                        for a in range(nskip):                 # _skip
+                            r = skl[a]
+                            if R[INC, r]:
+                                _leave(r, R, S, cnt, bs)
+                                R[BLK, r] = (R[PP, r] + R[GEN, r] - 1 + bs - 1) // bs
+                                S[OTHER] += R[BLK, r]
+                            else:
+                                R[CHK, r] = 0
+                            R[SKF, r] = 1
+                        S[NSKIP] = nskip
+                        S[ONESTEP] = 1
+                        continue
+                _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb)
+            if S[NSKIP] and S[NCOH] == 0:
+                anyc = False
+                for a in range(S[NPRE]):
+                    if R[CHK, pre[a]]:
+                        anyc = True
+                if not anyc:
+                    continue                                   # vLLM: an empty step; schedule() again
+            break
+        for a in range(S[NPRE]):
+            r = pre[a]
+            if R[CHK, r]:
+                R[BLK, r] = (R[PREF, r] + R[CHK, r] + bs - 1) // bs
+                if pc_on:
+                    _pc_register(r, R[PREF, r] + R[CHK, r], R, S, hoff, hid, ref, lprev, lnext, Hb, eb)
+        S[OTHER] += extra
+        if pc_on:
+            _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+            total = S[NEED] + S[OTHER] + S[ADJ]
+        free = cap - total
+        slots = max_seqs - S[NRES]
+        admitted = 0
+        pf_tokens = 0
+        for a in range(S[NPRE]):
+            pf_tokens += R[CHK, pre[a]]
+        if preempted and S[NWAIT]:
+            S[ONESTEP] = 1
+        if S[NWAIT] and slots > 0 and not preempted:
+            while S[NWAIT] > 0:
+                if slots <= 0:
+                    break
+                r = by_rank[wheap[0]]
+                # _admit_need (V1, not swapped)
+                target = R[PP, r] + R[GEN, r]
+                h = 0
+                nfree = 0
+                if pc_on:
+                    h, nfree = _pc_hit(r, target, hoff, hid, ref, Hb)
+                e = eb if pc_on else 0
+                cached = h * e * bs
+                if (target + bs - 1) // bs - h * e + nfree * e > free:
+                    break
+                c = target - cached
+                if c > budget:
+                    c = budget
+                if c <= 0:
+                    break
+                R[CHK, r] = c
+                R[HIT, r] = h
+                need = (c + bs - 1) // bs + nfree * e
+                _wpop(wheap, S)
+                free -= need
+                slots -= 1
+                admitted += 1
+                pf_tokens += c
+                budget -= c
+                # _admit
+                R[ST, r] = _RUNNING
+                run[S[NRUN]] = r
+                S[NRUN] += 1
+                S[NRES] += 1
+                if F[ADM, r] != F[ADM, r]:
+                    F[ADM, r] = now
+                if nwq == wq_s.shape[0]:
+                    wq_s = np.concatenate((wq_s, np.empty(nwq, np.float64)))
+                    wq_e = np.concatenate((wq_e, np.empty(nwq, np.float64)))
+                wq_s[nwq] = F[WS, r]
+                wq_e[nwq] = now
+                nwq += 1
+                R[TGT, r] = target
+                cached = 0
+                if pc_on:
+                    cached = R[HIT, r] * Hb
+                    S[PCQ] += target
+                    S[PCHIT] += cached
+                    if R[HIT, r]:
+                        _pc_take(r, R[HIT, r], R, S, hoff, hid, ref, lprev, lnext, eb)
+                    _pc_register(r, cached + c, R, S, hoff, hid, ref, lprev, lnext, Hb, eb)
+                R[PREF, r] = cached
+                if cached > R[HIGH, r]:
+                    R[HIGH, r] = cached
+                R[BLK, r] = (cached + c + bs - 1) // bs
+                S[OTHER] += R[BLK, r]
+                pre[S[NPRE]] = r
+                S[NPRE] += 1
+                if pc_on:
+                    free = cap - (S[NEED] + S[OTHER] + S[ADJ])
+                    _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+        # ---- the iteration (:meth:`Iterations._iteration`)
+        used = cap - free
+        if used > cap:
+            status = ERR_KV
+            end_time = now
+            break
+        S[USED] = used
+        if used > S[MAXUSED]:
+            S[MAXUSED] = used
+        kind = 0
+        k = 1
+        n_dec = S[NCOH]
+        C0 = 0
+        if pf_tokens:
+            ctx = 0
+            pairs = 0
+            for a in range(S[NPRE]):
+                r = pre[a]
+                c = R[CHK, r]
+                if c:
+                    p0 = R[PREF, r]
+                    ctx += p0 + c
+                    pairs += c * p0 + c * (c + 1) // 2
+            ctx += S[SL] + n_dec * S[CLOCK]
+            C0 = ctx
+            kind = 1
+            dt = iteration_time(Fc, pf_tokens, n_dec, ctx, pairs if Fc[4] else 0)
+            if now + dt > H:
+                end_time = H
+                break
+        else:
+            if n_dec == 0:
+                status = ERR_PROGRESS
+                end_time = now
+                break
+            C0 = S[SL] + n_dec * S[CLOCK]
+            a0 = iteration_time(Fc, 0, n_dec, C0, 0)
+            if S[ONESTEP]:
+                S[ONESTEP] = 0
+                dt = a0
+                if now + dt > H:
+                    end_time = H
+                    break
+                a0, inc = dt, 0.0
+            else:
+                while S[NF] > 0 and fcv[0] != R[CV, fid[0]]:        # _k_complete
+                    _fpop(fk, fid, fcv, S)
+                k = fk[0] - S[CLOCK]
+                # _k_memory
+                Fm = cap - used
+                if k > 1 and not Fm >= n_dec * ((k - 2) // bs + 1):
+                    q = Fm // n_dec
+                    rem = Fm - q * n_dec
+                    acc = 0
+                    clock = S[CLOCK]
+                    for o in range(1, bs + 1):
+                        m = (bs - o - clock + 1) % bs
+                        w = cnt[m]
+                        if w:
+                            acc += w
+                            if acc > rem:
+                                k2 = bs * q + o
+                                if k2 < k:
+                                    k = k2
+                                break
+                inc = ckv * n_dec
+                t_bound = INF
+                cur = S[CURSOR]
+                if cur < n_arr:
+                    if S[NWAIT] > 0:
+                        head = wheap[0]
+                        c = cur
+                        if suffix[c] < head:
+                            while R[NFITS, order[c]] or R[RANK, order[c]] > head:
+                                c += 1
+                            t_bound = arr_t[c]
+                    else:
+                        t_bound = arr_t[cur]
+                if t_bound < INF and k > 1:
+                    x = t_bound - now
+                    if x > a0:
+                        kt = first_k_reaching(a0, inc, x)
+                        while kt < k and now + decode_run_s(kt, a0, inc) < t_bound:
+                            kt += 1
+                        if kt < k:
+                            k = kt
+                    else:
+                        k = 1
+                dt = decode_run_s(k, a0, inc)
+                if now + dt > H:
+                    k = last_k_within(a0, inc, H - now)
+                    if k <= 0:
+                        end_time = H
+                        break
+                    dt = decode_run_s(k, a0, inc)
+        if trace_on:
+            if ntr == tr_f.shape[0]:
+                tr_f = np.concatenate((tr_f, np.empty((ntr, 2), np.float64)))
+                tr_i = np.concatenate((tr_i, np.empty((ntr, 5), np.int64)))
+            tr_f[ntr, 0] = now
+            tr_f[ntr, 1] = now + dt
+            tr_i[ntr, 0] = k
+            tr_i[ntr, 1] = pf_tokens
+            tr_i[ntr, 2] = n_dec
+            tr_i[ntr, 3] = C0
+            tr_i[ntr, 4] = used
+            ntr += 1
+        t1 = now + dt
+        # ---- commit (:meth:`Iterations._commit`)
+        S[NITER] += k
+        t0 = now
+        if S[NWA] < marks.shape[0]:
+            _note_marks(t1, False, kind == 0 and k > 1, n_dec, a0, inc, t0, marks, work_at, S)
+        S[WORK] += S[NCOH] * k
+        if k > 1:
+            _advance(k - 1, S, cnt, bs)
+            u2 = S[NEED] + S[OTHER] + S[ADJ]
+            if u2 > cap:
+                status = ERR_RUN_KV
+                end_time = t1
+                break
+            if u2 > S[MAXUSED]:
+                S[MAXUSED] = u2
+            if pc_on:
+                _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+        _advance(1, S, cnt, bs)
+        clock = S[CLOCK]
+        while S[NF] > 0:                                   # _pop_finished, then leave + finish each
+            r = fid[0]
+            if fcv[0] != R[CV, r]:
+                _fpop(fk, fid, fcv, S)
+            elif fk[0] == clock:
+                _fpop(fk, fid, fcv, S)
+                _leave(r, R, S, cnt, bs)
+                _release_finish(r, t1, R, F, S, run, hoff, hid, ref, lprev, lnext, eb)
+            else:
+                break
+        if kind == 1:
+            done = False
+            npf = 0
+            for a in range(S[NPRE]):                       # this iteration's chunks (the list may shrink)
+                if R[CHK, pre[a]]:
+                    adds[npf] = pre[a]
+                    npf += 1
+            for a in range(npf):
+                r = adds[a]
+                p1 = R[PREF, r] + R[CHK, r]
+                lim = p1 if p1 < R[PP, r] else R[PP, r]
+                if lim > R[HIGH, r]:
+                    S[WORK] += lim - (R[HIGH, r] if R[HIGH, r] > R[PREF, r] else R[PREF, r])
+                    R[HIGH, r] = lim
+                R[PREF, r] = p1
+                R[CHK, r] = 0
+                if p1 == R[TGT, r]:
+                    done = True
+                    R[GEN, r] += 1
+                    S[WORK] += 1
+                    if F[FT, r] != F[FT, r]:
+                        F[FT, r] = t1
+                    S[OTHER] -= R[BLK, r]
+                    if R[GEN, r] == R[OO, r]:
+                        _release_finish(r, t1, R, F, S, run, hoff, hid, ref, lprev, lnext, eb)
+                    else:
+                        _join(r, R, S, cnt, fk, fid, fcv, bs)
+            if done:
+                m = 0
+                for a in range(S[NPRE]):
+                    r = pre[a]
+                    if R[PREF, r] != R[TGT, r]:
+                        pre[m] = r
+                        m += 1
+                S[NPRE] = m
+        end_time = t1
+        if S[NWA] < marks.shape[0]:
+            _note_marks(t1, True, False, 0, 0.0, 0.0, 0.0, marks, work_at, S)
+        now = t1
+    clock = S[CLOCK]
+    for r in range(n):                                     # the cohort's generated tokens
+        if R[INC, r]:
+            R[GEN, r] = R[GB, r] + clock
+    return status, end_time, S, wq_s[:nwq].copy(), wq_e[:nwq].copy(), tr_f[:ntr].copy(), tr_i[:ntr].copy()
+
+
+_HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap_less, _fsift_down, _fpush, _fpop,
+            _wpush, _wpop, _list_remove, _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit,
+            _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks)
+
+
+def run(eng) -> None:
+    """Run engine ``eng`` (a :class:`~portbench.sim.engine.core.Engine` set up by ``simulate``, static ranks
+    prepared, not run) with the compiled loop, and leave its requests and counters as the reference's
+    ``run`` would (the records are then built by the same code)."""
+    reqs = eng.reqs
+    n = len(reqs)
+    prof = eng.prof
+    R = np.zeros((N_RFIELDS, n), np.int64)
+    F = np.full((5, n), np.nan)
+    for r in reqs:
+        i = r.id
+        R[PP, i] = r.prompt_tokens
+        R[OO, i] = r.output_tokens
+        R[TGT, i] = r.prefill_target
+        R[GEN, i] = r.generated
+        R[PREF, i] = r.prefilled
+        R[HIGH, i] = r.high
+        R[RANK, i] = r.rank
+        R[NFITS, i] = r.never_fits
+        F[ARR, i] = r.arrival_s
+    R[ST] = _NOT_ARRIVED
+    order = np.fromiter((r.id for r in eng.arrivals), np.int64, n)
+    arr_t = np.asarray(eng.arr_t, dtype=np.float64)
+    suffix = np.asarray(eng.suffix_min_rank, dtype=np.int64)
+    by_rank = np.empty(n, np.int64)
+    by_rank[R[RANK]] = np.arange(n)
+    hoff = np.zeros(n + 1, np.int64)
+    hid = np.zeros(0, np.int64)
+    if eng.pc_on:                       # prompt block hashes as dense entry ids
+        lens = [len(r.hashes) if r.hashes else 0 for r in reqs]
+        hoff[1:] = np.cumsum(lens)
+        ids: dict = {}
+        hid = np.fromiter((ids.setdefault(h, len(ids)) for r in reqs if r.hashes for h in r.hashes), np.int64,
+                          int(hoff[-1]))
+    C = np.array([eng.bs, eng.cap, eng.B, eng.max_seqs, int(eng.pc_on), getattr(eng, "Hb", 1) if eng.pc_on else 1,
+                  getattr(eng, "eb", 0) if eng.pc_on else 0, eng.n_arrivable,
+                  int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None)], np.int64)
+    Fc = np.array([prof.c0_s, prof.c_prefill_s, prof.c_decode_s, prof.c_kv_s, prof.c_attn_s, prof.floor_s,
+                   float(prof.floor_tokens) if prof.floor_s > 0 else 1.0], np.float64)
+    marks = np.asarray(eng.marks, dtype=np.float64)
+    work_at = np.zeros(len(marks), np.int64)
+    status, end_time, S, wq_s, wq_e, tr_f, tr_i = kernel()(C, Fc, float(eng.H), R, F, order, arr_t, suffix, by_rank,
+                                                           hoff, hid, marks, work_at)
+    if status == ERR_KV:
+        raise ConservationError(f"KV blocks in use {int(S[USED])} > capacity {eng.cap} at t={end_time}")
+    if status == ERR_RUN_KV:
+        raise ConservationError(f"KV blocks in use > capacity {eng.cap} in a decode run ending at t={end_time}")
+    if status == ERR_PROGRESS:
+        raise RuntimeError(f"simulator made no progress at t={end_time}: {int(S[NRES])} residents, "
+                           f"{int(S[NWAIT])} waiting (scheduler {eng.sched.name})")
+    st, gen, pre, ft, fin, adm, ws = (R[ST].tolist(), R[GEN].tolist(), R[PREEMPT].tolist(), F[FT].tolist(),
+                                      F[FIN].tolist(), F[ADM].tolist(), F[WS].tolist())
+    for r in reqs:
+        i = r.id
+        r.state = st[i]
+        r.generated = gen[i]
+        r.preemptions = pre[i]
+        r.first_token_s = ft[i]
+        r.finish_s = fin[i]
+        r.admitted_s = adm[i]
+        if ws[i] == ws[i]:
+            r.waiting_since = ws[i]
+    eng.cursor = int(S[CURSOR])
+    eng.end_time = float(end_time)
+    eng.n_iter, eng.n_decisions, eng.n_preempt = int(S[NITER]), int(S[NDEC]), int(S[NPREEMPT])
+    eng.max_used, eng.n_finished, eng.work = int(S[MAXUSED]), int(S[NFIN]), int(S[WORK])
+    eng.pc_hit_tokens, eng.pc_query_tokens = int(S[PCHIT]), int(S[PCQ])
+    eng.wq = list(zip(wq_s.tolist(), wq_e.tolist()))
+    eng.work_at = work_at[:int(S[NWA])].tolist()
+    if eng.trace is not None:
+        fl, it = tr_f.tolist(), tr_i.tolist()
+        eng.trace = [(a[0], a[1], b[0], b[1], b[2], b[3], b[4]) for a, b in zip(fl, it)]
