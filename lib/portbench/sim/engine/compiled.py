@@ -27,6 +27,8 @@ from importlib.util import find_spec
 import numpy as np
 
 from ...core.errors import ConservationError, ParameterError
+from ..profiles.costmodel import Profile
+from .contract import is_plugin
 
 # the built-in policies the compiled core runs (registry names) and their victim rule
 VICTIM_ARRIVAL = ("fcfs", "sarathi")     # the latest arrival, first in running order among ties
@@ -53,7 +55,6 @@ OK, ERR_KV, ERR_RUN_KV, ERR_PROGRESS = 0, 1, 2, 3
 def unsupported(sched, engine, profile, *, naive: bool = False, check_invariants: bool = False,
                 check_contract: bool | None = None) -> str | None:
     """Why the compiled core cannot run this run (a short phrase), or None when it can."""
-    from .contract import is_plugin
     name = getattr(sched, "name", type(sched).__name__)
     if is_plugin(sched):
         return f"policy {name!r} is a plug-in (plug-ins run on the reference engine)"
@@ -71,7 +72,6 @@ def unsupported(sched, engine, profile, *, naive: bool = False, check_invariants
         return "check_invariants=True"
     if check_contract:
         return "check_contract=True"
-    from ..profiles.costmodel import Profile
     if not isinstance(profile, Profile) or type(profile).iteration_time is not Profile.iteration_time \
             or type(profile).floor_time is not Profile.floor_time:
         return "a profile that is not a portbench cost-model Profile"
