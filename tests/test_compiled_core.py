@@ -25,6 +25,7 @@ from portbench.core.errors import ParameterError
 from portbench.data import windows as W
 from portbench.sim import profiles, regions
 from portbench.sim.engine import compiled, simulate
+from portbench.sim.schedulers import get_scheduler
 
 SLO = {"ttft_s": 2.0, "tpot_s": 0.1}
 REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9, "overload": 1.2, "severe": 2.0}
@@ -159,13 +160,19 @@ def windows(draw):
     return with_predictions(df), (32 if hashed else None)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(w=windows(), policy=st.sampled_from(compiled.SUPPORTED_POLICIES), cap=st.integers(60, 400),
+# every supported policy, and ltr with a short starvation guard (it fires within the small windows) and none
+POLICIES = compiled.SUPPORTED_POLICIES + (("ltr", {"starvation_s": 0.3}), ("ltr", {"starvation_s": None}))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=windows(), policy=st.sampled_from(POLICIES), cap=st.integers(60, 400),
        seqs=st.integers(1, 12), budget=st.sampled_from([64, 256, 2048]), horizon=st.sampled_from([math.inf, 3.0, 12.0]),
        seed=st.integers(0, 3))
 def test_random_windows_identical(w, policy, cap, seqs, budget, horizon, seed):
     df, hb = w
     p = small_profile(cap, seqs, budget)
+    if isinstance(policy, tuple):
+        policy = get_scheduler(policy[0], **policy[1])
     ref, cc = both(df, policy, p, horizon_s=horizon, seed=seed, slo=SLO, hash_block_tokens=hb,
                    work_marks=(1.0, 4.0), record_iterations=True)
     assert_identical(ref, cc, policy)

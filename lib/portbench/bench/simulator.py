@@ -125,24 +125,23 @@ def run(quick: bool = False, windows: dict | None = None) -> dict:
         for name in names:
             sched = schedulers.get_scheduler(name)
             for _i, reg, sdf, h in cases:
-                walls = {}
+                core_walls: dict[str, float] = {}
                 for core in CORES:            # both cores in the same session, alternating run by run
                     t0 = time.perf_counter()
                     res = simulator.simulate(sdf, sched, profile, horizon_s=h, seed=rep, slo=slo,
                                              engine={"core": core})
-                    walls[core] = time.perf_counter() - t0
+                    core_walls[core] = time.perf_counter() - t0
                 c = res.counters
-                per.setdefault((name, reg), []).append((walls["auto"], c["sim_end_s"], c["decision_points"],
-                                                        c["iterations"], walls["reference"], res.core))
-                total_wall += walls["auto"]
+                per.setdefault((name, reg), []).append((core_walls["auto"], c["sim_end_s"], c["decision_points"],
+                                                        c["iterations"], core_walls["reference"], res.core))
+                total_wall += core_walls["auto"]
                 total_sim += c["sim_end_s"]
                 total_runs += 1
-    rows = []
+    rows: list[dict] = []
     for (name, reg), xs in per.items():
-        walls = [x[0] for x in xs]
         rows.append({
             "scheduler": name, "region": reg, "core": xs[0][5],
-            "ms_per_run": 1000 * statistics.median(walls),
+            "ms_per_run": 1000 * statistics.median([x[0] for x in xs]),
             "sim_s_per_wall_s": statistics.median([x[1] / x[0] for x in xs]),
             "sim_s_per_wall_s_reference": statistics.median([x[1] / x[4] for x in xs]),
             "decisions": statistics.median([x[2] for x in xs]),
@@ -182,7 +181,7 @@ def run(quick: bool = False, windows: dict | None = None) -> dict:
         "rows": sorted(rows, key=lambda r: (list(REGION_LOADS).index(r["region"]), r["scheduler"])),
     }
     # wall time against window size
-    size_rows = []
+    size_rows: list[dict] = []
     sizes = sorted(k for k in windows if isinstance(k, int))
     loads = {k: REGION_LOADS[k] for k in ("near_saturation", "overload")}
     size_names = ("fcfs", "las") if quick else names          # every policy's slope (issue #16: each <= 1.15)

@@ -2,12 +2,14 @@
 function over flat arrays, bit-identical to the SimPy reference engine (:mod:`portbench.sim.engine.core`)
 for the runs it supports.
 
-What it runs: the built-in *static non-preemptive* policies (``fcfs``, ``sarathi``, ``sjf_prompt``,
-``sjf_oracle``, ``sjf_predicted``, ``edf``, ``random`` and the comparison variants ``edf_oracle``,
-``sjf_noisy_oracle``) under vLLM V1 batching with recompute preemption (swap only on a profile without
+What it runs: the built-in *non-preemptive* policies but ``vtc`` -- the static ones (``fcfs``, ``sarathi``,
+``sjf_prompt``, ``sjf_oracle``, ``sjf_predicted``, ``edf``, ``random`` and the comparison variants
+``edf_oracle``, ``sjf_noisy_oracle``) and ``ltr`` (``ltr_noisy_oracle``) with its starvation guard -- under
+vLLM V1 batching with recompute preemption (swap only on a profile without
 host memory, where it is recompute), the context limit, prefix caching, the self-preemption stop of
 vLLM's running loop (:meth:`Batching._first_misfit`), work marks, queue intervals and the step log
-(``record_iterations``). Everything else -- preemptive and dynamic policies, V0 batching, swap, plug-ins,
+(``record_iterations``). Everything else -- the preemptive policies (``srpt_oracle``, ``mlfq``, ``las``,
+``rr``, and any policy with option ``preemptive: true``), ``vtc``, V0 batching, swap, plug-ins,
 ``naive``/``check_invariants``/``check_contract`` runs -- runs on the reference (:func:`unsupported`
 says why). The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
 reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
@@ -33,21 +35,23 @@ from .contract import is_plugin
 # the built-in policies the compiled core runs (registry names) and their victim rule
 VICTIM_ARRIVAL = ("fcfs", "sarathi")     # the latest arrival, first in running order among ties
 VICTIM_RANK = ("sjf_prompt", "sjf_oracle", "sjf_predicted", "edf", "edf_oracle", "random", "sjf_noisy_oracle")
-SUPPORTED_POLICIES = VICTIM_ARRIVAL + VICTIM_RANK
+RANK_POLICIES = ("ltr", "ltr_noisy_oracle")  # dynamic: starving requests first (oldest), then by score
+SUPPORTED_POLICIES = VICTIM_ARRIVAL + VICTIM_RANK + RANK_POLICIES
 
 # request states (as portbench.sim.request)
 _NOT_ARRIVED, _WAITING, _RUNNING, _FINISHED, _REJECTED = -1, 0, 1, 3, 4
 # per-request int fields (rows of R)
 GEN, PREF, TGT, BLK, CHK, GB, CV, INC, HIGH, HIT, NSH, ST, RANK, PREEMPT, PP, OO, SKF, NFITS = range(18)
 N_RFIELDS = 18
-# per-request float fields (rows of F)
-FT, FIN, ADM, WS, ARR = range(5)
+# per-request float fields (rows of F); KEY: what residents are ordered by (the static rank, or ltr's score)
+FT, FIN, ADM, WS, ARR, KEY = range(6)
 # scalar state (S)
 (NEED, OTHER, CLOCK, SL, NCOH, NRES, NWAIT, ADJ, PCREF, PCSH, LRUN, LRUH, LRUT, NPRE, NRUN, NSKIP, NF,
  NPREEMPT, PCHIT, PCQ, WORK, NFIN, NWA, ONESTEP, NITER, NDEC, MAXUSED, CURSOR, USED) = range(29)
 N_S = 29
 # configuration (C)
-C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE = range(11)
+C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE, C_POL, C_STARVE = range(13)
+POL_STATIC, POL_LTR = 0, 1      # waiting queue: a heap of static ranks | ltr's order (starving, then score)
 # status codes
 OK, ERR_KV, ERR_RUN_KV, ERR_PROGRESS = 0, 1, 2, 3
 
@@ -429,7 +433,7 @@ def _release_finish(r, t, R, F, S, run, hoff, hid, ref, lprev, lnext, eb):
     S[NFIN] += 1
 
 
-def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb):
+def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol):
     """:meth:`Queues._evict` + ``_requeue_evicted`` (recompute)."""
     if R[INC, v]:
         _leave(v, R, S, cnt, bs)
@@ -448,17 +452,20 @@ def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, 
     S[NPREEMPT] += 1
     R[PREF, v] = 0
     R[TGT, v] = R[PP, v] + R[GEN, v]
-    _wpush(wheap, S, R[RANK, v])
+    if pol == POL_STATIC:
+        _wpush(wheap, S, R[RANK, v])
+    else:
+        S[NWAIT] += 1
 
 
-def _chunks(budget, R, S, pre):
-    """:meth:`Batching._chunks` (static policies: prefills in rank order; skipped ones get no chunk)."""
+def _chunks(budget, R, F, S, pre):
+    """:meth:`Batching._chunks` (prefills in (key, id) order; skipped ones get no chunk)."""
     n = S[NPRE]
     if n > 1:
         for a in range(1, n):
             x = pre[a]
             b = a - 1
-            while b >= 0 and R[RANK, pre[b]] > R[RANK, x]:
+            while b >= 0 and (F[KEY, pre[b]] > F[KEY, x] or (F[KEY, pre[b]] == F[KEY, x] and pre[b] > x)):
                 pre[b + 1] = pre[b]
                 b -= 1
             pre[b + 1] = x
@@ -474,12 +481,41 @@ def _chunks(budget, R, S, pre):
     return budget
 
 
+def _ltr_order(now, starve, starve_s, R, F, cand, tmp, tkey):
+    """ltr's admission order of the waiting requests: those waiting (since arrival or their last eviction)
+    for at least ``starve_s`` seconds by (waiting since, id), then the others by (score, id)."""
+    n = R.shape[1]
+    m = 0
+    for r in range(n):                 # starving ones, in id order
+        if R[ST, r] == _WAITING and starve and now >= F[WS, r] + starve_s:
+            tmp[m] = r
+            tkey[m] = F[WS, r]
+            m += 1
+    o = np.argsort(tkey[:m], kind="mergesort")
+    for a in range(m):
+        cand[a] = tmp[o[a]]
+    k = 0
+    for r in range(n):
+        if R[ST, r] == _WAITING and not (starve and now >= F[WS, r] + starve_s):
+            tmp[k] = r
+            tkey[k] = F[KEY, r]
+            k += 1
+    o = np.argsort(tkey[:k], kind="mergesort")
+    for a in range(k):
+        cand[m + a] = tmp[o[a]]
+    return m + k
+
+
 def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_at):
     """The engine's server loop (:meth:`Engine._server` with ``_plan`` and ``_commit``) for the runs
     :func:`unsupported` accepts. Returns (status, end_time, S, wq_start, wq_end, trace)."""
     n = R.shape[1]
     bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
     pc_on, Hb, eb, n_arr, varr, trace_on = C[C_PC], C[C_HB], C[C_EB], C[C_NARR], C[C_VARR], C[C_TRACE]
+    pol, starve, starve_s = C[C_POL], C[C_STARVE], Fc[7]
+    cand = np.empty(n, np.int64)      # ltr: the waiting requests in admission order
+    tmp = np.empty(n, np.int64)
+    tkey = np.empty(n, np.float64)
     ckv = Fc[3]
     INF = math.inf
     S = np.zeros(N_S, np.int64)
@@ -526,7 +562,10 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     continue
                 R[ST, r] = _WAITING
                 F[WS, r] = F[ARR, r]
-                _wpush(wheap, S, R[RANK, r])
+                if pol == POL_STATIC:
+                    _wpush(wheap, S, R[RANK, r])
+                else:
+                    S[NWAIT] += 1
             S[CURSOR] = c
         if S[NRES] == 0 and S[NWAIT] == 0:
             if S[CURSOR] >= n_arr:
@@ -555,7 +594,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             total = 0
             while True:
                 b0 = B - S[NCOH]
-                budget = _chunks(b0 if b0 > 0 else 0, R, S, pre)
+                budget = _chunks(b0 if b0 > 0 else 0, R, F, S, pre)
                 extra = 0
                 for a in range(S[NPRE]):
                     r = pre[a]
@@ -573,7 +612,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     elif varr:
                         if F[ARR, r] > F[ARR, v]:
                             v = r
-                    elif R[RANK, r] > R[RANK, v]:
+                    elif F[KEY, r] > F[KEY, v] or (F[KEY, r] == F[KEY, v] and r > v):
                         v = r
                 preempted = True
                 if S[NSKIP] == 0:
@@ -600,7 +639,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         nskip = nr - i - 1
                         for a in range(nskip):
                             skl[a] = run[i + 1 + a]
-                        _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb)
+                        _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol)
                         for a in range(nskip):                 # _skip
                             r = skl[a]
                             if R[INC, r]:
@@ -613,7 +652,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         S[NSKIP] = nskip
                         S[ONESTEP] = 1
                         continue
-                _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb)
+                _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol)
             if S[NSKIP] and S[NCOH] == 0:
                 anyc = False
                 for a in range(S[NPRE]):
@@ -641,10 +680,19 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
         if preempted and S[NWAIT]:
             S[ONESTEP] = 1
         if S[NWAIT] and slots > 0 and not preempted:
+            ncand = 0
+            if pol == POL_LTR:             # starving (oldest first), then by score; ties by id
+                ncand = _ltr_order(now, starve, starve_s, R, F, cand, tmp, tkey)
+            ci = 0
             while S[NWAIT] > 0:
                 if slots <= 0:
                     break
-                r = by_rank[wheap[0]]
+                if pol == POL_STATIC:
+                    r = by_rank[wheap[0]]
+                else:
+                    if ci >= ncand:
+                        break
+                    r = cand[ci]
                 # _admit_need (V1, not swapped)
                 target = R[PP, r] + R[GEN, r]
                 h = 0
@@ -663,7 +711,11 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 R[CHK, r] = c
                 R[HIT, r] = h
                 need = (c + bs - 1) // bs + nfree * e
-                _wpop(wheap, S)
+                if pol == POL_STATIC:
+                    _wpop(wheap, S)
+                else:
+                    ci += 1
+                    S[NWAIT] -= 1
                 free -= need
                 slots -= 1
                 admitted += 1
@@ -770,7 +822,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 t_bound = INF
                 cur = S[CURSOR]
                 if cur < n_arr:
-                    if S[NWAIT] > 0:
+                    if pol == POL_STATIC and S[NWAIT] > 0:
                         head = wheap[0]
                         c = cur
                         if suffix[c] < head:
@@ -779,6 +831,16 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                             t_bound = arr_t[c]
                     else:
                         t_bound = arr_t[cur]
+                if pol == POL_LTR and starve and k > 1 and S[NWAIT] > 0:
+                    # ltr's next_decision: the earliest time a waiting request starts starving
+                    tq = INF
+                    wsq = INF
+                    for r in range(n):
+                        if R[ST, r] == _WAITING and F[WS, r] < wsq and not now >= F[WS, r] + starve_s:
+                            wsq = F[WS, r]
+                            tq = wsq + starve_s
+                    if tq < t_bound:
+                        t_bound = tq
                 if t_bound < INF and k > 1:
                     x = t_bound - now
                     if x > a0:
@@ -886,7 +948,8 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
 
 _HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap_less, _fsift_down, _fpush, _fpop,
             _wpush, _wpop, _list_remove, _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit,
-            _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks)
+            _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks,
+            _ltr_order)
 
 
 def run(eng) -> None:
@@ -897,7 +960,8 @@ def run(eng) -> None:
     n = len(reqs)
     prof = eng.prof
     R = np.zeros((N_RFIELDS, n), np.int64)
-    F = np.full((5, n), np.nan)
+    F = np.full((6, n), np.nan)
+    ltr = eng.policy.name in RANK_POLICIES
     for r in reqs:
         i = r.id
         R[PP, i] = r.prompt_tokens
@@ -906,13 +970,14 @@ def run(eng) -> None:
         R[GEN, i] = r.generated
         R[PREF, i] = r.prefilled
         R[HIGH, i] = r.high
-        R[RANK, i] = r.rank
+        R[RANK, i] = 0 if ltr else r.rank
         R[NFITS, i] = r.never_fits
         F[ARR, i] = r.arrival_s
     R[ST] = _NOT_ARRIVED
+    F[KEY] = np.asarray(eng.policy._score, dtype=np.float64) if ltr else R[RANK]
     order = np.fromiter((r.id for r in eng.arrivals), np.int64, n)
     arr_t = np.asarray(eng.arr_t, dtype=np.float64)
-    suffix = np.asarray(eng.suffix_min_rank, dtype=np.int64)
+    suffix = np.asarray(eng.suffix_min_rank if not ltr else [0] * (n + 1), dtype=np.int64)
     by_rank = np.empty(n, np.int64)
     by_rank[R[RANK]] = np.arange(n)
     hoff = np.zeros(n + 1, np.int64)
@@ -925,9 +990,11 @@ def run(eng) -> None:
                           int(hoff[-1]))
     C = np.array([eng.bs, eng.cap, eng.B, eng.max_seqs, int(eng.pc_on), getattr(eng, "Hb", 1) if eng.pc_on else 1,
                   getattr(eng, "eb", 0) if eng.pc_on else 0, eng.n_arrivable,
-                  int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None)], np.int64)
+                  int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None),
+                  POL_LTR if ltr else POL_STATIC, int(ltr and eng.policy.starvation_s is not None)], np.int64)
     Fc = np.array([prof.c0_s, prof.c_prefill_s, prof.c_decode_s, prof.c_kv_s, prof.c_attn_s, prof.floor_s,
-                   float(prof.floor_tokens) if prof.floor_s > 0 else 1.0], np.float64)
+                   float(prof.floor_tokens) if prof.floor_s > 0 else 1.0,
+                   float(eng.policy.starvation_s or 0.0) if ltr else 0.0], np.float64)
     marks = np.asarray(eng.marks, dtype=np.float64)
     work_at = np.zeros(len(marks), np.int64)
     status, end_time, S, wq_s, wq_e, tr_f, tr_i = kernel()(C, Fc, float(eng.H), R, F, order, arr_t, suffix, by_rank,
