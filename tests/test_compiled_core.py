@@ -149,8 +149,8 @@ def windows(draw):
     prompts = draw(st.lists(st.integers(1, 1700), min_size=n, max_size=n))
     outputs = draw(st.lists(st.integers(1, 400), min_size=n, max_size=n))
     hashed = draw(st.booleans())
-    df = pl.DataFrame({"arrival_s": arr, "prompt_tokens": prompts, "output_tokens": outputs,
-                       "tenant": ["t0"] * n})
+    tenants = draw(st.lists(st.sampled_from(["t0", "t1", "t2"]), min_size=n, max_size=n))   # vtc's counters
+    df = pl.DataFrame({"arrival_s": arr, "prompt_tokens": prompts, "output_tokens": outputs, "tenant": tenants})
     if hashed:                # conversations sharing leading 32-token blocks, then diverging
         convs = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
         shared = draw(st.lists(st.integers(0, 8), min_size=n, max_size=n))
@@ -160,11 +160,13 @@ def windows(draw):
     return with_predictions(df), (32 if hashed else None)
 
 
-# every supported policy, and ltr with a short starvation guard (it fires within the small windows) and none
-POLICIES = compiled.SUPPORTED_POLICIES + (("ltr", {"starvation_s": 0.3}), ("ltr", {"starvation_s": None}))
+# every supported policy, ltr with a short starvation guard (it fires within the small windows) and none, and
+# vtc with other weights
+POLICIES = compiled.SUPPORTED_POLICIES + (("ltr", {"starvation_s": 0.3}), ("ltr", {"starvation_s": None}),
+                                          ("vtc", {"w_prompt": 3, "w_output": 1}))
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=windows(), policy=st.sampled_from(POLICIES), cap=st.integers(60, 400),
        seqs=st.integers(1, 12), budget=st.sampled_from([64, 256, 2048]), horizon=st.sampled_from([math.inf, 3.0, 12.0]),
        seed=st.integers(0, 3))

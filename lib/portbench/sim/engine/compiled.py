@@ -2,14 +2,15 @@
 function over flat arrays, bit-identical to the SimPy reference engine (:mod:`portbench.sim.engine.core`)
 for the runs it supports.
 
-What it runs: the built-in *non-preemptive* policies but ``vtc`` -- the static ones (``fcfs``, ``sarathi``,
+What it runs: every built-in *non-preemptive* policy -- the static ones (``fcfs``, ``sarathi``,
 ``sjf_prompt``, ``sjf_oracle``, ``sjf_predicted``, ``edf``, ``random`` and the comparison variants
-``edf_oracle``, ``sjf_noisy_oracle``) and ``ltr`` (``ltr_noisy_oracle``) with its starvation guard -- under
+``edf_oracle``, ``sjf_noisy_oracle``), ``ltr`` (``ltr_noisy_oracle``) with its starvation guard and ``vtc``
+with its tenant counters (lift, prompt and token charges, its tenant-by-tenant admission) -- under
 vLLM V1 batching with recompute preemption (swap only on a profile without
 host memory, where it is recompute), the context limit, prefix caching, the self-preemption stop of
 vLLM's running loop (:meth:`Batching._first_misfit`), work marks, queue intervals and the step log
 (``record_iterations``). Everything else -- the preemptive policies (``srpt_oracle``, ``mlfq``, ``las``,
-``rr``, and any policy with option ``preemptive: true``), ``vtc``, V0 batching, swap, plug-ins,
+``rr``, and any policy with option ``preemptive: true``), V0 batching, swap, plug-ins,
 ``naive``/``check_invariants``/``check_contract`` runs -- runs on the reference (:func:`unsupported`
 says why). The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
 reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
@@ -33,7 +34,7 @@ from ..profiles.costmodel import Profile
 from .contract import is_plugin
 
 # the built-in policies the compiled core runs (registry names) and their victim rule
-VICTIM_ARRIVAL = ("fcfs", "sarathi")     # the latest arrival, first in running order among ties
+VICTIM_ARRIVAL = ("fcfs", "sarathi", "vtc")     # the latest arrival, first in running order among ties
 VICTIM_RANK = ("sjf_prompt", "sjf_oracle", "sjf_predicted", "edf", "edf_oracle", "random", "sjf_noisy_oracle")
 RANK_POLICIES = ("ltr", "ltr_noisy_oracle")  # dynamic: starving requests first (oldest), then by score
 SUPPORTED_POLICIES = VICTIM_ARRIVAL + VICTIM_RANK + RANK_POLICIES
@@ -41,8 +42,8 @@ SUPPORTED_POLICIES = VICTIM_ARRIVAL + VICTIM_RANK + RANK_POLICIES
 # request states (as portbench.sim.request)
 _NOT_ARRIVED, _WAITING, _RUNNING, _FINISHED, _REJECTED = -1, 0, 1, 3, 4
 # per-request int fields (rows of R)
-GEN, PREF, TGT, BLK, CHK, GB, CV, INC, HIGH, HIT, NSH, ST, RANK, PREEMPT, PP, OO, SKF, NFITS = range(18)
-N_RFIELDS = 18
+GEN, PREF, TGT, BLK, CHK, GB, CV, INC, HIGH, HIT, NSH, ST, RANK, PREEMPT, PP, OO, SKF, NFITS, TEN, CHG = range(20)
+N_RFIELDS = 20
 # per-request float fields (rows of F); KEY: what residents are ordered by (the static rank, or ltr's score)
 FT, FIN, ADM, WS, ARR, KEY = range(6)
 # scalar state (S)
@@ -50,8 +51,10 @@ FT, FIN, ADM, WS, ARR, KEY = range(6)
  NPREEMPT, PCHIT, PCQ, WORK, NFIN, NWA, ONESTEP, NITER, NDEC, MAXUSED, CURSOR, USED) = range(29)
 N_S = 29
 # configuration (C)
-C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE, C_POL, C_STARVE = range(13)
-POL_STATIC, POL_LTR = 0, 1      # waiting queue: a heap of static ranks | ltr's order (starving, then score)
+C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE, C_POL, C_STARVE, C_NTEN, \
+    C_WP, C_WO = range(16)
+# waiting queue: a heap of static ranks | ltr's order (starving, then score) | vtc's tenant-by-tenant order
+POL_STATIC, POL_LTR, POL_VTC = 0, 1, 2
 # status codes
 OK, ERR_KV, ERR_RUN_KV, ERR_PROGRESS = 0, 1, 2, 3
 
@@ -433,7 +436,7 @@ def _release_finish(r, t, R, F, S, run, hoff, hid, ref, lprev, lnext, eb):
     S[NFIN] += 1
 
 
-def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol):
+def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw):
     """:meth:`Queues._evict` + ``_requeue_evicted`` (recompute)."""
     if R[INC, v]:
         _leave(v, R, S, cnt, bs)
@@ -456,16 +459,30 @@ def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, 
         _wpush(wheap, S, R[RANK, v])
     else:
         S[NWAIT] += 1
+        if pol == POL_VTC:
+            tw[R[TEN, v]] += 1
 
 
-def _chunks(budget, R, F, S, pre):
-    """:meth:`Batching._chunks` (prefills in (key, id) order; skipped ones get no chunk)."""
+def _key_after(R, F, tc, pol, a, b):
+    """(priority, id) of resident ``a`` > that of ``b`` (vtc: (tenant counter, arrival); else the key)."""
+    if pol == POL_VTC:
+        ca, cb = tc[R[TEN, a]], tc[R[TEN, b]]
+        if ca != cb:
+            return ca > cb
+        if F[ARR, a] != F[ARR, b]:
+            return F[ARR, a] > F[ARR, b]
+        return a > b
+    return F[KEY, a] > F[KEY, b] or (F[KEY, a] == F[KEY, b] and a > b)
+
+
+def _chunks(budget, R, F, S, pre, tc, pol):
+    """:meth:`Batching._chunks` (prefills in (priority, id) order; skipped ones get no chunk)."""
     n = S[NPRE]
     if n > 1:
         for a in range(1, n):
             x = pre[a]
             b = a - 1
-            while b >= 0 and (F[KEY, pre[b]] > F[KEY, x] or (F[KEY, pre[b]] == F[KEY, x] and pre[b] > x)):
+            while b >= 0 and _key_after(R, F, tc, pol, pre[b], x):
                 pre[b + 1] = pre[b]
                 b -= 1
             pre[b + 1] = x
@@ -479,6 +496,18 @@ def _chunks(budget, R, F, S, pre):
         R[CHK, r] = c
         budget -= c
     return budget
+
+
+def _vtc_heads(R, F, tw, thead, ntn):
+    """Each tenant's earliest waiting request by (arrival, id) (``thead``; where ``tw`` > 0)."""
+    for u in range(ntn):
+        thead[u] = -1
+    for r in range(R.shape[1]):
+        if R[ST, r] == _WAITING:
+            t = R[TEN, r]
+            h = thead[t]
+            if h < 0 or F[ARR, r] < F[ARR, h]:
+                thead[t] = r
 
 
 def _ltr_order(now, starve, starve_s, R, F, cand, tmp, tkey):
@@ -513,6 +542,12 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
     bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
     pc_on, Hb, eb, n_arr, varr, trace_on = C[C_PC], C[C_HB], C[C_EB], C[C_NARR], C[C_VARR], C[C_TRACE]
     pol, starve, starve_s = C[C_POL], C[C_STARVE], Fc[7]
+    ntn, w_prompt, w_out = C[C_NTEN], C[C_WP], C[C_WO]
+    tc = np.zeros(ntn if ntn > 0 else 1, np.int64)      # vtc: the tenants' counters
+    tw = np.zeros(ntn if ntn > 0 else 1, np.int64)      # vtc: waiting requests per tenant
+    thead = np.empty(ntn if ntn > 0 else 1, np.int64)   # vtc: each tenant's earliest waiting request
+    tin = np.zeros(ntn if ntn > 0 else 1, np.int64)     # vtc: decoding requests per tenant
+    last_left = -1
     cand = np.empty(n, np.int64)      # ltr: the waiting requests in admission order
     tmp = np.empty(n, np.int64)
     tkey = np.empty(n, np.float64)
@@ -562,6 +597,19 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     continue
                 R[ST, r] = _WAITING
                 F[WS, r] = F[ARR, r]
+                if pol == POL_VTC:          # VTC.on_arrival: lift an idle tenant's counter
+                    t = R[TEN, r]
+                    if tw[t] == 0:
+                        lo = -1
+                        for u in range(ntn):
+                            if tw[u] > 0 and (lo < 0 or tc[u] < tc[lo]):
+                                lo = u
+                        if lo >= 0:
+                            if tc[lo] > tc[t]:
+                                tc[t] = tc[lo]
+                        elif last_left >= 0 and tc[last_left] > tc[t]:
+                            tc[t] = tc[last_left]
+                    tw[t] += 1
                 if pol == POL_STATIC:
                     _wpush(wheap, S, R[RANK, r])
                 else:
@@ -594,7 +642,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             total = 0
             while True:
                 b0 = B - S[NCOH]
-                budget = _chunks(b0 if b0 > 0 else 0, R, F, S, pre)
+                budget = _chunks(b0 if b0 > 0 else 0, R, F, S, pre, tc, pol)
                 extra = 0
                 for a in range(S[NPRE]):
                     r = pre[a]
@@ -639,7 +687,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         nskip = nr - i - 1
                         for a in range(nskip):
                             skl[a] = run[i + 1 + a]
-                        _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol)
+                        _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw)
                         for a in range(nskip):                 # _skip
                             r = skl[a]
                             if R[INC, r]:
@@ -652,7 +700,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         S[NSKIP] = nskip
                         S[ONESTEP] = 1
                         continue
-                _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol)
+                _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw)
             if S[NSKIP] and S[NCOH] == 0:
                 anyc = False
                 for a in range(S[NPRE]):
@@ -689,6 +737,21 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     break
                 if pol == POL_STATIC:
                     r = by_rank[wheap[0]]
+                elif pol == POL_VTC:       # the earliest request of the tenant with the smallest counter
+                    _vtc_heads(R, F, tw, thead, ntn)
+                    r = -1
+                    for u in range(ntn):
+                        if tw[u] > 0:
+                            h0 = thead[u]
+                            if r < 0:
+                                r = h0
+                            else:
+                                cu, cr = tc[u], tc[R[TEN, r]]
+                                if cu < cr or (cu == cr and (F[ARR, h0] < F[ARR, r]
+                                                             or (F[ARR, h0] == F[ARR, r] and h0 < r))):
+                                    r = h0
+                    if r < 0:
+                        break
                 else:
                     if ci >= ncand:
                         break
@@ -723,6 +786,14 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 budget -= c
                 # _admit
                 R[ST, r] = _RUNNING
+                if pol == POL_VTC:          # VTC.on_admit: charge the prompt at the first admission
+                    t = R[TEN, r]
+                    tw[t] -= 1
+                    if tw[t] == 0:
+                        last_left = t
+                    if not R[CHG, r]:
+                        R[CHG, r] = 1
+                        tc[t] += w_prompt * R[PP, r]
                 run[S[NRUN]] = r
                 S[NRUN] += 1
                 S[NRES] += 1
@@ -831,6 +902,46 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                             t_bound = arr_t[c]
                     else:
                         t_bound = arr_t[cur]
+                if pol == POL_VTC and k > 1 and S[NWAIT] > 0:
+                    # VTC.next_decision: iterations until the admission head's tenant changes
+                    _vtc_heads(R, F, tw, thead, ntn)
+                    nheads = 0
+                    hb_ = -1
+                    for u in range(ntn):
+                        tin[u] = 0
+                        if tw[u] > 0:
+                            nheads += 1
+                            if hb_ < 0:
+                                hb_ = u
+                            else:
+                                x0, x1 = thead[u], thead[hb_]
+                                if tc[u] < tc[hb_] or (tc[u] == tc[hb_] and (F[ARR, x0] < F[ARR, x1]
+                                                                           or (F[ARR, x0] == F[ARR, x1] and x0 < x1))):
+                                    hb_ = u
+                    if nheads >= 2:
+                        for r in range(n):
+                            if R[INC, r]:
+                                tin[R[TEN, r]] += 1
+                        kq = -1
+                        for u in range(ntn):
+                            if tw[u] == 0 or u == hb_:
+                                continue
+                            sv = w_out * (tin[hb_] - tin[u])
+                            if sv <= 0:
+                                continue
+                            du = tc[u] - tc[hb_]
+                            x0, x1 = thead[u], thead[hb_]
+                            earlier = F[ARR, x0] < F[ARR, x1] or (F[ARR, x0] == F[ARR, x1] and x0 < x1)
+                            if earlier:
+                                kk2 = -(-du // sv)
+                                if kk2 < 1:
+                                    kk2 = 1
+                            else:
+                                kk2 = du // sv + 1
+                            if kq < 0 or kk2 < kq:
+                                kq = kk2
+                        if kq >= 0 and kq < k:
+                            k = kq if kq > 1 else 1
                 if pol == POL_LTR and starve and k > 1 and S[NWAIT] > 0:
                     # ltr's next_decision: the earliest time a waiting request starts starving
                     tq = INF
@@ -890,6 +1001,10 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 _pc_reconcile(S, ref, lprev, lnext, cap, eb)
         _advance(1, S, cnt, bs)
         clock = S[CLOCK]
+        if pol == POL_VTC and S[NCOH] > 0:      # VTC.on_tokens: every decoded token charges its tenant
+            for r in range(n):
+                if R[INC, r]:
+                    tc[R[TEN, r]] += w_out * k
         while S[NF] > 0:                                   # _pop_finished, then leave + finish each
             r = fid[0]
             if fcv[0] != R[CV, r]:
@@ -920,6 +1035,8 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     done = True
                     R[GEN, r] += 1
                     S[WORK] += 1
+                    if pol == POL_VTC:
+                        tc[R[TEN, r]] += w_out
                     if F[FT, r] != F[FT, r]:
                         F[FT, r] = t1
                     S[OTHER] -= R[BLK, r]
@@ -949,7 +1066,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
 _HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap_less, _fsift_down, _fpush, _fpop,
             _wpush, _wpop, _list_remove, _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit,
             _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks,
-            _ltr_order)
+            _ltr_order, _vtc_heads, _key_after)
 
 
 def run(eng) -> None:
@@ -962,6 +1079,9 @@ def run(eng) -> None:
     R = np.zeros((N_RFIELDS, n), np.int64)
     F = np.full((6, n), np.nan)
     ltr = eng.policy.name in RANK_POLICIES
+    vtc = eng.policy.name == "vtc"
+    tenants = sorted(eng.policy._counter) if vtc else []
+    tix = {t: i for i, t in enumerate(tenants)}
     for r in reqs:
         i = r.id
         R[PP, i] = r.prompt_tokens
@@ -970,14 +1090,15 @@ def run(eng) -> None:
         R[GEN, i] = r.generated
         R[PREF, i] = r.prefilled
         R[HIGH, i] = r.high
-        R[RANK, i] = 0 if ltr else r.rank
+        R[RANK, i] = r.rank if eng.static else 0
         R[NFITS, i] = r.never_fits
+        R[TEN, i] = tix[r.tenant] if vtc else 0
         F[ARR, i] = r.arrival_s
     R[ST] = _NOT_ARRIVED
     F[KEY] = np.asarray(eng.policy._score, dtype=np.float64) if ltr else R[RANK]
     order = np.fromiter((r.id for r in eng.arrivals), np.int64, n)
     arr_t = np.asarray(eng.arr_t, dtype=np.float64)
-    suffix = np.asarray(eng.suffix_min_rank if not ltr else [0] * (n + 1), dtype=np.int64)
+    suffix = np.asarray(eng.suffix_min_rank if eng.suffix_min_rank is not None else [0] * (n + 1), dtype=np.int64)
     by_rank = np.empty(n, np.int64)
     by_rank[R[RANK]] = np.arange(n)
     hoff = np.zeros(n + 1, np.int64)
@@ -991,7 +1112,9 @@ def run(eng) -> None:
     C = np.array([eng.bs, eng.cap, eng.B, eng.max_seqs, int(eng.pc_on), getattr(eng, "Hb", 1) if eng.pc_on else 1,
                   getattr(eng, "eb", 0) if eng.pc_on else 0, eng.n_arrivable,
                   int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None),
-                  POL_LTR if ltr else POL_STATIC, int(ltr and eng.policy.starvation_s is not None)], np.int64)
+                  POL_LTR if ltr else (POL_VTC if vtc else POL_STATIC), int(ltr and eng.policy.starvation_s is not None),
+                  len(tenants), int(eng.policy.w_prompt) if vtc else 0, int(eng.policy.w_output) if vtc else 0],
+                 np.int64)
     Fc = np.array([prof.c0_s, prof.c_prefill_s, prof.c_decode_s, prof.c_kv_s, prof.c_attn_s, prof.floor_s,
                    float(prof.floor_tokens) if prof.floor_s > 0 else 1.0,
                    float(eng.policy.starvation_s or 0.0) if ltr else 0.0], np.float64)
