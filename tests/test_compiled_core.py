@@ -160,10 +160,11 @@ def windows(draw):
     return with_predictions(df), (32 if hashed else None)
 
 
-# every supported policy, ltr with a short starvation guard (it fires within the small windows) and none, and
-# vtc with other weights
+# every supported policy, ltr with a short starvation guard (it fires within the small windows) and none, vtc
+# with other weights, and the preemptive policies with small quanta (keys change often in small windows)
 POLICIES = compiled.SUPPORTED_POLICIES + (("ltr", {"starvation_s": 0.3}), ("ltr", {"starvation_s": None}),
-                                          ("vtc", {"w_prompt": 3, "w_output": 1}))
+                                          ("vtc", {"w_prompt": 3, "w_output": 1}), ("rr", {"quantum_tokens": 4}),
+                                          ("las", {"quantum_tokens": 3}), ("mlfq", {"quantum_tokens": 2, "levels": 4}))
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -198,7 +199,8 @@ def test_auto_falls_back_with_the_reason():
                                         "output_tokens": [5, 6], "tenant": ["a", "b"]}))
     p = prof()
     assert simulate(df, "fcfs", p, horizon_s=10.0, seed=0).core == "compiled"
-    for policy, engine, why in (("las", {}, "'las'"), ("fcfs", {"batching": "v0"}, "engine.batching: v0"),
+    for policy, engine, why in ((get_scheduler("sjf_prompt", preemptive=True), {}, "preemptive: true"),
+                                ("fcfs", {"batching": "v0"}, "engine.batching: v0"),
                                 ("fcfs", {"preemption": "swap"}, "engine.preemption: swap")):
         res = simulate(df, policy, p, horizon_s=10.0, seed=0, engine=engine)
         assert res.core == "reference" and why in res.core_note

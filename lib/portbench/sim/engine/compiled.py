@@ -2,17 +2,19 @@
 function over flat arrays, bit-identical to the SimPy reference engine (:mod:`portbench.sim.engine.core`)
 for the runs it supports.
 
-What it runs: every built-in *non-preemptive* policy -- the static ones (``fcfs``, ``sarathi``,
-``sjf_prompt``, ``sjf_oracle``, ``sjf_predicted``, ``edf``, ``random`` and the comparison variants
-``edf_oracle``, ``sjf_noisy_oracle``), ``ltr`` (``ltr_noisy_oracle``) with its starvation guard and ``vtc``
-with its tenant counters (lift, prompt and token charges, its tenant-by-tenant admission) -- under
-vLLM V1 batching with recompute preemption (swap only on a profile without
-host memory, where it is recompute), the context limit, prefix caching, the self-preemption stop of
-vLLM's running loop (:meth:`Batching._first_misfit`), work marks, queue intervals and the step log
-(``record_iterations``). Everything else -- the preemptive policies (``srpt_oracle``, ``mlfq``, ``las``,
-``rr``, and any policy with option ``preemptive: true``), V0 batching, swap, plug-ins,
-``naive``/``check_invariants``/``check_contract`` runs -- runs on the reference (:func:`unsupported`
-says why). The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
+What it runs: every built-in policy of the study -- the static ones (``fcfs``, ``sarathi``, ``sjf_prompt``,
+``sjf_oracle``, ``sjf_predicted``, ``edf``, ``random`` and the comparison variants ``edf_oracle``,
+``sjf_noisy_oracle``), ``ltr`` (``ltr_noisy_oracle``) with its starvation guard, ``vtc`` with its tenant
+counters (lift, prompt and token charges, its tenant-by-tenant admission), and the preemptive ones
+(``srpt_oracle``, ``mlfq``, ``las``, ``rr``: the ranked plan of :meth:`Batching._plan_ranked`, pauses,
+evictions among the displaced, their ``next_decision`` and RR's quantum clock) -- under vLLM V1 batching
+with recompute preemption (swap only on a profile without host memory, where it is recompute), the context
+limit, prefix caching, the self-preemption stop of vLLM's running loop (:meth:`Batching._first_misfit`),
+work marks, queue intervals and the step log (``record_iterations``). Everything else -- V0 batching, swap,
+a static policy with option ``preemptive: true``, plug-ins, ``naive``/``check_invariants``/``check_contract``
+runs -- runs on the reference (:func:`unsupported` says why). The preemptive plan ranks with fresh keys at
+every decision and walks the ranking one request at a time: the reference's lazy keys and bulk tail are
+its own speed-ups of the same decisions (``tests/test_incremental.py``). The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
 reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
 loop is compiled, and the records are assembled by the reference's ``_result``: only the loop differs.
 
@@ -37,24 +39,27 @@ from .contract import is_plugin
 VICTIM_ARRIVAL = ("fcfs", "sarathi", "vtc")     # the latest arrival, first in running order among ties
 VICTIM_RANK = ("sjf_prompt", "sjf_oracle", "sjf_predicted", "edf", "edf_oracle", "random", "sjf_noisy_oracle")
 RANK_POLICIES = ("ltr", "ltr_noisy_oracle")  # dynamic: starving requests first (oldest), then by score
-SUPPORTED_POLICIES = VICTIM_ARRIVAL + VICTIM_RANK + RANK_POLICIES
+PREEMPTIVE_POLICIES = ("las", "mlfq", "srpt_oracle", "rr")   # the ranked plan (Batching._plan_ranked)
+SUPPORTED_POLICIES = VICTIM_ARRIVAL + VICTIM_RANK + RANK_POLICIES + PREEMPTIVE_POLICIES
 
 # request states (as portbench.sim.request)
-_NOT_ARRIVED, _WAITING, _RUNNING, _FINISHED, _REJECTED = -1, 0, 1, 3, 4
+_NOT_ARRIVED, _WAITING, _RUNNING, _PAUSED, _FINISHED, _REJECTED = -1, 0, 1, 2, 3, 4
 # per-request int fields (rows of R)
-GEN, PREF, TGT, BLK, CHK, GB, CV, INC, HIGH, HIT, NSH, ST, RANK, PREEMPT, PP, OO, SKF, NFITS, TEN, CHG = range(20)
-N_RFIELDS = 20
+(GEN, PREF, TGT, BLK, CHK, GB, CV, INC, HIGH, HIT, NSH, ST, RANK, PREEMPT, PP, OO, SKF, NFITS, TEN, CHG, JOIN,
+ TURN) = range(22)
+N_RFIELDS = 22
 # per-request float fields (rows of F); KEY: what residents are ordered by (the static rank, or ltr's score)
-FT, FIN, ADM, WS, ARR, KEY = range(6)
+FT, FIN, ADM, WS, ARR, KEY, TAU = range(7)
 # scalar state (S)
 (NEED, OTHER, CLOCK, SL, NCOH, NRES, NWAIT, ADJ, PCREF, PCSH, LRUN, LRUH, LRUT, NPRE, NRUN, NSKIP, NF,
- NPREEMPT, PCHIT, PCQ, WORK, NFIN, NWA, ONESTEP, NITER, NDEC, MAXUSED, CURSOR, USED) = range(29)
-N_S = 29
+ NPREEMPT, PCHIT, PCQ, WORK, NFIN, NWA, ONESTEP, NITER, NDEC, MAXUSED, CURSOR, USED, NPAUSED, NPAUSE, NWQ) = range(32)
+N_S = 32
 # configuration (C)
 C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE, C_POL, C_STARVE, C_NTEN, \
-    C_WP, C_WO = range(16)
+    C_WP, C_WO, C_Q = range(17)
 # waiting queue: a heap of static ranks | ltr's order (starving, then score) | vtc's tenant-by-tenant order
 POL_STATIC, POL_LTR, POL_VTC = 0, 1, 2
+POL_LAS, POL_MLFQ, POL_SRPT, POL_RR = 3, 4, 5, 6     # preemptive: every live request ranked at each decision
 # status codes
 OK, ERR_KV, ERR_RUN_KV, ERR_PROGRESS = 0, 1, 2, 3
 
@@ -67,7 +72,7 @@ def unsupported(sched, engine, profile, *, naive: bool = False, check_invariants
         return f"policy {name!r} is a plug-in (plug-ins run on the reference engine)"
     if name not in SUPPORTED_POLICIES or type(sched).__module__.split(".")[:3] != ["portbench", "sim", "schedulers"]:
         return f"policy {name!r} is not implemented in the compiled core (it runs {', '.join(SUPPORTED_POLICIES)})"
-    if getattr(sched, "preemptive", False):
+    if getattr(sched, "preemptive", False) and name not in PREEMPTIVE_POLICIES:
         return f"policy {name!r} with option preemptive: true"
     if engine.batching != "v1":
         return f"engine.batching: {engine.batching}"
@@ -472,7 +477,304 @@ def _key_after(R, F, tc, pol, a, b):
         if F[ARR, a] != F[ARR, b]:
             return F[ARR, a] > F[ARR, b]
         return a > b
+    if pol >= POL_LAS:                 # ((key, arrival), id), keys refreshed at each decision
+        if F[KEY, a] != F[KEY, b]:
+            return F[KEY, a] > F[KEY, b]
+        if F[ARR, a] != F[ARR, b]:
+            return F[ARR, a] > F[ARR, b]
+        return a > b
     return F[KEY, a] > F[KEY, b] or (F[KEY, a] == F[KEY, b] and a > b)
+
+
+def _generated(r, R, S):
+    return R[GB, r] + S[CLOCK] if R[INC, r] else R[GEN, r]
+
+
+def _mlfq_level(r, g, R, mb, mbl):
+    j = R[JOIN, r]
+    lo = 0
+    hi = mbl[j]
+    while lo < hi:                     # bisect_right(bounds[j], g)
+        mid = (lo + hi) // 2
+        if g < mb[j, mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return j + lo
+
+
+def _key_of(r, R, F, S, pol, q, mb, mbl):
+    """The preemptive policy's priority(r)[0] (its second part is the arrival)."""
+    g = _generated(r, R, S)
+    if pol == POL_LAS:
+        return float(g // q)
+    if pol == POL_SRPT:
+        return float(R[OO, r] - g)
+    if pol == POL_RR:
+        return F[TAU, r]
+    return float(_mlfq_level(r, g, R, mb, mbl))
+
+
+def _tokens_to_level(r, g, level, R, pol, q, mb, mbl):
+    """LAS / MLFQ ``tokens_to_level`` (-1: never)."""
+    if pol == POL_LAS:
+        if level > g // q:
+            t = level * q - g
+            return t if t > 1 else 1
+        return 0
+    j = R[JOIN, r]
+    if level <= j:
+        return 0
+    idx = level - j - 1
+    if idx >= mbl[j]:
+        return -1
+    t = mb[j, idx] - g
+    return t if t > 1 else 1
+
+
+def _sort_by_key(ids, m, R, F, tmp, tkey):
+    """ids[:m] sorted by ((key, arrival), id) in place."""
+    ids[:m].sort()
+    for a in range(m):
+        tkey[a] = F[ARR, ids[a]]
+    o = np.argsort(tkey[:m], kind="mergesort")
+    for a in range(m):
+        tmp[a] = ids[o[a]]
+    for a in range(m):
+        tkey[a] = F[KEY, tmp[a]]
+    o = np.argsort(tkey[:m], kind="mergesort")
+    for a in range(m):
+        ids[a] = tmp[o[a]]
+
+
+def _kless(R, F, a, b):
+    """((key, arrival), id) of ``a`` < that of ``b``."""
+    if F[KEY, a] != F[KEY, b]:
+        return F[KEY, a] < F[KEY, b]
+    if F[ARR, a] != F[ARR, b]:
+        return F[ARR, a] < F[ARR, b]
+    return a < b
+
+
+def _admit_need(r, budget, free, R, S, hoff, hid, ref, Hb, eb, pc_on, bs):
+    """:meth:`Queues._admit_need` (V1, recompute): blocks admitting ``r`` adds, or -1."""
+    target = R[PP, r] + R[GEN, r]
+    h = 0
+    nfree = 0
+    if pc_on:
+        h, nfree = _pc_hit(r, target, hoff, hid, ref, Hb)
+    e = eb if pc_on else 0
+    cached = h * e * bs
+    if (target + bs - 1) // bs - h * e + nfree * e > free:
+        return -1
+    c = target - cached
+    if c > budget:
+        c = budget
+    if c <= 0:
+        return -1
+    R[CHK, r] = c
+    R[HIT, r] = h
+    return (c + bs - 1) // bs + nfree * e
+
+
+def _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_on, bs, wq_s, wq_e):
+    """:meth:`Queues._admit` (V1, recompute; the request goes to the prefill list)."""
+    R[ST, r] = _RUNNING
+    run[S[NRUN]] = r
+    S[NRUN] += 1
+    S[NRES] += 1
+    if F[ADM, r] != F[ADM, r]:
+        F[ADM, r] = now
+    wq_s[S[NWQ]] = F[WS, r]
+    wq_e[S[NWQ]] = now
+    S[NWQ] += 1
+    target = R[PP, r] + R[GEN, r]
+    R[TGT, r] = target
+    c = R[CHK, r]
+    cached = 0
+    if pc_on:
+        cached = R[HIT, r] * Hb
+        S[PCQ] += target
+        S[PCHIT] += cached
+        if R[HIT, r]:
+            _pc_take(r, R[HIT, r], R, S, hoff, hid, ref, lprev, lnext, eb)
+        _pc_register(r, cached + c, R, S, hoff, hid, ref, lprev, lnext, Hb, eb)
+    R[PREF, r] = cached
+    if cached > R[HIGH, r]:
+        R[HIGH, r] = cached
+    R[BLK, r] = (cached + c + bs - 1) // bs
+    S[OTHER] += R[BLK, r]
+    pre[S[NPRE]] = r
+    S[NPRE] += 1
+
+
+def _plan_ranked(now, C, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev, lnext,
+                 wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw):
+    """:meth:`Batching._plan_ranked` (V1, recompute; the one-by-one walk, keys fresh). Returns the
+    iteration's prompt tokens."""
+    bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
+    pc_on, Hb, eb, pol = C[C_PC], C[C_HB], C[C_EB], C[C_POL]
+    n = R.shape[1]
+    if pc_on:
+        _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+    nr = S[NRUN]
+    for a in range(nr):
+        res_[a] = run[a]
+    _sort_by_key(res_, nr, R, F, tmp, tkey)
+    nw = 0
+    for r in range(n):
+        if R[ST, r] == _WAITING:
+            wl[nw] = r
+            nw += 1
+    _sort_by_key(wl, nw, R, F, tmp, tkey)
+    free = cap
+    slots = max_seqs
+    nc = npl = nd = nres = 0
+    n_dec = 0
+    clock = S[CLOCK]
+    i = j = 0
+    wopen = nw > 0
+    while i < nr or (wopen and j < nw):
+        if wopen and j < nw and (i >= nr or _kless(R, F, wl[j], res_[i])):
+            r = wl[j]
+            need = -1
+            if slots > 0:
+                need = (R[PP, r] + R[GEN, r] + bs - 1) // bs           # _gate_blocks
+                if need > free:
+                    need = -1
+            if need < 0:
+                wopen = False
+                continue
+            j += 1
+            free -= need
+            slots -= 1
+            cands[nc] = r
+            nc += 1
+            continue
+        r = res_[i]
+        i += 1
+        if R[INC, r]:
+            need = (R[PP, r] + R[GB, r] + clock + bs - 1) // bs
+            if slots > 0 and need <= free:
+                free -= need
+                slots -= 1
+                n_dec += 1
+            else:
+                disp[nd] = r
+                nd += 1
+            continue
+        if R[PREF, r] == R[TGT, r]:           # a paused decoder
+            need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
+            if slots > 0 and need <= free:
+                free -= need
+                slots -= 1
+                n_dec += 1
+                resumed[nres] = r
+                nres += 1
+            else:
+                disp[nd] = r
+                nd += 1
+            continue
+        need = (R[TGT, r] + bs - 1) // bs
+        if slots > 0 and need <= free:
+            free -= need
+            slots -= 1
+            placed[npl] = r
+            npl += 1
+        else:
+            disp[nd] = r
+            nd += 1
+    reserved = cap - free
+    for a in range(nd):
+        r = disp[a]
+        R[CHK, r] = 0
+        if R[INC, r]:
+            _leave(r, R, S, cnt, bs)
+            R[BLK, r] = (R[PP, r] + R[GEN, r] - 1 + bs - 1) // bs
+    held = 0
+    for a in range(nd):
+        held += R[BLK, disp[a]]
+    while nd > 0 and reserved + held > cap:
+        vi = 0
+        for a in range(1, nd):
+            if _key_after(R, F, tw, pol, disp[a], disp[vi]):
+                vi = a
+        v = disp[vi]
+        for a in range(vi, nd - 1):
+            disp[a] = disp[a + 1]
+        nd -= 1
+        held -= R[BLK, v]
+        # _requeue_evicted (out of the cohort and the prefill list already)
+        if R[PREF, v] != R[TGT, v]:
+            _list_remove(pre, S, NPRE, v)
+        _list_remove(paused, S, NPAUSED, v)
+        _list_remove(run, S, NRUN, v)
+        S[NRES] -= 1
+        _pc_release(v, R, S, hoff, hid, ref, lprev, lnext, eb)
+        R[ST, v] = _WAITING
+        R[BLK, v] = 0
+        R[CHK, v] = 0
+        R[PREEMPT, v] += 1
+        F[WS, v] = now
+        S[NPREEMPT] += 1
+        R[PREF, v] = 0
+        R[TGT, v] = R[PP, v] + R[GEN, v]
+        S[NWAIT] += 1
+    for a in range(nres):
+        r = resumed[a]
+        R[ST, r] = _RUNNING
+        _join(r, R, S, cnt, fk, fid, fcv, bs)
+    b = B - n_dec
+    if b < 0:
+        b = 0
+    pf_tokens = 0
+    other = held
+    for a in range(npl):
+        r = placed[a]
+        left = R[TGT, r] - R[PREF, r]
+        c = left if left < b else b
+        R[CHK, r] = c
+        R[ST, r] = _RUNNING
+        b -= c
+        pf_tokens += c
+        R[BLK, r] = (R[PREF, r] + c + bs - 1) // bs
+        other += R[BLK, r]
+        if c and pc_on:
+            _pc_register(r, R[PREF, r] + c, R, S, hoff, hid, ref, lprev, lnext, Hb, eb)
+    S[OTHER] = other
+    S[NPRE] = 0
+    for a in range(npl):
+        pre[a] = placed[a]
+    S[NPRE] = npl
+    if pc_on:
+        _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+    free = cap - (S[NEED] + S[OTHER] + S[ADJ])
+    for a in range(nc):                        # vLLM's admission: its gate on the blocks free now
+        r = cands[a]
+        need = _admit_need(r, b, free, R, S, hoff, hid, ref, Hb, eb, pc_on, bs) if b > 0 else -1
+        if need < 0:
+            break
+        pf_tokens += R[CHK, r]
+        b -= R[CHK, r]
+        S[NWAIT] -= 1
+        _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_on, bs, wq_s, wq_e)
+        free = cap - (S[NEED] + S[OTHER] + S[ADJ])
+        if pc_on:
+            _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+    S[NPAUSED] = 0
+    for a in range(nd):
+        r = disp[a]
+        if R[ST, r] == _RUNNING:
+            R[ST, r] = _PAUSED
+            S[NPAUSE] += 1
+        if R[PREF, r] != R[TGT, r]:
+            pre[S[NPRE]] = r
+            S[NPRE] += 1
+        paused[a] = r
+    S[NPAUSED] = nd
+    if pc_on:
+        _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+    return pf_tokens
 
 
 def _chunks(budget, R, F, S, pre, tc, pol):
@@ -535,7 +837,7 @@ def _ltr_order(now, starve, starve_s, R, F, cand, tmp, tkey):
     return m + k
 
 
-def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_at):
+def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_at, mb, mbl):
     """The engine's server loop (:meth:`Engine._server` with ``_plan`` and ``_commit``) for the runs
     :func:`unsupported` accepts. Returns (status, end_time, S, wq_start, wq_end, trace)."""
     n = R.shape[1]
@@ -548,6 +850,15 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
     thead = np.empty(ntn if ntn > 0 else 1, np.int64)   # vtc: each tenant's earliest waiting request
     tin = np.zeros(ntn if ntn > 0 else 1, np.int64)     # vtc: decoding requests per tenant
     last_left = -1
+    qtok = C[C_Q]
+    paused = np.empty(n, np.int64)
+    res_ = np.empty(n, np.int64)
+    wl = np.empty(n, np.int64)
+    cands = np.empty(n, np.int64)
+    placed = np.empty(n, np.int64)
+    disp = np.empty(n, np.int64)
+    resumed = np.empty(n, np.int64)
+    outs = np.empty(n, np.int64)
     cand = np.empty(n, np.int64)      # ltr: the waiting requests in admission order
     tmp = np.empty(n, np.int64)
     tkey = np.empty(n, np.float64)
@@ -624,13 +935,36 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             now = t
             continue
         S[NDEC] += 1
-        # ---- plan (:meth:`Batching._plan`, V1, non-preemptive)
-        while True:
+        if nwq + n + 1 > wq_s.shape[0]:            # room for this decision's admissions
+            wq_s = np.concatenate((wq_s, np.empty(nwq + n + 1, np.float64)))
+            wq_e = np.concatenate((wq_e, np.empty(nwq + n + 1, np.float64)))
+        ranked = False
+        if pol >= POL_LAS:
+            for r in range(n):                      # every live request's (priority, id), fresh
+                st_ = R[ST, r]
+                if st_ == _WAITING or st_ == _RUNNING or st_ == _PAUSED:
+                    F[KEY, r] = _key_of(r, R, F, S, pol, qtok, mb, mbl)
+            ranked = S[NWAIT] > 0 or S[NPAUSED] > 0 or S[NEED] + S[OTHER] > cap
+        # ---- plan (:meth:`Batching._plan`, V1, non-preemptive; preemptive policies when nobody is
+        # outside the batch and every resident's blocks fit, else :meth:`Batching._plan_ranked`)
+        preempted = False
+        pf_tokens = 0
+        free = 0
+        extra = 0
+        total = 0
+        budget = B
+        if ranked:
+            S[NWQ] = nwq
+            pf_tokens = _plan_ranked(now, C, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev,
+                                     lnext, wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw)
+            nwq = S[NWQ]
+            free = cap - (S[NEED] + S[OTHER] + S[ADJ])
+        while not ranked:
             if S[NSKIP]:                                    # _unskip
                 for a in range(S[NSKIP]):
                     r = skl[a]
                     R[SKF, r] = 0
-                    if R[PREF, r] == R[TGT, r] and R[ST, r] == _RUNNING:
+                    if R[PREF, r] == R[TGT, r] and (R[ST, r] == _RUNNING or R[ST, r] == _PAUSED):
                         S[OTHER] -= R[BLK, r]
                         _join(r, R, S, cnt, fk, fid, fcv, bs)
                 S[NSKIP] = 0
@@ -660,7 +994,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     elif varr:
                         if F[ARR, r] > F[ARR, v]:
                             v = r
-                    elif F[KEY, r] > F[KEY, v] or (F[KEY, r] == F[KEY, v] and r > v):
+                    elif _key_after(R, F, tc, pol, r, v):
                         v = r
                 preempted = True
                 if S[NSKIP] == 0:
@@ -709,25 +1043,25 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 if not anyc:
                     continue                                   # vLLM: an empty step; schedule() again
             break
-        for a in range(S[NPRE]):
+        for a in range(S[NPRE] if not ranked else 0):
             r = pre[a]
             if R[CHK, r]:
                 R[BLK, r] = (R[PREF, r] + R[CHK, r] + bs - 1) // bs
                 if pc_on:
                     _pc_register(r, R[PREF, r] + R[CHK, r], R, S, hoff, hid, ref, lprev, lnext, Hb, eb)
-        S[OTHER] += extra
-        if pc_on:
-            _pc_reconcile(S, ref, lprev, lnext, cap, eb)
-            total = S[NEED] + S[OTHER] + S[ADJ]
-        free = cap - total
+        if not ranked:
+            S[OTHER] += extra
+            if pc_on:
+                _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+                total = S[NEED] + S[OTHER] + S[ADJ]
+            free = cap - total
+            for a in range(S[NPRE]):
+                pf_tokens += R[CHK, pre[a]]
+            if preempted and S[NWAIT]:
+                S[ONESTEP] = 1
         slots = max_seqs - S[NRES]
         admitted = 0
-        pf_tokens = 0
-        for a in range(S[NPRE]):
-            pf_tokens += R[CHK, pre[a]]
-        if preempted and S[NWAIT]:
-            S[ONESTEP] = 1
-        if S[NWAIT] and slots > 0 and not preempted:
+        if not ranked and S[NWAIT] and slots > 0 and not preempted:
             ncand = 0
             if pol == POL_LTR:             # starving (oldest first), then by score; ties by id
                 ncand = _ltr_order(now, starve, starve_s, R, F, cand, tmp, tkey)
@@ -873,7 +1207,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     _fpop(fk, fid, fcv, S)
                 k = fk[0] - S[CLOCK]
                 # _k_memory
-                Fm = cap - used
+                Fm = cap - used if pol < POL_LAS else cap - (S[NEED] + S[OTHER])
                 if k > 1 and not Fm >= n_dec * ((k - 2) // bs + 1):
                     q = Fm // n_dec
                     rem = Fm - q * n_dec
@@ -902,6 +1236,42 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                             t_bound = arr_t[c]
                     else:
                         t_bound = arr_t[cur]
+                if (pol == POL_LAS or pol == POL_MLFQ or pol == POL_RR) and k > 1 and (S[NWAIT] or S[NPAUSED]):
+                    # _passing_iterations: fewest iterations until a member ranks after an outside request
+                    no = 0
+                    for r in range(n):
+                        if R[ST, r] == _WAITING or R[ST, r] == _PAUSED:
+                            outs[no] = r
+                            no += 1
+                    _sort_by_key(outs, no, R, F, tmp, tkey)
+                    best = -1
+                    for m in range(n):
+                        if not R[INC, m]:
+                            continue
+                        lo = 0
+                        hi = no
+                        while lo < hi:                      # bisect_right(okeys, km)
+                            mid = (lo + hi) // 2
+                            if _kless(R, F, m, outs[mid]):
+                                hi = mid
+                            else:
+                                lo = mid + 1
+                        if lo == no:
+                            continue
+                        x = outs[lo]
+                        g = R[GB, m] + S[CLOCK]
+                        if pol == POL_RR:
+                            kk2 = R[TURN, m] + qtok - g
+                        else:
+                            lvl = int(F[KEY, x])
+                            earlier = F[ARR, m] < F[ARR, x] or (F[ARR, m] == F[ARR, x] and m < x)
+                            kk2 = _tokens_to_level(m, g, lvl + 1 if earlier else lvl, R, pol, qtok, mb, mbl)
+                            if kk2 < 0:
+                                continue
+                        if best < 0 or kk2 < best:
+                            best = kk2
+                    if best >= 0 and best < k:
+                        k = best if best > 1 else 1
                 if pol == POL_VTC and k > 1 and S[NWAIT] > 0:
                     # VTC.next_decision: iterations until the admission head's tenant changes
                     _vtc_heads(R, F, tw, thead, ntn)
@@ -1001,6 +1371,16 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 _pc_reconcile(S, ref, lprev, lnext, cap, eb)
         _advance(1, S, cnt, bs)
         clock = S[CLOCK]
+        if pol == POL_RR and S[NCOH] > 0:       # RoundRobin.on_tokens: a used-up quantum re-queues at its end
+            for r in range(n):
+                if R[INC, r]:
+                    g = R[GB, r] + clock
+                    used_q = g - R[TURN, r]
+                    if used_q >= qtok:
+                        gc = R[TURN, r] + (used_q // qtok) * qtok
+                        R[TURN, r] = gc
+                        ii = gc - (g - k)
+                        F[TAU, r] = t0 + decode_run_s(ii, a0, inc) if (k > 1 and ii < k) else t1
         if pol == POL_VTC and S[NCOH] > 0:      # VTC.on_tokens: every decoded token charges its tenant
             for r in range(n):
                 if R[INC, r]:
@@ -1037,6 +1417,11 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     S[WORK] += 1
                     if pol == POL_VTC:
                         tc[R[TEN, r]] += w_out
+                    elif pol == POL_RR:
+                        used_q = R[GEN, r] - R[TURN, r]
+                        if used_q >= qtok:
+                            R[TURN, r] = R[TURN, r] + (used_q // qtok) * qtok
+                            F[TAU, r] = t1
                     if F[FT, r] != F[FT, r]:
                         F[FT, r] = t1
                     S[OTHER] -= R[BLK, r]
@@ -1066,7 +1451,8 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
 _HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap_less, _fsift_down, _fpush, _fpop,
             _wpush, _wpop, _list_remove, _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit,
             _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks,
-            _ltr_order, _vtc_heads, _key_after)
+            _ltr_order, _vtc_heads, _key_after, _generated, _mlfq_level, _key_of, _tokens_to_level, _sort_by_key,
+            _kless, _admit_need, _admit, _plan_ranked)
 
 
 def run(eng) -> None:
@@ -1077,9 +1463,21 @@ def run(eng) -> None:
     n = len(reqs)
     prof = eng.prof
     R = np.zeros((N_RFIELDS, n), np.int64)
-    F = np.full((6, n), np.nan)
+    F = np.full((7, n), np.nan)
     ltr = eng.policy.name in RANK_POLICIES
     vtc = eng.policy.name == "vtc"
+    pname = eng.policy.name
+    pol = {"las": POL_LAS, "mlfq": POL_MLFQ, "srpt_oracle": POL_SRPT, "rr": POL_RR}.get(pname)
+    if pol is None:
+        pol = POL_LTR if ltr else (POL_VTC if vtc else POL_STATIC)
+    mb = np.zeros((1, 1), np.int64)
+    mbl = np.zeros(1, np.int64)
+    if pname == "mlfq":
+        bounds = eng.policy._bounds
+        mb = np.zeros((len(bounds), max(1, max(len(b) for b in bounds))), np.int64)
+        mbl = np.array([len(b) for b in bounds], np.int64)
+        for jj, b in enumerate(bounds):
+            mb[jj, :len(b)] = b
     tenants = sorted(eng.policy._counter) if vtc else []
     tix = {t: i for i, t in enumerate(tenants)}
     for r in reqs:
@@ -1093,6 +1491,11 @@ def run(eng) -> None:
         R[RANK, i] = r.rank if eng.static else 0
         R[NFITS, i] = r.never_fits
         R[TEN, i] = tix[r.tenant] if vtc else 0
+        if pname == "mlfq":
+            R[JOIN, i] = eng.policy._join[i]
+        elif pname == "rr":
+            F[TAU, i] = eng.policy._tau[i]
+            R[TURN, i] = eng.policy._turn[i]
         F[ARR, i] = r.arrival_s
     R[ST] = _NOT_ARRIVED
     F[KEY] = np.asarray(eng.policy._score, dtype=np.float64) if ltr else R[RANK]
@@ -1112,16 +1515,16 @@ def run(eng) -> None:
     C = np.array([eng.bs, eng.cap, eng.B, eng.max_seqs, int(eng.pc_on), getattr(eng, "Hb", 1) if eng.pc_on else 1,
                   getattr(eng, "eb", 0) if eng.pc_on else 0, eng.n_arrivable,
                   int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None),
-                  POL_LTR if ltr else (POL_VTC if vtc else POL_STATIC), int(ltr and eng.policy.starvation_s is not None),
-                  len(tenants), int(eng.policy.w_prompt) if vtc else 0, int(eng.policy.w_output) if vtc else 0],
-                 np.int64)
+                  pol, int(ltr and eng.policy.starvation_s is not None),
+                  len(tenants), int(eng.policy.w_prompt) if vtc else 0, int(eng.policy.w_output) if vtc else 0,
+                  int(getattr(eng.policy, "quantum_tokens", 1) or 1)], np.int64)
     Fc = np.array([prof.c0_s, prof.c_prefill_s, prof.c_decode_s, prof.c_kv_s, prof.c_attn_s, prof.floor_s,
                    float(prof.floor_tokens) if prof.floor_s > 0 else 1.0,
                    float(eng.policy.starvation_s or 0.0) if ltr else 0.0], np.float64)
     marks = np.asarray(eng.marks, dtype=np.float64)
     work_at = np.zeros(len(marks), np.int64)
     status, end_time, S, wq_s, wq_e, tr_f, tr_i = kernel()(C, Fc, float(eng.H), R, F, order, arr_t, suffix, by_rank,
-                                                           hoff, hid, marks, work_at)
+                                                           hoff, hid, marks, work_at, mb, mbl)
     if status == ERR_KV:
         raise ConservationError(f"KV blocks in use {int(S[USED])} > capacity {eng.cap} at t={end_time}")
     if status == ERR_RUN_KV:
@@ -1146,6 +1549,7 @@ def run(eng) -> None:
     eng.n_iter, eng.n_decisions, eng.n_preempt = int(S[NITER]), int(S[NDEC]), int(S[NPREEMPT])
     eng.max_used, eng.n_finished, eng.work = int(S[MAXUSED]), int(S[NFIN]), int(S[WORK])
     eng.pc_hit_tokens, eng.pc_query_tokens = int(S[PCHIT]), int(S[PCQ])
+    eng.n_pause = int(S[NPAUSE])
     eng.wq = list(zip(wq_s.tolist(), wq_e.tolist()))
     eng.work_at = work_at[:int(S[NWA])].tolist()
     if eng.trace is not None:
