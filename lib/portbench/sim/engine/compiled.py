@@ -1480,23 +1480,25 @@ def run(eng) -> None:
             mb[jj, :len(b)] = b
     tenants = sorted(eng.policy._counter) if vtc else []
     tix = {t: i for i, t in enumerate(tenants)}
-    for r in reqs:
-        i = r.id
-        R[PP, i] = r.prompt_tokens
-        R[OO, i] = r.output_tokens
-        R[TGT, i] = r.prefill_target
-        R[GEN, i] = r.generated
-        R[PREF, i] = r.prefilled
-        R[HIGH, i] = r.high
-        R[RANK, i] = r.rank if eng.static else 0
-        R[NFITS, i] = r.never_fits
-        R[TEN, i] = tix[r.tenant] if vtc else 0
-        if pname == "mlfq":
-            R[JOIN, i] = eng.policy._join[i]
-        elif pname == "rr":
-            F[TAU, i] = eng.policy._tau[i]
-            R[TURN, i] = eng.policy._turn[i]
-        F[ARR, i] = r.arrival_s
+    if any(r.id != i for i, r in enumerate(reqs)):     # pragma: no cover - requests_from_window numbers rows
+        raise AssertionError("request ids are not the window's rows")
+    R[PP] = [r.prompt_tokens for r in reqs]
+    R[OO] = [r.output_tokens for r in reqs]
+    R[TGT] = [r.prefill_target for r in reqs]
+    R[GEN] = [r.generated for r in reqs]
+    R[PREF] = [r.prefilled for r in reqs]
+    R[HIGH] = [r.high for r in reqs]
+    if eng.static:
+        R[RANK] = [r.rank for r in reqs]
+    R[NFITS] = [r.never_fits for r in reqs]
+    if vtc:
+        R[TEN] = [tix[r.tenant] for r in reqs]
+    if pname == "mlfq":
+        R[JOIN] = eng.policy._join
+    elif pname == "rr":
+        F[TAU] = eng.policy._tau
+        R[TURN] = eng.policy._turn
+    F[ARR] = [r.arrival_s for r in reqs]
     R[ST] = _NOT_ARRIVED
     F[KEY] = np.asarray(eng.policy._score, dtype=np.float64) if ltr else R[RANK]
     order = np.fromiter((r.id for r in eng.arrivals), np.int64, n)
