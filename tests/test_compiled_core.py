@@ -92,13 +92,14 @@ def frozen(tmp_path_factory, shared_traces):
 @pytest.mark.parametrize("source", SOURCES)
 def test_golden_every_supported_policy_and_region(frozen, source):
     """Every supported policy x operating region on the source's frozen window (work marks and the step
-    log on), without prefix caching too where the window has hashes, and on a cache of 1/25 of the
+    log on), under V0 batching (the non-preemptive policies), without prefix caching too where the window has
+    hashes, and on a cache of 1/25 of the
     size at overload and severe (so that every source reaches evictions): identical on both cores."""
     df, hb = frozen[source]
     p = prof()
     small = dataclasses.replace(p, kv_capacity_blocks=p.kv_capacity_blocks // 25)
     cap = float(regions.saturation(df, p, "fcfs", hash_block_tokens=hb)["capacity_rps"])
-    modes = [{}] + ([{"prefix_caching": "off"}] if hb else [])
+    modes = [{}, {"batching": "v0"}] + ([{"prefix_caching": "off"}] if hb else [])
     seen = {"preemptions": 0, "prefix_hit_tokens": 0, "unfinished": 0}
     for region, rho in REGION_LOADS.items():
         sdf = regions.rescale(df, rho, cap)
@@ -106,6 +107,8 @@ def test_golden_every_supported_policy_and_region(frozen, source):
         t1, t2 = regions.utilisation_marks(sdf)
         for policy in compiled.SUPPORTED_POLICIES:
             for mode in modes:
+                if mode.get("batching") == "v0" and policy in compiled.PREEMPTIVE_POLICIES:
+                    continue          # the preemptive policies' V0 plan runs on the reference
                 for pr in (p, small) if region in ("overload", "severe") else (p,):
                     ref, cc = both(sdf, policy, pr, horizon_s=h, seed=3, slo=SLO, hash_block_tokens=hb, engine=mode,
                                    work_marks=(t1, t2), record_iterations=True)
@@ -170,13 +173,16 @@ POLICIES = compiled.SUPPORTED_POLICIES + (("ltr", {"starvation_s": 0.3}), ("ltr"
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=windows(), policy=st.sampled_from(POLICIES), cap=st.integers(60, 400),
        seqs=st.integers(1, 12), budget=st.sampled_from([64, 256, 2048]), horizon=st.sampled_from([math.inf, 3.0, 12.0]),
-       seed=st.integers(0, 3))
-def test_random_windows_identical(w, policy, cap, seqs, budget, horizon, seed):
+       seed=st.integers(0, 3), batching=st.sampled_from(["v1", "v0"]))
+def test_random_windows_identical(w, policy, cap, seqs, budget, horizon, seed, batching):
     df, hb = w
     p = small_profile(cap, seqs, budget)
+    name = policy[0] if isinstance(policy, tuple) else policy
     if isinstance(policy, tuple):
         policy = get_scheduler(policy[0], **policy[1])
-    ref, cc = both(df, policy, p, horizon_s=horizon, seed=seed, slo=SLO, hash_block_tokens=hb,
+    if name in compiled.PREEMPTIVE_POLICIES:
+        batching = "v1"           # their V0 plan runs on the reference
+    ref, cc = both(df, policy, p, horizon_s=horizon, seed=seed, slo=SLO, hash_block_tokens=hb, engine={"batching": batching},
                    work_marks=(1.0, 4.0), record_iterations=True)
     assert_identical(ref, cc, policy)
 
@@ -200,7 +206,7 @@ def test_auto_falls_back_with_the_reason():
     p = prof()
     assert simulate(df, "fcfs", p, horizon_s=10.0, seed=0).core == "compiled"
     for policy, engine, why in ((get_scheduler("sjf_prompt", preemptive=True), {}, "preemptive: true"),
-                                ("fcfs", {"batching": "v0"}, "engine.batching: v0"),
+                                ("las", {"batching": "v0"}, "engine.batching: v0"),
                                 ("fcfs", {"preemption": "swap"}, "engine.preemption: swap")):
         res = simulate(df, policy, p, horizon_s=10.0, seed=0, engine=engine)
         assert res.core == "reference" and why in res.core_note

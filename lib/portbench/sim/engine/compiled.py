@@ -8,9 +8,11 @@ What it runs: every built-in policy of the study -- the static ones (``fcfs``, `
 counters (lift, prompt and token charges, its tenant-by-tenant admission), and the preemptive ones
 (``srpt_oracle``, ``mlfq``, ``las``, ``rr``: the ranked plan of :meth:`Batching._plan_ranked`, pauses,
 evictions among the displaced, their ``next_decision`` and RR's quantum clock) -- under vLLM V1 batching
-with recompute preemption (swap only on a profile without host memory, where it is recompute), the context
+(and, for the non-preemptive policies, V0's prefill-first batching: whole prompts in prefill-only
+iterations, the whole prefill's blocks at admission; ``sarathi`` chunked) with recompute preemption (swap only on a profile without host memory, where it is recompute), the context
 limit, prefix caching, the self-preemption stop of vLLM's running loop (:meth:`Batching._first_misfit`),
-work marks, queue intervals and the step log (``record_iterations``). Everything else -- V0 batching, swap,
+work marks, queue intervals and the step log (``record_iterations``). Everything else -- the preemptive
+policies under V0 batching, swap,
 a static policy with option ``preemptive: true``, plug-ins, ``naive``/``check_invariants``/``check_contract``
 runs -- runs on the reference (:func:`unsupported` says why). The preemptive plan ranks with fresh keys at
 every decision and walks the ranking one request at a time: the reference's lazy keys and bulk tail are
@@ -56,7 +58,7 @@ FT, FIN, ADM, WS, ARR, KEY, TAU = range(7)
 N_S = 32
 # configuration (C)
 C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE, C_POL, C_STARVE, C_NTEN, \
-    C_WP, C_WO, C_Q = range(17)
+    C_WP, C_WO, C_Q, C_V1, C_CHUNKED = range(19)
 # waiting queue: a heap of static ranks | ltr's order (starving, then score) | vtc's tenant-by-tenant order
 POL_STATIC, POL_LTR, POL_VTC = 0, 1, 2
 POL_LAS, POL_MLFQ, POL_SRPT, POL_RR = 3, 4, 5, 6     # preemptive: every live request ranked at each decision
@@ -74,8 +76,8 @@ def unsupported(sched, engine, profile, *, naive: bool = False, check_invariants
         return f"policy {name!r} is not implemented in the compiled core (it runs {', '.join(SUPPORTED_POLICIES)})"
     if getattr(sched, "preemptive", False) and name not in PREEMPTIVE_POLICIES:
         return f"policy {name!r} with option preemptive: true"
-    if engine.batching != "v1":
-        return f"engine.batching: {engine.batching}"
+    if engine.batching != "v1" and name in PREEMPTIVE_POLICIES:
+        return f"policy {name!r} (preemptive) with engine.batching: {engine.batching}"
     if engine.preemption == "swap" and getattr(profile, "can_swap", False):
         return "engine.preemption: swap"
     if naive:
@@ -844,6 +846,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
     bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
     pc_on, Hb, eb, n_arr, varr, trace_on = C[C_PC], C[C_HB], C[C_EB], C[C_NARR], C[C_VARR], C[C_TRACE]
     pol, starve, starve_s = C[C_POL], C[C_STARVE], Fc[7]
+    v1, chunked = C[C_V1], C[C_CHUNKED]
     ntn, w_prompt, w_out = C[C_NTEN], C[C_WP], C[C_WO]
     tc = np.zeros(ntn if ntn > 0 else 1, np.int64)      # vtc: the tenants' counters
     tw = np.zeros(ntn if ntn > 0 else 1, np.int64)      # vtc: waiting requests per tenant
@@ -975,12 +978,14 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             extra = 0
             total = 0
             while True:
-                b0 = B - S[NCOH]
-                budget = _chunks(b0 if b0 > 0 else 0, R, F, S, pre, tc, pol)
-                extra = 0
-                for a in range(S[NPRE]):
-                    r = pre[a]
-                    extra += (R[PREF, r] + R[CHK, r] + bs - 1) // bs - R[BLK, r]
+                if chunked:
+                    b0 = B - S[NCOH]
+                    budget = _chunks(b0 if b0 > 0 else 0, R, F, S, pre, tc, pol)
+                    if v1:
+                        extra = 0
+                        for a in range(S[NPRE]):
+                            r = pre[a]
+                            extra += (R[PREF, r] + R[CHK, r] + bs - 1) // bs - R[BLK, r]
                 total = S[NEED] + S[OTHER] + extra + S[ADJ]
                 if total <= cap:
                     break
@@ -997,7 +1002,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     elif _key_after(R, F, tc, pol, r, v):
                         v = r
                 preempted = True
-                if S[NSKIP] == 0:
+                if v1 and S[NSKIP] == 0:
                     # _first_misfit
                     clock = S[CLOCK]
                     for a in range(nr):
@@ -1043,7 +1048,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 if not anyc:
                     continue                                   # vLLM: an empty step; schedule() again
             break
-        for a in range(S[NPRE] if not ranked else 0):
+        for a in range(S[NPRE] if not ranked and v1 else 0):
             r = pre[a]
             if R[CHK, r]:
                 R[BLK, r] = (R[PREF, r] + R[CHK, r] + bs - 1) // bs
@@ -1055,13 +1060,14 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 _pc_reconcile(S, ref, lprev, lnext, cap, eb)
                 total = S[NEED] + S[OTHER] + S[ADJ]
             free = cap - total
-            for a in range(S[NPRE]):
-                pf_tokens += R[CHK, pre[a]]
-            if preempted and S[NWAIT]:
+            if chunked:
+                for a in range(S[NPRE]):
+                    pf_tokens += R[CHK, pre[a]]
+            if v1 and preempted and S[NWAIT]:
                 S[ONESTEP] = 1
         slots = max_seqs - S[NRES]
         admitted = 0
-        if not ranked and S[NWAIT] and slots > 0 and not preempted:
+        if not ranked and S[NWAIT] and slots > 0 and not (v1 and preempted):
             ncand = 0
             if pol == POL_LTR:             # starving (oldest first), then by score; ties by id
                 ncand = _ltr_order(now, starve, starve_s, R, F, cand, tmp, tkey)
@@ -1090,24 +1096,39 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     if ci >= ncand:
                         break
                     r = cand[ci]
-                # _admit_need (V1, not swapped)
+                # _admit_need (not swapped)
                 target = R[PP, r] + R[GEN, r]
-                h = 0
-                nfree = 0
-                if pc_on:
-                    h, nfree = _pc_hit(r, target, hoff, hid, ref, Hb)
-                e = eb if pc_on else 0
-                cached = h * e * bs
-                if (target + bs - 1) // bs - h * e + nfree * e > free:
-                    break
-                c = target - cached
-                if c > budget:
-                    c = budget
-                if c <= 0:
-                    break
-                R[CHK, r] = c
-                R[HIT, r] = h
-                need = (c + bs - 1) // bs + nfree * e
+                if v1:
+                    h = 0
+                    nfree = 0
+                    if pc_on:
+                        h, nfree = _pc_hit(r, target, hoff, hid, ref, Hb)
+                    e = eb if pc_on else 0
+                    cached = h * e * bs
+                    if (target + bs - 1) // bs - h * e + nfree * e > free:
+                        break
+                    c = target - cached
+                    if c > budget:
+                        c = budget
+                    if c <= 0:
+                        break
+                    R[CHK, r] = c
+                    R[HIT, r] = h
+                    need = (c + bs - 1) // bs + nfree * e
+                else:                       # V0: the whole prefill's blocks at admission
+                    if chunked:
+                        c = target if target < budget else budget
+                        if c <= 0:
+                            break
+                    else:
+                        c = target
+                        if admitted and pf_tokens + c > B:     # a longer prompt is prefilled alone
+                            break
+                    R[CHK, r] = c
+                    R[HIT, r] = 0
+                    need = (target + bs - 1) // bs
+                    if need > free:
+                        break
                 if pol == POL_STATIC:
                     _wpop(wheap, S)
                 else:
@@ -1151,7 +1172,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 R[PREF, r] = cached
                 if cached > R[HIGH, r]:
                     R[HIGH, r] = cached
-                R[BLK, r] = (cached + c + bs - 1) // bs
+                R[BLK, r] = (cached + c + bs - 1) // bs if v1 else (target + bs - 1) // bs
                 S[OTHER] += R[BLK, r]
                 pre[S[NPRE]] = r
                 S[NPRE] += 1
@@ -1181,9 +1202,13 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     p0 = R[PREF, r]
                     ctx += p0 + c
                     pairs += c * p0 + c * (c + 1) // 2
-            ctx += S[SL] + n_dec * S[CLOCK]
+            if chunked:
+                ctx += S[SL] + n_dec * S[CLOCK]
+                kind = 1
+            else:
+                n_dec = 0
+                kind = 2              # whole-prompt prefill-first: the cohort waits for this iteration
             C0 = ctx
-            kind = 1
             dt = iteration_time(Fc, pf_tokens, n_dec, ctx, pairs if Fc[4] else 0)
             if now + dt > H:
                 end_time = H
@@ -1357,45 +1382,46 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
         t0 = now
         if S[NWA] < marks.shape[0]:
             _note_marks(t1, False, kind == 0 and k > 1, n_dec, a0, inc, t0, marks, work_at, S)
-        S[WORK] += S[NCOH] * k
-        if k > 1:
-            _advance(k - 1, S, cnt, bs)
-            u2 = S[NEED] + S[OTHER] + S[ADJ]
-            if u2 > cap:
-                status = ERR_RUN_KV
-                end_time = t1
-                break
-            if u2 > S[MAXUSED]:
-                S[MAXUSED] = u2
-            if pc_on:
-                _pc_reconcile(S, ref, lprev, lnext, cap, eb)
-        _advance(1, S, cnt, bs)
-        clock = S[CLOCK]
-        if pol == POL_RR and S[NCOH] > 0:       # RoundRobin.on_tokens: a used-up quantum re-queues at its end
-            for r in range(n):
-                if R[INC, r]:
-                    g = R[GB, r] + clock
-                    used_q = g - R[TURN, r]
-                    if used_q >= qtok:
-                        gc = R[TURN, r] + (used_q // qtok) * qtok
-                        R[TURN, r] = gc
-                        ii = gc - (g - k)
-                        F[TAU, r] = t0 + decode_run_s(ii, a0, inc) if (k > 1 and ii < k) else t1
-        if pol == POL_VTC and S[NCOH] > 0:      # VTC.on_tokens: every decoded token charges its tenant
-            for r in range(n):
-                if R[INC, r]:
-                    tc[R[TEN, r]] += w_out * k
-        while S[NF] > 0:                                   # _pop_finished, then leave + finish each
-            r = fid[0]
-            if fcv[0] != R[CV, r]:
-                _fpop(fk, fid, fcv, S)
-            elif fk[0] == clock:
-                _fpop(fk, fid, fcv, S)
-                _leave(r, R, S, cnt, bs)
-                _release_finish(r, t1, R, F, S, run, hoff, hid, ref, lprev, lnext, eb)
-            else:
-                break
-        if kind == 1:
+        if kind != 2:                  # the cohort decodes k iterations (V0 whole prompts: it waits)
+            S[WORK] += S[NCOH] * k
+            if k > 1:
+                _advance(k - 1, S, cnt, bs)
+                u2 = S[NEED] + S[OTHER] + S[ADJ]
+                if u2 > cap:
+                    status = ERR_RUN_KV
+                    end_time = t1
+                    break
+                if u2 > S[MAXUSED]:
+                    S[MAXUSED] = u2
+                if pc_on:
+                    _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+            _advance(1, S, cnt, bs)
+            clock = S[CLOCK]
+            if pol == POL_RR and S[NCOH] > 0:       # RoundRobin.on_tokens: a used-up quantum re-queues at its end
+                for r in range(n):
+                    if R[INC, r]:
+                        g = R[GB, r] + clock
+                        used_q = g - R[TURN, r]
+                        if used_q >= qtok:
+                            gc = R[TURN, r] + (used_q // qtok) * qtok
+                            R[TURN, r] = gc
+                            ii = gc - (g - k)
+                            F[TAU, r] = t0 + decode_run_s(ii, a0, inc) if (k > 1 and ii < k) else t1
+            if pol == POL_VTC and S[NCOH] > 0:      # VTC.on_tokens: every decoded token charges its tenant
+                for r in range(n):
+                    if R[INC, r]:
+                        tc[R[TEN, r]] += w_out * k
+            while S[NF] > 0:                                   # _pop_finished, then leave + finish each
+                r = fid[0]
+                if fcv[0] != R[CV, r]:
+                    _fpop(fk, fid, fcv, S)
+                elif fk[0] == clock:
+                    _fpop(fk, fid, fcv, S)
+                    _leave(r, R, S, cnt, bs)
+                    _release_finish(r, t1, R, F, S, run, hoff, hid, ref, lprev, lnext, eb)
+                else:
+                    break
+        if kind != 0:
             done = False
             npf = 0
             for a in range(S[NPRE]):                       # this iteration's chunks (the list may shrink)
@@ -1519,7 +1545,7 @@ def run(eng) -> None:
                   int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None),
                   pol, int(ltr and eng.policy.starvation_s is not None),
                   len(tenants), int(eng.policy.w_prompt) if vtc else 0, int(eng.policy.w_output) if vtc else 0,
-                  int(getattr(eng.policy, "quantum_tokens", 1) or 1)], np.int64)
+                  int(getattr(eng.policy, "quantum_tokens", 1) or 1), int(eng.v1), int(eng.chunked)], np.int64)
     Fc = np.array([prof.c0_s, prof.c_prefill_s, prof.c_decode_s, prof.c_kv_s, prof.c_attn_s, prof.floor_s,
                    float(prof.floor_tokens) if prof.floor_s > 0 else 1.0,
                    float(eng.policy.starvation_s or 0.0) if ltr else 0.0], np.float64)
