@@ -92,15 +92,15 @@ def frozen(tmp_path_factory, shared_traces):
 @pytest.mark.parametrize("source", SOURCES)
 def test_golden_every_supported_policy_and_region(frozen, source):
     """Every supported policy x operating region on the source's frozen window (work marks and the step
-    log on), under V0 batching (the non-preemptive policies), without prefix caching too where the window has
-    hashes, and on a cache of 1/25 of the
+    log on), under V0 batching (the non-preemptive policies), with swap preemption, without prefix caching too
+    where the window has hashes, and on a cache of 1/25 of the
     size at overload and severe (so that every source reaches evictions): identical on both cores."""
     df, hb = frozen[source]
     p = prof()
     small = dataclasses.replace(p, kv_capacity_blocks=p.kv_capacity_blocks // 25)
     cap = float(regions.saturation(df, p, "fcfs", hash_block_tokens=hb)["capacity_rps"])
-    modes = [{}, {"batching": "v0"}] + ([{"prefix_caching": "off"}] if hb else [])
-    seen = {"preemptions": 0, "prefix_hit_tokens": 0, "unfinished": 0}
+    modes = [{}, {"batching": "v0"}, {"preemption": "swap"}] + ([{"prefix_caching": "off"}] if hb else [])
+    seen = {"preemptions": 0, "prefix_hit_tokens": 0, "unfinished": 0, "swaps": 0}
     for region, rho in REGION_LOADS.items():
         sdf = regions.rescale(df, rho, cap)
         h = regions.horizon_s(sdf, 1.5)
@@ -115,7 +115,7 @@ def test_golden_every_supported_policy_and_region(frozen, source):
                     assert_identical(ref, cc, f"{source} {region} {policy} {mode} {pr.kv_capacity_blocks}")
                     for k in seen:
                         seen[k] += ref.counters[k]
-    assert seen["preemptions"] > 0 and seen["unfinished"] > 0, seen     # the golden set reaches evictions
+    assert seen["preemptions"] > 0 and seen["unfinished"] > 0 and seen["swaps"] > 0, seen   # evictions, swaps
     if hb:
         assert seen["prefix_hit_tokens"] > 0, seen
 
@@ -137,9 +137,9 @@ def test_golden_covers_refusals_at_the_context_limit():
 # --------------------------------------------------------------------------- random small windows
 
 
-def small_profile(cap_blocks: int, max_seqs: int, budget: int):
+def small_profile(cap_blocks: int, max_seqs: int, budget: int, host_blocks: int = 0):
     return dataclasses.replace(prof(), kv_capacity_blocks=cap_blocks, max_num_seqs=max_seqs,
-                               max_batched_tokens=budget, max_model_len=1500)
+                               max_batched_tokens=budget, max_model_len=1500, host_kv_blocks=host_blocks)
 
 
 @st.composite
@@ -173,16 +173,17 @@ POLICIES = compiled.SUPPORTED_POLICIES + (("ltr", {"starvation_s": 0.3}), ("ltr"
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=windows(), policy=st.sampled_from(POLICIES), cap=st.integers(60, 400),
        seqs=st.integers(1, 12), budget=st.sampled_from([64, 256, 2048]), horizon=st.sampled_from([math.inf, 3.0, 12.0]),
-       seed=st.integers(0, 3), batching=st.sampled_from(["v1", "v0"]))
-def test_random_windows_identical(w, policy, cap, seqs, budget, horizon, seed, batching):
+       seed=st.integers(0, 3), batching=st.sampled_from(["v1", "v0"]),
+       preemption=st.sampled_from(["recompute", "swap"]), host=st.sampled_from([0, 40, 400]))
+def test_random_windows_identical(w, policy, cap, seqs, budget, horizon, seed, batching, preemption, host):
     df, hb = w
-    p = small_profile(cap, seqs, budget)
+    p = small_profile(cap, seqs, budget, host)       # swap: host memory none, small (then recompute) or ample
     name = policy[0] if isinstance(policy, tuple) else policy
     if isinstance(policy, tuple):
         policy = get_scheduler(policy[0], **policy[1])
     if name in compiled.PREEMPTIVE_POLICIES:
         batching = "v1"           # their V0 plan runs on the reference
-    ref, cc = both(df, policy, p, horizon_s=horizon, seed=seed, slo=SLO, hash_block_tokens=hb, engine={"batching": batching},
+    ref, cc = both(df, policy, p, horizon_s=horizon, seed=seed, slo=SLO, hash_block_tokens=hb, engine={"batching": batching, "preemption": preemption},
                    work_marks=(1.0, 4.0), record_iterations=True)
     assert_identical(ref, cc, policy)
 
@@ -206,8 +207,7 @@ def test_auto_falls_back_with_the_reason():
     p = prof()
     assert simulate(df, "fcfs", p, horizon_s=10.0, seed=0).core == "compiled"
     for policy, engine, why in ((get_scheduler("sjf_prompt", preemptive=True), {}, "preemptive: true"),
-                                ("las", {"batching": "v0"}, "engine.batching: v0"),
-                                ("fcfs", {"preemption": "swap"}, "engine.preemption: swap")):
+                                ("las", {"batching": "v0"}, "engine.batching: v0")):
         res = simulate(df, policy, p, horizon_s=10.0, seed=0, engine=engine)
         assert res.core == "reference" and why in res.core_note
         with pytest.raises(ParameterError, match="engine.core"):

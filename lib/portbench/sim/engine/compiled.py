@@ -9,10 +9,10 @@ counters (lift, prompt and token charges, its tenant-by-tenant admission), and t
 (``srpt_oracle``, ``mlfq``, ``las``, ``rr``: the ranked plan of :meth:`Batching._plan_ranked`, pauses,
 evictions among the displaced, their ``next_decision`` and RR's quantum clock) -- under vLLM V1 batching
 (and, for the non-preemptive policies, V0's prefill-first batching: whole prompts in prefill-only
-iterations, the whole prefill's blocks at admission; ``sarathi`` chunked) with recompute preemption (swap only on a profile without host memory, where it is recompute), the context
-limit, prefix caching, the self-preemption stop of vLLM's running loop (:meth:`Batching._first_misfit`),
+iterations, the whole prefill's blocks at admission; ``sarathi`` chunked) with recompute or swap preemption (swap: KV copied to the profile's host memory while it has room, the copies charged to the next
+iteration), the context limit, prefix caching, the self-preemption stop of vLLM's running loop (:meth:`Batching._first_misfit`),
 work marks, queue intervals and the step log (``record_iterations``). Everything else -- the preemptive
-policies under V0 batching, swap,
+policies under V0 batching,
 a static policy with option ``preemptive: true``, plug-ins, ``naive``/``check_invariants``/``check_contract``
 runs -- runs on the reference (:func:`unsupported` says why). The preemptive plan ranks with fresh keys at
 every decision and walks the ranking one request at a time: the reference's lazy keys and bulk tail are
@@ -48,17 +48,19 @@ SUPPORTED_POLICIES = VICTIM_ARRIVAL + VICTIM_RANK + RANK_POLICIES + PREEMPTIVE_P
 _NOT_ARRIVED, _WAITING, _RUNNING, _PAUSED, _FINISHED, _REJECTED = -1, 0, 1, 2, 3, 4
 # per-request int fields (rows of R)
 (GEN, PREF, TGT, BLK, CHK, GB, CV, INC, HIGH, HIT, NSH, ST, RANK, PREEMPT, PP, OO, SKF, NFITS, TEN, CHG, JOIN,
- TURN) = range(22)
-N_RFIELDS = 22
+ TURN, SWP, SWB) = range(24)
+N_RFIELDS = 24
 # per-request float fields (rows of F); KEY: what residents are ordered by (the static rank, or ltr's score)
 FT, FIN, ADM, WS, ARR, KEY, TAU = range(7)
 # scalar state (S)
 (NEED, OTHER, CLOCK, SL, NCOH, NRES, NWAIT, ADJ, PCREF, PCSH, LRUN, LRUH, LRUT, NPRE, NRUN, NSKIP, NF,
- NPREEMPT, PCHIT, PCQ, WORK, NFIN, NWA, ONESTEP, NITER, NDEC, MAXUSED, CURSOR, USED, NPAUSED, NPAUSE, NWQ) = range(32)
-N_S = 32
+ NPREEMPT, PCHIT, PCQ, WORK, NFIN, NWA, ONESTEP, NITER, NDEC, MAXUSED, CURSOR, USED, NPAUSED, NPAUSE, NWQ, HOSTU,
+ NSWO, NSWI) = range(35)
+N_S = 35
+PENDING, SWAPS = 0, 1         # float state (SF): swap copies charged to the next iteration, their total
 # configuration (C)
 C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE, C_POL, C_STARVE, C_NTEN, \
-    C_WP, C_WO, C_Q, C_V1, C_CHUNKED = range(19)
+    C_WP, C_WO, C_Q, C_V1, C_CHUNKED, C_SWAP, C_HOSTCAP = range(21)
 # waiting queue: a heap of static ranks | ltr's order (starving, then score) | vtc's tenant-by-tenant order
 POL_STATIC, POL_LTR, POL_VTC = 0, 1, 2
 POL_LAS, POL_MLFQ, POL_SRPT, POL_RR = 3, 4, 5, 6     # preemptive: every live request ranked at each decision
@@ -78,8 +80,6 @@ def unsupported(sched, engine, profile, *, naive: bool = False, check_invariants
         return f"policy {name!r} with option preemptive: true"
     if engine.batching != "v1" and name in PREEMPTIVE_POLICIES:
         return f"policy {name!r} (preemptive) with engine.batching: {engine.batching}"
-    if engine.preemption == "swap" and getattr(profile, "can_swap", False):
-        return "engine.preemption: swap"
     if naive:
         return "naive=True"
     if check_invariants:
@@ -443,8 +443,30 @@ def _release_finish(r, t, R, F, S, run, hoff, hid, ref, lprev, lnext, eb):
     S[NFIN] += 1
 
 
-def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw):
-    """:meth:`Queues._evict` + ``_requeue_evicted`` (recompute)."""
+def _requeue(v, now, R, F, S, SF, C, Fc):
+    """The state part of :meth:`Queues._requeue_evicted` (after the resident lists and the prefix cache):
+    swapped to host memory while it has room (``engine.preemption: swap``), else recompute."""
+    bs = C[C_BS]
+    computed = R[BLK, v] if R[PREF, v] == R[TGT, v] else (R[PREF, v] + bs - 1) // bs
+    R[ST, v] = _WAITING
+    R[BLK, v] = 0
+    R[CHK, v] = 0
+    R[PREEMPT, v] += 1
+    F[WS, v] = now
+    S[NPREEMPT] += 1
+    if C[C_SWAP] and computed and S[HOSTU] + computed <= C[C_HOSTCAP]:
+        R[SWP, v] = 1
+        R[SWB, v] = computed
+        S[HOSTU] += computed
+        S[NSWO] += 1
+        SF[PENDING] += computed * Fc[8]
+    else:
+        R[PREF, v] = 0
+        R[TGT, v] = R[PP, v] + R[GEN, v]
+
+
+def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw, SF, C, Fc):
+    """:meth:`Queues._evict` + ``_requeue_evicted``."""
     if R[INC, v]:
         _leave(v, R, S, cnt, bs)
     else:
@@ -454,14 +476,7 @@ def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, 
     _list_remove(run, S, NRUN, v)
     S[NRES] -= 1
     _pc_release(v, R, S, hoff, hid, ref, lprev, lnext, eb)
-    R[ST, v] = _WAITING
-    R[BLK, v] = 0
-    R[CHK, v] = 0
-    R[PREEMPT, v] += 1
-    F[WS, v] = now
-    S[NPREEMPT] += 1
-    R[PREF, v] = 0
-    R[TGT, v] = R[PP, v] + R[GEN, v]
+    _requeue(v, now, R, F, S, SF, C, Fc)
     if pol == POL_STATIC:
         _wpush(wheap, S, R[RANK, v])
     else:
@@ -559,7 +574,22 @@ def _kless(R, F, a, b):
 
 
 def _admit_need(r, budget, free, R, S, hoff, hid, ref, Hb, eb, pc_on, bs):
-    """:meth:`Queues._admit_need` (V1, recompute): blocks admitting ``r`` adds, or -1."""
+    """:meth:`Queues._admit_need` (V1): blocks admitting ``r`` adds, or -1."""
+    if R[SWP, r]:
+        if R[PREF, r] == R[TGT, r]:                 # resumes decoding
+            if budget < 1:
+                return -1
+            R[CHK, r] = 0
+            need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
+        else:
+            left = R[TGT, r] - R[PREF, r]
+            c = left if left < budget else budget
+            if c <= 0:
+                return -1
+            R[CHK, r] = c
+            need = (R[PREF, r] + c + bs - 1) // bs
+        R[HIT, r] = 0
+        return need if need <= free else -1
     target = R[PP, r] + R[GEN, r]
     h = 0
     nfree = 0
@@ -579,8 +609,10 @@ def _admit_need(r, budget, free, R, S, hoff, hid, ref, Hb, eb, pc_on, bs):
     return (c + bs - 1) // bs + nfree * e
 
 
-def _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_on, bs, wq_s, wq_e):
-    """:meth:`Queues._admit` (V1, recompute; the request goes to the prefill list)."""
+def _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_on, bs, wq_s, wq_e, SF, Fc, cnt,
+           fk, fid, fcv):
+    """:meth:`Queues._admit` (V1) and the caller's step: a swapped-out decoder rejoins the cohort, anything
+    else goes to the prefill list."""
     R[ST, r] = _RUNNING
     run[S[NRUN]] = r
     S[NRUN] += 1
@@ -590,6 +622,20 @@ def _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_o
     wq_s[S[NWQ]] = F[WS, r]
     wq_e[S[NWQ]] = now
     S[NWQ] += 1
+    if R[SWP, r]:                                   # swapped back in
+        S[HOSTU] -= R[SWB, r]
+        SF[PENDING] += R[SWB, r] * Fc[8]
+        S[NSWI] += 1
+        R[SWP, r] = 0
+        R[SWB, r] = 0
+        if R[PREF, r] == R[TGT, r]:
+            _join(r, R, S, cnt, fk, fid, fcv, bs)
+            return
+        R[BLK, r] = (R[PREF, r] + R[CHK, r] + bs - 1) // bs
+        S[OTHER] += R[BLK, r]
+        pre[S[NPRE]] = r
+        S[NPRE] += 1
+        return
     target = R[PP, r] + R[GEN, r]
     R[TGT, r] = target
     c = R[CHK, r]
@@ -610,7 +656,7 @@ def _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_o
     S[NPRE] += 1
 
 
-def _plan_ranked(now, C, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev, lnext,
+def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev, lnext,
                  wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw):
     """:meth:`Batching._plan_ranked` (V1, recompute; the one-by-one walk, keys fresh). Returns the
     iteration's prompt tokens."""
@@ -641,7 +687,10 @@ def _plan_ranked(now, C, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid
             r = wl[j]
             need = -1
             if slots > 0:
-                need = (R[PP, r] + R[GEN, r] + bs - 1) // bs           # _gate_blocks
+                if R[SWP, r] and R[PREF, r] != R[TGT, r]:                # _gate_blocks
+                    need = (R[TGT, r] + bs - 1) // bs
+                else:
+                    need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
                 if need > free:
                     need = -1
             if need < 0:
@@ -713,14 +762,7 @@ def _plan_ranked(now, C, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid
         _list_remove(run, S, NRUN, v)
         S[NRES] -= 1
         _pc_release(v, R, S, hoff, hid, ref, lprev, lnext, eb)
-        R[ST, v] = _WAITING
-        R[BLK, v] = 0
-        R[CHK, v] = 0
-        R[PREEMPT, v] += 1
-        F[WS, v] = now
-        S[NPREEMPT] += 1
-        R[PREF, v] = 0
-        R[TGT, v] = R[PP, v] + R[GEN, v]
+        _requeue(v, now, R, F, S, SF, C, Fc)
         S[NWAIT] += 1
     for a in range(nres):
         r = resumed[a]
@@ -757,9 +799,10 @@ def _plan_ranked(now, C, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid
         if need < 0:
             break
         pf_tokens += R[CHK, r]
-        b -= R[CHK, r]
+        b -= R[CHK, r] if R[CHK, r] else 1
         S[NWAIT] -= 1
-        _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_on, bs, wq_s, wq_e)
+        _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_on, bs, wq_s, wq_e, SF, Fc, cnt,
+               fk, fid, fcv)
         free = cap - (S[NEED] + S[OTHER] + S[ADJ])
         if pc_on:
             _pc_reconcile(S, ref, lprev, lnext, cap, eb)
@@ -841,7 +884,7 @@ def _ltr_order(now, starve, starve_s, R, F, cand, tmp, tkey):
 
 def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_at, mb, mbl):
     """The engine's server loop (:meth:`Engine._server` with ``_plan`` and ``_commit``) for the runs
-    :func:`unsupported` accepts. Returns (status, end_time, S, wq_start, wq_end, trace)."""
+    :func:`unsupported` accepts. Returns (status, end_time, S, SF, wq_start, wq_end, trace floats, trace ints)."""
     n = R.shape[1]
     bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
     pc_on, Hb, eb, n_arr, varr, trace_on = C[C_PC], C[C_HB], C[C_EB], C[C_NARR], C[C_VARR], C[C_TRACE]
@@ -868,6 +911,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
     ckv = Fc[3]
     INF = math.inf
     S = np.zeros(N_S, np.int64)
+    SF = np.zeros(2, np.float64)
     S[LRUH] = -1
     S[LRUT] = -1
     cnt = np.zeros(bs, np.int64)
@@ -958,7 +1002,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
         budget = B
         if ranked:
             S[NWQ] = nwq
-            pf_tokens = _plan_ranked(now, C, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev,
+            pf_tokens = _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev,
                                      lnext, wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw)
             nwq = S[NWQ]
             free = cap - (S[NEED] + S[OTHER] + S[ADJ])
@@ -1026,7 +1070,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         nskip = nr - i - 1
                         for a in range(nskip):
                             skl[a] = run[i + 1 + a]
-                        _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw)
+                        _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw, SF, C, Fc)
                         for a in range(nskip):                 # _skip
                             r = skl[a]
                             if R[INC, r]:
@@ -1039,7 +1083,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         S[NSKIP] = nskip
                         S[ONESTEP] = 1
                         continue
-                _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw)
+                _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw, SF, C, Fc)
             if S[NSKIP] and S[NCOH] == 0:
                 anyc = False
                 for a in range(S[NPRE]):
@@ -1096,9 +1140,30 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     if ci >= ncand:
                         break
                     r = cand[ci]
-                # _admit_need (not swapped)
+                # _admit_need
                 target = R[PP, r] + R[GEN, r]
-                if v1:
+                if R[SWP, r]:               # swapped out: its KV comes back
+                    if R[PREF, r] == R[TGT, r]:
+                        if chunked and budget < 1:
+                            break
+                        c = 0
+                        need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
+                    else:
+                        left = R[TGT, r] - R[PREF, r]
+                        if chunked:
+                            c = left if left < budget else budget
+                            if c <= 0:
+                                break
+                        else:
+                            c = left
+                            if admitted and pf_tokens + c > B:
+                                break
+                        need = ((R[PREF, r] + c if v1 else R[TGT, r]) + bs - 1) // bs
+                    R[CHK, r] = c
+                    R[HIT, r] = 0
+                    if need > free:
+                        break
+                elif v1:
                     h = 0
                     nfree = 0
                     if pc_on:
@@ -1138,7 +1203,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 slots -= 1
                 admitted += 1
                 pf_tokens += c
-                budget -= c
+                budget -= c if c else 1
                 # _admit
                 R[ST, r] = _RUNNING
                 if pol == POL_VTC:          # VTC.on_admit: charge the prompt at the first admission
@@ -1160,6 +1225,23 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 wq_s[nwq] = F[WS, r]
                 wq_e[nwq] = now
                 nwq += 1
+                if R[SWP, r]:               # swapped back in
+                    S[HOSTU] -= R[SWB, r]
+                    SF[PENDING] += R[SWB, r] * Fc[8]
+                    S[NSWI] += 1
+                    R[SWP, r] = 0
+                    R[SWB, r] = 0
+                    if R[PREF, r] == R[TGT, r]:
+                        _join(r, R, S, cnt, fk, fid, fcv, bs)
+                    else:
+                        R[BLK, r] = ((R[PREF, r] + c if v1 else R[TGT, r]) + bs - 1) // bs
+                        S[OTHER] += R[BLK, r]
+                        pre[S[NPRE]] = r
+                        S[NPRE] += 1
+                    if pc_on:
+                        free = cap - (S[NEED] + S[OTHER] + S[ADJ])
+                        _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+                    continue
                 R[TGT, r] = target
                 cached = 0
                 if pc_on:
@@ -1209,7 +1291,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 n_dec = 0
                 kind = 2              # whole-prompt prefill-first: the cohort waits for this iteration
             C0 = ctx
-            dt = iteration_time(Fc, pf_tokens, n_dec, ctx, pairs if Fc[4] else 0)
+            dt = iteration_time(Fc, pf_tokens, n_dec, ctx, pairs if Fc[4] else 0) + SF[PENDING]
             if now + dt > H:
                 end_time = H
                 break
@@ -1220,9 +1302,9 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 break
             C0 = S[SL] + n_dec * S[CLOCK]
             a0 = iteration_time(Fc, 0, n_dec, C0, 0)
-            if S[ONESTEP]:
+            if SF[PENDING] or S[ONESTEP]:
                 S[ONESTEP] = 0
-                dt = a0
+                dt = a0 + SF[PENDING]
                 if now + dt > H:
                     end_time = H
                     break
@@ -1379,6 +1461,9 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
         t1 = now + dt
         # ---- commit (:meth:`Iterations._commit`)
         S[NITER] += k
+        if SF[PENDING]:
+            SF[SWAPS] += SF[PENDING]
+            SF[PENDING] = 0.0
         t0 = now
         if S[NWA] < marks.shape[0]:
             _note_marks(t1, False, kind == 0 and k > 1, n_dec, a0, inc, t0, marks, work_at, S)
@@ -1471,12 +1556,13 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
     for r in range(n):                                     # the cohort's generated tokens
         if R[INC, r]:
             R[GEN, r] = R[GB, r] + clock
-    return status, end_time, S, wq_s[:nwq].copy(), wq_e[:nwq].copy(), tr_f[:ntr].copy(), tr_i[:ntr].copy()
+    S[NWQ] = nwq
+    return status, end_time, S, SF, wq_s[:nwq].copy(), wq_e[:nwq].copy(), tr_f[:ntr].copy(), tr_i[:ntr].copy()
 
 
 _HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap_less, _fsift_down, _fpush, _fpop,
             _wpush, _wpop, _list_remove, _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit,
-            _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks,
+            _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks, _requeue,
             _ltr_order, _vtc_heads, _key_after, _generated, _mlfq_level, _key_of, _tokens_to_level, _sort_by_key,
             _kless, _admit_need, _admit, _plan_ranked)
 
@@ -1545,13 +1631,14 @@ def run(eng) -> None:
                   int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None),
                   pol, int(ltr and eng.policy.starvation_s is not None),
                   len(tenants), int(eng.policy.w_prompt) if vtc else 0, int(eng.policy.w_output) if vtc else 0,
-                  int(getattr(eng.policy, "quantum_tokens", 1) or 1), int(eng.v1), int(eng.chunked)], np.int64)
+                  int(getattr(eng.policy, "quantum_tokens", 1) or 1), int(eng.v1), int(eng.chunked),
+                  int(eng.swap), int(eng.host_cap)], np.int64)
     Fc = np.array([prof.c0_s, prof.c_prefill_s, prof.c_decode_s, prof.c_kv_s, prof.c_attn_s, prof.floor_s,
                    float(prof.floor_tokens) if prof.floor_s > 0 else 1.0,
-                   float(eng.policy.starvation_s or 0.0) if ltr else 0.0], np.float64)
+                   float(eng.policy.starvation_s or 0.0) if ltr else 0.0, float(eng.swap_s_block)], np.float64)
     marks = np.asarray(eng.marks, dtype=np.float64)
     work_at = np.zeros(len(marks), np.int64)
-    status, end_time, S, wq_s, wq_e, tr_f, tr_i = kernel()(C, Fc, float(eng.H), R, F, order, arr_t, suffix, by_rank,
+    status, end_time, S, SF, wq_s, wq_e, tr_f, tr_i = kernel()(C, Fc, float(eng.H), R, F, order, arr_t, suffix, by_rank,
                                                            hoff, hid, marks, work_at, mb, mbl)
     if status == ERR_KV:
         raise ConservationError(f"KV blocks in use {int(S[USED])} > capacity {eng.cap} at t={end_time}")
@@ -1578,6 +1665,7 @@ def run(eng) -> None:
     eng.max_used, eng.n_finished, eng.work = int(S[MAXUSED]), int(S[NFIN]), int(S[WORK])
     eng.pc_hit_tokens, eng.pc_query_tokens = int(S[PCHIT]), int(S[PCQ])
     eng.n_pause = int(S[NPAUSE])
+    eng.n_swap_out, eng.n_swap_in, eng.swap_s = int(S[NSWO]), int(S[NSWI]), float(SF[SWAPS])
     eng.wq = list(zip(wq_s.tolist(), wq_e.tolist()))
     eng.work_at = work_at[:int(S[NWA])].tolist()
     if eng.trace is not None:
