@@ -9,14 +9,17 @@ counters (lift, prompt and token charges, its tenant-by-tenant admission), and t
 (``srpt_oracle``, ``mlfq``, ``las``, ``rr``: the ranked plan of :meth:`Batching._plan_ranked`, pauses,
 evictions among the displaced, their ``next_decision`` and RR's quantum clock) -- under vLLM V1 batching
 (and, for the non-preemptive policies, V0's prefill-first batching: whole prompts in prefill-only
-iterations, the whole prefill's blocks at admission; ``sarathi`` chunked) with recompute or swap preemption (swap: KV copied to the profile's host memory while it has room, the copies charged to the next
-iteration), the context limit, prefix caching, the self-preemption stop of vLLM's running loop (:meth:`Batching._first_misfit`),
-work marks, queue intervals and the step log (``record_iterations``). Everything else -- the preemptive
-policies under V0 batching,
-a static policy with option ``preemptive: true``, plug-ins, ``naive``/``check_invariants``/``check_contract``
-runs -- runs on the reference (:func:`unsupported` says why). The preemptive plan ranks with fresh keys at
-every decision and walks the ranking one request at a time: the reference's lazy keys and bulk tail are
-its own speed-ups of the same decisions (``tests/test_incremental.py``). The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
+iterations, the whole prefill's blocks at admission; ``sarathi`` chunked) with recompute or swap preemption
+(swap: KV copied to the profile's host memory while it has room, the copies charged to the next iteration),
+the context limit, prefix caching, the self-preemption stop of vLLM's running loop
+(:meth:`Batching._first_misfit`), work marks, queue intervals and the step log (``record_iterations``).
+Everything else -- the preemptive policies under V0 batching, a static policy with option ``preemptive:
+true``, plug-ins, ``naive``/``check_invariants``/``check_contract`` runs -- runs on the reference
+(:func:`unsupported` says why). The preemptive plan ranks with fresh keys at every decision and walks the
+ranking one request at a time: the reference's lazy keys and bulk tail are its own speed-ups of the same
+decisions (``tests/test_incremental.py``).
+
+The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
 reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
 loop is compiled, and the records are assembled by the reference's ``_result``: only the loop differs.
 
