@@ -92,7 +92,7 @@ def frozen(tmp_path_factory, shared_traces):
 @pytest.mark.parametrize("source", SOURCES)
 def test_golden_every_supported_policy_and_region(frozen, source):
     """Every supported policy x operating region on the source's frozen window (work marks and the step
-    log on), under V0 batching (the non-preemptive policies), with swap preemption, without prefix caching too
+    log on), under V0 batching, with swap preemption, without prefix caching too
     where the window has hashes, and on a cache of 1/25 of the
     size at overload and severe (so that every source reaches evictions): identical on both cores."""
     df, hb = frozen[source]
@@ -107,8 +107,6 @@ def test_golden_every_supported_policy_and_region(frozen, source):
         t1, t2 = regions.utilisation_marks(sdf)
         for policy in compiled.SUPPORTED_POLICIES:
             for mode in modes:
-                if mode.get("batching") == "v0" and policy in compiled.PREEMPTIVE_POLICIES:
-                    continue          # the preemptive policies' V0 plan runs on the reference
                 for pr in (p, small) if region in ("overload", "severe") else (p,):
                     ref, cc = both(sdf, policy, pr, horizon_s=h, seed=3, slo=SLO, hash_block_tokens=hb, engine=mode,
                                    work_marks=(t1, t2), record_iterations=True)
@@ -178,11 +176,8 @@ POLICIES = compiled.SUPPORTED_POLICIES + (("ltr", {"starvation_s": 0.3}), ("ltr"
 def test_random_windows_identical(w, policy, cap, seqs, budget, horizon, seed, batching, preemption, host):
     df, hb = w
     p = small_profile(cap, seqs, budget, host)       # swap: host memory none, small (then recompute) or ample
-    name = policy[0] if isinstance(policy, tuple) else policy
     if isinstance(policy, tuple):
         policy = get_scheduler(policy[0], **policy[1])
-    if name in compiled.PREEMPTIVE_POLICIES:
-        batching = "v1"           # their V0 plan runs on the reference
     ref, cc = both(df, policy, p, horizon_s=horizon, seed=seed, slo=SLO, hash_block_tokens=hb, engine={"batching": batching, "preemption": preemption},
                    work_marks=(1.0, 4.0), record_iterations=True)
     assert_identical(ref, cc, policy)
@@ -206,8 +201,7 @@ def test_auto_falls_back_with_the_reason():
                                         "output_tokens": [5, 6], "tenant": ["a", "b"]}))
     p = prof()
     assert simulate(df, "fcfs", p, horizon_s=10.0, seed=0).core == "compiled"
-    for policy, engine, why in ((get_scheduler("sjf_prompt", preemptive=True), {}, "preemptive: true"),
-                                ("las", {"batching": "v0"}, "engine.batching: v0")):
+    for policy, engine, why in ((get_scheduler("sjf_prompt", preemptive=True), {}, "preemptive: true"),):
         res = simulate(df, policy, p, horizon_s=10.0, seed=0, engine=engine)
         assert res.core == "reference" and why in res.core_note
         with pytest.raises(ParameterError, match="engine.core"):

@@ -4,20 +4,20 @@ for the runs it supports.
 
 What it runs: every built-in policy of the study -- the static ones (``fcfs``, ``sarathi``, ``sjf_prompt``,
 ``sjf_oracle``, ``sjf_predicted``, ``edf``, ``random`` and the comparison variants ``edf_oracle``,
-``sjf_noisy_oracle``), ``ltr`` (``ltr_noisy_oracle``) with its starvation guard, ``vtc`` with its tenant
-counters (lift, prompt and token charges, its tenant-by-tenant admission), and the preemptive ones
-(``srpt_oracle``, ``mlfq``, ``las``, ``rr``: the ranked plan of :meth:`Batching._plan_ranked`, pauses,
-evictions among the displaced, their ``next_decision`` and RR's quantum clock) -- under vLLM V1 batching
-(and, for the non-preemptive policies, V0's prefill-first batching: whole prompts in prefill-only
-iterations, the whole prefill's blocks at admission; ``sarathi`` chunked) with recompute or swap preemption
+``sjf_noisy_oracle``), ``ltr`` (``ltr_noisy_oracle``) with its starvation guard, ``vtc`` with its tenant counters
+(lift, prompt and token charges, its tenant-by-tenant admission), and the preemptive ones (``srpt_oracle``,
+``mlfq``, ``las``, ``rr``: the ranked plan of :meth:`Batching._plan_ranked` under V1 and the V0 walk of
+:meth:`Batching._plan_preemptive`, pauses, evictions among the displaced, their ``next_decision`` and RR's
+quantum clock) -- under vLLM V1 batching and V0's prefill-first batching (whole prompts in prefill-only
+iterations, the whole prefill's blocks at admission; ``sarathi`` chunked), with recompute or swap preemption
 (swap: KV copied to the profile's host memory while it has room, the copies charged to the next iteration),
 the context limit, prefix caching, the self-preemption stop of vLLM's running loop
 (:meth:`Batching._first_misfit`), work marks, queue intervals and the step log (``record_iterations``).
-Everything else -- the preemptive policies under V0 batching, a static policy with option ``preemptive:
-true``, plug-ins, ``naive``/``check_invariants``/``check_contract`` runs -- runs on the reference
-(:func:`unsupported` says why). The preemptive plan ranks with fresh keys at every decision and walks the
-ranking one request at a time: the reference's lazy keys and bulk tail are its own speed-ups of the same
-decisions (``tests/test_incremental.py``).
+Everything else -- a static policy with option ``preemptive: true``, plug-ins,
+``naive``/``check_invariants``/``check_contract`` runs, a profile that is not the cost-model ``Profile`` --
+runs on the reference (:func:`unsupported` says why). The preemptive plans rank with fresh keys at every
+decision and walk the ranking one request at a time: the reference's lazy keys and bulk tail are its own
+speed-ups of the same decisions (``tests/test_incremental.py``).
 
 The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
 reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
@@ -81,8 +81,6 @@ def unsupported(sched, engine, profile, *, naive: bool = False, check_invariants
         return f"policy {name!r} is not implemented in the compiled core (it runs {', '.join(SUPPORTED_POLICIES)})"
     if getattr(sched, "preemptive", False) and name not in PREEMPTIVE_POLICIES:
         return f"policy {name!r} with option preemptive: true"
-    if engine.batching != "v1" and name in PREEMPTIVE_POLICIES:
-        return f"policy {name!r} (preemptive) with engine.batching: {engine.batching}"
     if naive:
         return "naive=True"
     if check_invariants:
@@ -825,6 +823,206 @@ def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, h
     return pf_tokens
 
 
+def _admit_need_v0(r, budget, pf_tokens, admitted, free, R, B, bs, chunked):
+    """:meth:`Queues._admit_need` under V0 (no prefix caching): blocks admitting ``r`` adds, or -1."""
+    if R[SWP, r]:
+        if R[PREF, r] == R[TGT, r]:
+            if chunked and budget < 1:
+                return -1
+            R[CHK, r] = 0
+            need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
+        else:
+            left = R[TGT, r] - R[PREF, r]
+            if chunked:
+                c = left if left < budget else budget
+                if c <= 0:
+                    return -1
+            else:
+                c = left
+                if admitted and pf_tokens + c > B:
+                    return -1
+            R[CHK, r] = c
+            need = (R[TGT, r] + bs - 1) // bs
+        R[HIT, r] = 0
+        return need if need <= free else -1
+    target = R[PP, r] + R[GEN, r]
+    if chunked:
+        c = target if target < budget else budget
+        if c <= 0:
+            return -1
+    else:
+        c = target
+        if admitted and pf_tokens + c > B:
+            return -1
+    R[CHK, r] = c
+    R[HIT, r] = 0
+    need = (target + bs - 1) // bs
+    return need if need <= free else -1
+
+
+def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, wq_s, wq_e, res_, wl,
+                        placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref, lprev, lnext):
+    """The V0 branch of :meth:`Batching._plan_preemptive` (no prefix caching under V0): one walk in rank
+    order admitting, resuming and placing as it goes. Returns the iteration's prompt tokens."""
+    bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
+    chunked, pol = C[C_CHUNKED], C[C_POL]
+    n = R.shape[1]
+    nr = S[NRUN]
+    for a in range(nr):
+        res_[a] = run[a]
+    _sort_by_key(res_, nr, R, F, tmp, tkey)
+    nw = 0
+    for r in range(n):
+        if R[ST, r] == _WAITING:
+            wl[nw] = r
+            nw += 1
+    _sort_by_key(wl, nw, R, F, tmp, tkey)
+    if chunked:
+        n_dec = S[NCOH]
+        for a in range(S[NPAUSED]):
+            r = paused[a]
+            if R[PREF, r] == R[TGT, r]:
+                n_dec += 1
+        b = B - n_dec
+        if b < 0:
+            b = 0
+    else:
+        b = B
+    free = cap - S[ADJ]
+    slots = max_seqs
+    pf_tokens = 0
+    admitted = 0
+    npl = nd = nres = 0
+    clock = S[CLOCK]
+    i = j = 0
+    wopen = nw > 0
+    while i < nr or (wopen and j < nw):
+        if wopen and j < nw and (i >= nr or _kless(R, F, wl[j], res_[i])):
+            r = wl[j]
+            need = _admit_need_v0(r, b, pf_tokens, admitted, free, R, B, bs, chunked) if slots > 0 else -1
+            if need < 0:
+                wopen = False
+                continue
+            j += 1
+            free -= need
+            slots -= 1
+            admitted += 1
+            pf_tokens += R[CHK, r]
+            b -= R[CHK, r] if R[CHK, r] else (1 if chunked else 0)
+            S[NWAIT] -= 1
+            # _admit (V0)
+            R[ST, r] = _RUNNING
+            run[S[NRUN]] = r
+            S[NRUN] += 1
+            S[NRES] += 1
+            if F[ADM, r] != F[ADM, r]:
+                F[ADM, r] = now
+            wq_s[S[NWQ]] = F[WS, r]
+            wq_e[S[NWQ]] = now
+            S[NWQ] += 1
+            if R[SWP, r]:
+                S[HOSTU] -= R[SWB, r]
+                SF[PENDING] += R[SWB, r] * Fc[8]
+                S[NSWI] += 1
+                R[SWP, r] = 0
+                R[SWB, r] = 0
+                if R[PREF, r] == R[TGT, r]:
+                    resumed[nres] = r
+                    nres += 1
+                    continue
+                R[BLK, r] = (R[TGT, r] + bs - 1) // bs
+                placed[npl] = r
+                npl += 1
+                continue
+            target = R[PP, r] + R[GEN, r]
+            R[TGT, r] = target
+            R[PREF, r] = 0
+            R[BLK, r] = (target + bs - 1) // bs
+            placed[npl] = r
+            npl += 1
+            continue
+        r = res_[i]
+        i += 1
+        if R[INC, r]:
+            need = (R[PP, r] + R[GB, r] + clock + bs - 1) // bs
+            if slots > 0 and need <= free:
+                free -= need
+                slots -= 1
+            else:
+                disp[nd] = r
+                nd += 1
+            continue
+        left = R[TGT, r] - R[PREF, r]
+        if left == 0:                      # a paused decoder
+            need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
+            if slots > 0 and need <= free:
+                free -= need
+                slots -= 1
+                R[ST, r] = _RUNNING
+                resumed[nres] = r
+                nres += 1
+            else:
+                disp[nd] = r
+                nd += 1
+            continue
+        c = left if left < b else b
+        need = R[BLK, r]
+        if slots > 0 and need <= free:
+            free -= need
+            slots -= 1
+            R[ST, r] = _RUNNING
+            R[CHK, r] = c
+            b -= c
+            pf_tokens += c
+            placed[npl] = r
+            npl += 1
+        else:
+            disp[nd] = r
+            nd += 1
+    for a in range(nd):
+        r = disp[a]
+        if R[INC, r]:
+            _leave(r, R, S, cnt, bs)
+    for a in range(nres):
+        _join(resumed[a], R, S, cnt, fk, fid, fcv, bs)
+    for a in range(npl):
+        pre[a] = placed[a]
+    S[NPRE] = npl
+    S[NPAUSED] = 0
+    other = 0
+    for a in range(npl):
+        other += R[BLK, placed[a]]
+    for a in range(nd):
+        R[CHK, disp[a]] = 0
+        other += R[BLK, disp[a]]
+    S[OTHER] = other
+    while S[NEED] + S[OTHER] + S[ADJ] > cap and nd > 0:
+        vi = 0
+        for a in range(1, nd):
+            if _key_after(R, F, tw, pol, disp[a], disp[vi]):
+                vi = a
+        v = disp[vi]
+        for a in range(vi, nd - 1):
+            disp[a] = disp[a + 1]
+        nd -= 1
+        S[OTHER] -= R[BLK, v]
+        _list_remove(run, S, NRUN, v)
+        S[NRES] -= 1
+        _requeue(v, now, R, F, S, SF, C, Fc)
+        S[NWAIT] += 1
+    for a in range(nd):
+        r = disp[a]
+        if R[ST, r] == _RUNNING:
+            R[ST, r] = _PAUSED
+            S[NPAUSE] += 1
+        if R[PREF, r] != R[TGT, r]:
+            pre[S[NPRE]] = r
+            S[NPRE] += 1
+        paused[a] = r
+    S[NPAUSED] = nd
+    return pf_tokens
+
+
 def _chunks(budget, R, F, S, pre, tc, pol):
     """:meth:`Batching._chunks` (prefills in (priority, id) order; skipped ones get no chunk)."""
     n = S[NPRE]
@@ -994,7 +1192,10 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 st_ = R[ST, r]
                 if st_ == _WAITING or st_ == _RUNNING or st_ == _PAUSED:
                     F[KEY, r] = _key_of(r, R, F, S, pol, qtok, mb, mbl)
-            ranked = S[NWAIT] > 0 or S[NPAUSED] > 0 or S[NEED] + S[OTHER] > cap
+            if v1:
+                ranked = S[NWAIT] > 0 or S[NPAUSED] > 0 or S[NEED] + S[OTHER] > cap
+            else:
+                ranked = S[NWAIT] > 0 or S[NPAUSED] > 0 or S[NEED] + S[OTHER] + S[ADJ] > cap
         # ---- plan (:meth:`Batching._plan`, V1, non-preemptive; preemptive policies when nobody is
         # outside the batch and every resident's blocks fit, else :meth:`Batching._plan_ranked`)
         preempted = False
@@ -1005,7 +1206,13 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
         budget = B
         if ranked:
             S[NWQ] = nwq
-            pf_tokens = _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev,
+            if not v1:
+                S[NWQ] = nwq
+                pf_tokens = _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, wq_s,
+                                                wq_e, res_, wl, placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref,
+                                                lprev, lnext)
+            else:
+                pf_tokens = _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev,
                                      lnext, wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw)
             nwq = S[NWQ]
             free = cap - (S[NEED] + S[OTHER] + S[ADJ])
@@ -1317,7 +1524,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     _fpop(fk, fid, fcv, S)
                 k = fk[0] - S[CLOCK]
                 # _k_memory
-                Fm = cap - used if pol < POL_LAS else cap - (S[NEED] + S[OTHER])
+                Fm = cap - used if (pol < POL_LAS or not v1) else cap - (S[NEED] + S[OTHER])
                 if k > 1 and not Fm >= n_dec * ((k - 2) // bs + 1):
                     q = Fm // n_dec
                     rem = Fm - q * n_dec
@@ -1567,7 +1774,7 @@ _HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap
             _wpush, _wpop, _list_remove, _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit,
             _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks, _requeue,
             _ltr_order, _vtc_heads, _key_after, _generated, _mlfq_level, _key_of, _tokens_to_level, _sort_by_key,
-            _kless, _admit_need, _admit, _plan_ranked)
+            _kless, _admit_need, _admit, _plan_ranked, _admit_need_v0, _plan_v0_preemptive)
 
 
 def run(eng) -> None:
