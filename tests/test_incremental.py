@@ -8,7 +8,7 @@ the order the sort gave.
   select and displace exactly what the one-by-one greedy walk does.
 * Lazy keys (LAS, MLFQ, RR re-key only the requests whose key can have changed): ``check_invariants``
   compares every cached key with a fresh ``(priority, id)`` at every preemptive decision, on real windows.
-* The compiled prototype (where numba is installed) gives the Python engine's runs bit for bit.
+  (The compiled engine core against the reference: ``tests/test_compiled_core.py``.)
 """
 
 from __future__ import annotations
@@ -202,21 +202,3 @@ def test_incremental_structures_hold_their_invariants_on_real_windows(azure_wind
                 res = simulator.simulate(s, name, prof, horizon_s=regions.horizon_s(s, 1.5), seed=1,
                                          check_invariants=True, engine=engine)
                 assert res.counters["conserved"]
-
-
-def test_compiled_prototype_gives_the_python_engines_runs(azure_windows):
-    pytest.importorskip("numba")
-    from portbench.bench import compiled
-
-    prof = profiles.get_profile(profiles.DEFAULT_PROFILE)
-    df = azure_windows[0]
-    df = df.with_columns(df["prompt_tokens"].cast(float).log().alias("ltr_score"),
-                         df["prompt_tokens"].cast(float).alias("predicted_output"))
-    cap = regions.capacity(df, prof)
-    for name in compiled.STATIC_POLICIES:
-        for rho in (0.5, 1.2, 2.0):
-            s = regions.rescale(df, rho, cap)
-            h = regions.horizon_s(s, 1.5)
-            py = simulator.simulate(s, name, prof, horizon_s=h, seed=2, slo={"ttft_s": 2.0, "tpot_s": 0.1})
-            cc = compiled.simulate_static(s, name, prof, horizon_s=h, seed=2, slo={"ttft_s": 2.0, "tpot_s": 0.1})
-            assert compiled._same(py, cc), (name, rho)

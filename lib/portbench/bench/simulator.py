@@ -3,7 +3,10 @@
 ``run(quick)`` measures (medians of several repetitions, one process = one core):
 
 * per (scheduler, region): wall milliseconds per run, simulated seconds per wall second
-  (``sim_end_s / wall``), decision points and iterations per run, microseconds per decision;
+  (``sim_end_s / wall``) on the default core (``engine.core: auto``: compiled where it supports the
+  run) and on the reference, measured in the same session, alternating run by run; decision points and
+  iterations per run, microseconds per decision; per policy the median over regions
+  (``speedup_min_policy``: the slowest policy's);
 * overall: runs per second, aggregate simulated seconds per wall second per core
   (``speedup_per_core``), and the projected wall time of the full default campaign
   (13 schedulers x 120 windows x 6 regions x 3 replicates) on 2 cores;
@@ -33,6 +36,7 @@ REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0
 SIZES = (200, 400, 800, 1600)
 AZURE_FILE = "AzureLLMInferenceTrace_conv.csv"
 FULL_CAMPAIGN_RUNS = 13 * 120 * 6 * 3
+CORES = ("reference", "auto")    # engine.core: the SimPy reference, and what campaigns run (compiled where supported)
 
 
 def _azure_path(mirror: Path | None = None) -> Path:
@@ -121,22 +125,25 @@ def run(quick: bool = False, windows: dict | None = None) -> dict:
         for name in names:
             sched = schedulers.get_scheduler(name)
             for _i, reg, sdf, h in cases:
-                t0 = time.perf_counter()
-                res = simulator.simulate(sdf, sched, profile, horizon_s=h, seed=rep, slo=slo)
-                wall = time.perf_counter() - t0
+                core_walls: dict[str, float] = {}
+                for core in CORES:            # both cores in the same session, alternating run by run
+                    t0 = time.perf_counter()
+                    res = simulator.simulate(sdf, sched, profile, horizon_s=h, seed=rep, slo=slo,
+                                             engine={"core": core})
+                    core_walls[core] = time.perf_counter() - t0
                 c = res.counters
-                per.setdefault((name, reg), []).append((wall, c["sim_end_s"], c["decision_points"],
-                                                        c["iterations"]))
-                total_wall += wall
+                per.setdefault((name, reg), []).append((core_walls["auto"], c["sim_end_s"], c["decision_points"],
+                                                        c["iterations"], core_walls["reference"], res.core))
+                total_wall += core_walls["auto"]
                 total_sim += c["sim_end_s"]
                 total_runs += 1
-    rows = []
+    rows: list[dict] = []
     for (name, reg), xs in per.items():
-        walls = [x[0] for x in xs]
         rows.append({
-            "scheduler": name, "region": reg,
-            "ms_per_run": 1000 * statistics.median(walls),
+            "scheduler": name, "region": reg, "core": xs[0][5],
+            "ms_per_run": 1000 * statistics.median([x[0] for x in xs]),
             "sim_s_per_wall_s": statistics.median([x[1] / x[0] for x in xs]),
+            "sim_s_per_wall_s_reference": statistics.median([x[1] / x[4] for x in xs]),
             "decisions": statistics.median([x[2] for x in xs]),
             "iterations": statistics.median([x[3] for x in xs]),
             "us_per_decision": 1e6 * statistics.median([x[0] / max(x[2], 1) for x in xs]),
@@ -149,6 +156,13 @@ def run(quick: bool = False, windows: dict | None = None) -> dict:
         by_region[reg] = {"fcfs_ms": fc["ms_per_run"], "slowest": slow["scheduler"],
                           "slowest_ms": slow["ms_per_run"],
                           "median_ms": statistics.median(r["ms_per_run"] for r in sub)}
+    by_policy = {}
+    for name in names:
+        sub = [r for r in rows if r["scheduler"] == name]
+        by_policy[name] = {"core": sub[0]["core"],
+                           "speedup_per_core": statistics.median(r["sim_s_per_wall_s"] for r in sub),
+                           "speedup_per_core_reference": statistics.median(r["sim_s_per_wall_s_reference"] for r in sub)}
+    slowest = min(by_policy, key=lambda k: by_policy[k]["speedup_per_core"])
     runs_per_s = total_runs / total_wall
     result = {
         "profile": getattr(profile, "name", str(profile)),
@@ -158,12 +172,16 @@ def run(quick: bool = False, windows: dict | None = None) -> dict:
         "ms_per_run_median": statistics.median(r["ms_per_run"] for r in rows),
         "speedup_per_core": total_sim / total_wall,
         "speedup_per_core_median": statistics.median(r["sim_s_per_wall_s"] for r in rows),
+        "speedup_per_core_median_reference": statistics.median(r["sim_s_per_wall_s_reference"] for r in rows),
+        "speedup_min_policy": by_policy[slowest]["speedup_per_core"], "slowest_policy": slowest,
+        "speedup_min_policy_reference": min(v["speedup_per_core_reference"] for v in by_policy.values()),
+        "by_policy": by_policy,
         "full_campaign_sim_only_s_2_cores": FULL_CAMPAIGN_RUNS / runs_per_s / 2,
         "by_region": by_region,
         "rows": sorted(rows, key=lambda r: (list(REGION_LOADS).index(r["region"]), r["scheduler"])),
     }
     # wall time against window size
-    size_rows = []
+    size_rows: list[dict] = []
     sizes = sorted(k for k in windows if isinstance(k, int))
     loads = {k: REGION_LOADS[k] for k in ("near_saturation", "overload")}
     size_names = ("fcfs", "las") if quick else names          # every policy's slope (issue #16: each <= 1.15)

@@ -334,6 +334,7 @@ def _names(param: str, v) -> str | tuple[str, ...]:
 BATCHING_MODES = ("v1", "v0")
 PREEMPTION_MODES = ("recompute", "swap")
 PREFIX_CACHING_MODES = ("auto", "off")
+ENGINE_CORES = ("auto", "reference", "compiled")
 
 
 @dataclass(frozen=True)
@@ -352,16 +353,22 @@ class EngineConfig:
       on resume, while the profile's host memory has room; recompute otherwise).
     * ``prefix_caching``: ``auto`` (default) -- vLLM's automatic prefix caching for windows that carry
       prompt block hashes (v1 only; vLLM V0 had it off by default); ``off``.
+    * ``core``: which implementation runs the engine -- ``reference`` (the SimPy engine), ``compiled``
+      (the numba core, :mod:`portbench.sim.engine.compiled`: bit-identical records; an error naming what
+      it does not support) or ``auto`` (default: compiled where it supports the run, else the reference).
+      Not part of :meth:`as_dict` (the fingerprints): both cores give the same results.
     """
 
     batching: str = "v1"
     preemption: str = "recompute"
     prefix_caching: str = "auto"
+    core: str = "auto"
 
     def __post_init__(self):
         check_choice("engine.batching", self.batching, BATCHING_MODES)
         check_choice("engine.preemption", self.preemption, PREEMPTION_MODES)
         check_choice("engine.prefix_caching", self.prefix_caching, PREFIX_CACHING_MODES)
+        check_choice("engine.core", self.core, ENGINE_CORES)
 
     @classmethod
     def of(cls, spec) -> "EngineConfig":
@@ -371,11 +378,11 @@ class EngineConfig:
         if isinstance(spec, cls):
             return spec
         if not isinstance(spec, Mapping):
-            raise ParameterError("engine", spec, "a mapping with keys batching, preemption, prefix_caching")
-        unknown = set(spec) - {"batching", "preemption", "prefix_caching"}
+            raise ParameterError("engine", spec, "a mapping with keys batching, preemption, prefix_caching, core")
+        unknown = set(spec) - {"batching", "preemption", "prefix_caching", "core"}
         if unknown:
             k = sorted(unknown)[0]
-            raise ParameterError(f"engine.{k}", spec[k], "one of batching, preemption, prefix_caching")
+            raise ParameterError(f"engine.{k}", spec[k], "one of batching, preemption, prefix_caching, core")
         return cls(**dict(spec))
 
     def as_dict(self) -> dict:
@@ -385,7 +392,7 @@ class EngineConfig:
     def reference(self) -> "EngineConfig":
         """The reference engine on which capacity is measured (issue #10: fcfs on vLLM V1, recompute; the
         same prefix caching), whatever this engine is: every engine variant then sees the same arrivals."""
-        return EngineConfig("v1", "recompute", self.prefix_caching)
+        return EngineConfig("v1", "recompute", self.prefix_caching, self.core)
 
 
 @dataclass(frozen=True)

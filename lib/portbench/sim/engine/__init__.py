@@ -107,7 +107,8 @@ The package: :mod:`.core` (the engine's state and SimPy processes), :mod:`.state
 for the type checker: every attribute the parts share), :mod:`.memory` (the decode cohort's
 KV blocks, the prefix cache), :mod:`.queues` (waiting queue, admission, recompute and swap preemption),
 :mod:`.batching` (batch formation, V1 and V0), :mod:`.iteration` (iterations and closed-form decode runs),
-:mod:`.simulate` (the entry point).
+:mod:`.simulate` (the entry point), :mod:`.compiled` (the same loop compiled with numba, bit-identical;
+``engine.core``).
 """
 
 from ..request import FINISHED, NOT_ARRIVED, PAUSED, REJECTED, RUNNING, STATE_NAMES, WAITING, Request

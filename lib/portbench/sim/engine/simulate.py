@@ -11,6 +11,7 @@ from ...core.config import EngineConfig
 from ...core.errors import ConservationError, ParameterError
 from ..request import FINISHED, NOT_ARRIVED, REJECTED, WAITING, Request, requests_from_window
 from ..schedulers import get_scheduler
+from . import compiled
 from .core import Engine
 
 RECORD_COLUMNS = ("req_id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
@@ -54,6 +55,8 @@ class SimResult:
     counters: dict
     iterations: pl.DataFrame | None = None
     scheduler: str = ""
+    core: str = "reference"     # the engine core that ran it (reference | compiled)
+    core_note: str = ""         # engine.core auto on the reference: why the compiled core did not run it
 
     def check(self) -> "SimResult":
         """Re-check conservation and the KV bound from the records and counters."""
@@ -155,10 +158,23 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
     eng = Engine(reqs, sched, profile, H, naive, record_iterations, check_invariants, check_contract,
                  settings=engine, hash_block_tokens=hash_block_tokens, marks=work_marks)
     eng.prepare_static_ranks()
+    why = None
+    if engine.core != "reference":
+        why = compiled.unsupported(sched, engine, profile, naive=naive, check_invariants=check_invariants,
+                                   check_contract=eng.check_contract)
+        if engine.core == "compiled":
+            compiled.require_supported(why)
     if reqs:
-        eng.run()
+        if engine.core != "reference" and why is None:
+            compiled.run(eng)
+        else:
+            eng.run()
     res = _result(eng, reqs, profile, H)
     res.counters["seed_used"] = rng.used
+    if engine.core != "reference" and why is None:
+        res.core = "compiled"
+    elif why is not None:
+        res.core_note = why
     return res
 
 

@@ -1,0 +1,1883 @@
+"""The compiled engine core (``engine.core: compiled | auto``): the engine's decision loop as one numba
+function over flat arrays, bit-identical to the SimPy reference engine (:mod:`portbench.sim.engine.core`)
+for the runs it supports.
+
+What it runs: every built-in policy of the study -- the static ones (``fcfs``, ``sarathi``, ``sjf_prompt``,
+``sjf_oracle``, ``sjf_predicted``, ``edf``, ``random`` and the comparison variants ``edf_oracle``,
+``sjf_noisy_oracle``), ``ltr`` (``ltr_noisy_oracle``) with its starvation guard, ``vtc`` with its tenant counters
+(lift, prompt and token charges, its tenant-by-tenant admission), and the preemptive ones (``srpt_oracle``,
+``mlfq``, ``las``, ``rr``: the ranked plan of :meth:`Batching._plan_ranked` under V1 and the V0 walk of
+:meth:`Batching._plan_preemptive`, pauses, evictions among the displaced, their ``next_decision`` and RR's
+quantum clock) -- under vLLM V1 batching and V0's prefill-first batching (whole prompts in prefill-only
+iterations, the whole prefill's blocks at admission; ``sarathi`` chunked), with recompute or swap preemption
+(swap: KV copied to the profile's host memory while it has room, the copies charged to the next iteration),
+the context limit, prefix caching, the self-preemption stop of vLLM's running loop
+(:meth:`Batching._first_misfit`), work marks, queue intervals and the step log (``record_iterations``).
+Everything else -- a static policy with option ``preemptive: true``, plug-ins,
+``naive``/``check_invariants``/``check_contract`` runs, a profile that is not the cost-model ``Profile`` --
+runs on the reference (:func:`unsupported` says why). The preemptive plans rank with fresh keys at every
+decision and walk the ranking one request at a time: the reference's lazy keys and bulk tail are its own
+speed-ups of the same decisions (``tests/test_incremental.py``).
+
+The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
+reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
+loop is compiled, and the records are assembled by the reference's ``_result``: only the loop differs.
+
+Every operation of the reference is reproduced in the same order with the same floating-point
+arithmetic (iteration times, the closed-form decode runs, first/last k), so the records and counters
+are identical, not close (``tests/test_compiled_core.py``). Compiled once per process and cached on
+disk (numba's ``cache=True``, in ``__pycache__`` next to this file or ``$NUMBA_CACHE_DIR``).
+"""
+
+from __future__ import annotations
+
+import math
+from importlib.util import find_spec
+
+import numpy as np
+
+from ...core.errors import ConservationError, ParameterError
+from ..profiles.costmodel import Profile
+from .contract import is_plugin
+
+# the built-in policies the compiled core runs (registry names) and their victim rule
+VICTIM_ARRIVAL = ("fcfs", "sarathi", "vtc")     # the latest arrival, first in running order among ties
+VICTIM_RANK = ("sjf_prompt", "sjf_oracle", "sjf_predicted", "edf", "edf_oracle", "random", "sjf_noisy_oracle")
+RANK_POLICIES = ("ltr", "ltr_noisy_oracle")  # dynamic: starving requests first (oldest), then by score
+PREEMPTIVE_POLICIES = ("las", "mlfq", "srpt_oracle", "rr")   # the ranked plan (Batching._plan_ranked)
+SUPPORTED_POLICIES = VICTIM_ARRIVAL + VICTIM_RANK + RANK_POLICIES + PREEMPTIVE_POLICIES
+
+# request states (as portbench.sim.request)
+_NOT_ARRIVED, _WAITING, _RUNNING, _PAUSED, _FINISHED, _REJECTED = -1, 0, 1, 2, 3, 4
+# per-request int fields (rows of R)
+(GEN, PREF, TGT, BLK, CHK, GB, CV, INC, HIGH, HIT, NSH, ST, RANK, PREEMPT, PP, OO, SKF, NFITS, TEN, CHG, JOIN,
+ TURN, SWP, SWB) = range(24)
+N_RFIELDS = 24
+# per-request float fields (rows of F); KEY: what residents are ordered by (the static rank, or ltr's score)
+FT, FIN, ADM, WS, ARR, KEY, TAU = range(7)
+# scalar state (S)
+(NEED, OTHER, CLOCK, SL, NCOH, NRES, NWAIT, ADJ, PCREF, PCSH, LRUN, LRUH, LRUT, NPRE, NRUN, NSKIP, NF,
+ NPREEMPT, PCHIT, PCQ, WORK, NFIN, NWA, ONESTEP, NITER, NDEC, MAXUSED, CURSOR, USED, NPAUSED, NPAUSE, NWQ, HOSTU,
+ NSWO, NSWI) = range(35)
+N_S = 35
+PENDING, SWAPS = 0, 1         # float state (SF): swap copies charged to the next iteration, their total
+# configuration (C)
+C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE, C_POL, C_STARVE, C_NTEN, \
+    C_WP, C_WO, C_Q, C_V1, C_CHUNKED, C_SWAP, C_HOSTCAP = range(21)
+# waiting queue: a heap of static ranks | ltr's order (starving, then score) | vtc's tenant-by-tenant order
+POL_STATIC, POL_LTR, POL_VTC = 0, 1, 2
+POL_LAS, POL_MLFQ, POL_SRPT, POL_RR = 3, 4, 5, 6     # preemptive: every live request ranked at each decision
+# status codes
+OK, ERR_KV, ERR_RUN_KV, ERR_PROGRESS = 0, 1, 2, 3
+
+
+def unsupported(sched, engine, profile, *, naive: bool = False, check_invariants: bool = False,
+                check_contract: bool | None = None) -> str | None:
+    """Why the compiled core cannot run this run (a short phrase), or None when it can."""
+    name = getattr(sched, "name", type(sched).__name__)
+    if is_plugin(sched):
+        return f"policy {name!r} is a plug-in (plug-ins run on the reference engine)"
+    if name not in SUPPORTED_POLICIES or type(sched).__module__.split(".")[:3] != ["portbench", "sim", "schedulers"]:
+        return f"policy {name!r} is not implemented in the compiled core (it runs {', '.join(SUPPORTED_POLICIES)})"
+    if getattr(sched, "preemptive", False) and name not in PREEMPTIVE_POLICIES:
+        return f"policy {name!r} with option preemptive: true"
+    if naive:
+        return "naive=True"
+    if check_invariants:
+        return "check_invariants=True"
+    if check_contract:
+        return "check_contract=True"
+    if not isinstance(profile, Profile) or type(profile).iteration_time is not Profile.iteration_time \
+            or type(profile).floor_time is not Profile.floor_time:
+        return "a profile that is not a portbench cost-model Profile"
+    if find_spec("numba") is None:
+        return "numba is not installed"
+    return None
+
+
+def require_supported(reason: str | None) -> None:
+    """``engine.core: compiled`` on a run the compiled core does not run: one ParameterError."""
+    if reason is not None:
+        raise ParameterError("engine.core", "compiled", f"a run the compiled core supports, not one with {reason} "
+                             "(engine.core: auto runs it on the reference engine)")
+
+
+_KERNEL = None
+
+
+def kernel():
+    """The compiled loop (compiled once per process; numba caches the machine code on disk)."""
+    global _KERNEL
+    if _KERNEL is None:
+        import numba
+        jit = numba.njit(cache=True, nogil=True)
+        g = globals()
+        for f in _HELPERS:
+            g[f.__name__] = jit(f)
+        _KERNEL = jit(_loop)
+    return _KERNEL
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers (compiled by kernel(); plain Python otherwise)
+
+def decode_run_s(k, a, g):
+    return k * a + g * k * (k - 1) / 2
+
+
+def last_k_within(a, g, x):
+    if x < a:
+        return 0
+    if g > 0:
+        b = a - g / 2
+        k = math.floor((-b + math.sqrt(b * b + 2 * g * x)) / g)
+    else:
+        k = math.floor(x / a)
+    while k > 0 and decode_run_s(k, a, g) > x:
+        k -= 1
+    while decode_run_s(k + 1, a, g) <= x:
+        k += 1
+    return k
+
+
+def first_k_reaching(a, g, x):
+    if g > 0:
+        b = a - g / 2
+        k = math.ceil((-b + math.sqrt(b * b + 2 * g * x)) / g)
+    else:
+        k = math.ceil(x / a)
+    if k < 1:
+        k = 1
+    while k > 1 and decode_run_s(k - 1, a, g) >= x:
+        k -= 1
+    while decode_run_s(k, a, g) < x:
+        k += 1
+    return k
+
+
+def iteration_time(Fc, p, b, c, a):
+    """The profile's iteration_time(p, b, c, a) (Fc: c0, c_prefill, c_decode, c_kv, c_attn, floor_s,
+    floor_tokens), the same operations in the same order."""
+    tok = p + b
+    fl = 0.0
+    if Fc[5] > 0 and tok < Fc[6]:
+        fl = Fc[5] * (1.0 - tok / Fc[6])
+    return Fc[0] + Fc[1] * p + Fc[2] * b + Fc[3] * c + Fc[4] * a + fl
+
+
+def _heap_less(fk, fid, fcv, i, j):
+    if fk[i] != fk[j]:
+        return fk[i] < fk[j]
+    if fid[i] != fid[j]:
+        return fid[i] < fid[j]
+    return fcv[i] < fcv[j]
+
+
+def _fsift_down(fk, fid, fcv, j, n):
+    while True:
+        left = 2 * j + 1
+        if left >= n:
+            return
+        m = left
+        if left + 1 < n and _heap_less(fk, fid, fcv, left + 1, left):
+            m = left + 1
+        if not _heap_less(fk, fid, fcv, m, j):
+            return
+        fk[j], fk[m] = fk[m], fk[j]
+        fid[j], fid[m] = fid[m], fid[j]
+        fcv[j], fcv[m] = fcv[m], fcv[j]
+        j = m
+
+
+def _fpush(fk, fid, fcv, S, R, k, i, v):
+    """Push (k, id, cver) on the completion heap; when full, drop the stale entries first."""
+    n = S[NF]
+    if n == fk.shape[0]:
+        m = 0
+        for a in range(n):
+            if fcv[a] == R[CV, fid[a]]:
+                fk[m], fid[m], fcv[m] = fk[a], fid[a], fcv[a]
+                m += 1
+        for a in range(m // 2 - 1, -1, -1):
+            _fsift_down(fk, fid, fcv, a, m)
+        n = m
+    j = n
+    fk[j], fid[j], fcv[j] = k, i, v
+    while j > 0:
+        p = (j - 1) >> 1
+        if not _heap_less(fk, fid, fcv, j, p):
+            break
+        fk[j], fk[p] = fk[p], fk[j]
+        fid[j], fid[p] = fid[p], fid[j]
+        fcv[j], fcv[p] = fcv[p], fcv[j]
+        j = p
+    S[NF] = n + 1
+
+
+def _fpop(fk, fid, fcv, S):
+    n = S[NF] - 1
+    fk[0], fid[0], fcv[0] = fk[n], fid[n], fcv[n]
+    S[NF] = n
+    _fsift_down(fk, fid, fcv, 0, n)
+
+
+def _wpush(wheap, S, k):
+    j = S[NWAIT]
+    S[NWAIT] = j + 1
+    while j > 0:
+        p = (j - 1) >> 1
+        if wheap[p] <= k:
+            break
+        wheap[j] = wheap[p]
+        j = p
+    wheap[j] = k
+
+
+def _wpop(wheap, S):
+    n = S[NWAIT] - 1
+    S[NWAIT] = n
+    last = wheap[n]
+    j = 0
+    while True:
+        left = 2 * j + 1
+        if left >= n:
+            break
+        m = left
+        if left + 1 < n and wheap[left + 1] < wheap[left]:
+            m = left + 1
+        if wheap[m] >= last:
+            break
+        wheap[j] = wheap[m]
+        j = m
+    if n > 0:
+        wheap[j] = last
+
+
+def _list_remove(lst, S, idx, x):
+    n = S[idx]
+    for a in range(n):
+        if lst[a] == x:
+            for b in range(a, n - 1):
+                lst[b] = lst[b + 1]
+            S[idx] = n - 1
+            return
+
+
+def _join(r, R, S, cnt, fk, fid, fcv, bs):
+    P = R[PP, r]
+    g = R[GEN, r]
+    gb = g - S[CLOCK]
+    R[GB, r] = gb
+    L = P + gb
+    S[SL] += L
+    cnt[L % bs] += 1
+    b = (P + g + bs - 1) // bs
+    R[BLK, r] = b
+    S[NEED] += b
+    R[CV, r] += 1
+    R[INC, r] = 1
+    S[NCOH] += 1
+    _fpush(fk, fid, fcv, S, R, R[OO, r] - gb, r, R[CV, r])
+
+
+def _leave(r, R, S, cnt, bs):
+    P = R[PP, r]
+    g = R[GB, r] + S[CLOCK]
+    R[GEN, r] = g
+    L = P + R[GB, r]
+    S[SL] -= L
+    cnt[L % bs] -= 1
+    b = (P + g + bs - 1) // bs
+    S[NEED] -= b
+    R[BLK, r] = b
+    R[CV, r] += 1
+    R[INC, r] = 0
+    S[NCOH] -= 1
+
+
+def _advance(k, S, cnt, bs):
+    c = S[CLOCK]
+    if k == 1:
+        S[NEED] += cnt[-c % bs]
+        S[CLOCK] = c + 1
+        return
+    d = 0
+    for m in range(bs):
+        w = cnt[m]
+        if w:
+            d += w * (((m + c - 1) % bs + k) // bs)
+    S[NEED] += d
+    S[CLOCK] = c + k
+
+
+# prefix cache: entries are dense hash ids; ref[h] = -1 (not cached) or the residents referencing it;
+# unreferenced cached entries form an LRU list (lprev/lnext, S[LRUH] oldest .. S[LRUT] newest)
+
+def _lru_remove(h, lprev, lnext, S):
+    p, q = lprev[h], lnext[h]
+    if p >= 0:
+        lnext[p] = q
+    else:
+        S[LRUH] = q
+    if q >= 0:
+        lprev[q] = p
+    else:
+        S[LRUT] = p
+    S[LRUN] -= 1
+
+
+def _lru_append(h, lprev, lnext, S):
+    t = S[LRUT]
+    lprev[h] = t
+    lnext[h] = -1
+    if t >= 0:
+        lnext[t] = h
+    else:
+        S[LRUH] = h
+    S[LRUT] = h
+    S[LRUN] += 1
+
+
+def _pc_ref(h, ref, lprev, lnext, S, eb):
+    x = ref[h]
+    if x < 0:
+        ref[h] = 1
+        S[PCREF] += eb
+    else:
+        if x == 0:
+            _lru_remove(h, lprev, lnext, S)
+            S[PCREF] += eb
+        ref[h] = x + 1
+
+
+def _pc_hit(r, tokens, hoff, hid, ref, Hb):
+    """(entries hit, of which unreferenced) for a waiting request of ``tokens`` tokens."""
+    n = hoff[r + 1] - hoff[r]
+    if n == 0:
+        return 0, 0
+    lim = (tokens - 1) // Hb
+    if n < lim:
+        lim = n
+    h = 0
+    nfree = 0
+    while h < lim:
+        x = ref[hid[hoff[r] + h]]
+        if x < 0:
+            break
+        if x == 0:
+            nfree += 1
+        h += 1
+    return h, nfree
+
+
+def _pc_take(r, h, R, S, hoff, hid, ref, lprev, lnext, eb):
+    for j in range(h):
+        _pc_ref(hid[hoff[r] + j], ref, lprev, lnext, S, eb)
+    R[NSH, r] = h
+    S[PCSH] += h * eb
+    S[ADJ] = S[PCREF] - S[PCSH]
+
+
+def _pc_register(r, upto, R, S, hoff, hid, ref, lprev, lnext, Hb, eb):
+    nh = hoff[r + 1] - hoff[r]
+    if nh == 0:
+        return
+    j = R[NSH, r]
+    n = upto // Hb
+    if nh < n:
+        n = nh
+    if j >= n:
+        return
+    while j < n:
+        _pc_ref(hid[hoff[r] + j], ref, lprev, lnext, S, eb)
+        j += 1
+    S[PCSH] += (j - R[NSH, r]) * eb
+    R[NSH, r] = j
+    S[ADJ] = S[PCREF] - S[PCSH]
+
+
+def _pc_release(r, R, S, hoff, hid, ref, lprev, lnext, eb):
+    k = R[NSH, r]
+    if k == 0:
+        return
+    for j in range(k - 1, -1, -1):
+        h = hid[hoff[r] + j]
+        x = ref[h] - 1
+        ref[h] = x
+        if x == 0:
+            _lru_append(h, lprev, lnext, S)
+            S[PCREF] -= eb
+    S[PCSH] -= k * eb
+    R[NSH, r] = 0
+    S[ADJ] = S[PCREF] - S[PCSH]
+
+
+def _pc_reconcile(S, ref, lprev, lnext, cap, eb):
+    if S[LRUN] == 0:
+        return
+    over = (S[NEED] + S[OTHER] + S[ADJ]) + eb * S[LRUN] - cap
+    while over > 0 and S[LRUN] > 0:
+        h = S[LRUH]
+        _lru_remove(h, lprev, lnext, S)
+        ref[h] = -1
+        over -= eb
+
+
+def _note_marks(t, inclusive, partial, n, a0, inc, t0, marks, work_at, S):
+    i = S[NWA]
+    while i < marks.shape[0] and (marks[i] < t or (inclusive and marks[i] == t)):
+        w = S[WORK]
+        if partial:
+            w += n * last_k_within(a0, inc, marks[i] - t0)
+        work_at[i] = w
+        i += 1
+    S[NWA] = i
+
+
+def _release_finish(r, t, R, F, S, run, hoff, hid, ref, lprev, lnext, eb):
+    R[ST, r] = _FINISHED
+    F[FIN, r] = t
+    _pc_release(r, R, S, hoff, hid, ref, lprev, lnext, eb)
+    R[BLK, r] = 0
+    _list_remove(run, S, NRUN, r)
+    S[NRES] -= 1
+    S[NFIN] += 1
+
+
+def _requeue(v, now, R, F, S, SF, C, Fc):
+    """The state part of :meth:`Queues._requeue_evicted` (after the resident lists and the prefix cache):
+    swapped to host memory while it has room (``engine.preemption: swap``), else recompute."""
+    bs = C[C_BS]
+    computed = R[BLK, v] if R[PREF, v] == R[TGT, v] else (R[PREF, v] + bs - 1) // bs
+    R[ST, v] = _WAITING
+    R[BLK, v] = 0
+    R[CHK, v] = 0
+    R[PREEMPT, v] += 1
+    F[WS, v] = now
+    S[NPREEMPT] += 1
+    if C[C_SWAP] and computed and S[HOSTU] + computed <= C[C_HOSTCAP]:
+        R[SWP, v] = 1
+        R[SWB, v] = computed
+        S[HOSTU] += computed
+        S[NSWO] += 1
+        SF[PENDING] += computed * Fc[8]
+    else:
+        R[PREF, v] = 0
+        R[TGT, v] = R[PP, v] + R[GEN, v]
+
+
+def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw, SF, C, Fc):
+    """:meth:`Queues._evict` + ``_requeue_evicted``."""
+    if R[INC, v]:
+        _leave(v, R, S, cnt, bs)
+    else:
+        S[OTHER] -= R[BLK, v]
+        if R[PREF, v] != R[TGT, v]:
+            _list_remove(pre, S, NPRE, v)
+    _list_remove(run, S, NRUN, v)
+    S[NRES] -= 1
+    _pc_release(v, R, S, hoff, hid, ref, lprev, lnext, eb)
+    _requeue(v, now, R, F, S, SF, C, Fc)
+    if pol == POL_STATIC:
+        _wpush(wheap, S, R[RANK, v])
+    else:
+        S[NWAIT] += 1
+        if pol == POL_VTC:
+            tw[R[TEN, v]] += 1
+
+
+def _key_after(R, F, tc, pol, a, b):
+    """(priority, id) of resident ``a`` > that of ``b`` (vtc: (tenant counter, arrival); else the key)."""
+    if pol == POL_VTC:
+        ca, cb = tc[R[TEN, a]], tc[R[TEN, b]]
+        if ca != cb:
+            return ca > cb
+        if F[ARR, a] != F[ARR, b]:
+            return F[ARR, a] > F[ARR, b]
+        return a > b
+    if pol >= POL_LAS:                 # ((key, arrival), id), keys refreshed at each decision
+        if F[KEY, a] != F[KEY, b]:
+            return F[KEY, a] > F[KEY, b]
+        if F[ARR, a] != F[ARR, b]:
+            return F[ARR, a] > F[ARR, b]
+        return a > b
+    return F[KEY, a] > F[KEY, b] or (F[KEY, a] == F[KEY, b] and a > b)
+
+
+def _generated(r, R, S):
+    return R[GB, r] + S[CLOCK] if R[INC, r] else R[GEN, r]
+
+
+def _mlfq_level(r, g, R, mb, mbl):
+    j = R[JOIN, r]
+    lo = 0
+    hi = mbl[j]
+    while lo < hi:                     # bisect_right(bounds[j], g)
+        mid = (lo + hi) // 2
+        if g < mb[j, mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return j + lo
+
+
+def _key_of(r, R, F, S, pol, q, mb, mbl):
+    """The preemptive policy's priority(r)[0] (its second part is the arrival)."""
+    g = _generated(r, R, S)
+    if pol == POL_LAS:
+        return float(g // q)
+    if pol == POL_SRPT:
+        return float(R[OO, r] - g)
+    if pol == POL_RR:
+        return F[TAU, r]
+    return float(_mlfq_level(r, g, R, mb, mbl))
+
+
+def _tokens_to_level(r, g, level, R, pol, q, mb, mbl):
+    """LAS / MLFQ ``tokens_to_level`` (-1: never)."""
+    if pol == POL_LAS:
+        if level > g // q:
+            t = level * q - g
+            return t if t > 1 else 1
+        return 0
+    j = R[JOIN, r]
+    if level <= j:
+        return 0
+    idx = level - j - 1
+    if idx >= mbl[j]:
+        return -1
+    t = mb[j, idx] - g
+    return t if t > 1 else 1
+
+
+def _sort_by_key(ids, m, R, F, tmp, tkey):
+    """ids[:m] sorted by ((key, arrival), id) in place."""
+    ids[:m].sort()
+    for a in range(m):
+        tkey[a] = F[ARR, ids[a]]
+    o = np.argsort(tkey[:m], kind="mergesort")
+    for a in range(m):
+        tmp[a] = ids[o[a]]
+    for a in range(m):
+        tkey[a] = F[KEY, tmp[a]]
+    o = np.argsort(tkey[:m], kind="mergesort")
+    for a in range(m):
+        ids[a] = tmp[o[a]]
+
+
+def _kless(R, F, a, b):
+    """((key, arrival), id) of ``a`` < that of ``b``."""
+    if F[KEY, a] != F[KEY, b]:
+        return F[KEY, a] < F[KEY, b]
+    if F[ARR, a] != F[ARR, b]:
+        return F[ARR, a] < F[ARR, b]
+    return a < b
+
+
+def _admit_need(r, budget, free, R, S, hoff, hid, ref, Hb, eb, pc_on, bs):
+    """:meth:`Queues._admit_need` (V1): blocks admitting ``r`` adds, or -1."""
+    if R[SWP, r]:
+        if R[PREF, r] == R[TGT, r]:                 # resumes decoding
+            if budget < 1:
+                return -1
+            R[CHK, r] = 0
+            need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
+        else:
+            left = R[TGT, r] - R[PREF, r]
+            c = left if left < budget else budget
+            if c <= 0:
+                return -1
+            R[CHK, r] = c
+            need = (R[PREF, r] + c + bs - 1) // bs
+        R[HIT, r] = 0
+        return need if need <= free else -1
+    target = R[PP, r] + R[GEN, r]
+    h = 0
+    nfree = 0
+    if pc_on:
+        h, nfree = _pc_hit(r, target, hoff, hid, ref, Hb)
+    e = eb if pc_on else 0
+    cached = h * e * bs
+    if (target + bs - 1) // bs - h * e + nfree * e > free:
+        return -1
+    c = target - cached
+    if c > budget:
+        c = budget
+    if c <= 0:
+        return -1
+    R[CHK, r] = c
+    R[HIT, r] = h
+    return (c + bs - 1) // bs + nfree * e
+
+
+def _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_on, bs, wq_s, wq_e, SF, Fc, cnt,
+           fk, fid, fcv):
+    """:meth:`Queues._admit` (V1) and the caller's step: a swapped-out decoder rejoins the cohort, anything
+    else goes to the prefill list."""
+    R[ST, r] = _RUNNING
+    run[S[NRUN]] = r
+    S[NRUN] += 1
+    S[NRES] += 1
+    if F[ADM, r] != F[ADM, r]:
+        F[ADM, r] = now
+    wq_s[S[NWQ]] = F[WS, r]
+    wq_e[S[NWQ]] = now
+    S[NWQ] += 1
+    if R[SWP, r]:                                   # swapped back in
+        S[HOSTU] -= R[SWB, r]
+        SF[PENDING] += R[SWB, r] * Fc[8]
+        S[NSWI] += 1
+        R[SWP, r] = 0
+        R[SWB, r] = 0
+        if R[PREF, r] == R[TGT, r]:
+            _join(r, R, S, cnt, fk, fid, fcv, bs)
+            return
+        R[BLK, r] = (R[PREF, r] + R[CHK, r] + bs - 1) // bs
+        S[OTHER] += R[BLK, r]
+        pre[S[NPRE]] = r
+        S[NPRE] += 1
+        return
+    target = R[PP, r] + R[GEN, r]
+    R[TGT, r] = target
+    c = R[CHK, r]
+    cached = 0
+    if pc_on:
+        cached = R[HIT, r] * Hb
+        S[PCQ] += target
+        S[PCHIT] += cached
+        if R[HIT, r]:
+            _pc_take(r, R[HIT, r], R, S, hoff, hid, ref, lprev, lnext, eb)
+        _pc_register(r, cached + c, R, S, hoff, hid, ref, lprev, lnext, Hb, eb)
+    R[PREF, r] = cached
+    if cached > R[HIGH, r]:
+        R[HIGH, r] = cached
+    R[BLK, r] = (cached + c + bs - 1) // bs
+    S[OTHER] += R[BLK, r]
+    pre[S[NPRE]] = r
+    S[NPRE] += 1
+
+
+def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev, lnext,
+                 wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw):
+    """:meth:`Batching._plan_ranked` (V1, recompute; the one-by-one walk, keys fresh). Returns the
+    iteration's prompt tokens."""
+    bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
+    pc_on, Hb, eb, pol = C[C_PC], C[C_HB], C[C_EB], C[C_POL]
+    n = R.shape[1]
+    if pc_on:
+        _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+    nr = S[NRUN]
+    for a in range(nr):
+        res_[a] = run[a]
+    _sort_by_key(res_, nr, R, F, tmp, tkey)
+    nw = 0
+    for r in range(n):
+        if R[ST, r] == _WAITING:
+            wl[nw] = r
+            nw += 1
+    _sort_by_key(wl, nw, R, F, tmp, tkey)
+    free = cap
+    slots = max_seqs
+    nc = npl = nd = nres = 0
+    n_dec = 0
+    clock = S[CLOCK]
+    i = j = 0
+    wopen = nw > 0
+    while i < nr or (wopen and j < nw):
+        if wopen and j < nw and (i >= nr or _kless(R, F, wl[j], res_[i])):
+            r = wl[j]
+            need = -1
+            if slots > 0:
+                if R[SWP, r] and R[PREF, r] != R[TGT, r]:                # _gate_blocks
+                    need = (R[TGT, r] + bs - 1) // bs
+                else:
+                    need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
+                if need > free:
+                    need = -1
+            if need < 0:
+                wopen = False
+                continue
+            j += 1
+            free -= need
+            slots -= 1
+            cands[nc] = r
+            nc += 1
+            continue
+        r = res_[i]
+        i += 1
+        if R[INC, r]:
+            need = (R[PP, r] + R[GB, r] + clock + bs - 1) // bs
+            if slots > 0 and need <= free:
+                free -= need
+                slots -= 1
+                n_dec += 1
+            else:
+                disp[nd] = r
+                nd += 1
+            continue
+        if R[PREF, r] == R[TGT, r]:           # a paused decoder
+            need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
+            if slots > 0 and need <= free:
+                free -= need
+                slots -= 1
+                n_dec += 1
+                resumed[nres] = r
+                nres += 1
+            else:
+                disp[nd] = r
+                nd += 1
+            continue
+        need = (R[TGT, r] + bs - 1) // bs
+        if slots > 0 and need <= free:
+            free -= need
+            slots -= 1
+            placed[npl] = r
+            npl += 1
+        else:
+            disp[nd] = r
+            nd += 1
+    reserved = cap - free
+    for a in range(nd):
+        r = disp[a]
+        R[CHK, r] = 0
+        if R[INC, r]:
+            _leave(r, R, S, cnt, bs)
+            R[BLK, r] = (R[PP, r] + R[GEN, r] - 1 + bs - 1) // bs
+    held = 0
+    for a in range(nd):
+        held += R[BLK, disp[a]]
+    while nd > 0 and reserved + held > cap:
+        vi = 0
+        for a in range(1, nd):
+            if _key_after(R, F, tw, pol, disp[a], disp[vi]):
+                vi = a
+        v = disp[vi]
+        for a in range(vi, nd - 1):
+            disp[a] = disp[a + 1]
+        nd -= 1
+        held -= R[BLK, v]
+        # _requeue_evicted (out of the cohort and the prefill list already)
+        if R[PREF, v] != R[TGT, v]:
+            _list_remove(pre, S, NPRE, v)
+        _list_remove(paused, S, NPAUSED, v)
+        _list_remove(run, S, NRUN, v)
+        S[NRES] -= 1
+        _pc_release(v, R, S, hoff, hid, ref, lprev, lnext, eb)
+        _requeue(v, now, R, F, S, SF, C, Fc)
+        S[NWAIT] += 1
+    for a in range(nres):
+        r = resumed[a]
+        R[ST, r] = _RUNNING
+        _join(r, R, S, cnt, fk, fid, fcv, bs)
+    b = B - n_dec
+    if b < 0:
+        b = 0
+    pf_tokens = 0
+    other = held
+    for a in range(npl):
+        r = placed[a]
+        left = R[TGT, r] - R[PREF, r]
+        c = left if left < b else b
+        R[CHK, r] = c
+        R[ST, r] = _RUNNING
+        b -= c
+        pf_tokens += c
+        R[BLK, r] = (R[PREF, r] + c + bs - 1) // bs
+        other += R[BLK, r]
+        if c and pc_on:
+            _pc_register(r, R[PREF, r] + c, R, S, hoff, hid, ref, lprev, lnext, Hb, eb)
+    S[OTHER] = other
+    S[NPRE] = 0
+    for a in range(npl):
+        pre[a] = placed[a]
+    S[NPRE] = npl
+    if pc_on:
+        _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+    free = cap - (S[NEED] + S[OTHER] + S[ADJ])
+    for a in range(nc):                        # vLLM's admission: its gate on the blocks free now
+        r = cands[a]
+        need = _admit_need(r, b, free, R, S, hoff, hid, ref, Hb, eb, pc_on, bs) if b > 0 else -1
+        if need < 0:
+            break
+        pf_tokens += R[CHK, r]
+        b -= R[CHK, r] if R[CHK, r] else 1
+        S[NWAIT] -= 1
+        _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_on, bs, wq_s, wq_e, SF, Fc, cnt,
+               fk, fid, fcv)
+        free = cap - (S[NEED] + S[OTHER] + S[ADJ])
+        if pc_on:
+            _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+    S[NPAUSED] = 0
+    for a in range(nd):
+        r = disp[a]
+        if R[ST, r] == _RUNNING:
+            R[ST, r] = _PAUSED
+            S[NPAUSE] += 1
+        if R[PREF, r] != R[TGT, r]:
+            pre[S[NPRE]] = r
+            S[NPRE] += 1
+        paused[a] = r
+    S[NPAUSED] = nd
+    if pc_on:
+        _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+    return pf_tokens
+
+
+def _admit_need_v0(r, budget, pf_tokens, admitted, free, R, B, bs, chunked):
+    """:meth:`Queues._admit_need` under V0 (no prefix caching): blocks admitting ``r`` adds, or -1."""
+    if R[SWP, r]:
+        if R[PREF, r] == R[TGT, r]:
+            if chunked and budget < 1:
+                return -1
+            R[CHK, r] = 0
+            need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
+        else:
+            left = R[TGT, r] - R[PREF, r]
+            if chunked:
+                c = left if left < budget else budget
+                if c <= 0:
+                    return -1
+            else:
+                c = left
+                if admitted and pf_tokens + c > B:
+                    return -1
+            R[CHK, r] = c
+            need = (R[TGT, r] + bs - 1) // bs
+        R[HIT, r] = 0
+        return need if need <= free else -1
+    target = R[PP, r] + R[GEN, r]
+    if chunked:
+        c = target if target < budget else budget
+        if c <= 0:
+            return -1
+    else:
+        c = target
+        if admitted and pf_tokens + c > B:
+            return -1
+    R[CHK, r] = c
+    R[HIT, r] = 0
+    need = (target + bs - 1) // bs
+    return need if need <= free else -1
+
+
+def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, wq_s, wq_e, res_, wl,
+                        placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref, lprev, lnext):
+    """The V0 branch of :meth:`Batching._plan_preemptive` (no prefix caching under V0): one walk in rank
+    order admitting, resuming and placing as it goes. Returns the iteration's prompt tokens."""
+    bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
+    chunked, pol = C[C_CHUNKED], C[C_POL]
+    n = R.shape[1]
+    nr = S[NRUN]
+    for a in range(nr):
+        res_[a] = run[a]
+    _sort_by_key(res_, nr, R, F, tmp, tkey)
+    nw = 0
+    for r in range(n):
+        if R[ST, r] == _WAITING:
+            wl[nw] = r
+            nw += 1
+    _sort_by_key(wl, nw, R, F, tmp, tkey)
+    if chunked:
+        n_dec = S[NCOH]
+        for a in range(S[NPAUSED]):
+            r = paused[a]
+            if R[PREF, r] == R[TGT, r]:
+                n_dec += 1
+        b = B - n_dec
+        if b < 0:
+            b = 0
+    else:
+        b = B
+    free = cap - S[ADJ]
+    slots = max_seqs
+    pf_tokens = 0
+    admitted = 0
+    npl = nd = nres = 0
+    clock = S[CLOCK]
+    i = j = 0
+    wopen = nw > 0
+    while i < nr or (wopen and j < nw):
+        if wopen and j < nw and (i >= nr or _kless(R, F, wl[j], res_[i])):
+            r = wl[j]
+            need = _admit_need_v0(r, b, pf_tokens, admitted, free, R, B, bs, chunked) if slots > 0 else -1
+            if need < 0:
+                wopen = False
+                continue
+            j += 1
+            free -= need
+            slots -= 1
+            admitted += 1
+            pf_tokens += R[CHK, r]
+            b -= R[CHK, r] if R[CHK, r] else (1 if chunked else 0)
+            S[NWAIT] -= 1
+            # _admit (V0)
+            R[ST, r] = _RUNNING
+            run[S[NRUN]] = r
+            S[NRUN] += 1
+            S[NRES] += 1
+            if F[ADM, r] != F[ADM, r]:
+                F[ADM, r] = now
+            wq_s[S[NWQ]] = F[WS, r]
+            wq_e[S[NWQ]] = now
+            S[NWQ] += 1
+            if R[SWP, r]:
+                S[HOSTU] -= R[SWB, r]
+                SF[PENDING] += R[SWB, r] * Fc[8]
+                S[NSWI] += 1
+                R[SWP, r] = 0
+                R[SWB, r] = 0
+                if R[PREF, r] == R[TGT, r]:
+                    resumed[nres] = r
+                    nres += 1
+                    continue
+                R[BLK, r] = (R[TGT, r] + bs - 1) // bs
+                placed[npl] = r
+                npl += 1
+                continue
+            target = R[PP, r] + R[GEN, r]
+            R[TGT, r] = target
+            R[PREF, r] = 0
+            R[BLK, r] = (target + bs - 1) // bs
+            placed[npl] = r
+            npl += 1
+            continue
+        r = res_[i]
+        i += 1
+        if R[INC, r]:
+            need = (R[PP, r] + R[GB, r] + clock + bs - 1) // bs
+            if slots > 0 and need <= free:
+                free -= need
+                slots -= 1
+            else:
+                disp[nd] = r
+                nd += 1
+            continue
+        left = R[TGT, r] - R[PREF, r]
+        if left == 0:                      # a paused decoder
+            need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
+            if slots > 0 and need <= free:
+                free -= need
+                slots -= 1
+                R[ST, r] = _RUNNING
+                resumed[nres] = r
+                nres += 1
+            else:
+                disp[nd] = r
+                nd += 1
+            continue
+        c = left if left < b else b
+        need = R[BLK, r]
+        if slots > 0 and need <= free:
+            free -= need
+            slots -= 1
+            R[ST, r] = _RUNNING
+            R[CHK, r] = c
+            b -= c
+            pf_tokens += c
+            placed[npl] = r
+            npl += 1
+        else:
+            disp[nd] = r
+            nd += 1
+    for a in range(nd):
+        r = disp[a]
+        if R[INC, r]:
+            _leave(r, R, S, cnt, bs)
+    for a in range(nres):
+        _join(resumed[a], R, S, cnt, fk, fid, fcv, bs)
+    for a in range(npl):
+        pre[a] = placed[a]
+    S[NPRE] = npl
+    S[NPAUSED] = 0
+    other = 0
+    for a in range(npl):
+        other += R[BLK, placed[a]]
+    for a in range(nd):
+        R[CHK, disp[a]] = 0
+        other += R[BLK, disp[a]]
+    S[OTHER] = other
+    while S[NEED] + S[OTHER] + S[ADJ] > cap and nd > 0:
+        vi = 0
+        for a in range(1, nd):
+            if _key_after(R, F, tw, pol, disp[a], disp[vi]):
+                vi = a
+        v = disp[vi]
+        for a in range(vi, nd - 1):
+            disp[a] = disp[a + 1]
+        nd -= 1
+        S[OTHER] -= R[BLK, v]
+        _list_remove(run, S, NRUN, v)
+        S[NRES] -= 1
+        _requeue(v, now, R, F, S, SF, C, Fc)
+        S[NWAIT] += 1
+    for a in range(nd):
+        r = disp[a]
+        if R[ST, r] == _RUNNING:
+            R[ST, r] = _PAUSED
+            S[NPAUSE] += 1
+        if R[PREF, r] != R[TGT, r]:
+            pre[S[NPRE]] = r
+            S[NPRE] += 1
+        paused[a] = r
+    S[NPAUSED] = nd
+    return pf_tokens
+
+
+def _chunks(budget, R, F, S, pre, tc, pol):
+    """:meth:`Batching._chunks` (prefills in (priority, id) order; skipped ones get no chunk)."""
+    n = S[NPRE]
+    if n > 1:
+        for a in range(1, n):
+            x = pre[a]
+            b = a - 1
+            while b >= 0 and _key_after(R, F, tc, pol, pre[b], x):
+                pre[b + 1] = pre[b]
+                b -= 1
+            pre[b + 1] = x
+    for a in range(n):
+        r = pre[a]
+        if S[NSKIP] and R[SKF, r]:
+            R[CHK, r] = 0
+            continue
+        left = R[TGT, r] - R[PREF, r]
+        c = left if left < budget else budget
+        R[CHK, r] = c
+        budget -= c
+    return budget
+
+
+def _vtc_heads(R, F, tw, thead, ntn):
+    """Each tenant's earliest waiting request by (arrival, id) (``thead``; where ``tw`` > 0)."""
+    for u in range(ntn):
+        thead[u] = -1
+    for r in range(R.shape[1]):
+        if R[ST, r] == _WAITING:
+            t = R[TEN, r]
+            h = thead[t]
+            if h < 0 or F[ARR, r] < F[ARR, h]:
+                thead[t] = r
+
+
+def _ltr_order(now, starve, starve_s, R, F, cand, tmp, tkey):
+    """ltr's admission order of the waiting requests: those waiting (since arrival or their last eviction)
+    for at least ``starve_s`` seconds by (waiting since, id), then the others by (score, id)."""
+    n = R.shape[1]
+    m = 0
+    for r in range(n):                 # starving ones, in id order
+        if R[ST, r] == _WAITING and starve and now >= F[WS, r] + starve_s:
+            tmp[m] = r
+            tkey[m] = F[WS, r]
+            m += 1
+    o = np.argsort(tkey[:m], kind="mergesort")
+    for a in range(m):
+        cand[a] = tmp[o[a]]
+    k = 0
+    for r in range(n):
+        if R[ST, r] == _WAITING and not (starve and now >= F[WS, r] + starve_s):
+            tmp[k] = r
+            tkey[k] = F[KEY, r]
+            k += 1
+    o = np.argsort(tkey[:k], kind="mergesort")
+    for a in range(k):
+        cand[m + a] = tmp[o[a]]
+    return m + k
+
+
+def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_at, mb, mbl):
+    """The engine's server loop (:meth:`Engine._server` with ``_plan`` and ``_commit``) for the runs
+    :func:`unsupported` accepts. Returns (status, end_time, S, SF, wq_start, wq_end, trace floats, trace ints)."""
+    n = R.shape[1]
+    bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
+    pc_on, Hb, eb, n_arr, varr, trace_on = C[C_PC], C[C_HB], C[C_EB], C[C_NARR], C[C_VARR], C[C_TRACE]
+    pol, starve, starve_s = C[C_POL], C[C_STARVE], Fc[7]
+    v1, chunked = C[C_V1], C[C_CHUNKED]
+    ntn, w_prompt, w_out = C[C_NTEN], C[C_WP], C[C_WO]
+    tc = np.zeros(ntn if ntn > 0 else 1, np.int64)      # vtc: the tenants' counters
+    tw = np.zeros(ntn if ntn > 0 else 1, np.int64)      # vtc: waiting requests per tenant
+    thead = np.empty(ntn if ntn > 0 else 1, np.int64)   # vtc: each tenant's earliest waiting request
+    tin = np.zeros(ntn if ntn > 0 else 1, np.int64)     # vtc: decoding requests per tenant
+    last_left = -1
+    qtok = C[C_Q]
+    paused = np.empty(n, np.int64)
+    res_ = np.empty(n, np.int64)
+    wl = np.empty(n, np.int64)
+    cands = np.empty(n, np.int64)
+    placed = np.empty(n, np.int64)
+    disp = np.empty(n, np.int64)
+    resumed = np.empty(n, np.int64)
+    outs = np.empty(n, np.int64)
+    cand = np.empty(n, np.int64)      # ltr: the waiting requests in admission order
+    tmp = np.empty(n, np.int64)
+    tkey = np.empty(n, np.float64)
+    ckv = Fc[3]
+    INF = math.inf
+    S = np.zeros(N_S, np.int64)
+    SF = np.zeros(2, np.float64)
+    S[LRUH] = -1
+    S[LRUT] = -1
+    cnt = np.zeros(bs, np.int64)
+    nh = hid.shape[0]
+    nhe = 1
+    for a in range(nh):
+        if hid[a] + 1 > nhe:
+            nhe = hid[a] + 1
+    ref = np.full(nhe, -1, np.int64)
+    lprev = np.full(nhe, -1, np.int64)
+    lnext = np.full(nhe, -1, np.int64)
+    fcap = 2 * n + 16
+    fk = np.empty(fcap, np.int64)
+    fid = np.empty(fcap, np.int64)
+    fcv = np.empty(fcap, np.int64)
+    run = np.empty(n, np.int64)       # residents in running (admission) order
+    pre = np.empty(n, np.int64)       # residents in prefill
+    skl = np.empty(n, np.int64)       # residents skipped in this step
+    wheap = np.empty(n + 1, np.int64)
+    adds = np.empty(n, np.int64)
+    wq_s = np.empty(2 * n + 16, np.float64)
+    wq_e = np.empty(2 * n + 16, np.float64)
+    nwq = 0
+    tr_f = np.empty((16 if trace_on else 1, 2), np.float64)
+    tr_i = np.empty((16 if trace_on else 1, 5), np.int64)
+    ntr = 0
+    status = OK
+    end_time = 0.0
+    now = 0.0
+    a0 = 0.0
+    inc = 0.0
+    while True:
+        # ---- arrivals up to now
+        if S[CURSOR] < n_arr and arr_t[S[CURSOR]] <= now:
+            c = S[CURSOR]
+            while c < n_arr and arr_t[c] <= now:
+                r = order[c]
+                c += 1
+                if R[NFITS, r]:
+                    R[ST, r] = _REJECTED
+                    continue
+                R[ST, r] = _WAITING
+                F[WS, r] = F[ARR, r]
+                if pol == POL_VTC:          # VTC.on_arrival: lift an idle tenant's counter
+                    t = R[TEN, r]
+                    if tw[t] == 0:
+                        lo = -1
+                        for u in range(ntn):
+                            if tw[u] > 0 and (lo < 0 or tc[u] < tc[lo]):
+                                lo = u
+                        if lo >= 0:
+                            if tc[lo] > tc[t]:
+                                tc[t] = tc[lo]
+                        elif last_left >= 0 and tc[last_left] > tc[t]:
+                            tc[t] = tc[last_left]
+                    tw[t] += 1
+                if pol == POL_STATIC:
+                    _wpush(wheap, S, R[RANK, r])
+                else:
+                    S[NWAIT] += 1
+            S[CURSOR] = c
+        if S[NRES] == 0 and S[NWAIT] == 0:
+            if S[CURSOR] >= n_arr:
+                end_time = now
+                break
+            t = arr_t[S[CURSOR]]
+            _note_marks(t, False, False, 0, 0.0, 0.0, 0.0, marks, work_at, S)
+            now = t
+            continue
+        S[NDEC] += 1
+        if nwq + n + 1 > wq_s.shape[0]:            # room for this decision's admissions
+            wq_s = np.concatenate((wq_s, np.empty(nwq + n + 1, np.float64)))
+            wq_e = np.concatenate((wq_e, np.empty(nwq + n + 1, np.float64)))
+        ranked = False
+        if pol >= POL_LAS:
+            for r in range(n):                      # every live request's (priority, id), fresh
+                st_ = R[ST, r]
+                if st_ == _WAITING or st_ == _RUNNING or st_ == _PAUSED:
+                    F[KEY, r] = _key_of(r, R, F, S, pol, qtok, mb, mbl)
+            if v1:
+                ranked = S[NWAIT] > 0 or S[NPAUSED] > 0 or S[NEED] + S[OTHER] > cap
+            else:
+                ranked = S[NWAIT] > 0 or S[NPAUSED] > 0 or S[NEED] + S[OTHER] + S[ADJ] > cap
+        # ---- plan (:meth:`Batching._plan`, V1, non-preemptive; preemptive policies when nobody is
+        # outside the batch and every resident's blocks fit, else :meth:`Batching._plan_ranked`)
+        preempted = False
+        pf_tokens = 0
+        free = 0
+        extra = 0
+        total = 0
+        budget = B
+        if ranked:
+            S[NWQ] = nwq
+            if not v1:
+                S[NWQ] = nwq
+                pf_tokens = _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, wq_s,
+                                                wq_e, res_, wl, placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref,
+                                                lprev, lnext)
+            else:
+                pf_tokens = _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev,
+                                     lnext, wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw)
+            nwq = S[NWQ]
+            free = cap - (S[NEED] + S[OTHER] + S[ADJ])
+        while not ranked:
+            if S[NSKIP]:                                    # _unskip
+                for a in range(S[NSKIP]):
+                    r = skl[a]
+                    R[SKF, r] = 0
+                    if R[PREF, r] == R[TGT, r] and (R[ST, r] == _RUNNING or R[ST, r] == _PAUSED):
+                        S[OTHER] -= R[BLK, r]
+                        _join(r, R, S, cnt, fk, fid, fcv, bs)
+                S[NSKIP] = 0
+            if pc_on:
+                _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+            budget = B
+            preempted = False
+            extra = 0
+            total = 0
+            while True:
+                if chunked:
+                    b0 = B - S[NCOH]
+                    budget = _chunks(b0 if b0 > 0 else 0, R, F, S, pre, tc, pol)
+                    if v1:
+                        extra = 0
+                        for a in range(S[NPRE]):
+                            r = pre[a]
+                            extra += (R[PREF, r] + R[CHK, r] + bs - 1) // bs - R[BLK, r]
+                total = S[NEED] + S[OTHER] + extra + S[ADJ]
+                if total <= cap:
+                    break
+                # the victim among the residents (running order)
+                nr = S[NRUN]
+                v = -1
+                for a in range(nr):
+                    r = run[a]
+                    if v < 0:
+                        v = r
+                    elif varr:
+                        if F[ARR, r] > F[ARR, v]:
+                            v = r
+                    elif _key_after(R, F, tc, pol, r, v):
+                        v = r
+                preempted = True
+                if v1 and S[NSKIP] == 0:
+                    # _first_misfit
+                    clock = S[CLOCK]
+                    for a in range(nr):
+                        r = run[a]
+                        if R[INC, r]:
+                            g = R[GB, r] + clock
+                            adds[a] = 1 if (R[PP, r] + g - 1) % bs == 0 else 0
+                        elif R[CHK, r]:
+                            adds[a] = (R[PREF, r] + R[CHK, r] + bs - 1) // bs - R[BLK, r]
+                        else:
+                            adds[a] = 0
+                    over = total - cap
+                    later = 0
+                    i = 0
+                    for a in range(nr - 1, -1, -1):
+                        if over - later <= 0:
+                            i = a + 1
+                            break
+                        later += adds[a]
+                    if run[i] == v:
+                        nskip = nr - i - 1
+                        for a in range(nskip):
+                            skl[a] = run[i + 1 + a]
+                        _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw, SF, C, Fc)
+                        for a in range(nskip):                 # _skip
+                            r = skl[a]
+                            if R[INC, r]:
+                                _leave(r, R, S, cnt, bs)
+                                R[BLK, r] = (R[PP, r] + R[GEN, r] - 1 + bs - 1) // bs
+                                S[OTHER] += R[BLK, r]
+                            else:
+                                R[CHK, r] = 0
+                            R[SKF, r] = 1
+                        S[NSKIP] = nskip
+                        S[ONESTEP] = 1
+                        continue
+                _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw, SF, C, Fc)
+            if S[NSKIP] and S[NCOH] == 0:
+                anyc = False
+                for a in range(S[NPRE]):
+                    if R[CHK, pre[a]]:
+                        anyc = True
+                if not anyc:
+                    continue                                   # vLLM: an empty step; schedule() again
+            break
+        for a in range(S[NPRE] if not ranked and v1 else 0):
+            r = pre[a]
+            if R[CHK, r]:
+                R[BLK, r] = (R[PREF, r] + R[CHK, r] + bs - 1) // bs
+                if pc_on:
+                    _pc_register(r, R[PREF, r] + R[CHK, r], R, S, hoff, hid, ref, lprev, lnext, Hb, eb)
+        if not ranked:
+            S[OTHER] += extra
+            if pc_on:
+                _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+                total = S[NEED] + S[OTHER] + S[ADJ]
+            free = cap - total
+            if chunked:
+                for a in range(S[NPRE]):
+                    pf_tokens += R[CHK, pre[a]]
+            if v1 and preempted and S[NWAIT]:
+                S[ONESTEP] = 1
+        slots = max_seqs - S[NRES]
+        admitted = 0
+        if not ranked and S[NWAIT] and slots > 0 and not (v1 and preempted):
+            ncand = 0
+            if pol == POL_LTR:             # starving (oldest first), then by score; ties by id
+                ncand = _ltr_order(now, starve, starve_s, R, F, cand, tmp, tkey)
+            ci = 0
+            while S[NWAIT] > 0:
+                if slots <= 0:
+                    break
+                if pol == POL_STATIC:
+                    r = by_rank[wheap[0]]
+                elif pol == POL_VTC:       # the earliest request of the tenant with the smallest counter
+                    _vtc_heads(R, F, tw, thead, ntn)
+                    r = -1
+                    for u in range(ntn):
+                        if tw[u] > 0:
+                            h0 = thead[u]
+                            if r < 0:
+                                r = h0
+                            else:
+                                cu, cr = tc[u], tc[R[TEN, r]]
+                                if cu < cr or (cu == cr and (F[ARR, h0] < F[ARR, r]
+                                                             or (F[ARR, h0] == F[ARR, r] and h0 < r))):
+                                    r = h0
+                    if r < 0:
+                        break
+                else:
+                    if ci >= ncand:
+                        break
+                    r = cand[ci]
+                # _admit_need
+                target = R[PP, r] + R[GEN, r]
+                if R[SWP, r]:               # swapped out: its KV comes back
+                    if R[PREF, r] == R[TGT, r]:
+                        if chunked and budget < 1:
+                            break
+                        c = 0
+                        need = (R[PP, r] + R[GEN, r] + bs - 1) // bs
+                    else:
+                        left = R[TGT, r] - R[PREF, r]
+                        if chunked:
+                            c = left if left < budget else budget
+                            if c <= 0:
+                                break
+                        else:
+                            c = left
+                            if admitted and pf_tokens + c > B:
+                                break
+                        need = ((R[PREF, r] + c if v1 else R[TGT, r]) + bs - 1) // bs
+                    R[CHK, r] = c
+                    R[HIT, r] = 0
+                    if need > free:
+                        break
+                elif v1:
+                    h = 0
+                    nfree = 0
+                    if pc_on:
+                        h, nfree = _pc_hit(r, target, hoff, hid, ref, Hb)
+                    e = eb if pc_on else 0
+                    cached = h * e * bs
+                    if (target + bs - 1) // bs - h * e + nfree * e > free:
+                        break
+                    c = target - cached
+                    if c > budget:
+                        c = budget
+                    if c <= 0:
+                        break
+                    R[CHK, r] = c
+                    R[HIT, r] = h
+                    need = (c + bs - 1) // bs + nfree * e
+                else:                       # V0: the whole prefill's blocks at admission
+                    if chunked:
+                        c = target if target < budget else budget
+                        if c <= 0:
+                            break
+                    else:
+                        c = target
+                        if admitted and pf_tokens + c > B:     # a longer prompt is prefilled alone
+                            break
+                    R[CHK, r] = c
+                    R[HIT, r] = 0
+                    need = (target + bs - 1) // bs
+                    if need > free:
+                        break
+                if pol == POL_STATIC:
+                    _wpop(wheap, S)
+                else:
+                    ci += 1
+                    S[NWAIT] -= 1
+                free -= need
+                slots -= 1
+                admitted += 1
+                pf_tokens += c
+                budget -= c if c else 1
+                # _admit
+                R[ST, r] = _RUNNING
+                if pol == POL_VTC:          # VTC.on_admit: charge the prompt at the first admission
+                    t = R[TEN, r]
+                    tw[t] -= 1
+                    if tw[t] == 0:
+                        last_left = t
+                    if not R[CHG, r]:
+                        R[CHG, r] = 1
+                        tc[t] += w_prompt * R[PP, r]
+                run[S[NRUN]] = r
+                S[NRUN] += 1
+                S[NRES] += 1
+                if F[ADM, r] != F[ADM, r]:
+                    F[ADM, r] = now
+                if nwq == wq_s.shape[0]:
+                    wq_s = np.concatenate((wq_s, np.empty(nwq, np.float64)))
+                    wq_e = np.concatenate((wq_e, np.empty(nwq, np.float64)))
+                wq_s[nwq] = F[WS, r]
+                wq_e[nwq] = now
+                nwq += 1
+                if R[SWP, r]:               # swapped back in
+                    S[HOSTU] -= R[SWB, r]
+                    SF[PENDING] += R[SWB, r] * Fc[8]
+                    S[NSWI] += 1
+                    R[SWP, r] = 0
+                    R[SWB, r] = 0
+                    if R[PREF, r] == R[TGT, r]:
+                        _join(r, R, S, cnt, fk, fid, fcv, bs)
+                    else:
+                        R[BLK, r] = ((R[PREF, r] + c if v1 else R[TGT, r]) + bs - 1) // bs
+                        S[OTHER] += R[BLK, r]
+                        pre[S[NPRE]] = r
+                        S[NPRE] += 1
+                    if pc_on:
+                        free = cap - (S[NEED] + S[OTHER] + S[ADJ])
+                        _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+                    continue
+                R[TGT, r] = target
+                cached = 0
+                if pc_on:
+                    cached = R[HIT, r] * Hb
+                    S[PCQ] += target
+                    S[PCHIT] += cached
+                    if R[HIT, r]:
+                        _pc_take(r, R[HIT, r], R, S, hoff, hid, ref, lprev, lnext, eb)
+                    _pc_register(r, cached + c, R, S, hoff, hid, ref, lprev, lnext, Hb, eb)
+                R[PREF, r] = cached
+                if cached > R[HIGH, r]:
+                    R[HIGH, r] = cached
+                R[BLK, r] = (cached + c + bs - 1) // bs if v1 else (target + bs - 1) // bs
+                S[OTHER] += R[BLK, r]
+                pre[S[NPRE]] = r
+                S[NPRE] += 1
+                if pc_on:
+                    free = cap - (S[NEED] + S[OTHER] + S[ADJ])
+                    _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+        # ---- the iteration (:meth:`Iterations._iteration`)
+        used = cap - free
+        if used > cap:
+            status = ERR_KV
+            end_time = now
+            break
+        S[USED] = used
+        if used > S[MAXUSED]:
+            S[MAXUSED] = used
+        kind = 0
+        k = 1
+        n_dec = S[NCOH]
+        C0 = 0
+        if pf_tokens:
+            ctx = 0
+            pairs = 0
+            for a in range(S[NPRE]):
+                r = pre[a]
+                c = R[CHK, r]
+                if c:
+                    p0 = R[PREF, r]
+                    ctx += p0 + c
+                    pairs += c * p0 + c * (c + 1) // 2
+            if chunked:
+                ctx += S[SL] + n_dec * S[CLOCK]
+                kind = 1
+            else:
+                n_dec = 0
+                kind = 2              # whole-prompt prefill-first: the cohort waits for this iteration
+            C0 = ctx
+            dt = iteration_time(Fc, pf_tokens, n_dec, ctx, pairs if Fc[4] else 0) + SF[PENDING]
+            if now + dt > H:
+                end_time = H
+                break
+        else:
+            if n_dec == 0:
+                status = ERR_PROGRESS
+                end_time = now
+                break
+            C0 = S[SL] + n_dec * S[CLOCK]
+            a0 = iteration_time(Fc, 0, n_dec, C0, 0)
+            if SF[PENDING] or S[ONESTEP]:
+                S[ONESTEP] = 0
+                dt = a0 + SF[PENDING]
+                if now + dt > H:
+                    end_time = H
+                    break
+                a0, inc = dt, 0.0
+            else:
+                while S[NF] > 0 and fcv[0] != R[CV, fid[0]]:        # _k_complete
+                    _fpop(fk, fid, fcv, S)
+                k = fk[0] - S[CLOCK]
+                # _k_memory
+                Fm = cap - used if (pol < POL_LAS or not v1) else cap - (S[NEED] + S[OTHER])
+                if k > 1 and not Fm >= n_dec * ((k - 2) // bs + 1):
+                    q = Fm // n_dec
+                    rem = Fm - q * n_dec
+                    acc = 0
+                    clock = S[CLOCK]
+                    for o in range(1, bs + 1):
+                        m = (bs - o - clock + 1) % bs
+                        w = cnt[m]
+                        if w:
+                            acc += w
+                            if acc > rem:
+                                k2 = bs * q + o
+                                if k2 < k:
+                                    k = k2
+                                break
+                inc = ckv * n_dec
+                t_bound = INF
+                cur = S[CURSOR]
+                if cur < n_arr:
+                    if pol == POL_STATIC and S[NWAIT] > 0:
+                        head = wheap[0]
+                        c = cur
+                        if suffix[c] < head:
+                            while R[NFITS, order[c]] or R[RANK, order[c]] > head:
+                                c += 1
+                            t_bound = arr_t[c]
+                    else:
+                        t_bound = arr_t[cur]
+                if (pol == POL_LAS or pol == POL_MLFQ or pol == POL_RR) and k > 1 and (S[NWAIT] or S[NPAUSED]):
+                    # _passing_iterations: fewest iterations until a member ranks after an outside request
+                    no = 0
+                    for r in range(n):
+                        if R[ST, r] == _WAITING or R[ST, r] == _PAUSED:
+                            outs[no] = r
+                            no += 1
+                    _sort_by_key(outs, no, R, F, tmp, tkey)
+                    best = -1
+                    for m in range(n):
+                        if not R[INC, m]:
+                            continue
+                        lo = 0
+                        hi = no
+                        while lo < hi:                      # bisect_right(okeys, km)
+                            mid = (lo + hi) // 2
+                            if _kless(R, F, m, outs[mid]):
+                                hi = mid
+                            else:
+                                lo = mid + 1
+                        if lo == no:
+                            continue
+                        x = outs[lo]
+                        g = R[GB, m] + S[CLOCK]
+                        if pol == POL_RR:
+                            kk2 = R[TURN, m] + qtok - g
+                        else:
+                            lvl = int(F[KEY, x])
+                            earlier = F[ARR, m] < F[ARR, x] or (F[ARR, m] == F[ARR, x] and m < x)
+                            kk2 = _tokens_to_level(m, g, lvl + 1 if earlier else lvl, R, pol, qtok, mb, mbl)
+                            if kk2 < 0:
+                                continue
+                        if best < 0 or kk2 < best:
+                            best = kk2
+                    if best >= 0 and best < k:
+                        k = best if best > 1 else 1
+                if pol == POL_VTC and k > 1 and S[NWAIT] > 0:
+                    # VTC.next_decision: iterations until the admission head's tenant changes
+                    _vtc_heads(R, F, tw, thead, ntn)
+                    nheads = 0
+                    hb_ = -1
+                    for u in range(ntn):
+                        tin[u] = 0
+                        if tw[u] > 0:
+                            nheads += 1
+                            if hb_ < 0:
+                                hb_ = u
+                            else:
+                                x0, x1 = thead[u], thead[hb_]
+                                if tc[u] < tc[hb_] or (tc[u] == tc[hb_] and (F[ARR, x0] < F[ARR, x1]
+                                                                           or (F[ARR, x0] == F[ARR, x1] and x0 < x1))):
+                                    hb_ = u
+                    if nheads >= 2:
+                        for r in range(n):
+                            if R[INC, r]:
+                                tin[R[TEN, r]] += 1
+                        kq = -1
+                        for u in range(ntn):
+                            if tw[u] == 0 or u == hb_:
+                                continue
+                            sv = w_out * (tin[hb_] - tin[u])
+                            if sv <= 0:
+                                continue
+                            du = tc[u] - tc[hb_]
+                            x0, x1 = thead[u], thead[hb_]
+                            earlier = F[ARR, x0] < F[ARR, x1] or (F[ARR, x0] == F[ARR, x1] and x0 < x1)
+                            if earlier:
+                                kk2 = -(-du // sv)
+                                if kk2 < 1:
+                                    kk2 = 1
+                            else:
+                                kk2 = du // sv + 1
+                            if kq < 0 or kk2 < kq:
+                                kq = kk2
+                        if kq >= 0 and kq < k:
+                            k = kq if kq > 1 else 1
+                if pol == POL_LTR and starve and k > 1 and S[NWAIT] > 0:
+                    # ltr's next_decision: the earliest time a waiting request starts starving
+                    tq = INF
+                    wsq = INF
+                    for r in range(n):
+                        if R[ST, r] == _WAITING and F[WS, r] < wsq and not now >= F[WS, r] + starve_s:
+                            wsq = F[WS, r]
+                            tq = wsq + starve_s
+                    if tq < t_bound:
+                        t_bound = tq
+                if t_bound < INF and k > 1:
+                    x = t_bound - now
+                    if x > a0:
+                        kt = first_k_reaching(a0, inc, x)
+                        while kt < k and now + decode_run_s(kt, a0, inc) < t_bound:
+                            kt += 1
+                        if kt < k:
+                            k = kt
+                    else:
+                        k = 1
+                dt = decode_run_s(k, a0, inc)
+                if now + dt > H:
+                    k = last_k_within(a0, inc, H - now)
+                    if k <= 0:
+                        end_time = H
+                        break
+                    dt = decode_run_s(k, a0, inc)
+        if trace_on:
+            if ntr == tr_f.shape[0]:
+                tr_f = np.concatenate((tr_f, np.empty((ntr, 2), np.float64)))
+                tr_i = np.concatenate((tr_i, np.empty((ntr, 5), np.int64)))
+            tr_f[ntr, 0] = now
+            tr_f[ntr, 1] = now + dt
+            tr_i[ntr, 0] = k
+            tr_i[ntr, 1] = pf_tokens
+            tr_i[ntr, 2] = n_dec
+            tr_i[ntr, 3] = C0
+            tr_i[ntr, 4] = used
+            ntr += 1
+        t1 = now + dt
+        # ---- commit (:meth:`Iterations._commit`)
+        S[NITER] += k
+        if SF[PENDING]:
+            SF[SWAPS] += SF[PENDING]
+            SF[PENDING] = 0.0
+        t0 = now
+        if S[NWA] < marks.shape[0]:
+            _note_marks(t1, False, kind == 0 and k > 1, n_dec, a0, inc, t0, marks, work_at, S)
+        if kind != 2:                  # the cohort decodes k iterations (V0 whole prompts: it waits)
+            S[WORK] += S[NCOH] * k
+            if k > 1:
+                _advance(k - 1, S, cnt, bs)
+                u2 = S[NEED] + S[OTHER] + S[ADJ]
+                if u2 > cap:
+                    status = ERR_RUN_KV
+                    end_time = t1
+                    break
+                if u2 > S[MAXUSED]:
+                    S[MAXUSED] = u2
+                if pc_on:
+                    _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+            _advance(1, S, cnt, bs)
+            clock = S[CLOCK]
+            if pol == POL_RR and S[NCOH] > 0:       # RoundRobin.on_tokens: a used-up quantum re-queues at its end
+                for r in range(n):
+                    if R[INC, r]:
+                        g = R[GB, r] + clock
+                        used_q = g - R[TURN, r]
+                        if used_q >= qtok:
+                            gc = R[TURN, r] + (used_q // qtok) * qtok
+                            R[TURN, r] = gc
+                            ii = gc - (g - k)
+                            F[TAU, r] = t0 + decode_run_s(ii, a0, inc) if (k > 1 and ii < k) else t1
+            if pol == POL_VTC and S[NCOH] > 0:      # VTC.on_tokens: every decoded token charges its tenant
+                for r in range(n):
+                    if R[INC, r]:
+                        tc[R[TEN, r]] += w_out * k
+            while S[NF] > 0:                                   # _pop_finished, then leave + finish each
+                r = fid[0]
+                if fcv[0] != R[CV, r]:
+                    _fpop(fk, fid, fcv, S)
+                elif fk[0] == clock:
+                    _fpop(fk, fid, fcv, S)
+                    _leave(r, R, S, cnt, bs)
+                    _release_finish(r, t1, R, F, S, run, hoff, hid, ref, lprev, lnext, eb)
+                else:
+                    break
+        if kind != 0:
+            done = False
+            npf = 0
+            for a in range(S[NPRE]):                       # this iteration's chunks (the list may shrink)
+                if R[CHK, pre[a]]:
+                    adds[npf] = pre[a]
+                    npf += 1
+            for a in range(npf):
+                r = adds[a]
+                p1 = R[PREF, r] + R[CHK, r]
+                lim = p1 if p1 < R[PP, r] else R[PP, r]
+                if lim > R[HIGH, r]:
+                    S[WORK] += lim - (R[HIGH, r] if R[HIGH, r] > R[PREF, r] else R[PREF, r])
+                    R[HIGH, r] = lim
+                R[PREF, r] = p1
+                R[CHK, r] = 0
+                if p1 == R[TGT, r]:
+                    done = True
+                    R[GEN, r] += 1
+                    S[WORK] += 1
+                    if pol == POL_VTC:
+                        tc[R[TEN, r]] += w_out
+                    elif pol == POL_RR:
+                        used_q = R[GEN, r] - R[TURN, r]
+                        if used_q >= qtok:
+                            R[TURN, r] = R[TURN, r] + (used_q // qtok) * qtok
+                            F[TAU, r] = t1
+                    if F[FT, r] != F[FT, r]:
+                        F[FT, r] = t1
+                    S[OTHER] -= R[BLK, r]
+                    if R[GEN, r] == R[OO, r]:
+                        _release_finish(r, t1, R, F, S, run, hoff, hid, ref, lprev, lnext, eb)
+                    else:
+                        _join(r, R, S, cnt, fk, fid, fcv, bs)
+            if done:
+                m = 0
+                for a in range(S[NPRE]):
+                    r = pre[a]
+                    if R[PREF, r] != R[TGT, r]:
+                        pre[m] = r
+                        m += 1
+                S[NPRE] = m
+        end_time = t1
+        if S[NWA] < marks.shape[0]:
+            _note_marks(t1, True, False, 0, 0.0, 0.0, 0.0, marks, work_at, S)
+        now = t1
+    clock = S[CLOCK]
+    for r in range(n):                                     # the cohort's generated tokens
+        if R[INC, r]:
+            R[GEN, r] = R[GB, r] + clock
+    S[NWQ] = nwq
+    return status, end_time, S, SF, wq_s[:nwq].copy(), wq_e[:nwq].copy(), tr_f[:ntr].copy(), tr_i[:ntr].copy()
+
+
+_HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap_less, _fsift_down, _fpush, _fpop,
+            _wpush, _wpop, _list_remove, _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit,
+            _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks, _requeue,
+            _ltr_order, _vtc_heads, _key_after, _generated, _mlfq_level, _key_of, _tokens_to_level, _sort_by_key,
+            _kless, _admit_need, _admit, _plan_ranked, _admit_need_v0, _plan_v0_preemptive)
+
+
+def run(eng) -> None:
+    """Run engine ``eng`` (a :class:`~portbench.sim.engine.core.Engine` set up by ``simulate``, static ranks
+    prepared, not run) with the compiled loop, and leave its requests and counters as the reference's
+    ``run`` would (the records are then built by the same code)."""
+    reqs = eng.reqs
+    n = len(reqs)
+    prof = eng.prof
+    R = np.zeros((N_RFIELDS, n), np.int64)
+    F = np.full((7, n), np.nan)
+    ltr = eng.policy.name in RANK_POLICIES
+    vtc = eng.policy.name == "vtc"
+    pname = eng.policy.name
+    pol = {"las": POL_LAS, "mlfq": POL_MLFQ, "srpt_oracle": POL_SRPT, "rr": POL_RR}.get(pname)
+    if pol is None:
+        pol = POL_LTR if ltr else (POL_VTC if vtc else POL_STATIC)
+    mb = np.zeros((1, 1), np.int64)
+    mbl = np.zeros(1, np.int64)
+    if pname == "mlfq":
+        bounds = eng.policy._bounds
+        mb = np.zeros((len(bounds), max(1, max(len(b) for b in bounds))), np.int64)
+        mbl = np.array([len(b) for b in bounds], np.int64)
+        for jj, b in enumerate(bounds):
+            mb[jj, :len(b)] = b
+    tenants = sorted(eng.policy._counter) if vtc else []
+    tix = {t: i for i, t in enumerate(tenants)}
+    if any(r.id != i for i, r in enumerate(reqs)):     # pragma: no cover - requests_from_window numbers rows
+        raise AssertionError("request ids are not the window's rows")
+    R[PP] = [r.prompt_tokens for r in reqs]
+    R[OO] = [r.output_tokens for r in reqs]
+    R[TGT] = [r.prefill_target for r in reqs]
+    R[GEN] = [r.generated for r in reqs]
+    R[PREF] = [r.prefilled for r in reqs]
+    R[HIGH] = [r.high for r in reqs]
+    if eng.static:
+        R[RANK] = [r.rank for r in reqs]
+    R[NFITS] = [r.never_fits for r in reqs]
+    if vtc:
+        R[TEN] = [tix[r.tenant] for r in reqs]
+    if pname == "mlfq":
+        R[JOIN] = eng.policy._join
+    elif pname == "rr":
+        F[TAU] = eng.policy._tau
+        R[TURN] = eng.policy._turn
+    F[ARR] = [r.arrival_s for r in reqs]
+    R[ST] = _NOT_ARRIVED
+    F[KEY] = np.asarray(eng.policy._score, dtype=np.float64) if ltr else R[RANK]
+    order = np.fromiter((r.id for r in eng.arrivals), np.int64, n)
+    arr_t = np.asarray(eng.arr_t, dtype=np.float64)
+    suffix = np.asarray(eng.suffix_min_rank if eng.suffix_min_rank is not None else [0] * (n + 1), dtype=np.int64)
+    by_rank = np.empty(n, np.int64)
+    by_rank[R[RANK]] = np.arange(n)
+    hoff = np.zeros(n + 1, np.int64)
+    hid = np.zeros(0, np.int64)
+    if eng.pc_on:                       # prompt block hashes as dense entry ids
+        lens = [len(r.hashes) if r.hashes else 0 for r in reqs]
+        hoff[1:] = np.cumsum(lens)
+        ids: dict = {}
+        hid = np.fromiter((ids.setdefault(h, len(ids)) for r in reqs if r.hashes for h in r.hashes), np.int64,
+                          int(hoff[-1]))
+    C = np.array([eng.bs, eng.cap, eng.B, eng.max_seqs, int(eng.pc_on), getattr(eng, "Hb", 1) if eng.pc_on else 1,
+                  getattr(eng, "eb", 0) if eng.pc_on else 0, eng.n_arrivable,
+                  int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None),
+                  pol, int(ltr and eng.policy.starvation_s is not None),
+                  len(tenants), int(eng.policy.w_prompt) if vtc else 0, int(eng.policy.w_output) if vtc else 0,
+                  int(getattr(eng.policy, "quantum_tokens", 1) or 1), int(eng.mode.name == "v1"), int(eng.mode.chunked),
+                  int(eng.swap), int(eng.host_cap)], np.int64)
+    Fc = np.array([prof.c0_s, prof.c_prefill_s, prof.c_decode_s, prof.c_kv_s, prof.c_attn_s, prof.floor_s,
+                   float(prof.floor_tokens) if prof.floor_s > 0 else 1.0,
+                   float(eng.policy.starvation_s or 0.0) if ltr else 0.0, float(eng.swap_s_block)], np.float64)
+    marks = np.asarray(eng.marks, dtype=np.float64)
+    work_at = np.zeros(len(marks), np.int64)
+    status, end_time, S, SF, wq_s, wq_e, tr_f, tr_i = kernel()(C, Fc, float(eng.H), R, F, order, arr_t, suffix, by_rank,
+                                                           hoff, hid, marks, work_at, mb, mbl)
+    if status == ERR_KV:
+        raise ConservationError(f"KV blocks in use {int(S[USED])} > capacity {eng.cap} at t={end_time}")
+    if status == ERR_RUN_KV:
+        raise ConservationError(f"KV blocks in use > capacity {eng.cap} in a decode run ending at t={end_time}")
+    if status == ERR_PROGRESS:
+        raise RuntimeError(f"simulator made no progress at t={end_time}: {int(S[NRES])} residents, "
+                           f"{int(S[NWAIT])} waiting (scheduler {eng.sched.name})")
+    st, gen, pre, ft, fin, adm, ws = (R[ST].tolist(), R[GEN].tolist(), R[PREEMPT].tolist(), F[FT].tolist(),
+                                      F[FIN].tolist(), F[ADM].tolist(), F[WS].tolist())
+    for r in reqs:
+        i = r.id
+        r.state = st[i]
+        r.generated = gen[i]
+        r.preemptions = pre[i]
+        r.first_token_s = ft[i]
+        r.finish_s = fin[i]
+        r.admitted_s = adm[i]
+        if ws[i] == ws[i]:
+            r.waiting_since = ws[i]
+    eng.cursor = int(S[CURSOR])
+    eng.end_time = float(end_time)
+    eng.n_iter, eng.n_decisions, eng.n_preempt = int(S[NITER]), int(S[NDEC]), int(S[NPREEMPT])
+    eng.max_used, eng.n_finished, eng.work = int(S[MAXUSED]), int(S[NFIN]), int(S[WORK])
+    eng.pc_hit_tokens, eng.pc_query_tokens = int(S[PCHIT]), int(S[PCQ])
+    eng.n_pause = int(S[NPAUSE])
+    eng.n_swap_out, eng.n_swap_in, eng.swap_s = int(S[NSWO]), int(S[NSWI]), float(SF[SWAPS])
+    eng.wq = list(zip(wq_s.tolist(), wq_e.tolist()))
+    eng.work_at = work_at[:int(S[NWA])].tolist()
+    if eng.trace is not None:
+        fl, it = tr_f.tolist(), tr_i.tolist()
+        eng.trace = [(a[0], a[1], b[0], b[1], b[2], b[3], b[4]) for a, b in zip(fl, it)]
