@@ -110,7 +110,8 @@ def tenant_fields_of(canonical: pl.DataFrame | pl.LazyFrame) -> list[str]:
     present = [f for f in TENANT_FIELDS if f in lazy.collect_schema().names()]
     if not present:
         return []
-    counts = lazy.select(pl.len(), *[pl.col(f).null_count() for f in present]).collect(engine="streaming").row(0)
+    counts = lazy.select(pl.len().alias("__n"), *[pl.col(f).null_count() for f in present]
+                         ).collect(engine="streaming").row(0)
     return [f for f, nulls in zip(present, counts[1:]) if nulls < counts[0]]
 
 
@@ -156,7 +157,7 @@ def has_hashes(canonical: pl.DataFrame | pl.LazyFrame) -> bool:
     lazy = canonical.lazy()
     if HASH_COLUMN not in lazy.collect_schema().names():
         return False
-    n, nulls = lazy.select(pl.len(), pl.col(HASH_COLUMN).null_count()).collect(engine="streaming").row(0)
+    n, nulls = lazy.select(pl.len().alias("__n"), pl.col(HASH_COLUMN).null_count()).collect(engine="streaming").row(0)
     return n > 0 and nulls == 0
 
 
@@ -209,8 +210,8 @@ def _ordered(canonical: pl.DataFrame | pl.LazyFrame, source: str) -> tuple[pl.La
     files = lazy.select(pl.col("file").unique()).collect(engine="streaming")["file"].to_list()
     if len(files) != 1:
         raise DataError(f"canonical table of {source}", f"expected rows from one file, found {files}")
-    height, unsorted, unique = lazy.select(pl.len(), (pl.col("row").diff() < 0).any(), pl.col("row").n_unique()
-                                           ).collect(engine="streaming").row(0)
+    height, unsorted, unique = lazy.select(pl.len(), (pl.col("row").diff() < 0).any().alias("unsorted"),
+                                           pl.col("row").n_unique().alias("unique")).collect(engine="streaming").row(0)
     if unique != height:
         raise DataError(files[0], "duplicate row numbers in the canonical table")
     return (lazy.sort("row") if unsorted else lazy), int(height)
