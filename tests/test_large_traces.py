@@ -188,3 +188,11 @@ def test_a_streamed_ingest_freezes_the_same_windows(tmp_path, monkeypatch, share
     m_parts = windows.freeze(parts)
     assert [w["sha256"] for w in m_parts["windows"]] == [w["sha256"] for w in m_one["windows"]]
     assert m_parts["windows"] == m_one["windows"] and m_parts["sources"] == m_one["sources"]
+
+
+def test_the_median_from_value_counts_equals_polars_median():
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 3, 4, 11, 1000, 1001):
+        for big in (False, True):
+            x = rng.integers(1, 10**15 if big else 20, n)
+            assert traces._int_median(pl.DataFrame({"c": x}).lazy(), "c") == float(pl.Series(x).median())

@@ -89,7 +89,7 @@ def synthetic_azure(path: str | os.PathLike, gigabytes: float, seed: int = SEED)
     """Write a seeded Azure-2023-format CSV of about ``gigabytes`` GB (10**9 bytes) to ``path``, in parts."""
     rng = np.random.default_rng(seed)
     path = Path(path)
-    start = np.datetime64("2023-11-16T18:15:46.680590000", "ns").astype(np.int64)
+    start = int(np.datetime64("2023-11-16T18:15:46.680590000", "ns").astype(np.int64))
     with open(path, "wb") as f:
         f.write(b"TIMESTAMP,ContextTokens,GeneratedTokens\n")
         while f.tell() < gigabytes * 1e9:
@@ -129,7 +129,8 @@ def _probe(stage: str, trace: str, work: str) -> None:
 
 
 def _run_probe(stage: str, trace: Path, work: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "portbench.bench.ingest", "--probe", stage, str(trace), str(work)],
+    code = "import sys; from portbench.bench.ingest import _probe; _probe(*sys.argv[1:4])"
+    proc = subprocess.run([sys.executable, "-c", code, stage, str(trace), str(work)],
                           capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[3]))
     line = next((x for x in proc.stdout.splitlines() if x.startswith("PROBE ")), None)
     if proc.returncode or line is None:

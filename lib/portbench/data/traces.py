@@ -654,13 +654,27 @@ def _canonical(body: pl.DataFrame, source: str, file: str) -> pl.DataFrame:
 
 def _full_report(path: Path, fmt: str, adapter: str, source: str, rep: dict, table: pl.LazyFrame, rows: int) -> dict:
     """The report of :func:`read_file` from the adapter's ``rep`` and the canonical table (lazily: medians only)."""
-    med = table.select(pl.col("prompt_tokens").median(), pl.col("output_tokens").median()).collect().row(0)
+    med = [_int_median(table, c) for c in ("prompt_tokens", "output_tokens")]
     return {"file": path.name, "path": str(path), "format": fmt, "adapter": adapter, "source": source, **rep,
             "rows_valid": rows,
             "rate_rps": (rows / rep["span_s"]) if rep["span_s"] > 0 else None,
             "prompt_tokens_median": float(med[0]) if rows else None,
             "output_tokens_median": float(med[1]) if rows else None,
             "sha256": None}
+
+
+def _int_median(table: pl.LazyFrame, col: str) -> float | None:
+    """The median of an integer column from its value counts (memory: one row per distinct value, not the
+    column): the middle value, or the mean of the two middle ones -- what ``Series.median`` gives."""
+    counts = (table.group_by(col).agg(pl.len().alias("n")).collect(engine="streaming").sort(col))
+    n = int(counts["n"].sum()) if counts.height else 0
+    if n == 0:
+        return None
+    ends = np.cumsum(counts["n"].to_numpy())
+    values = counts[col].to_numpy()
+    lo, hi = values[np.searchsorted(ends, (n - 1) // 2, side="right")], values[np.searchsorted(ends, n // 2,
+                                                                                                side="right")]
+    return (float(lo) + float(hi)) / 2
 
 
 def streams(path: str | os.PathLike, fmt: str | None = None, mapping: "generic.GenericSpec | None" = None) -> bool:
