@@ -196,3 +196,11 @@ def test_the_median_from_value_counts_equals_polars_median():
         for big in (False, True):
             x = rng.integers(1, 10**15 if big else 20, n)
             assert traces._int_median(pl.DataFrame({"c": x}).lazy(), "c") == float(pl.Series(x).median())
+
+
+def test_a_large_file_with_a_header_only_is_one_message(tmp_path, monkeypatch):
+    path = tmp_path / "az.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    _in_parts(monkeypatch)
+    e = _outcome(lambda: traces.write_canonical_parts(path, tmp_path / "c.parquet", "azure2023", source="mine"))
+    assert isinstance(e, DataError) and "no data rows" in str(e), e

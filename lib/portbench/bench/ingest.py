@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ..data import registry, traces
+from .. import params
+from ..data import registry, traces, windows
 
 SEED = 20241129
 # BurstGPT_1.csv: 25,443 failures in 1,429,737 rows (PROVENANCE.md).
@@ -107,9 +108,6 @@ def synthetic_azure(path: str | os.PathLike, gigabytes: float, seed: int = SEED)
 def _probe(stage: str, trace: str, work: str) -> None:
     """Child-process entry: ingest ``trace`` as the user's source ``big`` (or freeze its windows) with data under
     ``work``; prints the process's peak resident memory as JSON."""
-    from .. import params
-    from ..data import traces, windows
-
     o = {"paths.data_dir": f"{work}/data", "paths.manifest": f"{work}/manifest.json",
          "paths.results_dir": f"{work}/results", "paths.figures_dir": f"{work}/figures",
          "sources": {**{s: None for s in ("azure", "burstgpt", "bailian", "azure_code", "mooncake")},

@@ -718,6 +718,8 @@ def write_canonical_parts(path: str | os.PathLike, target: str | os.PathLike, fm
     finally:
         if writer is not None:
             writer.close()
+    if rows == 0:
+        raise DataError(path, "has a header but no data rows")
     fmt = rep.get("container", fmt) if mapping is not None else fmt
     lazy = pl.scan_parquet(target)
     report = _full_report(path, str(fmt), adapter, source, rep, lazy, rows)
