@@ -210,14 +210,25 @@ def _ordered(canonical: pl.DataFrame | pl.LazyFrame, source: str) -> tuple[pl.La
     files = lazy.select(pl.col("file").unique()).collect(engine="streaming")["file"].to_list()
     if len(files) != 1:
         raise DataError(f"canonical table of {source}", f"expected rows from one file, found {files}")
-    height, increasing = lazy.select(pl.len().alias("n"), (pl.col("row").diff() > 0).all().alias("increasing")
-                                     ).collect(engine="streaming").row(0)
+    height, increasing = _increasing_rows(lazy)
     if not increasing:    # (a table written by the ingest is in file order: strictly increasing rows)
         rows = lazy.select(pl.col("row").n_unique().alias("unique")).collect().item()
         if rows != height:
             raise DataError(files[0], "duplicate row numbers in the canonical table")
         lazy = lazy.sort("row")
     return lazy, int(height)
+
+
+def _increasing_rows(lazy: pl.LazyFrame) -> tuple[int, bool]:
+    """The table's length and whether its row numbers strictly increase, read in blocks of the row column."""
+    n, last, increasing = 0, None, True
+    for block in lazy.select("row").collect_batches(chunk_size=1 << 22):
+        r = block["row"].to_numpy()
+        if r.size:
+            increasing = increasing and bool((np.diff(r) > 0).all()) and (last is None or r[0] > last)
+            last = r[-1]
+            n += r.size
+    return n, increasing
 
 
 def _file_of(canonical: pl.LazyFrame, source: str, height: int) -> str:
