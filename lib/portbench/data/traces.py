@@ -34,6 +34,12 @@ invalid are excluded and counted in the report, never silently: BurstGPT failure
 tokens) as ``failure_zero_response``. BurstGPT rows must also satisfy Request + Response = Total
 and use the published ``Model`` / ``Log Type`` vocabularies (true of every row of the published
 files according to third-party full-file audits), which catches truncated values.
+
+**Large files** (issue #27): a file over :data:`generic.CHUNKED_BYTES` read in an Azure format or through a column
+mapping is read, typed and validated in parts of :data:`generic.CHUNK_ROWS` rows (:func:`write_canonical_parts`),
+its canonical table written to parquet part by part; the report's medians, the plausibility and timestamp checks
+read that file back in blocks, and later stages take what they need from :func:`scan_canonical`. The tables,
+reports and messages are those of reading in one piece (``tests/test_large_traces.py``).
 """
 
 from __future__ import annotations
