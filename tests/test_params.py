@@ -105,3 +105,15 @@ def test_parameter_docs_reads_comments_above_inline_and_continued(tmp_path):
     d = parameter_docs(f)
     assert d["sec"] == "a section" and d["sec.a"] == "above inline" and d["sec.c"] == ""
     assert d["sec.b"] == "shared continued" and d["sec.b.x"] == d["sec.b.y"] == "(in sec.b) shared continued"
+
+
+@pytest.mark.parametrize("text, want", [("off", "off"), ("false", "off"), ("no", "off"), ("auto", "auto")])
+def test_on_off_choice_accepts_yaml_booleans(text, want):
+    """`--set engine.prefix_caching=off`: YAML reads an unquoted off (false, no) as False, which means off."""
+    from portbench.cli import _kv
+
+    key, value = _kv(f"engine.prefix_caching={text}")
+    P = params.load(overrides=params.undot({key: value}))
+    assert P.simulation.engine.prefix_caching == want
+    with pytest.raises(ParameterError, match="one of auto, off"):   # True has no word among auto / off
+        params.load(overrides={"engine": {"prefix_caching": True}})

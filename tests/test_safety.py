@@ -107,6 +107,26 @@ def test_make_clean_removes_only_what_the_pipeline_wrote(project):
     assert again.returncode == 0 and "0 file(s)" in again.stdout
 
 
+def test_outputs_of_an_earlier_version_are_named_never_adopted(tmp_path):
+    """Folders written before output markers: `make clean` adopts nothing (a name cannot prove a file is
+    portbench's) but says what it left and how to delete it -- an unmarked project folder, and unrecorded files in
+    a folder marked since."""
+    p = tmp_path / "proj"
+    (p / "data" / "results").mkdir(parents=True)
+    (p / "data" / "results" / "summary.json").write_text("old")
+    (p / "figures").mkdir()
+    (p / "figures" / "fig_old.png").write_bytes(b"old")
+    _git(p, "init", "-q")
+    outputs.claim(p / "figures", p)            # a project folder, marked on first use by this version
+    io.write_bytes(p / "figures" / "fig_new.png", b"new")
+    r = _clean(p, "data/results", "figures")
+    assert r.returncode == 0, r.stderr
+    assert (p / "data" / "results" / "summary.json").read_text() == "old"
+    assert (p / "figures" / "fig_old.png").read_bytes() == b"old" and not (p / "figures" / "fig_new.png").exists()
+    assert "rm -r data/results" in r.stdout and "version from before output records" in r.stdout, r.stdout
+    assert "left in" in r.stdout and "fig_old.png" in r.stdout, r.stdout
+
+
 # --------------------------------------------------------------------------- output paths
 
 

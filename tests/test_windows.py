@@ -78,6 +78,7 @@ def fake_data(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "locate", lambda name, st: raw / name)
     monkeypatch.setattr(registry, "resolve_sources", resolve_sources)
     monkeypatch.setattr(traces, "load_canonical", load_canonical)
+    monkeypatch.setattr(traces, "scan_canonical", lambda P, source: load_canonical(P, source).lazy())
     return state
 
 

@@ -118,6 +118,15 @@ SUB_BENCHES = {"simulator": simulator_bench, "compiled": compiled_bench, "ingest
                "analysis": analysis_bench}
 
 
+def _ingest_memory_target(ingest: Mapping) -> tuple[str, str, bool | None]:
+    """The ingest memory target of issue #27 (bench/ingest.memory) as a (target, value, met) row."""
+    mem = ingest.get("memory") or {}
+    rows = mem.get("sizes") or []
+    value = "; ".join(f"{r['file_gb']:g} GB file: ingest {_fmt(r['ingest_peak_gib'])} GiB, freeze "
+                      f"{_fmt(r['freeze_peak_gib'])} GiB (start {_fmt(r['base_gib'])} GiB)" for r in rows) or "n/a"
+    return (mem.get("target") or ingest_bench.MEMORY_TARGET, value, mem.get("met") if rows else None)
+
+
 def _sub_bench(name: str, quick: bool) -> dict:
     """Run ``portbench.bench.<name>.run(quick)``; a failure is reported, not fatal."""
     t0 = time.perf_counter()
@@ -373,6 +382,7 @@ def main(cfg: Config, quick: bool = False) -> int:
          f"{_fmt(float(every.get('full_campaign_s', float('nan'))))} s",
          None if math.isnan(float(every.get("full_campaign_s", float("nan"))))
          else float(every["full_campaign_s"]) <= TARGET_CAMPAIGN_ALL_S),
+        _ingest_memory_target(report["ingest"]),
     ]
     print("\n== targets ==")
     for what, value, ok in targets:

@@ -90,6 +90,20 @@ def check_choice(param: str, value, allowed) -> None:
         raise ParameterError(param, value, "one of " + ", ".join(map(str, allowed)))
 
 
+YAML_BOOL_WORDS = {False: ("off", "false", "no"), True: ("on", "true", "yes")}
+
+
+def choice(param: str, value, allowed):
+    """``value`` checked against ``allowed`` (as :func:`check_choice`), where a YAML boolean stands for the
+    matching word of an on/off choice: YAML reads an unquoted ``off`` / ``no`` / ``false`` as False (and ``on`` /
+    ``yes`` / ``true`` as True), so ``--set engine.prefix_caching=off`` means ``off``. Returns the word."""
+    allowed = list(allowed)
+    if isinstance(value, bool):
+        value = next((w for w in YAML_BOOL_WORDS[value] if w in allowed), value)
+    check_choice(param, value, allowed)
+    return value
+
+
 def check_choices(param: str, values, allowed) -> list:
     """Like check_choice for a list; ``"all"`` expands to every allowed value."""
     allowed = list(allowed)

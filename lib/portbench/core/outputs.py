@@ -11,7 +11,9 @@ write) appends the file's path, relative to the nearest marked folder above it, 
 ``python3 lib/portbench/core/outputs.py clean FOLDER ...`` deletes, in each marked folder at or below each
 FOLDER, only the recorded files that git does not track, never a frozen window manifest or hybrid record
 (``manifest*.json``, ``hybrids.json``: a study's inputs), then the folders that became empty. A folder without a
-marker is left alone, with a message. :func:`is_temp` names the temporary files of ``io.atomic_write`` (the only
+marker is left alone, with a message; so are files in a marked folder that are not in its record, listed by name.
+Folders and files written by portbench versions from before the marker are never adopted automatically (a name
+alone cannot prove a file is portbench's): the message says so and how to delete them by hand. :func:`is_temp` names the temporary files of ``io.atomic_write`` (the only
 files the campaign's stale-temp cleaner deletes).
 """
 
@@ -176,8 +178,10 @@ def clean(folders: list[str], root: Path | None = None, out=sys.stdout) -> int:
                         key=lambda d: -len(d.parts))
         if not marked:
             if any(top.iterdir()):
-                print(f"[portbench] clean: not touching {top}: it has no {MARKER} marker, so nothing there was "
-                      f"written by portbench (delete it yourself if it is yours to delete)", file=out)
+                older = (" -- if it is the output of a portbench version from before output records (an old "
+                         f"{name}/), delete it yourself: rm -r {name}") if top in _project_outputs(root) else ""
+                print(f"[portbench] clean: not touching {top}: it has no {MARKER} marker, so portbench has no record "
+                      f"of writing anything there{older}", file=out)
             continue
         for folder in marked:
             removed += _clean_folder(folder, tracked, out)
@@ -200,6 +204,7 @@ def _clean_folder(folder: Path, tracked: set[Path] | None, out) -> int:
     for d in sorted((d for d in folder.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
         if not any(d.iterdir()) and marked_root(d) == folder:
             d.rmdir()
+    _unrecorded(folder, kept, out)
     rest = [p for p in folder.iterdir() if p.name != MARKER]
     if not rest:
         (folder / MARKER).unlink()
@@ -211,6 +216,18 @@ def _clean_folder(folder: Path, tracked: set[Path] | None, out) -> int:
                   "(tracked by git, or a frozen manifest: a study's input; delete by hand)", file=out)
     _RECORDED.pop(str(folder), None)
     return removed
+
+
+def _unrecorded(folder: Path, kept: list[str], out) -> None:
+    """Say which files were left because portbench has no record of them: a user's, or written by a version from
+    before output records (no automatic adoption: a name alone cannot prove whose a file is)."""
+    left = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                  if p.is_file() and p.name != MARKER and marked_root(p.parent) == folder
+                  and p.relative_to(folder).as_posix() not in kept)
+    if left:
+        print(f"[portbench] clean: left in {folder}: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''} "
+              f"({len(left)} file(s) portbench has no record of writing: yours, or outputs of a version from before "
+              "output records; delete them by hand if they are old outputs)", file=out)
 
 
 if __name__ == "__main__":

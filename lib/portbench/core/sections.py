@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ParameterError, check_choice
+from .errors import ParameterError, check_choice, choice
 from .paramfile import DEFAULT_FILE, build_base, deep_merge, project_root, undot
 
 # --------------------------------------------------------------------------------------------
@@ -367,7 +367,8 @@ class EngineConfig:
     def __post_init__(self):
         check_choice("engine.batching", self.batching, BATCHING_MODES)
         check_choice("engine.preemption", self.preemption, PREEMPTION_MODES)
-        check_choice("engine.prefix_caching", self.prefix_caching, PREFIX_CACHING_MODES)
+        object.__setattr__(self, "prefix_caching",   # YAML reads an unquoted off as False
+                           choice("engine.prefix_caching", self.prefix_caching, PREFIX_CACHING_MODES))
         check_choice("engine.core", self.core, ENGINE_CORES)
 
     @classmethod
@@ -658,7 +659,8 @@ class VllmEngineConfig:
 
     def __post_init__(self):
         p = self.section
-        check_choice(f"{p}.prefix_caching", self.prefix_caching, PREFIX_CACHING_MODES)
+        object.__setattr__(self, "prefix_caching",
+                           choice(f"{p}.prefix_caching", self.prefix_caching, PREFIX_CACHING_MODES))
         if not isinstance(self.model_config, str) or not self.model_config:
             raise ParameterError(f"{p}.model_config", self.model_config, "a model config name or folder")
         if not _is_num(self.token_scale) or not 0 < self.token_scale <= 1:

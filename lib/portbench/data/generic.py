@@ -39,7 +39,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,46 +147,91 @@ def _csv_header(path: Path, spec: GenericSpec) -> list[str]:
     return header
 
 
-def _read_csv_chunked(path: Path, spec: GenericSpec, header: list[str]) -> pl.DataFrame:
-    """A large CSV file typed and validated in parts of :data:`CHUNK_ROWS` rows (memory: the typed columns plus one
-    part's text, not the whole file's text), with a progress bar; the same checks and messages as in one piece."""
+def _raw_parts(path: Path, spec: GenericSpec, kind: str, header: list[str] | None) -> Iterator[pl.DataFrame]:
+    """The file's mapped columns and ``ROW`` in batches of :data:`CHUNK_ROWS` rows (CSV cells as text, JSON values
+    with the roles' types, parquet columns as stored)."""
     used = list(dict.fromkeys(spec.mapped.values()))
-    lines = max(_data_lines(path) - 1, 0)
-    lf = pl.scan_csv(path, has_header=True, schema={c: pl.String for c in header}, quote_char='"',
-                     row_index_name=ROW, row_index_offset=1).select(pl.col(ROW).cast(pl.Int64), *used)
-    parts, prev, pending_blank, n = [], None, None, 0
+    if kind == "csv":
+        lf = pl.scan_csv(path, has_header=True, schema={c: pl.String for c in header or []}, quote_char='"',
+                         row_index_name=ROW, row_index_offset=1)
+    elif kind == "jsonl":
+        lf = pl.scan_ndjson(path, schema=_jsonl_schema(spec)).with_row_index(ROW, offset=1)
+    else:
+        lf = pl.scan_parquet(path).select(used).with_row_index(ROW, offset=1)
+    yield from lf.select(pl.col(ROW).cast(pl.Int64), *used).collect_batches(chunk_size=CHUNK_ROWS)
+
+
+def read_parts(path: Path, spec: GenericSpec, report: dict) -> Iterator[pl.DataFrame]:
+    """A file read, typed and validated in parts of :data:`CHUNK_ROWS` rows, with a progress bar: yields the
+    canonical body (as :func:`read` returns it) part by part and fills ``report`` (as :func:`read`'s) once the last
+    part is read. Memory: one part's text and columns, whatever the file's size; the same checks and messages as
+    reading in one piece (an error is raised where the offending part is read)."""
+    path = Path(path)
+    kind = _checked_kind(path, spec)
+    header = _csv_header(path, spec) if kind == "csv" else None
+    if kind == "parquet":
+        _parquet_columns(path, spec)
+        lines = int(pl.scan_parquet(path).select(pl.len()).collect().item())
+    else:
+        lines = max(_data_lines(path) - (1 if kind == "csv" else 0), 0)
+    used = list(dict.fromkeys(spec.mapped.values()))
+    prev, pending_blank, n, first = None, None, 0, None
     bar = progress.bar(lines, f"reading {path.name}", "row")
     try:
-        for batch in lf.collect_batches(chunk_size=CHUNK_ROWS):
-            blank = batch.select(pl.all_horizontal([pl.col(c).is_null() for c in used])).to_series()
-            if pending_blank is not None and not blank.all():
-                raise DataError(path, f"blank line or line with no values: expected {len(header)} comma-separated "
-                                "fields", row=pending_blank)
-            if blank.any():
-                keep = blank.not_().arg_true()
-                first_blank = int(batch[ROW][int(blank.arg_true()[0])])
-                if len(keep) and int(blank.arg_true()[0]) < int(keep[-1]):
-                    raise DataError(path, f"blank line or line with no values: expected {len(header)} comma-separated "
-                                    "fields", row=first_blank)
-                pending_blank = pending_blank or first_blank
-                batch = batch.head(int(keep[-1]) + 1 if len(keep) else 0)
+        for batch in _raw_parts(path, spec, kind, header):
+            if kind == "csv":
+                batch, pending_blank = _without_trailing_blanks(path, batch, used, len(header or []), pending_blank)
             if batch.height:
                 typed = _typed(batch, path, spec)
-                _validate(path, typed, spec, "csv", len(header), prev=prev)
+                try:
+                    _validate(path, typed, spec, kind, len(header) if header else None, prev=prev)
+                except DataError as err:
+                    if kind == "jsonl":     # a blank line before it shifts the record numbers: name that line
+                        raise _diagnose_jsonl(path, spec) or err from None
+                    raise
+                if first is None:
+                    first = typed["t"][0]
                 prev = (typed["t"][-1], typed["__raw_arrival"][-1])
-                parts.append(typed.select(pl.exclude("^__raw_.*$")))
                 n += batch.height
+                yield _body(typed, first)
             bar.update(batch.height)
     except pl.exceptions.PolarsError as e:
-        raise _diagnose_csv(path, header) or DataError(path, f"unreadable as CSV ({e})") from None
+        raise _unreadable(path, spec, kind, header, e) from None
     finally:
         bar.close()
-    if n != lines:
-        raise _diagnose_csv(path, header) or DataError(
+    if n != lines and kind != "parquet":   # one record per line: a quoted field spanning lines is not a trace row
+        raise (_diagnose_csv(path, header or []) if kind == "csv" else _diagnose_jsonl(path, spec)) or DataError(
             path, f"read {n} records but the file has {lines} data lines (an unbalanced quote?)")
-    if not parts:
-        return pl.DataFrame()
-    return pl.concat(parts, rechunk=False)
+    if n == 0:
+        raise DataError(path, "no data rows")
+    report.update(_report(spec, kind, n, first, prev[0] if prev else None))
+
+
+def _without_trailing_blanks(path: Path, batch: pl.DataFrame, used: list[str], ncols: int,
+                             pending_blank: int | None) -> tuple[pl.DataFrame, int | None]:
+    """A CSV part without its trailing blank lines (records only if nothing but blank lines follows them: a blank
+    line inside the file is an error naming it); returns the part and the first blank row still pending."""
+    blank = batch.select(pl.all_horizontal([pl.col(c).is_null() for c in used])).to_series()
+    if pending_blank is not None and not blank.all():
+        raise DataError(path, f"blank line or line with no values: expected {ncols} comma-separated fields",
+                        row=pending_blank)
+    if blank.any():
+        keep = blank.not_().arg_true()
+        first_blank = int(batch[ROW][int(blank.arg_true()[0])])
+        if len(keep) and int(blank.arg_true()[0]) < int(keep[-1]):
+            raise DataError(path, f"blank line or line with no values: expected {ncols} comma-separated fields",
+                            row=first_blank)
+        pending_blank = pending_blank or first_blank
+        batch = batch.head(int(keep[-1]) + 1 if len(keep) else 0)
+    return batch, pending_blank
+
+
+def _unreadable(path: Path, spec: GenericSpec, kind: str, header: list[str] | None, e: Exception) -> DataError:
+    if kind == "csv":
+        return _diagnose_csv(path, header or []) or DataError(path, f"unreadable as CSV ({e})")
+    if kind == "jsonl":
+        return _diagnose_jsonl(path, spec) or DataError(path, f"unreadable as JSON Lines ({e})")
+    return DataError(path, f"unreadable as parquet ({e})")
 
 
 def _read_csv(path: Path, spec: GenericSpec) -> pl.DataFrame:
@@ -213,20 +258,38 @@ def _read_csv(path: Path, spec: GenericSpec) -> pl.DataFrame:
 
 
 def _csv_record(path: Path, row: int) -> list[str] | None:
-    """The fields of data row ``row`` (one line per record; error path only)."""
-    lines = path.read_bytes().decode("utf-8", "replace").lstrip("\ufeff").split("\n")
-    return next(csv.reader([lines[row].rstrip("\r")]), []) if row < len(lines) else None
+    """The fields of data row ``row`` (one line per record; error path only; reads up to that line)."""
+    for i, line in _lines(path):
+        if i == row:
+            return next(csv.reader([line]), [])
+    return None
+
+
+def _lines(path: Path):
+    """``(row, text)`` of each line, the header as row 0, read line by line (bounded memory): the text decoded
+    (BOM and line ending stripped), or ``(row, UnicodeDecodeError)`` where a line is not valid UTF-8; the byte
+    offset of that error counts from the start of the file."""
+    offset = 0
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f):
+            body = raw.rstrip(b"\n")
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield i, UnicodeDecodeError(e.encoding, e.object, offset + e.start, offset + e.end, e.reason)
+            else:
+                yield i, (text.lstrip("\ufeff") if i == 0 else text).rstrip("\r")
+            offset += len(raw)
 
 
 def _diagnose_csv(path: Path, header: Sequence[str]) -> DataError | None:
-    try:
-        (path.read_bytes()).decode("utf-8")
-    except UnicodeDecodeError as e:
-        bad_row = path.read_bytes()[: e.start].count(b"\n")
-        return DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})", row=bad_row)
-    lines = path.read_bytes().decode("utf-8").lstrip("\ufeff").split("\n")[1:]
-    for row, line in enumerate(lines, start=1):
-        line = line.rstrip("\r")
+    """The first line that is not valid UTF-8, holds an unbalanced quote or has the wrong number of fields; the
+    file is scanned line by line (any size)."""
+    for row, line in _lines(path):
+        if isinstance(line, UnicodeDecodeError):
+            return DataError(path, f"not valid UTF-8 ({line.reason} at byte {line.start})", row=row)
+        if row == 0:
+            continue
         if line.count('"') % 2:
             return DataError(path, f"unbalanced double quote (a field may not span lines): {_shown(line)}", row=row)
         fields = next(csv.reader([line]), [])
@@ -317,12 +380,15 @@ def _data_lines(path: Path, chunk: int = 1 << 24) -> int:
     return newlines + 1 - trailing
 
 
-def _read_jsonl(path: Path, spec: GenericSpec) -> pl.DataFrame:
-    cols = list(dict.fromkeys(spec.mapped.values()))
+def _jsonl_schema(spec: GenericSpec) -> dict[str, pl.DataType]:
     roles = {col: role for role, col in spec.mapped.items()}
     types = {"arrival": pl.String if spec.time_unit == "datetime" else pl.Float64, "prompt_tokens": pl.Int64,
              "output_tokens": pl.Int64, "tenant": pl.String, "block_hashes": pl.List(pl.Int64)}
-    schema = {c: types[roles[c]] for c in cols}
+    return {c: types[roles[c]] for c in dict.fromkeys(spec.mapped.values())}
+
+
+def _read_jsonl(path: Path, spec: GenericSpec) -> pl.DataFrame:
+    schema = _jsonl_schema(spec)
     try:
         df = pl.read_ndjson(path, schema=schema)
     except pl.exceptions.PolarsError as e:
@@ -335,12 +401,17 @@ def _read_jsonl(path: Path, spec: GenericSpec) -> pl.DataFrame:
     return df.with_row_index(ROW, offset=1).with_columns(pl.col(ROW).cast(pl.Int64))
 
 
-def _read_parquet(path: Path, spec: GenericSpec) -> pl.DataFrame:
+def _parquet_columns(path: Path, spec: GenericSpec) -> None:
+    """DataError unless ``path`` is readable parquet with every mapped column."""
     try:
         schema = pl.read_parquet_schema(path)
     except (pl.exceptions.PolarsError, OSError) as e:
         raise DataError(path, f"unreadable as parquet ({e})") from None
     _missing_columns(path, list(schema), spec)
+
+
+def _read_parquet(path: Path, spec: GenericSpec) -> pl.DataFrame:
+    _parquet_columns(path, spec)
     try:
         df = pl.read_parquet(path, columns=list(dict.fromkeys(spec.mapped.values())))
     except (pl.exceptions.PolarsError, OSError) as e:
@@ -487,12 +558,8 @@ def _validate(path: Path, df: pl.DataFrame, spec: GenericSpec, kind: str, header
     raise DataError(path, f"{shown}: expected {expected}{previous}{more}", row=row, column=col)
 
 
-def read(path: str | Path, spec: GenericSpec) -> tuple[pl.DataFrame, dict]:
-    """Read a file through the column mapping; returns ``(body, report)`` where ``body`` has
-    ``row, arrival_s, prompt_tokens, output_tokens`` and the mapped optional ``tenant``,
-    ``block_hashes``, and the report ``columns, rows_read, excluded ({}), t_first, t_last, span_s,
-    container, time_unit``."""
-    path = Path(path)
+def _checked_kind(path: Path, spec: GenericSpec) -> str:
+    """The container of ``path`` after the mapping's own checks (the required roles, block_size with hashes)."""
     if not path.is_file():
         raise DataError(path, "file not found")
     missing = [r for r in REQUIRED_ROLES if not spec.mapped.get(r)]
@@ -500,13 +567,44 @@ def read(path: str | Path, spec: GenericSpec) -> tuple[pl.DataFrame, dict]:
         raise DataError(path, f"the columns mapping lacks {missing[0]} (sources.<name>.columns.{missing[0]})")
     if "block_hashes" in spec.mapped and not spec.block_size:
         raise DataError(path, "block_hashes is mapped but block_size is not set (tokens per hash block)")
-    kind = container(path, spec.format)
+    return container(path, spec.format)
+
+
+def _body(df: pl.DataFrame, first) -> pl.DataFrame:
+    """The canonical body of typed rows; ``first``: the file's first time (arrivals count from it)."""
+    return df.select(pl.col(ROW).alias("row"), (pl.col("t") - first).alias("arrival_s"), "prompt_tokens",
+                     "output_tokens", *[c for c in ("tenant", "block_hashes") if c in df.columns])
+
+
+def _report(spec: GenericSpec, kind: str, rows: int, first, last) -> dict:
+    show = (lambda v: _iso(v)) if spec.time_unit == "datetime" else \
+        (lambda v: float(v) * UNIT_PER_SECOND[spec.time_unit])
+    rep = {"columns": list(dict.fromkeys(spec.mapped.values())), "rows_read": rows, "excluded": {},
+           "t_first": show(first), "t_last": show(last), "span_s": float(last - first), "container": kind,
+           "time_unit": spec.time_unit, "mapping": dict(spec.mapped)}
+    if spec.block_size:
+        rep["block_size"] = int(spec.block_size)
+    return rep
+
+
+def large(path: Path) -> bool:
+    """A file read in parts (:func:`read_parts`): larger than :data:`CHUNKED_BYTES`."""
+    return Path(path).stat().st_size > CHUNKED_BYTES
+
+
+def read(path: str | Path, spec: GenericSpec) -> tuple[pl.DataFrame, dict]:
+    """Read a file through the column mapping; returns ``(body, report)`` where ``body`` has
+    ``row, arrival_s, prompt_tokens, output_tokens`` and the mapped optional ``tenant``,
+    ``block_hashes``, and the report ``columns, rows_read, excluded ({}), t_first, t_last, span_s,
+    container, time_unit``. A file larger than :data:`CHUNKED_BYTES` is read in parts (:func:`read_parts`)."""
+    path = Path(path)
+    kind = _checked_kind(path, spec)
+    if large(path):
+        rep: dict = {}
+        parts = list(read_parts(path, spec, rep))
+        return pl.concat(parts, rechunk=False), rep
     header_cols = None
-    df = None
-    if kind == "csv" and path.stat().st_size > CHUNKED_BYTES:
-        header = _csv_header(path, spec)
-        raw = df = _read_csv_chunked(path, spec, header)
-    elif kind == "csv":
+    if kind == "csv":
         raw = _read_csv(path, spec)
         with open(path, "rb") as f:
             header_cols = len(next(csv.reader([f.readline().decode("utf-8", "replace").lstrip("\ufeff").rstrip("\r\n")])))
@@ -516,23 +614,11 @@ def read(path: str | Path, spec: GenericSpec) -> tuple[pl.DataFrame, dict]:
         raw = _read_parquet(path, spec)
     if raw.height == 0:
         raise DataError(path, "no data rows")
-    if df is None:                  # (a large CSV file was typed and validated part by part)
-        df = _typed(raw, path, spec)
-        _validate(path, df, spec, kind, header_cols)
+    df = _typed(raw, path, spec)
+    _validate(path, df, spec, kind, header_cols)
     del raw
     t = df["t"]
-    out = df.select(pl.col(ROW).alias("row"), (pl.col("t") - pl.col("t").first()).alias("arrival_s"),
-                    "prompt_tokens", "output_tokens",
-                    *[c for c in ("tenant", "block_hashes") if c in df.columns])
-    columns = list(dict.fromkeys(spec.mapped.values()))
-    show = (lambda v: _iso(v)) if spec.time_unit == "datetime" else \
-        (lambda v: float(v) * UNIT_PER_SECOND[spec.time_unit])
-    rep = {"columns": columns, "rows_read": df.height, "excluded": {}, "t_first": show(t[0]), "t_last": show(t[-1]),
-           "span_s": float(t[-1] - t[0]), "container": kind, "time_unit": spec.time_unit,
-           "mapping": dict(spec.mapped)}
-    if spec.block_size:
-        rep["block_size"] = int(spec.block_size)
-    return out, rep
+    return _body(df, t[0]), _report(spec, kind, df.height, t[0], t[-1])
 
 
 def _iso(seconds: float) -> str:

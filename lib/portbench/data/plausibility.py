@@ -26,24 +26,26 @@ REPEAT_GROUP = 50         # this many rows or more at one timestamp (Mooncake's 
 _UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "datetime": "date-times"}
 
 
-def check(body: pl.DataFrame, *, source: str, columns: dict, time_unit: str) -> list[str]:
+def check(body: pl.DataFrame | pl.LazyFrame, *, source: str, columns: dict, time_unit: str) -> list[str]:
     """Warnings for a trace's canonical body (``arrival_s`` in seconds from the first row, ``prompt_tokens``,
-    ``output_tokens``); ``columns`` is the mapping role -> file column, ``source`` names ``sources.<source>``."""
+    ``output_tokens``); ``columns`` is the mapping role -> file column, ``source`` names ``sources.<source>``.
+    ``body`` may be a lazy scan (a large table): it is then read in blocks."""
     out: list[str] = []
-    n = body.height
+    lazy = body.lazy()
+    n = int(lazy.select(pl.len()).collect().item())
     if n == 0:
         return out
     p = f"sources.{source}"
     pc, oc, ac = columns.get("prompt_tokens"), columns.get("output_tokens"), columns.get("arrival")
-    swapped = sum(int(part.select((pl.col("prompt_tokens") * SWAP_RATIO < pl.col("output_tokens")).sum()).item())
-                  for part in body.select("prompt_tokens", "output_tokens").iter_slices(BLOCK))
+    swapped = int(lazy.select((pl.col("prompt_tokens") * SWAP_RATIO < pl.col("output_tokens")).sum())
+                  .collect(engine="streaming").item())
     share = swapped / n
     if share > SWAP_SHARE:
         out.append(f"{p}.columns: the prompt column {pc!r} is less than a quarter of the output column {oc!r} on "
                    f"{share:.0%} of the rows (LLM requests usually have longer prompts than outputs): are the two "
                    f"columns swapped? If so, exchange columns.prompt_tokens and columns.output_tokens")
-    t = body["arrival_s"]
-    span = float(t.max() - t.min()) if n > 1 else 0.0
+    lo, hi = lazy.select(pl.col("arrival_s").min().alias("lo"), pl.col("arrival_s").max().alias("hi")).collect(engine="streaming").row(0)
+    span = float(hi - lo) if n > 1 else 0.0
     unit = _UNITS.get(time_unit, time_unit)
     if span > MAX_SPAN_S:
         out.append(f"{p}.time_unit: the arrival column {ac!r} read as {unit} spans {span / 86_400 / 365.25:.1f} years; "
@@ -60,7 +62,7 @@ def check(body: pl.DataFrame, *, source: str, columns: dict, time_unit: str) -> 
                        "time_unit: ms or us")
     if n > 1:
         biggest, at, distinct = _longest_run(part["arrival_s"].to_numpy() for part in
-                                             body.select("arrival_s").iter_slices(BLOCK))
+                                             lazy.select("arrival_s").collect_batches(chunk_size=BLOCK))
         if biggest >= REPEAT_GROUP:
             repeat = 1 - distinct / n
             out.append(f"{p}.columns.arrival: {biggest:,} rows share one time in {ac!r} ({at:g} s after the first "

@@ -49,6 +49,47 @@ def timestamp_check(arrival_s) -> dict:
     return windows_check([arrival_s])
 
 
+def sorted_timestamp_check(blocks) -> dict:
+    """:func:`timestamp_check` of a non-decreasing, finite arrival column too large to hold at once: ``blocks()``
+    gives the column's values in blocks (numpy arrays), and is called three times (counts and the smallest gap;
+    the smallest gaps' median; the share of gaps on the grid). The same result as :func:`timestamp_check`; memory:
+    one block plus the gaps near the smallest."""
+    def gap_blocks():
+        last = None
+        for x in blocks():
+            x = np.asarray(x, dtype=float)
+            if x.size:
+                yield np.diff(x) if last is None else np.diff(np.r_[last, x])
+                last = x[-1]
+
+    n = zeros = nonzero = 0
+    s0 = np.inf
+    for x in blocks():
+        n += len(x)
+    for g in gap_blocks():
+        zeros += int(np.count_nonzero(g == 0))
+        nz = g[g > 0]
+        nonzero += nz.size
+        if nz.size:
+            s0 = min(s0, float(nz.min()))
+    if n < 2:
+        return _from_gaps(np.zeros(0), n, n)
+    out = {"requests": int(n), "distinct_ratio": float((nonzero + 1) / n), "zero_gap_share": zeros / (n - 1),
+           "grid_step_s": None, "quantised": False}
+    if nonzero:
+        small = np.concatenate([g[(g > 0) & (g <= s0 * (1 + 2 * GRID_TOL))] for g in gap_blocks()])
+        s = float(np.median(small))
+        on_grid = 0
+        for g in gap_blocks():
+            k = g[g > 0] / s
+            on_grid += int(np.count_nonzero(np.abs(k - np.round(k)) <= GRID_TOL))
+        if on_grid / nonzero >= GRID_SHARE:
+            out["grid_step_s"] = s
+    step = out["grid_step_s"]
+    out["quantised"] = bool(out["zero_gap_share"] >= ZERO_GAP_FLAG or (step is not None and step >= MIN_STEP_S))
+    return out
+
+
 def jitter_arrivals(arrival_s, step_s: float, rng: np.random.Generator) -> np.ndarray:
     """Arrivals spread within their grid cell: each time ``t`` becomes ``t + U(0, step_s)``, the draws sorted
     within each group of equal times so that the requests keep their order (and no request passes the next

@@ -34,6 +34,12 @@ invalid are excluded and counted in the report, never silently: BurstGPT failure
 tokens) as ``failure_zero_response``. BurstGPT rows must also satisfy Request + Response = Total
 and use the published ``Model`` / ``Log Type`` vocabularies (true of every row of the published
 files according to third-party full-file audits), which catches truncated values.
+
+**Large files** (issue #27): a file over :data:`generic.CHUNKED_BYTES` read in an Azure format or through a column
+mapping is read, typed and validated in parts of :data:`generic.CHUNK_ROWS` rows (:func:`write_canonical_parts`),
+its canonical table written to parquet part by part; the report's medians, the plausibility and timestamp checks
+read that file back in blocks, and later stages take what they need from :func:`scan_canonical`. The tables,
+reports and messages are those of reading in one piece (``tests/test_large_traces.py``).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,7 +58,7 @@ import numpy as np
 import polars as pl
 
 from . import generic, plausibility, registry, trace_checks
-from ..core import io
+from ..core import io, progress
 from ..core.config import Config, SourceConfig
 from ..core.errors import DataError
 
@@ -260,6 +266,53 @@ def _scan_csv(path: Path, header: Sequence[str], typed: Mapping[str, pl.Expr]) -
     return df.drop(_BLANK)
 
 
+def _csv_parts(path: Path, header: Sequence[str], typed: Mapping[str, pl.Expr]) -> Iterator[pl.DataFrame]:
+    """:func:`_scan_csv` in parts of :data:`generic.CHUNK_ROWS` rows (memory: one part, whatever the file's size),
+    with a progress bar: the same rows, blank-line rules and messages."""
+    lf = pl.scan_csv(path, has_header=True, schema={c: pl.String for c in header}, quote_char=None,
+                     raise_if_empty=False, row_index_name=_ROW, row_index_offset=1)
+    lf = lf.select(pl.col(_ROW).cast(pl.Int64),
+                   pl.all_horizontal([pl.col(c).is_null() for c in header]).alias(_BLANK),
+                   *[e.alias(name) for name, e in typed.items()])
+    lines = _data_lines(path, header=True)
+    n, pending_blank = 0, None
+    blank_line = f"blank line or line with no values: expected {len(header)} comma-separated fields"
+    bar = progress.bar(lines, f"reading {path.name}", "row")
+    try:
+        for batch in lf.collect_batches(chunk_size=generic.CHUNK_ROWS):
+            blank = batch[_BLANK]
+            if pending_blank is not None and not blank.all():
+                raise DataError(path, blank_line, row=pending_blank)
+            if blank.any():
+                keep = blank.not_().arg_true()
+                first_blank = int(blank.arg_true()[0])
+                if len(keep) and first_blank < int(keep[-1]):
+                    raise DataError(path, blank_line, row=int(batch[_ROW][first_blank]))
+                pending_blank = pending_blank or int(batch[_ROW][first_blank])
+                batch = batch.head(int(keep[-1]) + 1 if len(keep) else 0)
+            n += batch.height
+            bar.update(batch.height)
+            if batch.height:
+                yield batch.drop(_BLANK)
+    except pl.exceptions.PolarsError as e:
+        raise _diagnose_csv(path, len(header)) or DataError(path, f"unreadable as CSV ({e})") from None
+    finally:
+        bar.close()
+    if n != lines:
+        raise _diagnose_csv(path, len(header)) or DataError(path, f"read {n} rows but the file has {lines} data lines")
+
+
+def _validated_parts(path: Path, parts: Iterator[pl.DataFrame], checks: Sequence[_Check],
+                     header: Sequence[str]) -> Iterator[pl.DataFrame]:
+    """Each part validated as :func:`_validate` validates a whole file; the previous part's last row goes first
+    so that the order checks see the boundary (it passed already, so the first failure is in this part)."""
+    last = None
+    for part in parts:
+        _validate(path, part if last is None else pl.concat([last, part]), checks, header=header)
+        last = part.tail(1)
+        yield part
+
+
 def _scan_jsonl(path: Path) -> pl.DataFrame:
     """Read a Qwen JSON Lines file with its typed schema; ``row`` = line number."""
     if path.stat().st_size == 0:
@@ -354,20 +407,30 @@ def _times(ts: pl.Series, show, per_second: float = 1.0) -> dict:
     return {"t_first": show(ts[0]), "t_last": show(ts[-1]), "span_s": float(ts[-1] - ts[0]) / per_second}
 
 
-def _read_azure(path: Path, fmt: str) -> tuple[pl.DataFrame, dict]:
-    header = _check_header(path, _read_header(path), HEADERS[fmt])
+def _azure_rules(path: Path, fmt: str) -> tuple[list[str], dict[str, pl.Expr], list[_Check]]:
+    """The header, the typed columns and the validity checks of an Azure file."""
+    header = list(_check_header(path, _read_header(path), HEADERS[fmt]))
     typed = {"ts_ns": pl.col("TIMESTAMP").str.to_datetime(
                  AZURE_TS_FORMAT[fmt], time_unit="ns", strict=False).dt.epoch("ns"),
              "prompt_tokens": pl.col("ContextTokens").cast(pl.Int64, strict=False),
              "output_tokens": pl.col("GeneratedTokens").cast(pl.Int64, strict=False)}
-    df = _scan_csv(path, header, typed)
     example = AZURE_TS_EXAMPLE[fmt]
     checks = [_Check("TIMESTAMP", pl.col("ts_ns").is_null(), f"a timestamp like {example}"),
               _positive_int("prompt_tokens"), _positive_int("output_tokens"), _ordered("ts_ns")]
     names = {"prompt_tokens": "ContextTokens", "output_tokens": "GeneratedTokens", "ts_ns": "TIMESTAMP"}
-    _validate(path, df, [replace(c, column=names.get(c.column, c.column)) for c in checks], header=header)
-    out = df.select(pl.col(_ROW).alias("row"), (_origin(pl.col("ts_ns")) / 1e9).alias("arrival_s"),
-                    "prompt_tokens", "output_tokens")
+    return header, typed, [replace(c, column=names.get(c.column, c.column)) for c in checks]
+
+
+def _azure_body(df: pl.DataFrame, first_ns) -> pl.DataFrame:
+    """Canonical rows; ``first_ns``: the file's first timestamp. Seconds = ns times 1e-9 (as polars computed
+    ``(ts - ts.first()) / 1e9`` for the tables already written; the same whether the file is read whole or in
+    parts)."""
+    since = (pl.col("ts_ns") - pl.lit(first_ns, pl.Int64)).cast(pl.Float64) * (1 / 1e9)
+    return df.select(pl.col(_ROW).alias("row"), since.alias("arrival_s"),
+                     "prompt_tokens", "output_tokens")
+
+
+def _azure_times(fmt: str, first_ns: int | None, last_ns: int | None) -> dict:
     tz = timezone.utc if fmt == "azure2024" else None
 
     def stamp(ns: int) -> str:
@@ -376,8 +439,32 @@ def _read_azure(path: Path, fmt: str) -> tuple[pl.DataFrame, dict]:
         except (OverflowError, ValueError, OSError):  # outside Python's datetime range
             return f"{ns} ns since 1970-01-01"
 
+    if first_ns is None or last_ns is None:
+        return {"t_first": None, "t_last": None, "span_s": 0.0}
+    return {"t_first": stamp(first_ns), "t_last": stamp(last_ns), "span_s": float(last_ns - first_ns) / 1e9}
+
+
+def _read_azure(path: Path, fmt: str) -> tuple[pl.DataFrame, dict]:
+    header, typed, checks = _azure_rules(path, fmt)
+    df = _scan_csv(path, header, typed)
+    _validate(path, df, checks, header=header)
     ns = df["ts_ns"]
-    return out, {"columns": list(header), "rows_read": df.height, "excluded": {}, **_times(ns, stamp, 1e9)}
+    first, last = (ns[0], ns[-1]) if len(ns) else (None, None)
+    return _azure_body(df, first), {"columns": list(header), "rows_read": df.height, "excluded": {},
+                                    **_azure_times(fmt, first, last)}
+
+
+def _azure_parts(path: Path, fmt: str, report: dict) -> Iterator[pl.DataFrame]:
+    """:func:`_read_azure` in parts (a large file); fills ``report`` after the last part."""
+    header, typed, checks = _azure_rules(path, fmt)
+    first = last = None
+    n = 0
+    for part in _validated_parts(path, _csv_parts(path, header, typed), checks, header):
+        first = part["ts_ns"][0] if first is None else first
+        last = part["ts_ns"][-1]
+        n += part.height
+        yield _azure_body(part, first)
+    report.update({"columns": list(header), "rows_read": n, "excluded": {}, **_azure_times(fmt, first, last)})
 
 
 def _read_burstgpt(path: Path) -> tuple[pl.DataFrame, dict]:
@@ -555,21 +642,97 @@ def read_file(path: str | os.PathLike, fmt: str | None = None, *, source: str | 
     if rep["rows_read"] == 0:
         raise DataError(path, "has a header but no data rows")
     source = source or SOURCE_OF_FORMAT.get(fmt) or path.stem
-    table = body.select(pl.lit(source, pl.String).alias("source"), pl.lit(path.name, pl.String).alias("file"),
-                        pl.all()).with_columns([pl.col(c).cast(t) for c, t in CANONICAL_SCHEMA.items()
-                                                if c in body.columns])
+    table = _canonical(body, source, path.name)
     if sum(rep["excluded"].values()) + table.height != rep["rows_read"]:  # a bug, never bad data
         raise AssertionError(f"{path}: rows do not add up: {rep}")
-    report = {"file": path.name, "path": str(path), "format": fmt, "adapter": adapter, "source": source, **rep,
-              "rows_valid": table.height,
-              "rate_rps": (table.height / rep["span_s"]) if rep["span_s"] > 0 else None,
-              "prompt_tokens_median": _median(table, "prompt_tokens"),
-              "output_tokens_median": _median(table, "output_tokens"),
-              "sha256": None}
+    report = _full_report(path, fmt, adapter, source, rep, table.lazy(), table.height)
     if mapping is not None:
         report["warnings"] = plausibility.check(body, source=source, columns=dict(mapping.mapped),
                                                 time_unit=mapping.time_unit)
     return table, report
+
+
+def _canonical(body: pl.DataFrame, source: str, file: str) -> pl.DataFrame:
+    return body.select(pl.lit(source, pl.String).alias("source"), pl.lit(file, pl.String).alias("file"),
+                       pl.all()).with_columns([pl.col(c).cast(t) for c, t in CANONICAL_SCHEMA.items()
+                                               if c in body.columns])
+
+
+def _full_report(path: Path, fmt: str, adapter: str, source: str, rep: dict, table: pl.LazyFrame, rows: int) -> dict:
+    """The report of :func:`read_file` from the adapter's ``rep`` and the canonical table (lazily: medians only)."""
+    med = [_int_median(table, c) for c in ("prompt_tokens", "output_tokens")]
+    return {"file": path.name, "path": str(path), "format": fmt, "adapter": adapter, "source": source, **rep,
+            "rows_valid": rows,
+            "rate_rps": (rows / rep["span_s"]) if rep["span_s"] > 0 else None,
+            "prompt_tokens_median": float(med[0]) if rows else None,
+            "output_tokens_median": float(med[1]) if rows else None,
+            "sha256": None}
+
+
+def _int_median(table: pl.LazyFrame, col: str) -> float | None:
+    """The median of an integer column from its value counts (memory: one row per distinct value, not the
+    column): the middle value, or the mean of the two middle ones -- what ``Series.median`` gives."""
+    counts = (table.group_by(col).agg(pl.len().alias("n")).collect(engine="streaming").sort(col))
+    n = int(counts["n"].sum()) if counts.height else 0
+    if n == 0:
+        return None
+    ends = np.cumsum(counts["n"].to_numpy())
+    values = counts[col].to_numpy()
+    lo, hi = values[np.searchsorted(ends, (n - 1) // 2, side="right")], values[np.searchsorted(ends, n // 2,
+                                                                                                side="right")]
+    return (float(lo) + float(hi)) / 2
+
+
+def streams(path: str | os.PathLike, fmt: str | None = None, mapping: "generic.GenericSpec | None" = None) -> bool:
+    """Whether :func:`ingest_source` reads ``path`` in parts and streams its canonical table to parquet: a file
+    larger than :data:`generic.CHUNKED_BYTES` read with the generic adapter (CSV, JSON Lines, parquet) or in an
+    Azure format. (Bailian/Qwen files are read in one piece: their sessions link rows across the whole file;
+    BurstGPT's official files are at most 0.2 GB.)"""
+    path = Path(path)
+    if not path.is_file() or not generic.large(path):
+        return False
+    if mapping is not None:
+        return True
+    return (detect_format(path) if fmt is None else fmt).startswith("azure")
+
+
+def write_canonical_parts(path: str | os.PathLike, target: str | os.PathLike, fmt: str | None = None, *,
+                          source: str, file: str | None = None,
+                          mapping: "generic.GenericSpec | None" = None) -> dict:
+    """Read ``path`` in parts (:func:`streams` is True) and write its canonical table to the parquet file
+    ``target`` part by part (one row group per part); returns :func:`read_file`'s report, computed from the written
+    file lazily. Memory: one part plus one column of the table at a time (the token medians, the plausibility
+    and timestamp checks read the file back in blocks)."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    rep: dict = {}
+    if mapping is not None:
+        parts, fmt, adapter = generic.read_parts(path, mapping, rep), None, GENERIC
+    else:
+        fmt = fmt or detect_format(path)
+        parts, adapter = _azure_parts(path, fmt, rep), fmt
+    writer = None
+    rows = 0
+    try:
+        for body in parts:
+            table = _canonical(body, source, file or path.name).to_arrow()
+            if writer is None:
+                writer = pq.ParquetWriter(str(target), table.schema, compression="zstd")
+            writer.write_table(table)
+            rows += body.height
+    finally:
+        if writer is not None:
+            writer.close()
+    if rows == 0:
+        raise DataError(path, "has a header but no data rows")
+    fmt = rep.get("container", fmt) if mapping is not None else fmt
+    lazy = pl.scan_parquet(target)
+    report = _full_report(path, str(fmt), adapter, source, rep, lazy, rows)
+    if mapping is not None:
+        report["warnings"] = plausibility.check(lazy, source=source, columns=dict(mapping.mapped),
+                                                time_unit=mapping.time_unit)
+    return report
 
 
 def read_slice(mirror: Path | None, relpath: str) -> tuple[pl.DataFrame, dict]:
@@ -580,10 +743,6 @@ def read_slice(mirror: Path | None, relpath: str) -> tuple[pl.DataFrame, dict]:
     if mirror is None:
         raise DataError(relpath, "no data mirror (set paths.mirror or $PORTBENCH_DATA_MIRROR)")
     return read_file(mirror / relpath, registry.SLICES.get(relpath))
-
-
-def _median(df: pl.DataFrame, col: str) -> float | None:
-    return float(df[col].median()) if df.height else None
 
 
 # --------------------------------------------------------------------------- ingest stage
@@ -660,12 +819,27 @@ def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.D
         return None, rep
     name, path = info["file"], Path(info["path"])
     spec = registry.OFFICIAL_FILES.get(name) if info.get("origin") == registry.OFFICIAL else None
-    table, rep = read_source_file(cfg.sources[source], path, spec)
+    target = canonical_dir(data_dir) / f"{source}.parquet"
+    src = cfg.sources[source]
+    mapping = generic.GenericSpec.of(src) if src.generic else None
+    table: pl.DataFrame | None = None
+    fmt = None
+    if write and path.is_file() and generic.large(path) and streams(
+            path, fmt := (None if mapping is not None else _format_of(src, path, spec)), mapping):   # large: read in parts, the table streamed to parquet
+        reports: list[dict] = []
+        io.atomic_write(target, lambda tmp: reports.append(write_canonical_parts(
+            path, tmp, fmt, source=source, file=Path(name).name, mapping=mapping)))
+        rep = reports[0]
+        arrivals = _arrival_blocks(target)
+    else:
+        table, rep = read_source_file(src, path, spec)
+        table = table.with_columns(pl.lit(Path(name).name, pl.String).alias("file"))
+        arrivals = None
     for w in rep.get("warnings") or []:
         _loud(f"WARNING {source} ({Path(name).name}): {w}")
-    table = table.with_columns(pl.lit(Path(name).name, pl.String).alias("file"))
     rep["file"] = Path(name).name
-    rep["timestamps"] = trace_checks.timestamp_check(table["arrival_s"].to_numpy())   # quantised arrivals?
+    rep["timestamps"] = (trace_checks.timestamp_check(table["arrival_s"].to_numpy()) if table is not None
+                         else trace_checks.sorted_timestamp_check(arrivals))   # quantised arrivals?
     if rep["timestamps"]["quantised"]:
         step = rep["timestamps"]["grid_step_s"]
         _loud(f"{source}: quantised timestamps -- {rep['timestamps']['zero_gap_share']:.0%} of consecutive gaps are "
@@ -677,11 +851,30 @@ def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.D
             "sha256_verified": bool(spec and spec.sha256), "canonical_version": CANONICAL_VERSION,
             "read_with": read_with(cfg.sources[source])}
     if write:
-        target = canonical_dir(data_dir) / f"{source}.parquet"
-        io.atomic_write(target, lambda tmp: table.write_parquet(tmp))
+        if table is not None:
+            io.atomic_write(target, lambda tmp: table.write_parquet(tmp))
         rep["canonical"] = str(target)
         _write_report(data_dir, {source: rep})
     return table, rep
+
+
+def _format_of(src: SourceConfig, path: Path, spec: "registry.OfficialFile | None") -> str | None:
+    """The official format a source's file is read in (as :func:`read_source_file` chooses it)."""
+    if src.format in FORMATS:
+        return src.format
+    if spec is not None and spec.fmt in FORMATS:
+        return spec.fmt
+    if src.format is not None:
+        return ""       # not an official format: read_source_file names the problem
+    return detect_format(path)
+
+
+def _arrival_blocks(target: Path):
+    """A function giving the canonical parquet file's arrival column in blocks (for the checks on a large table)."""
+    def blocks():
+        for part in pl.scan_parquet(target).select("arrival_s").collect_batches(chunk_size=generic.CHUNK_ROWS):
+            yield part["arrival_s"].to_numpy()
+    return blocks
 
 
 def ingest_all(cfg: Config) -> dict:
@@ -693,13 +886,9 @@ def ingest_all(cfg: Config) -> dict:
     return {**report, "sources": {s: report["sources"][s] for s in entries}}
 
 
-def load_canonical(cfg: Config, source: str) -> pl.DataFrame:
-    """The canonical table of ``source``, ingesting first when it is missing or stale.
-
-    Stale: the recorded file name, SHA-256, adapter version or reading parameters (format, column
-    mapping, time unit, block size) differ from now.
-    DataError when the source has no real file in this run.
-    """
+def scan_canonical(cfg: Config, source: str) -> pl.LazyFrame:
+    """The canonical table of ``source`` as a lazy scan of its parquet file (nothing read yet: a stage takes the
+    rows and columns it needs), ingesting first when it is missing or stale (:func:`load_canonical`)."""
     st = registry.store(cfg.paths)
     info = registry.resolve_source(st, cfg.sources[source], cfg.standins.of(source) is not None)
     if info["provenance"] != "real":
@@ -712,6 +901,16 @@ def load_canonical(cfg: Config, source: str) -> pl.DataFrame:
              and entry.get("read_with") == read_with(cfg.sources[source])
              and entry.get("sha256") == st.sha256(info["path"]))
     if not fresh:
-        table, _ = ingest_source(cfg, source, write=True)
-        return table
-    return pl.read_parquet(target)
+        ingest_source(cfg, source, write=True)
+    return pl.scan_parquet(target)
+
+
+def load_canonical(cfg: Config, source: str) -> pl.DataFrame:
+    """The canonical table of ``source``, ingesting first when it is missing or stale.
+
+    Stale: the recorded file name, SHA-256, adapter version or reading parameters (format, column
+    mapping, time unit, block size) differ from now.
+    DataError when the source has no real file in this run. (The whole table in memory: a stage that can read
+    only what it needs uses :func:`scan_canonical`.)
+    """
+    return scan_canonical(cfg, source).collect()

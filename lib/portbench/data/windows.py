@@ -104,9 +104,15 @@ def window_ids(source: str, n_windows: int) -> list[str]:
     return [f"{source}-{k:0{width}d}" for k in range(n_windows)]
 
 
-def tenant_fields_of(canonical: pl.DataFrame) -> list[str]:
+def tenant_fields_of(canonical: pl.DataFrame | pl.LazyFrame) -> list[str]:
     """The tenant fields a canonical table carries (present and not entirely null)."""
-    return [f for f in TENANT_FIELDS if f in canonical.columns and canonical[f].null_count() < canonical.height]
+    lazy = canonical.lazy()
+    present = [f for f in TENANT_FIELDS if f in lazy.collect_schema().names()]
+    if not present:
+        return []
+    counts = lazy.select(pl.len().alias("__n"), *[pl.col(f).null_count() for f in present]
+                         ).collect(engine="streaming").row(0)
+    return [f for f, nulls in zip(present, counts[1:]) if nulls < counts[0]]
 
 
 def tenant_shares(n_tenants: int) -> np.ndarray:
@@ -146,9 +152,13 @@ def window_from_rows(rows: pl.DataFrame, *, window_id: str, source: str, seed: i
     return as_window_table(df, window_id)
 
 
-def has_hashes(canonical: pl.DataFrame) -> bool:
+def has_hashes(canonical: pl.DataFrame | pl.LazyFrame) -> bool:
     """The canonical table carries prompt block hashes on every row."""
-    return HASH_COLUMN in canonical.columns and canonical.height > 0 and canonical[HASH_COLUMN].null_count() == 0
+    lazy = canonical.lazy()
+    if HASH_COLUMN not in lazy.collect_schema().names():
+        return False
+    n, nulls = lazy.select(pl.len().alias("__n"), pl.col(HASH_COLUMN).null_count()).collect(engine="streaming").row(0)
+    return n > 0 and nulls == 0
 
 
 def hash_block_size(manifest: Mapping, entry: Mapping) -> int | None:
@@ -157,7 +167,7 @@ def hash_block_size(manifest: Mapping, entry: Mapping) -> int | None:
     return (manifest.get("sources", {}).get(entry["source"]) or {}).get("block_size")
 
 
-def cut_windows(canonical: pl.DataFrame, n_windows: int, size: int, seed: int, source: str,
+def cut_windows(canonical: pl.DataFrame | pl.LazyFrame, n_windows: int, size: int, seed: int, source: str,
                 n_tenants: int, hashes: bool = False) -> list[tuple[dict, pl.DataFrame]]:
     """Stride-sample ``n_windows`` windows of ``size`` valid requests from one canonical table.
 
@@ -165,16 +175,16 @@ def cut_windows(canonical: pl.DataFrame, n_windows: int, size: int, seed: int, s
     ``row_start``/``row_end`` (1-based raw-file rows, inclusive), ``t_start`` (seconds from the
     file's first request) and ``tenant_fields``.
     """
-    canon = _ordered(canonical, source)
+    canon, height = _ordered(canonical, source)
     try:
-        starts = stride_starts(canon.height, n_windows, size, source_rng(seed, source, "placement"))
+        starts = stride_starts(height, n_windows, size, source_rng(seed, source, "placement"))
     except ValueError as e:
-        raise DataError(_file_of(canon, source), f"{e} (valid requests of source {source!r}); "
+        raise DataError(_file_of(canon, source, height), f"{e} (valid requests of source {source!r}); "
                         "lower windows.per_source or windows.size") from None
     fields = tenant_fields_of(canon)
     out = []
     for wid, start in zip(window_ids(source, n_windows), starts.tolist()):
-        rows = canon.slice(start, size)
+        rows = canon.slice(start, size).collect()
         df = window_from_rows(rows, window_id=wid, source=source, seed=seed, n_tenants=n_tenants,
                               tenant_fields=fields, hashes=hashes)
         meta = {"id": wid, "file": rows["file"][0], "row_start": int(rows["row"][0]),
@@ -190,22 +200,39 @@ def cut_windows(canonical: pl.DataFrame, n_windows: int, size: int, seed: int, s
     return out
 
 
-def _ordered(canonical: pl.DataFrame, source: str) -> pl.DataFrame:
+def _ordered(canonical: pl.DataFrame | pl.LazyFrame, source: str) -> tuple[pl.LazyFrame, int]:
+    """The canonical table in row order (lazily: a stage reads only its windows' rows) and its length."""
+    lazy = canonical.lazy()
     need = {"file", "row", "arrival_s", "prompt_tokens", "output_tokens"}
-    missing = need - set(canonical.columns)
+    missing = need - set(lazy.collect_schema().names())
     if missing:
         raise DataError(f"canonical table of {source}", f"missing column(s) {sorted(missing)}")
-    files = canonical["file"].unique().to_list()
+    files = lazy.select(pl.col("file").unique()).collect(engine="streaming")["file"].to_list()
     if len(files) != 1:
         raise DataError(f"canonical table of {source}", f"expected rows from one file, found {files}")
-    canon = canonical.sort("row")
-    if canon["row"].n_unique() != canon.height:
-        raise DataError(files[0], "duplicate row numbers in the canonical table")
-    return canon
+    height, increasing = _increasing_rows(lazy)
+    if not increasing:    # (a table written by the ingest is in file order: strictly increasing rows)
+        rows = lazy.select(pl.col("row").n_unique().alias("unique")).collect().item()
+        if rows != height:
+            raise DataError(files[0], "duplicate row numbers in the canonical table")
+        lazy = lazy.sort("row")
+    return lazy, int(height)
 
 
-def _file_of(canonical: pl.DataFrame, source: str) -> str:
-    return canonical["file"][0] if canonical.height else f"canonical table of {source}"
+def _increasing_rows(lazy: pl.LazyFrame) -> tuple[int, bool]:
+    """The table's length and whether its row numbers strictly increase, read in blocks of the row column."""
+    n, last, increasing = 0, None, True
+    for block in lazy.select("row").collect_batches(chunk_size=1 << 22):
+        r = block["row"].to_numpy()
+        if r.size:
+            increasing = increasing and bool((np.diff(r) > 0).all()) and (last is None or r[0] > last)
+            last = r[-1]
+            n += r.size
+    return n, increasing
+
+
+def _file_of(canonical: pl.LazyFrame, source: str, height: int) -> str:
+    return canonical.select(pl.col("file").first()).collect().item() if height else f"canonical table of {source}"
 
 
 # --------------------------------------------------------------------------- manifest I/O
@@ -370,7 +397,7 @@ def _build_source(cfg: Config, source: str, info: Mapping, record: dict) -> list
     w = cfg.windows
     n, size = w.per_source, w.size
     if info["provenance"] == "real":
-        canonical = traces.load_canonical(cfg, source)
+        canonical = traces.scan_canonical(cfg, source)
         block_size = registry.hash_block_size(cfg.sources[source])
         hashes = has_hashes(canonical)
         if hashes and block_size is None:
@@ -379,7 +406,7 @@ def _build_source(cfg: Config, source: str, info: Mapping, record: dict) -> list
         cut = cut_windows(canonical, n, size, w.seed, source, w.tenants, hashes=hashes)
         fields = cut[0][0]["tenant_fields"] if cut else []
         record["tenants"] = _tenant_rule(fields, w.tenants)
-        record["valid_requests"] = canonical.height
+        record["valid_requests"] = int(canonical.select(pl.len()).collect().item())
         if hashes:
             record["block_size"] = int(block_size)
         return cut
@@ -520,17 +547,18 @@ def _mismatch(entry: Mapping, got: str, where: str) -> str:
     return (f"window {entry['id']} ({where}): sha256 {got} but the manifest records {entry['sha256']}")
 
 
-def rebuild_window(entry: Mapping, manifest: Mapping, canonical: pl.DataFrame | None = None,
+def rebuild_window(entry: Mapping, manifest: Mapping, canonical: pl.DataFrame | pl.LazyFrame | None = None,
                    st: Store | None = None) -> pl.DataFrame:
     """A window's table rebuilt from its source: canonical rows ``row_start..row_end`` or the stand-in generator."""
     if entry["provenance"] == "real":
         if canonical is None:
             raise ValueError("a real window needs its source's canonical table")
-        canon_file = canonical["file"][0] if canonical.height else None
+        lazy = canonical.lazy()
+        canon_file = lazy.select(pl.col("file").first()).collect().item()
         if canon_file != entry["file"]:
             raise DataError(entry["file"], f"window {entry['id']} was frozen from this file, but the canonical "
                             f"table of {entry['source']} comes from {canon_file!r}")
-        rows = canonical.filter(pl.col("row").is_between(entry["row_start"], entry["row_end"])).sort("row")
+        rows = lazy.filter(pl.col("row").is_between(entry["row_start"], entry["row_end"])).collect().sort("row")
         if rows.height != entry["n_requests"]:
             raise IntegrityError(f"window {entry['id']}: rows {entry['row_start']}..{entry['row_end']} of "
                                  f"{entry['file']} hold {rows.height} valid requests, the manifest records "
@@ -567,7 +595,7 @@ def _rebuild_many(cfg: Config, manifest: Mapping, entries: Sequence[Mapping]
         canonical = None
         try:
             if group[0]["provenance"] == "real":
-                canonical = traces.load_canonical(cfg, source)
+                canonical = traces.scan_canonical(cfg, source)
         except PortbenchError as err:
             problems += [f"window {e['id']}: cannot read the {source} data ({err})" for e in group]
             bar.update(len(group))
