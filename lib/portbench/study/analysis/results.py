@@ -381,7 +381,7 @@ def jitter_headline(config: Config, runs: pl.DataFrame, what: str = "arrival_jit
     hp = headline_panel_of(panels, cube.provenance)
     sources = panels[hp]["sources"] if hp in panels and panels[hp]["available"] else cube.sources
     b, _ = ports.headline(cube, cfg, deltas(cube, cfg), tenant_na(cube), sources, head, boot=JITTER_BOOT,
-                          details=False)
+                          details=False, blocks=ports.block_lengths(cube, head) if ports.INTERVAL == "block" else None)
     b.pop("_boot", None)
     out = {"available": True, "concordance": b["concordance"], "four_way": b["four_way"], "sides": b["sides"],
            "bootstrap": JITTER_BOOT}
