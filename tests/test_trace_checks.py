@@ -61,3 +61,10 @@ def test_equal_information_runs_put_the_oracle_variants_in_the_policies_places()
     assert out.height == 4
     assert out.filter((pl.col("source") == "a") & (pl.col("scheduler") == "ltr"))["x"].to_list() == [9.0]
     assert out.filter((pl.col("source") == "b") & (pl.col("scheduler") == "ltr"))["x"].to_list() == [3.0]
+    # every predictor-informed policy has its noisy oracle (edf too); an older control's exact edf_oracle is left out
+    assert hygiene.EQUAL_INFORMATION == {"sjf_predicted": "sjf_noisy_oracle", "ltr": "ltr_noisy_oracle",
+                                         "edf": "edf_noisy_oracle"}
+    runs2 = pl.DataFrame({"source": ["a"] * 2, "scheduler": ["edf", "fcfs"], "x": [1.0, 2.0]})
+    var2 = pl.DataFrame({"source": ["a"] * 2, "scheduler": ["edf_noisy_oracle", "edf_oracle"], "x": [7.0, 8.0]})
+    out2 = hygiene.equal_information_runs(runs2, var2).sort("scheduler")
+    assert out2["scheduler"].to_list() == ["edf", "fcfs"] and out2["x"].to_list() == [7.0, 2.0]

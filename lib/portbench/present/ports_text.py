@@ -145,7 +145,7 @@ def controls_sentences(summary: Mapping) -> list[str]:
         rows.append("regions matched by congestion (mean queue) instead of ρ: " + move(c["matched_congestion"]))
     e = c.get("equal_information") or {}
     if e.get("available"):
-        rows.append("equal information (sjf_predicted, ltr, edf replaced by their oracle variants, the same noise on "
+        rows.append("equal information (sjf_predicted, ltr, edf replaced by their noisy-oracle variants, the same noise on "
                     "every source): " + move(e))
     j = c.get("arrival_jitter") or {}
     if j.get("available"):

@@ -355,10 +355,10 @@ def add_design_controls(cfg: Config, summary: dict) -> dict:
     if eq is not None:
         controls["equal_information"] = {
             **jitter_headline(cfg, hygiene.equal_information_runs(runs, eq), what="equal_information"),
-            "replaced": {k: v for k, v in honest.ORACLE_VARIANT.items()},
+            "replaced": {k: v for k, v in hygiene.EQUAL_INFORMATION.items() if v in set(eq["scheduler"].to_list())},
             "why": "every source's predictor-informed policies get the same information: the true output length with "
-                   f"the same log-normal noise (sigma = {cfg.simulation.predictor_sigma:g}; edf: the exact length, it "
-                   "has no noisy variant), instead of a predictor whose quality differs from trace to trace"}
+                   f"the same log-normal noise (sigma = {cfg.simulation.predictor_sigma:g}; edf: EDF on the deadline "
+                   "of that noisy length), instead of a predictor whose quality differs from trace to trace"}
     else:
         controls["equal_information"] = {"available": False, "reason": "the oracle variants have not been simulated "
                                          "(hygiene.run_equal_information; notebook 04)"}
