@@ -142,7 +142,11 @@ def controls_sentences(summary: Mapping) -> list[str]:
             parts.append(f"{m}: sarathi better in {sb}, fcfs better in {fb} of {n} source × region rankings")
         rows.append("the token budget alone (fcfs vs sarathi, same order): " + "; ".join(parts))
     if "matched_congestion" in c:
-        rows.append("regions matched by congestion (mean queue) instead of ρ: " + move(c["matched_congestion"]))
+        mc = c["matched_congestion"]
+        n_used, n_un = len(mc.get("matched_regions") or []), len(mc.get("unmatched") or [])
+        within = (f", mean queues within a factor {mc['max_ratio']:g}; {n_un} of {n_used + n_un} regions have no "
+                  "such match and are left out" if mc.get("max_ratio") else "")
+        rows.append(f"regions matched by congestion (mean queue) instead of ρ{within}: " + move(mc))
     e = c.get("equal_information") or {}
     if e.get("available"):
         rows.append("equal information (sjf_predicted, ltr, edf replaced by their noisy-oracle variants, the same noise on "

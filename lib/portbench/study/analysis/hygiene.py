@@ -258,7 +258,27 @@ def matched_queue(cong: dict, sources, regions) -> dict:
     return out
 
 
+MATCH_RATIO = 2.0   # two regions are at matched congestion when their mean queues (+ 1) are within this factor
+
+
+def split_matches(matched: dict, max_ratio: float = MATCH_RATIO) -> tuple[dict, list[dict]]:
+    """``(kept, unmatched)`` of :func:`matched_queue`'s closest regions: a region of a source whose closest region of
+    the other source has a mean queue (+ 1) more than ``max_ratio`` times larger or smaller has no match at the same
+    congestion -- it is left out of the control (``unmatched``: pair, regions and both queues), instead of being
+    compared with a region that is only the least far."""
+    kept, dropped = {}, []
+    for pair, rows in matched.items():
+        kept[pair] = []
+        for ra, rb, qa, qb in rows:
+            if abs(np.log1p(qa) - np.log1p(qb)) <= np.log(max_ratio):
+                kept[pair].append((ra, rb, qa, qb))
+            else:
+                dropped.append({"pair": pair, "region_a": ra, "closest_b": rb, "queue_a": _num(qa), "queue_b": _num(qb)})
+    return kept, dropped
+
+
 __all__ = [
+    "MATCH_RATIO",
     "congestion_block",
     "jitter_dir",
     "jittered_runs",
@@ -266,6 +286,7 @@ __all__ = [
     "load_records",
     "matched_queue",
     "run_jitter",
+    "split_matches",
     "trace_checks_block",
     "waiting_from_records",
 ]

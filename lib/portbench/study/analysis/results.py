@@ -108,9 +108,16 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
     tick("power")
     congestion = hygiene.congestion_block(runs, config.simulation.capacity_policy)
     hp = panels.get(headline_panel) or {}
-    matched = hygiene.matched_queue(congestion, hp.get("sources") or cube.sources, cube.regions)
+    matched, unmatched = hygiene.split_matches(
+        hygiene.matched_queue(congestion, hp.get("sources") or cube.sources, cube.regions), hygiene.MATCH_RATIO)
     headline_block, controls, tables["ports"] = ports.compute_block(cube, cfg, delta, tenant_na(cube), panels,
                                                                     headline_panel, head, matched=matched)
+    if "matched_congestion" in controls:
+        controls["matched_congestion"].update(
+            max_ratio=hygiene.MATCH_RATIO, unmatched=unmatched,
+            rule=f"a region of one source is compared with the other source's region of closest mean FCFS queue when "
+                 f"the two queues (+ 1) are within a factor {hygiene.MATCH_RATIO:g}; a region with no such match is "
+                 "left out (unmatched), so every comparison is at the same congestion, not merely the least different")
     tick("headline_what_ports")
 
     summary = assemble_summary(
