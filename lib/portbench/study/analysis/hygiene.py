@@ -266,7 +266,8 @@ def split_matches(matched: dict, max_ratio: float = MATCH_RATIO) -> tuple[dict, 
     the other source has a mean queue (+ 1) more than ``max_ratio`` times larger or smaller has no match at the same
     congestion -- it is left out of the control (``unmatched``: pair, regions and both queues), instead of being
     compared with a region that is only the least far."""
-    kept, dropped = {}, []
+    kept: dict[str, list] = {}
+    dropped: list[dict] = []
     for pair, rows in matched.items():
         kept[pair] = []
         for ra, rb, qa, qb in rows:
