@@ -58,7 +58,7 @@ def both_intervals(summary: Mapping) -> str:
 
     def ci(c):
         x = c.get("ci") or [None, None]
-        return "n/a" if None in x else f"[{100 * x[0]:.0f}, {100 * x[1]:.0f}]"
+        return "n/a" if None in x else f"[{100 * x[0]:.1f}, {100 * x[1]:.1f}]"
     return ("So the intervals above resample runs of consecutive windows (block lengths "
             + ", ".join(f"{bl[s]} ({labels.get(s, s)})" for s in h.get("sources", []) if s in bl)
             + f"): across sources {ci(cs)}, across regions {ci(cr)}; resampling single windows as if independent gives "
