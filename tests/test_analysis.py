@@ -692,3 +692,8 @@ def test_what_ports_finds_the_planted_reversal_and_not_the_inconsistent_one(para
     assert A.summary["analysis_plan"]["sha256"] and A.summary["analysis_plan"]["deviations"]["headline_metrics"]
     assert {"without_predictor_policies", "matched_congestion"} <= set(A.summary["controls"])
     assert A["ports"].columns == list(analysis.COLUMNS["ports"])
+    # intervals both ways: the plan's block bootstrap, the ordinary window bootstrap beside it
+    assert h["interval_method"] == "block" and set(h["block_lengths"]) >= set(h["sources"])
+    assert all(len(h["concordance"][k]["ci_window"]) == 2 for k in h["concordance"])
+    mc = A.summary["controls"]["matched_congestion"]
+    assert mc["max_ratio"] == 2.0 and isinstance(mc["unmatched"], list)

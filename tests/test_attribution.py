@@ -271,7 +271,14 @@ def test_sources_differing_only_in_output_lengths_attribute_it_to_outputs(tmp_pa
     assert pr["disagreement"]["value"] > 0                  # the rankings do differ
     assert pr["largest_share"] == "output"
     assert pr["shares"]["output"]["value"] >= 0.90
-    assert all(pr["shares"][p]["value"] == 0 for p in ("arrival", "prompt", "coupling", "load"))
+    assert all(pr["shares"][p]["value"] == 0 for p in ("arrival", "prompt", "coupling"))
+    # load is the identity (share 0 by construction): it is not a player of the reported game
+    assert "load" not in pr["shares"] and set(A.summary["design"]["players_dropped"]) == {"load"}
+    assert A.summary["design"]["players_in_game"] == ["arrival", "prompt", "output", "coupling"]
+    # the interaction beside the shares; the leading property is robust over tie rules and metrics here
+    assert pr["interaction_share"]["value"] == pytest.approx(pr["interaction"]["value"] / pr["disagreement"]["value"])
+    rb = A.summary["robustness"]["pairs"]["plant_a|plant_b"]
+    assert rb["leader"] == "output" and rb["verdict"] == "robust" and rb["flips"] == {}
     assert len(ar.runs["mask"].unique()) == 32
     # the premise, measured: B's 60-request windows are less utilised than A's at the same rho, but in steady
     # state (the windows repeated to 2,000 requests) both are at the same load
@@ -344,7 +351,9 @@ def test_hybrids_are_frozen_and_verified(tmp_path):
     later run -- a fresh results folder (a fresh clone) included -- verifies every rebuilt hybrid against it;
     only an explicit refreeze rewrites it; hybrids of another design are verified against the run's own records."""
     cfg, man, tables = _planted(tmp_path, _longer_outputs, bootstrap=0)
-    run = lambda c, **kw: attribution.run(c, manifest=man, tables=tables, progress=False, verbose=False, workers=1, **kw)
+    def run(c, **kw):
+        return attribution.run(c, manifest=man, tables=tables, progress=False, verbose=False, workers=1, **kw)
+
     ar = run(cfg)
     committed = hybrids.frozen_path(cfg.paths.manifest)
     assert committed.parent == tmp_path / "windows" and ar.frozen["written"] == 16 * len(ar.windows["plant_a|plant_b"])
@@ -398,7 +407,7 @@ def test_summary_section_has_shares_and_cis(tmp_path):
     paths = attribution.write(cfg, A)
     sec = json.loads(open(paths["section"]).read())
     pr = sec["pairs"]["plant_a|plant_b"]
-    for player in cfg.attribution.players:
+    for player in sec["design"]["players_in_game"]:
         s = pr["shares"][player]
         assert set(s) >= {"value", "ci", "phi", "phi_ci"} and len(s["ci"]) == 2
     assert pr["disagreement"]["ci"][0] <= pr["disagreement"]["value"] <= pr["disagreement"]["ci"][1] + 1e-9
@@ -414,3 +423,78 @@ def test_cli_has_attribute_command():
 
     args = cli.build_parser().parse_args(["attribute", "--refreeze", "--no-figures", "--set", "attribution.windows=3"])
     assert args.func is cli.cmd_attribute and args.refreeze and args.no_figures
+
+
+# --------------------------------------------------------------------------- robustness of the leading property
+
+def _planted_game(lead_by_metric, k=4, R=2, rng=None):
+    """Shapley values ``(k, R, M)`` whose leading player on each metric is ``lead_by_metric[m]`` (0.6 of the
+    disagreement, the rest spread), and the disagreement ``(R, M)``."""
+    rng = rng or np.random.default_rng(3)
+    M = len(lead_by_metric)
+    total = rng.uniform(0.2, 0.4, (R, M))
+    phi = np.empty((k, R, M))
+    for m, lead in enumerate(lead_by_metric):
+        rest = np.array([0.25, 0.1, 0.05])
+        others = [i for i in range(k) if i != lead]
+        phi[lead, :, m] = 0.6 * total[:, m]
+        for j, i in enumerate(others):
+            phi[i, :, m] = rest[j] * total[:, m]
+    return phi, total
+
+
+def test_planted_robust_leader_is_found_robust():
+    from portbench.study.attribution import robustness as rb
+    names = ["arrival", "prompt", "output", "coupling"]
+    metrics = ["ttft_p90", "tpot_p90", "e2e_mean"]
+    base = _planted_game([2, 2, 2])
+    other = _planted_game([2, 2, 2], rng=np.random.default_rng(9))
+    out = rb.pair_robustness(names, metrics, "significance", {"significance": base, "exact": other})
+    assert out["leader"] == "output" and out["robust"] and out["verdict"] == "robust" and out["flips"] == {}
+    assert out["margin"] == pytest.approx(0.6 - 0.25)
+    assert all(e["leader"] == "output" for e in out["by_metric"].values())
+    # shares add up to 1 (efficiency of the planted game)
+    assert sum(out["by_tie_rule"]["significance"]["shares"].values()) == pytest.approx(1.0)
+
+
+def test_planted_flip_in_one_metric_or_one_tie_rule_is_not_robust():
+    from portbench.study.attribution import robustness as rb
+    names = ["arrival", "prompt", "output", "coupling"]
+    metrics = ["ttft_p90", "tpot_p90", "e2e_mean"]
+    # the prompt leads on two metrics and pooled, the output on tpot_p90 alone
+    flip_metric = rb.pair_robustness(names, metrics, "significance", {"significance": _planted_game([1, 2, 1])})
+    assert flip_metric["leader"] == "prompt" and flip_metric["verdict"] == "not robust"
+    assert flip_metric["flips"] == {"metric tpot_p90": "output"}
+    # same metrics, but another tie rule makes the arrival lead everywhere
+    flip_rule = rb.pair_robustness(names, metrics, "significance",
+                                   {"significance": _planted_game([1, 1, 1]), "exact": _planted_game([0, 0, 0])})
+    assert flip_rule["verdict"] == "not robust" and flip_rule["flips"] == {"tie rule exact": "arrival"}
+    # a metric where the two sources rank alike has nothing to attribute: listed apart, not a flip
+    phi, total = _planted_game([1, 1, 1])
+    total[:, 2] = 0.0
+    phi[:, :, 2] = 0.0
+    quiet = rb.pair_robustness(names, metrics, "significance", {"significance": (phi, total)})
+    assert quiet["verdict"] == "robust" and quiet["nothing_to_attribute"] == ["metric e2e_mean"]
+    # equal top shares: no leader, which is not robust
+    tie = np.zeros((4, 1, 1))
+    tie[0] = tie[1] = 0.5
+    assert rb.leader(rb.pooled_shares(tie, np.ones((1, 1))), names) is None
+    assert rb.summarise({"x": flip_metric, "y": quiet})["robust_pairs"] == 1
+
+
+def test_dropping_the_identity_player_keeps_the_other_shapley_values():
+    """The game on the players that can matter equals the full game's values for them (load is a dummy)."""
+    from portbench.study.attribution.design import Design
+    rng = np.random.default_rng(4)
+    d = Design(pairs=(("a", "b"),), players=(("arrival",), ("prompt",), ("load",), ("output",), ("coupling",)),
+               regions={"overload": 1.2}, windows=2, replicates=(0,), schedulers=("fcfs",), metrics=("e2e_mean",),
+               metrics_note="", bootstrap=0, seed=0, distance="kendall")
+    small = rng.uniform(0, 1, (16, 3))
+    v = np.empty((32, 3))
+    for mask in range(32):                     # the load bit (2) changes nothing
+        t = (mask & 0b11) | ((mask >> 3) << 2)
+        v[mask] = small[t]
+    assert d.active_names == ["arrival", "prompt", "output", "coupling"] and d.dropped_names == ["load"]
+    full = sh.shapley(v)
+    np.testing.assert_allclose(sh.shapley(d.subgame(v)), full[[0, 1, 3, 4]])
+    assert np.allclose(full[2], 0)

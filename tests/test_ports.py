@@ -205,3 +205,57 @@ def test_effective_windows_of_independent_and_of_trending_windows():
     e = ports.effective_windows(cube, [0])["by_source"]
     assert abs(e["a"]["lag1_autocorrelation"]) < 0.4 and e["a"]["effective_windows"] > 20
     assert e["b"]["lag1_autocorrelation"] > 0.9 and e["b"]["effective_windows"] < 3
+
+
+def test_the_plan_records_the_interval_method():
+    data = plan_mod.read_plan(plan_mod.plan_path(ROOT))
+    assert data["plan"]["interval"] == ports.INTERVAL
+    assert any(str(c["date"]) == "2026-12-02" and "interval" in c["what"] for c in data["changes"])
+
+
+def test_block_bootstrap_keeps_runs_of_consecutive_windows():
+    rng = np.random.default_rng(2)
+    idx = stats.block_bootstrap_indices(40, 200, 5, rng)
+    assert idx.shape == (200, 40) and idx.min() >= 0 and idx.max() < 40
+    step = (np.diff(idx, axis=1) % 40 == 1)               # consecutive (wrapping) within each block of 5
+    for j in range(40 - 1):
+        if (j + 1) % 5:
+            assert step[:, j].all()
+    # every window equally likely (circular): counts flat over many resamples
+    c = np.bincount(stats.block_bootstrap_indices(40, 4000, 5, rng).ravel(), minlength=40)
+    assert c.min() > 0.9 * c.mean() and c.max() < 1.1 * c.mean()
+    # block 1 is the ordinary bootstrap, drawn from the same generator
+    a = stats.block_bootstrap_indices(30, 7, 1, np.random.default_rng(4))
+    assert (a == stats.bootstrap_indices(30, 7, np.random.default_rng(4))).all()
+
+
+def _ar1(W, r, rng):
+    x = np.empty(W)
+    x[0] = rng.normal()
+    for t in range(1, W):
+        x[t] = r * x[t - 1] + np.sqrt(1 - r * r) * rng.normal()
+    return x
+
+
+def test_block_lengths_follow_the_autocorrelation_and_widen_the_interval():
+    """Planted: one source's windows strongly autocorrelated (a slow drift shared by every scheduler), the other's
+    independent. The correlated source gets long blocks, the other block 1; and the block bootstrap's spread of a
+    mean difference over the correlated windows is wider than the ordinary bootstrap's (which treats them as
+    independent)."""
+    from portbench.study.analysis.cube import Cube
+    rng = np.random.default_rng(11)
+    W = 40
+    drift = 10 + 3 * _ar1(W, 0.6, rng)
+    corr = np.stack([drift, drift * 1.02 + 0.3 * _ar1(W, 0.6, rng)])[None, None]      # (R, M, K, W)
+    iid = np.stack([10 + rng.normal(0, 1, W), 10.2 + rng.normal(0, 1, W)])[None, None]
+    cube = Cube(sources=["c", "i"], provenance={"c": "real", "i": "real"}, regions=["r"], rho={"r": 0.5},
+                metrics=["e2e_mean"], directions=["lower"], schedulers=["fcfs", "sjf_oracle"],
+                windows={"c": [], "i": []}, values={"c": corr, "i": iid}, n_replicates={})
+    bl = ports.block_lengths(cube, [0])
+    assert bl["i"] == 1 and bl["c"] >= 3
+    d = corr[0, 0, 1] - corr[0, 0, 0]
+    spread = {}
+    for L in (1, bl["c"]):
+        idx = stats.block_bootstrap_indices(W, 2000, L, np.random.default_rng(0))
+        spread[L] = np.std(d[idx].mean(axis=1))
+    assert spread[bl["c"]] > 1.3 * spread[1]

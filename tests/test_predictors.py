@@ -131,6 +131,34 @@ def test_real_trace_with_turns_and_a_clock_gets_those_features(pcfg):
     assert X.shape == (n, 4) and X[:, 1].max() < 24 and set(X[:, 2]) == {1.0, 2.0}
 
 
+def test_prefix_reuse_uses_the_past_only_and_is_a_feature_where_a_trace_has_hashes(pcfg):
+    """Planted block hashes: request 2 continues request 1's conversation (its first blocks are request 1's), request 3
+    arrives at the same instant as request 2 but after it in row order, request 4 is new. The share of leading blocks
+    already seen is the feature; a later request never changes an earlier one's value."""
+    canon = pl.DataFrame({"source": ["m"] * 4, "file": ["x"] * 4, "row": [1, 2, 3, 4],
+                          "arrival_s": [0.0, 3.0, 3.0, 6.0], "prompt_tokens": [1024, 2048, 1024, 512],
+                          "output_tokens": [10, 20, 30, 40],
+                          "block_hashes": [[1, 2], [1, 2, 3, 4], [1, 9], [7]]})
+    got = PR.prefix_reuse(canon)
+    assert got.tolist() == [0.0, 0.5, 0.5, 0.0]
+    # shuffled table order: the same values per row (the order is the trace's, not the table's)
+    shuf = canon[[3, 1, 0, 2]]
+    assert PR.prefix_reuse(shuf).tolist() == [0.0, 0.5, 0.0, 0.5]
+    # only the past: dropping the last request changes nothing before it
+    assert PR.prefix_reuse(canon.head(3)).tolist() == got[:3].tolist()
+    m = {"windows": [{"id": "m-00", "source": "m", "provenance": "real"}], "sources": {"m": {}}}
+    spec = PR.feature_spec(pcfg.predictors, m, "m", canon)
+    assert "prefix_reuse" in spec.numeric and "prefix cache" in spec.notes["prefix_reuse"]
+    frame = PR._canonical_frame(PR.with_history(canon))
+    X = PR.Encoder.fit(spec, frame).matrix(frame)
+    assert X[:, list(spec.columns).index("prefix_reuse")].tolist() == got.tolist()
+    # a trace without hashes: not a feature, and said so
+    plain = canon.drop("block_hashes")
+    spec2 = PR.feature_spec(pcfg.predictors, m, "m", plain)
+    assert "prefix_reuse" not in spec2.numeric and "not used" in spec2.notes["prefix_reuse"]
+    assert PR.with_history(plain) is plain
+
+
 # --------------------------------------------------------------------------- frozen predictions
 
 

@@ -51,7 +51,7 @@ def test_the_13_are_registered_with_their_properties():
     assert info["random"] == "none" and info["edf"] == "predicted"
     # `all` is the 13; the comparison variants are registered, labelled oracle, and outside it
     assert schedulers.names("all") == list(ALL13)
-    for name in ("edf_oracle", "sjf_noisy_oracle", "ltr_noisy_oracle"):
+    for name in ("edf_oracle", "edf_noisy_oracle", "sjf_noisy_oracle", "ltr_noisy_oracle"):
         assert schedulers.SCHEDULERS[name].information == "oracle" and "oracle" in schedulers.uses(name)
     for name in schedulers.SCHEDULERS:
         used = schedulers.uses(name)
@@ -100,6 +100,7 @@ def test_options_from_params():
     assert schedulers.options_for(sim, "sjf_predicted") == {} and schedulers.options_for(sim, "ltr") == {}
     assert schedulers.options_for(sim, "edf") == {"slo": {"ttft_s": 0.5, "tpot_s": 0.05}}
     assert schedulers.options_for(sim, "edf_oracle") == {"slo": {"ttft_s": 0.5, "tpot_s": 0.05}}
+    assert schedulers.options_for(sim, "edf_noisy_oracle") == {"slo": {"ttft_s": 0.5, "tpot_s": 0.05}, "sigma": 0.25}
     assert schedulers.options_for(sim, "rr") == {"quantum_tokens": 8}
     assert schedulers.options_for(sim, "fcfs") == {}
     assert schedulers.scheduler_for(sim, "rr").quantum_tokens == 8
@@ -400,6 +401,21 @@ def test_ltr_starvation_protection():
     t_with = with_protection.requests["first_token_s"][1]
     t_without = without.requests["first_token_s"][1]
     assert 0.5 < t_with < 0.5 + 0.2 < 2.0 < t_without
+
+
+def test_edf_noisy_oracle_is_edf_on_a_noisy_true_length():
+    """sigma = 0: exactly edf_oracle (the true length's deadline); sigma > 0: the deadline of true x lognormal
+    noise, a different order per seed (the equal-information control's variant of edf)."""
+    out = [120, 3, 40, 2, 8, 90, 15, 60, 1, 30]
+    slo = {"ttft_s": 0.3, "tpot_s": 0.05}
+    df = window([0] * len(out), [50] * len(out), out)
+
+    def order(s, seed=0):
+        return first_token_order(simulator.simulate(df, s, SERIAL, horizon_s=math.inf, seed=seed, slo=slo))
+    exact = order(schedulers.get_scheduler("edf_noisy_oracle", sigma=0.0))
+    assert exact == order("edf_oracle")
+    noisy = [order(schedulers.get_scheduler("edf_noisy_oracle", sigma=1.5), seed=s) for s in (0, 1, 2)]
+    assert any(n != exact for n in noisy) and len({tuple(n) for n in noisy}) > 1
 
 
 def test_sjf_noisy_oracle_noise():

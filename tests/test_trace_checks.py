@@ -61,3 +61,24 @@ def test_equal_information_runs_put_the_oracle_variants_in_the_policies_places()
     assert out.height == 4
     assert out.filter((pl.col("source") == "a") & (pl.col("scheduler") == "ltr"))["x"].to_list() == [9.0]
     assert out.filter((pl.col("source") == "b") & (pl.col("scheduler") == "ltr"))["x"].to_list() == [3.0]
+    # every predictor-informed policy has its noisy oracle (edf too); an older control's exact edf_oracle is left out
+    assert hygiene.EQUAL_INFORMATION == {"sjf_predicted": "sjf_noisy_oracle", "ltr": "ltr_noisy_oracle",
+                                         "edf": "edf_noisy_oracle"}
+    runs2 = pl.DataFrame({"source": ["a"] * 2, "scheduler": ["edf", "fcfs"], "x": [1.0, 2.0]})
+    var2 = pl.DataFrame({"source": ["a"] * 2, "scheduler": ["edf_noisy_oracle", "edf_oracle"], "x": [7.0, 8.0]})
+    out2 = hygiene.equal_information_runs(runs2, var2).sort("scheduler")
+    assert out2["scheduler"].to_list() == ["edf", "fcfs"] and out2["x"].to_list() == [7.0, 2.0]
+
+
+def test_matched_congestion_leaves_out_regions_without_a_match():
+    """Planted queues: a's light region (0.03) has no region of b near it (b's lightest is 1.6, (1.6 + 1) / (0.03 + 1)
+    > 2): it is unmatched, not compared with b's light region; a's heavy region (30) matches b's heavy (40)."""
+    from portbench.study.analysis import hygiene
+    cong = {"by_source_region": {"a": {"light": {"queue_mean": 0.03}, "heavy": {"queue_mean": 30.0}},
+                                 "b": {"light": {"queue_mean": 1.6}, "heavy": {"queue_mean": 40.0}}}}
+    kept, un = hygiene.split_matches(hygiene.matched_queue(cong, ["a", "b"], ["light", "heavy"]), 2.0)
+    assert [(ra, rb) for ra, rb, _, _ in kept["a vs b"]] == [("heavy", "heavy")]
+    assert [(u["region_a"], u["closest_b"]) for u in un] == [("light", "light")]
+    # a looser factor keeps both
+    kept3, un3 = hygiene.split_matches(hygiene.matched_queue(cong, ["a", "b"], ["light", "heavy"]), 3.0)
+    assert len(kept3["a vs b"]) == 2 and un3 == []

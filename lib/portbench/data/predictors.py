@@ -7,7 +7,9 @@ frozen window** and freezes their predictions per window; the policies read only
 **Features** (:func:`feature_spec`, only what a system has at arrival): ``log_prompt`` = log(1 +
 prompt tokens), always; where the source has them: ``model`` and ``log_type`` (BurstGPT),
 ``turn`` and ``req_type`` (Bailian/Qwen JSONL), the stand-in's client (Bailian stand-in), and
-``time_of_day_h`` -- only when the source's time axis spans at least
+``prefix_reuse`` (a trace with prompt block hashes, Mooncake: the share of the prompt's leading blocks
+that an earlier request of the trace already carried -- what a prefix cache knows at arrival;
+:func:`prefix_reuse`), ``time_of_day_h`` -- only when the source's time axis spans at least
 ``predictors.time_of_day_min_span_s`` (a day): on a shorter trace (Azure conv: 58 min) the clock is
 only the position in the trace, which would let the model interpolate between training requests
 just before and just after a window rather than learn anything a deployed system could use. A
@@ -146,6 +148,37 @@ class FeatureSpec:
                                         "category values (models, clients, ...) are source-specific"})
 
 
+def prefix_reuse(canonical: pl.DataFrame) -> np.ndarray:
+    """Per canonical row (in the table's order): the share of its prompt blocks (``block_hashes``) in the leading run
+    that earlier requests of the trace already carried -- a prefix cache's hit share at arrival (blocks match as a
+    prefix: the run stops at the first block not seen before). "Earlier" is (arrival_s, row) order, so the
+    feature uses only the past. NaN where a row has no hashes."""
+    if "block_hashes" not in canonical.columns or canonical.height == 0:
+        return np.full(canonical.height, np.nan)
+    order = np.lexsort((canonical["row"].to_numpy(), canonical["arrival_s"].to_numpy()))
+    hashes = canonical["block_hashes"].to_list()
+    seen: set = set()
+    out = np.full(canonical.height, np.nan)
+    for i in order:
+        h = hashes[i]
+        if not h:
+            continue
+        k = 0
+        while k < len(h) and h[k] in seen:
+            k += 1
+        out[i] = k / len(h)
+        seen.update(h)
+    return out
+
+
+def with_history(canonical: pl.DataFrame) -> pl.DataFrame:
+    """``canonical`` with the features that need the trace's past (``prefix_reuse`` where it has block hashes);
+    unchanged when they are there already or the trace has no hashes."""
+    if "prefix_reuse" in canonical.columns or not _present(canonical, "block_hashes"):
+        return canonical
+    return canonical.with_columns(pl.Series("prefix_reuse", prefix_reuse(canonical), dtype=pl.Float64))
+
+
 def _present(df: pl.DataFrame, col: str) -> bool:
     return col in df.columns and df[col].null_count() < df.height
 
@@ -177,6 +210,13 @@ def feature_spec(P: PredictorsConfig, manifest: Mapping, source: str,
         notes["time_of_day_h"] = (f"not used: the trace spans {span / 3600:.1f} h < "
                                   f"{P.time_of_day_min_span_s / 3600:.0f} h, so the clock is only the position "
                                   "in the trace (it would interpolate between training rows around a window)")
+    if _present(canonical, "block_hashes"):
+        numeric.append("prefix_reuse")
+        notes["prefix_reuse"] = ("share of the prompt's leading blocks (block_hashes) already carried by an earlier "
+                                 "request of the trace: a prefix cache's hit share at arrival (a continued "
+                                 "conversation or a shared template)")
+    else:
+        notes["prefix_reuse"] = "not used: the trace has no prompt block hashes"
     if _present(canonical, "turn"):
         numeric.append("turn")
         notes["turn"] = "conversation turn (1 = first request of a conversation; > 1 has a parent request)"
@@ -194,7 +234,7 @@ def feature_spec(P: PredictorsConfig, manifest: Mapping, source: str,
 
 
 def _raw_frame(prompt, output, *, t_s=None, model=None, log_type=None, client=None, turn=None,
-               req_type=None) -> pl.DataFrame:
+               req_type=None, prefix_reuse=None) -> pl.DataFrame:
     """The raw feature frame every feature is computed from (missing columns are null)."""
     n = len(prompt)
 
@@ -204,7 +244,8 @@ def _raw_frame(prompt, output, *, t_s=None, model=None, log_type=None, client=No
     return pl.DataFrame({"prompt_tokens": col(prompt, pl.Int64), "output_tokens": col(output, pl.Int64),
                          "t_s": col(t_s, pl.Float64), "model": col(model, pl.String),
                          "log_type": col(log_type, pl.String), "client": col(client, pl.String),
-                         "turn": col(turn, pl.Float64), "req_type": col(req_type, pl.String)})
+                         "turn": col(turn, pl.Float64), "req_type": col(req_type, pl.String),
+                         "prefix_reuse": col(prefix_reuse, pl.Float64)})
 
 
 def _canonical_frame(rows: pl.DataFrame) -> pl.DataFrame:
@@ -215,7 +256,8 @@ def _canonical_frame(rows: pl.DataFrame) -> pl.DataFrame:
         return s.cast(dtype) if dtype is not None else s
     return _raw_frame(rows["prompt_tokens"], rows["output_tokens"], t_s=rows["arrival_s"],
                       model=get("model", pl.String), log_type=get("log_type", pl.String),
-                      turn=get("turn", pl.Float64), req_type=get("req_type", pl.String))
+                      turn=get("turn", pl.Float64), req_type=get("req_type", pl.String),
+                      prefix_reuse=get("prefix_reuse", pl.Float64))
 
 
 @dataclass
@@ -242,8 +284,8 @@ class Encoder:
             elif f == "time_of_day_h":
                 t = frame["t_s"].cast(pl.Float64).to_numpy()
                 cols.append(np.mod(t, DAY_S) / 3600.0)
-            elif f == "turn":
-                cols.append(frame["turn"].cast(pl.Float64).fill_null(np.nan).to_numpy())
+            elif f in ("turn", "prefix_reuse"):
+                cols.append(frame[f].cast(pl.Float64).fill_null(np.nan).to_numpy())
         for c in self.spec.categorical:
             code = {v: float(i) for i, v in enumerate(self.categories[c])}
             vals = frame[c].to_list()
@@ -296,7 +338,7 @@ def training_data(cfg: Config, manifest: Mapping, source: str, canonical: pl.Dat
     P = cfg.predictors
     kind = source_kind(manifest, source)
     if kind == "real":
-        canonical = canonical if canonical is not None else traces.load_canonical(cfg, source)
+        canonical = with_history(canonical if canonical is not None else traces.load_canonical(cfg, source))
         ranges = window_row_ranges(manifest, source)
         rows = canonical["row"].to_numpy()
         inside = np.zeros(rows.size, dtype=bool)
@@ -489,6 +531,7 @@ def window_frames(cfg: Config, manifest: Mapping, source: str, tables: Mapping[s
         wid = e["id"]
         df = tables[wid]
         if kind == "real":
+            canonical = with_history(canonical)
             rows = (canonical.filter(pl.col("row").is_between(e["row_start"], e["row_end"]))
                     .sort(["arrival_s", "row"], maintain_order=True))
             frame = _canonical_frame(rows)
@@ -583,7 +626,8 @@ def _compute(cfg: Config, manifest: Mapping, train: str, targets: Sequence[str],
              tables: Mapping[str, pl.DataFrame]) -> dict[str, Frozen]:
     """Train ``train``'s predictor (home and transfer models as needed) and freeze its predictions."""
     P = cfg.predictors
-    canon = {s: traces.load_canonical(cfg, s) for s in {train, *targets} if source_kind(manifest, s) == "real"}
+    canon = {s: with_history(traces.load_canonical(cfg, s)) for s in {train, *targets}
+             if source_kind(manifest, s) == "real"}
     specs = {s: feature_spec(P, manifest, s, canon.get(s)) for s in {train, *targets}}
     training = training_data(cfg, manifest, train, canon.get(train))
     out = {}
@@ -815,7 +859,7 @@ def repeat_share(cfg: Config, source: str, *, manifest: Mapping | None = None) -
     Repeats are a property of the trace (templated requests), not a leak -- but they explain a high tau."""
     manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     kind = source_kind(manifest, source)
-    canon = traces.load_canonical(cfg, source) if kind == "real" else None
+    canon = with_history(traces.load_canonical(cfg, source)) if kind == "real" else None
     td = training_data(cfg, manifest, source, canon)
     tables = windows.load_windows(cfg, sources=[source], manifest=manifest)
     k = int(td.folds.max()) + 1 if td.folds is not None else 1
@@ -846,7 +890,7 @@ def past_only_check(cfg: Config, source: str, *, manifest: Mapping | None = None
     if source_kind(manifest, source) != "real":
         return None
     P = cfg.predictors
-    canon = traces.load_canonical(cfg, source)
+    canon = with_history(traces.load_canonical(cfg, source))
     td = training_data(cfg, manifest, source, canon)
     entries = [e for e in manifest["windows"] if e["source"] == source]
     late = entries[len(entries) // 2:]

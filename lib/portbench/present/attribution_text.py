@@ -40,9 +40,13 @@ def design_markdown(sec: Mapping) -> str:
     plan = (sec.get("cost") or {}).get("plan", {}).get("design", {})
     sim = (f" ({plan['simulated_runs']:,} of them simulated: {plan['window_hybrids']} distinct window-hybrids per window "
            "pair, since subsets that differ only in `load` share their runs)") if plan.get("simulated_runs") else ""
+    game = d.get("players_in_game") or d["players"]
+    dropped = d.get("players_dropped") or {}
+    drop = (f" The game is on the {len(game)} players that can matter ({', '.join(f'`{p}`' for p in game)}): "
+            + "; ".join(f"`{p}` is left out — {why}" for p, why in dropped.items()) + ".") if dropped else ""
     return (f"**Design.** Source pairs (A → B; the hybrids are A's windows with properties of B): {pairs}. "
-            f"Players of the decomposition ({len(d['players'])}, so {d['subsets_per_pair']} hybrids per pair, from "
-            f"A itself to B): {', '.join(f'`{p}`' for p in d['players'])}. Each pair is simulated on "
+            f"Players of the design ({len(d['players'])}, so {d['subsets_per_pair']} hybrids per pair, from "
+            f"A itself to B): {', '.join(f'`{p}`' for p in d['players'])}.{drop} Each pair is simulated on "
             f"{d['windows_per_source']} window pairs (A's i-th with B's i-th, evenly spaced through each source's "
             f"frozen windows), in {regions}, with {len(d['schedulers'])} schedulers and {d['replicates']} "
             f"replicate{'s' if d['replicates'] != 1 else ''} per window: {d['runs']:,} runs{sim}. Rankings are over "
@@ -98,23 +102,30 @@ def joint_markdown(sec: Mapping) -> str:
               "differs from the sum of its members' shares by how they interact with the arrival pattern.")
 
 
-def pair_markdown(pr: Mapping, players) -> str:
-    """What the decomposition says for one pair (shares, the largest one, interaction), from the values."""
+def pair_markdown(pr: Mapping, players, robust: Mapping | None = None) -> str:
+    """What the decomposition says for one pair (shares, the largest one, interaction), from the values;
+    ``robust``: the pair's entry of the robustness section (the claim is qualified when it is not robust)."""
     title = f"{pr['label_a']} → {pr['label_b']}"
     dis = pr["disagreement"]
     if not dis.get("value"):
         return (f"**{title}.** The two sources rank the schedulers identically on these windows (distance "
                 f"{fmt(dis)}), so there is nothing to attribute.")
-    shares = sorted(((p, pr["shares"][p]) for p in players), key=lambda kv: -(kv[1]["value"] or -9))
+    shares = sorted(((p, pr["shares"][p]) for p in players if p in pr["shares"]),
+                    key=lambda kv: -(kv[1]["value"] or -9))
     top, top_s = shares[0]
     inter = pr["interaction"]
+    ishare = pr.get("interaction_share") if (pr.get("interaction_share") or {}).get("value") is not None else None
     txt = (f"**{title}.** Swapping every property moves A's ranking by {_num(dis)} (mean over "
            f"{dis.get('count')} region × metric conditions). Of that, **{top}** accounts for {_share(top_s)}; "
-           + ", ".join(f"{p} {_share(s)}" for p, s in shares[1:]) + ". ")
+           + ", ".join(f"{p} {_share(s)}" for p, s in shares[1:])
+           + (f". Beside these shares, the interaction (the full swap minus the sum of the single swaps) is "
+              f"{_share(ishare)} of the disagreement" if ishare is not None else "") + ". ")
     lo = top_s.get("ci", [None])[0]
     if lo is not None and len(shares) > 1 and shares[1][1].get("ci", [None, None])[1] is not None \
             and lo > shares[1][1]["ci"][1]:
-        txt += f"Its interval lies above every other property's: {top} is the property that moves this ranking. "
+        txt += f"Its interval lies above every other property's: {top} is the property that moves this ranking"
+        txt += (" under this tie rule and metric set, but it is not robust to them (below). "
+                if robust is not None and not robust.get("robust") else ". ")
     elif len(shares) > 1:
         txt += (f"Its interval overlaps {shares[1][0]}'s, so the data do not single out one property. ")
     neg = [p for p, s in shares if s.get("value") is not None and s["value"] < 0]
@@ -129,13 +140,47 @@ def pair_markdown(pr: Mapping, players) -> str:
             "reinforce each other: together they move the ranking more than the sum of their separate moves"
         txt += (f"**The properties interact**: the sum of the single swaps is {inter['sum_of_singles']:.2f} but the "
                 f"full swap is {dis['value']:.2f} (difference {_num(inter)}"
-                + (f", {abs(rel):.0%} of the full swap" if rel is not None else "")
+                + (f", {abs(rel):.0%} of the full swap" if rel is not None and ishare is None else "")
                 + f"). They {kind}; so one swap's effect depends on the others, and each share is an average over the "
                   "orders of swapping, not a separable effect.")
     else:
         txt += (f"The single swaps add up to the full swap within the bootstrap interval (difference {_num(inter)}): "
                 "no detectable interaction, so each share is also roughly that property's effect on its own.")
     return txt
+
+
+def robustness_markdown(sec: Mapping) -> str:
+    """Whether each pair's leading property survives every tie rule and each metric alone ("not robust" where it
+    flips), from ``summary.json["attribution"]["robustness"]``."""
+    rb = sec.get("robustness")
+    if not rb or not rb.get("pairs"):
+        return ""
+    parts = []
+    for pair, r in rb["pairs"].items():
+        pr = sec["pairs"][pair]
+        title = f"{pr['label_a']} → {pr['label_b']}"
+        if r["leader"] is None:
+            parts.append(f"{title}: no single leading property (its top shares are equal, or nothing to attribute) — "
+                         "**not robust**")
+            continue
+        freq = r.get("bootstrap_leader_frequency")
+        boot = f", and in {_pct(freq)} of the bootstrap resamples" if freq is not None else ""
+        rules = ", ".join(r["by_tie_rule"])
+        if r["robust"]:
+            txt = (f"{title}: `{r['leader']}` leads under every tie rule ({rules}) and on every metric alone{boot} — "
+                   "**robust**")
+        else:
+            flips = "; ".join(f"{k} → `{v}`" if v is not None else f"{k} → no single leader"
+                              for k, v in r["flips"].items())
+            txt = (f"{title}: `{r['leader']}` leads under {r['tie_rule']}{boot}, but not everywhere ({flips}) — "
+                   "**not robust**")
+        if r.get("nothing_to_attribute"):
+            txt += f" (nothing to attribute on {', '.join(r['nothing_to_attribute'])}: the sources rank alike there)"
+        parts.append(txt)
+    return (f"**Is the leading property robust?** Recomputed from the same runs under every tie rule and on each metric "
+            f"alone: {'; '.join(parts)}. Robust in {rb['robust_pairs']} of {rb['n_pairs']} pair(s). The bootstrap "
+            "keeps the tie rule and the metrics fixed, so its intervals do not show this; where the verdict is not "
+            "robust, the leading property is a finding of this tie rule and metric set, not of the workloads alone.")
 
 
 def singles_markdown(sec: Mapping) -> str:

@@ -104,12 +104,17 @@ def hybrid_definitions(paths: PathsConfig, a_df: pl.DataFrame, b_df: pl.DataFram
                  "the achieved utilisation of every window-hybrid at the region's rho vs A's and B's steady state", close)
 
 
+def game_players(sec) -> list[str]:
+    """The players of the Shapley game (those that can matter; older results: every player of the design)."""
+    return list(sec["design"].get("players_in_game") or sec["design"]["players"])
+
+
 def shapley_bars(paths: PathsConfig, A: at.Attribution, close: bool = False):
     """Per source pair: for every region x metric (and pooled over them), the Shapley values of the players
     stacked (distance units; they add up to the A -> B distance), with the sum of the single swaps as a
     marker (away from the bar's end when the properties interact) and the total's bootstrap CI."""
     pairs = A.summary["pairs"]
-    players = A.summary["design"]["players"]
+    players = game_players(A.summary)
     shp, cond = A["shapley"], A["conditions"]
     fig, axes = figures.figure(1, len(pairs), figsize=(6.2 * len(pairs), 0.55 * (cond.height // max(1, len(pairs)) + 2)
                                                          + 1.8), squeeze=False)
@@ -159,7 +164,7 @@ def share_heatmap(paths: PathsConfig, A: at.Attribution, close: bool = False):
     import seaborn as sns
 
     pairs = A.summary["pairs"]
-    players = A.summary["design"]["players"]
+    players = game_players(A.summary)
     shp = A["shapley"]
     fig, axes = figures.figure(1, len(pairs), figsize=(1.3 * len(players) * len(pairs) + 3, 4.2), squeeze=False)
     for ax, (pair, pr) in zip(axes[0], pairs.items()):

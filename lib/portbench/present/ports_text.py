@@ -39,6 +39,32 @@ def _extreme(group: Mapping, lowest: bool = True):
     return sorted(ok, key=lambda kv: kv[1]["value"], reverse=not lowest)[0]
 
 
+def interval_words(h: Mapping) -> str:
+    """How the headline's 95% intervals were made, in words (from ``headline.interval_method``)."""
+    if h.get("interval_method") == "block":
+        return ("95% intervals: runs of consecutive windows resampled, so that neighbouring windows stay together, "
+                "every test re-run")
+    return "95% intervals: windows resampled, every test re-run"
+
+
+def both_intervals(summary: Mapping) -> str:
+    """The headline's intervals both ways: the block bootstrap (with its block lengths) and the ordinary one."""
+    h = summary.get("headline") or {}
+    cs, cr = (h.get("concordance") or {}).get("across_sources") or {}, (h.get("concordance") or {}).get("across_regions") or {}
+    if h.get("interval_method") != "block" or "ci_window" not in cs:
+        return "The intervals above resample windows as if independent."
+    labels = {s: v["label"] for s, v in (summary.get("provenance") or {}).items()}
+    bl = h.get("block_lengths") or {}
+
+    def ci(c):
+        x = c.get("ci") or [None, None]
+        return "n/a" if None in x else f"[{100 * x[0]:.1f}, {100 * x[1]:.1f}]"
+    return ("So the intervals above resample runs of consecutive windows (block lengths "
+            + ", ".join(f"{bl[s]} ({labels.get(s, s)})" for s in h.get("sources", []) if s in bl)
+            + f"): across sources {ci(cs)}, across regions {ci(cr)}; resampling single windows as if independent gives "
+            f"{ci({'ci': cs.get('ci_window')})} and {ci({'ci': cr.get('ci_window')})}.")
+
+
 def headline_sentences(summary: Mapping) -> list[str]:
     """The findings in plain words: what ports across sources and regions, how sure, where it reverses most."""
     h = summary.get("headline") or {}
@@ -52,8 +78,7 @@ def headline_sentences(summary: Mapping) -> list[str]:
     out = [
         (f"**What ports.** Of the scheduler orders that are clearly there on two sources ({srcs}; same region and "
         f"metric; each side significant and at least δ apart), **{conc(cs)} keep their order** across sources; across "
-        f"operating regions of one source the same share is **{conc(cr)}** (95% intervals: windows resampled, every "
-        "test re-run)."),
+        f"operating regions of one source the same share is **{conc(cr)}** ({interval_words(h)})."),
         (f"But most orders are not clearly there on both sides. Across sources: {four_way_text(fs)}. Across regions: "
         f"{four_way_text(fr)}. Of all the rankings' scheduler pairs, {pct(side.get('strong'))} are strongly ordered, "
         f"{pct(side.get('equivalent'))} equivalent within ±δ and {pct(side.get('undetermined'))} undetermined."),
@@ -117,10 +142,14 @@ def controls_sentences(summary: Mapping) -> list[str]:
             parts.append(f"{m}: sarathi better in {sb}, fcfs better in {fb} of {n} source × region rankings")
         rows.append("the token budget alone (fcfs vs sarathi, same order): " + "; ".join(parts))
     if "matched_congestion" in c:
-        rows.append("regions matched by congestion (mean queue) instead of ρ: " + move(c["matched_congestion"]))
+        mc = c["matched_congestion"]
+        n_used, n_un = len(mc.get("matched_regions") or []), len(mc.get("unmatched") or [])
+        within = (f", mean queues within a factor {mc['max_ratio']:g}; {n_un} of {n_used + n_un} regions have no "
+                  "such match and are left out" if mc.get("max_ratio") else "")
+        rows.append(f"regions matched by congestion (mean queue) instead of ρ{within}: " + move(mc))
     e = c.get("equal_information") or {}
     if e.get("available"):
-        rows.append("equal information (sjf_predicted, ltr, edf replaced by their oracle variants, the same noise on "
+        rows.append("equal information (sjf_predicted, ltr, edf replaced by their noisy-oracle variants, the same noise on "
                     "every source): " + move(e))
     j = c.get("arrival_jitter") or {}
     if j.get("available"):
@@ -153,8 +182,7 @@ def what_ports_markdown(summary: Mapping) -> str:
                                                     for s, v in ew.items())
                   + "; as AR(1) series the 40 windows are worth about "
                   + ", ".join(f"{v['effective_windows']:.0f}" for v in ew.values())
-                  + " independent ones (medians over regions × headline metrics). The intervals above resample windows "
-                  "as if independent."]
+                  + " independent ones (medians over regions × headline metrics). " + both_intervals(summary)]
     sec = h.get("secondary") or {}
     if sec.get("tau_b"):
         def f2(e):

@@ -395,6 +395,20 @@ def bootstrap_indices(n_windows: int, n_boot: int, rng: np.random.Generator) -> 
     return rng.integers(0, n_windows, size=(n_boot, n_windows))
 
 
+def block_bootstrap_indices(n_windows: int, n_boot: int, block: int, rng: np.random.Generator) -> np.ndarray:
+    """``(n_boot, n_windows)`` window indices of the circular block bootstrap (Politis & Romano 1992): each resample
+    is ``ceil(n / block)`` runs of ``block`` consecutive windows (in trace order, wrapping at the end) from random
+    starts, cut to ``n`` windows. ``block = 1`` is the ordinary bootstrap (:func:`bootstrap_indices`); neighbouring
+    windows stay together, so a resample keeps their autocorrelation instead of treating them as independent."""
+    block = int(min(max(block, 1), max(n_windows, 1)))
+    if block == 1:
+        return bootstrap_indices(n_windows, n_boot, rng)
+    k = -(-n_windows // block)
+    starts = rng.integers(0, n_windows, size=(n_boot, k))
+    idx = (starts[:, :, None] + np.arange(block)[None, None, :]) % n_windows
+    return idx.reshape(n_boot, k * block)[:, :n_windows]
+
+
 def bootstrap_means(x, idx) -> np.ndarray:
     """Means over the last (window) axis of ``x`` for every resample in ``idx`` ``(B, W)``.
 

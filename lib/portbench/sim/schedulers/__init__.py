@@ -26,12 +26,13 @@ module before running it."""
 
 # Importing the policy modules registers the built-in policies, in this order (the order of `all`):
 # fcfs, sarathi, sjf_prompt, sjf_oracle, srpt_oracle, sjf_predicted, ltr, mlfq, las, rr, edf, vtc, random
-# (plus the comparison variants sjf_noisy_oracle, ltr_noisy_oracle, edf_oracle, registered but not in `all`).
+# (plus the comparison variants sjf_noisy_oracle, ltr_noisy_oracle, edf_oracle, edf_noisy_oracle, registered but not
+# in `all`).
 from . import fifo, length, ltr, feedback, deadline, fairness, baseline  # noqa: F401,I001
 from .base import (INFORMATION, SCHEDULERS, BaseScheduler, RunContext, Scheduler, get_scheduler, names, options_for,
                    register_scheduler, require_registered, scheduler_for, table)
 from .baseline import RandomOrder
-from .deadline import EDF, EDFOracle
+from .deadline import EDF, EDFNoisyOracle, EDFOracle
 from .fairness import VTC
 from .feedback import LAS, MLFQ, RoundRobin
 from .fifo import FCFS, Sarathi
@@ -49,7 +50,7 @@ def uses(name: str) -> tuple[str, ...]:
         return tuple(got)
     return (cls.information,) + (("attained",) if getattr(cls, "attained", False) else ())
 
-__all__ = ["EDF", "EDFOracle", "LTRNoisyOracle", "SJFNoisyOracle", "frozen_predictions", "uses", "FCFS", "INFORMATION", "LAS", "LTR", "MLFQ", "SCHEDULERS", "VLLM_STATIC_PRIORITY", "VTC",
+__all__ = ["EDF", "EDFNoisyOracle", "EDFOracle", "LTRNoisyOracle", "SJFNoisyOracle", "frozen_predictions", "uses", "FCFS", "INFORMATION", "LAS", "LTR", "MLFQ", "SCHEDULERS", "VLLM_STATIC_PRIORITY", "VTC",
            "BaseScheduler", "RandomOrder", "RoundRobin", "RunContext", "SJFOracle", "SJFPredicted", "SJFPrompt",
            "SRPTOracle", "Sarathi", "Scheduler", "get_scheduler", "names", "options_for", "register_scheduler",
            "require_registered", "scheduler_for", "static_priority", "table"]

@@ -55,7 +55,8 @@ Information a policy uses (``information``, its main kind): ``none`` | ``arrival
 state, not a-priori knowledge). ``uses`` (a tuple of those kinds) lists everything a policy's
 decisions read (ties are broken by arrival everywhere); by default ``(information,)`` plus
 ``attained`` when ``attained=True``. Only policies named ``*_oracle`` read a true output length;
-``edf_oracle``, ``sjf_noisy_oracle`` and ``ltr_noisy_oracle`` are comparison variants outside ``all``.
+``edf_oracle``, ``edf_noisy_oracle``, ``sjf_noisy_oracle`` and ``ltr_noisy_oracle`` are comparison variants outside
+``all``.
 
 The protocol, the base class and the registry live here; one small module per policy family
 (:mod:`.fifo`, :mod:`.length`, :mod:`.ltr`, :mod:`.feedback`, :mod:`.deadline`, :mod:`.fairness`,

@@ -1,4 +1,5 @@
-"""Earliest deadline first on the SLO deadline: predicted (``edf``) or oracle (``edf_oracle``)."""
+"""Earliest deadline first on the SLO deadline: predicted (``edf``), oracle (``edf_oracle``) or noisy oracle
+(``edf_noisy_oracle``, the equal-information control's variant of ``edf``)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,25 @@ class EDFOracle(_Deadline):
 
     def _lengths(self, ctx):
         return ctx.output_tokens
+
+
+@register_scheduler
+class EDFNoisyOracle(_Deadline):
+    """EDF on the deadline of a *noisy oracle* length: true output × exp(N(0, sigma)) (seeded, one draw per
+    request; the same noise as ``sjf_noisy_oracle`` and ``ltr_noisy_oracle``). ``edf``'s variant in the
+    equal-information control: a length estimate of the same quality on every source, instead of a predictor
+    whose accuracy differs from trace to trace. For comparison only (not in ``all``)."""
+
+    name = "edf_noisy_oracle"
+    in_all = False
+    information = "oracle"
+    uses = ("arrival", "oracle")
+    models = "EDF on a noisy oracle SLO deadline (arrival + TTFT + TPOT·(true output × lognormal noise − 1))"
+    OPTIONS = {"slo": None, "sigma": 0.5}
+
+    def _lengths(self, ctx):
+        noise = ctx.rng.standard_normal(ctx.n)
+        return np.asarray(ctx.output_tokens, dtype=float) * np.exp(self.sigma * noise)
 
 
 def _check_slo(param: str, slo) -> None:

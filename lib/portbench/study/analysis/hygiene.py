@@ -25,7 +25,7 @@ from ...core.config import Config
 from ...data import trace_checks
 from ...data import traces as traces_mod
 from ...data import windows as windows_mod
-from .. import campaign, honest
+from .. import campaign
 from .common import _num
 
 
@@ -114,15 +114,20 @@ def equal_info_dir(cfg: Config) -> Path:
     return Path(cfg.paths.results_dir) / "equal_information"
 
 
+# The equal-information control's variant of each predictor-informed policy: the same policy on a noisy oracle
+# length (true output x exp(N(0, simulation.predictor_sigma))), of the same quality on every source.
+EQUAL_INFORMATION = {"sjf_predicted": "sjf_noisy_oracle", "ltr": "ltr_noisy_oracle", "edf": "edf_noisy_oracle"}
+
+
 def run_equal_information(cfg: Config, sources, *, progress: bool = True) -> pl.DataFrame | None:
-    """The equal-information control: the predictor-informed policies' oracle variants
-    (:data:`portbench.study.honest.ORACLE_VARIANT`: ``sjf_noisy_oracle``, ``ltr_noisy_oracle`` -- the true length
-    with the same log-normal noise, ``simulation.predictor_sigma``, on every source -- and ``edf_oracle``, which has
-    no noisy variant) on every window of ``sources``, every region and replicate, under
+    """The equal-information control: the predictor-informed policies' noisy-oracle variants
+    (:data:`EQUAL_INFORMATION`: ``sjf_noisy_oracle``, ``ltr_noisy_oracle`` -- the true length
+    with the same log-normal noise, ``simulation.predictor_sigma``, on every source -- and ``edf_noisy_oracle``, EDF on
+    the deadline of that noisy length) on every window of ``sources``, every region and replicate, under
     ``{results_dir}/equal_information``. Returns the runs (None when none of the policies is in the campaign)."""
     manifest = windows_mod.load_manifest(cfg.paths)
     main = campaign.make_plan(cfg, manifest=manifest).schedulers
-    variants = [v for k, v in honest.ORACLE_VARIANT.items() if k in main]
+    variants = [v for k, v in EQUAL_INFORMATION.items() if k in main]
     if not variants:
         return None
     sub = cfg.with_overrides({"paths.results_dir": str(equal_info_dir(cfg)), "simulation.schedulers": variants,
@@ -142,9 +147,11 @@ def load_equal_information(cfg: Config) -> pl.DataFrame | None:
 
 def equal_information_runs(runs: pl.DataFrame, variants: pl.DataFrame) -> pl.DataFrame:
     """``runs`` with each predictor-informed policy's rows replaced, on the sources ``variants`` covers, by its
-    oracle variant's rows (renamed to the policy, so the variant takes its place among the 13)."""
-    back = {v: k for k, v in honest.ORACLE_VARIANT.items()}
-    v = variants.with_columns(pl.col("scheduler").replace(back)).select(runs.columns)
+    noisy-oracle variant's rows (renamed to the policy, so the variant takes its place among the 13); a policy whose
+    variant has no runs keeps its own."""
+    back = {v: k for k, v in EQUAL_INFORMATION.items()}
+    v = (variants.filter(pl.col("scheduler").is_in(list(back)))       # runs of an older control's variants left out
+         .with_columns(pl.col("scheduler").replace(back)).select(runs.columns))
     srcs = v["source"].unique().to_list()
     drop = pl.col("source").is_in(srcs) & pl.col("scheduler").is_in(v["scheduler"].unique().to_list())
     return pl.concat([runs.filter(~drop), v], how="vertical")
@@ -251,7 +258,28 @@ def matched_queue(cong: dict, sources, regions) -> dict:
     return out
 
 
+MATCH_RATIO = 2.0   # two regions are at matched congestion when their mean queues (+ 1) are within this factor
+
+
+def split_matches(matched: dict, max_ratio: float = MATCH_RATIO) -> tuple[dict, list[dict]]:
+    """``(kept, unmatched)`` of :func:`matched_queue`'s closest regions: a region of a source whose closest region of
+    the other source has a mean queue (+ 1) more than ``max_ratio`` times larger or smaller has no match at the same
+    congestion -- it is left out of the control (``unmatched``: pair, regions and both queues), instead of being
+    compared with a region that is only the least far."""
+    kept: dict[str, list] = {}
+    dropped: list[dict] = []
+    for pair, rows in matched.items():
+        kept[pair] = []
+        for ra, rb, qa, qb in rows:
+            if abs(np.log1p(qa) - np.log1p(qb)) <= np.log(max_ratio):
+                kept[pair].append((ra, rb, qa, qb))
+            else:
+                dropped.append({"pair": pair, "region_a": ra, "closest_b": rb, "queue_a": _num(qa), "queue_b": _num(qb)})
+    return kept, dropped
+
+
 __all__ = [
+    "MATCH_RATIO",
     "congestion_block",
     "jitter_dir",
     "jittered_runs",
@@ -259,6 +287,7 @@ __all__ = [
     "load_records",
     "matched_queue",
     "run_jitter",
+    "split_matches",
     "trace_checks_block",
     "waiting_from_records",
 ]

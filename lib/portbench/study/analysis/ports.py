@@ -17,10 +17,16 @@ on neither. The headline number is the **concordance among pairs strong on both*
 same / (same + reversal), across sources beside across regions. Kendall tau-b, tau-b / tau-b,max and W are
 secondary rows computed on the same classes (ties = equivalences, undetermined pairs left out).
 
-**Intervals re-run the tests** (:func:`hierarchical_bootstrap`): windows are resampled with replacement
-within each source, one index per resample shared by every region and metric of that source (they are the
-same windows), and the Wilcoxon tests, the TOSTs, the correction and the classification are all re-run in
-every resample; the 95% percentile interval of each number is over those resamples.
+**Intervals re-run the tests** (:func:`source_classes`): windows are resampled within each source, one index
+per resample shared by every region and metric of that source (they are the same windows), and the Wilcoxon
+tests, the TOSTs, the correction and the classification are all re-run in every resample; the 95% percentile
+interval of each number is over those resamples. **Interval method** (:data:`INTERVAL`, on record in the
+analysis plan since 2026-12-02): a circular **block** bootstrap of the windows in trace order, with each
+source's block length from its autocorrelation (:func:`block_lengths`: the AR(1) inflation (1 + r1) / (1 - r1)
+of the reference policy's per-window values, so about one independent window's worth per block; 1 where the
+windows are not positively correlated, which is the ordinary bootstrap). The ordinary window bootstrap (every
+window drawn independently) is reported beside it (``ci_window``): it treats neighbouring windows of an
+autocorrelated trace as independent evidence, so its intervals are narrower.
 
 A scheduler that is n/a on a source (``vtc`` without tenants) is left out of that source's rankings (its
 pairs are not tested there, not in the correction family, and not compared).
@@ -39,6 +45,14 @@ from .. import stats
 from .common import _num, _source_rng
 from .cube import Cube
 
+INTERVAL = "block"      # the headline's interval method (analysis plan: `interval`); "window" = ordinary bootstrap
+INTERVAL_TEXT = {
+    "block": "95% percentile circular block bootstrap: runs of consecutive windows (trace order) resampled within "
+             "each source, block length per source from its lag-1 autocorrelation ((1 + r1) / (1 - r1), at least 1), "
+             "one index for every region and metric of the source, tests and classes re-run in each of {B} resamples",
+    "window": "95% percentile hierarchical bootstrap: windows resampled independently within each source (one index "
+              "for every region and metric of the source), tests and classes re-run in each of {B} resamples",
+}
 PREDICTOR_POLICIES = ("sjf_predicted", "ltr", "edf")   # the predictor-informed policies (information: predicted)
 DEFINITION = ("each side of a scheduler pair (one source, region and metric) is strong (paired Wilcoxon over windows "
               "significant after {corr} within the ranking, alpha = {alpha}, and effect >= delta), equivalent (paired "
@@ -216,10 +230,12 @@ def _pair_ok(cube: Cube, na: dict, keep=None) -> dict[str, np.ndarray]:
 
 
 def source_classes(cube: Cube, metric_idx, cfg: dict, deltas, na: dict, *, keep=None, windows=None,
-                   boot: int = 0, seed: int = 0, chunk: int = 50, sources=None) -> tuple[dict, dict | None]:
+                   boot: int = 0, seed: int = 0, chunk: int = 50, sources=None,
+                   blocks: dict[str, int] | None = None) -> tuple[dict, dict | None]:
     """Side classes of every source of ``sources`` (default: all): ``(point, boot)``, point[s] (R, Mh, P),
     boot[s] (B, R, Mh, P) or None. ``windows``: per source the window positions to use (default: all);
-    ``keep``: the schedulers kept."""
+    ``keep``: the schedulers kept; ``blocks``: per source the block length of a circular block bootstrap
+    (:func:`block_lengths`; default: the ordinary bootstrap of the windows)."""
     ok = _pair_ok(cube, na, keep)
     sign = cube.sign[metric_idx]
     scales = [cube.scales[m] for m in metric_idx]
@@ -232,7 +248,8 @@ def source_classes(cube: Cube, metric_idx, cfg: dict, deltas, na: dict, *, keep=
             raw = raw[..., np.asarray(windows[s])]
         point[s] = classify(raw, sign, scales, dl, pair_ok=ok[s], **kw)["classes"]
         if boot:
-            idx = stats.bootstrap_indices(raw.shape[-1], boot, _source_rng(seed, s))
+            L = (blocks or {}).get(s, 1)
+            idx = stats.block_bootstrap_indices(raw.shape[-1], boot, L, _source_rng(seed, s))
             counts = np.stack([np.bincount(i, minlength=raw.shape[-1]) for i in idx])
             bt[s] = np.concatenate([classify_resampled(raw, sign, scales, dl, counts[lo:lo + chunk], pair_ok=ok[s], **kw)
                                     for lo in range(0, boot, chunk)])
@@ -461,13 +478,14 @@ def ports_table(cube: Cube, classes: dict, sources: list[str], metric_idx, panel
 
 
 def headline(cube: Cube, cfg: dict, deltas, na: dict, sources: list[str], metric_idx, *, keep=None, windows=None,
-             boot: int | None = None, details: bool = True) -> tuple[dict, dict]:
+             boot: int | None = None, details: bool = True, blocks: dict[str, int] | None = None) -> tuple[dict, dict]:
     """The headline block for ``sources``: ``(block, classes)``. ``keep`` (schedulers) and ``windows`` (per
     source positions) restrict the data (controls, windows curve); ``boot`` resamples (default
-    ``cfg["bootstrap"]``); ``details``: also the breakdowns and the secondary rows."""
+    ``cfg["bootstrap"]``); ``details``: also the breakdowns and the secondary rows; ``blocks``: block lengths of
+    the block bootstrap (default: the ordinary window bootstrap)."""
     B = cfg["bootstrap"] if boot is None else boot
     point, bt = source_classes(cube, metric_idx, cfg, deltas, na, keep=keep, windows=windows, boot=B, seed=cfg["seed"],
-                               sources=sources)
+                               sources=sources, blocks=blocks)
     block = headline_numbers(cube, point, bt, sources)
     block["_boot"] = bt
     block["sides"] = side_shares(point, sources)
@@ -488,20 +506,29 @@ def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headlin
     avail = {n: p for n, p in panels.items() if p["available"]}
     name = headline_panel if headline_panel in avail else next(iter(avail), None)
     sources = avail[name]["sources"] if name else list(cube.sources)
-    block, point = headline(cube, cfg, deltas, na, sources, metric_idx)
+    blocks = block_lengths(cube, metric_idx) if INTERVAL == "block" else None
+    block, point = headline(cube, cfg, deltas, na, sources, metric_idx, blocks=blocks)
     head_boot = block.pop("_boot")
+    # the same headline's intervals by the ordinary window bootstrap, reported beside the chosen method's
+    other, _ = headline(cube, cfg, deltas, na, sources, metric_idx, details=False,
+                        blocks=None if INTERVAL == "block" else block_lengths(cube, metric_idx))
+    other.pop("_boot")
+    other_method = "window" if INTERVAL == "block" else "block"
+    for k, c in block["concordance"].items():
+        c[f"ci_{other_method}"] = other["concordance"][k]["ci"]
     block = {"panel": name, "sources": sources, "metrics": [cube.metrics[m] for m in metric_idx],
              "definition": DEFINITION.format(corr=cfg["tie_correction"], alpha=cfg["alpha"]),
              "four_way_classes": FOUR_WAY_TEXT,
-             "interval": ("95% percentile hierarchical bootstrap: windows resampled within each source (one index for "
-                          f"every region and metric of the source), tests and classes re-run in each of "
-                          f"{cfg['bootstrap']} resamples"), **block}
+             "interval_method": INTERVAL, "interval": INTERVAL_TEXT[INTERVAL].format(B=cfg["bootstrap"]),
+             f"interval_{other_method}": INTERVAL_TEXT[other_method].format(B=cfg["bootstrap"]),
+             "block_lengths": blocks or {}, **block}
     block["effective_windows"] = effective_windows(cube, metric_idx)
     block["panels"] = {}
     for n, p in avail.items():
         if n == name:
             continue
-        b, _ = headline(cube, cfg, deltas, na, p["sources"], metric_idx, details=False, boot=control_boot)
+        b, _ = headline(cube, cfg, deltas, na, p["sources"], metric_idx, details=False, boot=control_boot,
+                        blocks=blocks)
         b.pop("_boot")
         block["panels"][n] = {"sources": p["sources"], "concordance": b["concordance"], "four_way": b["four_way"]}
     curve = []
@@ -512,7 +539,8 @@ def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headlin
             b = block                              # every window: the headline itself
         else:
             win = {s: evenly_spaced(len(cube.windows[s]), n) for s in cube.sources}
-            b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, windows=win, boot=curve_boot, details=False)
+            b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, windows=win, boot=curve_boot, details=False,
+                            blocks=block_lengths(cube, metric_idx, windows=win) if blocks is not None else None)
             b.pop("_boot")
         curve.append({"windows": n, **{k: b["concordance"][k] for k in b["concordance"]},
                       "four_way": b["four_way"], "sides": b["sides"]})
@@ -520,13 +548,14 @@ def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headlin
                                          "resamples for the intervals; every window: the headline's)", "points": curve}
     controls = {"headline": {k: block["concordance"][k] for k in block["concordance"]}}
     keep = [k for k in cube.schedulers if k not in PREDICTOR_POLICIES]
-    b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, keep=keep, details=False, boot=control_boot)
+    b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, keep=keep, details=False, boot=control_boot,
+                    blocks=blocks)
     b.pop("_boot")
     controls["without_predictor_policies"] = {"dropped": [k for k in PREDICTOR_POLICIES if k in cube.schedulers],
                                               "concordance": b["concordance"], "four_way": b["four_way"]}
     if "sarathi" in cube.schedulers:
         b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, keep=[k for k in cube.schedulers if k != "sarathi"],
-                        details=False, boot=control_boot)
+                        details=False, boot=control_boot, blocks=blocks)
         b.pop("_boot")
         controls["without_sarathi"] = {
             "dropped": ["sarathi"], "why": "sarathi is FCFS order with a 512-token budget (the engine's is larger): "
@@ -645,6 +674,43 @@ def controls_table(controls: dict) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema, orient="row")
 
 
+def lag1(cube: Cube, metric_idx, reference: str = "fcfs", windows=None) -> dict[str, tuple[int, np.ndarray]]:
+    """Per source: the number of windows and the lag-1 autocorrelations (one per region x metric with enough
+    finite, varying values) of the reference policy's per-window values in trace order (``windows``: per source
+    the positions used)."""
+    if reference not in cube.schedulers:
+        return {}
+    k = cube.schedulers.index(reference)
+    out = {}
+    for s in cube.sources:
+        x = cube.values[s][:, metric_idx, k, :]                           # (R, M, W), windows in id (= trace) order
+        if windows is not None:
+            x = x[..., np.asarray(windows[s])]
+        n = x.shape[-1]
+        r1 = []
+        for v in x.reshape(-1, n):
+            v = v[np.isfinite(v)]
+            if v.size >= 4 and np.std(v) > 0:
+                r1.append(float(np.corrcoef(v[:-1], v[1:])[0, 1]))
+        if r1:
+            out[s] = (int(n), np.asarray(r1))
+    return out
+
+
+def block_lengths(cube: Cube, metric_idx, reference: str = "fcfs", windows=None) -> dict[str, int]:
+    """Per source, the block length of the block bootstrap: the AR(1) variance inflation (1 + r1) / (1 - r1) of
+    the median lag-1 autocorrelation r1 (:func:`lag1`) -- the windows that are worth about one independent
+    window -- rounded, at least 1 (no positive correlation: the ordinary bootstrap), at most half the windows."""
+    out = {}
+    for s, (n, r) in lag1(cube, metric_idx, reference, windows).items():
+        r1 = float(np.median(r))
+        L = 1 if r1 <= 0 else int(round((1 + r1) / (1 - r1))) if r1 < 1 else n
+        out[s] = int(min(max(L, 1), max(n // 2, 1)))
+    for s in cube.sources:
+        out.setdefault(s, 1)
+    return out
+
+
 def effective_windows(cube: Cube, metric_idx, reference: str = "fcfs") -> dict:
     """Per source, how many independent windows its windows are worth: the lag-1 autocorrelation r1 of the reference
     policy's per-window values in trace order (the windows are stride-sampled, so neighbours are close in time and
@@ -652,21 +718,10 @@ def effective_windows(cube: Cube, metric_idx, reference: str = "fcfs") -> dict:
     over regions x headline metrics."""
     if reference not in cube.schedulers:
         return {}
-    k = cube.schedulers.index(reference)
     out: dict = {"definition": f"{reference}'s per-window values in trace order: lag-1 autocorrelation r1 and the AR(1) "
                          "effective number of windows n (1 - r1) / (1 + r1), medians over regions x headline metrics",
            "by_source": {}}
-    for s in cube.sources:
-        x = cube.values[s][:, metric_idx, k, :]                           # (R, M, W), windows in id (= trace) order
-        n = x.shape[-1]
-        r1 = []
-        for v in x.reshape(-1, n):
-            v = v[np.isfinite(v)]
-            if v.size >= 4 and np.std(v) > 0:
-                r1.append(float(np.corrcoef(v[:-1], v[1:])[0, 1]))
-        if not r1:
-            continue
-        r = np.asarray(r1)
+    for s, (n, r) in lag1(cube, metric_idx, reference).items():
         ess = np.clip(n * (1 - r) / (1 + r), 1, n)
         out["by_source"][s] = {"windows": int(n), "lag1_autocorrelation": _num(np.median(r)),
                                "effective_windows": _num(np.median(ess))}

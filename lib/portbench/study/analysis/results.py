@@ -108,9 +108,16 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
     tick("power")
     congestion = hygiene.congestion_block(runs, config.simulation.capacity_policy)
     hp = panels.get(headline_panel) or {}
-    matched = hygiene.matched_queue(congestion, hp.get("sources") or cube.sources, cube.regions)
+    matched, unmatched = hygiene.split_matches(
+        hygiene.matched_queue(congestion, hp.get("sources") or cube.sources, cube.regions), hygiene.MATCH_RATIO)
     headline_block, controls, tables["ports"] = ports.compute_block(cube, cfg, delta, tenant_na(cube), panels,
                                                                     headline_panel, head, matched=matched)
+    if "matched_congestion" in controls:
+        controls["matched_congestion"].update(
+            max_ratio=hygiene.MATCH_RATIO, unmatched=unmatched,
+            rule=f"a region of one source is compared with the other source's region of closest mean FCFS queue when "
+                 f"the two queues (+ 1) are within a factor {hygiene.MATCH_RATIO:g}; a region with no such match is "
+                 "left out (unmatched), so every comparison is at the same congestion, not merely the least different")
     tick("headline_what_ports")
 
     summary = assemble_summary(
@@ -355,10 +362,10 @@ def add_design_controls(cfg: Config, summary: dict) -> dict:
     if eq is not None:
         controls["equal_information"] = {
             **jitter_headline(cfg, hygiene.equal_information_runs(runs, eq), what="equal_information"),
-            "replaced": {k: v for k, v in honest.ORACLE_VARIANT.items()},
+            "replaced": {k: v for k, v in hygiene.EQUAL_INFORMATION.items() if v in set(eq["scheduler"].to_list())},
             "why": "every source's predictor-informed policies get the same information: the true output length with "
-                   f"the same log-normal noise (sigma = {cfg.simulation.predictor_sigma:g}; edf: the exact length, it "
-                   "has no noisy variant), instead of a predictor whose quality differs from trace to trace"}
+                   f"the same log-normal noise (sigma = {cfg.simulation.predictor_sigma:g}; edf: EDF on the deadline "
+                   "of that noisy length), instead of a predictor whose quality differs from trace to trace"}
     else:
         controls["equal_information"] = {"available": False, "reason": "the oracle variants have not been simulated "
                                          "(hygiene.run_equal_information; notebook 04)"}
@@ -381,7 +388,7 @@ def jitter_headline(config: Config, runs: pl.DataFrame, what: str = "arrival_jit
     hp = headline_panel_of(panels, cube.provenance)
     sources = panels[hp]["sources"] if hp in panels and panels[hp]["available"] else cube.sources
     b, _ = ports.headline(cube, cfg, deltas(cube, cfg), tenant_na(cube), sources, head, boot=JITTER_BOOT,
-                          details=False)
+                          details=False, blocks=ports.block_lengths(cube, head) if ports.INTERVAL == "block" else None)
     b.pop("_boot", None)
     out = {"available": True, "concordance": b["concordance"], "four_way": b["four_way"], "sides": b["sides"],
            "bootstrap": JITTER_BOOT}

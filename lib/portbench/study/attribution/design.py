@@ -46,6 +46,29 @@ class Design:
         return ["+".join(g) for g in self.players]
 
     @property
+    def active(self) -> list[int]:
+        """The players that can matter: those that swap at least one window property. A player that swaps only
+        ``load`` is the identity (both sources run at the region's rho on their own sustainable throughput), so
+        its Shapley value is 0 by construction; the reported game leaves it out (:func:`subgame`), which changes
+        no other player's value (a dummy player's absence leaves the others' Shapley values as they are)."""
+        return [i for i, g in enumerate(self.players) if any(p in hybrids.WINDOW_PROPERTIES for p in g)]
+
+    @property
+    def active_names(self) -> list[str]:
+        return [self.player_names[i] for i in self.active]
+
+    @property
+    def dropped_names(self) -> list[str]:
+        return [p for i, p in enumerate(self.player_names) if i not in self.active]
+
+    def subgame(self, v) -> np.ndarray:
+        """The game ``v`` ``(2^k, ...)`` on the players that can matter ``(2^len(active), ...)``: subset ``t`` of
+        the active players is the design's subset of the same players (the dropped ones unswapped)."""
+        act = self.active
+        masks = [sum(1 << i for j, i in enumerate(act) if t >> j & 1) for t in range(2 ** len(act))]
+        return np.asarray(v)[masks]
+
+    @property
     def masks(self) -> list[int]:
         """Every subset of players as a bit mask (bit i = player i swapped): 0 = A, ``2^k - 1`` = B."""
         return list(range(2 ** self.k))

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import warnings
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from ...core import io as fileio
-from ...core.config import Config
+from ...core.config import TIE_RULES, Config
 from ...core.errors import DataError
 from ...core.provenance import label
 from .. import stats
@@ -22,7 +22,7 @@ from ..analysis.common import _num, _stat
 from ..analysis.cube import settings
 from ..analysis.reversals import _groups as reversal_groups
 from ..analysis.sections import write_section
-from . import rankings
+from . import rankings, robustness
 from .design import Design
 from ...data import hybrids
 from .runs import (LOAD_CHECK, LOAD_DEFINITION, STEADY_REQUESTS, UTILISATION_DEFINITION, AttributionRuns, attribution_dir,
@@ -90,14 +90,16 @@ def _pair_compute(cfg: Config, design: Design, runs: pl.DataFrame, pair: str) ->
     P = Pu[at]                                                              # (H, R, M, K)
     vs_a, vs_b = both(Pu)
     v = rankings.distance(vs_a, design.distance)                            # (H, R, M)
-    out = {"cube": cube, "names": names, "P": P, "vs_a": vs_a, "vs_b": vs_b, "v": v, "phi": shapley(v),
-           "singles": singles(v), "interaction": interaction(v), "W": W, "B": B}
+    g = design.subgame(v)                           # the game on the players that can matter (design.active)
+    out = {"cube": cube, "names": names, "P": P, "vs_a": vs_a, "vs_b": vs_b, "v": v, "phi": shapley(g),
+           "singles": singles(g), "interaction": interaction(g), "W": W, "B": B}
     if idx is not None:
         Bu = np.stack([np.moveaxis(bts[n], -1, -2) for n in uniq])         # (U, R, M, B, K)
         vs_a_b, vs_b_b = both(Bu)
         vb = rankings.distance(vs_a_b, design.distance)                     # (H, R, M, B)
-        out.update(vs_a_b=vs_a_b, vs_b_b=vs_b_b, vb=vb, phi_b=shapley(vb), singles_b=singles(vb),
-                   interaction_b=interaction(vb))
+        gb = design.subgame(vb)
+        out.update(vs_a_b=vs_a_b, vs_b_b=vs_b_b, vb=vb, phi_b=shapley(gb), singles_b=singles(gb),
+                   interaction_b=interaction(gb))
     return out
 
 
@@ -133,7 +135,7 @@ def _condition_tables(design: Design, pair: str, meta: dict, c: dict) -> tuple[p
                            "disagreement_ci_high": th, "sum_of_singles": c["singles"][:, r, m].sum(),
                            "interaction": c["interaction"][r, m], "interaction_ci_low": il, "interaction_ci_high": ih,
                            "interact": bool(has_b and (il > 0 or ih < 0))})
-            for i, player in enumerate(design.player_names):
+            for i, player in enumerate(design.active_names):
                 share = _share(c["phi"][i, r, m], total[r, m])
                 if has_b:
                     pl_, ph = _ci(c["phi_b"][i, r, m])
@@ -243,8 +245,12 @@ def _pooled(c: dict, design: Design) -> dict:
     out["interaction"] = (float(c["interaction"][ok].mean()) if ok.any() else np.nan,
                           _ci(np.nanmean(c["interaction_b"][ok], axis=0)) if has_b and ok.any() else (np.nan, np.nan))
     out["sum_of_singles"] = float(c["singles"][:, ok].sum(axis=0).mean()) if ok.any() else np.nan
+    # the interaction as a share of the disagreement, beside the Shapley shares (pooled like them)
+    out["interaction_share"] = (float(c["interaction"][ok].sum() / den) if den > 0 else np.nan,
+                                _ci(_share(np.nansum(c["interaction_b"][ok], axis=0), np.nansum(c["vb"][-1][ok], axis=0)))
+                                if has_b and ok.any() else (np.nan, np.nan))
     out["players"] = {}
-    for i, p in enumerate(design.player_names):
+    for i, p in enumerate(design.active_names):
         phi = c["phi"][i][ok]
         share = float(phi.sum() / den) if den > 0 else np.nan
         if has_b and ok.any():
@@ -402,7 +408,8 @@ def joint_group(design: Design, c: dict) -> dict | None:
            "distance_vs_b": _num(float(np.nanmean(rankings.distance(c["vs_b"], design.distance)[joint][ok]))),
            "top1_kept_vs_a": _num(float(np.nanmean(c["vs_a"]["top1_kept"][joint][ok]))),
            "share": _num(share), "share_ci": [None, None],
-           "members_share": _num(float(np.nansum([np.nansum(c["phi"][i][ok]) for i in range(design.k) if joint >> i & 1])
+           "members_share": _num(float(np.nansum([np.nansum(c["phi"][j][ok]) for j, i in enumerate(design.active)
+                                                   if joint >> i & 1])
                                        / np.nansum(total[ok])) if np.nansum(total[ok]) > 0 else None)}
     if "vb" in c:
         gb = grouped(c["vb"], [joint, rest])[:, ok]
@@ -444,6 +451,25 @@ def cost_summary(cost: dict) -> dict:
     return out
 
 
+DROPPED = ("the identity swap: both sources run at the region's rho on their own sustainable throughput, so a player "
+           "that swaps only the load changes no run and has Shapley value 0 by construction; the game is on the "
+           "players that can matter (leaving a dummy player out changes no other player's value)")
+
+
+def _robustness(cfg: Config, design: Design, runs: pl.DataFrame, pair: str, c: dict) -> dict:
+    """:func:`.robustness.pair_robustness` of one pair: point estimates under every other tie rule (from the same
+    runs, no bootstrap), and the chosen rule's arrays ``c`` (with its bootstrap)."""
+    chosen = str(getattr(cfg.analysis, "ties", "tolerance"))
+    point = replace(design, bootstrap=0)
+    by_rule = {}
+    for rule in TIE_RULES if hasattr(cfg.analysis, "ties") else (chosen,):
+        cr = c if rule == chosen else _pair_compute(replace(cfg, analysis=replace(cfg.analysis, ties=rule)), point,
+                                                       runs, pair)
+        by_rule[rule] = (cr["phi"], cr["v"][-1])
+    boot = (c["phi_b"], c["vb"][-1]) if "vb" in c else None
+    return robustness.pair_robustness(design.active_names, c["cube"].metrics, chosen, by_rule, boot)
+
+
 def _labels(a, pa, b, pb):
     return label(a, pa), label(b, pb)
 
@@ -454,7 +480,7 @@ def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = N
     study: ``reversals`` (the analysis' reversal table: tracing), ``analysis_rankings`` (its rankings table:
     how representative the reduced design is) and ``campaign_runs`` (the campaign's runs: both ends checked)."""
     design = ar.design
-    hyb, shp, cond, rks, trc, pairs = [], [], [], [], [], {}
+    hyb, shp, cond, rks, trc, pairs, robust = [], [], [], [], [], {}, {}
     for a, b in design.pairs:
         pair = f"{a}|{b}"
         runs = ar.runs.filter(pl.col("pair") == pair)
@@ -462,6 +488,7 @@ def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = N
         la, lb = _labels(a, pa, b, pb)
         meta = {"pair": pair, "source_a": a, "provenance_a": pa, "source_b": b, "provenance_b": pb}
         c = _pair_compute(cfg, design, runs, pair)
+        robust[pair] = _robustness(cfg, design, runs, pair, c)
         h, s, cd = _condition_tables(design, pair, meta, c)
         rk = _rankings_table(design, meta, c)
         rks.append(rk)
@@ -501,6 +528,10 @@ def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = N
                            "single": _num(d["single"]), "single_ci": [_num(d["single_ci"][0]), _num(d["single_ci"][1])]}
                        for p, d in po["players"].items()},
             "largest_share": share_sorted[0][0] if share_sorted and np.isfinite(share_sorted[0][1]["share"]) else None,
+            "interaction_share": _stat(po["interaction_share"][0], "the interaction (full swap minus the sum of the "
+                                       "single swaps) as a share of the disagreement, pooled like the Shapley shares: "
+                                       "how much of the A -> B move no single swap accounts for (negative: the single "
+                                       "swaps overlap or offset)", po["n_conditions"], po["interaction_share"][1]),
             "interaction": _stat(inter_v, "mean over region x metric of (full swap) - (sum of the single swaps' "
                                           "distances): 0 when the properties' effects add up", po["n_conditions"],
                                  inter_ci, sum_of_singles=po["sum_of_singles"], interact=interact,
@@ -525,6 +556,8 @@ def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = N
     summary = {
         "definition": DEFINITION,
         "design": {"pairs": [list(p) for p in design.pairs], "players": design.player_names,
+                   "players_in_game": design.active_names,
+                   "players_dropped": {p: DROPPED for p in design.dropped_names},
                    "subsets_per_pair": 2 ** design.k, "regions": design.regions, "windows_per_source": design.windows,
                    "replicates": len(design.replicates), "schedulers": list(design.schedulers),
                    "metrics": list(design.metrics), "metrics_from": design.metrics_note, "bootstrap": design.bootstrap,
@@ -535,6 +568,7 @@ def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = N
                    "reproduces": REPRODUCES},
         "frozen": ar.frozen,
         "pairs": pairs,
+        "robustness": robustness.summarise(robust),
         "endpoints": endpoint_check(ar, campaign_runs),
         "cost": cost_summary(ar.cost),
     }
