@@ -92,6 +92,7 @@ from . import (
     confirm,
     matching,
     policies,
+    predict,
     prereg,
     replay,
     resim,
@@ -111,6 +112,9 @@ TARGETS = {"e2e_mape": 0.10, "ttft_mape": 0.20}   # below saturation (peers publ
 # 2-core machine once vLLM and torch are imported; it is the one part wall_s.total cannot record) ...
 RESERVE_BASE_S = 30.0
 RESERVE_PER_REPLAY_S = 0.12   # ... plus this per replay (3 re-simulations + metrics; ~0.05 s on a quiet machine)
+VIRTUAL_BASE_S = 5.0          # the analysis' virtual vLLM engine runs (predict.py): building its config ...
+VIRTUAL_RUN_S = 0.4           # ... plus this per run (0.1-1.4 s measured for a window of 200 requests on 2 cores)
+OWN_INSTANCE_S = 5.0          # an own engine instance (sarathi): its start (as measured for the shared one) + this
 SATURATION_SHARE = 0.3        # the saturation runs are sized to this share of the time left when they start ...
 SATURATION_GUARD = 1.5        # ... and cut at this many times that share (a run cut early still has its last admission)
 WARMUP_HORIZON_S = 120.0
@@ -277,23 +281,34 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
         msgs.append(str(e))
     wins: dict[str, list[str]] = {}
     if conf:
-        pw = power_plan(cfg, conf, reduced=reduced, messages=msgs)
-        srcs = sorted({s for c in [*conf, *explore] for s in c.sources})
-        try:
-            wins = choose_windows(windows.load_manifest(cfg), srcs, int(pw["windows_per_source"]), int(v.window_seed))
-        except PortbenchError as e:
-            msgs.append(f"windows: {e}")
-        doc = prereg.document(conf, pw, {s: wins.get(s, []) for s in sorted({s for c in conf for s in c.sources})},
-                              alpha=float(cfg.analysis.alpha), draw_seed=v.confirmatory.draw_seed,
-                              extra=v.confirmatory.extra_reversals, margin=float(v.equivalence_margin),
-                              inputs={"reversals_sha256": _sha(reversals_path(cfg)) if reversals is None else "given",
-                                      "params_fingerprint": params_fingerprint(cfg), "run": "reduced" if reduced else "full"})
+        wins, doc = family_document(cfg, conf, explore, reduced=reduced, messages=msgs, reversals=reversals)
     spec = None
     try:
         spec = engine_spec(cfg, device)
     except PortbenchError as e:
         msgs.append(f"engine configuration: {e}")
     return Plan(status, device, reduced, selection, wins, spec, v.engine(device), msgs, conf, explore, doc)
+
+
+def family_document(cfg: Config, conf: list, explore: list, *, reduced: bool, messages: list[str], reversals=None,
+                    noise: dict | None = None) -> tuple[dict[str, list[str]], dict]:
+    """The windows (per source, :func:`choose_windows`) and the pre-registration document of the family
+    ``conf``: the power calculation (:func:`power_plan`) with the engine's measured repeat noise ``noise``
+    (:func:`.steps.repeat_cv`) when it is finite, else ``validation.confirmatory.noise_cv``."""
+    v = cfg.validation
+    pw = power_plan(cfg, conf, reduced=reduced, messages=messages, noise=noise)
+    srcs = sorted({s for c in [*conf, *explore] for s in c.sources})
+    wins: dict[str, list[str]] = {}
+    try:
+        wins = choose_windows(windows.load_manifest(cfg), srcs, int(pw["windows_per_source"]), int(v.window_seed))
+    except PortbenchError as e:
+        messages.append(f"windows: {e}")
+    doc = prereg.document(conf, pw, {s: wins.get(s, []) for s in sorted({s for c in conf for s in c.sources})},
+                          alpha=float(cfg.analysis.alpha), draw_seed=v.confirmatory.draw_seed,
+                          extra=v.confirmatory.extra_reversals, margin=float(v.equivalence_margin),
+                          inputs={"reversals_sha256": _sha(reversals_path(cfg)) if reversals is None else "given",
+                                  "params_fingerprint": params_fingerprint(cfg), "run": "reduced" if reduced else "full"})
+    return wins, doc
 
 
 def campaign_window_values(cfg: Config) -> pl.DataFrame:
@@ -306,22 +321,28 @@ def campaign_window_values(cfg: Config) -> pl.DataFrame:
     return analysis_cube.load_runs(cfg)
 
 
-def power_plan(cfg: Config, conf: list, *, reduced: bool, messages: list[str]) -> dict:
+def power_plan(cfg: Config, conf: list, *, reduced: bool, messages: list[str], noise: dict | None = None) -> dict:
     """The power calculation of :mod:`.prereg` on the campaign's per-window values
-    (:func:`campaign_window_values`) with ``validation.confirmatory``'s settings; without them, the largest
-    window count (said in ``messages``)."""
+    (:func:`campaign_window_values`) with ``validation.confirmatory``'s settings, the engine's noise the
+    measured one (``noise``: :func:`.steps.repeat_cv`) when finite, else ``confirmatory.noise_cv`` (which one:
+    ``noise_cv_source``); without campaign values, the largest window count (said in ``messages``)."""
     c = cfg.validation.confirmatory
     hi = int(cfg.validation.reduced_windows_per_source if reduced else cfg.validation.windows_per_source)
+    measured = (noise or {}).get("cv")
+    use_measured = isinstance(measured, float) and math.isfinite(measured) and measured > 0
+    cv = float(min(measured, 0.99)) if use_measured else float(c.noise_cv)
+    src = {"noise_cv": cv, "noise_cv_source": ("measured: " + noise["how"] + f" ({noise['rounds']} rounds)")
+           if use_measured and noise else "parameter validation.confirmatory.noise_cv (nothing measured)"}
     ps = prereg.PowerSettings(alpha=float(cfg.analysis.alpha), target=float(cfg.analysis.power.target),
-                              noise_cv=float(c.noise_cv), min_windows=min(int(c.min_windows), hi), max_windows=hi,
+                              noise_cv=cv, min_windows=min(int(c.min_windows), hi), max_windows=hi,
                               simulations=int(c.power_simulations), seed=int(c.draw_seed))
     try:
         runs = campaign_window_values(cfg)
     except PortbenchError as e:
         messages.append(f"power calculation: no campaign runs ({e}); {hi} windows per source")
         return {"windows_per_source": hi, "target_reached": False, "power_at_n": [math.nan] * len(conf),
-                "settings": ps.__dict__, "note": "no campaign runs table"}
-    return prereg.power(conf, runs, ps)
+                "settings": ps.__dict__, "note": "no campaign runs table", **src}
+    return {**prereg.power(conf, runs, ps), **src}
 
 
 def _write_json(path: Path, obj: Any) -> Path:
@@ -369,9 +390,19 @@ def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = F
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
-    # the confirmatory family, written and hashed before any engine starts (prereg.py)
+    # the fixed-shape step grid first (no case's window is run): its repeat noise sizes the power calculation
+    grid = _outside_event_loop(measure_step_grid, cfg, the_plan, out, progress=progress)
+    noise = steps.repeat_cv(grid[0])
+    msgs: list[str] = []
+    wins, doc = family_document(cfg, the_plan.confirmatory, the_plan.exploratory, reduced=reduced, messages=msgs,
+                                reversals=reversals, noise=noise)
+    the_plan = dataclasses.replace(the_plan, windows=wins or the_plan.windows, preregistration=doc,
+                                   messages=[*the_plan.messages, *msgs])
+    _write_json(out / "plan.json", the_plan.to_dict())
+    # the confirmatory family, written and hashed before any replay (prereg.py)
     sha = prereg.write(out / PREREGISTRATION, the_plan.preregistration)
-    report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress, origin=origin, prereg_sha=sha)
+    report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress, origin=origin, prereg_sha=sha,
+                                 grid=grid)
     _write_json(out / "report.json", report)
     return report
 
@@ -421,6 +452,8 @@ class _Run:
         self.scaled: dict[tuple, tuple[pl.DataFrame, float, float]] = {}   # (wid, region) -> (df, horizon, rho)
         self.phases: list[dict] = []                      # {"phase", "t0", "t1", ...} on the monotonic clock
         self.est_ratio: list[float] = []                  # measured / estimated replay wall time
+        self.cut: list[dict] = []                         # replays not run: the budget could not hold them
+        self.virtual_s = 0.0                              # reserved for the analysis' virtual engine runs
         self.sat_ratio: list[float] = []                  # the same for the saturation runs
 
     def log(self, msg: str) -> None:
@@ -435,11 +468,35 @@ class _Run:
 
 
 def _reserve(n_replays: int) -> float:
-    return RESERVE_BASE_S + RESERVE_PER_REPLAY_S * n_replays
+    return RESERVE_BASE_S + (RESERVE_PER_REPLAY_S + VIRTUAL_RUN_S) * n_replays
+
+
+def measure_step_grid(cfg: Config, the_plan: Plan, out: Path, *, progress: bool = True) -> tuple[pl.DataFrame, dict]:
+    """The fixed-shape step grid (:mod:`.steps`) on an in-process engine of its own: its rows (also
+    ``raw/step_grid.parquet``) and what ran (shapes, rounds, steps, wall time)."""
+    v, e = cfg.validation, the_plan.engine
+    g = v.step_grid
+    shapes = steps.grid(g)
+    rounds = int(g.reduced_rounds if the_plan.reduced else g.rounds)
+    _log(progress, f"step grid: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
+    t = time.perf_counter()
+    grid_log = out / "iterations_grid.jsonl"
+    grid_log.unlink(missing_ok=True)
+    vocab = int(replay.model_config(e.model_config)["vocab_size"])
+    rows, startup = steps.measure(the_plan.spec, shapes, rounds=rounds, steps_per_shape=int(g.steps_per_shape),
+                                  seed=int(v.seed), log_path=grid_log, vocab=vocab)
+    (out / "raw").mkdir(parents=True, exist_ok=True)
+    rows.write_parquet(out / "raw" / "step_grid.parquet")
+    info = {"shapes": len(shapes), "rounds": rounds, "steps_per_shape": int(g.steps_per_shape),
+            "steps": rows.height, "wall_s": time.perf_counter() - t, "startup_s": startup,
+            "repeat_noise": steps.repeat_cv(rows)}
+    _log(progress, f"step grid: {rows.height} steps in {info['wall_s']:.0f} s; repeat noise (CV of the reference "
+                   f"shape's per-round medians) {info['repeat_noise']['cv']:.3f}")
+    return rows, info
 
 
 def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, origin: float | None = None,
-         prereg_sha: str = "") -> dict:
+         prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None) -> dict:
     """The validation (module docstring). Sized to the budget, which counts from the process start:
     the saturation backlog (the campaign's size unless :data:`SATURATION_SHARE` of the time left cannot
     hold it, then no fewer than ``capacity.MIN_REQUESTS``), the windows of the required cases (fewer
@@ -458,6 +515,9 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     # frozen for this one, they are trained here (~1-2 min on 2 cores) only if a required case needs them or
     # the run is the full one; a reduced run then skips the further cases that need them.
     n_req = len(the_plan.confirmatory)     # the pre-registered cases: required, with every chosen window
+    n_virtual = sum(len(c.sources) * len(c.schedulers) for c in the_plan.confirmatory) * \
+        max((len(w) for w in the_plan.windows.values()), default=0)
+    R.virtual_s = VIRTUAL_BASE_S + VIRTUAL_RUN_S * n_virtual    # + the predictions of the replays: in _reserve
     names_req = {"fcfs"} | {x for c in the_plan.cases[:n_req] for x in c.schedulers}
     names_all = names_req | {x for c in the_plan.cases for x in c.schedulers}
     with_predictions = campaign.needs_predictions(sorted(names_req)) or (
@@ -466,7 +526,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     vocab = int(replay.model_config(e.model_config)["vocab_size"])
     log_path = out / "iterations.jsonl"
     for f in [log_path, *out.glob("iterations_*.jsonl")]:
-        f.unlink(missing_ok=True)
+        if f.name != "iterations_grid.jsonl" or grid is None:     # the grid's log: written before this run
+            f.unlink(missing_ok=True)
     status = the_plan.status
     spec = the_plan.spec
     base = base_profile(cfg)
@@ -474,23 +535,12 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     for m in the_plan.messages:
         R.log(m)
     prereg_path = out / PREREGISTRATION
-    R.log(f"pre-registration written before any engine run: {prereg_path} (SHA-256 {prereg_sha[:16]}...), "
-          f"{n_req} confirmatory cases, {the_plan.preregistration['windows_per_source']} windows per source")
-    # the step grid: fixed shapes on an in-process engine of its own (steps.py), before the replays
-    g = v.step_grid
-    shapes = steps.grid(g)
-    rounds = int(g.reduced_rounds if the_plan.reduced else g.rounds)
-    R.log(f"step grid: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
-    t = time.perf_counter()
-    grid_log = out / "iterations_grid.jsonl"
-    grid_log.unlink(missing_ok=True)
-    grid_rows, grid_startup = steps.measure(spec, shapes, rounds=rounds, steps_per_shape=int(g.steps_per_shape),
-                                            seed=int(v.seed), log_path=grid_log, vocab=vocab)
-    (out / "raw").mkdir(parents=True, exist_ok=True)
-    grid_rows.write_parquet(out / "raw" / "step_grid.parquet")
-    step_info = {"shapes": len(shapes), "rounds": rounds, "steps_per_shape": int(g.steps_per_shape),
-                 "steps": grid_rows.height, "wall_s": time.perf_counter() - t, "startup_s": grid_startup}
-    R.log(f"step grid: {grid_rows.height} steps in {step_info['wall_s']:.0f} s")
+    pw = the_plan.preregistration["power"]
+    R.log(f"pre-registration written before any replay: {prereg_path} (SHA-256 {prereg_sha[:16]}...), "
+          f"{n_req} confirmatory cases, {the_plan.preregistration['windows_per_source']} windows per source "
+          f"(power calculation with noise CV {pw.get('noise_cv', float('nan')):.3f}: {pw.get('noise_cv_source', '?')})")
+    # the step grid: measured before the pre-registration (run()); measured here when called without it
+    _, step_info = grid if grid is not None else measure_step_grid(cfg, the_plan, out, progress=progress)
     R.log(f"starting vLLM ({status.distribution} {status.version}, {the_plan.device}, model {e.model_config}); "
           f"budget {budget:.0f} s from the process start")
     with replay.Replayer(spec, log_path) as eng:
@@ -666,6 +716,11 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                 if all(d[:3] + d[4:5] != (s, wid, region, sched) for d in deferred):
                     deferred.append((s, wid, region, rho, sched, kind))
                 return
+            est_l = estimate(s, wid, region, rho)
+            if est_l + _reserve(len(R.records) + 1) + R.virtual_s > R.left():
+                R.cut.append({"replay": f"{kind}: {sched} on {wid} at {region}", "estimated_s": est_l,
+                              "left_s": R.left(), "why": "its estimated time and the reserve exceed the time left"})
+                return
             seed = _seed(sim, wid, sched, region)
             prio = replay.request_priorities(sched, sc, seed, schedulers.options_for(sim, sched),
                                              profile=calib, slo=sim.edf_slo_dict)
@@ -692,7 +747,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
         k_use = k_plan
         while k_use > 1:
             todo = required_todo(k_use, min(n_fid_plan, k_use))
-            if need_s(todo) + _reserve(len(todo)) <= R.left():
+            if need_s(todo) + _reserve(len(todo)) + R.virtual_s <= R.left():
                 break
             k_use -= 1
         n_fid = min(n_fid_plan, k_use)
@@ -712,7 +767,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                     continue
                 need = need_s(todo)
                 n_new = sum(1 for t in todo if (t[0], t[1], t[2], t[4]) not in R.records)
-                if need + _reserve(len(R.records) + n_new) > R.left():
+                if need + _reserve(len(R.records) + n_new) + R.virtual_s > R.left():
                     skipped.append(f"{c.kind} {c.a} vs {c.b} ({c.metric}, {c.region}, {'/'.join(c.sources)}): "
                                    f"~{need:.0f} s of replays would exceed the {budget:.0f} s budget")
                     skipped_why["time"] += 1
@@ -724,9 +779,29 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             if i < n_req:
                 R.log(f"case {i + 1}/{len(the_cases)} {c.kind}: {c.a} vs {c.b}, {c.metric} at {c.region} on "
                       f"{', '.join(c.sources)}, {k_use} windows per source: {time.perf_counter() - t:.0f} s")
+        # every pre-registered window of the family at its load, for the virtual engine (the analysis; no replay)
+        for c in the_cases[:n_req]:
+            for s in c.sources:
+                if s in engine_cap:
+                    for wid in the_plan.windows.get(s, []):
+                        scaled_window(s, wid, c.region, float(c.rho))
+        if R.cut:
+            R.log(f"{len(R.cut)} replays cut to hold the budget (budget.replays_cut in run.json / summary.json)")
         R.log(f"{len(done_cases)} cases replayed ({len(R.records)} replays); {len(skipped)} further cases not "
               f"({skipped_why['time']} for time, {skipped_why['predictions']} for want of frozen predictions)")
     own_settings = {}
+    if deferred:     # only what the time left holds: the instance's start and shutdown, its replays, the reserve
+        fit_, total = [], startup_s + OWN_INSTANCE_S
+        for d in deferred:
+            est_d = estimate(d[0], d[1], d[2], d[3])
+            if total + est_d + _reserve(len(R.records) + len(fit_) + 1) + R.virtual_s <= R.left():
+                fit_.append(d)
+                total += est_d
+            else:
+                R.cut.append({"replay": f"{d[5]}: {d[4]} on {d[1]} at {d[2]} (own instance)", "estimated_s": est_d,
+                              "left_s": R.left(), "why": "its own engine instance's start, its estimated time and the "
+                                                          "reserve exceed the time left"})
+        deferred = fit_
     if deferred:     # sarathi: FCFS on an engine instance of its own with Sarathi-Serve's budget (cases.OWN_INSTANCE)
         sspec = sarathi_spec(cfg, spec, e.token_scale)
         s_log = out / "iterations_sarathi.jsonl"
@@ -771,13 +846,15 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                             "windows_per_source_run": k_use},
         "step_grid": step_info, "hash_block_tokens": hash_tokens,
         "capacity": cap_rows, "startup_s": startup_s, "replay_wall_s": engine_s,
-        "wall_s": {"before_engine": before_engine_s, "engine_startup": startup_s, "warmup": warmup_s,
+        "wall_s": {"before_engine": before_engine_s - float(step_info["wall_s"]), "step_grid": float(step_info["wall_s"]),
+                   "engine_startup": startup_s, "warmup": warmup_s,
                    "saturation": saturation_s, "replays": replays_s, "engine_other": other_s,
                    "engine_total": engine_s},
         "budget": {"budget_s": budget, "counted_from": "process start", "saturation_backlog": n_sat,
                    "saturation_backlog_target": target, "saturation_backlog_why": sat_note,
                    "warmup_rate_rps": pilot_rps, "windows_per_source": k_use, "windows_per_source_planned": k_plan,
                    "fidelity_windows": n_fid, "cases_replayed": len(done_cases),
+                   "replays_cut": R.cut, "virtual_reserve_s": R.virtual_s,
                    "cases_skipped": {k: x for k, x in skipped_why.items() if k != "family"},
                    "predictions": "attached" if with_predictions else "not frozen for this environment: cases "
                                                                            "that need them skipped"},
@@ -833,6 +910,121 @@ RESIM_VARIANTS = {
     "step_grid": "the cost model fitted to the fixed-shape step grid's medians (steps.py; attention term fitted), "
                  "scheduled arrivals: the whole-run prediction from per-step timing",
 }
+
+
+VIRTUAL_TABLES = ("virtual_requests", "virtual_runs", "virtual_resim_runs")
+
+
+def virtual_section(cfg: Config, out: Path, *, es: resim.EngineSettings, es_of: dict, profile, wins: pl.DataFrame,
+                    replay_keys: list[tuple], conf: list, doc: dict, trace_hb: dict) -> dict | None:
+    """The virtual vLLM engine's runs (:mod:`.predict`): (1) the whole-run prediction of every replay below
+    saturation (the wall-clock engine's settings as it ran them, sarathi's included, and ``profile``: the step
+    grid's), its requests with the simulator's on the same profile (``pred``, ``resim_same_profile``); (2) the
+    engine side of the verdicts on every pre-registered window of the confirmatory family, each policy with its
+    own settings (sarathi with its own budget, :func:`.predict.policy_settings`), and the re-simulation under
+    the same settings (``runs``, ``resim_runs``). Without vLLM here: the tables a previous analysis stored
+    (``virtual_*.parquet``), else None."""
+    sim = cfg.simulation
+    if not predict.available():
+        if all((out / f"{n}.parquet").is_file() for n in VIRTUAL_TABLES):
+            t = {n: pl.read_parquet(out / f"{n}.parquet") for n in VIRTUAL_TABLES}
+            return {"pred": t["virtual_requests"].filter(pl.col("side") == "virtual").drop("side"),
+                    "resim_same_profile": t["virtual_requests"].filter(pl.col("side") == "simulator").drop("side"),
+                    "runs": t["virtual_runs"], "resim_runs": t["virtual_resim_runs"], "wall_s": 0.0,
+                    "source": "stored by an earlier analysis (vLLM is not importable here)"}
+        return None
+    t0 = time.perf_counter()
+    cols = [c for c in ("arrival_s", "prompt_tokens", "output_tokens", "tenant", "block_hashes", *PREDICTION_COLUMNS)
+            if c in wins.columns]
+
+    def window(wid, region):
+        w = wins.filter(pl.col("window_id") == wid, pl.col("region") == region).sort("req_id")
+        return w.select(cols), float(w["horizon_s"][0]), float(w["rho"][0])
+
+    pred, same = [], []
+    for key in replay_keys:
+        s, wid, region, sched = key
+        sc, horizon, rho = window(wid, region)
+        if rho >= 1.0:
+            continue
+        e_ = es_of.get(sched, es)
+        seed = _seed(sim, wid, sched, region)
+        lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(rho).alias("rho")]
+        v = predict.predict(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
+        r = resim.simulate(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
+        pred.append(v.requests.with_columns(*lit))
+        same.append(r.requests.with_columns(*lit))
+    sb = sarathi_budget(cfg, es.token_scale)
+    runs, rruns = [], []
+    for c in conf:
+        for s in c.sources:
+            for wid in doc["windows"].get(s, []):
+                if wins.filter(pl.col("window_id") == wid, pl.col("region") == c.region).height == 0:
+                    continue
+                sc, horizon, rho = window(wid, c.region)
+                for sched in c.schedulers:
+                    e_ = predict.policy_settings(es, sched, sb)
+                    seed = _seed(sim, wid, sched, c.region)
+                    base_row = {"source": s, "window_id": wid, "region": c.region, "scheduler": sched, "rho": rho,
+                                "horizon_s": horizon, "token_budget": int(e_.max_num_batched_tokens)}
+                    v = predict.predict(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
+                    r = resim.simulate(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
+                    runs.append({**base_row, **predict.run_metrics(v.requests, horizon, sim)})
+                    rruns.append({**base_row, **predict.run_metrics(r.requests, horizon, sim)})
+    runs_df = pl.DataFrame(runs).unique(subset=["source", "window_id", "region", "scheduler"], keep="first") \
+        if runs else pl.DataFrame()
+    rruns_df = pl.DataFrame(rruns).unique(subset=["source", "window_id", "region", "scheduler"], keep="first") \
+        if rruns else pl.DataFrame()
+    return {"pred": pl.concat(pred, how="diagonal_relaxed") if pred else pl.DataFrame(),
+            "resim_same_profile": pl.concat(same, how="diagonal_relaxed") if same else pl.DataFrame(),
+            "runs": runs_df, "resim_runs": rruns_df, "wall_s": time.perf_counter() - t0,
+            "source": "run in this analysis"}
+
+
+def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataFrame, phases: list[dict],
+                      rec_by_key: dict, profile, profile_name: str) -> dict:
+    """``summary.json`` ``whole_run_prediction``: the virtual vLLM engine + the measured step table
+    (:func:`virtual_section`) against the wall-clock replays below saturation -- per-request MAPE of TTFT, TPOT
+    and E2E, overall and per source -- and the E2E error budget by cause (:func:`.predict.error_budget`): the
+    step table's own error on the engine's recorded schedule, the virtual engine vs the simulator on the same
+    profile, the rest (composition and frontend)."""
+    if virt is None or virt["pred"].height == 0:
+        return {"available": False, "why": "no virtual vLLM engine in this environment and none stored, or no "
+                                           "replay below saturation"}
+    below = eng_req.filter(pl.col("rho") < 1.0)
+    m = verdict.matched_latencies(below, virt["pred"])
+    fid = verdict.fidelity(m)
+    by_source = {s: {x: verdict.fidelity(g)[x]["mape"] for x in verdict.LATENCIES}
+                 for (s,), g in m.group_by(["source"], maintain_order=True)}
+    same = verdict.fidelity(verdict.matched_latencies(virt["resim_same_profile"], virt["pred"]))
+    # the step table's error alone: its step times summed over the engine's own recorded steps
+    a = (logged["attention_pairs"].fill_null(0).to_numpy() if "attention_pairs" in logged.columns
+         else np.zeros(logged.height))
+    steps_p = logged.with_columns(pl.Series("predicted_s", np.atleast_1d(profile.iteration_time(
+        logged["prefill_tokens"].to_numpy(), logged["decode_seqs"].to_numpy(), logged["context_tokens"].to_numpy(),
+        a)).astype(float)))
+    origins = {(ph["tag"], ph["policy"]): ph.get("origin") for ph in phases if ph.get("instance") != "own"}
+    errs = []
+    for (_src, wid, region, sched), rec in rec_by_key.items():
+        org = origins.get((f"{wid}.{region}", sched))
+        rho = below.filter(pl.col("window_id") == wid, pl.col("region") == region)["rho"]
+        if org is None or rho.len() == 0:
+            continue
+        sh = verdict.step_time_share(rec, steps_p, org).filter(pl.col("e2e") > 0)
+        errs.append(((sh["e2e_if_schedule_exact"] - sh["e2e"]).abs() / sh["e2e"]).to_numpy())
+    step_only = float(np.concatenate(errs).mean()) if errs and sum(e.size for e in errs) else math.nan
+    attn_logged = bool("attention_pairs" in logged.columns and logged["attention_pairs"].null_count() < logged.height)
+    return {"available": True, "engine": predict.ENGINE_NAME, "profile": profile_name,
+            "mape": {x: fid[x]["mape"] for x in verdict.LATENCIES}, "requests": fid["e2e"]["n"],
+            "mape_by_source": by_source, "fidelity": fid,
+            "target_e2e_mape": TARGETS["e2e_mape"], "e2e_met": bool(fid["e2e"]["mape"] <= TARGETS["e2e_mape"]),
+            "virtual_vs_simulator_same_profile": {x: same[x]["mape"] for x in verdict.LATENCIES},
+            "error_budget": predict.error_budget(fid["e2e"]["mape"], step_only, same["e2e"]["mape"]),
+            "attention_pairs_logged": attn_logged,
+            "virtual_wall_s": virt["wall_s"], "virtual_source": virt["source"],
+            "definition": "per request, |prediction - wall-clock engine| / engine over the requests completed on both "
+                          "sides in the replays below saturation (rho < 1); prediction = vLLM's V1 scheduler stepped "
+                          "in a virtual clock by the step grid's cost model under the engine's settings"}
 
 
 def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
@@ -975,7 +1167,22 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     rows = confirm.verdicts(conf, explore, engine_runs, sim_runs, alpha=alpha, delta=float(cfg.analysis.delta),
                             delta_absolute=float(cfg.analysis.delta_absolute), margin=float(doc["equivalence_margin"]),
                             campaign_runs=camp_runs)
+    # the virtual vLLM engine (predict.py): the whole-run prediction from the step table, and the engine that
+    # decides the confirmatory family (every policy, sarathi with its own budget, every pre-registered window)
+    virt = virtual_section(cfg, out, es=es, es_of=es_of, profile=grid_prof if grid_prof is not None else calib,
+                           wins=wins, replay_keys=list(keys.iter_rows()), conf=conf, doc=doc, trace_hb=trace_hb)
+    by_engine = {"wall_clock": rows}
+    if virt is not None and virt["runs"].height:
+        by_engine = {"virtual": confirm.verdicts(conf, [], virt["runs"], virt["resim_runs"], alpha=alpha,
+                                                 delta=float(cfg.analysis.delta),
+                                                 delta_absolute=float(cfg.analysis.delta_absolute),
+                                                 margin=float(doc["equivalence_margin"]), campaign_runs=camp_runs),
+                     **by_engine}
+    rows = confirm.combine(by_engine)
     counts = confirm.verdict_counts(rows)
+    counts_by_engine = {e: confirm.verdict_counts(r) for e, r in by_engine.items()}
+    whole_run = whole_run_section(virt, eng_req, logged, phases, rec_by_key, grid_prof if grid_prof is not None
+                                  else calib, "step grid" if grid_prof is not None else "calibration (no step grid)")
     verdicts = verdict_rows_table(rows)
     win_err = verdict.window_error_table(matched["prediction"]).join(
         verdict.window_error_table(matched["speed_corrected"]).select(
@@ -988,7 +1195,12 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                      "verdicts": verdicts, "window_errors": win_err,
                      "matched_requests": matched["prediction"], "step_time_share": shares,
                      "matched_requests_speed_corrected": matched["speed_corrected"],
-                     "capacity": pl.DataFrame(cap_rows)}.items():
+                     "capacity": pl.DataFrame(cap_rows),
+                     **({"virtual_requests": pl.concat([virt["pred"].with_columns(pl.lit("virtual").alias("side")),
+                                                        virt["resim_same_profile"].with_columns(
+                                                            pl.lit("simulator").alias("side"))], how="diagonal_relaxed")
+                         if virt["pred"].height else pl.DataFrame(),
+                         "virtual_runs": virt["runs"], "virtual_resim_runs": virt["resim_runs"]} if virt else {})}.items():
         if df.height:
             df.write_parquet(out / f"{name}.parquet")
     clock = {f"{k[1]}/{k[3]}": p for k, rec in rec_by_key.items() if (p := replay.clock_problems(rec))}
@@ -1032,6 +1244,9 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                             "cases": [confirm.case_label(c) for c in conf], "n_cases": len(conf),
                             "windows_per_source": doc["windows_per_source"],
                             "windows_per_source_run": pr.get("windows_per_source_run"),
+                            "noise_cv": doc["power"].get("noise_cv"),
+                            "noise_cv_source": doc["power"].get("noise_cv_source", "parameter (before this field)"),
+                            "decided_by": doc.get("decided_by"),
                             "power_at_n": doc["power"].get("power_at_n"),
                             "target_reached": doc["power"].get("target_reached"),
                             "alpha": alpha, "correction": doc["correction"],
@@ -1039,6 +1254,10 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                             "draw": doc["draw"]},
         "verdicts": rows,
         "verdict_counts": counts,
+        "verdict_counts_by_engine": counts_by_engine,
+        "engines": {e: confirm.ENGINES[e] for e in by_engine},
+        "deciding_engine": doc.get("decided_by", {}).get("engine", "wall_clock"),
+        "whole_run_prediction": whole_run,
         "verdict_rules": {"alpha": alpha, "correction": doc["correction"], "confirmatory_cases": len(conf),
                           "step_1": "survives_settings: every side of the re-simulation under the engine's settings "
                                     f"keeps the campaign's sign with |effect| >= analysis.delta ({cfg.analysis.delta:g}; "

@@ -39,6 +39,7 @@ from ..core import io
 from ..core.errors import DataError
 from . import cases as cases_mod
 from .cases import Case
+from . import confirm
 from .confirm import CORRECTION, window_effects
 
 MAX_CASES = 5
@@ -187,6 +188,8 @@ def document(the_cases: Sequence[Case], pw: dict, windows: Mapping[str, Sequence
             "confirmed_when": "both (every) one-sided tests in the simulated direction reject (intersection-union) "
                               f"and the case's p, Holm-adjusted over the {len(the_cases)} cases, is below alpha",
             "equivalence_margin": float(margin),
+            "decided_by": {"engine": confirm.DECIDING_ENGINE, "what": confirm.ENGINES[confirm.DECIDING_ENGINE],
+                           "also_reported": [e for e in confirm.ENGINES if e != confirm.DECIDING_ENGINE]},
             "draw": {"seed": int(draw_seed), "extra_reversals": int(extra), "stratified_by": "source pair"},
             "power": pw, "inputs": dict(inputs),
             "exploratory": "every other case and statistic: sign and effect-size agreement with intervals, "

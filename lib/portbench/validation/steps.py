@@ -323,3 +323,16 @@ def drift(rows: pl.DataFrame, time_column: str = "step_wall_s") -> dict:
         return {"per_round_median_s": [], "spread": math.nan}
     med = ref.group_by("round").agg(pl.col(time_column).median()).sort("round")[time_column].to_list()
     return {"per_round_median_s": med, "spread": float(max(med) / min(med) - 1) if med and min(med) > 0 else math.nan}
+
+
+def repeat_cv(rows: pl.DataFrame, time_column: str = "step_wall_s") -> dict:
+    """The engine's measured repeat noise: the relative standard deviation of the reference shape's per-round
+    medians (the same work timed at different moments of the measurement, as two replays of one window are).
+    A whole run's latencies scale with the machine's speed during that run, so this is what the power
+    calculation takes as ``noise_cv`` (:func:`.prereg.power`). ``cv`` is NaN with fewer than two rounds."""
+    med = drift(rows, time_column)["per_round_median_s"]
+    x = np.asarray(med, float)
+    x = x[np.isfinite(x)]
+    cv = float(np.std(x, ddof=1) / np.mean(x)) if x.size >= 2 and np.mean(x) > 0 else math.nan
+    return {"cv": cv, "rounds": int(x.size),
+            "how": "relative SD of the reference shape's per-round median step time (step grid)"}
