@@ -113,7 +113,7 @@ TARGETS = {"e2e_mape": 0.10, "ttft_mape": 0.20}   # below saturation (peers publ
 RESERVE_BASE_S = 30.0
 RESERVE_PER_REPLAY_S = 0.12   # ... plus this per replay (3 re-simulations + metrics; ~0.05 s on a quiet machine)
 VIRTUAL_BASE_S = 5.0          # the analysis' virtual vLLM engine runs (predict.py): building its config ...
-VIRTUAL_RUN_S = 0.4           # ... plus this per run (0.1-1.4 s measured for a window of 200 requests on 2 cores)
+VIRTUAL_RUN_S = 0.7           # ... plus this per run and its re-simulation (0.65 s measured on a loaded 2-core machine)
 OWN_INSTANCE_S = 5.0          # an own engine instance (sarathi): its start (as measured for the shared one) + this
 SATURATION_SHARE = 0.3        # the saturation runs are sized to this share of the time left when they start ...
 SATURATION_GUARD = 1.5        # ... and cut at this many times that share (a run cut early still has its last admission)
@@ -791,7 +791,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
               f"({skipped_why['time']} for time, {skipped_why['predictions']} for want of frozen predictions)")
     own_settings = {}
     if deferred:     # only what the time left holds: the instance's start and shutdown, its replays, the reserve
-        fit_, total = [], startup_s + OWN_INSTANCE_S
+        fit_: list[tuple] = []
+        total = startup_s + OWN_INSTANCE_S
         for d in deferred:
             est_d = estimate(d[0], d[1], d[2], d[3])
             if total + est_d + _reserve(len(R.records) + len(fit_) + 1) + R.virtual_s <= R.left():
@@ -1179,6 +1180,12 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                                                  margin=float(doc["equivalence_margin"]), campaign_runs=camp_runs),
                      **by_engine}
     rows = confirm.combine(by_engine)
+    if camp_runs is not None:     # does the campaign itself show the finding on the pre-registered windows?
+        for r, fam_case in zip(rows, conf):
+            ws = [w for s_ in fam_case.sources for w in doc["windows"].get(s_, [])]
+            r["campaign_on_windows"] = confirm.survives_settings(
+                fam_case, camp_runs.filter(pl.col("window_id").is_in(ws)), delta=float(cfg.analysis.delta),
+                level=1 - 2 * alpha, delta_absolute=float(cfg.analysis.delta_absolute))
     counts = confirm.verdict_counts(rows)
     counts_by_engine = {e: confirm.verdict_counts(r) for e, r in by_engine.items()}
     whole_run = whole_run_section(virt, eng_req, logged, phases, rec_by_key, grid_prof if grid_prof is not None
@@ -1330,8 +1337,9 @@ def verdict_rows_table(rows: list[dict]) -> pl.DataFrame:
                         "p_iut": (r.get("confirmatory") or {}).get("p_iut"),
                         "p_holm": (r.get("confirmatory") or {}).get("p_holm"),
                         "confirmed": (r.get("confirmatory") or {}).get("confirmed"),
-                        "verdict": r["verdict"]})
-    return pl.DataFrame(out) if out else pl.DataFrame()
+                        "verdict": r["verdict"], "decided_by": r.get("decided_by", "wall_clock"),
+                        **{f"verdict_{e}": v["verdict"] for e, v in (r.get("by_engine") or {}).items()}})
+    return pl.DataFrame(out, infer_schema_length=None) if out else pl.DataFrame()
 
 
 def settings_match_section(cfg: Config, es: resim.EngineSettings, run_info: dict, man: dict) -> dict:
@@ -1573,27 +1581,59 @@ def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
              f"α = {pr['alpha']:g}, {pr['correction'].capitalize()} over the family. A case is confirmed when both "
              f"one-sided tests in the simulated direction reject and its Holm-adjusted p is below α. "
              f"**{sum(bool(r['confirmatory']['confirmed']) for r in rows)} of {len(rows)} confirmed.**", ""]
+    dec = pr.get("decided_by") or {}
+    if dec:
+        lines[-2:-1] = [lines[-2] + f" The pre-registration names the engine that decides: the **{dec.get('engine')}** "
+                        f"engine ({dec.get('what')}); the others' verdicts are reported beside it."]
     for r in rows:
         sides = r["engine_vs_resim"]["sides"]
         sim = "; ".join(f"{nm(src)}: {r['a'] if sg > 0 else r['b']} better" for src, sg in r["campaign_sign"].items())
         surv = r["survives_settings"]
         c = r["confirmatory"]
+        who = r.get("decided_by", "wall_clock")
         ps = ", ".join(f"{x['p_one_sided']:.3g}" for x in c["sides"])
         eng = "; ".join(f"{nm(sd['source'])} {_fmt_eff(sd['engine_effect'])} (re-simulation "
-                        f"{_fmt_eff(sd['resim_effect'])})" for sd in sides)
+                        f"{_fmt_eff(sd['resim_effect'])}, {sd['windows']} windows)" for sd in sides)
+        beside = "; ".join(f"{e.replace('_', '-')} engine: {v['verdict']}" for e, v in (r.get("by_engine") or {}).items()
+                           if e != who)
         lines.append(
             f"* **{r['kind']}: {r['a']} vs {r['b']}**, {r['metric']} at {r['region']} — the campaign: {sim}. "
-            + ("Under the engine's settings the re-simulation keeps it. " if surv["survives"] else
-               "Under the engine's settings the re-simulation **no longer shows it: not testable on this engine**. ")
+            + f"Decided on the **{who.replace('_', '-')}** engine"
+            + ("" if r.get("decided_as_preregistered", True) else " (not the pre-registered one: it had no runs)") + ". "
+            + ("Under its settings the re-simulation keeps the finding. " if surv["survives"] else
+               "Under its settings the re-simulation **no longer shows the finding: not testable on this engine**"
+               + ({True: " (the campaign's own runs of the same windows do show it: the engine's configuration "
+                         "removes it). ",
+                   False: " (nor do the campaign's own runs of the same windows). "}.get(
+                       (r.get("campaign_on_windows") or {}).get("survives"), ". ")))
             + f"Effects (+: {r['a']} better) on the engine with 90 % intervals: {eng}. "
             + f"One-sided p per source {ps}; intersection-union "
               f"p {c['p_iut']:.3g}, Holm {c['p_holm']:.3g}: **{'confirmed' if c['confirmed'] else 'not confirmed'}**. "
-            + f"Engine vs re-simulation: **{r['engine_vs_resim']['verdict']}**; verdict: **{r['verdict']}**.")
+            + f"Engine vs re-simulation: **{r['engine_vs_resim']['verdict']}**; verdict: **{r['verdict']}**"
+            + (f" (beside it, {beside})." if beside else "."))
     ec = s["verdict_counts"].get("exploratory", {})
     if ec.get("cases"):
         lines += ["", f"Exploratory ({ec['cases']} further cases, no significance claimed): "
                   + ", ".join(f"{ec[v]} {v}" for v in confirm.VERDICTS if ec.get(v)) + "."]
     return "\n".join(lines)
+
+
+def whole_run_markdown(s: dict) -> str:
+    """The whole-run prediction (virtual vLLM engine + the measured step table) against the wall-clock replays,
+    and its E2E error budget, in words (from ``summary.json`` ``whole_run_prediction``)."""
+    w = (s or {}).get("whole_run_prediction") or {}
+    if not w.get("available"):
+        return f"No whole-run prediction: {w.get('why', 'the validation has not run')}."
+    m, b = w["mape"], w["error_budget"]
+    per = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in w["mape_by_source"].items())
+    return (f"**Whole-run prediction** ({w['engine']}, {w['profile']} profile) against the wall-clock replays below "
+            f"saturation ({w['requests']} requests): MAPE TTFT {_pct(m['ttft'])}, TPOT {_pct(m['tpot'])}, E2E "
+            f"{_pct(m['e2e'])} (per source E2E: {per}); target E2E <= {_pct(w['target_e2e_mape'])}: "
+            f"**{'met' if w['e2e_met'] else 'not met'}**. Error budget of the E2E MAPE: the step table's own error "
+            f"on the engine's recorded schedule {_pct(b['step_time_model'])}"
+            f"{'' if w.get('attention_pairs_logged') else ' (the step log of this run has no attention pairs: that term is left out of it)'}; "
+            f"vLLM's scheduler vs the simulator on the same profile {_pct(b['scheduling_model'])}; the rest, "
+            f"composition and frontend (a difference of MAPEs), {_pct(b['composition_and_frontend'])}.")
 
 
 def settings_table(s: dict) -> pl.DataFrame:
