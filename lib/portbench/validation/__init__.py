@@ -1574,10 +1574,15 @@ def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
     pr, rows = s["preregistration"], [r for r in s["verdicts"] if r["role"] == "confirmatory"]
     nm = lambda x: (names or {}).get(x, x)  # noqa: E731
     n_run = pr.get("windows_per_source_run")
-    lines = [f"**Pre-registered before any engine run** (`{Path(pr['path']).name}`, SHA-256 `{pr['sha256'][:16]}…`, "
+    noise = pr.get("noise_cv")
+    noise_txt = (f", engine noise CV {noise:.3f} ({pr.get('noise_cv_source')})"
+                 if isinstance(noise, (int, float)) and math.isfinite(noise) else "")
+    cut_txt = ("" if n_run in (None, pr["windows_per_source"]) else
+               f"; the wall-clock engine replayed {n_run} per source: the time budget cut the rest")
+    lines = [f"**Pre-registered before any replay** (`{Path(pr['path']).name}`, SHA-256 `{pr['sha256'][:16]}…`, "
              f"verified when the verdicts were computed): {pr['n_cases']} cases, {pr['windows_per_source']} windows per "
-             f"source from the power calculation (target power {'reached' if pr.get('target_reached') else 'not reached'}"
-             f"{'' if n_run in (None, pr['windows_per_source']) else f'; {n_run} ran: the time budget cut the rest'}), "
+             f"source from the power calculation{noise_txt} (target power "
+             f"{'reached' if pr.get('target_reached') else 'not reached'}{cut_txt}), "
              f"α = {pr['alpha']:g}, {pr['correction'].capitalize()} over the family. A case is confirmed when both "
              f"one-sided tests in the simulated direction reject and its Holm-adjusted p is below α. "
              f"**{sum(bool(r['confirmatory']['confirmed']) for r in rows)} of {len(rows)} confirmed.**", ""]
