@@ -119,6 +119,8 @@ SATURATION_SHARE = 0.3        # the saturation runs are sized to this share of t
 SATURATION_GUARD = 1.5        # ... and cut at this many times that share (a run cut early still has its last admission)
 WARMUP_HORIZON_S = 120.0
 PREREGISTRATION = "preregistration.json"
+# who may be in the confirmatory family: the policies of the engine that decides it (confirm.DECIDING_ENGINE)
+DECIDING_ELIGIBLE = cases.virtual_runnable if confirm.DECIDING_ENGINE == "virtual" else cases.engine_runnable
 
 
 def settings(v: ValidationConfig) -> dict:
@@ -274,8 +276,11 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
     try:
         rev = reversals if reversals is not None else cases.read_reversals(reversals_path(cfg))
         selection = cases.select_cases(rev, cfg.simulation.region_loads)
+        # the family: every policy the deciding (virtual) engine runs is eligible; the exploratory cases are the
+        # wall-clock engine's only (the virtual engine runs the family alone): pairs it can run
         conf, explore, m = prereg.choose_cases(rev, cfg.simulation.region_loads, extra=v.confirmatory.extra_reversals,
-                                               seed=v.confirmatory.draw_seed, eligible=cases.engine_runnable)
+                                               seed=v.confirmatory.draw_seed, eligible=DECIDING_ELIGIBLE)
+        explore = [c for c in explore if cases.engine_runnable(c.a) and cases.engine_runnable(c.b)]
         msgs += m
     except PortbenchError as e:
         msgs.append(str(e))
@@ -733,6 +738,10 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
         deferred: list[tuple] = []
 
         def case_todo(c, k):
+            """The wall-clock replays of case c on k windows per source: none when a policy of the pair is not one
+            the wall-clock engine runs (mlfq, rr, vtc: the virtual engine alone judges such a case)."""
+            if not all(cases.engine_runnable(x) for x in c.schedulers):
+                return []
             return [(s, wid, c.region, float(c.rho), sched)
                     for j in range(k) for s in c.sources if j < len(the_plan.windows[s])
                     for wid in [the_plan.windows[s][j]]

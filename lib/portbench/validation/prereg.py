@@ -93,9 +93,7 @@ def choose_cases(rev: pl.DataFrame, region_loads: Mapping[str, float], *, extra:
     drawn by :func:`draw_reversals` from the headline panel's significant-and-practical reversals on headline
     metrics whose two policies are ``eligible``; exploratory: every other such reversal (any metric a replay
     measures), most dramatic first."""
-    sel = cases_mod.select_cases(rev, region_loads)
-    if eligible is not None:
-        sel.cases = [c for c in sel.cases if eligible(c.a) and eligible(c.b)]
+    sel = cases_mod.select_cases(rev, region_loads, eligible=eligible or cases_mod.engine_runnable)
     fixed = [c for c in sel.cases[:2] if c.kind in ("reversal", "control")]
     key = [c for c in fixed if c.kind == "reversal"]
     rest = [c for c in sel.cases if c not in fixed]
