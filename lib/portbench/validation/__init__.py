@@ -9,13 +9,15 @@ validate`` / ``make validate``; on a CUDA GPU also notebook 08: the replay when 
 Pipeline of :func:`run` (one engine instance for every policy but ``sarathi``, which runs on an
 instance of its own with its budget; every step's module says more):
 
-1. Cases (:mod:`.prereg`, :mod:`.cases`): the pre-registered confirmatory family -- the analysis' most
-   dramatic significant-and-practical reversal whose policies the engine can run, a stable control
+1. The fixed-shape step grid (:mod:`.steps`) on an in-process engine: no case's window runs; its repeat noise
+   (:func:`.steps.repeat_cv`) is the engine noise of the power calculation. Cases (:mod:`.prereg`, :mod:`.cases`):
+   the pre-registered confirmatory family -- the analysis' most dramatic significant-and-practical reversal whose
+   policies the deciding engine (the virtual one: every built-in policy) runs, a stable control
    (replayed on the reversal's sources), up to three reversals drawn at random (seeded, stratified by
    source pair), the number of windows from a power calculation -- written with its SHA-256 to
-   ``preregistration.json`` before any engine starts; then every further such reversal (exploratory)
-   while the time budget allows. Windows: chosen at random per source with ``window_seed`` (recorded),
-   the same windows for every case. Then the fixed-shape step grid (:mod:`.steps`) on an in-process engine.
+   ``preregistration.json`` before any replay, with the engine that decides (:data:`.confirm.DECIDING_ENGINE`);
+   then every further reversal of a pair the wall-clock engine runs (exploratory) while the time budget allows.
+   Windows: chosen at random per source with ``window_seed`` (recorded), the same windows for every case.
 2. Engine (:mod:`.replay`, :mod:`.engine_scheduler`, :mod:`.policies`): vLLM V1 batching,
    ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
    (KV blocks, block size, budget, ``max_num_seqs``, ``max_model_len``) are read back from its
@@ -40,6 +42,10 @@ instance of its own with its budget; every step's module says more):
    correlation; per window x policy means) and the two-step verdicts (:mod:`.confirm`: does the finding
    survive the engine's settings in re-simulation; does the engine reproduce the re-simulation -- TOST
    on effect sizes; the pre-registered family confirmed by one-sided tests, intersection-union, Holm).
+8. The virtual vLLM engine (:mod:`.predict`, :func:`virtual_section`): vLLM's scheduler stepped with the step
+   grid's cost model -- the whole-run prediction of every replay below saturation against the wall-clock
+   replays (``whole_run_prediction``: MAPE and its error budget), and the engine that decides the
+   confirmatory family on every pre-registered window (:func:`.confirm.combine`: ``decided_by``, ``by_engine``).
 
 **Time budget** (``time_budget_s``; ``reduced_time_budget_s`` for ``make all``): counted from the start
 of the process, imports, planning and window tables included, to the written summary
@@ -48,15 +54,17 @@ the time left cannot hold it at the warm-up's rate (then smaller, never below ``
 and a saturation run still going at 1.5x that share is cut (its steady part then ends at its last
 admission all the same); the required cases use as many of the chosen windows as their estimated
 replays leave room for (at least one per source); further cases are added while they fit; a reserve
-is kept for the analysis, the engine's shutdown and the interpreter's exit (which ``wall_s.total``,
-written before it, cannot include).
+is kept for the analysis (the virtual engine's runs included), the engine's shutdown and the interpreter's exit
+(which ``wall_s.total``, written before it, cannot include). Any replay -- the family's too -- whose estimate and
+the reserve exceed the time left is cut, with its reason (``budget.replays_cut``).
 
 Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written before any engine run;
 its SHA-256 in the summary), ``summary.json`` (the headline: engine, settings_match, preregistration,
 verdicts, step_fit, MAPE, fit R², capacities, wall time), ``report.json`` (everything), and tables
 ``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``, ``verdicts`` (one row
 per case x source: both steps' effects and intervals, the confirmatory tests), ``step_grid`` (per shape),
-``window_errors``, ``capacity`` (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
+``window_errors``, ``capacity``, ``virtual_requests`` / ``virtual_runs`` / ``virtual_resim_runs`` (the
+virtual engine's; an analysis where vLLM cannot be imported reuses them) (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
 cost model fitted to the step grid), the step logs ``iterations*.jsonl`` (``_grid``: the step grid;
 ``_sarathi``: sarathi's own instance).
 """
@@ -113,7 +121,7 @@ TARGETS = {"e2e_mape": 0.10, "ttft_mape": 0.20}   # below saturation (peers publ
 RESERVE_BASE_S = 30.0
 RESERVE_PER_REPLAY_S = 0.12   # ... plus this per replay (3 re-simulations + metrics; ~0.05 s on a quiet machine)
 VIRTUAL_BASE_S = 5.0          # the analysis' virtual vLLM engine runs (predict.py): building its config ...
-VIRTUAL_RUN_S = 0.7           # ... plus this per run and its re-simulation (0.65 s measured on a loaded 2-core machine)
+VIRTUAL_RUN_S = 0.85          # ... plus this per run and its re-simulation (0.65-0.85 s measured at load average 6-17 on 2 cores)
 OWN_INSTANCE_S = 5.0          # an own engine instance (sarathi): its start (as measured for the shared one) + this
 SATURATION_SHARE = 0.3        # the saturation runs are sized to this share of the time left when they start ...
 SATURATION_GUARD = 1.5        # ... and cut at this many times that share (a run cut early still has its last admission)
@@ -473,7 +481,7 @@ class _Run:
 
 
 def _reserve(n_replays: int) -> float:
-    return RESERVE_BASE_S + (RESERVE_PER_REPLAY_S + VIRTUAL_RUN_S) * n_replays
+    return RESERVE_BASE_S + RESERVE_PER_REPLAY_S * n_replays
 
 
 def measure_step_grid(cfg: Config, the_plan: Plan, out: Path, *, progress: bool = True) -> tuple[pl.DataFrame, dict]:
@@ -520,9 +528,15 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     # frozen for this one, they are trained here (~1-2 min on 2 cores) only if a required case needs them or
     # the run is the full one; a reduced run then skips the further cases that need them.
     n_req = len(the_plan.confirmatory)     # the pre-registered cases: required, with every chosen window
-    n_virtual = sum(len(c.sources) * len(c.schedulers) for c in the_plan.confirmatory) * \
-        max((len(w) for w in the_plan.windows.values()), default=0)
-    R.virtual_s = VIRTUAL_BASE_S + VIRTUAL_RUN_S * n_virtual    # + the predictions of the replays: in _reserve
+    # the analysis' virtual engine runs: the family on every pre-registered window, and the prediction of every
+    # replay below saturation that may run (the fidelity replays and the family's replays at rho < 1)
+    k_max = max((len(w) for w in the_plan.windows.values()), default=0)
+    n_virtual = sum(len(c.sources) * len(c.schedulers) for c in the_plan.confirmatory) * k_max
+    n_fid_src = len({s for c in the_plan.confirmatory for s in c.sources})
+    n_below = n_fid_src * int(v.reduced_fidelity_windows if the_plan.reduced else v.fidelity_windows) + sum(
+        len(c.sources) * len(c.schedulers) * k_max for c in the_plan.confirmatory
+        if float(c.rho or 0) < 1.0 and all(cases.engine_runnable(x) for x in c.schedulers))
+    R.virtual_s = VIRTUAL_BASE_S + VIRTUAL_RUN_S * (n_virtual + n_below)
     names_req = {"fcfs"} | {x for c in the_plan.cases[:n_req] for x in c.schedulers}
     names_all = names_req | {x for c in the_plan.cases for x in c.schedulers}
     with_predictions = campaign.needs_predictions(sorted(names_req)) or (

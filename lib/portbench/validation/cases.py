@@ -3,8 +3,10 @@
 Input: the analysis' reversal table (``{results_dir}/analysis/reversals.parquet``; columns in
 ``portbench.study.analysis.COLUMNS["reversals"]``: ``a, b, source_1, source_2, region, metric, direction,
 diff_1, diff_2`` (oriented: positive = a better), ``rel_1, rel_2, min_rel, p_1, p_2, p_adj_1,
-p_adj_2, n_1, n_2, reversal, significant, practical``, ...). Only pairs whose two policies vLLM can
-run (:func:`engine_runnable`: the shared engine's policies, and `sarathi` on an instance of its own) are eligible.
+p_adj_2, n_1, n_2, reversal, significant, practical``, ...). Only pairs whose two policies are *eligible*
+are selected: by default those the wall-clock engine runs (:func:`engine_runnable`: the shared engine's
+policies, and `sarathi` on an instance of its own); the confirmatory family takes every policy the virtual
+vLLM engine runs (:func:`virtual_runnable`, ``select_cases(eligible=...)``), the engine that decides it.
 
 * **Key reversal**: among rows with ``reversal & significant & practical`` (the analysis' stage
   ``significant_and_practical``) on a headline metric (the table's ``headline`` column: the analysis'
