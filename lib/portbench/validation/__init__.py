@@ -736,7 +736,10 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                     deferred.append((s, wid, region, rho, sched, kind))
                 return
             est_l = estimate(s, wid, region, rho)
-            if est_l + _reserve(len(R.records) + 1) + R.virtual_s > R.left():
+            # every replay is cut when it no longer fits, but the first fidelity replay of each source: without
+            # one the analysis has nothing to compare (a few seconds: fcfs below saturation)
+            first_fid = kind == "fidelity" and wid == the_plan.windows[s][0]
+            if not first_fid and est_l + _reserve(len(R.records) + 1) + R.virtual_s > R.left():
                 R.cut.append({"replay": f"{kind}: {sched} on {wid} at {region}", "estimated_s": est_l,
                               "left_s": R.left(), "why": "its estimated time and the reserve exceed the time left"})
                 return
@@ -837,6 +840,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                 rec = replay_one(sc, sched, horizon, f"{wid}.{region}", kind, None, source=s, engine=eng2,
                                  as_policy="fcfs")
                 R.records[(s, wid, region, sched)] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
+    if not R.records:
+        raise PortbenchError("no replay ran: validation.fidelity_windows is 0 and the time budget held no other replay")
     load_end = os.getloadavg()
     engine_s = R.elapsed() - before_engine_s
     # the raw measurements: everything analyze() needs, so that the analysis can be redone from files
