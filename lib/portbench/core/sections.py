@@ -712,7 +712,7 @@ class StepGridConfig:
     decode_batches: tuple = (1, 16, 64)
     decode_contexts: tuple = (64, 256)
     prefill_tokens: tuple = (64, 256)
-    cached_contexts: tuple = (0, 512)
+    cached_contexts: tuple = (0, 512, 4096)
     mixed: tuple = ((16, 128),)
     rounds: int = 5
     reduced_rounds: int = 3

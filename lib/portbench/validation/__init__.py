@@ -9,13 +9,15 @@ validate`` / ``make validate``; on a CUDA GPU also notebook 08: the replay when 
 Pipeline of :func:`run` (one engine instance for every policy but ``sarathi``, which runs on an
 instance of its own with its budget; every step's module says more):
 
-1. Cases (:mod:`.prereg`, :mod:`.cases`): the pre-registered confirmatory family -- the analysis' most
-   dramatic significant-and-practical reversal whose policies the engine can run, a stable control
+1. The fixed-shape step grid (:mod:`.steps`) on an in-process engine: no case's window runs; its repeat noise
+   (:func:`.steps.repeat_cv`) is the engine noise of the power calculation. Cases (:mod:`.prereg`, :mod:`.cases`):
+   the pre-registered confirmatory family -- the analysis' most dramatic significant-and-practical reversal whose
+   policies the deciding engine (the virtual one: every built-in policy) runs, a stable control
    (replayed on the reversal's sources), up to three reversals drawn at random (seeded, stratified by
    source pair), the number of windows from a power calculation -- written with its SHA-256 to
-   ``preregistration.json`` before any engine starts; then every further such reversal (exploratory)
-   while the time budget allows. Windows: chosen at random per source with ``window_seed`` (recorded),
-   the same windows for every case. Then the fixed-shape step grid (:mod:`.steps`) on an in-process engine.
+   ``preregistration.json`` before any replay, with the engine that decides (:data:`.confirm.DECIDING_ENGINE`);
+   then every further reversal of a pair the wall-clock engine runs (exploratory) while the time budget allows.
+   Windows: chosen at random per source with ``window_seed`` (recorded), the same windows for every case.
 2. Engine (:mod:`.replay`, :mod:`.engine_scheduler`, :mod:`.policies`): vLLM V1 batching,
    ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
    (KV blocks, block size, budget, ``max_num_seqs``, ``max_model_len``) are read back from its
@@ -40,6 +42,10 @@ instance of its own with its budget; every step's module says more):
    correlation; per window x policy means) and the two-step verdicts (:mod:`.confirm`: does the finding
    survive the engine's settings in re-simulation; does the engine reproduce the re-simulation -- TOST
    on effect sizes; the pre-registered family confirmed by one-sided tests, intersection-union, Holm).
+8. The virtual vLLM engine (:mod:`.predict`, :func:`virtual_section`): vLLM's scheduler stepped with the step
+   grid's cost model -- the whole-run prediction of every replay below saturation against the wall-clock
+   replays (``whole_run_prediction``: MAPE and its error budget), and the engine that decides the
+   confirmatory family on every pre-registered window (:func:`.confirm.combine`: ``decided_by``, ``by_engine``).
 
 **Time budget** (``time_budget_s``; ``reduced_time_budget_s`` for ``make all``): counted from the start
 of the process, imports, planning and window tables included, to the written summary
@@ -48,15 +54,17 @@ the time left cannot hold it at the warm-up's rate (then smaller, never below ``
 and a saturation run still going at 1.5x that share is cut (its steady part then ends at its last
 admission all the same); the required cases use as many of the chosen windows as their estimated
 replays leave room for (at least one per source); further cases are added while they fit; a reserve
-is kept for the analysis, the engine's shutdown and the interpreter's exit (which ``wall_s.total``,
-written before it, cannot include).
+is kept for the analysis (the virtual engine's runs included), the engine's shutdown and the interpreter's exit
+(which ``wall_s.total``, written before it, cannot include). Any replay -- the family's too -- whose estimate and
+the reserve exceed the time left is cut, with its reason (``budget.replays_cut``).
 
 Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written before any engine run;
 its SHA-256 in the summary), ``summary.json`` (the headline: engine, settings_match, preregistration,
 verdicts, step_fit, MAPE, fit R², capacities, wall time), ``report.json`` (everything), and tables
 ``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``, ``verdicts`` (one row
 per case x source: both steps' effects and intervals, the confirmatory tests), ``step_grid`` (per shape),
-``window_errors``, ``capacity`` (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
+``window_errors``, ``capacity``, ``virtual_requests`` / ``virtual_runs`` / ``virtual_resim_runs`` (the
+virtual engine's; an analysis where vLLM cannot be imported reuses them) (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
 cost model fitted to the step grid), the step logs ``iterations*.jsonl`` (``_grid``: the step grid;
 ``_sarathi``: sarathi's own instance).
 """
@@ -92,6 +100,7 @@ from . import (
     confirm,
     matching,
     policies,
+    predict,
     prereg,
     replay,
     resim,
@@ -111,10 +120,15 @@ TARGETS = {"e2e_mape": 0.10, "ttft_mape": 0.20}   # below saturation (peers publ
 # 2-core machine once vLLM and torch are imported; it is the one part wall_s.total cannot record) ...
 RESERVE_BASE_S = 30.0
 RESERVE_PER_REPLAY_S = 0.12   # ... plus this per replay (3 re-simulations + metrics; ~0.05 s on a quiet machine)
+VIRTUAL_BASE_S = 5.0          # the analysis' virtual vLLM engine runs (predict.py): building its config ...
+VIRTUAL_RUN_S = 0.85          # ... plus this per run and its re-simulation (0.65-0.85 s measured at load average 6-17 on 2 cores)
+OWN_INSTANCE_S = 5.0          # an own engine instance (sarathi): its start (as measured for the shared one) + this
 SATURATION_SHARE = 0.3        # the saturation runs are sized to this share of the time left when they start ...
 SATURATION_GUARD = 1.5        # ... and cut at this many times that share (a run cut early still has its last admission)
 WARMUP_HORIZON_S = 120.0
 PREREGISTRATION = "preregistration.json"
+# who may be in the confirmatory family: the policies of the engine that decides it (confirm.DECIDING_ENGINE)
+DECIDING_ELIGIBLE = cases.virtual_runnable if confirm.DECIDING_ENGINE == "virtual" else cases.engine_runnable
 
 
 def settings(v: ValidationConfig) -> dict:
@@ -270,30 +284,44 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
     try:
         rev = reversals if reversals is not None else cases.read_reversals(reversals_path(cfg))
         selection = cases.select_cases(rev, cfg.simulation.region_loads)
+        # the family: every policy the deciding (virtual) engine runs is eligible; the exploratory cases are the
+        # wall-clock engine's only (the virtual engine runs the family alone): pairs it can run
         conf, explore, m = prereg.choose_cases(rev, cfg.simulation.region_loads, extra=v.confirmatory.extra_reversals,
-                                               seed=v.confirmatory.draw_seed, eligible=cases.engine_runnable)
+                                               seed=v.confirmatory.draw_seed, eligible=DECIDING_ELIGIBLE)
+        explore = [c for c in explore if cases.engine_runnable(c.a) and cases.engine_runnable(c.b)]
         msgs += m
     except PortbenchError as e:
         msgs.append(str(e))
     wins: dict[str, list[str]] = {}
     if conf:
-        pw = power_plan(cfg, conf, reduced=reduced, messages=msgs)
-        srcs = sorted({s for c in [*conf, *explore] for s in c.sources})
-        try:
-            wins = choose_windows(windows.load_manifest(cfg.paths), srcs, int(pw["windows_per_source"]), int(v.window_seed))
-        except PortbenchError as e:
-            msgs.append(f"windows: {e}")
-        doc = prereg.document(conf, pw, {s: wins.get(s, []) for s in sorted({s for c in conf for s in c.sources})},
-                              alpha=float(cfg.analysis.alpha), draw_seed=v.confirmatory.draw_seed,
-                              extra=v.confirmatory.extra_reversals, margin=float(v.equivalence_margin),
-                              inputs={"reversals_sha256": _sha(reversals_path(cfg)) if reversals is None else "given",
-                                      "params_fingerprint": params_fingerprint(cfg), "run": "reduced" if reduced else "full"})
+        wins, doc = family_document(cfg, conf, explore, reduced=reduced, messages=msgs, reversals=reversals)
     spec = None
     try:
         spec = engine_spec(cfg, device)
     except PortbenchError as e:
         msgs.append(f"engine configuration: {e}")
     return Plan(status, device, reduced, selection, wins, spec, v.engine(device), msgs, conf, explore, doc)
+
+
+def family_document(cfg: Config, conf: list, explore: list, *, reduced: bool, messages: list[str], reversals=None,
+                    noise: dict | None = None) -> tuple[dict[str, list[str]], dict]:
+    """The windows (per source, :func:`choose_windows`) and the pre-registration document of the family
+    ``conf``: the power calculation (:func:`power_plan`) with the engine's measured repeat noise ``noise``
+    (:func:`.steps.repeat_cv`) when it is finite, else ``validation.confirmatory.noise_cv``."""
+    v = cfg.validation
+    pw = power_plan(cfg, conf, reduced=reduced, messages=messages, noise=noise)
+    srcs = sorted({s for c in [*conf, *explore] for s in c.sources})
+    wins: dict[str, list[str]] = {}
+    try:
+        wins = choose_windows(windows.load_manifest(cfg.paths), srcs, int(pw["windows_per_source"]), int(v.window_seed))
+    except PortbenchError as e:
+        messages.append(f"windows: {e}")
+    doc = prereg.document(conf, pw, {s: wins.get(s, []) for s in sorted({s for c in conf for s in c.sources})},
+                          alpha=float(cfg.analysis.alpha), draw_seed=v.confirmatory.draw_seed,
+                          extra=v.confirmatory.extra_reversals, margin=float(v.equivalence_margin),
+                          inputs={"reversals_sha256": _sha(reversals_path(cfg)) if reversals is None else "given",
+                                  "params_fingerprint": params_fingerprint(cfg), "run": "reduced" if reduced else "full"})
+    return wins, doc
 
 
 def campaign_window_values(cfg: Config) -> pl.DataFrame:
@@ -306,22 +334,28 @@ def campaign_window_values(cfg: Config) -> pl.DataFrame:
     return analysis_cube.load_runs(cfg)
 
 
-def power_plan(cfg: Config, conf: list, *, reduced: bool, messages: list[str]) -> dict:
+def power_plan(cfg: Config, conf: list, *, reduced: bool, messages: list[str], noise: dict | None = None) -> dict:
     """The power calculation of :mod:`.prereg` on the campaign's per-window values
-    (:func:`campaign_window_values`) with ``validation.confirmatory``'s settings; without them, the largest
-    window count (said in ``messages``)."""
+    (:func:`campaign_window_values`) with ``validation.confirmatory``'s settings, the engine's noise the
+    measured one (``noise``: :func:`.steps.repeat_cv`) when finite, else ``confirmatory.noise_cv`` (which one:
+    ``noise_cv_source``); without campaign values, the largest window count (said in ``messages``)."""
     c = cfg.validation.confirmatory
     hi = int(cfg.validation.reduced_windows_per_source if reduced else cfg.validation.windows_per_source)
+    measured = (noise or {}).get("cv")
+    use_measured = isinstance(measured, float) and math.isfinite(measured) and measured > 0
+    cv = float(min(measured, 0.99)) if use_measured else float(c.noise_cv)
+    src = {"noise_cv": cv, "noise_cv_source": ("measured: " + noise["how"] + f" ({noise['rounds']} rounds)")
+           if use_measured and noise else "parameter validation.confirmatory.noise_cv (nothing measured)"}
     ps = prereg.PowerSettings(alpha=float(cfg.analysis.alpha), target=float(cfg.analysis.power.target),
-                              noise_cv=float(c.noise_cv), min_windows=min(int(c.min_windows), hi), max_windows=hi,
+                              noise_cv=cv, min_windows=min(int(c.min_windows), hi), max_windows=hi,
                               simulations=int(c.power_simulations), seed=int(c.draw_seed))
     try:
         runs = campaign_window_values(cfg)
     except PortbenchError as e:
         messages.append(f"power calculation: no campaign runs ({e}); {hi} windows per source")
         return {"windows_per_source": hi, "target_reached": False, "power_at_n": [math.nan] * len(conf),
-                "settings": ps.__dict__, "note": "no campaign runs table"}
-    return prereg.power(conf, runs, ps)
+                "settings": ps.__dict__, "note": "no campaign runs table", **src}
+    return {**prereg.power(conf, runs, ps), **src}
 
 
 def _write_json(path: Path, obj: Any) -> Path:
@@ -369,9 +403,19 @@ def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = F
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
-    # the confirmatory family, written and hashed before any engine starts (prereg.py)
+    # the fixed-shape step grid first (no case's window is run): its repeat noise sizes the power calculation
+    grid = _outside_event_loop(measure_step_grid, cfg, the_plan, out, progress=progress)
+    noise = steps.repeat_cv(grid[0])
+    msgs: list[str] = []
+    wins, doc = family_document(cfg, the_plan.confirmatory, the_plan.exploratory, reduced=reduced, messages=msgs,
+                                reversals=reversals, noise=noise)
+    the_plan = dataclasses.replace(the_plan, windows=wins or the_plan.windows, preregistration=doc,
+                                   messages=[*the_plan.messages, *msgs])
+    _write_json(out / "plan.json", the_plan.to_dict())
+    # the confirmatory family, written and hashed before any replay (prereg.py)
     sha = prereg.write(out / PREREGISTRATION, the_plan.preregistration)
-    report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress, origin=origin, prereg_sha=sha)
+    report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress, origin=origin, prereg_sha=sha,
+                                 grid=grid)
     _write_json(out / "report.json", report)
     return report
 
@@ -421,6 +465,8 @@ class _Run:
         self.scaled: dict[tuple, tuple[pl.DataFrame, float, float]] = {}   # (wid, region) -> (df, horizon, rho)
         self.phases: list[dict] = []                      # {"phase", "t0", "t1", ...} on the monotonic clock
         self.est_ratio: list[float] = []                  # measured / estimated replay wall time
+        self.cut: list[dict] = []                         # replays not run: the budget could not hold them
+        self.virtual_s = 0.0                              # reserved for the analysis' virtual engine runs
         self.sat_ratio: list[float] = []                  # the same for the saturation runs
 
     def log(self, msg: str) -> None:
@@ -438,8 +484,32 @@ def _reserve(n_replays: int) -> float:
     return RESERVE_BASE_S + RESERVE_PER_REPLAY_S * n_replays
 
 
+def measure_step_grid(cfg: Config, the_plan: Plan, out: Path, *, progress: bool = True) -> tuple[pl.DataFrame, dict]:
+    """The fixed-shape step grid (:mod:`.steps`) on an in-process engine of its own: its rows (also
+    ``raw/step_grid.parquet``) and what ran (shapes, rounds, steps, wall time)."""
+    v, e = cfg.validation, the_plan.engine
+    g = v.step_grid
+    shapes = steps.grid(g)
+    rounds = int(g.reduced_rounds if the_plan.reduced else g.rounds)
+    _log(progress, f"step grid: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
+    t = time.perf_counter()
+    grid_log = out / "iterations_grid.jsonl"
+    grid_log.unlink(missing_ok=True)
+    vocab = int(replay.model_config(e.model_config)["vocab_size"])
+    rows, startup = steps.measure(the_plan.spec, shapes, rounds=rounds, steps_per_shape=int(g.steps_per_shape),
+                                  seed=int(v.seed), log_path=grid_log, vocab=vocab)
+    (out / "raw").mkdir(parents=True, exist_ok=True)
+    rows.write_parquet(out / "raw" / "step_grid.parquet")
+    info = {"shapes": len(shapes), "rounds": rounds, "steps_per_shape": int(g.steps_per_shape),
+            "steps": rows.height, "wall_s": time.perf_counter() - t, "startup_s": startup,
+            "repeat_noise": steps.repeat_cv(rows)}
+    _log(progress, f"step grid: {rows.height} steps in {info['wall_s']:.0f} s; repeat noise (CV of the reference "
+                   f"shape's per-round medians) {info['repeat_noise']['cv']:.3f}")
+    return rows, info
+
+
 def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, origin: float | None = None,
-         prereg_sha: str = "") -> dict:
+         prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None) -> dict:
     """The validation (module docstring). Sized to the budget, which counts from the process start:
     the saturation backlog (the campaign's size unless :data:`SATURATION_SHARE` of the time left cannot
     hold it, then no fewer than ``capacity.MIN_REQUESTS``), the windows of the required cases (fewer
@@ -458,6 +528,15 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     # frozen for this one, they are trained here (~1-2 min on 2 cores) only if a required case needs them or
     # the run is the full one; a reduced run then skips the further cases that need them.
     n_req = len(the_plan.confirmatory)     # the pre-registered cases: required, with every chosen window
+    # the analysis' virtual engine runs: the family on every pre-registered window, and the prediction of every
+    # replay below saturation that may run (the fidelity replays and the family's replays at rho < 1)
+    k_max = max((len(w) for w in the_plan.windows.values()), default=0)
+    n_virtual = sum(len(c.sources) * len(c.schedulers) for c in the_plan.confirmatory) * k_max
+    n_fid_src = len({s for c in the_plan.confirmatory for s in c.sources})
+    n_below = n_fid_src * int(v.reduced_fidelity_windows if the_plan.reduced else v.fidelity_windows) + sum(
+        len(c.sources) * len(c.schedulers) * k_max for c in the_plan.confirmatory
+        if float(c.rho or 0) < 1.0 and all(cases.engine_runnable(x) for x in c.schedulers))
+    R.virtual_s = VIRTUAL_BASE_S + VIRTUAL_RUN_S * (n_virtual + n_below)
     names_req = {"fcfs"} | {x for c in the_plan.cases[:n_req] for x in c.schedulers}
     names_all = names_req | {x for c in the_plan.cases for x in c.schedulers}
     with_predictions = campaign.needs_predictions(sorted(names_req)) or (
@@ -466,7 +545,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     vocab = int(replay.model_config(e.model_config)["vocab_size"])
     log_path = out / "iterations.jsonl"
     for f in [log_path, *out.glob("iterations_*.jsonl")]:
-        f.unlink(missing_ok=True)
+        if f.name != "iterations_grid.jsonl" or grid is None:     # the grid's log: written before this run
+            f.unlink(missing_ok=True)
     status = the_plan.status
     spec = the_plan.spec
     base = base_profile(cfg)
@@ -474,23 +554,12 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     for m in the_plan.messages:
         R.log(m)
     prereg_path = out / PREREGISTRATION
-    R.log(f"pre-registration written before any engine run: {prereg_path} (SHA-256 {prereg_sha[:16]}...), "
-          f"{n_req} confirmatory cases, {the_plan.preregistration['windows_per_source']} windows per source")
-    # the step grid: fixed shapes on an in-process engine of its own (steps.py), before the replays
-    g = v.step_grid
-    shapes = steps.grid(g)
-    rounds = int(g.reduced_rounds if the_plan.reduced else g.rounds)
-    R.log(f"step grid: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
-    t = time.perf_counter()
-    grid_log = out / "iterations_grid.jsonl"
-    grid_log.unlink(missing_ok=True)
-    grid_rows, grid_startup = steps.measure(spec, shapes, rounds=rounds, steps_per_shape=int(g.steps_per_shape),
-                                            seed=int(v.seed), log_path=grid_log, vocab=vocab)
-    (out / "raw").mkdir(parents=True, exist_ok=True)
-    grid_rows.write_parquet(out / "raw" / "step_grid.parquet")
-    step_info = {"shapes": len(shapes), "rounds": rounds, "steps_per_shape": int(g.steps_per_shape),
-                 "steps": grid_rows.height, "wall_s": time.perf_counter() - t, "startup_s": grid_startup}
-    R.log(f"step grid: {grid_rows.height} steps in {step_info['wall_s']:.0f} s")
+    pw = the_plan.preregistration["power"]
+    R.log(f"pre-registration written before any replay: {prereg_path} (SHA-256 {prereg_sha[:16]}...), "
+          f"{n_req} confirmatory cases, {the_plan.preregistration['windows_per_source']} windows per source "
+          f"(power calculation with noise CV {pw.get('noise_cv', float('nan')):.3f}: {pw.get('noise_cv_source', '?')})")
+    # the step grid: measured before the pre-registration (run()); measured here when called without it
+    _, step_info = grid if grid is not None else measure_step_grid(cfg, the_plan, out, progress=progress)
     R.log(f"starting vLLM ({status.distribution} {status.version}, {the_plan.device}, model {e.model_config}); "
           f"budget {budget:.0f} s from the process start")
     with replay.Replayer(spec, log_path) as eng:
@@ -666,6 +735,14 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                 if all(d[:3] + d[4:5] != (s, wid, region, sched) for d in deferred):
                     deferred.append((s, wid, region, rho, sched, kind))
                 return
+            est_l = estimate(s, wid, region, rho)
+            # every replay is cut when it no longer fits, but the first fidelity replay of each source: without
+            # one the analysis has nothing to compare (a few seconds: fcfs below saturation)
+            first_fid = kind == "fidelity" and wid == the_plan.windows[s][0]
+            if not first_fid and est_l + _reserve(len(R.records) + 1) + R.virtual_s > R.left():
+                R.cut.append({"replay": f"{kind}: {sched} on {wid} at {region}", "estimated_s": est_l,
+                              "left_s": R.left(), "why": "its estimated time and the reserve exceed the time left"})
+                return
             seed = _seed(sim, wid, sched, region)
             prio = replay.request_priorities(sched, sc, seed, schedulers.options_for(sim, sched),
                                              profile=calib, slo=sim.edf_slo_dict)
@@ -678,6 +755,10 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
         deferred: list[tuple] = []
 
         def case_todo(c, k):
+            """The wall-clock replays of case c on k windows per source: none when a policy of the pair is not one
+            the wall-clock engine runs (mlfq, rr, vtc: the virtual engine alone judges such a case)."""
+            if not all(cases.engine_runnable(x) for x in c.schedulers):
+                return []
             return [(s, wid, c.region, float(c.rho), sched)
                     for j in range(k) for s in c.sources if j < len(the_plan.windows[s])
                     for wid in [the_plan.windows[s][j]]
@@ -692,7 +773,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
         k_use = k_plan
         while k_use > 1:
             todo = required_todo(k_use, min(n_fid_plan, k_use))
-            if need_s(todo) + _reserve(len(todo)) <= R.left():
+            if need_s(todo) + _reserve(len(todo)) + R.virtual_s <= R.left():
                 break
             k_use -= 1
         n_fid = min(n_fid_plan, k_use)
@@ -712,7 +793,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                     continue
                 need = need_s(todo)
                 n_new = sum(1 for t in todo if (t[0], t[1], t[2], t[4]) not in R.records)
-                if need + _reserve(len(R.records) + n_new) > R.left():
+                if need + _reserve(len(R.records) + n_new) + R.virtual_s > R.left():
                     skipped.append(f"{c.kind} {c.a} vs {c.b} ({c.metric}, {c.region}, {'/'.join(c.sources)}): "
                                    f"~{need:.0f} s of replays would exceed the {budget:.0f} s budget")
                     skipped_why["time"] += 1
@@ -724,9 +805,30 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             if i < n_req:
                 R.log(f"case {i + 1}/{len(the_cases)} {c.kind}: {c.a} vs {c.b}, {c.metric} at {c.region} on "
                       f"{', '.join(c.sources)}, {k_use} windows per source: {time.perf_counter() - t:.0f} s")
+        # every pre-registered window of the family at its load, for the virtual engine (the analysis; no replay)
+        for c in the_cases[:n_req]:
+            for s in c.sources:
+                if s in engine_cap:
+                    for wid in the_plan.windows.get(s, []):
+                        scaled_window(s, wid, c.region, float(c.rho))
+        if R.cut:
+            R.log(f"{len(R.cut)} replays cut to hold the budget (budget.replays_cut in run.json / summary.json)")
         R.log(f"{len(done_cases)} cases replayed ({len(R.records)} replays); {len(skipped)} further cases not "
               f"({skipped_why['time']} for time, {skipped_why['predictions']} for want of frozen predictions)")
     own_settings = {}
+    if deferred:     # only what the time left holds: the instance's start and shutdown, its replays, the reserve
+        fit_: list[tuple] = []
+        total = startup_s + OWN_INSTANCE_S
+        for d in deferred:
+            est_d = estimate(d[0], d[1], d[2], d[3])
+            if total + est_d + _reserve(len(R.records) + len(fit_) + 1) + R.virtual_s <= R.left():
+                fit_.append(d)
+                total += est_d
+            else:
+                R.cut.append({"replay": f"{d[5]}: {d[4]} on {d[1]} at {d[2]} (own instance)", "estimated_s": est_d,
+                              "left_s": R.left(), "why": "its own engine instance's start, its estimated time and the "
+                                                          "reserve exceed the time left"})
+        deferred = fit_
     if deferred:     # sarathi: FCFS on an engine instance of its own with Sarathi-Serve's budget (cases.OWN_INSTANCE)
         sspec = sarathi_spec(cfg, spec, e.token_scale)
         s_log = out / "iterations_sarathi.jsonl"
@@ -738,6 +840,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                 rec = replay_one(sc, sched, horizon, f"{wid}.{region}", kind, None, source=s, engine=eng2,
                                  as_policy="fcfs")
                 R.records[(s, wid, region, sched)] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
+    if not R.records:
+        raise PortbenchError("no replay ran: validation.fidelity_windows is 0 and the time budget held no other replay")
     load_end = os.getloadavg()
     engine_s = R.elapsed() - before_engine_s
     # the raw measurements: everything analyze() needs, so that the analysis can be redone from files
@@ -771,13 +875,15 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                             "windows_per_source_run": k_use},
         "step_grid": step_info, "hash_block_tokens": hash_tokens,
         "capacity": cap_rows, "startup_s": startup_s, "replay_wall_s": engine_s,
-        "wall_s": {"before_engine": before_engine_s, "engine_startup": startup_s, "warmup": warmup_s,
+        "wall_s": {"before_engine": before_engine_s - float(step_info["wall_s"]), "step_grid": float(step_info["wall_s"]),
+                   "engine_startup": startup_s, "warmup": warmup_s,
                    "saturation": saturation_s, "replays": replays_s, "engine_other": other_s,
                    "engine_total": engine_s},
         "budget": {"budget_s": budget, "counted_from": "process start", "saturation_backlog": n_sat,
                    "saturation_backlog_target": target, "saturation_backlog_why": sat_note,
                    "warmup_rate_rps": pilot_rps, "windows_per_source": k_use, "windows_per_source_planned": k_plan,
                    "fidelity_windows": n_fid, "cases_replayed": len(done_cases),
+                   "replays_cut": R.cut, "virtual_reserve_s": R.virtual_s,
                    "cases_skipped": {k: x for k, x in skipped_why.items() if k != "family"},
                    "predictions": "attached" if with_predictions else "not frozen for this environment: cases "
                                                                            "that need them skipped"},
@@ -833,6 +939,121 @@ RESIM_VARIANTS = {
     "step_grid": "the cost model fitted to the fixed-shape step grid's medians (steps.py; attention term fitted), "
                  "scheduled arrivals: the whole-run prediction from per-step timing",
 }
+
+
+VIRTUAL_TABLES = ("virtual_requests", "virtual_runs", "virtual_resim_runs")
+
+
+def virtual_section(cfg: Config, out: Path, *, es: resim.EngineSettings, es_of: dict, profile, wins: pl.DataFrame,
+                    replay_keys: list[tuple], conf: list, doc: dict, trace_hb: dict) -> dict | None:
+    """The virtual vLLM engine's runs (:mod:`.predict`): (1) the whole-run prediction of every replay below
+    saturation (the wall-clock engine's settings as it ran them, sarathi's included, and ``profile``: the step
+    grid's), its requests with the simulator's on the same profile (``pred``, ``resim_same_profile``); (2) the
+    engine side of the verdicts on every pre-registered window of the confirmatory family, each policy with its
+    own settings (sarathi with its own budget, :func:`.predict.policy_settings`), and the re-simulation under
+    the same settings (``runs``, ``resim_runs``). Without vLLM here: the tables a previous analysis stored
+    (``virtual_*.parquet``), else None."""
+    sim = cfg.simulation
+    if not predict.available():
+        if all((out / f"{n}.parquet").is_file() for n in VIRTUAL_TABLES):
+            t = {n: pl.read_parquet(out / f"{n}.parquet") for n in VIRTUAL_TABLES}
+            return {"pred": t["virtual_requests"].filter(pl.col("side") == "virtual").drop("side"),
+                    "resim_same_profile": t["virtual_requests"].filter(pl.col("side") == "simulator").drop("side"),
+                    "runs": t["virtual_runs"], "resim_runs": t["virtual_resim_runs"], "wall_s": 0.0,
+                    "source": "stored by an earlier analysis (vLLM is not importable here)"}
+        return None
+    t0 = time.perf_counter()
+    cols = [c for c in ("arrival_s", "prompt_tokens", "output_tokens", "tenant", "block_hashes", *PREDICTION_COLUMNS)
+            if c in wins.columns]
+
+    def window(wid, region):
+        w = wins.filter(pl.col("window_id") == wid, pl.col("region") == region).sort("req_id")
+        return w.select(cols), float(w["horizon_s"][0]), float(w["rho"][0])
+
+    pred, same = [], []
+    for key in replay_keys:
+        s, wid, region, sched = key
+        sc, horizon, rho = window(wid, region)
+        if rho >= 1.0:
+            continue
+        e_ = es_of.get(sched, es)
+        seed = _seed(sim, wid, sched, region)
+        lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(rho).alias("rho")]
+        v = predict.predict(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
+        r = resim.simulate(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
+        pred.append(v.requests.with_columns(*lit))
+        same.append(r.requests.with_columns(*lit))
+    sb = sarathi_budget(cfg, es.token_scale)
+    runs, rruns = [], []
+    for c in conf:
+        for s in c.sources:
+            for wid in doc["windows"].get(s, []):
+                if wins.filter(pl.col("window_id") == wid, pl.col("region") == c.region).height == 0:
+                    continue
+                sc, horizon, rho = window(wid, c.region)
+                for sched in c.schedulers:
+                    e_ = predict.policy_settings(es, sched, sb)
+                    seed = _seed(sim, wid, sched, c.region)
+                    base_row = {"source": s, "window_id": wid, "region": c.region, "scheduler": sched, "rho": rho,
+                                "horizon_s": horizon, "token_budget": int(e_.max_num_batched_tokens)}
+                    v = predict.predict(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
+                    r = resim.simulate(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
+                    runs.append({**base_row, **predict.run_metrics(v.requests, horizon, sim)})
+                    rruns.append({**base_row, **predict.run_metrics(r.requests, horizon, sim)})
+    runs_df = pl.DataFrame(runs).unique(subset=["source", "window_id", "region", "scheduler"], keep="first") \
+        if runs else pl.DataFrame()
+    rruns_df = pl.DataFrame(rruns).unique(subset=["source", "window_id", "region", "scheduler"], keep="first") \
+        if rruns else pl.DataFrame()
+    return {"pred": pl.concat(pred, how="diagonal_relaxed") if pred else pl.DataFrame(),
+            "resim_same_profile": pl.concat(same, how="diagonal_relaxed") if same else pl.DataFrame(),
+            "runs": runs_df, "resim_runs": rruns_df, "wall_s": time.perf_counter() - t0,
+            "source": "run in this analysis"}
+
+
+def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataFrame, phases: list[dict],
+                      rec_by_key: dict, profile, profile_name: str) -> dict:
+    """``summary.json`` ``whole_run_prediction``: the virtual vLLM engine + the measured step table
+    (:func:`virtual_section`) against the wall-clock replays below saturation -- per-request MAPE of TTFT, TPOT
+    and E2E, overall and per source -- and the E2E error budget by cause (:func:`.predict.error_budget`): the
+    step table's own error on the engine's recorded schedule, the virtual engine vs the simulator on the same
+    profile, the rest (composition and frontend)."""
+    if virt is None or virt["pred"].height == 0:
+        return {"available": False, "why": "no virtual vLLM engine in this environment and none stored, or no "
+                                           "replay below saturation"}
+    below = eng_req.filter(pl.col("rho") < 1.0)
+    m = verdict.matched_latencies(below, virt["pred"])
+    fid = verdict.fidelity(m)
+    by_source = {s: {x: verdict.fidelity(g)[x]["mape"] for x in verdict.LATENCIES}
+                 for (s,), g in m.group_by(["source"], maintain_order=True)}
+    same = verdict.fidelity(verdict.matched_latencies(virt["resim_same_profile"], virt["pred"]))
+    # the step table's error alone: its step times summed over the engine's own recorded steps
+    a = (logged["attention_pairs"].fill_null(0).to_numpy() if "attention_pairs" in logged.columns
+         else np.zeros(logged.height))
+    steps_p = logged.with_columns(pl.Series("predicted_s", np.atleast_1d(profile.iteration_time(
+        logged["prefill_tokens"].to_numpy(), logged["decode_seqs"].to_numpy(), logged["context_tokens"].to_numpy(),
+        a)).astype(float)))
+    origins = {(ph["tag"], ph["policy"]): ph.get("origin") for ph in phases if ph.get("instance") != "own"}
+    errs = []
+    for (_src, wid, region, sched), rec in rec_by_key.items():
+        org = origins.get((f"{wid}.{region}", sched))
+        rho = below.filter(pl.col("window_id") == wid, pl.col("region") == region)["rho"]
+        if org is None or rho.len() == 0:
+            continue
+        sh = verdict.step_time_share(rec, steps_p, org).filter(pl.col("e2e") > 0)
+        errs.append(((sh["e2e_if_schedule_exact"] - sh["e2e"]).abs() / sh["e2e"]).to_numpy())
+    step_only = float(np.concatenate(errs).mean()) if errs and sum(e.size for e in errs) else math.nan
+    attn_logged = bool("attention_pairs" in logged.columns and logged["attention_pairs"].null_count() < logged.height)
+    return {"available": True, "engine": predict.ENGINE_NAME, "profile": profile_name,
+            "mape": {x: fid[x]["mape"] for x in verdict.LATENCIES}, "requests": fid["e2e"]["n"],
+            "mape_by_source": by_source, "fidelity": fid,
+            "target_e2e_mape": TARGETS["e2e_mape"], "e2e_met": bool(fid["e2e"]["mape"] <= TARGETS["e2e_mape"]),
+            "virtual_vs_simulator_same_profile": {x: same[x]["mape"] for x in verdict.LATENCIES},
+            "error_budget": predict.error_budget(fid["e2e"]["mape"], step_only, same["e2e"]["mape"]),
+            "attention_pairs_logged": attn_logged,
+            "virtual_wall_s": virt["wall_s"], "virtual_source": virt["source"],
+            "definition": "per request, |prediction - wall-clock engine| / engine over the requests completed on both "
+                          "sides in the replays below saturation (rho < 1); prediction = vLLM's V1 scheduler stepped "
+                          "in a virtual clock by the step grid's cost model under the engine's settings"}
 
 
 def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
@@ -975,7 +1196,28 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     rows = confirm.verdicts(conf, explore, engine_runs, sim_runs, alpha=alpha, delta=float(cfg.analysis.delta),
                             delta_absolute=float(cfg.analysis.delta_absolute), margin=float(doc["equivalence_margin"]),
                             campaign_runs=camp_runs)
+    # the virtual vLLM engine (predict.py): the whole-run prediction from the step table, and the engine that
+    # decides the confirmatory family (every policy, sarathi with its own budget, every pre-registered window)
+    virt = virtual_section(cfg, out, es=es, es_of=es_of, profile=grid_prof if grid_prof is not None else calib,
+                           wins=wins, replay_keys=list(keys.iter_rows()), conf=conf, doc=doc, trace_hb=trace_hb)
+    by_engine = {"wall_clock": rows}
+    if virt is not None and virt["runs"].height:
+        by_engine = {"virtual": confirm.verdicts(conf, [], virt["runs"], virt["resim_runs"], alpha=alpha,
+                                                 delta=float(cfg.analysis.delta),
+                                                 delta_absolute=float(cfg.analysis.delta_absolute),
+                                                 margin=float(doc["equivalence_margin"]), campaign_runs=camp_runs),
+                     **by_engine}
+    rows = confirm.combine(by_engine)
+    if camp_runs is not None:     # does the campaign itself show the finding on the pre-registered windows?
+        for r, fam_case in zip(rows, conf):
+            ws = [w for s_ in fam_case.sources for w in doc["windows"].get(s_, [])]
+            r["campaign_on_windows"] = confirm.survives_settings(
+                fam_case, camp_runs.filter(pl.col("window_id").is_in(ws)), delta=float(cfg.analysis.delta),
+                level=1 - 2 * alpha, delta_absolute=float(cfg.analysis.delta_absolute))
     counts = confirm.verdict_counts(rows)
+    counts_by_engine = {e: confirm.verdict_counts(r) for e, r in by_engine.items()}
+    whole_run = whole_run_section(virt, eng_req, logged, phases, rec_by_key, grid_prof if grid_prof is not None
+                                  else calib, "step grid" if grid_prof is not None else "calibration (no step grid)")
     verdicts = verdict_rows_table(rows)
     win_err = verdict.window_error_table(matched["prediction"]).join(
         verdict.window_error_table(matched["speed_corrected"]).select(
@@ -988,7 +1230,12 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                      "verdicts": verdicts, "window_errors": win_err,
                      "matched_requests": matched["prediction"], "step_time_share": shares,
                      "matched_requests_speed_corrected": matched["speed_corrected"],
-                     "capacity": pl.DataFrame(cap_rows)}.items():
+                     "capacity": pl.DataFrame(cap_rows),
+                     **({"virtual_requests": pl.concat([virt["pred"].with_columns(pl.lit("virtual").alias("side")),
+                                                        virt["resim_same_profile"].with_columns(
+                                                            pl.lit("simulator").alias("side"))], how="diagonal_relaxed")
+                         if virt["pred"].height else pl.DataFrame(),
+                         "virtual_runs": virt["runs"], "virtual_resim_runs": virt["resim_runs"]} if virt else {})}.items():
         if df.height:
             df.write_parquet(out / f"{name}.parquet")
     clock = {f"{k[1]}/{k[3]}": p for k, rec in rec_by_key.items() if (p := replay.clock_problems(rec))}
@@ -1032,6 +1279,9 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                             "cases": [confirm.case_label(c) for c in conf], "n_cases": len(conf),
                             "windows_per_source": doc["windows_per_source"],
                             "windows_per_source_run": pr.get("windows_per_source_run"),
+                            "noise_cv": doc["power"].get("noise_cv"),
+                            "noise_cv_source": doc["power"].get("noise_cv_source", "parameter (before this field)"),
+                            "decided_by": doc.get("decided_by"),
                             "power_at_n": doc["power"].get("power_at_n"),
                             "target_reached": doc["power"].get("target_reached"),
                             "alpha": alpha, "correction": doc["correction"],
@@ -1039,6 +1289,10 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                             "draw": doc["draw"]},
         "verdicts": rows,
         "verdict_counts": counts,
+        "verdict_counts_by_engine": counts_by_engine,
+        "engines": {e: confirm.ENGINES[e] for e in by_engine},
+        "deciding_engine": doc.get("decided_by", {}).get("engine", "wall_clock"),
+        "whole_run_prediction": whole_run,
         "verdict_rules": {"alpha": alpha, "correction": doc["correction"], "confirmatory_cases": len(conf),
                           "step_1": "survives_settings: every side of the re-simulation under the engine's settings "
                                     f"keeps the campaign's sign with |effect| >= analysis.delta ({cfg.analysis.delta:g}; "
@@ -1111,8 +1365,9 @@ def verdict_rows_table(rows: list[dict]) -> pl.DataFrame:
                         "p_iut": (r.get("confirmatory") or {}).get("p_iut"),
                         "p_holm": (r.get("confirmatory") or {}).get("p_holm"),
                         "confirmed": (r.get("confirmatory") or {}).get("confirmed"),
-                        "verdict": r["verdict"]})
-    return pl.DataFrame(out) if out else pl.DataFrame()
+                        "verdict": r["verdict"], "decided_by": r.get("decided_by", "wall_clock"),
+                        **{f"verdict_{e}": v["verdict"] for e, v in (r.get("by_engine") or {}).items()}})
+    return pl.DataFrame(out, infer_schema_length=None) if out else pl.DataFrame()
 
 
 def settings_match_section(cfg: Config, es: resim.EngineSettings, run_info: dict, man: dict) -> dict:
@@ -1347,34 +1602,71 @@ def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
     pr, rows = s["preregistration"], [r for r in s["verdicts"] if r["role"] == "confirmatory"]
     nm = lambda x: (names or {}).get(x, x)  # noqa: E731
     n_run = pr.get("windows_per_source_run")
-    lines = [f"**Pre-registered before any engine run** (`{Path(pr['path']).name}`, SHA-256 `{pr['sha256'][:16]}…`, "
+    noise = pr.get("noise_cv")
+    noise_txt = (f", engine noise CV {noise:.3f} ({pr.get('noise_cv_source')})"
+                 if isinstance(noise, (int, float)) and math.isfinite(noise) else "")
+    cut_txt = ("" if n_run in (None, pr["windows_per_source"]) else
+               f"; the wall-clock engine replayed {n_run} per source: the time budget cut the rest")
+    lines = [f"**Pre-registered before any replay** (`{Path(pr['path']).name}`, SHA-256 `{pr['sha256'][:16]}…`, "
              f"verified when the verdicts were computed): {pr['n_cases']} cases, {pr['windows_per_source']} windows per "
-             f"source from the power calculation (target power {'reached' if pr.get('target_reached') else 'not reached'}"
-             f"{'' if n_run in (None, pr['windows_per_source']) else f'; {n_run} ran: the time budget cut the rest'}), "
+             f"source from the power calculation{noise_txt} (target power "
+             f"{'reached' if pr.get('target_reached') else 'not reached'}{cut_txt}), "
              f"α = {pr['alpha']:g}, {pr['correction'].capitalize()} over the family. A case is confirmed when both "
              f"one-sided tests in the simulated direction reject and its Holm-adjusted p is below α. "
              f"**{sum(bool(r['confirmatory']['confirmed']) for r in rows)} of {len(rows)} confirmed.**", ""]
+    dec = pr.get("decided_by") or {}
+    if dec:
+        lines[-2:-1] = [lines[-2] + f" The pre-registration names the engine that decides: the **{dec.get('engine')}** "
+                        f"engine ({dec.get('what')}); the others' verdicts are reported beside it."]
     for r in rows:
         sides = r["engine_vs_resim"]["sides"]
         sim = "; ".join(f"{nm(src)}: {r['a'] if sg > 0 else r['b']} better" for src, sg in r["campaign_sign"].items())
         surv = r["survives_settings"]
         c = r["confirmatory"]
+        who = r.get("decided_by", "wall_clock")
         ps = ", ".join(f"{x['p_one_sided']:.3g}" for x in c["sides"])
         eng = "; ".join(f"{nm(sd['source'])} {_fmt_eff(sd['engine_effect'])} (re-simulation "
-                        f"{_fmt_eff(sd['resim_effect'])})" for sd in sides)
+                        f"{_fmt_eff(sd['resim_effect'])}, {sd['windows']} windows)" for sd in sides)
+        beside = "; ".join(f"{e.replace('_', '-')} engine: {v['verdict']}" for e, v in (r.get("by_engine") or {}).items()
+                           if e != who)
         lines.append(
             f"* **{r['kind']}: {r['a']} vs {r['b']}**, {r['metric']} at {r['region']} — the campaign: {sim}. "
-            + ("Under the engine's settings the re-simulation keeps it. " if surv["survives"] else
-               "Under the engine's settings the re-simulation **no longer shows it: not testable on this engine**. ")
+            + f"Decided on the **{who.replace('_', '-')}** engine"
+            + ("" if r.get("decided_as_preregistered", True) else " (not the pre-registered one: it had no runs)") + ". "
+            + ("Under its settings the re-simulation keeps the finding. " if surv["survives"] else
+               "Under its settings the re-simulation **no longer shows the finding: not testable on this engine**"
+               + ({True: " (the campaign's own runs of the same windows do show it: the engine's configuration "
+                         "removes it). ",
+                   False: " (nor do the campaign's own runs of the same windows). "}.get(
+                       (r.get("campaign_on_windows") or {}).get("survives"), ". ")))
             + f"Effects (+: {r['a']} better) on the engine with 90 % intervals: {eng}. "
             + f"One-sided p per source {ps}; intersection-union "
               f"p {c['p_iut']:.3g}, Holm {c['p_holm']:.3g}: **{'confirmed' if c['confirmed'] else 'not confirmed'}**. "
-            + f"Engine vs re-simulation: **{r['engine_vs_resim']['verdict']}**; verdict: **{r['verdict']}**.")
+            + f"Engine vs re-simulation: **{r['engine_vs_resim']['verdict']}**; verdict: **{r['verdict']}**"
+            + (f" (beside it, {beside})." if beside else "."))
     ec = s["verdict_counts"].get("exploratory", {})
     if ec.get("cases"):
         lines += ["", f"Exploratory ({ec['cases']} further cases, no significance claimed): "
                   + ", ".join(f"{ec[v]} {v}" for v in confirm.VERDICTS if ec.get(v)) + "."]
     return "\n".join(lines)
+
+
+def whole_run_markdown(s: dict) -> str:
+    """The whole-run prediction (virtual vLLM engine + the measured step table) against the wall-clock replays,
+    and its E2E error budget, in words (from ``summary.json`` ``whole_run_prediction``)."""
+    w = (s or {}).get("whole_run_prediction") or {}
+    if not w.get("available"):
+        return f"No whole-run prediction: {w.get('why', 'the validation has not run')}."
+    m, b = w["mape"], w["error_budget"]
+    per = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in w["mape_by_source"].items())
+    return (f"**Whole-run prediction** ({w['engine']}, {w['profile']} profile) against the wall-clock replays below "
+            f"saturation ({w['requests']} requests): MAPE TTFT {_pct(m['ttft'])}, TPOT {_pct(m['tpot'])}, E2E "
+            f"{_pct(m['e2e'])} (per source E2E: {per}); target E2E <= {_pct(w['target_e2e_mape'])}: "
+            f"**{'met' if w['e2e_met'] else 'not met'}**. Error budget of the E2E MAPE: the step table's own error "
+            f"on the engine's recorded schedule {_pct(b['step_time_model'])}"
+            f"{'' if w.get('attention_pairs_logged') else ' (the step log of this run has no attention pairs: that term is left out of it)'}; "
+            f"vLLM's scheduler vs the simulator on the same profile {_pct(b['scheduling_model'])}; the rest, "
+            f"composition and frontend (a difference of MAPEs), {_pct(b['composition_and_frontend'])}.")
 
 
 def settings_table(s: dict) -> pl.DataFrame:

@@ -3,8 +3,10 @@
 Input: the analysis' reversal table (``{results_dir}/analysis/reversals.parquet``; columns in
 ``portbench.study.analysis.COLUMNS["reversals"]``: ``a, b, source_1, source_2, region, metric, direction,
 diff_1, diff_2`` (oriented: positive = a better), ``rel_1, rel_2, min_rel, p_1, p_2, p_adj_1,
-p_adj_2, n_1, n_2, reversal, significant, practical``, ...). Only pairs whose two policies vLLM can
-run (:func:`engine_runnable`: the shared engine's policies, and `sarathi` on an instance of its own) are eligible.
+p_adj_2, n_1, n_2, reversal, significant, practical``, ...). Only pairs whose two policies are *eligible*
+are selected: by default those the wall-clock engine runs (:func:`engine_runnable`: the shared engine's
+policies, and `sarathi` on an instance of its own); the confirmatory family takes every policy the virtual
+vLLM engine runs (:func:`virtual_runnable`, ``select_cases(eligible=...)``), the engine that decides it.
 
 * **Key reversal**: among rows with ``reversal & significant & practical`` (the analysis' stage
   ``significant_and_practical``) on a headline metric (the table's ``headline`` column: the analysis'
@@ -29,13 +31,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import polars as pl
 
 from ..core.errors import DataError
-from . import replay
+from . import policies, replay
 
 REQUIRED = ("a", "b", "source_1", "source_2", "region", "metric", "diff_1", "diff_2", "rel_1", "rel_2",
             "reversal", "significant", "practical")
@@ -147,11 +149,16 @@ def engine_runnable(name: str) -> bool:
     return bool(replay.runnable(name) or name in OWN_INSTANCE)
 
 
-def _runnable_rows(rev: pl.DataFrame) -> pl.DataFrame:
-    """Rows whose two policies the validation can run (:func:`engine_runnable`), on a metric a replay
+def virtual_runnable(name: str) -> bool:
+    """Whether the virtual vLLM engine (:mod:`.virtual`) runs ``name``: every built-in policy."""
+    return policies.virtual_mode(name) != "excluded"
+
+
+def _runnable_rows(rev: pl.DataFrame, eligible: Callable[[str], bool] = engine_runnable) -> pl.DataFrame:
+    """Rows whose two policies are ``eligible`` (default :func:`engine_runnable`), on a metric a replay
     measures (:data:`UNMEASURED_METRICS`)."""
     names = sorted(set(rev["a"].to_list()) | set(rev["b"].to_list()))
-    ok = [n for n in names if engine_runnable(n)]
+    ok = [n for n in names if eligible(n)]
     return rev.filter(pl.col("a").is_in(ok) & pl.col("b").is_in(ok)
                       & ~pl.col("metric").is_in(list(UNMEASURED_METRICS)))
 
@@ -171,12 +178,13 @@ def _headline_col(rev: pl.DataFrame) -> pl.Expr:
     return pl.lit(1, dtype=pl.Int8).alias("_headline")
 
 
-def reversal_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = None) -> list[Case]:
+def reversal_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = None,
+                   eligible: Callable[[str], bool] = engine_runnable) -> list[Case]:
     """Every significant-and-practical reversal of a runnable pair: those on a headline metric first
     (the analysis' pre-specified metrics; its ``most_dramatic`` is one of them), each group the most
     dramatic first (largest min(rel_1, rel_2); ties: region, metric, a, b, source_1, source_2
     alphabetically)."""
-    rev = _runnable_rows(check_reversals(rev))
+    rev = _runnable_rows(check_reversals(rev), eligible)
     cand = rev.filter(pl.col("reversal") & pl.col("significant") & pl.col("practical"))
     if cand.height == 0:
         return []
@@ -201,10 +209,11 @@ def key_reversal(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = N
 
 
 def stable_control(rev: pl.DataFrame, prefer: Case | None = None,
-                   region_loads: Mapping[str, float] | None = None) -> Case | None:
+                   region_loads: Mapping[str, float] | None = None,
+                   eligible: Callable[[str], bool] = engine_runnable) -> Case | None:
     """A runnable pair with the same, significant order on every source the validation replays (the
     key reversal's sources when there is one, else every source of the table; module docstring)."""
-    rev = _runnable_rows(check_reversals(rev))
+    rev = _runnable_rows(check_reversals(rev), eligible)
     if rev.height == 0:
         return None
     if prefer is not None:  # the control must not be the reversal's own pair; it is replayed on its sources
@@ -267,13 +276,15 @@ class Selection:
 
 
 def select_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = None,
-                 schedulers: Sequence[str] | None = None) -> Selection:
-    """The key reversal and the stable control from a reversal table (either may be missing)."""
+                 schedulers: Sequence[str] | None = None,
+                 eligible: Callable[[str], bool] = engine_runnable) -> Selection:
+    """The key reversal and the stable control from a reversal table (either may be missing); the pairs
+    whose two policies are ``eligible`` (default: the wall-clock engine's, :func:`engine_runnable`)."""
     rev = check_reversals(rev)
     names = sorted(set(schedulers or []) | set(rev["a"].to_list()) | set(rev["b"].to_list()))
-    excluded = {n: replay.engine_policy(n).note for n in names if not engine_runnable(n)}
+    excluded = {n: replay.engine_policy(n).note for n in names if not eligible(n)}
     msgs = []
-    revs = reversal_cases(rev, region_loads)
+    revs = reversal_cases(rev, region_loads, eligible)
     key = revs[0] if revs else None
     if key is None:
         n_sp = rev.filter(pl.col("reversal") & pl.col("significant") & pl.col("practical")).height
@@ -286,7 +297,7 @@ def select_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = N
         why = sorted({UNMEASURED_METRICS[m] for m in unmeasured["metric"].unique().to_list()})
         msgs.append(f"{unmeasured.height} significant-and-practical reversals on "
                     f"{', '.join(sorted(unmeasured['metric'].unique().to_list()))} not replayed: {'; '.join(why)}")
-    ctrl = stable_control(rev, key, region_loads)
+    ctrl = stable_control(rev, key, region_loads, eligible)
     if ctrl is None:
         msgs.append("no runnable pair keeps the same significant order on every replayed source")
     return Selection([c for c in (key, ctrl) if c is not None] + revs[1:], excluded, msgs)

@@ -42,6 +42,14 @@ from ..study import stats
 from .cases import Case
 
 CORRECTION = "holm"      # the confirmatory family's correction (one name everywhere)
+# The engines a case can be judged on, and the one the pre-registration names to decide it (written into
+# preregistration.json before any replay): the virtual vLLM engine (vLLM's V1 scheduler stepped with the
+# measured step table: every policy, sarathi with its own budget, every pre-registered window, no timing
+# noise); the wall-clock CPU engine's verdicts are reported beside it.
+ENGINES = {"virtual": "virtual vLLM engine (vLLM 0.32's V1 scheduler, the step grid's cost model, the wall-clock "
+                      "engine's settings; sarathi with its own budget)",
+           "wall_clock": "wall-clock vLLM CPU engine (the replays)"}
+DECIDING_ENGINE = "virtual"
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not testable on this engine")
 
 
@@ -290,6 +298,27 @@ def verdicts(confirmatory: Sequence[Case], exploratory: Sequence[Case], engine_r
         if i < len(confirmatory):
             row["confirmatory"] = conf[i]
         out.append(row)
+    return out
+
+
+def combine(by_engine: dict[str, list[dict]], deciding: str = DECIDING_ENGINE) -> list[dict]:
+    """One row per case from :func:`verdicts` run once per engine (``by_engine``: engine -> rows, the same cases
+    in the same order; an engine may judge only the first ones, e.g. the confirmatory family): the deciding
+    engine's ``survives_settings``, ``engine_vs_resim``, ``verdict`` and ``confirmatory`` (where it has no row
+    for a case, the first engine that has), ``decided_by``, ``decided_as_preregistered`` and ``by_engine`` with
+    every engine's own four."""
+    keep = ("survives_settings", "engine_vs_resim", "verdict", "confirmatory")
+    n = max((len(rows) for rows in by_engine.values()), default=0)
+    out = []
+    for i in range(n):
+        per = {e: rows[i] for e, rows in by_engine.items() if i < len(rows)}
+        lead = deciding if deciding in per else next(iter(per))
+        row = per[lead]
+        for e, other in per.items():
+            if other["case"] != row["case"] or other["role"] != row["role"]:
+                raise ValueError(f"engine {e}'s case {i} is {other['case']!r}, not {row['case']!r}")
+        out.append({**row, "decided_by": lead, "decided_as_preregistered": lead == deciding,
+                    "by_engine": {e: {k: r[k] for k in keep if k in r} for e, r in per.items()}})
     return out
 
 

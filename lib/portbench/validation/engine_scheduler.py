@@ -29,6 +29,7 @@ KV blocks, block size, token budget, max_num_seqs, max_model_len):
 * ``prefill_tokens``: tokens scheduled for requests still in (re)prefill;
 * ``decode_seqs``: requests scheduled for exactly one token after their known tokens (decodes);
 * ``context_tokens``: KV tokens of every scheduled request after the step (the cost model's C);
+* ``attention_pairs``: causal attention pairs of the step's prompt chunks (the cost model's A);
 * ``t_start`` (monotonic, start of ``schedule()``), ``model_s`` (to the start of
   ``update_from_output()``), ``iteration_s`` (to its end: when vLLM stamps the step's tokens),
   ``cpu_s`` (this process's CPU time over the same span: wall − CPU = time the OS gave to others),
@@ -184,7 +185,7 @@ class PortbenchScheduler(Scheduler):
             self._pb_rekey()
             out = super().schedule(*args, **kwargs)
         if self._pb_log is not None and out.num_scheduled_tokens:
-            prefill = decode = context = 0
+            prefill = decode = context = pairs = 0
             for req_id, n in out.num_scheduled_tokens.items():
                 req = self.requests.get(req_id)
                 if req is None or n <= 0:
@@ -195,9 +196,11 @@ class PortbenchScheduler(Scheduler):
                     decode += 1
                 else:
                     prefill += int(n)
+                    pairs += int(n) * before + int(n) * (int(n) + 1) // 2   # the cost model's causal attention pairs
                 context += after
             self._pb_pending = {"t_start": t, "c_start": c, "prefill_tokens": prefill, "decode_seqs": decode,
-                                "context_tokens": context, "num_reqs": len(out.num_scheduled_tokens),
+                                "context_tokens": context, "attention_pairs": pairs,
+                                "num_reqs": len(out.num_scheduled_tokens),
                                 "waiting": len(self.waiting), "running": len(self.running),
                                 "preempted": len(out.preempted_req_ids or ()), "displaced": self._pb_displaced}
         return out

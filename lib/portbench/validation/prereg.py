@@ -39,6 +39,7 @@ from ..core import io
 from ..core.errors import DataError
 from . import cases as cases_mod
 from .cases import Case
+from . import confirm
 from .confirm import CORRECTION, window_effects
 
 MAX_CASES = 5
@@ -92,9 +93,7 @@ def choose_cases(rev: pl.DataFrame, region_loads: Mapping[str, float], *, extra:
     drawn by :func:`draw_reversals` from the headline panel's significant-and-practical reversals on headline
     metrics whose two policies are ``eligible``; exploratory: every other such reversal (any metric a replay
     measures), most dramatic first."""
-    sel = cases_mod.select_cases(rev, region_loads)
-    if eligible is not None:
-        sel.cases = [c for c in sel.cases if eligible(c.a) and eligible(c.b)]
+    sel = cases_mod.select_cases(rev, region_loads, eligible=eligible or cases_mod.engine_runnable)
     fixed = [c for c in sel.cases[:2] if c.kind in ("reversal", "control")]
     key = [c for c in fixed if c.kind == "reversal"]
     rest = [c for c in sel.cases if c not in fixed]
@@ -187,6 +186,8 @@ def document(the_cases: Sequence[Case], pw: dict, windows: Mapping[str, Sequence
             "confirmed_when": "both (every) one-sided tests in the simulated direction reject (intersection-union) "
                               f"and the case's p, Holm-adjusted over the {len(the_cases)} cases, is below alpha",
             "equivalence_margin": float(margin),
+            "decided_by": {"engine": confirm.DECIDING_ENGINE, "what": confirm.ENGINES[confirm.DECIDING_ENGINE],
+                           "also_reported": [e for e in confirm.ENGINES if e != confirm.DECIDING_ENGINE]},
             "draw": {"seed": int(draw_seed), "extra_reversals": int(extra), "stratified_by": "source pair"},
             "power": pw, "inputs": dict(inputs),
             "exploratory": "every other case and statistic: sign and effect-size agreement with intervals, "

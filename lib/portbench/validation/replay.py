@@ -398,7 +398,7 @@ def clock_problems(records: pl.DataFrame) -> list[str]:
 
 ITERATION_SCHEMA = {"t_start": pl.Float64, "iteration_s": pl.Float64, "model_s": pl.Float64, "cpu_s": pl.Float64,
                     "prefill_tokens": pl.Int64, "decode_seqs": pl.Int64, "context_tokens": pl.Int64,
-                    "num_reqs": pl.Int64, "waiting": pl.Int64, "running": pl.Int64, "free_blocks": pl.Int64,
+                    "attention_pairs": pl.Int64, "num_reqs": pl.Int64, "waiting": pl.Int64, "running": pl.Int64, "free_blocks": pl.Int64,
                     "preempted": pl.Int64, "displaced": pl.Int64, "busy_after": pl.Boolean}
 
 

@@ -323,3 +323,23 @@ def drift(rows: pl.DataFrame, time_column: str = "step_wall_s") -> dict:
         return {"per_round_median_s": [], "spread": math.nan}
     med = ref.group_by("round").agg(pl.col(time_column).median()).sort("round")[time_column].to_list()
     return {"per_round_median_s": med, "spread": float(max(med) / min(med) - 1) if med and min(med) > 0 else math.nan}
+
+
+def repeat_cv(rows: pl.DataFrame, time_column: str = "step_wall_s") -> dict:
+    """The engine's measured repeat noise: per round the machine's speed -- the median over shapes of the
+    shape's median step time in that round over its median in all rounds -- and the relative standard deviation
+    of those speeds over the rounds (the same work timed at different moments, as two replays of one window are;
+    every shape counts, so one slow step of the small reference shape does not decide it; each shape's round
+    medians are divided by their mean over the rounds). A whole run's
+    latencies scale with the machine's speed during that run, so this is what the power calculation takes as
+    ``noise_cv`` (:func:`.prereg.power`). ``cv`` is NaN with fewer than two rounds."""
+    how = "relative SD over the step grid's rounds of the round's speed (median over shapes of round median / mean)"
+    if rows.height == 0 or rows["round"].n_unique() < 2:
+        return {"cv": math.nan, "rounds": int(rows["round"].n_unique()) if rows.height else 0, "how": how}
+    per = rows.group_by(["shape", "round"]).agg(pl.col(time_column).median().alias("m"))
+    # over the mean of the shape's round medians (a median of 3 rounds would be one of them: ratios of exactly 1)
+    per = per.join(per.group_by("shape").agg(pl.col("m").mean().alias("all")), on="shape")
+    speed = per.group_by("round").agg((pl.col("m") / pl.col("all")).median().alias("f")).sort("round")["f"].to_numpy()
+    speed = speed[np.isfinite(speed)]
+    cv = float(np.std(speed, ddof=1) / np.mean(speed)) if speed.size >= 2 and np.mean(speed) > 0 else math.nan
+    return {"cv": cv, "rounds": int(speed.size), "per_round_speed": speed.tolist(), "how": how}
