@@ -74,7 +74,7 @@ def _table_cols(res: dict) -> dict:
 
 def _metric_mask(shape, axis: int, idx) -> np.ndarray:
     m = np.zeros(shape, bool)
-    sl = [slice(None)] * len(shape)
+    sl: list[slice | list] = [slice(None)] * len(shape)
     sl[axis] = list(idx)
     m[tuple(sl)] = True
     return m
@@ -106,6 +106,7 @@ def _least_agreeing(tau, ci_high, resolved, mask) -> tuple | None:
     hi = np.where(ok, np.asarray(ci_high, dtype=float), np.nan)
     res = np.where(ok, np.asarray(resolved, dtype=float), 0.0)
     idx = np.argwhere(ok)
+    key: list[tuple]
     if np.isfinite(hi[ok]).any():
         idx = np.argwhere(ok & np.isfinite(hi))
         key = [(hi[tuple(i)], tau[tuple(i)], -res[tuple(i)]) for i in idx]
@@ -153,7 +154,7 @@ def _cross_source_panel(cube: Cube, rk: Ranking, others: dict[str, Ranking], nam
     w_rk = red.rk if red and red.uses(*srcs) else rk
     V = np.stack([w_rk.values[s] for s in srcs], axis=2)                      # (R, M, S, K)
     ranks = stats.ranks_best_first(V, axis=-1)                                 # (R, M, S, K)
-    W = stats.kendall_w(ranks)
+    W = np.asarray(stats.kendall_w(ranks))
     if has_boot:
         Bt = np.stack([w_rk.boot[s] for s in srcs], axis=2)
         Wb = stats.kendall_w(stats.ranks_best_first(np.moveaxis(Bt, -1, 2), axis=-1))   # (R, M, B)
@@ -353,9 +354,9 @@ def _cross_region(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
                 pts = {k: v for k, v in st_.items() if not k.endswith("_b")}
                 agg_all, agg_ext = aggregate(pts, np.ones(shape, bool), "conditions"), sec["extreme_regions"]
             else:
-                po = [_region_pairs(red.others[rule] if red and red.uses(s) else other, s, rpairs, False,
-                                    scipy_points=False) for s in srcs]
-                po = {k: np.stack([x[k] for x in po]) for k in po[0]}
+                each = [_region_pairs(red.others[rule] if red and red.uses(s) else other, s, rpairs, False,
+                                      scipy_points=False) for s in srcs]
+                po = {k: np.stack([x[k] for x in each]) for k in each[0]}
                 agg = aggregate(po, head_mask, "conditions")
                 agg_all, agg_ext = aggregate(po, np.ones(shape, bool), "conditions"), aggregate(po, ext_mask, "conditions")
             sec["by_tie_rule"][rule] = _rule_row(agg, agg_all, rule, rk.rule, tau_b_extreme=agg_ext["tau_b"]["value"],

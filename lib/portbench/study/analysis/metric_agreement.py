@@ -94,7 +94,7 @@ def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
         change = np.stack([per[s]["change"] for s in srcs])
         nd = int(defined.sum())
         rate = change.sum() / nd if nd else float("nan")
-        ci = (float("nan"), float("nan"))
+        ci: tuple = (float("nan"), float("nan"))
         if has_boot and nd:
             cb = np.stack([per[s]["change_b"] for s in srcs])                    # (S, R, H, B)
             ci = stats.percentile_ci((cb & defined[..., None]).sum(axis=(0, 1, 2)) / nd)
@@ -113,9 +113,9 @@ def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
             r_, f"fraction of (source, region) conditions in which no scheduler is best (or tied best) under every "
                 f"one of the {len(M)} metrics (the old rule; secondary)", allm.size, rci, changed=nchg)
         prs = {k: np.stack([per[s]["pr"][k] for s in srcs]) for k in per[srcs[0]]["pr"]}   # (S, R, Q[, B])
-        hq = np.array([i in head and j in head for i, j in mpairs], bool)
+        head_pairs = np.array([i in head and j in head for i, j in mpairs], bool)
         shape = prs["tau"].shape
-        sec.update(aggregate(prs, np.broadcast_to(hq, shape), f"(source, region, headline metric pair) conditions of "
+        sec.update(aggregate(prs, np.broadcast_to(head_pairs, shape), f"(source, region, headline metric pair) conditions of "
                                                                 f"panel {name}"))
         sec["all_metrics"] = aggregate(prs, np.ones(shape, bool), "(source, region, metric pair) conditions, every metric")
         out[name] = sec
@@ -185,7 +185,8 @@ def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables, red: Restric
                        "slo_metrics": names} for name in panels}
     has_boot = all(rk.boot[s] is not None for s in S)
     pairs = list(combinations(range(len(idx)), 2))
-    per, rows, crows = {}, [], []
+    per: dict[str, dict] = {}
+    rows, crows = [], []
     for s in S:
         rks = red.rk if red and red.uses(s) else rk
         K = np.asarray(red.cube.schedulers if red and red.uses(s) else cube.schedulers)

@@ -46,7 +46,7 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
     cube = build_cube(runs, metric_spec=config.analysis.metrics, all_metrics=metric_names(config.simulation.slo),
                       scheduler_order=config.simulation.schedulers, where=str(where),
                       source_order=config.source_names(), names=config.display_names)
-    timings = {}
+    timings: dict[str, float] = {}
 
     def tick(name):
         timings[name] = round(time.perf_counter() - t0 - sum(timings.values()), 3)
@@ -170,7 +170,7 @@ def assemble_summary(*, cube, runs, cfg: dict, head: list[int], panels: dict, he
                      skipped: list[str]) -> dict:
     """summary.json in one place: parameters, data, the headline panel's sections at the top level, every
     panel under ``panels``, then the other blocks (``blocks``: name -> section; add new blocks there)."""
-    summary = {
+    summary: dict = {
         "schema": SCHEMA,
         "headline_metrics": [cube.metrics[k] for k in head],
         "headline_panel": headline_panel,
@@ -249,12 +249,7 @@ def fingerprint(runs: pl.DataFrame, cfg: Config) -> str:
 def write(results_dir: Path, A: Analysis) -> dict[str, str]:
     """Write every table as parquet under ``{results_dir}/analysis/`` and the summary core."""
     out = analysis_dir(results_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, df in A.tables.items():
-        p = out / f"{name}.parquet"
-        fileio.atomic_write(p, lambda tmp, df=df: df.write_parquet(tmp))
-        paths[name] = str(p)
+    paths = fileio.write_tables(out, A.tables)
     fileio.write_text(out / "summary_core.json", json.dumps(A.summary, indent=1, default=_json_default))
     fileio.write_text(out / "meta.json", json.dumps(A.meta, indent=1))
     return paths

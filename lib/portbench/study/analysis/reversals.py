@@ -95,7 +95,7 @@ def _panel_reversals(cube: Cube, side: dict, delta: np.ndarray, cfg: dict, name:
     sig = {s: stats.side_significant(p_adj[i], side[s]["test"].direction, side[s]["diff"], cfg["alpha"])
            for i, s in enumerate(srcs)}
     pair_a, pair_b = np.asarray(K, dtype=object)[ia], np.asarray(K, dtype=object)[ib]
-    dims = {"region": R, "metric": M, "pair": list(range(len(ia)))}
+    dims: dict[str, list] = {"region": R, "metric": M, "pair": list(range(len(ia)))}
     meta = {m: (d, sc, float(delta[k]), k in head) for k, (m, d, sc) in enumerate(zip(M, cube.directions, cube.scales))}
 
     def _cols(f):
