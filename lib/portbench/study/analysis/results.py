@@ -277,7 +277,7 @@ def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Ana
             tables = {t: pl.read_parquet(d / f"{t}.parquet") for t in TABLES}
             summary = json.loads((d / "summary_core.json").read_text())
             return Analysis(tables=tables, summary=summary, meta=meta)
-    with stage(f"analysis of {runs.height:,} runs (the tables of notebooks 04-07 and 09)"):
+    with stage(f"analysis of {runs.height:,} runs (the tables of notebooks 04-07 and 10)"):
         A = compute(cfg, runs, progress=progress)
     write(cfg.paths.results_dir, A)
     figindex.forget(cfg.paths.figures_dir, FIGURE_NOTEBOOKS)  # figures of an older analysis are not indexed
