@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 MARKER = ".portbench-output"
@@ -143,7 +144,7 @@ def record(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def remove_recorded(folder: str | os.PathLike, files: list[str | os.PathLike]) -> list[str]:
+def remove_recorded(folder: str | os.PathLike, files: Iterable[str | os.PathLike]) -> list[str]:
     """Delete those of ``files`` that portbench recorded writing (in the record of their marked folder) and git does
     not track, drop them from the record and remove the folders they leave empty; returns the deleted paths. A file
     not in a record (a user's) is left alone. Used for outputs of a stage that no longer exists (a renamed

@@ -14,7 +14,7 @@ import polars as pl
 
 from ...core import figindex
 from ...core import io as fileio
-from ...core.config import TIE_RULES, Config
+from ...core.config import TIE_RULES, Config, PathsConfig
 from ...core.errors import DataError, PortbenchError
 from ...core.progress import stage
 from ...sim import profiles
@@ -285,10 +285,10 @@ def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Ana
     return A
 
 
-def figure_index(cfg: Config) -> list[dict]:
-    """``[{name, file, pdf, notebook, description}]`` of every figure in ``paths.figures_dir`` (notebooks
-    01-08, each recorded by ``figures.save``), paths relative to the project root where possible."""
-    return figindex.index(cfg.paths.figures_dir, cfg.paths.root)
+def figure_index(paths: PathsConfig) -> list[dict]:
+    """``[{name, file, pdf, notebook, description}]`` of every figure in ``paths.figures_dir`` (each recorded by
+    ``figures.save``), paths relative to the project root where possible."""
+    return figindex.index(paths.figures_dir, paths.root)
 
 
 def engine_load_blocks(cfg: Config) -> dict:
@@ -321,9 +321,9 @@ def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
     A = A or load(cfg)
     summary = dict(A.summary)
     summary.update(engine_load_blocks(cfg))
-    summary["figures"] = figure_index(cfg)
+    summary["figures"] = figure_index(cfg.paths)
     summary.update(read_sections(cfg.paths.results_dir, reserved=summary))  # later stages' sections (attribution)
-    summary = add_honest_information(cfg, summary)
+    summary = honest.add_to_summary(cfg, summary)   # issue #12's predictors and fairness blocks
     summary = add_design_controls(cfg, summary)
     fileio.write_text(summary_path(cfg.paths.results_dir), json.dumps(summary, indent=1, default=_json_default))
     return summary
@@ -346,14 +346,14 @@ def add_design_controls(cfg: Config, summary: dict) -> dict:
         return summary
     summary["congestion"] = hygiene.congestion_block(runs, cfg.simulation.capacity_policy,
                                                      hygiene.load_records(cfg.paths.results_dir))
-    jit = hygiene.load_jitter(cfg)
+    jit = hygiene.load_jitter(cfg.paths.results_dir)
     controls = dict(summary.get("controls") or {})
     if jit is not None:
         controls["arrival_jitter"] = jitter_headline(cfg, hygiene.jittered_runs(runs, jit))
     else:
         controls["arrival_jitter"] = {"available": False, "reason": "the jittered runs have not been simulated "
                                       "(hygiene.run_jitter; notebook 04)"}
-    eq = hygiene.load_equal_information(cfg)
+    eq = hygiene.load_equal_information(cfg.paths.results_dir)
     if eq is not None:
         controls["equal_information"] = {
             **jitter_headline(cfg, hygiene.equal_information_runs(runs, eq), what="equal_information"),
@@ -388,17 +388,9 @@ def jitter_headline(config: Config, runs: pl.DataFrame, what: str = "arrival_jit
     out = {"available": True, "concordance": b["concordance"], "four_way": b["four_way"], "sides": b["sides"],
            "bootstrap": JITTER_BOOT}
     if what == "arrival_jitter":
-        f = hygiene.jitter_dir(config) / "sources.json"
+        f = hygiene.jitter_dir(config.paths.results_dir) / "sources.json"
         out["jittered_sources"] = json.loads(f.read_text()) if f.is_file() else []
     return out
-
-
-def add_honest_information(cfg: Config, summary: dict) -> dict:
-    """Issue #12's blocks, added beside the portability statistics (not part of them): ``predictors``
-    (accuracy of the learned length predictors, transfer between sources, ranks with home / foreign /
-    oracle predictors) and ``fairness`` (per-tenant VTC metrics, n/a where a trace has no tenants).
-    Built by :mod:`portbench.study.honest` from the frozen predictions and the runs."""
-    return honest.add_to_summary(cfg, summary)
 
 
 def headline_table(summary: dict, panel: str | None = None) -> pl.DataFrame:
