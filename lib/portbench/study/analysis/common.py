@@ -262,6 +262,16 @@ def aggregate(res: dict, mask, what: str) -> dict:
     }
 
 
+def unavailable_reason(panel: dict) -> str:
+    """Why a panel of :func:`panel_sources` is not available (its missing sources)."""
+    return f"not available: sources missing ({', '.join(panel['missing'])})"
+
+
+def unavailable(panel: dict) -> dict:
+    """The section of a panel that is not available, in every panel section of ``summary.json``."""
+    return {"available": False, "sources": panel["sources"], "reason": unavailable_reason(panel)}
+
+
 def panel_sources(panels: dict, present: list[str], provenance: dict | None = None) -> dict[str, dict]:
     """Which panels can be analysed with the sources ``present``: ``{name: {"sources", "available",
     "missing"}}``. With no configured panel available and at least two sources present, an implicit

@@ -65,14 +65,6 @@ def validate(a: AnalysisConfig, sim: SimulationConfig, sources: list[str]) -> No
             check_choice(f"analysis.cd_conditions[{i}] metric", met, names)
 
 
-def _cd_parts(c) -> tuple[str, str, str] | None:
-    if isinstance(c, str):
-        c = c.split("/")
-    if isinstance(c, (list, tuple)) and len(c) == 3 and all(isinstance(x, str) for x in c):
-        return tuple(c)
-    return None
-
-
 def settings(a: AnalysisConfig, window_size: int = 200) -> dict:
     """The analysis parameters as a plain dict (the ``parameters`` block of ``summary.json``);
     ``window_size`` (``windows.size``) sizes the practical threshold of count metrics."""

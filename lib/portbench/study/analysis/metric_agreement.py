@@ -10,9 +10,10 @@ import polars as pl
 
 from .. import stats
 from .columns import COLUMNS
-from .agreement import _table_cols
-from .common import _empty, _frame, _mean_with_ci, _rate_with_ci, _stat, aggregate, compare_all, condition_ci, pairs_of
-from .cube import Analysis, Cube, _cd_parts
+from .agreement import pair_table
+from .common import (_empty, _mean_with_ci, _rate_with_ci, _stat, aggregate, compare_all, condition_ci, pairs_of,
+                     unavailable)
+from .cube import Analysis, Cube
 from .ties import Ranking, Restricted
 
 
@@ -37,12 +38,8 @@ def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
         V, Bt = rk.values[s], rk.boot[s] if has_boot else None                 # (R, M, K[, B])
         pr = pairs_of(compare_all(V, Bt), mpairs)                              # (R, Q[, B])
         if mpairs:
-            cols = _table_cols(pr)
-            f = _frame({"region": R, "mpair": [f"{M[i]}|{M[j]}" for i, j in mpairs]}, **cols)
-            rows.append(f.with_columns(pl.col("mpair").str.split("|").list.get(0).alias("metric_1"),
-                                       pl.col("mpair").str.split("|").list.get(1).alias("metric_2"),
-                                       pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"),
-                                       pl.lit(len(K)).alias("n_items")).select(list(COLUMNS["cross_metric_tau"])))
+            rows.append(pair_table(pr, ("region", R), "mpair", M, mpairs, ("metric_1", "metric_2"), s,
+                                   cube.provenance[s], len(K), "cross_metric_tau"))
         mask = stats.top1_mask(V, axis=-1)                                       # (R, M, K): the best tie group
         tied = rk.n_groups(s) <= 1                                               # (R, M): all tied (or missing)
         mb = stats.top1_mask(Bt, axis=2) if has_boot else None                   # (R, M, K, B)
@@ -83,8 +80,7 @@ def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
     for name, p in panels.items():
         srcs = [s for s in p["sources"] if s in S]
         if not p["available"]:
-            out[name] = {"available": False, "sources": p["sources"],
-                         "reason": f"not available: sources missing ({', '.join(p['missing'])})"}
+            out[name] = unavailable(p)
             continue
         sec: dict = {"available": True, "sources": srcs, "n_conditions": len(srcs) * len(R), "n_metrics": len(M),
                      "headline_metrics": [M[k] for k in head],
@@ -199,12 +195,8 @@ def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables, red: Restric
         change = stats.top1_changes(mask)
         change_b = stats.top1_changes(np.transpose(stats.top1_mask(Bt, axis=2), (0, 3, 1, 2))) if has_boot else None
         per[s] = {"pr": pr, "W": W, "Wb": Wb, "change": change, "change_b": change_b}
-        cols = _table_cols(pr)
-        f = _frame({"region": R, "spair": [f"{names[i]}|{names[j]}" for i, j in pairs]}, **cols)
-        rows.append(f.with_columns(pl.col("spair").str.split("|").list.get(0).alias("slo_1"),
-                                   pl.col("spair").str.split("|").list.get(1).alias("slo_2"),
-                                   pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"),
-                                   pl.lit(len(K)).alias("n_items")).select(list(COLUMNS["slo_tau"])))
+        rows.append(pair_table(pr, ("region", R), "spair", names, pairs, ("slo_1", "slo_2"), s, cube.provenance[s],
+                               len(K), "slo_tau"))
         wlo, whi = stats.percentile_ci(Wb) if Wb is not None else (np.full(len(R), np.nan),) * 2
         winners = ["; ".join(f"{names[l]}={'+'.join(K[mask[r, l]])}" for l in range(len(names))) for r in range(len(R))]
         crows.append(pl.DataFrame({"source": s, "provenance": cube.provenance[s], "region": R, "W": W,
@@ -215,8 +207,7 @@ def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables, red: Restric
     for name, p in panels.items():
         srcs = [s for s in p["sources"] if s in S]
         if not p["available"]:
-            out[name] = {"available": False, "sources": p["sources"],
-                         "reason": f"not available: sources missing ({', '.join(p['missing'])})"}
+            out[name] = unavailable(p)
             continue
         prs = {k: np.stack([per[s]["pr"][k] for s in srcs]) for k in per[srcs[0]]["pr"]}
         W = np.stack([per[s]["W"] for s in srcs])
@@ -281,8 +272,8 @@ def cd_conditions(cfg: dict, cube: Cube, rv: dict) -> list[tuple[str, str, str]]
     """
     want = cfg["cd_conditions"]
     if want != "auto":
-        out = [_cd_parts(c) for c in want]
-        return [c for c in out if c[0] in cube.sources and c[1] in cube.regions and c[2] in cube.metrics]
+        out = [tuple(c.split("/")) for c in want]          # settings(): "source/region/metric"
+        return [c for c in out if len(c) == 3 and c[0] in cube.sources and c[1] in cube.regions and c[2] in cube.metrics]
     md = rv.get("most_dramatic")
     if md:
         region, metric = md["region"], md["metric"]

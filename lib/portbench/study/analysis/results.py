@@ -22,7 +22,7 @@ from ...sim import schedulers as scheduler_registry
 from .. import campaign, honest, stats
 from .agreement import _cross_region, _cross_source, _rankings_table, _window_values_table
 from .columns import FIGURE_NOTEBOOKS, SCHEMA, TABLES
-from .common import _num, _source_rng, panel_sources
+from .common import _num, _source_rng, panel_sources, unavailable_reason
 from .cube import Analysis, build_cube, load_runs, metric_names, settings
 from .metric_agreement import _cross_metric, _friedman, _slo_sensitivity
 from .power import mde, resolution, warn
@@ -207,7 +207,7 @@ def assemble_summary(*, cube, runs, cfg: dict, head: list[int], panels: dict, he
         provs = {s: cube.provenance.get(s) for s in p["sources"]}
         summary["panels"][name] = {
             "sources": p["sources"], "available": p["available"],
-            **({} if p["available"] else {"reason": f"not available: sources missing ({', '.join(p['missing'])})"}),
+            **({} if p["available"] else {"reason": unavailable_reason(p)}),
             "implicit": bool(p.get("implicit", False)), "provenance": provs,
             **({"extends": p["extends"], "own_sources": list(p["own"])} if p.get("own") else {}),
             "all_real": bool(p["available"] and all(v == "real" for v in provs.values())),
