@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)  ## create .venv with pinned dependencies and the portbench CLI
 
 # Notebooks 01-07 run in .venv; then the reduced real-engine validation runs in .venv-vllm (vLLM's CPU
-# build cannot share .venv's lock) and writes data/results/validation/; notebooks 08-09 read it.
+# build cannot share .venv's lock) and writes data/results/validation/; notebooks 08-10 read it (08 the validation itself).
 PRE_VALIDATION  := 01 02 03 04 05 06 07
 POST_VALIDATION := 08 09 10
 

@@ -78,7 +78,7 @@ def test_all_notebooks_run_under_smoke_params(tmp_path, shared_traces, monkeypat
                      "06_reversals/reversal_forest", "07_cross_metric/top1_pairs", "07_cross_metric/winners"):
             assert f"{name}_{panel}" in index, f"{name} missing for panel {panel}"
     # figure bytes do not depend on the interpreter's hash seed: every notebook that saved a figure, again under
-    # another seed (the others, e.g. 09, draw nothing)
+    # another seed (the others, e.g. 10, draw nothing)
     monkeypatch.setenv("PYTHONHASHSEED", "2")
     again = run_notebooks("papermill_params/smoke.yaml", tmp_path / "notebooks-seed2", only=sorted(makers),
                           overrides={"paths": {**paths, "figures_dir": str(figs["2"])}})
@@ -89,7 +89,7 @@ def test_all_notebooks_run_under_smoke_params(tmp_path, shared_traces, monkeypat
     assert not differ, f"figure files that differ between PYTHONHASHSEED=1 and 2: {differ}"
     for key in ("cross_source", "cross_region", "reversals", "cross_metric", "attribution"):
         assert key in summary
-    for pr in summary["attribution"]["pairs"].values():      # notebook 10: shares with CIs per source pair
+    for pr in summary["attribution"]["pairs"].values():      # notebook 09: shares with CIs per source pair
         assert all("ci" in v for v in pr["shares"].values())
     _no_stand_in_shown_as_real(tmp_path / "results", summary)
 

@@ -220,3 +220,33 @@ def test_a_label_follows_the_data(tmp_path):
     labelled.write_text(f.read_text().replace("output_tokens: o}", "output_tokens: o}, label: Mine"))
     assert params.load(labelled, validate=False).display_names["azure"] == "Mine"
     assert params.load(validate=False).display_names["azure"] == "Azure", "the official file keeps its label"
+
+
+def test_outputs_of_renumbered_notebooks_are_retired_never_a_users(tmp_path):
+    """After a renumbering (the summary became 10, the attribution 09) the old executed copies and figures do not
+    linger beside the new ones: the pipeline's own (recorded) files go, with their index entries; a user's file in
+    the same folders and the current notebooks' outputs stay."""
+    from portbench.core import figindex
+    from portbench.notebooks import notebook_paths, retire_stale
+
+    nb_dir, figs = tmp_path / "build" / "notebooks", tmp_path / "figures"
+    for d in (nb_dir, figs):
+        outputs.claim(d, tmp_path)
+    current = notebook_paths()[-1].name
+    for name in ("09_summary.ipynb", "10_attribution.ipynb", current):
+        io.write_bytes(nb_dir / name, b"executed")
+    (nb_dir / "09_mine.ipynb").write_bytes(b"mine")
+    for nb, fig in (("10_attribution", "shapley_bars"), ("04_cross_workload", "tau_forest")):
+        for ext in ("png", "pdf"):
+            io.write_bytes(figs / nb / f"{fig}.{ext}", b"figure")
+        figindex.record(figs, f"{nb}/{fig}", {"name": f"{nb}/{fig}", "file": f"{nb}/{fig}.png",
+                                              "pdf": f"{nb}/{fig}.pdf", "notebook": nb, "description": "d"})
+    (figs / "10_attribution" / "my_notes.png").write_bytes(b"mine")
+    gone = retire_stale(nb_dir, figs)
+    assert len(gone) == 4
+    assert sorted(p.name for p in nb_dir.glob("*.ipynb")) == sorted(["09_mine.ipynb", current])
+    assert not (figs / "10_attribution" / "shapley_bars.png").exists() and (figs / "10_attribution" / "my_notes.png").is_file()
+    assert (figs / "04_cross_workload" / "tau_forest.png").is_file()
+    assert set(figindex.read_index(figs)) == {"04_cross_workload/tau_forest"}
+    assert "10_attribution/shapley_bars.png" not in (figs / outputs.MARKER).read_text()
+    assert retire_stale(nb_dir, figs) == []

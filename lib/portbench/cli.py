@@ -19,10 +19,10 @@ import yaml
 from . import __version__, bench, notebooks, params, validation
 from .core import plugins
 from .core.config import key_doc, parameter_docs
-from .core.errors import ParameterError, PortbenchError
+from .core.errors import DataError, ParameterError, PortbenchError
 from .data import registry, traces, windows
 from .present import attribution_text, plots_analysis, plots_attribution, report, site, text
-from .study import attribution, campaign, honest
+from .study import analysis, attribution, campaign, honest
 
 
 def _plugin_paths(args) -> list[str]:
@@ -138,6 +138,11 @@ def cmd_analyze(args):
 def cmd_attribute(args):
     cfg = _params(args)
     A = attribution.attribute(cfg, refreeze=args.refreeze)
+    if analysis.summary_path(cfg.paths.results_dir).is_file():   # an existing summary.json gains the section
+        try:
+            analysis.write_summary(cfg)
+        except DataError as e:
+            print(f"[portbench] summary.json not rewritten: {e}", file=sys.stderr)
     if not args.no_figures:
         plots_attribution.make_all(cfg, A, close=True)
         plots_attribution.hybrid_definitions(cfg.paths, **plots_attribution.example_pair(cfg, A), close=True)
@@ -316,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     vv.add_argument("--budget", type=float, default=300.0, help="seconds of runs (default 300)")
     add("analyze", cmd_analyze, "run the portability analysis on the campaign's results")
     at = add("attribute", cmd_attribute, "counterfactual attribution: which workload property (arrival pattern, prompt "
-             "or output lengths, coupling, load) moves the ranking between two sources (notebook 10)")
+             "or output lengths, coupling, load) moves the ranking between two sources (notebook 09)")
     at.add_argument("--refreeze", action="store_true", help="rewrite the committed hybrid SHA-256s (hybrids.json beside "
                     "the window manifest) instead of verifying the rebuilt hybrids against them")
     at.add_argument("--no-figures", action="store_true", help="tables and summary only")

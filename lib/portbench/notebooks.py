@@ -3,7 +3,7 @@
 Sweep file (YAML)::
 
     base: ../smoke.yaml                 # parameter file of every point (relative to the sweep file)
-    notebooks: ["03", "04", "09"]       # which notebooks each point runs (prefixes)
+    notebooks: ["03", "04", "10"]       # which notebooks each point runs (prefixes)
     grid:                               # dotted parameter -> values; points = cartesian product
       simulation.profile: [a100_40gb_llama2_7b, h100_80gb_llama3_8b]
       simulation.horizon_factor: [1.5, 3.0]
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from .core import io, outputs
+from .core import figindex, io, outputs
 from .core.errors import ParameterError
 from .data import preflight
 from .params import DEFAULT_FILE, load, project_root, read, undot
@@ -44,6 +44,24 @@ def notebook_paths(only=None) -> list[Path]:
         if not nbs:
             raise ParameterError("--only", only, "prefixes of notebooks in notebooks/ (e.g. 03)")
     return nbs
+
+
+def retire_stale(notebooks_dir: Path, figures_dir: Path) -> list[str]:
+    """Outputs of numbered notebooks that no longer exist (say, after a renumbering: the summary became 10 and the
+    attribution 09): their executed copies in ``notebooks_dir``, their figures in ``figures_dir`` and those
+    figures' index entries. Only files portbench recorded writing are deleted (never a user's, never a file git
+    tracks); returns the deleted paths."""
+    current = {p.stem for p in notebook_paths()}
+    stale = [p.name for p in Path(notebooks_dir).glob("[0-9][0-9]_*.ipynb") if p.stem not in current]
+    gone = outputs.remove_recorded(notebooks_dir, stale)
+    idx = figindex.read_all(figures_dir)
+    old = {e.get("notebook") for e in idx.values()
+           if re.fullmatch(r"\d\d_\w+", e.get("notebook") or "") and e["notebook"] not in current}
+    if old:
+        files = [e[k] for e in idx.values() if e.get("notebook") in old for k in ("file", "pdf") if e.get(k)]
+        gone += outputs.remove_recorded(figures_dir, files)
+        figindex.forget(figures_dir, old)
+    return gone
 
 
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
@@ -92,6 +110,10 @@ def run_notebooks(params_file=None, out=None, *, only=None, overrides=None,
         outputs.claim(out, root)
     except outputs.OutputFolderError as e:
         raise ParameterError("--out", str(out), f"a folder portbench may write into: {e}") from None
+    retired = retire_stale(out, cfg.paths.figures_dir)
+    if retired:
+        print(f"[portbench] removed {len(retired)} output(s) of notebooks that no longer exist (renumbered): "
+              + ", ".join(_rel(Path(f), root) for f in retired[:4]) + (" ..." if len(retired) > 4 else ""), flush=True)
     print(f"[portbench] parameters {_rel(cfg.paths.params_file, root)}"
           + (f" (+ overrides {json.dumps(overrides, sort_keys=True, default=str)})" if overrides else "")
           + f": notebooks -> {_rel(out, root)}, results -> {_rel(cfg.paths.results_dir, root)}, "
@@ -164,7 +186,7 @@ def run_sweep(sweep_file, out="build/sweeps", *, plugins=()) -> list[Path]:
         raise ParameterError(f"sweep key {sorted(unknown)[0]}", spec[sorted(unknown)[0]],
                              "one of base, notebooks, grid, description")
     base = str((sweep_file.parent / spec.get("base", "../default.yaml")).resolve())
-    only = [str(n) for n in spec.get("notebooks") or ["03", "04", "05", "06", "07", "09"]]
+    only = [str(n) for n in spec.get("notebooks") or ["03", "04", "05", "06", "07", "10"]]
     out_dir = (Path(out) if Path(out).is_absolute() else root / out) / sweep_file.stem
     folders = []
     for assign in sweep_points(spec):

@@ -62,5 +62,5 @@ def claim_outputs(paths) -> None:
 def validate_config(cfg: Config) -> None:
     """The checks that need a registry (the values' types and ranges were checked by ``build``)."""
     sim_settings.validate(cfg.simulation)
-    analysis.validate(cfg)
+    analysis.validate(cfg.analysis, cfg.simulation, cfg.source_names())
     validation.validate(cfg.validation, cfg.simulation.region_loads)

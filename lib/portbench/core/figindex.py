@@ -1,5 +1,5 @@
 """The index of saved figures, ``<figures_dir>/index.json``: which notebook made each figure and what it
-shows (written by :func:`portbench.present.figures.save`, read into ``summary.json`` and notebook 09).
+shows (written by :func:`portbench.present.figures.save`, read into ``summary.json`` and notebook 10).
 
 A figure saved as a *measurement* (``measured=True``: it shows timings of the machine it ran on, e.g.
 notebook 08's vLLM validation, so its bytes differ from run to run) is indexed apart, in an ``index.json``

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 MARKER = ".portbench-output"
@@ -141,6 +142,37 @@ def record(path: str | os.PathLike) -> None:
         os.write(fd, (rel + "\n").encode("utf-8"))
     finally:
         os.close(fd)
+
+
+def remove_recorded(folder: str | os.PathLike, files: Iterable[str | os.PathLike]) -> list[str]:
+    """Delete those of ``files`` that portbench recorded writing (in the record of their marked folder) and git does
+    not track, drop them from the record and remove the folders they leave empty; returns the deleted paths. A file
+    not in a record (a user's) is left alone. Used for outputs of a stage that no longer exists (a renamed
+    notebook's executed copy and figures), so that they do not linger beside the current ones."""
+    gone: list[str] = []
+    tracked: set[Path] | None = None
+    for f in files:
+        p = Path(folder, f).absolute()
+        root = marked_root(p.parent)
+        if root is None or not p.is_file() or _keep(p):
+            continue
+        rel = p.relative_to(root).as_posix()
+        if rel not in _read_record(root):
+            continue
+        if tracked is None:
+            tracked = _tracked(root) or set()
+        if p.resolve() in tracked:
+            continue
+        p.unlink()
+        gone.append(str(p))
+        kept = [r for r in _read_record(root) if r != rel]
+        (root / MARKER).write_text(HEADER + "".join(r + "\n" for r in kept), encoding="utf-8")
+        _RECORDED.pop(str(root), None)
+        d = p.parent
+        while d != root and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
+    return gone
 
 
 # --------------------------------------------------------------------------- make clean

@@ -589,7 +589,7 @@ ATTRIBUTION_DISTANCES = ("kendall", "tau_b")
 
 @dataclass(frozen=True)
 class AttributionConfig:
-    """Counterfactual attribution (notebook 10): which source pairs, which properties are swapped (each
+    """Counterfactual attribution (notebook 09): which source pairs, which properties are swapped (each
     player of the Shapley decomposition is one property or a group swapped together), and the reduced
     design (regions, windows per source, replicates) that keeps its cost small; bootstrap, seed, and the
     ranking distance the decomposition splits."""

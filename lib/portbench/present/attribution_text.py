@@ -1,4 +1,4 @@
-"""Generated text of notebook 10 and ``portbench attribute``: every sentence is written from the computed values
+"""Generated text of notebook 09 and ``portbench attribute``: every sentence is written from the computed values
 (``summary.json["attribution"]``), so it changes when they do."""
 
 from __future__ import annotations

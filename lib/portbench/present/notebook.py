@@ -1,4 +1,4 @@
-"""The opening of the analysis notebooks (04-07, 09), in one place: the analysis, the banner of real sources
+"""The opening of the analysis notebooks (04-07, 10), in one place: the analysis, the banner of real sources
 and stand-ins, power warnings, and (04, 05, 07) how the rankings are made."""
 
 from __future__ import annotations

@@ -811,7 +811,7 @@ def make_all(cfg, A, close: bool = True) -> list[dict]:
                 bump_charts(cfg.paths, A, cfg.analysis.headline_metrics, close=close)
             else:
                 fn(cfg.paths, A, close=close)
-    return an.figure_index(cfg)
+    return an.figure_index(cfg.paths)
 
 
 def run(cfg, *, figures: bool = True, progress: bool = True) -> dict:

@@ -1,4 +1,4 @@
-"""Figures of the counterfactual attribution (notebook 10, ``portbench attribute``). Every figure goes through
+"""Figures of the counterfactual attribution (notebook 09, ``portbench attribute``). Every figure goes through
 :func:`portbench.present.figures.save` (PNG + PDF, indexed); sources are labelled with
 :func:`portbench.core.provenance.label`, so a stand-in says so and a hybrid is never shown as a real source."""
 
@@ -18,7 +18,7 @@ from ..data import windows as windows_mod
 from ..study import attribution as at
 from . import figures
 
-NB = "10_attribution"
+NB = "09_attribution"
 PLAYER_COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860")
 
 

@@ -1,5 +1,5 @@
 """Plain-words text of the headline "what ports" (issue #25), from ``summary.json`` only: the README's results
-block (:func:`what_ports_markdown`), notebook 04 and notebook 09 use the same sentences. Every number is read from
+block (:func:`what_ports_markdown`), notebook 04 and notebook 10 use the same sentences. Every number is read from
 the summary; nothing here computes a statistic."""
 
 from __future__ import annotations

@@ -323,7 +323,7 @@ def preemption_markdown(runs, labels: Mapping | None = None) -> str | None:
            "every policy shown), so the ranking costs almost no recomputation there." if idle else ""))
 
 
-# --------------------------------------------------------------------------- notebooks 04-07, 09: the analysis
+# --------------------------------------------------------------------------- notebooks 04-07, 10: the analysis
 
 
 def fmt(stat: dict | None, digits: int = 2) -> str:

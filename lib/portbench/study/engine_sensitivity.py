@@ -5,7 +5,7 @@ Each variant is a campaign of its own parameters (:func:`variant`: the engine se
 results under ``{results_dir}/sensitivity/<name>``, one replicate), run by the ordinary campaign
 code (:func:`run_variant`). Capacity is always measured on the reference engine (FCFS on vLLM V1,
 recompute), so every variant replays exactly the same arrivals as the study: only the engine differs. :func:`headline_numbers` reduces an analysis to the numbers the README
-and notebook 09 report; :func:`batching_sensitivity` puts them side by side (the V1 study restricted
+and notebook 10 report; :func:`batching_sensitivity` puts them side by side (the V1 study restricted
 to the same replicate, so that only the engine differs); :func:`swap_table` compares the preemptive
 policies' outcomes under the two preemption modes.
 """

@@ -1,4 +1,4 @@
-"""The portability analysis: every table behind notebooks 04-07 and 09, and ``summary.json``.
+"""The portability analysis: every table behind notebooks 04-07 and 10, and ``summary.json``.
 
 Input: the campaign's run table (``campaign.load_runs(cfg)``; or ``analysis.runs_file``, a parquet
 file with the same columns, e.g. a planted table). Replicates are averaged within each window

@@ -11,7 +11,7 @@ import polars as pl
 
 from .. import stats
 from .columns import COLUMNS
-from .common import _empty, _frame, _mean_with_ci, _num, _stat, aggregate, compare_all, pairs_of
+from .common import _empty, _frame, _mean_with_ci, _num, _stat, aggregate, compare_all, pairs_of, unavailable, unavailable_reason
 from .cube import Cube
 from .ties import RULE_TEXT, Ranking, Restricted
 
@@ -72,9 +72,21 @@ def _table_cols(res: dict) -> dict:
             "n_boot_valid": (~np.isnan(res["tau_b"])).sum(axis=-1) if has else np.zeros(res["tau"].shape, int)}
 
 
+def pair_table(pr: dict, outer: tuple[str, list], pair: str, names: list, pairs: list, firsts: tuple[str, str],
+               source: str, provenance: str, n_items: int, table: str) -> pl.DataFrame:
+    """The long tau table of the ranking comparisons ``pr`` (:func:`pairs_of`, axes ``outer`` x ``pairs``):
+    a ``pair`` column ``"a|b"`` of ``names``, its two names in the columns ``firsts``, the source, its provenance
+    and the number of ranked items, in the columns of ``table``."""
+    f = _frame({outer[0]: outer[1], pair: [f"{names[i]}|{names[j]}" for i, j in pairs]}, **_table_cols(pr))
+    return f.with_columns(pl.col(pair).str.split("|").list.get(0).alias(firsts[0]),
+                          pl.col(pair).str.split("|").list.get(1).alias(firsts[1]),
+                          pl.lit(source).alias("source"), pl.lit(provenance).alias("provenance"),
+                          pl.lit(n_items).alias("n_items")).select(list(COLUMNS[table]))
+
+
 def _metric_mask(shape, axis: int, idx) -> np.ndarray:
     m = np.zeros(shape, bool)
-    sl = [slice(None)] * len(shape)
+    sl: list[slice | list] = [slice(None)] * len(shape)
     sl[axis] = list(idx)
     m[tuple(sl)] = True
     return m
@@ -106,6 +118,7 @@ def _least_agreeing(tau, ci_high, resolved, mask) -> tuple | None:
     hi = np.where(ok, np.asarray(ci_high, dtype=float), np.nan)
     res = np.where(ok, np.asarray(resolved, dtype=float), 0.0)
     idx = np.argwhere(ok)
+    key: list[tuple]
     if np.isfinite(hi[ok]).any():
         idx = np.argwhere(ok & np.isfinite(hi))
         key = [(hi[tuple(i)], tau[tuple(i)], -res[tuple(i)]) for i in idx]
@@ -153,7 +166,7 @@ def _cross_source_panel(cube: Cube, rk: Ranking, others: dict[str, Ranking], nam
     w_rk = red.rk if red and red.uses(*srcs) else rk
     V = np.stack([w_rk.values[s] for s in srcs], axis=2)                      # (R, M, S, K)
     ranks = stats.ranks_best_first(V, axis=-1)                                 # (R, M, S, K)
-    W = stats.kendall_w(ranks)
+    W = np.asarray(stats.kendall_w(ranks))
     if has_boot:
         Bt = np.stack([w_rk.boot[s] for s in srcs], axis=2)
         Wb = stats.kendall_w(stats.ranks_best_first(np.moveaxis(Bt, -1, 2), axis=-1))   # (R, M, B)
@@ -245,8 +258,7 @@ def _cross_source(cube: Cube, rk: Ranking, others: dict[str, Ranking], panels: d
     out, taus, ws = {}, [], []
     for name, p in panels.items():
         if not p["available"]:
-            out[name] = {"available": False, "sources": p["sources"],
-                         "reason": f"not available: sources missing ({', '.join(p['missing'])})"}
+            out[name] = unavailable(p)
             continue
         sec, t, w = _cross_source_panel(cube, rk, others, name, p["sources"], head, red)
         out[name] = {"available": True, **sec}
@@ -281,13 +293,8 @@ def _cross_region(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
         pr = _region_pairs(of[s], s, rpairs, has_boot)                           # (M, Q[, B])
         res_by_source[s] = pr
         if rpairs:
-            cols = _table_cols(pr)
-            f = _frame({"metric": M, "region_pair": [f"{R[i]}|{R[j]}" for i, j in rpairs]}, **cols)
-            rows.append(f.with_columns(pl.col("region_pair").str.split("|").list.get(0).alias("region_1"),
-                                       pl.col("region_pair").str.split("|").list.get(1).alias("region_2"),
-                                       pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"),
-                                       pl.lit(V.shape[-1]).alias("n_items"))
-                        .select(list(COLUMNS["cross_region_tau"])))
+            rows.append(pair_table(pr, ("metric", M), "region_pair", R, rpairs, ("region_1", "region_2"), s,
+                                   cube.provenance[s], V.shape[-1], "cross_region_tau"))
         W_all[s] = stats.kendall_w(stats.ranks_best_first(V, axis=-1)) if len(R) >= 2 else np.full(len(M), np.nan)
         Wb_all[s] = (stats.kendall_w(stats.ranks_best_first(np.moveaxis(Bt, -1, 1), axis=-1))
                      if has_boot and len(R) >= 2 else None)                      # (M, B)
@@ -304,7 +311,7 @@ def _cross_region(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
         srcs = [s for s in p["sources"] if s in S]
         if not p["available"] or not rpairs:
             out[name] = {"available": False, "sources": p["sources"],
-                         "reason": (f"not available: sources missing ({', '.join(p['missing'])})" if not p["available"]
+                         "reason": (unavailable_reason(p) if not p["available"]
                                     else "fewer than two regions")}
             continue
         st_ = {k: np.stack([res_by_source[s][k] for s in srcs]) for k in res_by_source[srcs[0]]}   # (S, M, Q[, B])
@@ -353,9 +360,9 @@ def _cross_region(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
                 pts = {k: v for k, v in st_.items() if not k.endswith("_b")}
                 agg_all, agg_ext = aggregate(pts, np.ones(shape, bool), "conditions"), sec["extreme_regions"]
             else:
-                po = [_region_pairs(red.others[rule] if red and red.uses(s) else other, s, rpairs, False,
-                                    scipy_points=False) for s in srcs]
-                po = {k: np.stack([x[k] for x in po]) for k in po[0]}
+                each = [_region_pairs(red.others[rule] if red and red.uses(s) else other, s, rpairs, False,
+                                      scipy_points=False) for s in srcs]
+                po = {k: np.stack([x[k] for x in each]) for k in each[0]}
                 agg = aggregate(po, head_mask, "conditions")
                 agg_all, agg_ext = aggregate(po, np.ones(shape, bool), "conditions"), aggregate(po, ext_mask, "conditions")
             sec["by_tie_rule"][rule] = _rule_row(agg, agg_all, rule, rk.rule, tau_b_extreme=agg_ext["tau_b"]["value"],

@@ -98,10 +98,12 @@ def condition_ci(values, weights=None, n_boot: int = COND_BOOT) -> tuple[float, 
         return float("nan"), float("nan")
     idx = np.random.default_rng(0).integers(0, v.size, (n_boot, v.size))
     if weights is None:
-        return tuple(float(x) for x in stats.percentile_ci(v[idx].mean(axis=1)))
-    w = np.asarray(weights, dtype=float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return tuple(float(x) for x in stats.percentile_ci(v[idx].sum(axis=1) / w[idx].sum(axis=1)))
+        lo, hi = stats.percentile_ci(v[idx].mean(axis=1))
+    else:
+        w = np.asarray(weights, dtype=float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            lo, hi = stats.percentile_ci(v[idx].sum(axis=1) / w[idx].sum(axis=1))
+    return float(lo), float(hi)
 
 
 def _rate_with_ci(point, boot) -> tuple[float, tuple, int]:
@@ -260,6 +262,16 @@ def aggregate(res: dict, mask, what: str) -> dict:
     }
 
 
+def unavailable_reason(panel: dict) -> str:
+    """Why a panel of :func:`panel_sources` is not available (its missing sources)."""
+    return f"not available: sources missing ({', '.join(panel['missing'])})"
+
+
+def unavailable(panel: dict) -> dict:
+    """The section of a panel that is not available, in every panel section of ``summary.json``."""
+    return {"available": False, "sources": panel["sources"], "reason": unavailable_reason(panel)}
+
+
 def panel_sources(panels: dict, present: list[str], provenance: dict | None = None) -> dict[str, dict]:
     """Which panels can be analysed with the sources ``present``: ``{name: {"sources", "available",
     "missing"}}``. With no configured panel available and at least two sources present, an implicit
@@ -268,7 +280,7 @@ def panel_sources(panels: dict, present: list[str], provenance: dict | None = No
     first: the sources of the panel that would otherwise be the headline (the first available all-real one, by
     ``provenance``, else the first available one) plus the user's sources, so that every cross-source table,
     reversal count and figure answers for it."""
-    out = {}
+    out: dict[str, dict] = {}
     for name, srcs in panels.items():
         missing = [s for s in srcs if s not in present]
         out[name] = {"sources": list(srcs), "available": not missing, "missing": missing}

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ...core.config import AnalysisConfig, Config
+from ...core.config import AnalysisConfig, Config, SimulationConfig
 from ...core.errors import DataError, ParameterError, check_choice, check_choices
 from ...core.provenance import label
 from ...sim import metrics as metric_registry
@@ -43,11 +43,11 @@ def metric_label(name: str) -> str:
     return f"{name} ({unit + ', ' if unit else ''}{metric_direction(name)} is better)"
 
 
-def validate(cfg: Config) -> None:
-    """Check the ``analysis`` section's names against the metric registry, the sources and the regions
-    (the values' types and ranges are checked when the config is built); ParameterError otherwise."""
-    a = cfg.analysis
-    names = metric_names(cfg.simulation.slo)
+def validate(a: AnalysisConfig, sim: SimulationConfig, sources: list[str]) -> None:
+    """Check the ``analysis`` section's names against the metric registry (with ``sim``'s SLO metrics), the
+    ``sources`` and ``sim``'s regions (the values' types and ranges are checked when the config is built);
+    ParameterError otherwise."""
+    names = metric_names(sim.slo)
     metrics = check_choices("analysis.metrics", a.metrics, names)
     if len(metrics) < 1:
         raise ParameterError("analysis.metrics", a.metrics, "at least one metric")
@@ -57,20 +57,12 @@ def validate(cfg: Config) -> None:
             raise ParameterError(f"analysis.headline_metrics[{i}]", m, "one of analysis.metrics")
     check_choice("analysis.study_preset.metric", a.study_preset.metric, names)
     if a.cd_conditions != "auto":
-        regions = list(cfg.simulation.region_loads)
+        regions = list(sim.region_loads)
         for i, (src, reg, met) in enumerate(a.cd_conditions):
-            check_choice(f"analysis.cd_conditions[{i}] source", src, cfg.source_names())
+            check_choice(f"analysis.cd_conditions[{i}] source", src, sources)
             if regions:
                 check_choice(f"analysis.cd_conditions[{i}] region", reg, regions)
             check_choice(f"analysis.cd_conditions[{i}] metric", met, names)
-
-
-def _cd_parts(c) -> tuple[str, str, str] | None:
-    if isinstance(c, str):
-        c = c.split("/")
-    if isinstance(c, (list, tuple)) and len(c) == 3 and all(isinstance(x, str) for x in c):
-        return tuple(c)
-    return None
 
 
 def settings(a: AnalysisConfig, window_size: int = 200) -> dict:

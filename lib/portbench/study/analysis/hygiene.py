@@ -67,12 +67,12 @@ def trace_checks_block(cfg: Config, *, manifest=None) -> dict:
 # --------------------------------------------------------------------------- arrival jitter
 
 
-def jitter_dir(cfg: Config) -> Path:
-    return Path(cfg.paths.results_dir) / "arrival_jitter"
+def jitter_dir(results_dir: Path) -> Path:
+    return Path(results_dir) / "arrival_jitter"
 
 
 def _jitter_config(cfg: Config) -> Config:
-    return cfg.with_overrides({"paths.results_dir": str(jitter_dir(cfg)), "simulation.arrival_jitter": True,
+    return cfg.with_overrides({"paths.results_dir": str(jitter_dir(cfg.paths.results_dir)), "simulation.arrival_jitter": True,
                                "campaign.request_records": None})
 
 
@@ -91,13 +91,13 @@ def run_jitter(cfg: Config, sources=None, *, progress: bool = True) -> pl.DataFr
                                 .schedulers, manifest=manifest)
     campaign.reuse_capacities(cfg, sub)        # capacity is measured on a backlog: arrival times do not enter it
     res = campaign.run(sub, windows=[(r, given[r.id]) for r in refs], progress=progress, verbose=False)
-    (jitter_dir(cfg) / "sources.json").write_text(json.dumps(sources))
+    (jitter_dir(cfg.paths.results_dir) / "sources.json").write_text(json.dumps(sources))
     return res.runs
 
 
-def load_jitter(cfg: Config) -> pl.DataFrame | None:
-    """The jittered runs of :func:`run_jitter`, or None when they have not been simulated."""
-    p = campaign.runs_path(jitter_dir(cfg))
+def load_jitter(results_dir: Path) -> pl.DataFrame | None:
+    """The jittered runs of :func:`run_jitter` (under ``results_dir``), or None when they have not been simulated."""
+    p = campaign.runs_path(jitter_dir(results_dir))
     return pl.read_parquet(p) if p.is_file() else None
 
 
@@ -110,8 +110,8 @@ def jittered_runs(runs: pl.DataFrame, jitter: pl.DataFrame) -> pl.DataFrame:
 # --------------------------------------------------------------------------- equal information
 
 
-def equal_info_dir(cfg: Config) -> Path:
-    return Path(cfg.paths.results_dir) / "equal_information"
+def equal_info_dir(results_dir: Path) -> Path:
+    return Path(results_dir) / "equal_information"
 
 
 # The equal-information control's variant of each predictor-informed policy: the same policy on a noisy oracle
@@ -130,7 +130,7 @@ def run_equal_information(cfg: Config, sources, *, progress: bool = True) -> pl.
     variants = [v for k, v in EQUAL_INFORMATION.items() if k in main]
     if not variants:
         return None
-    sub = cfg.with_overrides({"paths.results_dir": str(equal_info_dir(cfg)), "simulation.schedulers": variants,
+    sub = cfg.with_overrides({"paths.results_dir": str(equal_info_dir(cfg.paths.results_dir)), "simulation.schedulers": variants,
                               "campaign.request_records": None})
     refs = [r for r in campaign.window_refs(cfg, manifest) if r.source in set(sources)]
     tables = windows_mod.load_windows(cfg, sorted({r.source for r in refs}), per_source=cfg.campaign.windows_per_source,
@@ -140,8 +140,9 @@ def run_equal_information(cfg: Config, sources, *, progress: bool = True) -> pl.
     return campaign.run(sub, windows=[(r, given[r.id]) for r in refs], progress=progress, verbose=False).runs
 
 
-def load_equal_information(cfg: Config) -> pl.DataFrame | None:
-    p = campaign.runs_path(equal_info_dir(cfg))
+def load_equal_information(results_dir: Path) -> pl.DataFrame | None:
+    """The runs of :func:`run_equal_information` (under ``results_dir``), or None when they have not been simulated."""
+    p = campaign.runs_path(equal_info_dir(results_dir))
     return pl.read_parquet(p) if p.is_file() else None
 
 

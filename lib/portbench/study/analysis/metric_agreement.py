@@ -10,9 +10,10 @@ import polars as pl
 
 from .. import stats
 from .columns import COLUMNS
-from .agreement import _table_cols
-from .common import _empty, _frame, _mean_with_ci, _rate_with_ci, _stat, aggregate, compare_all, condition_ci, pairs_of
-from .cube import Analysis, Cube, _cd_parts
+from .agreement import pair_table
+from .common import (_empty, _mean_with_ci, _rate_with_ci, _stat, aggregate, compare_all, condition_ci, pairs_of,
+                     unavailable)
+from .cube import Analysis, Cube
 from .ties import Ranking, Restricted
 
 
@@ -37,12 +38,8 @@ def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
         V, Bt = rk.values[s], rk.boot[s] if has_boot else None                 # (R, M, K[, B])
         pr = pairs_of(compare_all(V, Bt), mpairs)                              # (R, Q[, B])
         if mpairs:
-            cols = _table_cols(pr)
-            f = _frame({"region": R, "mpair": [f"{M[i]}|{M[j]}" for i, j in mpairs]}, **cols)
-            rows.append(f.with_columns(pl.col("mpair").str.split("|").list.get(0).alias("metric_1"),
-                                       pl.col("mpair").str.split("|").list.get(1).alias("metric_2"),
-                                       pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"),
-                                       pl.lit(len(K)).alias("n_items")).select(list(COLUMNS["cross_metric_tau"])))
+            rows.append(pair_table(pr, ("region", R), "mpair", M, mpairs, ("metric_1", "metric_2"), s,
+                                   cube.provenance[s], len(K), "cross_metric_tau"))
         mask = stats.top1_mask(V, axis=-1)                                       # (R, M, K): the best tie group
         tied = rk.n_groups(s) <= 1                                               # (R, M): all tied (or missing)
         mb = stats.top1_mask(Bt, axis=2) if has_boot else None                   # (R, M, K, B)
@@ -83,8 +80,7 @@ def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
     for name, p in panels.items():
         srcs = [s for s in p["sources"] if s in S]
         if not p["available"]:
-            out[name] = {"available": False, "sources": p["sources"],
-                         "reason": f"not available: sources missing ({', '.join(p['missing'])})"}
+            out[name] = unavailable(p)
             continue
         sec: dict = {"available": True, "sources": srcs, "n_conditions": len(srcs) * len(R), "n_metrics": len(M),
                      "headline_metrics": [M[k] for k in head],
@@ -94,7 +90,7 @@ def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
         change = np.stack([per[s]["change"] for s in srcs])
         nd = int(defined.sum())
         rate = change.sum() / nd if nd else float("nan")
-        ci = (float("nan"), float("nan"))
+        ci: tuple = (float("nan"), float("nan"))
         if has_boot and nd:
             cb = np.stack([per[s]["change_b"] for s in srcs])                    # (S, R, H, B)
             ci = stats.percentile_ci((cb & defined[..., None]).sum(axis=(0, 1, 2)) / nd)
@@ -113,9 +109,9 @@ def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
             r_, f"fraction of (source, region) conditions in which no scheduler is best (or tied best) under every "
                 f"one of the {len(M)} metrics (the old rule; secondary)", allm.size, rci, changed=nchg)
         prs = {k: np.stack([per[s]["pr"][k] for s in srcs]) for k in per[srcs[0]]["pr"]}   # (S, R, Q[, B])
-        hq = np.array([i in head and j in head for i, j in mpairs], bool)
+        head_pairs = np.array([i in head and j in head for i, j in mpairs], bool)
         shape = prs["tau"].shape
-        sec.update(aggregate(prs, np.broadcast_to(hq, shape), f"(source, region, headline metric pair) conditions of "
+        sec.update(aggregate(prs, np.broadcast_to(head_pairs, shape), f"(source, region, headline metric pair) conditions of "
                                                                 f"panel {name}"))
         sec["all_metrics"] = aggregate(prs, np.ones(shape, bool), "(source, region, metric pair) conditions, every metric")
         out[name] = sec
@@ -185,7 +181,8 @@ def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables, red: Restric
                        "slo_metrics": names} for name in panels}
     has_boot = all(rk.boot[s] is not None for s in S)
     pairs = list(combinations(range(len(idx)), 2))
-    per, rows, crows = {}, [], []
+    per: dict[str, dict] = {}
+    rows, crows = [], []
     for s in S:
         rks = red.rk if red and red.uses(s) else rk
         K = np.asarray(red.cube.schedulers if red and red.uses(s) else cube.schedulers)
@@ -198,12 +195,8 @@ def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables, red: Restric
         change = stats.top1_changes(mask)
         change_b = stats.top1_changes(np.transpose(stats.top1_mask(Bt, axis=2), (0, 3, 1, 2))) if has_boot else None
         per[s] = {"pr": pr, "W": W, "Wb": Wb, "change": change, "change_b": change_b}
-        cols = _table_cols(pr)
-        f = _frame({"region": R, "spair": [f"{names[i]}|{names[j]}" for i, j in pairs]}, **cols)
-        rows.append(f.with_columns(pl.col("spair").str.split("|").list.get(0).alias("slo_1"),
-                                   pl.col("spair").str.split("|").list.get(1).alias("slo_2"),
-                                   pl.lit(s).alias("source"), pl.lit(cube.provenance[s]).alias("provenance"),
-                                   pl.lit(len(K)).alias("n_items")).select(list(COLUMNS["slo_tau"])))
+        rows.append(pair_table(pr, ("region", R), "spair", names, pairs, ("slo_1", "slo_2"), s, cube.provenance[s],
+                               len(K), "slo_tau"))
         wlo, whi = stats.percentile_ci(Wb) if Wb is not None else (np.full(len(R), np.nan),) * 2
         winners = ["; ".join(f"{names[l]}={'+'.join(K[mask[r, l]])}" for l in range(len(names))) for r in range(len(R))]
         crows.append(pl.DataFrame({"source": s, "provenance": cube.provenance[s], "region": R, "W": W,
@@ -214,8 +207,7 @@ def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables, red: Restric
     for name, p in panels.items():
         srcs = [s for s in p["sources"] if s in S]
         if not p["available"]:
-            out[name] = {"available": False, "sources": p["sources"],
-                         "reason": f"not available: sources missing ({', '.join(p['missing'])})"}
+            out[name] = unavailable(p)
             continue
         prs = {k: np.stack([per[s]["pr"][k] for s in srcs]) for k in per[srcs[0]]["pr"]}
         W = np.stack([per[s]["W"] for s in srcs])
@@ -280,8 +272,8 @@ def cd_conditions(cfg: dict, cube: Cube, rv: dict) -> list[tuple[str, str, str]]
     """
     want = cfg["cd_conditions"]
     if want != "auto":
-        out = [_cd_parts(c) for c in want]
-        return [c for c in out if c[0] in cube.sources and c[1] in cube.regions and c[2] in cube.metrics]
+        out = [tuple(c.split("/")) for c in want]          # settings(): "source/region/metric"
+        return [c for c in out if len(c) == 3 and c[0] in cube.sources and c[1] in cube.regions and c[2] in cube.metrics]
     md = rv.get("most_dramatic")
     if md:
         region, metric = md["region"], md["metric"]

@@ -620,7 +620,7 @@ def token_budget(cube: Cube, point: dict, sources: list[str], metric_idx) -> dic
 
 def breakdown_table(block: dict) -> pl.DataFrame:
     """The headline block's breakdowns as one table: kind, grouping, group, the four shares, concordance with its
-    interval and the number of comparisons strong on both sides (for notebooks 04 and 09)."""
+    interval and the number of comparisons strong on both sides (for notebooks 04 and 10)."""
     rows = []
     for kind in ("across_sources", "across_regions"):
         top = (block.get("concordance") or {}).get(kind) or {}

@@ -14,7 +14,7 @@ import polars as pl
 
 from ...core import figindex
 from ...core import io as fileio
-from ...core.config import TIE_RULES, Config
+from ...core.config import TIE_RULES, Config, PathsConfig
 from ...core.errors import DataError, PortbenchError
 from ...core.progress import stage
 from ...sim import profiles
@@ -22,7 +22,7 @@ from ...sim import schedulers as scheduler_registry
 from .. import campaign, honest, stats
 from .agreement import _cross_region, _cross_source, _rankings_table, _window_values_table
 from .columns import FIGURE_NOTEBOOKS, SCHEMA, TABLES
-from .common import _num, _source_rng, panel_sources
+from .common import _num, _source_rng, panel_sources, unavailable_reason
 from .cube import Analysis, build_cube, load_runs, metric_names, settings
 from .metric_agreement import _cross_metric, _friedman, _slo_sensitivity
 from .power import mde, resolution, warn
@@ -46,7 +46,7 @@ def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool 
     cube = build_cube(runs, metric_spec=config.analysis.metrics, all_metrics=metric_names(config.simulation.slo),
                       scheduler_order=config.simulation.schedulers, where=str(where),
                       source_order=config.source_names(), names=config.display_names)
-    timings = {}
+    timings: dict[str, float] = {}
 
     def tick(name):
         timings[name] = round(time.perf_counter() - t0 - sum(timings.values()), 3)
@@ -170,7 +170,7 @@ def assemble_summary(*, cube, runs, cfg: dict, head: list[int], panels: dict, he
                      skipped: list[str]) -> dict:
     """summary.json in one place: parameters, data, the headline panel's sections at the top level, every
     panel under ``panels``, then the other blocks (``blocks``: name -> section; add new blocks there)."""
-    summary = {
+    summary: dict = {
         "schema": SCHEMA,
         "headline_metrics": [cube.metrics[k] for k in head],
         "headline_panel": headline_panel,
@@ -207,7 +207,7 @@ def assemble_summary(*, cube, runs, cfg: dict, head: list[int], panels: dict, he
         provs = {s: cube.provenance.get(s) for s in p["sources"]}
         summary["panels"][name] = {
             "sources": p["sources"], "available": p["available"],
-            **({} if p["available"] else {"reason": f"not available: sources missing ({', '.join(p['missing'])})"}),
+            **({} if p["available"] else {"reason": unavailable_reason(p)}),
             "implicit": bool(p.get("implicit", False)), "provenance": provs,
             **({"extends": p["extends"], "own_sources": list(p["own"])} if p.get("own") else {}),
             "all_real": bool(p["available"] and all(v == "real" for v in provs.values())),
@@ -249,12 +249,7 @@ def fingerprint(runs: pl.DataFrame, cfg: Config) -> str:
 def write(results_dir: Path, A: Analysis) -> dict[str, str]:
     """Write every table as parquet under ``{results_dir}/analysis/`` and the summary core."""
     out = analysis_dir(results_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, df in A.tables.items():
-        p = out / f"{name}.parquet"
-        fileio.atomic_write(p, lambda tmp, df=df: df.write_parquet(tmp))
-        paths[name] = str(p)
+    paths = fileio.write_tables(out, A.tables)
     fileio.write_text(out / "summary_core.json", json.dumps(A.summary, indent=1, default=_json_default))
     fileio.write_text(out / "meta.json", json.dumps(A.meta, indent=1))
     return paths
@@ -282,7 +277,7 @@ def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Ana
             tables = {t: pl.read_parquet(d / f"{t}.parquet") for t in TABLES}
             summary = json.loads((d / "summary_core.json").read_text())
             return Analysis(tables=tables, summary=summary, meta=meta)
-    with stage(f"analysis of {runs.height:,} runs (the tables of notebooks 04-07 and 09)"):
+    with stage(f"analysis of {runs.height:,} runs (the tables of notebooks 04-07 and 10)"):
         A = compute(cfg, runs, progress=progress)
     write(cfg.paths.results_dir, A)
     figindex.forget(cfg.paths.figures_dir, FIGURE_NOTEBOOKS)  # figures of an older analysis are not indexed
@@ -290,10 +285,10 @@ def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Ana
     return A
 
 
-def figure_index(cfg: Config) -> list[dict]:
-    """``[{name, file, pdf, notebook, description}]`` of every figure in ``paths.figures_dir`` (notebooks
-    01-08, each recorded by ``figures.save``), paths relative to the project root where possible."""
-    return figindex.index(cfg.paths.figures_dir, cfg.paths.root)
+def figure_index(paths: PathsConfig) -> list[dict]:
+    """``[{name, file, pdf, notebook, description}]`` of every figure in ``paths.figures_dir`` (each recorded by
+    ``figures.save``), paths relative to the project root where possible."""
+    return figindex.index(paths.figures_dir, paths.root)
 
 
 def engine_load_blocks(cfg: Config) -> dict:
@@ -326,9 +321,9 @@ def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
     A = A or load(cfg)
     summary = dict(A.summary)
     summary.update(engine_load_blocks(cfg))
-    summary["figures"] = figure_index(cfg)
+    summary["figures"] = figure_index(cfg.paths)
     summary.update(read_sections(cfg.paths.results_dir, reserved=summary))  # later stages' sections (attribution)
-    summary = add_honest_information(cfg, summary)
+    summary = honest.add_to_summary(cfg, summary)   # issue #12's predictors and fairness blocks
     summary = add_design_controls(cfg, summary)
     fileio.write_text(summary_path(cfg.paths.results_dir), json.dumps(summary, indent=1, default=_json_default))
     return summary
@@ -351,14 +346,14 @@ def add_design_controls(cfg: Config, summary: dict) -> dict:
         return summary
     summary["congestion"] = hygiene.congestion_block(runs, cfg.simulation.capacity_policy,
                                                      hygiene.load_records(cfg.paths.results_dir))
-    jit = hygiene.load_jitter(cfg)
+    jit = hygiene.load_jitter(cfg.paths.results_dir)
     controls = dict(summary.get("controls") or {})
     if jit is not None:
         controls["arrival_jitter"] = jitter_headline(cfg, hygiene.jittered_runs(runs, jit))
     else:
         controls["arrival_jitter"] = {"available": False, "reason": "the jittered runs have not been simulated "
                                       "(hygiene.run_jitter; notebook 04)"}
-    eq = hygiene.load_equal_information(cfg)
+    eq = hygiene.load_equal_information(cfg.paths.results_dir)
     if eq is not None:
         controls["equal_information"] = {
             **jitter_headline(cfg, hygiene.equal_information_runs(runs, eq), what="equal_information"),
@@ -393,17 +388,9 @@ def jitter_headline(config: Config, runs: pl.DataFrame, what: str = "arrival_jit
     out = {"available": True, "concordance": b["concordance"], "four_way": b["four_way"], "sides": b["sides"],
            "bootstrap": JITTER_BOOT}
     if what == "arrival_jitter":
-        f = hygiene.jitter_dir(config) / "sources.json"
+        f = hygiene.jitter_dir(config.paths.results_dir) / "sources.json"
         out["jittered_sources"] = json.loads(f.read_text()) if f.is_file() else []
     return out
-
-
-def add_honest_information(cfg: Config, summary: dict) -> dict:
-    """Issue #12's blocks, added beside the portability statistics (not part of them): ``predictors``
-    (accuracy of the learned length predictors, transfer between sources, ranks with home / foreign /
-    oracle predictors) and ``fairness`` (per-tenant VTC metrics, n/a where a trace has no tenants).
-    Built by :mod:`portbench.study.honest` from the frozen predictions and the runs."""
-    return honest.add_to_summary(cfg, summary)
 
 
 def headline_table(summary: dict, panel: str | None = None) -> pl.DataFrame:

@@ -12,7 +12,7 @@ from ...core.config import FAMILIES
 from ...sim import schedulers as scheduler_registry
 from .. import stats
 from .columns import COLUMNS
-from .common import _empty, _frame, _num, _stat
+from .common import _empty, _frame, _num, _stat, unavailable
 from .cube import Analysis, Cube
 
 
@@ -95,7 +95,7 @@ def _panel_reversals(cube: Cube, side: dict, delta: np.ndarray, cfg: dict, name:
     sig = {s: stats.side_significant(p_adj[i], side[s]["test"].direction, side[s]["diff"], cfg["alpha"])
            for i, s in enumerate(srcs)}
     pair_a, pair_b = np.asarray(K, dtype=object)[ia], np.asarray(K, dtype=object)[ib]
-    dims = {"region": R, "metric": M, "pair": list(range(len(ia)))}
+    dims: dict[str, list] = {"region": R, "metric": M, "pair": list(range(len(ia)))}
     meta = {m: (d, sc, float(delta[k]), k in head) for k, (m, d, sc) in enumerate(zip(M, cube.directions, cube.scales))}
 
     def _cols(f):
@@ -274,8 +274,7 @@ def _reversals(cube: Cube, side: dict, delta: np.ndarray, cfg: dict, panels: dic
     labels = {s: cube.label(s) for s in cube.sources}
     for name, p in panels.items():
         if not p["available"]:
-            out[name] = {"available": False, "sources": p["sources"],
-                         "reason": f"not available: sources missing ({', '.join(p['missing'])})"}
+            out[name] = unavailable(p)
             continue
         srcs = p["sources"]
         tests, rev = _panel_reversals(cube, side, delta, cfg, name, srcs, head)

@@ -1,4 +1,4 @@
-"""Sections of ``summary.json`` written by later stages (e.g. ``attribution``, notebook 10).
+"""Sections of ``summary.json`` written by later stages (e.g. ``attribution``, notebook 09).
 
 A later stage writes its section with :func:`write_section` to ``{results_dir}/summary_sections/<name>.json``;
 :func:`portbench.study.analysis.results.write_summary` adds every section found there to ``summary.json``

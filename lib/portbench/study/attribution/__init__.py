@@ -1,4 +1,4 @@
-"""Counterfactual attribution: *which property of a workload flips a scheduler ranking?* (notebook 10).
+"""Counterfactual attribution: *which property of a workload flips a scheduler ranking?* (notebook 09).
 
 For an ordered pair of sources (A, B) and a window pair (A's i-th, B's i-th attribution window), a
 **hybrid** is A's window with some properties taken from B's (:mod:`portbench.data.hybrids`): the
@@ -27,8 +27,9 @@ between A and B, the smallest sets of swapped players whose hybrid *reproduces* 
 windows -- a significant-and-practical reversal between A and that hybrid, by the analysis' definition
 (:data:`.results.REPRODUCES`); where the windows are too few for the test it says so.
 
-Entry point: :func:`attribute` (``portbench attribute``, notebook 10): run, compute, write the tables under
-``{results_dir}/attribution/`` and the ``attribution`` section of ``summary.json``.
+Entry point: :func:`attribute` (``portbench attribute``, notebook 09): run, compute, write the tables under
+``{results_dir}/attribution/`` and the ``attribution`` section for ``summary.json``
+(:func:`portbench.study.analysis.sections.write_section`), which the summary (notebook 10) writes once, last.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ from .game import grouped, interaction, shapley, singles, smallest_sets
 
 def attribute(cfg: Config, *, refreeze: bool = False, progress: bool = True, engine=None,
               reversals: bool = True, verbose: bool = True) -> Attribution:
-    """Simulate (or reuse) every hybrid, compute the attribution, write its tables and its summary.json
-    section. ``reversals``: trace the analysis' significant-and-practical reversals (needs the campaign and
-    the analysis of ``cfg``; skipped with a note when they are absent)."""
+    """Simulate (or reuse) every hybrid, compute the attribution, write its tables and its section for
+    summary.json (``summary.json`` itself is written by :func:`portbench.study.analysis.write_summary`, the
+    summary notebook, which runs after this one). ``reversals``: trace the analysis' significant-and-practical
+    reversals (needs the campaign and the analysis of ``cfg``; skipped with a note when they are absent)."""
     ar = run(cfg, engine=engine, refreeze=refreeze, progress=progress, verbose=verbose)
     rev = rk = cruns = note = None
     if reversals:
@@ -62,8 +64,6 @@ def attribute(cfg: Config, *, refreeze: bool = False, progress: bool = True, eng
     A = compute(cfg, ar, rev, rk, cruns)
     A.summary["tracing"] = note or "every significant-and-practical reversal of the analysis between the pair's sources"
     write(cfg, A)
-    if analysis.summary_path(cfg.paths.results_dir).is_file() and rev is not None:
-        analysis.write_summary(cfg)          # summary.json gains the attribution section
     return A
 
 

@@ -113,7 +113,7 @@ class Design:
 
 
 def cost_plan(cfg: Config, design: Design, manifest: Mapping) -> dict:
-    """The one computation of every stated cost (summary.json, notebook 10, ``portbench attribute``): the
+    """The one computation of every stated cost (summary.json, notebook 09, ``portbench attribute``): the
     dimensions, subsets and runs of ``design`` and of the **full design** -- the five properties as separate
     players (32 subsets, of which 16 distinct window-hybrids: ``load`` is the identity), every campaign window
     of the pair's sources (the fewer of the two), every region of ``simulation.region_loads`` and the

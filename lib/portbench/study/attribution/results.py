@@ -589,7 +589,7 @@ def load(cfg: Config) -> Attribution:
     """The tables and section written by :func:`write` (DataError naming the command when absent)."""
     out = attribution_dir(cfg.paths.results_dir)
     if not (out / "summary.json").is_file():
-        raise DataError(out, "no attribution results; run `portbench attribute` (notebook 10)")
+        raise DataError(out, "no attribution results; run `portbench attribute` (notebook 09)")
     return Attribution(tables={t: pl.read_parquet(out / f"{t}.parquet") for t in TABLES
                                if (out / f"{t}.parquet").is_file()},
                        summary=json.loads(Path(out / "summary.json").read_text()))
