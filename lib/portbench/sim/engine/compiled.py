@@ -35,6 +35,7 @@ import math
 from importlib.util import find_spec
 
 import numpy as np
+import polars as pl
 
 from ...core.errors import ConservationError, ParameterError
 from ..profiles.costmodel import Profile
@@ -1777,10 +1778,52 @@ _HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap
             _kless, _admit_need, _admit, _plan_ranked, _admit_need_v0, _plan_v0_preemptive)
 
 
-def run(eng) -> None:
+def hash_ids(window_df, reqs) -> tuple[np.ndarray, np.ndarray]:
+    """``(hoff, hid)``: the requests' prompt block hashes as dense entry ids numbered in order of first
+    occurrence (request by request), ``hid[hoff[i]:hoff[i + 1]]`` those of request ``i``. Vectorised from
+    the window's ``block_hashes`` column when it is a polars list of integers (the requests' ``hashes`` are
+    that column's lists), else from the requests."""
+    n = len(reqs)
+    hoff = np.zeros(n + 1, np.int64)
+    col = window_df["block_hashes"] if isinstance(window_df, pl.DataFrame) and "block_hashes" in window_df.columns \
+        else None
+    if col is not None and isinstance(col.dtype, pl.List) and col.dtype.inner.is_integer() and col.len() == n:
+        lens = col.list.len().fill_null(0).to_numpy().astype(np.int64)
+        flat = col.explode()
+        flat = flat.filter(flat.is_not_null()).to_numpy()
+        if flat.shape[0] == int(lens.sum()):
+            hoff[1:] = np.cumsum(lens)
+            if not flat.shape[0]:
+                return hoff, np.zeros(0, np.int64)
+            _, first, inv = np.unique(flat, return_index=True, return_inverse=True)
+            dense = np.empty(first.shape[0], np.int64)
+            dense[np.argsort(first, kind="stable")] = np.arange(first.shape[0], dtype=np.int64)
+            return hoff, dense[inv.reshape(-1)]
+    lens = [len(r.hashes) if r.hashes else 0 for r in reqs]
+    hoff[1:] = np.cumsum(lens)
+    ids: dict = {}
+    hid = np.fromiter((ids.setdefault(h, len(ids)) for r in reqs if r.hashes for h in r.hashes), np.int64,
+                      int(hoff[-1]))
+    return hoff, hid
+
+
+class Outcome:
+    """What the compiled loop leaves: per-request state arrays (indexed by request id) and the counters,
+    from which :func:`portbench.sim.engine.simulate` builds the records in one go."""
+
+    __slots__ = ("state", "generated", "preemptions", "first_token_s", "finish_s", "admitted_s",
+                 "waiting_since", "output_tokens", "wq_s", "wq_e", "work_at", "tr_f", "tr_i")
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+def run(eng, window_df=None) -> Outcome:
     """Run engine ``eng`` (a :class:`~portbench.sim.engine.core.Engine` set up by ``simulate``, static ranks
-    prepared, not run) with the compiled loop, and leave its requests and counters as the reference's
-    ``run`` would (the records are then built by the same code)."""
+    prepared, not run) with the compiled loop; the engine's counters are left as the reference's ``run``
+    leaves them, the requests' state is returned as arrays (:class:`Outcome`; the :class:`Request` objects
+    are not updated). ``window_df``: the window table the requests were built from (prompt block hashes)."""
     reqs = eng.reqs
     n = len(reqs)
     prof = eng.prof
@@ -1831,11 +1874,7 @@ def run(eng) -> None:
     hoff = np.zeros(n + 1, np.int64)
     hid = np.zeros(0, np.int64)
     if eng.pc_on:                       # prompt block hashes as dense entry ids
-        lens = [len(r.hashes) if r.hashes else 0 for r in reqs]
-        hoff[1:] = np.cumsum(lens)
-        ids: dict = {}
-        hid = np.fromiter((ids.setdefault(h, len(ids)) for r in reqs if r.hashes for h in r.hashes), np.int64,
-                          int(hoff[-1]))
+        hoff, hid = hash_ids(window_df, reqs)
     C = np.array([eng.bs, eng.cap, eng.B, eng.max_seqs, int(eng.pc_on), getattr(eng, "Hb", 1) if eng.pc_on else 1,
                   getattr(eng, "eb", 0) if eng.pc_on else 0, eng.n_arrivable,
                   int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None),
@@ -1857,27 +1896,23 @@ def run(eng) -> None:
     if status == ERR_PROGRESS:
         raise RuntimeError(f"simulator made no progress at t={end_time}: {int(S[NRES])} residents, "
                            f"{int(S[NWAIT])} waiting (scheduler {eng.sched.name})")
-    st, gen, pre, ft, fin, adm, ws = (R[ST].tolist(), R[GEN].tolist(), R[PREEMPT].tolist(), F[FT].tolist(),
-                                      F[FIN].tolist(), F[ADM].tolist(), F[WS].tolist())
-    for r in reqs:
-        i = r.id
-        r.state = st[i]
-        r.generated = gen[i]
-        r.preemptions = pre[i]
-        r.first_token_s = ft[i]
-        r.finish_s = fin[i]
-        r.admitted_s = adm[i]
-        if ws[i] == ws[i]:
-            r.waiting_since = ws[i]
-    eng.cursor = int(S[CURSOR])
+    # requests that arrived but were never ingested (the server stopped at the horizon), as ``_result`` does
+    st = R[ST]
+    cur = int(S[CURSOR])
+    late = order[cur:int(eng.n_arrivable)]
+    st[late] = np.where(R[NFITS, late] != 0, _REJECTED, _WAITING)
+    ws = F[WS]
+    ws = np.where(ws == ws, ws, F[ARR])     # waiting since: the arrival unless the loop set it
+    eng.cursor = cur
     eng.end_time = float(end_time)
     eng.n_iter, eng.n_decisions, eng.n_preempt = int(S[NITER]), int(S[NDEC]), int(S[NPREEMPT])
     eng.max_used, eng.n_finished, eng.work = int(S[MAXUSED]), int(S[NFIN]), int(S[WORK])
     eng.pc_hit_tokens, eng.pc_query_tokens = int(S[PCHIT]), int(S[PCQ])
     eng.n_pause = int(S[NPAUSE])
     eng.n_swap_out, eng.n_swap_in, eng.swap_s = int(S[NSWO]), int(S[NSWI]), float(SF[SWAPS])
-    eng.wq = list(zip(wq_s.tolist(), wq_e.tolist()))
-    eng.work_at = work_at[:int(S[NWA])].tolist()
-    if eng.trace is not None:
-        fl, it = tr_f.tolist(), tr_i.tolist()
-        eng.trace = [(a[0], a[1], b[0], b[1], b[2], b[3], b[4]) for a, b in zip(fl, it)]
+    nwa = int(S[NWA])
+    return Outcome(state=st, generated=R[GEN], preemptions=R[PREEMPT], first_token_s=F[FT], finish_s=F[FIN],
+                   admitted_s=F[ADM], waiting_since=ws, output_tokens=R[OO], wq_s=wq_s, wq_e=wq_e,
+                   work_at=np.concatenate((work_at[:nwa].astype(np.float64),   # then the marks never reached
+                                           np.full(int(np.sum(marks[nwa:] < math.inf)), float(eng.work)))),
+                   tr_f=tr_f if eng.trace is not None else None, tr_i=tr_i if eng.trace is not None else None)
