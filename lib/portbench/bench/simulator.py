@@ -33,7 +33,7 @@ from ..sim import engine as simulator
 
 REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9, "overload": 1.2,
                 "severe": 2.0}
-SIZES = (200, 400, 800, 1600)
+SIZES = (200, 400, 800, 1600, 3200)
 AZURE_FILE = "AzureLLMInferenceTrace_conv.csv"
 FULL_CAMPAIGN_RUNS = 13 * 120 * 6 * 3
 CORES = ("reference", "auto")    # engine.core: the SimPy reference, and what campaigns run (compiled where supported)

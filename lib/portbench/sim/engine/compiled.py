@@ -32,6 +32,7 @@ disk (numba's ``cache=True``, in ``__pycache__`` next to this file or ``$NUMBA_C
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from importlib.util import find_spec
 
 import numpy as np
@@ -91,6 +92,11 @@ def unsupported(sched, engine, profile, *, naive: bool = False, check_invariants
     if not isinstance(profile, Profile) or type(profile).iteration_time is not Profile.iteration_time \
             or type(profile).floor_time is not Profile.floor_time:
         return "a profile that is not a portbench cost-model Profile"
+    return unsupported_here()
+
+
+def unsupported_here() -> str | None:
+    """Why no run can use the compiled core in this environment, or None."""
     if find_spec("numba") is None:
         return "numba is not installed"
     return None
@@ -117,6 +123,24 @@ def kernel():
             g[f.__name__] = jit(f)
         _KERNEL = jit(_loop)
     return _KERNEL
+
+
+def warm() -> float:
+    """Compile the loop in this process, or load it from numba's disk cache, by one tiny run; returns the
+    seconds it took. A campaign calls it before its worker processes start, so that the workers load the
+    cached machine code instead of compiling it side by side."""
+    import time
+
+    import polars as pl
+
+    from ..profiles import DEFAULT_PROFILE, get_profile
+    from .simulate import simulate
+
+    t0 = time.perf_counter()
+    df = pl.DataFrame({"arrival_s": [0.0, 0.5], "prompt_tokens": [100, 200], "output_tokens": [5, 7],
+                       "tenant": ["a", "b"]})
+    simulate(df, "fcfs", get_profile(DEFAULT_PROFILE), horizon_s=100.0, seed=0, engine={"core": "compiled"})
+    return time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -574,6 +598,54 @@ def _kless(R, F, a, b):
         return F[ARR, a] < F[ARR, b]
     return a < b
 
+def _sorted_set(out, which, paused_too, R, F, kept, kkey, kn, kin, newl, tmp, tkey):
+    """out[:m] = the waiting requests (``paused_too``: and the paused ones) sorted by ((key, arrival), id), as
+    ``_sort_by_key`` sorts them, incrementally: set ``which`` keeps the previous call's sorted list
+    (``kept[which]``) with the keys it was sorted by (``kkey[which]``); members still in the set with an unchanged
+    key keep their order, the others (new, or re-keyed) are sorted and merged in. Returns m."""
+    n = R.shape[1]
+    m = 0
+    for a in range(kn[which]):
+        r = kept[which, a]
+        st = R[ST, r]
+        if (st == _WAITING or (paused_too and st == _PAUSED)) and F[KEY, r] == kkey[which, a]:
+            kept[which, m] = r
+            m += 1
+        else:
+            kin[which, r] = 0
+    nnew = 0
+    for r in range(n):
+        st = R[ST, r]
+        if (st == _WAITING or (paused_too and st == _PAUSED)) and not kin[which, r]:
+            newl[nnew] = r
+            nnew += 1
+    _sort_by_key(newl, nnew, R, F, tmp, tkey)
+    i = j = o = 0
+    while i < m and j < nnew:
+        if _kless(R, F, newl[j], kept[which, i]):
+            out[o] = newl[j]
+            j += 1
+        else:
+            out[o] = kept[which, i]
+            i += 1
+        o += 1
+    while i < m:
+        out[o] = kept[which, i]
+        i += 1
+        o += 1
+    while j < nnew:
+        out[o] = newl[j]
+        j += 1
+        o += 1
+    for a in range(o):
+        r = out[a]
+        kept[which, a] = r
+        kkey[which, a] = F[KEY, r]
+        kin[which, r] = 1
+    kn[which] = o
+    return o
+
+
 
 def _admit_need(r, budget, free, R, S, hoff, hid, ref, Hb, eb, pc_on, bs):
     """:meth:`Queues._admit_need` (V1): blocks admitting ``r`` adds, or -1."""
@@ -659,24 +731,18 @@ def _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_o
 
 
 def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev, lnext,
-                 wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw):
+                 wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw, kept, kkey, kn, kin, newl):
     """:meth:`Batching._plan_ranked` (V1, recompute; the one-by-one walk, keys fresh). Returns the
     iteration's prompt tokens."""
     bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
     pc_on, Hb, eb, pol = C[C_PC], C[C_HB], C[C_EB], C[C_POL]
-    n = R.shape[1]
     if pc_on:
         _pc_reconcile(S, ref, lprev, lnext, cap, eb)
     nr = S[NRUN]
     for a in range(nr):
         res_[a] = run[a]
     _sort_by_key(res_, nr, R, F, tmp, tkey)
-    nw = 0
-    for r in range(n):
-        if R[ST, r] == _WAITING:
-            wl[nw] = r
-            nw += 1
-    _sort_by_key(wl, nw, R, F, tmp, tkey)
+    nw = _sorted_set(wl, 0, False, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
     free = cap
     slots = max_seqs
     nc = npl = nd = nres = 0
@@ -862,22 +928,17 @@ def _admit_need_v0(r, budget, pf_tokens, admitted, free, R, B, bs, chunked):
 
 
 def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, wq_s, wq_e, res_, wl,
-                        placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref, lprev, lnext):
+                        placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref, lprev, lnext, kept, kkey, kn, kin,
+                        newl):
     """The V0 branch of :meth:`Batching._plan_preemptive` (no prefix caching under V0): one walk in rank
     order admitting, resuming and placing as it goes. Returns the iteration's prompt tokens."""
     bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
     chunked, pol = C[C_CHUNKED], C[C_POL]
-    n = R.shape[1]
     nr = S[NRUN]
     for a in range(nr):
         res_[a] = run[a]
     _sort_by_key(res_, nr, R, F, tmp, tkey)
-    nw = 0
-    for r in range(n):
-        if R[ST, r] == _WAITING:
-            wl[nw] = r
-            nw += 1
-    _sort_by_key(wl, nw, R, F, tmp, tkey)
+    nw = _sorted_set(wl, 0, False, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
     if chunked:
         n_dec = S[NCOH]
         for a in range(S[NPAUSED]):
@@ -1110,6 +1171,13 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
     cand = np.empty(n, np.int64)      # ltr: the waiting requests in admission order
     tmp = np.empty(n, np.int64)
     tkey = np.empty(n, np.float64)
+    # preemptive policies: the last sorted waiting list (set 0) and waiting + paused list (set 1), kept between
+    # decisions with the keys they were sorted by (_sorted_set)
+    kept = np.empty((2, n), np.int64)
+    kkey = np.empty((2, n), np.float64)
+    kn = np.zeros(2, np.int64)
+    kin = np.zeros((2, n), np.int8)
+    newl = np.empty(n, np.int64)
     ckv = Fc[3]
     INF = math.inf
     S = np.zeros(N_S, np.int64)
@@ -1211,10 +1279,11 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 S[NWQ] = nwq
                 pf_tokens = _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, wq_s,
                                                 wq_e, res_, wl, placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref,
-                                                lprev, lnext)
+                                                lprev, lnext, kept, kkey, kn, kin, newl)
             else:
                 pf_tokens = _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev,
-                                     lnext, wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw)
+                                     lnext, wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw, kept,
+                                     kkey, kn, kin, newl)
             nwq = S[NWQ]
             free = cap - (S[NEED] + S[OTHER] + S[ADJ])
         while not ranked:
@@ -1556,12 +1625,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         t_bound = arr_t[cur]
                 if (pol == POL_LAS or pol == POL_MLFQ or pol == POL_RR) and k > 1 and (S[NWAIT] or S[NPAUSED]):
                     # _passing_iterations: fewest iterations until a member ranks after an outside request
-                    no = 0
-                    for r in range(n):
-                        if R[ST, r] == _WAITING or R[ST, r] == _PAUSED:
-                            outs[no] = r
-                            no += 1
-                    _sort_by_key(outs, no, R, F, tmp, tkey)
+                    no = _sorted_set(outs, 1, True, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
                     best = -1
                     for m in range(n):
                         if not R[INC, m]:
@@ -1775,7 +1839,7 @@ _HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap
             _wpush, _wpop, _list_remove, _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit,
             _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks, _requeue,
             _ltr_order, _vtc_heads, _key_after, _generated, _mlfq_level, _key_of, _tokens_to_level, _sort_by_key,
-            _kless, _admit_need, _admit, _plan_ranked, _admit_need_v0, _plan_v0_preemptive)
+            _kless, _sorted_set, _admit_need, _admit, _plan_ranked, _admit_need_v0, _plan_v0_preemptive)
 
 
 def hash_ids(window_df, reqs) -> tuple[np.ndarray, np.ndarray]:
@@ -1807,16 +1871,24 @@ def hash_ids(window_df, reqs) -> tuple[np.ndarray, np.ndarray]:
     return hoff, hid
 
 
+@dataclass
 class Outcome:
     """What the compiled loop leaves: per-request state arrays (indexed by request id) and the counters,
     from which :func:`portbench.sim.engine.simulate` builds the records in one go."""
 
-    __slots__ = ("state", "generated", "preemptions", "first_token_s", "finish_s", "admitted_s",
-                 "waiting_since", "output_tokens", "wq_s", "wq_e", "work_at", "tr_f", "tr_i")
-
-    def __init__(self, **kw):
-        for k, v in kw.items():
-            setattr(self, k, v)
+    state: np.ndarray
+    generated: np.ndarray
+    preemptions: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    admitted_s: np.ndarray
+    waiting_since: np.ndarray
+    output_tokens: np.ndarray
+    wq_s: np.ndarray           # the waiting intervals that ended (start, end)
+    wq_e: np.ndarray
+    work_at: np.ndarray        # useful work by each work mark
+    tr_f: np.ndarray | None    # the step log (record_iterations): start_s, end_s
+    tr_i: np.ndarray | None    # ... n_iterations, prefill_tokens, decode_seqs, context_tokens, kv_blocks_used
 
 
 def run(eng, window_df=None) -> Outcome:
