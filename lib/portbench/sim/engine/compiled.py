@@ -17,11 +17,15 @@ Everything else -- a static policy with option ``preemptive: true``, plug-ins,
 ``naive``/``check_invariants``/``check_contract`` runs, a profile that is not the cost-model ``Profile`` --
 runs on the reference (:func:`unsupported` says why). The preemptive plans rank with fresh keys at every
 decision and walk the ranking one request at a time: the reference's lazy keys and bulk tail are its own
-speed-ups of the same decisions (``tests/test_incremental.py``).
+speed-ups of the same decisions (``tests/test_incremental.py``). The waiting requests (and, for the next
+decision's bound, the waiting and paused ones) are not re-sorted at every decision: the last sorted list is
+kept with the keys it was sorted by, and only the requests that joined or whose key changed are sorted and
+merged in (:func:`_sorted_set`; the order is a total order, so the result is the full sort's).
 
 The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
 reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
-loop is compiled, and the records are assembled by the reference's ``_result``: only the loop differs.
+loop is compiled, and :func:`run` returns its arrays (:class:`Outcome`), from which ``simulate`` builds the
+records, counters and step log in one go (the :class:`Request` objects are not written back).
 
 Every operation of the reference is reproduced in the same order with the same floating-point
 arithmetic (iteration times, the closed-form decode runs, first/last k), so the records and counters
