@@ -220,3 +220,17 @@ def test_plugins_run_on_the_reference():
     df = pl.DataFrame({"arrival_s": [0.0], "prompt_tokens": [10], "output_tokens": [3], "tenant": ["a"]})
     res = simulate(df, MyFCFS(), prof(), horizon_s=10.0, seed=0)
     assert res.core == "reference" and "plug-in" in res.core_note
+
+
+def test_hash_ids_vectorised_as_the_requests_give_them():
+    """The prompt-hash entry ids from the window's ``block_hashes`` column (vectorised) are the ids the
+    requests' own hashes give (numbered in order of first occurrence), with empty and missing lists."""
+    df = pl.DataFrame({"arrival_s": [0.0, 0.1, 0.2, 0.3, 0.4], "prompt_tokens": [40, 40, 40, 40, 40],
+                       "output_tokens": [2, 2, 2, 2, 2], "tenant": ["a"] * 5,
+                       "block_hashes": [[9, 7, 5], [], None, [7, 9, 11, 9], [2**62, 5]]})
+    from portbench.sim.request import requests_from_window
+    reqs, _ = requests_from_window(df, prof(), np.random.default_rng(0))
+    hoff, hid = compiled.hash_ids(df, reqs)
+    ref_off, ref_id = compiled.hash_ids({"block_hashes": df["block_hashes"].to_list()}, reqs)   # the requests' path
+    assert hoff.tolist() == ref_off.tolist() == [0, 3, 3, 3, 7, 9]
+    assert hid.tolist() == ref_id.tolist() == [0, 1, 2, 1, 0, 3, 0, 4, 2]

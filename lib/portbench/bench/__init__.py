@@ -21,8 +21,9 @@ Parts (each a median of several runs unless stated):
   time per run, divided by the workers), and the report says so. Peak memory: ``resource.getrusage`` max RSS of the campaign's main process plus
   ``workers`` x the largest worker's max RSS (an upper bound of the simultaneous total; tracemalloc
   would miss the worker processes and non-Python allocations);
-* **window size**: wall time of the same runs on windows of 200/400/800/1600 consecutive real
-  requests, and the log-log slope of wall time against size (1 = linear);
+* **window size**: wall time of the same runs on windows of 200 to 3,200 consecutive real requests (the
+  simulator part's; 200/400/800/1600 when measured here), the log-log slope of wall time against size
+  (1 = linear), and that of the decision points per run and of the wall time per decision;
 * **ingest** (:mod:`portbench.bench.ingest`) and **analysis** (:mod:`portbench.bench.analysis`).
 
 Targets (issue #16): >= 30,000x real time per core (the median over schedulers x regions); the full
@@ -283,8 +284,12 @@ def _window_size(cfg: Config, quick: bool, sim: Mapping) -> dict:
     slopes = sim.get("loglog_slope") if isinstance(sim, Mapping) else None
     if isinstance(slopes, Mapping) and slopes and sim.get("window_size_rows"):
         worst = max(slopes, key=slopes.get)
+        per_decision = dict(sim.get("loglog_slope_per_decision") or {})
         return {"from": "bench/simulator.py", "rows": sim["window_size_rows"], "slopes": dict(slopes),
-                "loglog_slope": float(slopes[worst]), "worst_scheduler": worst}
+                "slopes_decisions": dict(sim.get("loglog_slope_decisions") or {}),
+                "slopes_per_decision": per_decision,
+                "loglog_slope": float(slopes[worst]), "worst_scheduler": worst,
+                "loglog_slope_per_decision_max": max(per_decision.values()) if per_decision else float("nan")}
     try:
         tables = _size_windows(cfg, WINDOW_SIZES, 2 if quick else 3)
         return {"from": "portbench.bench (campaign engine)", **_bench_window_size(cfg.simulation, tables, quick)}

@@ -10,8 +10,9 @@
 * overall: runs per second, aggregate simulated seconds per wall second per core
   (``speedup_per_core``), and the projected wall time of the full default campaign
   (13 schedulers x 120 windows x 6 regions x 3 replicates) on 2 cores;
-* wall time against window size: 200/400/800/1600 consecutive real requests (every scheduler; FCFS and
-  LAS with ``quick``) at near-saturation and overload, with each scheduler's log-log slope (1 = linear).
+* wall time against window size: 200/400/800/1600/3200 consecutive real requests (every scheduler; FCFS and
+  LAS with ``quick``) at near-saturation and overload, with each scheduler's log-log slope (1 = linear), the
+  slope of its decision points per run (the policy's own growth) and of the wall time per decision.
 
 Windows are consecutive rows of the real Azure conversation trace from the data mirror, stride
 placed through the file, with a seeded assignment of 4 tenants. Numbers are reported, not asserted.
@@ -33,7 +34,7 @@ from ..sim import engine as simulator
 
 REGION_LOADS = {"light": 0.3, "moderate": 0.5, "busy": 0.7, "near_saturation": 0.9, "overload": 1.2,
                 "severe": 2.0}
-SIZES = (200, 400, 800, 1600)
+SIZES = (200, 400, 800, 1600, 3200)
 AZURE_FILE = "AzureLLMInferenceTrace_conv.csv"
 FULL_CAMPAIGN_RUNS = 13 * 120 * 6 * 3
 CORES = ("reference", "auto")    # engine.core: the SimPy reference, and what campaigns run (compiled where supported)
@@ -189,21 +190,32 @@ def run(quick: bool = False, windows: dict | None = None) -> dict:
         sc = _prepare(windows[size][:1 if quick else 2], profile, loads)
         for name in size_names:
             walls = []
+            decisions = preemptions = 0
             for rep in range(repeats):
                 t0 = time.perf_counter()
                 for _, _reg, sdf, h in sc:
-                    simulator.simulate(sdf, name, profile, horizon_s=h, seed=rep, slo=slo)
+                    c = simulator.simulate(sdf, name, profile, horizon_s=h, seed=rep, slo=slo).counters
+                    decisions += c["decision_points"]
+                    preemptions += c["preemptions"]
                 walls.append((time.perf_counter() - t0) / len(sc))
-            size_rows.append({"size": size, "scheduler": name, "ms_per_run": 1000 * statistics.median(walls)})
+            ms = 1000 * statistics.median(walls)
+            per_run = decisions / (repeats * len(sc))
+            size_rows.append({"size": size, "scheduler": name, "ms_per_run": ms, "decisions": per_run,
+                              "preemptions": preemptions / (repeats * len(sc)),
+                              "us_per_decision": 1000 * ms / max(per_run, 1.0)})
     result["window_size_rows"] = size_rows
-    slopes = {}
-    for name in size_names:
-        pts = [(math.log(r["size"]), math.log(r["ms_per_run"])) for r in size_rows if r["scheduler"] == name]
-        if len(pts) >= 2:
-            mx = statistics.fmean(p[0] for p in pts)
-            my = statistics.fmean(p[1] for p in pts)
-            slopes[name] = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
-    result["loglog_slope"] = slopes
+
+    def slope_of(name: str, col: str) -> float:
+        pts = [(math.log(r["size"]), math.log(r[col])) for r in size_rows if r["scheduler"] == name and r[col] > 0]
+        mx = statistics.fmean(p[0] for p in pts)
+        my = statistics.fmean(p[1] for p in pts)
+        return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+
+    ok = [n for n in size_names if sum(1 for r in size_rows if r["scheduler"] == n) >= 2]
+    # the wall time's slope; the policy's own growth (decisions per run) and the cost per decision's slope
+    result["loglog_slope"] = {n: slope_of(n, "ms_per_run") for n in ok}
+    result["loglog_slope_decisions"] = {n: slope_of(n, "decisions") for n in ok}
+    result["loglog_slope_per_decision"] = {n: slope_of(n, "us_per_decision") for n in ok}
     result["bench_s"] = time.perf_counter() - t_all
     return result
 

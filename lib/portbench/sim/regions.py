@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import polars as pl
 
 from ..core.errors import DataError, ParameterError
@@ -159,10 +160,10 @@ UTILISATION_START = 0.1   # utilisation is measured from this quantile of the ar
 def utilisation_marks(scaled_df) -> tuple[float, float]:
     """The interval over which a run's utilisation is measured: the arrival time of the
     :data:`UTILISATION_START` quantile request and the last arrival."""
-    a = scaled_df["arrival_s"].sort()
-    if a.len() < 2:
+    a = np.sort(scaled_df["arrival_s"].cast(pl.Float64).to_numpy())     # numpy: no thread-pool start per call
+    if a.shape[0] < 2:
         return 0.0, 0.0
-    return float(a[int(UTILISATION_START * (a.len() - 1))]), float(a[-1])
+    return float(a[int(UTILISATION_START * (a.shape[0] - 1))]), float(a[-1])
 
 
 def utilisation(work_rate_tok_s: float, capacity_rps: float, mean_work_tokens: float) -> float:

@@ -17,11 +17,15 @@ Everything else -- a static policy with option ``preemptive: true``, plug-ins,
 ``naive``/``check_invariants``/``check_contract`` runs, a profile that is not the cost-model ``Profile`` --
 runs on the reference (:func:`unsupported` says why). The preemptive plans rank with fresh keys at every
 decision and walk the ranking one request at a time: the reference's lazy keys and bulk tail are its own
-speed-ups of the same decisions (``tests/test_incremental.py``).
+speed-ups of the same decisions (``tests/test_incremental.py``). The waiting requests (and, for the next
+decision's bound, the waiting and paused ones) are not re-sorted at every decision: the last sorted list is
+kept with the keys it was sorted by, and only the requests that joined or whose key changed are sorted and
+merged in (:func:`_sorted_set`; the order is a total order, so the result is the full sort's).
 
 The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
 reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
-loop is compiled, and the records are assembled by the reference's ``_result``: only the loop differs.
+loop is compiled, and :func:`run` returns its arrays (:class:`Outcome`), from which ``simulate`` builds the
+records, counters and step log in one go (the :class:`Request` objects are not written back).
 
 Every operation of the reference is reproduced in the same order with the same floating-point
 arithmetic (iteration times, the closed-form decode runs, first/last k), so the records and counters
@@ -32,9 +36,11 @@ disk (numba's ``cache=True``, in ``__pycache__`` next to this file or ``$NUMBA_C
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from importlib.util import find_spec
 
 import numpy as np
+import polars as pl
 
 from ...core.errors import ConservationError, ParameterError
 from ..profiles.costmodel import Profile
@@ -90,6 +96,11 @@ def unsupported(sched, engine, profile, *, naive: bool = False, check_invariants
     if not isinstance(profile, Profile) or type(profile).iteration_time is not Profile.iteration_time \
             or type(profile).floor_time is not Profile.floor_time:
         return "a profile that is not a portbench cost-model Profile"
+    return unsupported_here()
+
+
+def unsupported_here() -> str | None:
+    """Why no run can use the compiled core in this environment, or None."""
     if find_spec("numba") is None:
         return "numba is not installed"
     return None
@@ -116,6 +127,24 @@ def kernel():
             g[f.__name__] = jit(f)
         _KERNEL = jit(_loop)
     return _KERNEL
+
+
+def warm() -> float:
+    """Compile the loop in this process, or load it from numba's disk cache, by one tiny run; returns the
+    seconds it took. A campaign calls it before its worker processes start, so that the workers load the
+    cached machine code instead of compiling it side by side."""
+    import time
+
+    import polars as pl
+
+    from ..profiles import DEFAULT_PROFILE, get_profile
+    from .simulate import simulate
+
+    t0 = time.perf_counter()
+    df = pl.DataFrame({"arrival_s": [0.0, 0.5], "prompt_tokens": [100, 200], "output_tokens": [5, 7],
+                       "tenant": ["a", "b"]})
+    simulate(df, "fcfs", get_profile(DEFAULT_PROFILE), horizon_s=100.0, seed=0, engine={"core": "compiled"})
+    return time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -573,6 +602,54 @@ def _kless(R, F, a, b):
         return F[ARR, a] < F[ARR, b]
     return a < b
 
+def _sorted_set(out, which, paused_too, R, F, kept, kkey, kn, kin, newl, tmp, tkey):
+    """out[:m] = the waiting requests (``paused_too``: and the paused ones) sorted by ((key, arrival), id), as
+    ``_sort_by_key`` sorts them, incrementally: set ``which`` keeps the previous call's sorted list
+    (``kept[which]``) with the keys it was sorted by (``kkey[which]``); members still in the set with an unchanged
+    key keep their order, the others (new, or re-keyed) are sorted and merged in. Returns m."""
+    n = R.shape[1]
+    m = 0
+    for a in range(kn[which]):
+        r = kept[which, a]
+        st = R[ST, r]
+        if (st == _WAITING or (paused_too and st == _PAUSED)) and F[KEY, r] == kkey[which, a]:
+            kept[which, m] = r
+            m += 1
+        else:
+            kin[which, r] = 0
+    nnew = 0
+    for r in range(n):
+        st = R[ST, r]
+        if (st == _WAITING or (paused_too and st == _PAUSED)) and not kin[which, r]:
+            newl[nnew] = r
+            nnew += 1
+    _sort_by_key(newl, nnew, R, F, tmp, tkey)
+    i = j = o = 0
+    while i < m and j < nnew:
+        if _kless(R, F, newl[j], kept[which, i]):
+            out[o] = newl[j]
+            j += 1
+        else:
+            out[o] = kept[which, i]
+            i += 1
+        o += 1
+    while i < m:
+        out[o] = kept[which, i]
+        i += 1
+        o += 1
+    while j < nnew:
+        out[o] = newl[j]
+        j += 1
+        o += 1
+    for a in range(o):
+        r = out[a]
+        kept[which, a] = r
+        kkey[which, a] = F[KEY, r]
+        kin[which, r] = 1
+    kn[which] = o
+    return o
+
+
 
 def _admit_need(r, budget, free, R, S, hoff, hid, ref, Hb, eb, pc_on, bs):
     """:meth:`Queues._admit_need` (V1): blocks admitting ``r`` adds, or -1."""
@@ -658,24 +735,18 @@ def _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_o
 
 
 def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev, lnext,
-                 wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw):
+                 wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw, kept, kkey, kn, kin, newl):
     """:meth:`Batching._plan_ranked` (V1, recompute; the one-by-one walk, keys fresh). Returns the
     iteration's prompt tokens."""
     bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
     pc_on, Hb, eb, pol = C[C_PC], C[C_HB], C[C_EB], C[C_POL]
-    n = R.shape[1]
     if pc_on:
         _pc_reconcile(S, ref, lprev, lnext, cap, eb)
     nr = S[NRUN]
     for a in range(nr):
         res_[a] = run[a]
     _sort_by_key(res_, nr, R, F, tmp, tkey)
-    nw = 0
-    for r in range(n):
-        if R[ST, r] == _WAITING:
-            wl[nw] = r
-            nw += 1
-    _sort_by_key(wl, nw, R, F, tmp, tkey)
+    nw = _sorted_set(wl, 0, False, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
     free = cap
     slots = max_seqs
     nc = npl = nd = nres = 0
@@ -861,22 +932,17 @@ def _admit_need_v0(r, budget, pf_tokens, admitted, free, R, B, bs, chunked):
 
 
 def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, wq_s, wq_e, res_, wl,
-                        placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref, lprev, lnext):
+                        placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref, lprev, lnext, kept, kkey, kn, kin,
+                        newl):
     """The V0 branch of :meth:`Batching._plan_preemptive` (no prefix caching under V0): one walk in rank
     order admitting, resuming and placing as it goes. Returns the iteration's prompt tokens."""
     bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
     chunked, pol = C[C_CHUNKED], C[C_POL]
-    n = R.shape[1]
     nr = S[NRUN]
     for a in range(nr):
         res_[a] = run[a]
     _sort_by_key(res_, nr, R, F, tmp, tkey)
-    nw = 0
-    for r in range(n):
-        if R[ST, r] == _WAITING:
-            wl[nw] = r
-            nw += 1
-    _sort_by_key(wl, nw, R, F, tmp, tkey)
+    nw = _sorted_set(wl, 0, False, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
     if chunked:
         n_dec = S[NCOH]
         for a in range(S[NPAUSED]):
@@ -1109,6 +1175,13 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
     cand = np.empty(n, np.int64)      # ltr: the waiting requests in admission order
     tmp = np.empty(n, np.int64)
     tkey = np.empty(n, np.float64)
+    # preemptive policies: the last sorted waiting list (set 0) and waiting + paused list (set 1), kept between
+    # decisions with the keys they were sorted by (_sorted_set)
+    kept = np.empty((2, n), np.int64)
+    kkey = np.empty((2, n), np.float64)
+    kn = np.zeros(2, np.int64)
+    kin = np.zeros((2, n), np.int8)
+    newl = np.empty(n, np.int64)
     ckv = Fc[3]
     INF = math.inf
     S = np.zeros(N_S, np.int64)
@@ -1210,10 +1283,11 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 S[NWQ] = nwq
                 pf_tokens = _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, wq_s,
                                                 wq_e, res_, wl, placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref,
-                                                lprev, lnext)
+                                                lprev, lnext, kept, kkey, kn, kin, newl)
             else:
                 pf_tokens = _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev,
-                                     lnext, wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw)
+                                     lnext, wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw, kept,
+                                     kkey, kn, kin, newl)
             nwq = S[NWQ]
             free = cap - (S[NEED] + S[OTHER] + S[ADJ])
         while not ranked:
@@ -1555,12 +1629,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         t_bound = arr_t[cur]
                 if (pol == POL_LAS or pol == POL_MLFQ or pol == POL_RR) and k > 1 and (S[NWAIT] or S[NPAUSED]):
                     # _passing_iterations: fewest iterations until a member ranks after an outside request
-                    no = 0
-                    for r in range(n):
-                        if R[ST, r] == _WAITING or R[ST, r] == _PAUSED:
-                            outs[no] = r
-                            no += 1
-                    _sort_by_key(outs, no, R, F, tmp, tkey)
+                    no = _sorted_set(outs, 1, True, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
                     best = -1
                     for m in range(n):
                         if not R[INC, m]:
@@ -1774,13 +1843,63 @@ _HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap
             _wpush, _wpop, _list_remove, _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit,
             _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks, _requeue,
             _ltr_order, _vtc_heads, _key_after, _generated, _mlfq_level, _key_of, _tokens_to_level, _sort_by_key,
-            _kless, _admit_need, _admit, _plan_ranked, _admit_need_v0, _plan_v0_preemptive)
+            _kless, _sorted_set, _admit_need, _admit, _plan_ranked, _admit_need_v0, _plan_v0_preemptive)
 
 
-def run(eng) -> None:
+def hash_ids(window_df, reqs) -> tuple[np.ndarray, np.ndarray]:
+    """``(hoff, hid)``: the requests' prompt block hashes as dense entry ids numbered in order of first
+    occurrence (request by request), ``hid[hoff[i]:hoff[i + 1]]`` those of request ``i``. Vectorised from
+    the window's ``block_hashes`` column when it is a polars list of integers (the requests' ``hashes`` are
+    that column's lists), else from the requests."""
+    n = len(reqs)
+    hoff = np.zeros(n + 1, np.int64)
+    col = window_df["block_hashes"] if isinstance(window_df, pl.DataFrame) and "block_hashes" in window_df.columns \
+        else None
+    if col is not None and isinstance(col.dtype, pl.List) and col.dtype.inner.is_integer() and col.len() == n:
+        lens = col.list.len().fill_null(0).to_numpy().astype(np.int64)
+        flat = col.explode()
+        flat = flat.filter(flat.is_not_null()).to_numpy()
+        if flat.shape[0] == int(lens.sum()):
+            hoff[1:] = np.cumsum(lens)
+            if not flat.shape[0]:
+                return hoff, np.zeros(0, np.int64)
+            _, first, inv = np.unique(flat, return_index=True, return_inverse=True)
+            dense = np.empty(first.shape[0], np.int64)
+            dense[np.argsort(first, kind="stable")] = np.arange(first.shape[0], dtype=np.int64)
+            return hoff, dense[inv.reshape(-1)]
+    lens = [len(r.hashes) if r.hashes else 0 for r in reqs]
+    hoff[1:] = np.cumsum(lens)
+    ids: dict = {}
+    hid = np.fromiter((ids.setdefault(h, len(ids)) for r in reqs if r.hashes for h in r.hashes), np.int64,
+                      int(hoff[-1]))
+    return hoff, hid
+
+
+@dataclass
+class Outcome:
+    """What the compiled loop leaves: per-request state arrays (indexed by request id) and the counters,
+    from which :func:`portbench.sim.engine.simulate` builds the records in one go."""
+
+    state: np.ndarray
+    generated: np.ndarray
+    preemptions: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    admitted_s: np.ndarray
+    waiting_since: np.ndarray
+    output_tokens: np.ndarray
+    wq_s: np.ndarray           # the waiting intervals that ended (start, end)
+    wq_e: np.ndarray
+    work_at: np.ndarray        # useful work by each work mark
+    tr_f: np.ndarray | None    # the step log (record_iterations): start_s, end_s
+    tr_i: np.ndarray | None    # ... n_iterations, prefill_tokens, decode_seqs, context_tokens, kv_blocks_used
+
+
+def run(eng, window_df=None) -> Outcome:
     """Run engine ``eng`` (a :class:`~portbench.sim.engine.core.Engine` set up by ``simulate``, static ranks
-    prepared, not run) with the compiled loop, and leave its requests and counters as the reference's
-    ``run`` would (the records are then built by the same code)."""
+    prepared, not run) with the compiled loop; the engine's counters are left as the reference's ``run``
+    leaves them, the requests' state is returned as arrays (:class:`Outcome`; the :class:`Request` objects
+    are not updated). ``window_df``: the window table the requests were built from (prompt block hashes)."""
     reqs = eng.reqs
     n = len(reqs)
     prof = eng.prof
@@ -1831,11 +1950,7 @@ def run(eng) -> None:
     hoff = np.zeros(n + 1, np.int64)
     hid = np.zeros(0, np.int64)
     if eng.pc_on:                       # prompt block hashes as dense entry ids
-        lens = [len(r.hashes) if r.hashes else 0 for r in reqs]
-        hoff[1:] = np.cumsum(lens)
-        ids: dict = {}
-        hid = np.fromiter((ids.setdefault(h, len(ids)) for r in reqs if r.hashes for h in r.hashes), np.int64,
-                          int(hoff[-1]))
+        hoff, hid = hash_ids(window_df, reqs)
     C = np.array([eng.bs, eng.cap, eng.B, eng.max_seqs, int(eng.pc_on), getattr(eng, "Hb", 1) if eng.pc_on else 1,
                   getattr(eng, "eb", 0) if eng.pc_on else 0, eng.n_arrivable,
                   int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None),
@@ -1857,27 +1972,23 @@ def run(eng) -> None:
     if status == ERR_PROGRESS:
         raise RuntimeError(f"simulator made no progress at t={end_time}: {int(S[NRES])} residents, "
                            f"{int(S[NWAIT])} waiting (scheduler {eng.sched.name})")
-    st, gen, pre, ft, fin, adm, ws = (R[ST].tolist(), R[GEN].tolist(), R[PREEMPT].tolist(), F[FT].tolist(),
-                                      F[FIN].tolist(), F[ADM].tolist(), F[WS].tolist())
-    for r in reqs:
-        i = r.id
-        r.state = st[i]
-        r.generated = gen[i]
-        r.preemptions = pre[i]
-        r.first_token_s = ft[i]
-        r.finish_s = fin[i]
-        r.admitted_s = adm[i]
-        if ws[i] == ws[i]:
-            r.waiting_since = ws[i]
-    eng.cursor = int(S[CURSOR])
+    # requests that arrived but were never ingested (the server stopped at the horizon), as ``_result`` does
+    st = R[ST]
+    cur = int(S[CURSOR])
+    late = order[cur:int(eng.n_arrivable)]
+    st[late] = np.where(R[NFITS, late] != 0, _REJECTED, _WAITING)
+    ws = F[WS]
+    ws = np.where(ws == ws, ws, F[ARR])     # waiting since: the arrival unless the loop set it
+    eng.cursor = cur
     eng.end_time = float(end_time)
     eng.n_iter, eng.n_decisions, eng.n_preempt = int(S[NITER]), int(S[NDEC]), int(S[NPREEMPT])
     eng.max_used, eng.n_finished, eng.work = int(S[MAXUSED]), int(S[NFIN]), int(S[WORK])
     eng.pc_hit_tokens, eng.pc_query_tokens = int(S[PCHIT]), int(S[PCQ])
     eng.n_pause = int(S[NPAUSE])
     eng.n_swap_out, eng.n_swap_in, eng.swap_s = int(S[NSWO]), int(S[NSWI]), float(SF[SWAPS])
-    eng.wq = list(zip(wq_s.tolist(), wq_e.tolist()))
-    eng.work_at = work_at[:int(S[NWA])].tolist()
-    if eng.trace is not None:
-        fl, it = tr_f.tolist(), tr_i.tolist()
-        eng.trace = [(a[0], a[1], b[0], b[1], b[2], b[3], b[4]) for a, b in zip(fl, it)]
+    nwa = int(S[NWA])
+    return Outcome(state=st, generated=R[GEN], preemptions=R[PREEMPT], first_token_s=F[FT], finish_s=F[FIN],
+                   admitted_s=F[ADM], waiting_since=ws, output_tokens=R[OO], wq_s=wq_s, wq_e=wq_e,
+                   work_at=np.concatenate((work_at[:nwa].astype(np.float64),   # then the marks never reached
+                                           np.full(int(np.sum(marks[nwa:] < math.inf)), float(eng.work)))),
+                   tr_f=tr_f if eng.trace is not None else None, tr_i=tr_i if eng.trace is not None else None)

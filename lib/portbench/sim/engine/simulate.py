@@ -22,7 +22,7 @@ RECORD_COLUMNS = ("req_id", "arrival_s", "first_token_s", "finish_s", "prompt_to
 def queue_stats(intervals, t_end: float) -> tuple[float, float]:
     """(time-average, time-weighted 95th percentile) of the number of waiting requests over
     [0, t_end], from each waiting interval (start, end) (clipped to [0, t_end])."""
-    if not intervals or not t_end > 0:
+    if len(intervals) == 0 or not t_end > 0:
         return 0.0, 0.0
     a = np.asarray(intervals, dtype=float)
     st = np.clip(a[:, 0], 0.0, t_end)
@@ -164,18 +164,103 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
                                    check_contract=eng.check_contract)
         if engine.core == "compiled":
             compiled.require_supported(why)
-    if reqs:
-        if engine.core != "reference" and why is None:
-            compiled.run(eng)
-        else:
+    if reqs and engine.core != "reference" and why is None:
+        res = _result_compiled(eng, compiled.run(eng, window_df), reqs, profile, H)
+    else:
+        if reqs:
             eng.run()
-    res = _result(eng, reqs, profile, H)
+        res = _result(eng, reqs, profile, H)
     res.counters["seed_used"] = rng.used
     if engine.core != "reference" and why is None:
         res.core = "compiled"
     elif why is not None:
         res.core_note = why
     return res
+
+
+def _service_s(eng: Engine, profile, pro: np.ndarray, out: np.ndarray) -> np.ndarray:
+    n = pro.shape[0]
+    svc = (profile.isolated_service_s(pro, out, eng.B if eng.mode.chunked else None) if hasattr(profile, "prefill_s")
+           else profile.isolated_service_s(pro, out)) if n else np.zeros(0)
+    return np.asarray(svc, dtype=float).reshape(n)
+
+
+def _counters(eng: Engine, H: float, arrived: int, completed: int, unfinished: int, rejected: int, refused: int,
+              clipped: int, q_mean: float, q_p95: float, work_at: list) -> dict:
+    counters = {
+        "arrived": arrived, "completed": completed, "unfinished": unfinished, "rejected": rejected,
+        "refused": refused, "clipped": clipped,
+        "preemptions": eng.n_preempt, "swaps": eng.n_swap_out, "swap_ins": eng.n_swap_in,
+        "swap_s": float(eng.swap_s), "pauses": eng.n_pause, "iterations": eng.n_iter,
+        "decision_points": eng.n_decisions, "sim_end_s": float(eng.end_time), "horizon_s": H,
+        "kv_capacity_blocks": eng.cap, "kv_max_used_blocks": eng.max_used,
+        "prefix_hit_tokens": eng.pc_hit_tokens, "prefix_query_tokens": eng.pc_query_tokens,
+        "prefix_caching": bool(eng.pc_on), "queue_mean": q_mean, "queue_p95": q_p95,
+        "work": int(eng.work), "work_at": work_at,
+        "batching": eng.settings.batching, "preemption": eng.settings.preemption, "token_budget": eng.B,
+    }
+    if arrived != completed + unfinished + rejected or eng.n_finished != completed:
+        raise ConservationError(f"arrived {arrived} != completed {completed} + unfinished {unfinished} + "
+                                f"rejected {rejected} (engine finished {eng.n_finished})")
+    if eng.max_used > eng.cap:
+        raise ConservationError(f"KV blocks in use reached {eng.max_used} > capacity {eng.cap}")
+    counters["conserved"] = True
+    return counters
+
+
+ITERATION_SCHEMA = [("start_s", pl.Float64), ("end_s", pl.Float64), ("n_iterations", pl.Int64),
+                    ("prefill_tokens", pl.Int64), ("decode_seqs", pl.Int64), ("context_tokens", pl.Int64),
+                    ("kv_blocks_used", pl.Int64)]
+
+
+def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], profile, H: float) -> SimResult:
+    """:func:`_result` from the compiled core's arrays (:class:`compiled.Outcome`), built in one go: the same
+    records, counters and step log."""
+    n = len(reqs)
+    st = o.state
+    arrived_m = st != NOT_ARRIVED
+    arrived = int(arrived_m.sum())
+    completed = int((st == FINISHED).sum())
+    rej_m = st == REJECTED
+    rejected = int(rej_m.sum())
+    unfinished = arrived - completed - rejected
+    pro = np.fromiter((r.prompt_tokens for r in reqs), dtype=np.int64, count=n)
+    trace_out = np.fromiter((r.trace_output_tokens for r in reqs), dtype=np.int64, count=n)
+    refused_m = np.fromiter((r.refused for r in reqs), dtype=bool, count=n)
+    out = o.output_tokens
+    t_obs = H if np.isfinite(H) else float(eng.end_time)
+    wait_m = st == WAITING
+    waits = np.empty((o.wq_s.shape[0] + int(wait_m.sum()), 2))
+    waits[:o.wq_s.shape[0], 0] = o.wq_s
+    waits[:o.wq_s.shape[0], 1] = o.wq_e
+    waits[o.wq_s.shape[0]:, 0] = o.waiting_since[wait_m]
+    waits[o.wq_s.shape[0]:, 1] = t_obs
+    q_mean, q_p95 = queue_stats(waits, t_obs)
+    records = pl.DataFrame({
+        "req_id": np.arange(n, dtype=np.int64),
+        "arrival_s": np.fromiter((r.arrival_s for r in reqs), dtype=float, count=n),
+        "first_token_s": o.first_token_s,
+        "finish_s": o.finish_s,
+        "prompt_tokens": pro,
+        "output_tokens": out,
+        "generated_tokens": o.generated,
+        "preemptions": o.preemptions,
+        "rejected": rej_m,
+        "tenant": pl.Series("tenant", [str(r.tenant) for r in reqs], dtype=pl.Utf8),
+        "service_s": _service_s(eng, profile, pro, out),
+        "refused": refused_m,
+        "trace_output_tokens": trace_out,
+        "admitted_s": o.admitted_s,
+    })
+    refused = int((refused_m & arrived_m).sum())
+    clipped = int(((out < trace_out) & arrived_m & ~refused_m).sum())
+    counters = _counters(eng, H, arrived, completed, unfinished, rejected, refused, clipped, q_mean, q_p95,
+                         o.work_at.tolist())
+    iters = None
+    if o.tr_f is not None:
+        iters = pl.DataFrame({name: (o.tr_f[:, j] if j < 2 else o.tr_i[:, j - 2])
+                              for j, (name, _) in enumerate(ITERATION_SCHEMA)}, schema=ITERATION_SCHEMA)
+    return SimResult(requests=records, counters=counters, iterations=iters, scheduler=eng.sched.name)
 
 
 def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
@@ -199,8 +284,6 @@ def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
     n = len(reqs)
     pro = np.fromiter((r.prompt_tokens for r in reqs), dtype=np.int64, count=n)
     out = np.fromiter((r.output_tokens for r in reqs), dtype=np.int64, count=n)
-    svc = (profile.isolated_service_s(pro, out, eng.B if eng.mode.chunked else None) if hasattr(profile, "prefill_s")
-           else profile.isolated_service_s(pro, out)) if n else np.zeros(0)
     t_obs = H if np.isfinite(H) else float(eng.end_time)
     waits = list(eng.wq)
     for r in reqs:
@@ -219,7 +302,7 @@ def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
         "preemptions": np.fromiter((r.preemptions for r in reqs), dtype=np.int64, count=n),
         "rejected": np.fromiter((r.state == REJECTED for r in reqs), dtype=bool, count=n),
         "tenant": pl.Series("tenant", [str(r.tenant) for r in reqs], dtype=pl.Utf8),
-        "service_s": np.asarray(svc, dtype=float).reshape(n),
+        "service_s": _service_s(eng, profile, pro, out),
         "refused": np.fromiter((r.refused for r in reqs), dtype=bool, count=n),
         "trace_output_tokens": np.fromiter((r.trace_output_tokens for r in reqs), dtype=np.int64, count=n),
         "admitted_s": np.fromiter((r.admitted_s for r in reqs), dtype=float, count=n),
@@ -227,28 +310,9 @@ def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
     refused = sum(1 for r in reqs if r.refused and r.state != NOT_ARRIVED)
     clipped = sum(1 for r in reqs if r.output_tokens < r.trace_output_tokens and r.state != NOT_ARRIVED
                   and not r.refused)
-    counters = {
-        "arrived": arrived, "completed": completed, "unfinished": unfinished, "rejected": rejected,
-        "refused": refused, "clipped": clipped,
-        "preemptions": eng.n_preempt, "swaps": eng.n_swap_out, "swap_ins": eng.n_swap_in,
-        "swap_s": float(eng.swap_s), "pauses": eng.n_pause, "iterations": eng.n_iter,
-        "decision_points": eng.n_decisions, "sim_end_s": float(eng.end_time), "horizon_s": H,
-        "kv_capacity_blocks": eng.cap, "kv_max_used_blocks": eng.max_used,
-        "prefix_hit_tokens": eng.pc_hit_tokens, "prefix_query_tokens": eng.pc_query_tokens,
-        "prefix_caching": bool(eng.pc_on), "queue_mean": q_mean, "queue_p95": q_p95,
-        "work": int(eng.work), "work_at": [float(w) for w in eng.work_at],
-        "batching": eng.settings.batching, "preemption": eng.settings.preemption, "token_budget": eng.B,
-    }
-    if arrived != completed + unfinished + rejected or eng.n_finished != completed:
-        raise ConservationError(f"arrived {arrived} != completed {completed} + unfinished {unfinished} + "
-                                f"rejected {rejected} (engine finished {eng.n_finished})")
-    if eng.max_used > eng.cap:
-        raise ConservationError(f"KV blocks in use reached {eng.max_used} > capacity {eng.cap}")
-    counters["conserved"] = True
+    counters = _counters(eng, H, arrived, completed, unfinished, rejected, refused, clipped, q_mean, q_p95,
+                         [float(w) for w in eng.work_at])
     iters = None
     if eng.trace is not None:
-        iters = pl.DataFrame(eng.trace, schema=[("start_s", pl.Float64), ("end_s", pl.Float64),
-                                                 ("n_iterations", pl.Int64), ("prefill_tokens", pl.Int64),
-                                                 ("decode_seqs", pl.Int64), ("context_tokens", pl.Int64),
-                                                 ("kv_blocks_used", pl.Int64)], orient="row")
+        iters = pl.DataFrame(eng.trace, schema=ITERATION_SCHEMA, orient="row")
     return SimResult(requests=records, counters=counters, iterations=iters, scheduler=eng.sched.name)

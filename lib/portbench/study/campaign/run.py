@@ -26,6 +26,7 @@ from ...data import windows as windows_mod
 from ...sim import information
 from ...sim import schedulers as scheduler_registry
 from ...sim import settings as sim_settings
+from ...sim.engine import compiled as compiled_core
 from ...sim.metrics import NO_TENANT
 from .engines import Engine, SimEngine
 from .executors import (
@@ -141,6 +142,9 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
         ctx = WorkerContext(engine=engine, sim=cfg.simulation, windows=loaded,
                             modules=engine.worker_modules(cfg.simulation),
                             plugins=plugin_loader.specs(cfg.plugins), refs={w.id: w for w in plan.windows})
+        if (executor == "dask" or workers > 1) and isinstance(engine, SimEngine) \
+                and cfg.simulation.engine.core != "reference" and compiled_core.unsupported_here() is None:
+            compiled_core.warm()    # compiled (or loaded from the disk cache) once, before the workers start
         ex = _Executor(executor, workers, ctx, cfg.campaign.dask_address)
         try:
             if need_cap:
