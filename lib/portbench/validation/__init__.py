@@ -414,16 +414,17 @@ def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = F
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
-    # the confirmatory family, written and hashed before any engine run (prereg.py; plan() sized it with the deciding
-    # virtual engine's noise: none) ...
-    sha = prereg.write(out / PREREGISTRATION, the_plan.preregistration)
-    # ... decided first, on the virtual vLLM engine at the campaign's own settings (family.py): never cut
-    run_family(cfg, the_plan, out, progress=progress)
-    # then the wall-clock CPU engine (exploratory, sized to the time left): the fixed-shape step grid ...
+    # the wall-clock engine's fixed-shape step grid first (no case's window runs; vLLM's in-process engine cannot
+    # start in a process that has run the virtual engine) ...
     grid = _outside_event_loop(measure_step_grid, cfg, the_plan, out, progress=progress)
-    # ... and the replays
+    # ... the confirmatory family, written and hashed before any case's run (prereg.py; plan() sized it with the
+    # deciding virtual engine's noise: none) ...
+    sha = prereg.write(out / PREREGISTRATION, the_plan.preregistration)
+    # ... decided on the virtual vLLM engine at the campaign's own settings (family.py): never cut ...
+    fam = run_family(cfg, the_plan, out, progress=progress)
+    # ... then the wall-clock engine's replays (exploratory, sized to the time left)
     report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress, origin=origin, prereg_sha=sha,
-                                 grid=grid)
+                                 grid=grid, family_s=float(fam["wall_s"]))
     _write_json(out / "report.json", report)
     return report
 
@@ -536,7 +537,7 @@ def measure_step_grid(cfg: Config, the_plan: Plan, out: Path, *, progress: bool 
 
 
 def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, origin: float | None = None,
-         prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None) -> dict:
+         prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None, family_s: float = 0.0) -> dict:
     """The validation (module docstring). Sized to the budget, which counts from the process start:
     the saturation backlog (the campaign's size unless :data:`SATURATION_SHARE` of the time left cannot
     hold it, then no fewer than ``capacity.MIN_REQUESTS``), the windows of the required cases (fewer
@@ -895,7 +896,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                             "windows_per_source_run": k_use},
         "step_grid": step_info, "hash_block_tokens": hash_tokens,
         "capacity": cap_rows, "startup_s": startup_s, "replay_wall_s": engine_s,
-        "wall_s": {"before_engine": before_engine_s - float(step_info["wall_s"]), "step_grid": float(step_info["wall_s"]),
+        "wall_s": {"before_engine": before_engine_s - float(step_info["wall_s"]) - family_s,
+                   "step_grid": float(step_info["wall_s"]), "virtual_family": family_s,
                    "engine_startup": startup_s, "warmup": warmup_s,
                    "saturation": saturation_s, "replays": replays_s, "engine_other": other_s,
                    "engine_total": engine_s},

@@ -57,10 +57,11 @@ def todo(conf: Sequence[Case], windows: Mapping[str, Sequence[str]]) -> list[tup
 
 
 def campaign_capacities(cfg: Config) -> dict[str, float]:
-    """Per window the capacity the campaign rescaled it with (``runs.parquet``'s ``capacity_rps``)."""
+    """Per window the capacity the campaign rescaled it with (``runs.parquet``'s ``capacity_rps``; empty without
+    a runs table: :func:`run` then measures it as the campaign does)."""
     path = runs_path(cfg.paths.results_dir)
     if not Path(path).is_file():
-        raise DataError(path, "no campaign runs table: run the campaign first (make all)")
+        return {}
     caps = pl.read_parquet(path, columns=["window_id", "capacity_rps"]).unique("window_id")
     return dict(zip(caps["window_id"].to_list(), caps["capacity_rps"].to_list()))
 
