@@ -9,14 +9,17 @@ validate`` / ``make validate``; on a CUDA GPU also notebook 08: the replay when 
 Pipeline of :func:`run` (one engine instance for every policy but ``sarathi``, which runs on an
 instance of its own with its budget; every step's module says more):
 
-1. The fixed-shape step grid (:mod:`.steps`) on an in-process engine: no case's window runs; its repeat noise
-   (:func:`.steps.repeat_cv`) is the engine noise of the power calculation. Cases (:mod:`.prereg`, :mod:`.cases`):
+1. The fixed-shape step grid (:mod:`.steps`) on an in-process engine: no case's window runs (its repeat noise,
+   :func:`.steps.repeat_cv`, is recorded; it is not the deciding engine's). Cases (:mod:`.prereg`, :mod:`.cases`):
    the pre-registered confirmatory family -- the analysis' most dramatic significant-and-practical reversal whose
    policies the deciding engine (the virtual one: every built-in policy) runs, a stable control
    (replayed on the reversal's sources), up to three reversals drawn at random (seeded, stratified by
-   source pair), the number of windows from a power calculation -- written with its SHA-256 to
-   ``preregistration.json`` before any replay, with the engine that decides (:data:`.confirm.DECIDING_ENGINE`);
-   then every further reversal of a pair the wall-clock engine runs (exploratory) while the time budget allows.
+   source pair), the number of windows from a power calculation (the deciding engine is deterministic: no
+   engine noise, :data:`VIRTUAL_NOISE`) -- written with its SHA-256 to ``preregistration.json`` before any
+   case runs, with the engine that decides (:data:`.confirm.DECIDING_ENGINE`). Then the family is decided
+   (:func:`run_family`, :mod:`.family`): every pre-registered window on the virtual vLLM engine and on the
+   simulator at the campaign's own settings -- never cut. Then every further reversal of a pair the wall-clock
+   engine runs (exploratory) while the time budget allows.
    Windows: chosen at random per source with ``window_seed`` (recorded), the same windows for every case.
 2. Engine (:mod:`.replay`, :mod:`.engine_scheduler`, :mod:`.policies`): vLLM V1 batching,
    ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
@@ -42,10 +45,11 @@ instance of its own with its budget; every step's module says more):
    correlation; per window x policy means) and the two-step verdicts (:mod:`.confirm`: does the finding
    survive the engine's settings in re-simulation; does the engine reproduce the re-simulation -- TOST
    on effect sizes; the pre-registered family confirmed by one-sided tests, intersection-union, Holm).
-8. The virtual vLLM engine (:mod:`.predict`, :func:`virtual_section`): vLLM's scheduler stepped with the step
-   grid's cost model -- the whole-run prediction of every replay below saturation against the wall-clock
-   replays (``whole_run_prediction``: MAPE and its error budget), and the engine that decides the
-   confirmatory family on every pre-registered window (:func:`.confirm.combine`: ``decided_by``, ``by_engine``).
+8. The virtual vLLM engine: (a) the whole-run prediction (:mod:`.predict`, :func:`virtual_section`): vLLM's
+   scheduler stepped with the step grid's cost model under the wall-clock engine's settings, every replay below
+   saturation against the wall-clock replays (``whole_run_prediction``: MAPE and its error budget); (b) the
+   engine that decides the confirmatory family, from the runs of step 1 at the campaign's settings
+   (:func:`family_section`; :func:`.confirm.combine`: ``decided_by``, ``by_engine``; ``virtual_family``).
 
 **Time budget** (``time_budget_s``; ``reduced_time_budget_s`` for ``make all``): counted from the start
 of the process, imports, planning and window tables included, to the written summary
@@ -55,16 +59,19 @@ and a saturation run still going at 1.5x that share is cut (its steady part then
 admission all the same); the required cases use as many of the chosen windows as their estimated
 replays leave room for (at least one per source); further cases are added while they fit; a reserve
 is kept for the analysis (the virtual engine's runs included), the engine's shutdown and the interpreter's exit
-(which ``wall_s.total``, written before it, cannot include). Any replay -- the family's too -- whose estimate and
-the reserve exceed the time left is cut, with its reason (``budget.replays_cut``).
+(which ``wall_s.total``, written before it, cannot include). The confirmatory family on the virtual engine is
+never cut (it runs before the wall-clock replays, :func:`run_family`); any wall-clock replay -- the family's
+pairs too: the wall-clock engine is exploratory -- whose estimate and the reserve exceed the time left is cut,
+with its reason (``budget.replays_cut``).
 
 Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written before any engine run;
 its SHA-256 in the summary), ``summary.json`` (the headline: engine, settings_match, preregistration,
 verdicts, step_fit, MAPE, fit R², capacities, wall time), ``report.json`` (everything), and tables
 ``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``, ``verdicts`` (one row
 per case x source: both steps' effects and intervals, the confirmatory tests), ``step_grid`` (per shape),
-``window_errors``, ``capacity``, ``virtual_requests`` / ``virtual_runs`` / ``virtual_resim_runs`` (the
-virtual engine's; an analysis where vLLM cannot be imported reuses them) (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
+``window_errors``, ``capacity``, ``virtual_requests`` (the whole-run prediction's; an analysis where vLLM cannot
+be imported reuses it), ``virtual_runs`` / ``virtual_resim_runs`` (the family at the campaign's settings, from
+``raw/family_virtual.parquet`` / ``raw/family_resim.parquet``) (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
 cost model fitted to the step grid), the step logs ``iterations*.jsonl`` (``_grid``: the step grid;
 ``_sarathi``: sarathi's own instance).
 """
