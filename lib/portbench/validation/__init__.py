@@ -100,6 +100,7 @@ from ..data.predictors import PREDICTION_COLUMNS
 from ..sim import metrics, profiles, regions, schedulers
 from ..study import campaign
 from ..study.analysis import cube as analysis_cube
+from ..study.campaign import plan as campaign_plan
 from ..study.campaign import run_seed
 from . import (
     capacity,
@@ -329,7 +330,10 @@ def family_document(cfg: Config, conf: list, explore: list, *, reduced: bool, me
     srcs = sorted({s for c in [*conf, *explore] for s in c.sources})
     wins: dict[str, list[str]] = {}
     try:
-        wins = choose_windows(windows.load_manifest(cfg.paths), srcs, int(pw["windows_per_source"]), int(v.window_seed))
+        man = windows.load_manifest(cfg.paths)
+        ids = {r.id for r in campaign_plan.window_refs(cfg, man)}      # the campaign's windows: where it has values
+        man = {**man, "windows": [w for w in man["windows"] if w["id"] in ids]}
+        wins = choose_windows(man, srcs, int(pw["windows_per_source"]), int(v.window_seed))
     except PortbenchError as e:
         messages.append(f"windows: {e}")
     doc = prereg.document(conf, pw, {s: wins.get(s, []) for s in sorted({s for c in conf for s in c.sources})},

@@ -32,7 +32,7 @@ from ..core.errors import DataError
 from ..data import windows as windows_mod
 from ..study.campaign.engines import SimEngine
 from ..study.campaign.files import runs_path
-from ..study.campaign.plan import make_plan, run_seed
+from ..study.campaign.plan import run_seed, window_refs
 from ..study.campaign.run import run_tables
 from .cases import Case
 
@@ -87,9 +87,8 @@ def run(cfg: Config, conf: Sequence[Case], windows: Mapping[str, Sequence[str]],
     sim = cfg.simulation
     work = todo(conf, windows)
     caps = campaign_capacities(cfg)
-    plan = make_plan(cfg)
-    refs = {w.id: w for w in plan.windows}
     man = windows_mod.load_manifest(cfg.paths)
+    refs = {w.id: w for w in window_refs(cfg, man)}
     names = sorted({x for *_, x in work})
     srcs = sorted({s for s, *_ in work})
     tables = run_tables(cfg, windows_mod.load_windows(cfg, sources=srcs, manifest=man), names, manifest=man)
