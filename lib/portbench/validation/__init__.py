@@ -216,13 +216,14 @@ def policy_options(sim: SimulationConfig, token_scale: float) -> dict:
 
 def choose_windows(manifest: dict, sources, k: int, seed: int) -> dict[str, list[str]]:
     """``k`` window ids per source, drawn at random without replacement (seeded by ``seed`` and the
-    source's name), in the drawn order (the first ones also serve the fidelity replays)."""
+    source's name: the first ``k`` of a seeded permutation, so fewer windows are the first of more), in the drawn
+    order (the first ones also serve the fidelity replays)."""
     out = {}
     for s in sources:
         ids = [w["id"] for w in manifest["windows"] if w["source"] == s]
         salt = int.from_bytes(hashlib.sha256(s.encode()).digest()[:4], "big")
         rng = np.random.default_rng([int(seed), salt])
-        out[s] = [ids[i] for i in rng.choice(len(ids), size=min(k, len(ids)), replace=False)] if ids else []
+        out[s] = [ids[i] for i in rng.permutation(len(ids))[:k]] if ids else []     # k + 1 windows: the same k first
     return out
 
 
