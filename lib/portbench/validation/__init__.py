@@ -331,10 +331,10 @@ def family_document(cfg: Config, conf: list, explore: list, *, reduced: bool, me
     srcs = sorted({s for c in [*conf, *explore] for s in c.sources})
     wins: dict[str, list[str]] = {}
     try:
-        man = windows.load_manifest(cfg.paths)
-        ids = {r.id for r in campaign_plan.window_refs(cfg, man)}      # the campaign's windows: where it has values
-        man = {**man, "windows": [w for w in man["windows"] if w["id"] in ids]}
-        wins = choose_windows(man, srcs, int(pw["windows_per_source"]), int(v.window_seed))
+        full = windows.load_manifest(cfg.paths)
+        ids = {r.id for r in campaign_plan.window_refs(cfg, full)}     # the campaign's windows: where it has values
+        pool = {**full, "windows": [w for w in full["windows"] if w["id"] in ids]}
+        wins = choose_windows(pool, srcs, int(pw["windows_per_source"]), int(v.window_seed))
     except PortbenchError as e:
         messages.append(f"windows: {e}")
     doc = prereg.document(conf, pw, {s: wins.get(s, []) for s in sorted({s for c in conf for s in c.sources})},
@@ -1573,6 +1573,7 @@ def results_markdown(res: dict) -> str:
              f"{s['profile_fit_r2']:.2f} ({s['profile']['calibration']['formula']}).",
              f"* Verdicts: {confirm.verdict_line(counts)} (the confirmatory family was pre-registered and is "
              "tested with Holm; the exploratory cases carry effect sizes and intervals only).",
+             _family_line(s.get("virtual_family") or {}),
              f"* Settings: the engine matches the campaign on "
              f"{sum(v['match'] for v in sm.get('settings', {}).values())} of {len(sm.get('settings', {}))} settings "
              f"(real-token equivalents); every source loses at most {_pct(sm.get('max_extra_lost_share'))} more requests "
@@ -1580,6 +1581,16 @@ def results_markdown(res: dict) -> str:
     for st in res.get("stale", []):
         lines.append(f"* **Warning: {st}** — rerun `make validate` (or `make all`).")
     return "\n".join(lines)
+
+
+def _family_line(f: dict) -> str:
+    """One bullet: the family's runs on the virtual engine at the campaign's settings (``virtual_family``)."""
+    if not f.get("runs"):
+        return f"* Confirmatory family on the virtual vLLM engine: not available ({f.get('why', 'not run')})."
+    m = f.get("resim_matches_campaign") or {}
+    return (f"* Confirmatory family decided on the virtual vLLM engine at the campaign's own settings: {f['runs']} runs "
+            f"on vLLM's scheduler and the same on the simulator in {f['wall_s']:.0f} s; the simulator's runs equal the "
+            f"campaign's replicate-0 runs in {m.get('identical', 0)} of {m.get('compared', 0)}.")
 
 
 def error_sources_markdown(s: dict) -> str:
