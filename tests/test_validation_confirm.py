@@ -351,3 +351,32 @@ def test_error_budget_splits_the_prediction_error():
     assert b["composition_and_frontend"] == pytest.approx(0.1) and b["share_step_time_model"] == pytest.approx(2 / 3)
     assert math.isnan(predict.error_budget(math.nan, 0.2, 0.0)["composition_and_frontend"])
     assert predict.mape([1.1, 2.0, float("nan")], [1.0, 2.0, 3.0]) == pytest.approx(0.05)
+
+
+# --------------------------------------------------------------------------- the family at the campaign's settings
+
+
+def test_family_runs_each_case_window_and_policy_once():
+    from portbench.validation import family
+
+    a = _case()                                         # a vs b on azure and mooncake at overload
+    b = Case("control", "a", "c", "overload", "e2e_mean", a.sides, rho=1.2, direction="lower")
+    wins = {"azure": ["azure-01", "azure-02"], "mooncake": ["mooncake-03"]}
+    got = family.todo([a, b], wins)
+    keys = [(s, w, r, x) for s, w, r, _, x in got]
+    assert len(keys) == len(set(keys)) == 2 * 3 + 3      # a, b on 3 windows; c on the same 3 (a runs once)
+    assert keys[:2] == [("azure", "azure-01", "overload", "a"), ("azure", "azure-01", "overload", "b")]
+    assert all(rho == 1.2 for *_, rho, _ in got)
+    assert {x for *_, x in got} == {"a", "b", "c"}
+
+
+def test_family_agreement_with_the_campaigns_replicate_0():
+    from portbench.validation import family
+
+    key = {"source": "azure", "window_id": "azure-01", "region": "overload", "scheduler": "a"}
+    resim = pl.DataFrame([{**key, "rho": 1.2, "e2e_mean": 2.0, "ttft_p90": float("nan")},
+                          {**key, "scheduler": "b", "rho": 1.2, "e2e_mean": 3.0, "ttft_p90": 1.0}])
+    camp = pl.DataFrame([{**key, "e2e_mean": 2.0 * (1 + 1e-12), "ttft_p90": float("nan")},
+                         {**key, "scheduler": "b", "e2e_mean": 3.5, "ttft_p90": 1.0}])
+    assert family.agreement(resim, camp) == {"compared": 2, "identical": 1}
+    assert family.agreement(resim, pl.DataFrame()) == {"compared": 0, "identical": 0}

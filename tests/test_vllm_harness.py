@@ -341,6 +341,13 @@ def test_a_short_validation_end_to_end(env, tmp_params):
     assert saved["verdict_counts"]["confirmatory"]["cases"] == 4
     assert set(pl.read_parquet(validation.out_dir(P) / "virtual_runs.parquet")["scheduler"].to_list()) == {
         "fcfs", "vtc", "random", "sjf_oracle", "sjf_prompt", "srpt_oracle"}
+    # the family ran on the virtual engine at the campaign's own settings, before the replays, each run also on the
+    # simulator (the re-simulation of step 1); unscaled windows: the virtual engine's runs are the campaign's
+    fam = saved["virtual_family"]
+    assert fam["runs"] == pl.read_parquet(validation.out_dir(P) / "virtual_runs.parquet").height > 0
+    assert "token counts unscaled" in fam["settings"] and saved["wall_s"]["virtual_family"] > 0
+    vr = pl.read_parquet(validation.out_dir(P) / "virtual_resim_runs.parquet")
+    assert vr.height == fam["runs"] and (vr["rho"] == vr["region"].replace_strict(P.simulation.region_loads)).all()
     # the whole-run prediction: the virtual engine + the step table against the wall-clock replays below saturation
     wr = saved["whole_run_prediction"]
     assert wr["available"] and set(wr["mape"]) == {"ttft", "tpot", "e2e"} and wr["attention_pairs_logged"]

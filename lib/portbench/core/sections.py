@@ -741,7 +741,7 @@ class ValidationConfig:
     window_seed: int = 14
     windows_per_source: int = 10
     reduced_windows_per_source: int = 3
-    time_budget_s: float = 1200.0
+    time_budget_s: float = 900.0
     reduced_time_budget_s: float = 330.0
     fidelity_region: str = "moderate"
     fidelity_windows: int = 2

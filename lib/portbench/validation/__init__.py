@@ -9,14 +9,17 @@ validate`` / ``make validate``; on a CUDA GPU also notebook 08: the replay when 
 Pipeline of :func:`run` (one engine instance for every policy but ``sarathi``, which runs on an
 instance of its own with its budget; every step's module says more):
 
-1. The fixed-shape step grid (:mod:`.steps`) on an in-process engine: no case's window runs; its repeat noise
-   (:func:`.steps.repeat_cv`) is the engine noise of the power calculation. Cases (:mod:`.prereg`, :mod:`.cases`):
+1. The fixed-shape step grid (:mod:`.steps`) on an in-process engine: no case's window runs (its repeat noise,
+   :func:`.steps.repeat_cv`, is recorded; it is not the deciding engine's). Cases (:mod:`.prereg`, :mod:`.cases`):
    the pre-registered confirmatory family -- the analysis' most dramatic significant-and-practical reversal whose
    policies the deciding engine (the virtual one: every built-in policy) runs, a stable control
    (replayed on the reversal's sources), up to three reversals drawn at random (seeded, stratified by
-   source pair), the number of windows from a power calculation -- written with its SHA-256 to
-   ``preregistration.json`` before any replay, with the engine that decides (:data:`.confirm.DECIDING_ENGINE`);
-   then every further reversal of a pair the wall-clock engine runs (exploratory) while the time budget allows.
+   source pair), the number of windows from a power calculation (the deciding engine is deterministic: no
+   engine noise, :data:`VIRTUAL_NOISE`) -- written with its SHA-256 to ``preregistration.json`` before any
+   case runs, with the engine that decides (:data:`.confirm.DECIDING_ENGINE`). Then the family is decided
+   (:func:`run_family`, :mod:`.family`): every pre-registered window on the virtual vLLM engine and on the
+   simulator at the campaign's own settings -- never cut. Then every further reversal of a pair the wall-clock
+   engine runs (exploratory) while the time budget allows.
    Windows: chosen at random per source with ``window_seed`` (recorded), the same windows for every case.
 2. Engine (:mod:`.replay`, :mod:`.engine_scheduler`, :mod:`.policies`): vLLM V1 batching,
    ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
@@ -42,10 +45,11 @@ instance of its own with its budget; every step's module says more):
    correlation; per window x policy means) and the two-step verdicts (:mod:`.confirm`: does the finding
    survive the engine's settings in re-simulation; does the engine reproduce the re-simulation -- TOST
    on effect sizes; the pre-registered family confirmed by one-sided tests, intersection-union, Holm).
-8. The virtual vLLM engine (:mod:`.predict`, :func:`virtual_section`): vLLM's scheduler stepped with the step
-   grid's cost model -- the whole-run prediction of every replay below saturation against the wall-clock
-   replays (``whole_run_prediction``: MAPE and its error budget), and the engine that decides the
-   confirmatory family on every pre-registered window (:func:`.confirm.combine`: ``decided_by``, ``by_engine``).
+8. The virtual vLLM engine: (a) the whole-run prediction (:mod:`.predict`, :func:`virtual_section`): vLLM's
+   scheduler stepped with the step grid's cost model under the wall-clock engine's settings, every replay below
+   saturation against the wall-clock replays (``whole_run_prediction``: MAPE and its error budget); (b) the
+   engine that decides the confirmatory family, from the runs of step 1 at the campaign's settings
+   (:func:`family_section`; :func:`.confirm.combine`: ``decided_by``, ``by_engine``; ``virtual_family``).
 
 **Time budget** (``time_budget_s``; ``reduced_time_budget_s`` for ``make all``): counted from the start
 of the process, imports, planning and window tables included, to the written summary
@@ -55,16 +59,19 @@ and a saturation run still going at 1.5x that share is cut (its steady part then
 admission all the same); the required cases use as many of the chosen windows as their estimated
 replays leave room for (at least one per source); further cases are added while they fit; a reserve
 is kept for the analysis (the virtual engine's runs included), the engine's shutdown and the interpreter's exit
-(which ``wall_s.total``, written before it, cannot include). Any replay -- the family's too -- whose estimate and
-the reserve exceed the time left is cut, with its reason (``budget.replays_cut``).
+(which ``wall_s.total``, written before it, cannot include). The confirmatory family on the virtual engine is
+never cut (it runs before the wall-clock replays, :func:`run_family`); any wall-clock replay -- the family's
+pairs too: the wall-clock engine is exploratory -- whose estimate and the reserve exceed the time left is cut,
+with its reason (``budget.replays_cut``).
 
 Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written before any engine run;
 its SHA-256 in the summary), ``summary.json`` (the headline: engine, settings_match, preregistration,
 verdicts, step_fit, MAPE, fit R², capacities, wall time), ``report.json`` (everything), and tables
 ``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``, ``verdicts`` (one row
 per case x source: both steps' effects and intervals, the confirmatory tests), ``step_grid`` (per shape),
-``window_errors``, ``capacity``, ``virtual_requests`` / ``virtual_runs`` / ``virtual_resim_runs`` (the
-virtual engine's; an analysis where vLLM cannot be imported reuses them) (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
+``window_errors``, ``capacity``, ``virtual_requests`` (the whole-run prediction's; an analysis where vLLM cannot
+be imported reuses it), ``virtual_runs`` / ``virtual_resim_runs`` (the family at the campaign's settings, from
+``raw/family_virtual.parquet`` / ``raw/family_resim.parquet``) (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
 cost model fitted to the step grid), the step logs ``iterations*.jsonl`` (``_grid``: the step grid;
 ``_sarathi``: sarathi's own instance).
 """
@@ -93,6 +100,7 @@ from ..data.predictors import PREDICTION_COLUMNS
 from ..sim import metrics, profiles, regions, schedulers
 from ..study import campaign
 from ..study.analysis import cube as analysis_cube
+from ..study.campaign import plan as campaign_plan
 from ..study.campaign import run_seed
 from . import (
     capacity,
@@ -208,13 +216,14 @@ def policy_options(sim: SimulationConfig, token_scale: float) -> dict:
 
 def choose_windows(manifest: dict, sources, k: int, seed: int) -> dict[str, list[str]]:
     """``k`` window ids per source, drawn at random without replacement (seeded by ``seed`` and the
-    source's name), in the drawn order (the first ones also serve the fidelity replays)."""
+    source's name: the first ``k`` of a seeded permutation, so fewer windows are the first of more), in the drawn
+    order (the first ones also serve the fidelity replays)."""
     out = {}
     for s in sources:
         ids = [w["id"] for w in manifest["windows"] if w["source"] == s]
         salt = int.from_bytes(hashlib.sha256(s.encode()).digest()[:4], "big")
         rng = np.random.default_rng([int(seed), salt])
-        out[s] = [ids[i] for i in rng.choice(len(ids), size=min(k, len(ids)), replace=False)] if ids else []
+        out[s] = [ids[i] for i in rng.permutation(len(ids))[:k]] if ids else []     # k + 1 windows: the same k first
     return out
 
 
@@ -303,17 +312,29 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
     return Plan(status, device, reduced, selection, wins, spec, v.engine(device), msgs, conf, explore, doc)
 
 
+# The deciding engine's noise in the power calculation: the virtual vLLM engine is deterministic (a run repeats bit
+# for bit: no model, a virtual clock), so the windows alone carry the uncertainty.
+VIRTUAL_NOISE = {"cv": 0.0, "how": "the deciding engine, the virtual vLLM engine, is deterministic (a run repeats bit "
+                                   "for bit: no model, a virtual clock); the windows alone carry the uncertainty"}
+
+
 def family_document(cfg: Config, conf: list, explore: list, *, reduced: bool, messages: list[str], reversals=None,
                     noise: dict | None = None) -> tuple[dict[str, list[str]], dict]:
     """The windows (per source, :func:`choose_windows`) and the pre-registration document of the family
-    ``conf``: the power calculation (:func:`power_plan`) with the engine's measured repeat noise ``noise``
-    (:func:`.steps.repeat_cv`) when it is finite, else ``validation.confirmatory.noise_cv``."""
+    ``conf``: the power calculation (:func:`power_plan`) with the deciding engine's noise ``noise`` (default: the
+    virtual engine's, none: :data:`VIRTUAL_NOISE`; with the wall-clock engine deciding, its measured repeat
+    noise, :func:`.steps.repeat_cv`, else ``validation.confirmatory.noise_cv``)."""
     v = cfg.validation
+    if noise is None and confirm.DECIDING_ENGINE == "virtual":
+        noise = VIRTUAL_NOISE
     pw = power_plan(cfg, conf, reduced=reduced, messages=messages, noise=noise)
     srcs = sorted({s for c in [*conf, *explore] for s in c.sources})
     wins: dict[str, list[str]] = {}
     try:
-        wins = choose_windows(windows.load_manifest(cfg.paths), srcs, int(pw["windows_per_source"]), int(v.window_seed))
+        full = windows.load_manifest(cfg.paths)
+        ids = {r.id for r in campaign_plan.window_refs(cfg, full)}     # the campaign's windows: where it has values
+        pool = {**full, "windows": [w for w in full["windows"] if w["id"] in ids]}
+        wins = choose_windows(pool, srcs, int(pw["windows_per_source"]), int(v.window_seed))
     except PortbenchError as e:
         messages.append(f"windows: {e}")
     doc = prereg.document(conf, pw, {s: wins.get(s, []) for s in sorted({s for c in conf for s in c.sources})},
@@ -342,9 +363,11 @@ def power_plan(cfg: Config, conf: list, *, reduced: bool, messages: list[str], n
     c = cfg.validation.confirmatory
     hi = int(cfg.validation.reduced_windows_per_source if reduced else cfg.validation.windows_per_source)
     measured = (noise or {}).get("cv")
-    use_measured = isinstance(measured, float) and math.isfinite(measured) and measured > 0
-    cv = float(min(measured, 0.99)) if use_measured else float(c.noise_cv)
-    src = {"noise_cv": cv, "noise_cv_source": ("measured: " + noise["how"] + f" ({noise['rounds']} rounds)")
+    deterministic = noise is VIRTUAL_NOISE
+    use_measured = isinstance(measured, float) and math.isfinite(measured) and (measured > 0 or deterministic)
+    cv = float(min(measured, 0.99)) if use_measured and measured is not None else float(c.noise_cv)
+    how = (noise or {}).get("how", "")
+    src = {"noise_cv": cv, "noise_cv_source": (how if deterministic else f"measured: {how} ({noise['rounds']} rounds)")
            if use_measured and noise else "parameter validation.confirmatory.noise_cv (nothing measured)"}
     ps = prereg.PowerSettings(alpha=float(cfg.analysis.alpha), target=float(cfg.analysis.power.target),
                               noise_cv=cv, min_windows=min(int(c.min_windows), hi), max_windows=hi,
@@ -403,21 +426,38 @@ def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = F
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
-    # the fixed-shape step grid first (no case's window is run): its repeat noise sizes the power calculation
+    # the wall-clock engine's fixed-shape step grid first (no case's window runs; vLLM's in-process engine cannot
+    # start in a process that has run the virtual engine) ...
     grid = _outside_event_loop(measure_step_grid, cfg, the_plan, out, progress=progress)
-    noise = steps.repeat_cv(grid[0])
-    msgs: list[str] = []
-    wins, doc = family_document(cfg, the_plan.confirmatory, the_plan.exploratory, reduced=reduced, messages=msgs,
-                                reversals=reversals, noise=noise)
-    the_plan = dataclasses.replace(the_plan, windows=wins or the_plan.windows, preregistration=doc,
-                                   messages=[*the_plan.messages, *msgs])
-    _write_json(out / "plan.json", the_plan.to_dict())
-    # the confirmatory family, written and hashed before any replay (prereg.py)
+    # ... the confirmatory family, written and hashed before any case's run (prereg.py; plan() sized it with the
+    # deciding virtual engine's noise: none) ...
     sha = prereg.write(out / PREREGISTRATION, the_plan.preregistration)
+    # ... decided on the virtual vLLM engine at the campaign's own settings (family.py): never cut ...
+    fam = run_family(cfg, the_plan, out, progress=progress)
+    # ... then the wall-clock engine's replays (exploratory, sized to the time left)
     report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress, origin=origin, prereg_sha=sha,
-                                 grid=grid)
+                                 grid=grid, family_s=float(fam["wall_s"]))
     _write_json(out / "report.json", report)
     return report
+
+
+FAMILY_TABLES = ("family_virtual", "family_resim")     # raw/: the family's runs on vLLM's scheduler, on the simulator
+
+
+def run_family(cfg: Config, the_plan: Plan, out: Path, *, progress: bool = True) -> dict:
+    """The pre-registered family on the virtual vLLM engine and the simulator at the campaign's own settings
+    (:mod:`.family`): ``raw/family_virtual.parquet``, ``raw/family_resim.parquet``, ``raw/family.json``."""
+    from . import family     # imports vLLM
+
+    doc = the_plan.preregistration or {}
+    v, r, info = family.run(cfg, the_plan.confirmatory, doc.get("windows") or the_plan.windows,
+                            log=lambda m: _log(progress, m))
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for name, df in zip(FAMILY_TABLES, (v, r)):
+        io.atomic_write(raw / f"{name}.parquet", df.write_parquet)
+    _write_json(raw / "family.json", info)
+    return info
 
 
 def how_to_enable() -> str:
@@ -509,7 +549,7 @@ def measure_step_grid(cfg: Config, the_plan: Plan, out: Path, *, progress: bool 
 
 
 def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, origin: float | None = None,
-         prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None) -> dict:
+         prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None, family_s: float = 0.0) -> dict:
     """The validation (module docstring). Sized to the budget, which counts from the process start:
     the saturation backlog (the campaign's size unless :data:`SATURATION_SHARE` of the time left cannot
     hold it, then no fewer than ``capacity.MIN_REQUESTS``), the windows of the required cases (fewer
@@ -528,15 +568,14 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     # frozen for this one, they are trained here (~1-2 min on 2 cores) only if a required case needs them or
     # the run is the full one; a reduced run then skips the further cases that need them.
     n_req = len(the_plan.confirmatory)     # the pre-registered cases: required, with every chosen window
-    # the analysis' virtual engine runs: the family on every pre-registered window, and the prediction of every
-    # replay below saturation that may run (the fidelity replays and the family's replays at rho < 1)
+    # the analysis' virtual engine runs: the prediction of every replay below saturation that may run (the fidelity
+    # replays and the family's replays at rho < 1; the family itself ran on it before: run_family)
     k_max = max((len(w) for w in the_plan.windows.values()), default=0)
-    n_virtual = sum(len(c.sources) * len(c.schedulers) for c in the_plan.confirmatory) * k_max
     n_fid_src = len({s for c in the_plan.confirmatory for s in c.sources})
     n_below = n_fid_src * int(v.reduced_fidelity_windows if the_plan.reduced else v.fidelity_windows) + sum(
         len(c.sources) * len(c.schedulers) * k_max for c in the_plan.confirmatory
         if float(c.rho or 0) < 1.0 and all(cases.engine_runnable(x) for x in c.schedulers))
-    R.virtual_s = VIRTUAL_BASE_S + VIRTUAL_RUN_S * (n_virtual + n_below)
+    R.virtual_s = VIRTUAL_BASE_S + VIRTUAL_RUN_S * n_below
     names_req = {"fcfs"} | {x for c in the_plan.cases[:n_req] for x in c.schedulers}
     names_all = names_req | {x for c in the_plan.cases for x in c.schedulers}
     with_predictions = campaign.needs_predictions(sorted(names_req)) or (
@@ -805,12 +844,6 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             if i < n_req:
                 R.log(f"case {i + 1}/{len(the_cases)} {c.kind}: {c.a} vs {c.b}, {c.metric} at {c.region} on "
                       f"{', '.join(c.sources)}, {k_use} windows per source: {time.perf_counter() - t:.0f} s")
-        # every pre-registered window of the family at its load, for the virtual engine (the analysis; no replay)
-        for c in the_cases[:n_req]:
-            for s in c.sources:
-                if s in engine_cap:
-                    for wid in the_plan.windows.get(s, []):
-                        scaled_window(s, wid, c.region, float(c.rho))
         if R.cut:
             R.log(f"{len(R.cut)} replays cut to hold the budget (budget.replays_cut in run.json / summary.json)")
         R.log(f"{len(done_cases)} cases replayed ({len(R.records)} replays); {len(skipped)} further cases not "
@@ -875,7 +908,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                             "windows_per_source_run": k_use},
         "step_grid": step_info, "hash_block_tokens": hash_tokens,
         "capacity": cap_rows, "startup_s": startup_s, "replay_wall_s": engine_s,
-        "wall_s": {"before_engine": before_engine_s - float(step_info["wall_s"]), "step_grid": float(step_info["wall_s"]),
+        "wall_s": {"before_engine": before_engine_s - float(step_info["wall_s"]) - family_s,
+                   "step_grid": float(step_info["wall_s"]), "virtual_family": family_s,
                    "engine_startup": startup_s, "warmup": warmup_s,
                    "saturation": saturation_s, "replays": replays_s, "engine_other": other_s,
                    "engine_total": engine_s},
@@ -941,39 +975,33 @@ RESIM_VARIANTS = {
 }
 
 
-VIRTUAL_TABLES = ("virtual_requests", "virtual_runs", "virtual_resim_runs")
+VIRTUAL_TABLES = ("virtual_requests",)
 
 
 def virtual_section(cfg: Config, out: Path, *, es: resim.EngineSettings, es_of: dict, profile, wins: pl.DataFrame,
-                    replay_keys: list[tuple], conf: list, doc: dict, trace_hb: dict) -> dict | None:
-    """The virtual vLLM engine's runs (:mod:`.predict`): (1) the whole-run prediction of every replay below
-    saturation (the wall-clock engine's settings as it ran them, sarathi's included, and ``profile``: the step
-    grid's), its requests with the simulator's on the same profile (``pred``, ``resim_same_profile``); (2) the
-    engine side of the verdicts on every pre-registered window of the confirmatory family, each policy with its
-    own settings (sarathi with its own budget, :func:`.predict.policy_settings`), and the re-simulation under
-    the same settings (``runs``, ``resim_runs``). Without vLLM here: the tables a previous analysis stored
-    (``virtual_*.parquet``), else None."""
+                    replay_keys: list[tuple], trace_hb: dict) -> dict | None:
+    """The whole-run prediction (:mod:`.predict`): the virtual vLLM engine under the wall-clock engine's settings as
+    it ran them (sarathi's included) and ``profile`` (the step grid's) on every replay below saturation, its
+    requests with the simulator's on the same profile (``pred``, ``resim_same_profile``). Without vLLM here: the
+    table a previous analysis stored (``virtual_requests.parquet``), else None. (The confirmatory family ran on the
+    virtual engine at the campaign's settings before the replays: :func:`run_family`.)"""
     sim = cfg.simulation
     if not predict.available():
-        if all((out / f"{n}.parquet").is_file() for n in VIRTUAL_TABLES):
-            t = {n: pl.read_parquet(out / f"{n}.parquet") for n in VIRTUAL_TABLES}
-            return {"pred": t["virtual_requests"].filter(pl.col("side") == "virtual").drop("side"),
-                    "resim_same_profile": t["virtual_requests"].filter(pl.col("side") == "simulator").drop("side"),
-                    "runs": t["virtual_runs"], "resim_runs": t["virtual_resim_runs"], "wall_s": 0.0,
+        f = out / "virtual_requests.parquet"
+        if f.is_file():
+            t = pl.read_parquet(f)
+            return {"pred": t.filter(pl.col("side") == "virtual").drop("side"),
+                    "resim_same_profile": t.filter(pl.col("side") == "simulator").drop("side"), "wall_s": 0.0,
                     "source": "stored by an earlier analysis (vLLM is not importable here)"}
         return None
     t0 = time.perf_counter()
     cols = [c for c in ("arrival_s", "prompt_tokens", "output_tokens", "tenant", "block_hashes", *PREDICTION_COLUMNS)
             if c in wins.columns]
-
-    def window(wid, region):
-        w = wins.filter(pl.col("window_id") == wid, pl.col("region") == region).sort("req_id")
-        return w.select(cols), float(w["horizon_s"][0]), float(w["rho"][0])
-
     pred, same = [], []
     for key in replay_keys:
         s, wid, region, sched = key
-        sc, horizon, rho = window(wid, region)
+        w = wins.filter(pl.col("window_id") == wid, pl.col("region") == region).sort("req_id")
+        sc, horizon, rho = w.select(cols), float(w["horizon_s"][0]), float(w["rho"][0])
         if rho >= 1.0:
             continue
         e_ = es_of.get(sched, es)
@@ -983,31 +1011,33 @@ def virtual_section(cfg: Config, out: Path, *, es: resim.EngineSettings, es_of: 
         r = resim.simulate(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
         pred.append(v.requests.with_columns(*lit))
         same.append(r.requests.with_columns(*lit))
-    sb = sarathi_budget(cfg, es.token_scale)
-    runs, rruns = [], []
-    for c in conf:
-        for s in c.sources:
-            for wid in doc["windows"].get(s, []):
-                if wins.filter(pl.col("window_id") == wid, pl.col("region") == c.region).height == 0:
-                    continue
-                sc, horizon, rho = window(wid, c.region)
-                for sched in c.schedulers:
-                    e_ = predict.policy_settings(es, sched, sb)
-                    seed = _seed(sim, wid, sched, c.region)
-                    base_row = {"source": s, "window_id": wid, "region": c.region, "scheduler": sched, "rho": rho,
-                                "horizon_s": horizon, "token_budget": int(e_.max_num_batched_tokens)}
-                    v = predict.predict(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
-                    r = resim.simulate(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
-                    runs.append({**base_row, **predict.run_metrics(v.requests, horizon, sim)})
-                    rruns.append({**base_row, **predict.run_metrics(r.requests, horizon, sim)})
-    runs_df = pl.DataFrame(runs).unique(subset=["source", "window_id", "region", "scheduler"], keep="first") \
-        if runs else pl.DataFrame()
-    rruns_df = pl.DataFrame(rruns).unique(subset=["source", "window_id", "region", "scheduler"], keep="first") \
-        if rruns else pl.DataFrame()
     return {"pred": pl.concat(pred, how="diagonal_relaxed") if pred else pl.DataFrame(),
             "resim_same_profile": pl.concat(same, how="diagonal_relaxed") if same else pl.DataFrame(),
-            "runs": runs_df, "resim_runs": rruns_df, "wall_s": time.perf_counter() - t0,
-            "source": "run in this analysis"}
+            "wall_s": time.perf_counter() - t0, "source": "run in this analysis"}
+
+
+def family_section(cfg: Config, out: Path, conf: list, doc: dict) -> tuple[pl.DataFrame, pl.DataFrame, dict] | None:
+    """The family's runs on the virtual vLLM engine and the simulator at the campaign's settings
+    (``raw/family_*.parquet``, written by :func:`run_family` before the replays), checked against the
+    pre-registration (every case, side, window and policy it fixes); run here when absent and vLLM is importable,
+    else None."""
+    from . import family as family_mod
+
+    raw = out / "raw"
+    files = [raw / f"{n}.parquet" for n in FAMILY_TABLES]
+    if all(f.is_file() for f in files) and (raw / "family.json").is_file():
+        v, r = (pl.read_parquet(f) for f in files)
+        info = json.loads((raw / "family.json").read_text())
+    elif predict.available():
+        v, r, info = family_mod.run(cfg, conf, doc["windows"])
+    else:
+        return None
+    want = {(s, w, reg, x) for s, w, reg, _, x in family_mod.todo(conf, doc["windows"])}
+    got = set(zip(*(v[k].to_list() for k in family_mod.KEY))) if v.height else set()
+    if want - got:
+        raise PortbenchError(f"the family's virtual runs ({raw}) lack {len(want - got)} runs the pre-registration "
+                             "fixes: rerun the validation")
+    return v, r, info
 
 
 def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataFrame, phases: list[dict],
@@ -1196,13 +1226,14 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     rows = confirm.verdicts(conf, explore, engine_runs, sim_runs, alpha=alpha, delta=float(cfg.analysis.delta),
                             delta_absolute=float(cfg.analysis.delta_absolute), margin=float(doc["equivalence_margin"]),
                             campaign_runs=camp_runs)
-    # the virtual vLLM engine (predict.py): the whole-run prediction from the step table, and the engine that
-    # decides the confirmatory family (every policy, sarathi with its own budget, every pre-registered window)
+    # the virtual vLLM engine: the whole-run prediction from the step table (predict.py, the wall-clock engine's
+    # settings), and the engine that decides the confirmatory family at the campaign's own settings (family.py)
     virt = virtual_section(cfg, out, es=es, es_of=es_of, profile=grid_prof if grid_prof is not None else calib,
-                           wins=wins, replay_keys=list(keys.iter_rows()), conf=conf, doc=doc, trace_hb=trace_hb)
+                           wins=wins, replay_keys=list(keys.iter_rows()), trace_hb=trace_hb)
+    fam = family_section(cfg, out, conf, doc)
     by_engine = {"wall_clock": rows}
-    if virt is not None and virt["runs"].height:
-        by_engine = {"virtual": confirm.verdicts(conf, [], virt["runs"], virt["resim_runs"], alpha=alpha,
+    if fam is not None and fam[0].height:
+        by_engine = {"virtual": confirm.verdicts(conf, [], fam[0], fam[1], alpha=alpha,
                                                  delta=float(cfg.analysis.delta),
                                                  delta_absolute=float(cfg.analysis.delta_absolute),
                                                  margin=float(doc["equivalence_margin"]), campaign_runs=camp_runs),
@@ -1234,8 +1265,8 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                      **({"virtual_requests": pl.concat([virt["pred"].with_columns(pl.lit("virtual").alias("side")),
                                                         virt["resim_same_profile"].with_columns(
                                                             pl.lit("simulator").alias("side"))], how="diagonal_relaxed")
-                         if virt["pred"].height else pl.DataFrame(),
-                         "virtual_runs": virt["runs"], "virtual_resim_runs": virt["resim_runs"]} if virt else {})}.items():
+                         if virt["pred"].height else pl.DataFrame()} if virt else {}),
+                     **({"virtual_runs": fam[0], "virtual_resim_runs": fam[1]} if fam else {})}.items():
         if df.height:
             df.write_parquet(out / f"{name}.parquet")
     clock = {f"{k[1]}/{k[3]}": p for k, rec in rec_by_key.items() if (p := replay.clock_problems(rec))}
@@ -1293,6 +1324,10 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
         "engines": {e: confirm.ENGINES[e] for e in by_engine},
         "deciding_engine": doc.get("decided_by", {}).get("engine", "wall_clock"),
         "whole_run_prediction": whole_run,
+        "virtual_family": ({k: fam[2].get(k) for k in ("runs", "wall_s", "virtual_s", "simulator_s", "settings",
+                                                       "resim_matches_campaign")} if fam else
+                           {"available": False, "why": "vLLM is not importable here and no run stored the family's "
+                                                       "virtual runs"}),
         "verdict_rules": {"alpha": alpha, "correction": doc["correction"], "confirmatory_cases": len(conf),
                           "step_1": "survives_settings: every side of the re-simulation under the engine's settings "
                                     f"keeps the campaign's sign with |effect| >= analysis.delta ({cfg.analysis.delta:g}; "
@@ -1538,6 +1573,7 @@ def results_markdown(res: dict) -> str:
              f"{s['profile_fit_r2']:.2f} ({s['profile']['calibration']['formula']}).",
              f"* Verdicts: {confirm.verdict_line(counts)} (the confirmatory family was pre-registered and is "
              "tested with Holm; the exploratory cases carry effect sizes and intervals only).",
+             _family_line(s.get("virtual_family") or {}),
              f"* Settings: the engine matches the campaign on "
              f"{sum(v['match'] for v in sm.get('settings', {}).values())} of {len(sm.get('settings', {}))} settings "
              f"(real-token equivalents); every source loses at most {_pct(sm.get('max_extra_lost_share'))} more requests "
@@ -1545,6 +1581,16 @@ def results_markdown(res: dict) -> str:
     for st in res.get("stale", []):
         lines.append(f"* **Warning: {st}** — rerun `make validate` (or `make all`).")
     return "\n".join(lines)
+
+
+def _family_line(f: dict) -> str:
+    """One bullet: the family's runs on the virtual engine at the campaign's settings (``virtual_family``)."""
+    if not f.get("runs"):
+        return f"* Confirmatory family on the virtual vLLM engine: not available ({f.get('why', 'not run')})."
+    m = f.get("resim_matches_campaign") or {}
+    return (f"* Confirmatory family decided on the virtual vLLM engine at the campaign's own settings: {f['runs']} runs "
+            f"on vLLM's scheduler and the same on the simulator in {f['wall_s']:.0f} s; the simulator's runs equal the "
+            f"campaign's replicate-0 runs in {m.get('identical', 0)} of {m.get('compared', 0)}.")
 
 
 def error_sources_markdown(s: dict) -> str:

@@ -43,12 +43,14 @@ from .cases import Case
 
 CORRECTION = "holm"      # the confirmatory family's correction (one name everywhere)
 # The engines a case can be judged on, and the one the pre-registration names to decide it (written into
-# preregistration.json before any replay): the virtual vLLM engine (vLLM's V1 scheduler stepped with the
-# measured step table: every policy, sarathi with its own budget, every pre-registered window, no timing
-# noise); the wall-clock CPU engine's verdicts are reported beside it.
-ENGINES = {"virtual": "virtual vLLM engine (vLLM 0.32's V1 scheduler, the step grid's cost model, the wall-clock "
-                      "engine's settings; sarathi with its own budget)",
-           "wall_clock": "wall-clock vLLM CPU engine (the replays)"}
+# preregistration.json before any replay): the virtual vLLM engine (vLLM's V1 scheduler in a virtual clock at the
+# campaign's own settings: every policy, every pre-registered window, deterministic; validation/family.py); the
+# wall-clock CPU engine (scaled token counts and limits, timing noise) is reported beside it, exploratory.
+ENGINES = {"virtual": "virtual vLLM engine (vLLM 0.32's V1 scheduler in a virtual clock) at the campaign's own "
+                      "settings: its profile (cost model, KV cache, token budget, context limit), prefix caching, "
+                      "token counts unscaled, the campaign's capacity per window; sarathi with its own budget",
+           "wall_clock": "wall-clock vLLM CPU engine (the replays; token counts and limits scaled by token_scale): "
+                         "exploratory"}
 DECIDING_ENGINE = "virtual"
 VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not testable on this engine")
 

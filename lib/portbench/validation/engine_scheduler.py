@@ -122,8 +122,8 @@ class PortbenchScheduler(Scheduler):
         return policies.dynamic_key(pol, r.num_output_tokens, r.max_tokens, self._pb_options)
 
     def _pb_blocks_held(self, r) -> int:
-        ids = self.kv_cache_manager.get_block_ids(r.request_id)
-        return len(ids[0]) if ids else 0
+        groups = self.kv_cache_manager.coordinator.get_blocks(r.request_id)
+        return len(groups[0]) if groups else 0
 
     def _pb_rekey(self) -> None:
         if not self._pb_policy:

@@ -48,7 +48,7 @@ def case_figures(cases, engine_runs: pl.DataFrame, provenance: Mapping[str, str]
     dropped first (their files stay until overwritten). Returns the saved paths."""
     figindex.forget_where(figures_dir, lambda name, e: e.get("notebook") == FOLDER
                           and name.split("/")[-1].startswith(tuple(f"{k}_" for k in CASE_KINDS)))
-    out = []
+    out: list[dict] = []
     have = set(engine_runs.select("scheduler", "region").unique().iter_rows()) if engine_runs.height else set()
     for c in [c for c in cases if {(c.a, c.region), (c.b, c.region)} <= have]:
         fig, paths = case_figure(c, engine_runs, provenance, figures_dir, sim_runs, names)

@@ -245,8 +245,9 @@ class PolicyDriver:
         self.queue.set_offer(iter(cands))
 
     def _held(self, v) -> int:
-        ids = self.s.kv_cache_manager.get_block_ids(v.request_id)
-        return len(ids[0]) if ids else 0
+        """KV blocks ``v`` holds (counted in vLLM's block table, without building its id list)."""
+        groups = self.s.kv_cache_manager.coordinator.get_blocks(v.request_id)
+        return len(groups[0]) if groups else 0
 
     def _in_prefill(self, v) -> bool:
         return bool(getattr(v, "is_prefill_chunk", False)) or v.num_computed_tokens < v.num_tokens - 1

@@ -52,7 +52,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import polars as pl
@@ -555,8 +555,8 @@ class Replayer:
     def __init__(self, spec: EngineSpec, iteration_log: str | os.PathLike | None = None):
         self.spec = spec
         self.iteration_log = Path(iteration_log) if iteration_log else None
-        self.engine = None
-        self._loop = None
+        self.engine: Any = None                                   # vLLM's AsyncLLM while open
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.startup_s = math.nan
         self.last_t0 = math.nan            # origin (monotonic) of the last replay
         self.last_horizon_s = math.nan     # where its observation ended, seconds after that origin
@@ -732,11 +732,11 @@ async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, R
             running = [policies.request_id(policy, tag, rid) for rid, t in traces.items() if t.status == "sent"]
             if running:
                 await engine.abort(running)
-            _, pending = await asyncio.wait(pending, timeout=60.0)
-            for t in pending:            # not sent yet (or no final output): cancel
+            _, left = await asyncio.wait(pending, timeout=60.0)
+            for t in left:               # not sent yet (or no final output): cancel
                 t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    for t in traces.values():
-        if t.status in ("pending", "cancelled") and math.isnan(t.submit_mono):
-            t.status = "not_sent"
+    for tr in traces.values():
+        if tr.status in ("pending", "cancelled") and math.isnan(tr.submit_mono):
+            tr.status = "not_sent"
     return t0_mono, t0_wall, end_s

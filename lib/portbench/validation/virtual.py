@@ -151,11 +151,11 @@ def prompt_tokens(n: int, row: int, hashes=None, hash_block_tokens: int | None =
         full = min(len(hashes), n // hash_block_tokens)
         for h in list(hashes)[:full]:
             rng = np.random.default_rng([int(h) & 0xFFFFFFFF, 1])
-            out.extend(int(x) for x in rng.integers(1, VOCAB, hash_block_tokens))
+            out.extend(rng.integers(1, VOCAB, hash_block_tokens).tolist())
     rest = n - len(out)
     if rest > 0:
         rng = np.random.default_rng([int(row), 2, len(out)])
-        out.extend(int(x) for x in rng.integers(1, VOCAB, rest))
+        out.extend(rng.integers(1, VOCAB, rest).tolist())
     return out
 
 
@@ -187,12 +187,13 @@ def _priorities(policy: str, window_df, seed: int, slo, profile, options: dict) 
 
 def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed: int, slo=None,
         options: dict | None = None, prefix_caching: bool = False, hash_block_tokens: int | None = None,
-        budget: int | None = None) -> VirtualResult:
+        budget: int | None = None, log_steps: bool = True) -> VirtualResult:
     """Replay ``window_df`` (already rescaled to its region) through vLLM's scheduler under ``policy``.
 
     ``profile``: the simulator profile whose cost model gives the step time and whose limits are the
     engine's (:meth:`VirtualSettings.of`); ``options``: the policy's options (the simulator's);
-    ``budget``: the policy's token budget when it has its own (sarathi).
+    ``budget``: the policy's token budget when it has its own (sarathi); ``log_steps``: keep the step log
+    (False: an empty ``steps`` table, the step count in ``counters`` -- a campaign run needs only the records).
     """
     options = dict(options or {})
     if policies.virtual_mode(policy) == "excluded":
@@ -229,6 +230,7 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
     decoding: set[str] = set()
     steps: list[tuple] = []
     n_preempt = 0
+    n_steps = 0
     while True:
         while cursor < n and arr[order[cursor]] <= now:
             r = reqs[order[cursor]]
@@ -288,9 +290,11 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
         if now + dt > H:
             break
         t1 = now + dt
-        used = s.num_blocks - int(sched.kv_cache_manager.block_pool.get_num_free_blocks())
-        steps.append((now, t1, 1, P, B, C, used, len(sched.running), len(sched.waiting), len(out.preempted_req_ids or ()),
-                      ",".join(f"{live[r]}:{k}" for r, k in sched_tok.items())))
+        n_steps += 1
+        if log_steps:
+            used = s.num_blocks - int(sched.kv_cache_manager.block_pool.get_num_free_blocks())
+            steps.append((now, t1, 1, P, B, C, used, len(sched.running), len(sched.waiting),
+                          len(out.preempted_req_ids or ()), ",".join(f"{live[r]}:{k}" for r, k in sched_tok.items())))
         ids = list(sched_tok)
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=[[1] if r in produced else [] for r in ids])
@@ -335,7 +339,7 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
     step_df = pl.DataFrame(steps, schema=[(c, pl.Float64 if c.endswith("_s") else pl.Int64) for c in STEP_COLUMNS]
                            + [("running", pl.Int64), ("waiting", pl.Int64), ("preempted", pl.Int64),
                               ("scheduled", pl.Utf8)], orient="row")
-    counters = {"steps": len(steps), "preemptions": n_preempt, "vllm": check_version(),
+    counters = {"steps": n_steps, "preemptions": n_preempt, "vllm": check_version(),
                 "settings": dataclasses.asdict(s), "end_s": now,
                 "completed": int(np.isfinite(finish).sum()), "rejected": int(rejected.sum())}
     if math.isfinite(H):

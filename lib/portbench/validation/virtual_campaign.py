@@ -47,7 +47,8 @@ class VirtualEngine(SimEngine):
         pc = eng.prefix_caching != "off" and hb is not None and "block_hashes" in scaled_df.columns
         v = virtual.run(scaled_df, scheduler, prof, horizon_s=horizon_s, seed=seed, slo=sim.edf_slo_dict,
                         options=scheduler_options(sim, scheduler), prefix_caching=pc,
-                        hash_block_tokens=hb if pc else None, budget=getattr(sched, "prefill_token_budget", None))
+                        hash_block_tokens=hb if pc else None, budget=getattr(sched, "prefill_token_budget", None),
+                        log_steps=False)
         values = metrics.compute(v.requests, horizon_s, sim.slo_dicts)
         return RunResult(counters=dict(v.counters), metrics=dict(values), records=v.requests)
 
