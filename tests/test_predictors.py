@@ -73,7 +73,7 @@ def test_no_frozen_window_row_is_a_training_row(pcfg, manifest, frozen, source):
     assert rec["rows_sha256"] == td.record["rows_sha256"] and rec["requests"] == len(train)
     # the windows' tables are rebuilt from exactly those window rows (same lengths, same order)
     tables = W.load_windows(pcfg, sources=[source], per_source=3, manifest=manifest)
-    frames = PR.window_frames(pcfg, manifest, source, W.load_windows(pcfg, sources=[source], manifest=manifest),
+    frames = PR.window_frames(manifest, source, W.load_windows(pcfg, sources=[source], manifest=manifest),
                               canon)
     for wid, df in tables.items():
         assert frames[wid]["output_tokens"].to_list() == df["output_tokens"].to_list()
@@ -170,7 +170,7 @@ def test_predictions_are_deterministic_and_frozen_by_fingerprint(pcfg, manifest,
     spec = PR.feature_spec(pcfg.predictors, manifest, "bailian")
     td = PR.training_data(pcfg, manifest, "bailian")
     tables = W.load_windows(pcfg, sources=["bailian"], per_source=1, manifest=manifest)
-    frame = PR.window_frames(pcfg, manifest, "bailian", W.load_windows(pcfg, sources=["bailian"], manifest=manifest))
+    frame = PR.window_frames(manifest, "bailian", W.load_windows(pcfg, sources=["bailian"], manifest=manifest))
     wid = next(iter(tables))
     a = PR.fit_predictor(pcfg.predictors, spec, td).predict(frame[wid])
     b = PR.fit_predictor(pcfg.predictors, spec, PR.training_data(pcfg, manifest, "bailian")).predict(frame[wid])
@@ -339,9 +339,9 @@ def test_fairness_block_is_na_without_tenants(pcfg, manifest):
 
     runs = pl.DataFrame({"source": ["burstgpt"] * 2, "scheduler": ["vtc", "fcfs"], "region": ["overload"] * 2,
                          "tenant_service_gap": [10.0, 30.0], "tenant_jain": [0.99, 0.8]})
-    fb = honest.fairness_block(pcfg, runs, manifest=manifest)
+    fb = honest.fairness_block(pcfg.simulation, runs, manifest)
     assert fb["sources"]["azure"]["vtc"] == honest.NA_TENANTS == "n/a — no tenants in this trace"
     assert fb["sources"]["burstgpt"]["by_region"]["overload"]["vtc"]["tenant_service_gap"] == 10.0
-    tt = honest.tenant_table(pcfg.with_overrides({"simulation.tenant_model": "seeded"}), manifest=manifest)
+    tt = honest.tenant_table(manifest, "seeded")
     az = tt.filter(pl.col("source") == "azure").row(0, named=True)
     assert az["tenants"].startswith("synthetic") and az["tenant_metrics"] == "reported, labelled synthetic"

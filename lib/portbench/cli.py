@@ -108,7 +108,7 @@ def cmd_predict(args):
     print(text.predictor_markdown(summ, honest.predictors_block(cfg)))
     if args.transfer:
         runs = honest.run_transfer(cfg)
-        print(f"transfer campaign: {runs.height} runs under {honest.transfer_dir(cfg)}")
+        print(f"transfer campaign: {runs.height} runs under {honest.transfer_dir(cfg.paths.results_dir)}")
 
 
 def cmd_simulate(args):

@@ -519,7 +519,7 @@ def fit_predictor(P: PredictorsConfig, spec: FeatureSpec, training: TrainingData
 # --------------------------------------------------------------------------- window features
 
 
-def window_frames(cfg: Config, manifest: Mapping, source: str, tables: Mapping[str, pl.DataFrame],
+def window_frames(manifest: Mapping, source: str, tables: Mapping[str, pl.DataFrame],
                   canonical: pl.DataFrame | None = None) -> dict[str, pl.DataFrame]:
     """Raw feature frames of the source's windows, in window row order (real windows: the canonical
     rows, checked against the window table)."""
@@ -645,7 +645,7 @@ def _compute(cfg: Config, manifest: Mapping, train: str, targets: Sequence[str],
                 transfer[spec_key] = fit_model(P, spec, training.frame)
             pred = Predictor(train, spec, [transfer[spec_key]], training, 0.0)
             pred.fit_s = time.perf_counter() - t0
-        frames = window_frames(cfg, manifest, target, tables, canon.get(target))
+        frames = window_frames(manifest, target, tables, canon.get(target))
         parts = []
         for wid, frame in frames.items():
             p, s = pred.predict(frame)
@@ -899,7 +899,7 @@ def past_only_check(cfg: Config, source: str, *, manifest: Mapping | None = None
     spec = feature_spec(P, manifest, source, canon)
     model = fit_model(P, spec, td.frame.filter(pl.Series(sel)))
     tables = windows.load_windows(cfg, sources=[source], manifest=manifest)
-    frames = window_frames(cfg, manifest, source, tables, canon)
+    frames = window_frames(manifest, source, tables, canon)
     home = load_predictions(cfg, [(source, source)], manifest=manifest)[(source, source)]
     tau_past, tau_home = [], []
     for e in late:

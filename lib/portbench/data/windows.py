@@ -364,10 +364,10 @@ def evidence_checksums(cfg: Config, source: str) -> dict[str, str]:
 # --------------------------------------------------------------------------- building
 
 
-def _params_record(cfg: Config) -> dict:
-    """The parameter sections the manifest is frozen from, as written in the parameter files (without
-    the sources' display keys)."""
-    return _jsonable(frozen_record(cfg.tree))
+def _params_record(tree: Mapping) -> dict:
+    """The parameter sections the manifest is frozen from, as written in the parameter files (``tree``: the
+    merged parameter tree, ``Config.tree``; without the sources' display keys)."""
+    return _jsonable(frozen_record(tree))
 
 
 def _entry(meta: Mapping, df: pl.DataFrame, *, source: str, provenance: str) -> dict:
@@ -467,7 +467,7 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
         rec["windows"] = sum(1 for e in entries if e["source"] == source)
         bar.update(1)
     bar.close()
-    manifest = {"version": MANIFEST_VERSION, "params": _params_record(cfg), "sources": sources_rec,
+    manifest = {"version": MANIFEST_VERSION, "params": _params_record(cfg.tree), "sources": sources_rec,
                 "source_files": source_files, "windows": entries}
     return _jsonable(manifest), tables
 
@@ -485,7 +485,7 @@ def freeze(cfg: Config, refreeze: bool = False) -> Manifest:
     path = manifest_path(cfg.paths)
     if path.is_file() and not refreeze:
         manifest = load_manifest(cfg.paths)
-        _check_params(cfg, manifest)
+        _check_params(cfg.paths, cfg.tree, manifest)
         _note_provenance_changes(cfg, manifest)
         ok, total, problems, tables = _verify(cfg, manifest, check_cache=False)     # with a progress bar
         if problems:
@@ -503,15 +503,15 @@ def freeze(cfg: Config, refreeze: bool = False) -> Manifest:
     return manifest
 
 
-def _check_params(cfg: Config, manifest: Mapping) -> None:
-    """ParameterError unless ``cfg`` has the values the manifest was frozen with (``standins`` only
+def _check_params(paths: PathsConfig, tree: Mapping, manifest: Mapping) -> None:
+    """ParameterError unless the parameter ``tree`` has the values the manifest was frozen with (``standins`` only
     matters when the manifest has stand-in windows)."""
-    now, frozen = _params_record(cfg), manifest.get("params", {})
+    now, frozen = _params_record(tree), manifest.get("params", {})
     has_standins = any(e["provenance"] == "standin" for e in manifest["windows"])
     for section in [s for s in FROZEN_SECTIONS if s != "standins" or has_standins]:
         if now.get(section) != frozen.get(section):
             raise ParameterError(section, now.get(section),
-                                 f"the values the manifest {manifest_path(cfg.paths)} was frozen with "
+                                 f"the values the manifest {manifest_path(paths)} was frozen with "
                                  f"({frozen.get(section)!r}); run `portbench freeze --refreeze` to refreeze, "
                                  "or point paths.manifest at another file")
 
@@ -616,9 +616,9 @@ def _rebuild_many(cfg: Config, manifest: Mapping, entries: Sequence[Mapping]
     return tables, problems
 
 
-def _source_file_problems(cfg: Config, manifest: Mapping) -> list[str]:
+def _source_file_problems(paths: PathsConfig, manifest: Mapping) -> list[str]:
     """Recorded source-file SHA-256s that the files here do not match (or that cannot be found)."""
-    st = registry.store(cfg.paths)
+    st = registry.store(paths)
     mirror = st.mirror
     real_files = {rec.get("file"): s for s, rec in manifest.get("sources", {}).items()
                   if rec.get("provenance") == "real"}
@@ -718,7 +718,7 @@ def load_windows(cfg: Config, sources: Iterable[str] | None = None, per_source: 
 def _verify(cfg: Config, manifest: Mapping, *, check_cache: bool = True
             ) -> tuple[int, int, list[str], dict[str, pl.DataFrame]]:
     entries = manifest["windows"]
-    problems = _source_file_problems(cfg, manifest)
+    problems = _source_file_problems(cfg.paths, manifest)
     tables, window_problems = _rebuild_many(cfg, manifest, entries)
     problems += window_problems
     bad = {e["id"] for e in entries if e["id"] not in tables}
