@@ -144,7 +144,7 @@ def cmd_attribute(args):
         except DataError as e:
             print(f"[portbench] summary.json not rewritten: {e}", file=sys.stderr)
     if not args.no_figures:
-        plots_attribution.make_all(cfg, A, close=True)
+        plots_attribution.make_all(cfg.paths, A, close=True)
         plots_attribution.hybrid_definitions(cfg.paths, **plots_attribution.example_pair(cfg, A), close=True)
     sec = A.summary
     print(attribution_text.design_markdown(sec))

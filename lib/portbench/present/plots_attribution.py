@@ -222,9 +222,9 @@ def hybrid_paths(paths: PathsConfig, A: at.Attribution, close: bool = False):
                  "regions x metrics), coloured by the number of swapped properties", close)
 
 
-def make_all(cfg, A: at.Attribution, close: bool = True) -> list:
+def make_all(paths: PathsConfig, A: at.Attribution, close: bool = True) -> list:
     """The attribution's summary figures (not the hybrid definitions, which need window tables)."""
-    return [shapley_bars(cfg.paths, A, close), share_heatmap(cfg.paths, A, close), hybrid_paths(cfg.paths, A, close)]
+    return [shapley_bars(paths, A, close), share_heatmap(paths, A, close), hybrid_paths(paths, A, close)]
 
 
 def example_pair(cfg, A: at.Attribution, tables: dict | None = None) -> dict:

@@ -17,6 +17,8 @@ from ...core import io as fileio
 from ...core.config import TIE_RULES, Config, PathsConfig
 from ...core.errors import DataError, PortbenchError
 from ...core.progress import stage
+from ...data import windows as windows_mod
+from ...data.windows import Manifest
 from ...sim import profiles
 from ...sim import schedulers as scheduler_registry
 from .. import campaign, honest, stats
@@ -317,19 +319,23 @@ def engine_load_blocks(cfg: Config) -> dict:
 
 def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
     """Write ``{results_dir}/summary.json``: the summary numbers, the engine and load blocks and the
-    index of every figure."""
+    index of every figure. The window manifest is loaded once here, for every block that reads it."""
     A = A or load(cfg)
+    try:
+        manifest = windows_mod.load_manifest(cfg.paths)
+    except (PortbenchError, OSError):
+        manifest = None      # each block that needs it records the error (below)
     summary = dict(A.summary)
     summary.update(engine_load_blocks(cfg))
     summary["figures"] = figure_index(cfg.paths)
     summary.update(read_sections(cfg.paths.results_dir, reserved=summary))  # later stages' sections (attribution)
-    summary = honest.add_to_summary(cfg, summary)   # issue #12's predictors and fairness blocks
-    summary = add_design_controls(cfg, summary)
+    summary = honest.add_to_summary(cfg, summary, manifest=manifest)   # issue #12's predictors and fairness blocks
+    summary = add_design_controls(cfg, summary, manifest=manifest)
     fileio.write_text(summary_path(cfg.paths.results_dir), json.dumps(summary, indent=1, default=_json_default))
     return summary
 
 
-def add_design_controls(cfg: Config, summary: dict) -> dict:
+def add_design_controls(cfg: Config, summary: dict, *, manifest: Manifest | None = None) -> dict:
     """Issue #25's blocks that need more than the runs table: ``trace_checks`` (quantised timestamps of every
     source), ``congestion`` with the share of time with a waiting request (per-request records), and
     ``controls.arrival_jitter`` (the headline with the quantised sources' arrivals spread within their grid,
@@ -337,7 +343,7 @@ def add_design_controls(cfg: Config, summary: dict) -> dict:
     if cfg.analysis.runs_file is not None:
         return summary
     try:
-        summary["trace_checks"] = hygiene.trace_checks_block(cfg)
+        summary["trace_checks"] = hygiene.trace_checks_block(cfg, manifest=manifest)
     except (PortbenchError, OSError) as e:
         summary["trace_checks"] = {"error": f"{type(e).__name__}: {e}"}
     try:
