@@ -411,10 +411,8 @@ def fairness_block(sim: SimulationConfig, runs: pl.DataFrame | None, manifest: M
 def add_to_summary(cfg: Config, summary: dict, *, manifest: Mapping | None = None) -> dict:
     """``summary`` with the ``predictors`` and ``fairness`` blocks added (a failure to build them is
     recorded in the block rather than losing the rest of the summary); the manifest is loaded once (or given)."""
-    def man() -> Mapping:
-        return manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     try:
-        manifest = man()
+        manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     except (PortbenchError, OSError) as e:
         for key in ("predictors", "fairness"):
             summary[key] = {"error": f"{type(e).__name__}: {e}"}
