@@ -398,7 +398,6 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     "portbench.study.campaign.run:_load_window_tables", "portbench.study.campaign.run:consolidate_runs",
     "portbench.study.campaign.run:load_capacities", "portbench.study.campaign.run:load_requests",
     "portbench.study.campaign.run:load_runs", "portbench.study.campaign.run:run_tables",
-    "portbench.study.engine_sensitivity:_headline_sources",
     "portbench.study.honest:_main_home_runs", "portbench.study.honest:add_to_summary", "portbench.study.honest:main_runs",
     "portbench.bench:_size_windows", "portbench.bench:_window_size",
     # the validation's pipeline below its drivers
@@ -415,22 +414,21 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     "portbench.validation:summary_path", "portbench.validation:virtual_section",
 })
 
-# load_manifest call sites (module:function): a stage loads the manifest once and passes it on; this list may only
-# shrink too (most are the fallback of a ``manifest=None`` parameter, for callers outside a stage)
+# load_manifest call sites (module:function). A stage loads the manifest once and passes it on: the stages' entry
+# points load it (first group); the second group are the fallbacks of a ``manifest=None`` parameter, for callers
+# outside a stage (tests, validation/, bench/), to be removed as those callers pass it. The list may only shrink.
 LOAD_MANIFEST_SITES = frozenset({
-    "portbench.data.predictors:load_predictions", "portbench.data.predictors:attach",
-    "portbench.data.predictors:predictor_info", "portbench.data.predictors:accuracy_table",
-    "portbench.data.predictors:repeat_share", "portbench.data.predictors:past_only_check",
-    "portbench.data.preflight:missing_files", "portbench.data.windows:freeze", "portbench.data.windows:load_windows",
-    "portbench.data.windows:verify", "portbench.study.analysis.hygiene:trace_checks_block",
-    "portbench.study.analysis.hygiene:run_jitter", "portbench.study.analysis.hygiene:run_equal_information",
-    "portbench.study.analysis.results:write_summary", "portbench.study.attribution.runs:run",
+    # stage entry points: the command `portbench predict`, freezing/verifying, preflight, a campaign, the summary,
+    # the attribution, the transfer campaign, the validation's stages
+    "portbench.cli:cmd_predict", "portbench.data.preflight:missing_files", "portbench.data.windows:freeze",
+    "portbench.data.windows:verify", "portbench.study.analysis.results:write_summary",
+    "portbench.study.attribution.runs:run", "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
+    "portbench.validation:family_document", "portbench.validation:_run", "portbench.validation:analyze",
+    "portbench.validation.family:run",
+    # fallbacks of ``manifest=None``
+    "portbench.data.windows:load_windows", "portbench.study.analysis.hygiene:trace_checks_block",
     "portbench.study.campaign.plan:window_refs", "portbench.study.campaign.plan:make_plan",
-    "portbench.study.campaign.run:run", "portbench.study.campaign.run:run_tables",
-    "portbench.study.engine_sensitivity:_headline_sources", "portbench.study.honest:accuracy",
-    "portbench.study.honest:run_transfer", "portbench.study.honest:predictors_block",
-    "portbench.study.honest:add_to_summary", "portbench.validation:family_document", "portbench.validation:_run",
-    "portbench.validation:analyze", "portbench.validation.family:run",
+    "portbench.study.campaign.run:run_tables", "portbench.study.honest:add_to_summary",
 })
 
 WHOLE, MANIFEST_CALLS = settings_reach.scan()

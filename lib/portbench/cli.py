@@ -104,8 +104,9 @@ def cmd_profiles(args):
 
 def cmd_predict(args):
     cfg = _params(args)
-    _, summ = honest.accuracy(cfg)
-    print(text.predictor_markdown(summ, honest.predictors_block(cfg)))
+    manifest = windows.load_manifest(cfg.paths)     # once for the stage
+    _, summ = honest.accuracy(cfg, manifest=manifest)
+    print(text.predictor_markdown(summ, honest.predictors_block(cfg, manifest=manifest)))
     if args.transfer:
         runs = honest.run_transfer(cfg)
         print(f"transfer campaign: {runs.height} runs under {honest.transfer_dir(cfg.paths.results_dir)}")

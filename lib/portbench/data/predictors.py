@@ -676,10 +676,9 @@ def sources_of(manifest: Mapping) -> list[str]:
 
 
 def load_predictions(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None, *,
-                     manifest: Mapping | None = None) -> dict[tuple[str, str], Frozen]:
+                     manifest: Mapping) -> dict[tuple[str, str], Frozen]:
     """Frozen predictions ``{(train, target): Frozen}`` (default pairs: every source's home predictor),
     read and verified, or computed and written when missing (module docstring)."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     srcs = sources_of(manifest)
     pairs = [(s, s) for s in srcs] if pairs is None else list(pairs)
     for tr, tg in pairs:
@@ -740,12 +739,11 @@ def all_pairs(manifest: Mapping) -> list[tuple[str, str]]:
     return [(a, b) for a in s for b in s]
 
 
-def attach(cfg: Config, tables: Mapping[str, pl.DataFrame], *, manifest: Mapping | None = None,
+def attach(cfg: Config, tables: Mapping[str, pl.DataFrame], *, manifest: Mapping,
            train: str | None = None) -> dict[str, pl.DataFrame]:
     """``tables`` (window id -> frozen window table) with the frozen predictions added as columns
     ``predicted_output`` and ``ltr_score`` (home predictor, or source ``train``'s). The input tables
     are not modified; a window whose hash differs from the predictions' is an IntegrityError."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     by_id = {e["id"]: e for e in manifest["windows"]}
     missing = [w for w in tables if w not in by_id]
     if missing:
@@ -764,9 +762,8 @@ def attach(cfg: Config, tables: Mapping[str, pl.DataFrame], *, manifest: Mapping
     return out
 
 
-def predictor_info(cfg: Config, *, manifest: Mapping | None = None) -> dict[str, dict]:
+def predictor_info(cfg: Config, *, manifest: Mapping) -> dict[str, dict]:
     """``{source: info}`` of every home predictor (features, notes, train rows, training record, key)."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     return {tr: fr.info for (tr, _), fr in load_predictions(cfg, manifest=manifest).items()}
 
 
@@ -795,11 +792,10 @@ ACCURACY_SCHEMA = {"train": pl.String, "target": pl.String, "window_id": pl.Stri
 
 
 def accuracy_table(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None, *,
-                   manifest: Mapping | None = None) -> pl.DataFrame:
+                   manifest: Mapping) -> pl.DataFrame:
     """One row per (train, target, window): the accuracy of the frozen predictions on that window
     (:func:`window_accuracy`); home pairs also carry the noisy oracle's tau (true x exp(N(0, sigma)),
     ``simulation.predictor_sigma``, seeded per window) for comparison."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     pairs = all_pairs(manifest) if pairs is None else list(pairs)
     frozen = load_predictions(cfg, pairs, manifest=manifest)
     tables = windows.load_windows(cfg, manifest=manifest)
@@ -852,12 +848,11 @@ def accuracy_summary(acc: pl.DataFrame, bootstrap: int, seed: int) -> dict[tuple
     return out
 
 
-def repeat_share(cfg: Config, source: str, *, manifest: Mapping | None = None) -> dict:
+def repeat_share(cfg: Config, source: str, *, manifest: Mapping) -> dict:
     """How much of a source's window requests a predictor could have seen *exactly*: the share whose
     (prompt, output) pair also occurs among the training requests of the model that predicts them
     (for a cross-fitted stand-in: the other folds), and the share whose prompt length occurs there.
     Repeats are a property of the trace (templated requests), not a leak -- but they explain a high tau."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     kind = source_kind(manifest, source)
     canon = with_history(traces.load_canonical(cfg, source)) if kind == "real" else None
     td = training_data(cfg, manifest, source, canon)
@@ -880,13 +875,12 @@ def repeat_share(cfg: Config, source: str, *, manifest: Mapping | None = None) -
             "same_prompt_share": same_prompt / n if n else None}
 
 
-def past_only_check(cfg: Config, source: str, *, manifest: Mapping | None = None) -> dict | None:
+def past_only_check(cfg: Config, source: str, *, manifest: Mapping) -> dict | None:
     """A causal variant of a real source's predictor: trained only on out-of-window rows *before* the
     second half of the windows begins, evaluated on that second half, beside the home predictor
     (trained on rows before and after every window) on the same windows. A large drop would mean the
     home predictor profits from rows after a window (drift it could not know in deployment).
     None for stand-ins (no time order between the generator's training output and the windows)."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     if source_kind(manifest, source) != "real":
         return None
     P = cfg.predictors

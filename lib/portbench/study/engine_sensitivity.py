@@ -60,27 +60,23 @@ def run_variant(cfg: Config, *, like: Config | None = None, **kw) -> pl.DataFram
     return campaign.run(cfg, **kw).runs
 
 
-def _headline_sources(cfg: Config, manifest: Mapping | None) -> list[str]:
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
-    return headline_sources(cfg.source_names(), cfg.analysis, manifest)
-
-
-def batching_variant(cfg: Config, *, manifest: Mapping | None = None) -> Config:
+def batching_variant(cfg: Config, *, manifest: Mapping) -> Config:
     """The V0 sensitivity campaign: every scheduler, window and region of the headline panel's sources
-    (:func:`headline_sources`; ``manifest``: the stage's, else loaded) under the other batching mode
-    (``engine.batching: v0`` for the V1 study)."""
+    (:func:`headline_sources` of the stage's ``manifest``) under the other batching mode (``engine.batching: v0``
+    for the V1 study)."""
     other = "v0" if cfg.engine.batching == "v1" else "v1"
-    return variant(cfg, f"batching_{other}", engine={"batching": other}, sources=_headline_sources(cfg, manifest))
+    return variant(cfg, f"batching_{other}", engine={"batching": other},
+                   sources=headline_sources(cfg.source_names(), cfg.analysis, manifest))
 
 
-def swap_variant(cfg: Config, regions: Sequence[str] = SWAP_REGIONS, *, manifest: Mapping | None = None) -> Config:
+def swap_variant(cfg: Config, regions: Sequence[str] = SWAP_REGIONS, *, manifest: Mapping) -> Config:
     """The swap sensitivity campaign: the preemptive policies and the capacity policy, heavy regions, the
     headline panel's sources, ``engine.preemption: swap``."""
     names = [s for s in scheduler_registry.names(cfg.simulation.schedulers)
              if s in PREEMPTIVE or s == cfg.simulation.capacity_policy]
     regs = [r for r in regions if r in cfg.simulation.loads] or list(cfg.simulation.loads)[-2:]
     return variant(cfg, "preemption_swap", engine={"preemption": "swap"},
-                   simulation={"schedulers": names, "regions": regs}, sources=_headline_sources(cfg, manifest))
+                   simulation={"schedulers": names, "regions": regs}, sources=headline_sources(cfg.source_names(), cfg.analysis, manifest))
 
 
 def headline_numbers(A) -> dict:

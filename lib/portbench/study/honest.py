@@ -53,10 +53,9 @@ NA_TENANTS = "n/a — no tenants in this trace"
 # --------------------------------------------------------------------------- accuracy
 
 
-def accuracy(cfg: Config, *, manifest: Mapping | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+def accuracy(cfg: Config, *, manifest: Mapping) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``(per_window, summary)``: the accuracy of every (train, target) pair's frozen predictions per
     window, and per pair its means with bootstrap CIs (columns ``<stat>``, ``<stat>_ci_low/high``)."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     acc = PR.accuracy_table(cfg, manifest=manifest)
     summ = PR.accuracy_summary(acc, cfg.predictors.bootstrap, cfg.predictors.seed)
     prov = {s: manifest["sources"][s]["provenance"] for s in PR.sources_of(manifest)}
@@ -279,12 +278,11 @@ def _num(x):
     return None if not np.isfinite(x) else float(f"{x:.6g}")
 
 
-def predictors_block(cfg: Config, *, manifest: Mapping | None = None) -> dict:
+def predictors_block(cfg: Config, *, manifest: Mapping) -> dict:
     """``summary.json["predictors"]``: per source its home predictor's accuracy (tau, spearman, mae_log
     with CIs, the ranker's tau, the noisy oracle's tau for reference), train rows and features; under
     ``transfer`` every ordered source pair's accuracy and, when the transfer campaign has run, the
     mean rank of sjf_predicted / ltr / edf with that predictor."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     frozen = PR.load_predictions(cfg, PR.all_pairs(manifest), manifest=manifest)
     _, summ = accuracy(cfg, manifest=manifest)
     out: dict = {"definition": (
