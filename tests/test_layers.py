@@ -381,7 +381,7 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     "portbench.data.predictors:fingerprint", "portbench.data.predictors:load_predictions",
     "portbench.data.predictors:past_only_check", "portbench.data.predictors:predictor_info",
     "portbench.data.predictors:repeat_share", "portbench.data.predictors:training_data",
-    "portbench.data.preflight:missing_files", "portbench.data.traces:ingest_source",
+    "portbench.data.traces:ingest_source",
     "portbench.data.traces:load_canonical", "portbench.data.traces:scan_canonical",
     "portbench.data.windows:_build_source", "portbench.data.windows:_note_provenance_changes",
     "portbench.data.windows:_rebuild_many", "portbench.data.windows:_verify", "portbench.data.windows:build_manifest",
