@@ -383,9 +383,9 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     "portbench.data.predictors:repeat_share", "portbench.data.predictors:training_data",
     "portbench.data.traces:ingest_source",
     "portbench.data.traces:load_canonical", "portbench.data.traces:scan_canonical",
-    "portbench.data.windows:_build_source", "portbench.data.windows:_note_provenance_changes",
+    "portbench.data.windows:_build_source",
     "portbench.data.windows:_rebuild_many", "portbench.data.windows:_verify", "portbench.data.windows:build_manifest",
-    "portbench.data.windows:evidence_checksums", "portbench.data.windows:load_windows",
+    "portbench.data.windows:load_windows",
     # load the windows / the campaign's runs through the functions above
     "portbench.present.plots_analysis:make_all", "portbench.present.plots_attribution:example_pair",
     "portbench.study.analysis.cube:load_runs", "portbench.study.analysis.hygiene:trace_checks_block",

@@ -355,10 +355,10 @@ def provenance_reason(mode: str | None, provenance: str | None, file: str | None
     return f"mode {mode}: {skipped}"
 
 
-def evidence_checksums(cfg: Config, source: str) -> dict[str, str]:
-    """``{name: sha256}`` of the real evidence a stand-in is built from (names relative to the mirror;
-    a folder is recorded as ``"<folder>/"`` with :func:`portbench.core.io.tree_sha256`)."""
-    return dict(standins.evidence_sha256(standins.inputs(cfg), source))
+def evidence_checksums(inp: standins.StandinInputs, source: str) -> dict[str, str]:
+    """``{name: sha256}`` of the real evidence a stand-in is built from (``inp``: :func:`portbench.data.standins.inputs`;
+    names relative to the mirror; a folder is recorded as ``"<folder>/"`` with :func:`portbench.core.io.tree_sha256`)."""
+    return dict(standins.evidence_sha256(inp, source))
 
 
 # --------------------------------------------------------------------------- building
@@ -459,7 +459,7 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
         if prov == "real":
             source_files[info["file"]] = st.sha256(info["path"])
         else:
-            source_files.update(evidence_checksums(cfg, source))
+            source_files.update(evidence_checksums(standins.inputs(cfg), source))
         for meta, df in _build_source(cfg, source, info, rec):
             e = _entry(meta, df, source=source, provenance=prov)
             entries.append(e)
@@ -486,7 +486,7 @@ def freeze(cfg: Config, refreeze: bool = False) -> Manifest:
     if path.is_file() and not refreeze:
         manifest = load_manifest(cfg.paths)
         _check_params(cfg.paths, cfg.tree, manifest)
-        _note_provenance_changes(cfg, manifest)
+        _note_provenance_changes(registry.resolve_sources(cfg), manifest)
         ok, total, problems, tables = _verify(cfg, manifest, check_cache=False)     # with a progress bar
         if problems:
             shown = problems[:MAX_PROBLEMS_SHOWN]
@@ -516,8 +516,9 @@ def _check_params(paths: PathsConfig, tree: Mapping, manifest: Mapping) -> None:
                                  "or point paths.manifest at another file")
 
 
-def _note_provenance_changes(cfg: Config, manifest: Mapping) -> None:
-    resolved = registry.resolve_sources(cfg)
+def _note_provenance_changes(resolved: Mapping[str, dict], manifest: Mapping) -> None:
+    """A loud note per source whose provenance now (``resolved``: :func:`portbench.data.registry.resolve_sources`)
+    differs from the manifest's."""
     for source, rec in manifest.get("sources", {}).items():
         now = (resolved.get(source) or {}).get("provenance")
         if rec.get("provenance") != now:
