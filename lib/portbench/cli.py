@@ -146,7 +146,8 @@ def cmd_attribute(args):
             print(f"[portbench] summary.json not rewritten: {e}", file=sys.stderr)
     if not args.no_figures:
         plots_attribution.make_all(cfg.paths, A, close=True)
-        plots_attribution.hybrid_definitions(cfg.paths, **plots_attribution.example_pair(cfg, A), close=True)
+        tables = windows.load_windows(cfg, plots_attribution.example_sources(A))
+        plots_attribution.hybrid_definitions(cfg.paths, **plots_attribution.example_pair(A, tables), close=True)
     sec = A.summary
     print(attribution_text.design_markdown(sec))
     for pr in sec["pairs"].values():

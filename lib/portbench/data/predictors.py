@@ -84,7 +84,7 @@ from threadpoolctl import threadpool_limits
 
 from . import standins, synth, traces, windows
 from ..core import io, procs, progress
-from ..core.config import Config, PathsConfig, PredictorsConfig
+from ..core.config import Config, PathsConfig, PredictorsConfig, StandinsConfig
 from ..core.errors import DataError, IntegrityError, ParameterError
 from ..core.provenance import label
 from .registry import store
@@ -332,13 +332,16 @@ def _standin_inputs(paths: PathsConfig, manifest: Mapping, source: str) -> tuple
     return params, standins.mirror_of(st)
 
 
-def training_data(cfg: Config, manifest: Mapping, source: str, canonical: pl.DataFrame | None = None
-                  ) -> TrainingData:
-    """The requests ``source``'s predictor is trained on (module docstring)."""
-    P = cfg.predictors
+def training_data(P: PredictorsConfig, paths: PathsConfig, standins_cfg: StandinsConfig, manifest: Mapping,
+                  source: str, canonical: pl.DataFrame | None = None) -> TrainingData:
+    """The requests ``source``'s predictor is trained on (module docstring): a real source's from its
+    ``canonical`` table (:func:`portbench.data.traces.load_canonical`), a stand-in's drawn from its evidence
+    (``paths``, seeded by ``standins_cfg.seed``, the ``standins`` section, and ``predictors.seed``)."""
     kind = source_kind(manifest, source)
     if kind == "real":
-        canonical = with_history(canonical if canonical is not None else traces.load_canonical(cfg, source))
+        if canonical is None:
+            raise ValueError(f"training data of the real source {source} needs its canonical table")
+        canonical = with_history(canonical)
         ranges = window_row_ranges(manifest, source)
         rows = canonical["row"].to_numpy()
         inside = np.zeros(rows.size, dtype=bool)
@@ -352,8 +355,8 @@ def training_data(cfg: Config, manifest: Mapping, source: str, canonical: pl.Dat
                "windows": len(ranges), "rows_sha256": hashlib.sha256(trows.tobytes()).hexdigest()}
         return TrainingData(source, _canonical_frame(train), None, rec, rows=trows)
     n = int(P.standin_train_requests)
-    params, root = _standin_inputs(cfg.paths, manifest, source)
-    seed = synth.derive_seed(cfg.standins.seed, source, "predictor-train", P.seed)
+    params, root = _standin_inputs(paths, manifest, source)
+    seed = synth.derive_seed(standins_cfg.seed, source, "predictor-train", P.seed)
     window_seeds = {int(e["generator"]["seed"]) for e in manifest["windows"] if e["source"] == source}
     if kind == "burstgpt-standin":
         pool, _, _ = _burstgpt_pool(root, params["slices"])
@@ -629,7 +632,7 @@ def _compute(cfg: Config, manifest: Mapping, train: str, targets: Sequence[str],
     canon = {s: with_history(traces.load_canonical(cfg, s)) for s in {train, *targets}
              if source_kind(manifest, s) == "real"}
     specs = {s: feature_spec(P, manifest, s, canon.get(s)) for s in {train, *targets}}
-    training = training_data(cfg, manifest, train, canon.get(train))
+    training = training_data(P, cfg.paths, cfg.standins, manifest, train, canon.get(train))
     out = {}
     home = None
     transfer: dict = {}       # one model per feature set: targets sharing the common features share the model
@@ -855,7 +858,7 @@ def repeat_share(cfg: Config, source: str, *, manifest: Mapping) -> dict:
     Repeats are a property of the trace (templated requests), not a leak -- but they explain a high tau."""
     kind = source_kind(manifest, source)
     canon = with_history(traces.load_canonical(cfg, source)) if kind == "real" else None
-    td = training_data(cfg, manifest, source, canon)
+    td = training_data(cfg.predictors, cfg.paths, cfg.standins, manifest, source, canon)
     tables = windows.load_windows(cfg, sources=[source], manifest=manifest)
     k = int(td.folds.max()) + 1 if td.folds is not None else 1
     tp, to = td.frame["prompt_tokens"].to_numpy(), td.frame["output_tokens"].to_numpy()
@@ -885,7 +888,7 @@ def past_only_check(cfg: Config, source: str, *, manifest: Mapping) -> dict | No
         return None
     P = cfg.predictors
     canon = with_history(traces.load_canonical(cfg, source))
-    td = training_data(cfg, manifest, source, canon)
+    td = training_data(cfg.predictors, cfg.paths, cfg.standins, manifest, source, canon)
     entries = [e for e in manifest["windows"] if e["source"] == source]
     late = entries[len(entries) // 2:]
     cut = int(late[0]["row_start"])
