@@ -390,7 +390,7 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     "portbench.present.plots_analysis:make_all",
     "portbench.study.analysis.cube:load_runs", "portbench.study.analysis.hygiene:trace_checks_block",
     "portbench.study.analysis.results:add_design_controls", "portbench.study.analysis.results:compute",
-    "portbench.study.analysis.results:engine_load_blocks", "portbench.study.analysis.results:fingerprint",
+    "portbench.study.analysis.results:campaign_files", "portbench.study.analysis.results:fingerprint",
     "portbench.study.analysis.results:jitter_headline",
     "portbench.study.attribution.runs:_fingerprint_common", "portbench.study.attribution.runs:pair_windows",
     "portbench.study.campaign.plan:make_plan", "portbench.study.campaign.plan:run_inputs",
