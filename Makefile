@@ -53,8 +53,8 @@ report: $(STAMP)  ## the results site: executed notebooks as HTML, index with th
 
 figures: all  ## every figure is written by the notebooks; alias of `make all`
 
-lint: $(STAMP)  ## ruff and mypy on lib/ (settings: pyproject.toml [tool.ruff], [tool.mypy])
-	$(BIN)/ruff check lib
+lint: $(STAMP)  ## ruff on lib/ and tests/, mypy on lib/ (settings: pyproject.toml [tool.ruff], [tool.mypy])
+	$(BIN)/ruff check lib tests
 	$(BIN)/mypy
 
 # The site test (tests/test_site.py) opens the pages in Debian's Chromium; apt installs it when absent

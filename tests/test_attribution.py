@@ -66,7 +66,7 @@ def _planted(tmp_path, b_of, *, windows=4, region="overload", properties=None, b
 
 def _run(cfg, man, tables):
     ar = attribution.run(cfg, manifest=man, tables=tables, progress=False, verbose=False, workers=1)
-    return ar, attribution.compute(cfg, ar)
+    return ar, attribution.compute(cfg.simulation, cfg.analysis, cfg.windows.size, ar)
 
 
 # --------------------------------------------------------------------------- hybrid windows
@@ -230,11 +230,12 @@ def _trace_case(W):
             for sched, val in (("fcfs", f + 0.001 * w), ("sjf_oracle", s + 0.0004 * w)):
                 rows.append({"mask": mask, "window_id": f"x-{w:02d}", "region": "overload", "rho_region": 1.2,
                              "scheduler": sched, "replicate": 0, "e2e_mean": val})
-    c = attribution.results._pair_compute(cfg, d, pl.DataFrame(rows), "x|y")
+    c = attribution.results._pair_compute(cfg.simulation, cfg.analysis, cfg.windows.size, d,
+                                             pl.DataFrame(rows), "x|y")
     rv = pl.DataFrame({"a": ["fcfs", "fcfs"], "b": ["sjf_oracle"] * 2, "source_1": ["x", "x"], "source_2": ["y", "y"],
                        "region": ["overload", "severe"], "metric": ["e2e_mean"] * 2, "diff_1": [1.0, 1.0],
                        "diff_2": [-1.0, -1.0], "stage": ["significant_and_practical"] * 2})
-    return attribution.trace_reversals(rv, d, "x|y", "x", "y", c, cfg)
+    return attribution.trace_reversals(rv, d, "x|y", "x", "y", c, cfg.analysis, cfg.windows.size)
 
 
 def test_reversal_tracing_reproduces_a_reversal_not_just_its_sign():
@@ -404,7 +405,7 @@ def test_summary_section_has_shares_and_cis(tmp_path):
     from portbench.present import attribution_text
     txt = attribution_text.cost_markdown(A.summary)
     assert f"{plan['full']['runs']:,}" in txt and f"{plan['design']['simulated_runs']:,}" in txt
-    paths = attribution.write(cfg, A)
+    paths = attribution.write(cfg.paths.results_dir, A)
     sec = json.loads(open(paths["section"]).read())
     pr = sec["pairs"]["plant_a|plant_b"]
     for player in sec["design"]["players_in_game"]:

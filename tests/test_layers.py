@@ -338,3 +338,146 @@ def test_checker_allows_heavy_dependencies_in_functions():
     src = "def f():\n    import vllm\n    from distributed import Client\n    pd = __import__('pandas')\n"
     m = "portbench.validation.replay"
     assert function_import_violations(_pkg_with(m, src)) == function_import_violations(_pkg_with(m, ""))
+
+
+# --------------------------------------------------------------------------- settings narrowed at each door
+#
+# A function takes the sections it reads (``paths``, ``simulation``, ``analysis`` …) or a manifest loaded once
+# per stage, not the whole ``Config`` (tests/settings_reach.py finds the ones that do; ``python
+# tests/settings_reach.py --list`` prints them with the sections each reads). The pipeline drivers keep the
+# Config: they are the doors where it is split. Every other function that still takes it is listed below, to be
+# narrowed: the list may only shrink (a new whole-Config function fails; a narrowed one must leave the list).
+
+import settings_reach  # noqa: E402 - the AST scan, shared with the command-line count
+
+WHOLE_CONFIG_DRIVERS = frozenset({
+    # command-line, notebook and benchmark entry points, the parameter check, the campaign-level drivers
+    "portbench.params:validate_config",
+    "portbench.data.preflight:check", "portbench.data.registry:resolve_sources", "portbench.data.traces:ingest_all",
+    "portbench.data.windows:freeze", "portbench.data.windows:verify",
+    "portbench.data.standins.common:inputs",                      # builds the stand-ins' own typed inputs
+    "portbench.present.notebook:open_analysis", "portbench.present.plots_analysis:run",
+    "portbench.study.analysis.results:load", "portbench.study.analysis.results:write_summary",
+    "portbench.study.attribution:attribute", "portbench.study.attribution.runs:run",
+    "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer", "portbench.study.honest:accuracy",
+    "portbench.study.honest:predictors_block",
+    "portbench.validation:plan", "portbench.validation:run", "portbench.validation:run_family",
+    "portbench.validation:read_results", "portbench.validation:analyze",
+    "portbench.bench:main", "portbench.bench:_bench_campaign", "portbench.bench:_campaign_once",
+    # derive the Config of a sub-campaign (with_overrides) and run it
+    "portbench.study.analysis.hygiene:_jitter_config", "portbench.study.analysis.hygiene:run_jitter",
+    "portbench.study.analysis.hygiene:run_equal_information", "portbench.study.honest:_sub_config",
+    "portbench.study.engine_sensitivity:variant", "portbench.study.engine_sensitivity:batching_variant",
+    "portbench.study.engine_sensitivity:swap_variant", "portbench.study.engine_sensitivity:run_variant",
+    "portbench.study.engine_sensitivity:batching_sensitivity", "portbench.study.campaign.run:reuse_capacities",
+})
+
+WHOLE_CONFIG_TO_NARROW = frozenset({
+    # the data layer's readers need paths + sources + standins together (canonical tables, window rebuilds);
+    # load_windows / load_canonical / ingest_source / attach / fingerprint are also called with the whole Config
+    # from validation/, bench/ and study/campaign/run.py
+    "portbench.data.predictors:_compute", "portbench.data.predictors:_train_all",
+    "portbench.data.predictors:accuracy_table", "portbench.data.predictors:attach",
+    "portbench.data.predictors:fingerprint", "portbench.data.predictors:load_predictions",
+    "portbench.data.predictors:past_only_check", "portbench.data.predictors:predictor_info",
+    "portbench.data.predictors:repeat_share",
+    "portbench.data.traces:ingest_source",
+    "portbench.data.traces:load_canonical", "portbench.data.traces:scan_canonical",
+    "portbench.data.windows:_build_source",
+    "portbench.data.windows:_rebuild_many", "portbench.data.windows:_verify", "portbench.data.windows:build_manifest",
+    "portbench.data.windows:load_windows",
+    # load the windows / the campaign's runs through the functions above
+    "portbench.present.plots_analysis:make_all",
+    "portbench.study.analysis.cube:load_runs", "portbench.study.analysis.hygiene:trace_checks_block",
+    "portbench.study.analysis.results:add_design_controls", "portbench.study.analysis.results:compute",
+    "portbench.study.analysis.results:campaign_files", "portbench.study.analysis.results:fingerprint",
+    "portbench.study.analysis.results:jitter_headline",
+    "portbench.study.attribution.runs:_fingerprint_common", "portbench.study.attribution.runs:pair_windows",
+    "portbench.study.campaign.plan:make_plan", "portbench.study.campaign.plan:run_inputs",
+    "portbench.study.campaign.plan:window_refs",
+    "portbench.study.campaign.run:_load_window_tables", "portbench.study.campaign.run:consolidate_runs",
+    "portbench.study.campaign.run:load_capacities", "portbench.study.campaign.run:load_requests",
+    "portbench.study.campaign.run:load_runs", "portbench.study.campaign.run:run_tables",
+    "portbench.study.honest:_main_home_runs", "portbench.study.honest:add_to_summary", "portbench.study.honest:main_runs",
+    "portbench.bench:_size_windows", "portbench.bench:_window_size",
+    # the validation's pipeline below its drivers
+    "portbench.validation.conformance:out_folder", "portbench.validation.conformance:run",
+    "portbench.validation.family:campaign_capacities", "portbench.validation.family:campaign_replicate0",
+    "portbench.validation.family:run", "portbench.validation.virtual_campaign:_reversals_kept",
+    "portbench.validation.virtual_campaign:check", "portbench.validation:_Run.__init__",
+    "portbench.validation:_predictions_frozen", "portbench.validation:_run", "portbench.validation:base_profile",
+    "portbench.validation:campaign_window_values", "portbench.validation:engine_spec",
+    "portbench.validation:family_document", "portbench.validation:family_section",
+    "portbench.validation:measure_step_grid", "portbench.validation:out_dir", "portbench.validation:params_fingerprint",
+    "portbench.validation:power_plan", "portbench.validation:reversals_path", "portbench.validation:sarathi_budget",
+    "portbench.validation:sarathi_spec", "portbench.validation:settings_match_section",
+    "portbench.validation:summary_path", "portbench.validation:virtual_section",
+})
+
+# load_manifest call sites (module:function). A stage loads the manifest once and passes it on: the stages' entry
+# points load it (first group); the second group are the fallbacks of a ``manifest=None`` parameter, for callers
+# outside a stage (tests, validation/, bench/), to be removed as those callers pass it. The list may only shrink.
+LOAD_MANIFEST_SITES = frozenset({
+    # stage entry points: the command `portbench predict`, freezing/verifying, preflight, a campaign, the summary,
+    # the attribution, the transfer campaign, the validation's stages
+    "portbench.cli:cmd_predict", "portbench.data.preflight:missing_files", "portbench.data.windows:freeze",
+    "portbench.data.windows:verify", "portbench.study.analysis.results:write_summary",
+    "portbench.study.attribution.runs:run", "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
+    "portbench.validation:family_document", "portbench.validation:_run", "portbench.validation:analyze",
+    "portbench.validation.family:run",
+    # fallbacks of ``manifest=None``
+    "portbench.data.windows:load_windows", "portbench.study.analysis.hygiene:trace_checks_block",
+    "portbench.study.campaign.plan:window_refs", "portbench.study.campaign.plan:make_plan",
+    "portbench.study.campaign.run:run_tables", "portbench.study.honest:add_to_summary",
+})
+
+WHOLE, MANIFEST_CALLS = settings_reach.scan()
+
+
+def test_whole_config_functions_only_drivers_and_a_shrinking_list():
+    found = {w.qualname for w in WHOLE}
+    new = sorted(found - WHOLE_CONFIG_DRIVERS - WHOLE_CONFIG_TO_NARROW)
+    assert not new, ("functions taking the whole Config (give them the sections they read, or name a pipeline "
+                     "driver in WHOLE_CONFIG_DRIVERS):\n" + "\n".join(new))
+    gone = sorted((WHOLE_CONFIG_TO_NARROW | WHOLE_CONFIG_DRIVERS) - found)
+    assert not gone, "no longer take the whole Config (or renamed): remove them from the lists:\n" + "\n".join(gone)
+    assert not WHOLE_CONFIG_DRIVERS & WHOLE_CONFIG_TO_NARROW
+
+
+def test_load_manifest_call_sites_only_shrink():
+    found = {f"{c.module}:{c.function}" for c in MANIFEST_CALLS}
+    new = sorted(found - LOAD_MANIFEST_SITES)
+    assert not new, "new load_manifest call sites (load it once per stage and pass it on):\n" + "\n".join(new)
+    gone = sorted(LOAD_MANIFEST_SITES - found)
+    assert not gone, "load_manifest no longer called here: remove from LOAD_MANIFEST_SITES:\n" + "\n".join(gone)
+    assert len(MANIFEST_CALLS) == len(found), "two load_manifest calls in one function"
+
+
+SETTINGS_SOURCE = '''
+from ..core.config import Config, PathsConfig
+from ..core import config
+def annotated(cfg: Config, x): return cfg.paths
+def optional(c: "Config | None" = None): return c
+def qualified(p: config.Config): return load_manifest(p.paths)
+def bare(cfg): return f(cfg)
+def analysis_dict(cfg: dict): return cfg["alpha"]
+def bare_dict(cfg): return cfg.get("alpha")
+def narrow(paths: PathsConfig): return windows.load_manifest(paths)
+class K:
+    def method(self, cfg: Config):
+        def inner(config: Config): return config.simulation
+        return inner
+'''
+
+
+def test_settings_checker_finds_whole_config_parameters_and_manifest_loads():
+    whole, calls = settings_reach.scan_source(SETTINGS_SOURCE, "portbench.x")
+    names = {w.qualname for w in whole}
+    assert names == {"portbench.x:annotated", "portbench.x:optional", "portbench.x:qualified", "portbench.x:bare",
+                     "portbench.x:K.method", "portbench.x:K.method.inner"}
+    by = {w.qualname: w for w in whole}
+    assert by["portbench.x:annotated"].sections == ("paths",) and not by["portbench.x:annotated"].passes_on
+    assert by["portbench.x:bare"].passes_on
+    assert [c.function for c in calls] == ["qualified", "narrow"]
+    assert settings_reach.stage_of("portbench.study.analysis.ports") == "study/analysis"
+    assert settings_reach.stage_of("portbench.data.windows") == "data"

@@ -56,7 +56,7 @@ def test_no_frozen_window_row_is_a_training_row(pcfg, manifest, frozen, source):
     from portbench.data import traces
 
     canon = traces.load_canonical(pcfg, source)
-    td = PR.training_data(pcfg, manifest, source, canon)
+    td = PR.training_data(pcfg.predictors, pcfg.paths, pcfg.standins, manifest, source, canon)
     window_rows = set()
     entries = [e for e in manifest["windows"] if e["source"] == source]
     for e in entries:
@@ -73,7 +73,7 @@ def test_no_frozen_window_row_is_a_training_row(pcfg, manifest, frozen, source):
     assert rec["rows_sha256"] == td.record["rows_sha256"] and rec["requests"] == len(train)
     # the windows' tables are rebuilt from exactly those window rows (same lengths, same order)
     tables = W.load_windows(pcfg, sources=[source], per_source=3, manifest=manifest)
-    frames = PR.window_frames(pcfg, manifest, source, W.load_windows(pcfg, sources=[source], manifest=manifest),
+    frames = PR.window_frames(manifest, source, W.load_windows(pcfg, sources=[source], manifest=manifest),
                               canon)
     for wid, df in tables.items():
         assert frames[wid]["output_tokens"].to_list() == df["output_tokens"].to_list()
@@ -81,7 +81,7 @@ def test_no_frozen_window_row_is_a_training_row(pcfg, manifest, frozen, source):
 
 def test_standin_training_data_is_generator_output_outside_the_windows(pcfg, manifest):
     seeds = {int(e["generator"]["seed"]) for e in manifest["windows"] if e["provenance"] == "standin"}
-    bg = PR.training_data(pcfg, manifest, "burstgpt")
+    bg = PR.training_data(pcfg.predictors, pcfg.paths, pcfg.standins, manifest, "burstgpt")
     assert bg.record["seed"] not in seeds and "stand-in generator output" in bg.record["label"]
     assert bg.frame.height == pcfg.predictors.standin_train_requests and bg.folds is not None
     # cross-fitting: a window request's fold model never saw a training request with its (prompt, tenant)
@@ -95,7 +95,7 @@ def test_standin_training_data_is_generator_output_outside_the_windows(pcfg, man
         for p, t, f in zip(df["prompt_tokens"].to_list(), df["tenant"].to_list(), folds.tolist()):
             if (p, t) in train_key:
                 assert train_key[(p, t)] == f        # same group -> same fold -> excluded from its model
-    bl = PR.training_data(pcfg, manifest, "bailian")
+    bl = PR.training_data(pcfg.predictors, pcfg.paths, pcfg.standins, manifest, "bailian")
     assert bl.record["seed"] not in seeds and bl.frame.height == pcfg.predictors.standin_train_requests
     spans = [(e["t_start"], e["t_start"] + e["duration_s"]) for e in manifest["windows"] if e["source"] == "bailian"]
     t = bl.frame["t_s"].to_numpy()
@@ -168,12 +168,13 @@ def test_predictions_are_deterministic_and_frozen_by_fingerprint(pcfg, manifest,
     assert fr.info["features"] == ["log_prompt"]
     # the same seed and data -> bit-identical predictions (trained again, from scratch)
     spec = PR.feature_spec(pcfg.predictors, manifest, "bailian")
-    td = PR.training_data(pcfg, manifest, "bailian")
+    td = PR.training_data(pcfg.predictors, pcfg.paths, pcfg.standins, manifest, "bailian")
     tables = W.load_windows(pcfg, sources=["bailian"], per_source=1, manifest=manifest)
-    frame = PR.window_frames(pcfg, manifest, "bailian", W.load_windows(pcfg, sources=["bailian"], manifest=manifest))
+    frame = PR.window_frames(manifest, "bailian", W.load_windows(pcfg, sources=["bailian"], manifest=manifest))
     wid = next(iter(tables))
     a = PR.fit_predictor(pcfg.predictors, spec, td).predict(frame[wid])
-    b = PR.fit_predictor(pcfg.predictors, spec, PR.training_data(pcfg, manifest, "bailian")).predict(frame[wid])
+    b = PR.fit_predictor(pcfg.predictors, spec, PR.training_data(pcfg.predictors, pcfg.paths, pcfg.standins, manifest,
+                                                                 "bailian")).predict(frame[wid])
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     got = frozen[("bailian", "bailian")].window(wid)
     assert np.array_equal(got["predicted_output"].to_numpy(), a[0])
@@ -182,7 +183,8 @@ def test_predictions_are_deterministic_and_frozen_by_fingerprint(pcfg, manifest,
     fp0 = PR.fingerprint_key(PR.fingerprint(pcfg, manifest, "bailian", "bailian"))
     fp1 = PR.fingerprint_key(PR.fingerprint(other, manifest, "bailian", "bailian"))
     assert fp0 != fp1
-    c = PR.fit_predictor(other.predictors, spec, PR.training_data(other, manifest, "bailian")).predict(frame[wid])
+    c = PR.fit_predictor(other.predictors, spec, PR.training_data(other.predictors, other.paths, other.standins, manifest,
+                                                                  "bailian")).predict(frame[wid])
     assert not np.array_equal(a[0], c[0])
     # reading back verifies: a tampered file is an error, never silently used
     reread = PR.load_predictions(pcfg, [("azure", "azure")], manifest=manifest)[("azure", "azure")]
@@ -339,9 +341,9 @@ def test_fairness_block_is_na_without_tenants(pcfg, manifest):
 
     runs = pl.DataFrame({"source": ["burstgpt"] * 2, "scheduler": ["vtc", "fcfs"], "region": ["overload"] * 2,
                          "tenant_service_gap": [10.0, 30.0], "tenant_jain": [0.99, 0.8]})
-    fb = honest.fairness_block(pcfg, runs, manifest=manifest)
+    fb = honest.fairness_block(pcfg.simulation, runs, manifest)
     assert fb["sources"]["azure"]["vtc"] == honest.NA_TENANTS == "n/a — no tenants in this trace"
     assert fb["sources"]["burstgpt"]["by_region"]["overload"]["vtc"]["tenant_service_gap"] == 10.0
-    tt = honest.tenant_table(pcfg.with_overrides({"simulation.tenant_model": "seeded"}), manifest=manifest)
+    tt = honest.tenant_table(manifest, "seeded")
     az = tt.filter(pl.col("source") == "azure").row(0, named=True)
     assert az["tenants"].startswith("synthetic") and az["tenant_metrics"] == "reported, labelled synthetic"

@@ -121,7 +121,7 @@ def test_conservation_and_kv_bound_every_region(name, scaled):
     prof = real_profile()
     for (wid, reg), (sdf, h) in scaled.items():
         engines = ENGINES.items() if reg == "overload" else [("v1", {})]
-        for ename, engine in engines:
+        for _ename, engine in engines:
             res = simulator.simulate(sdf, name, prof, horizon_s=h, seed=7, slo=SLO, engine=engine,
                                      check_invariants=(reg == "overload"))
             c = res.check().counters
@@ -143,7 +143,7 @@ def test_overload_leaves_work_and_preempts(scaled):
     """The default profile's KV cache binds at overload: preemptions happen and requests remain."""
     prof = real_profile()
     tot_pre = tot_unf = 0
-    for (wid, reg), (sdf, h) in scaled.items():
+    for (_wid, reg), (sdf, h) in scaled.items():
         if reg == "severe":
             c = simulator.simulate(sdf, "fcfs", prof, horizon_s=h, seed=0).counters
             tot_pre += c["preemptions"]

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import polars as pl
 import pytest
+from portbench.core.errors import PortbenchError
 from portbench.sim import metrics
 from portbench.validation import capacity, cases, policies, replay, resim, verdict
 
@@ -72,7 +73,7 @@ def test_priority_ranks_keep_the_order_and_share_ties():
     r = replay.priority_ranks(keys)
     assert r.dtype == np.int64 and r.tolist() == [2, 1, 2, 0, 3]
     assert replay.priority_ranks(np.array([])).size == 0
-    with pytest.raises(Exception):
+    with pytest.raises(PortbenchError, match="NaN"):
         replay.priority_ranks([1.0, float("nan")])
 
 
@@ -202,7 +203,7 @@ def test_build_requests_prompts_lengths_priorities_and_rejections():
     assert again == reqs                                  # seeded
     other, _ = replay.build_requests(w, vocab_size=1000, seed=4, max_model_len=2048)
     assert other[0].prompt_token_ids != reqs[0].prompt_token_ids
-    with pytest.raises(Exception):
+    with pytest.raises(PortbenchError, match="priorities"):
         replay.build_requests(w, vocab_size=1000, seed=3, priorities=[1, 2])
 
 

@@ -227,7 +227,7 @@ def test_metrics_come_from_the_shared_metric_function(replays):
 
     P = params.load("papermill_params/smoke.yaml")
     slo = P.simulation.slo_dicts
-    for pol, name, rec in _all_records(replays):
+    for _pol, _name, rec in _all_records(replays):
         m = metrics.compute(rec, HORIZON_S, slo)
         assert list(m) == metrics.metric_names(P.simulation.slo)
         ttft = (rec["first_token_s"] - rec["arrival_s"]).to_numpy()

@@ -59,7 +59,7 @@ def fake_data(tmp_path, monkeypatch):
     raw.mkdir()
     canon = {"azure": synthetic_canonical(3000, seed=1, file="az.csv", drop_every=17),
              "burstgpt": synthetic_canonical(2500, seed=2, file="bg.csv", source="burstgpt", tenant_fields=True)}
-    for s, df in canon.items():
+    for df in canon.values():
         df.write_csv(raw / df["file"][0])
     state = {"canon": canon, "loads": 0}
 

@@ -104,11 +104,12 @@ def cmd_profiles(args):
 
 def cmd_predict(args):
     cfg = _params(args)
-    _, summ = honest.accuracy(cfg)
-    print(text.predictor_markdown(summ, honest.predictors_block(cfg)))
+    manifest = windows.load_manifest(cfg.paths)     # once for the stage
+    _, summ = honest.accuracy(cfg, manifest=manifest)
+    print(text.predictor_markdown(summ, honest.predictors_block(cfg, manifest=manifest)))
     if args.transfer:
         runs = honest.run_transfer(cfg)
-        print(f"transfer campaign: {runs.height} runs under {honest.transfer_dir(cfg)}")
+        print(f"transfer campaign: {runs.height} runs under {honest.transfer_dir(cfg.paths.results_dir)}")
 
 
 def cmd_simulate(args):
@@ -144,8 +145,9 @@ def cmd_attribute(args):
         except DataError as e:
             print(f"[portbench] summary.json not rewritten: {e}", file=sys.stderr)
     if not args.no_figures:
-        plots_attribution.make_all(cfg, A, close=True)
-        plots_attribution.hybrid_definitions(cfg.paths, **plots_attribution.example_pair(cfg, A), close=True)
+        plots_attribution.make_all(cfg.paths, A, close=True)
+        tables = windows.load_windows(cfg, plots_attribution.example_sources(A))
+        plots_attribution.hybrid_definitions(cfg.paths, **plots_attribution.example_pair(A, tables), close=True)
     sec = A.summary
     print(attribution_text.design_markdown(sec))
     for pr in sec["pairs"].values():

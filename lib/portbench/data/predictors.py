@@ -84,7 +84,7 @@ from threadpoolctl import threadpool_limits
 
 from . import standins, synth, traces, windows
 from ..core import io, procs, progress
-from ..core.config import Config, PathsConfig, PredictorsConfig
+from ..core.config import Config, PathsConfig, PredictorsConfig, StandinsConfig
 from ..core.errors import DataError, IntegrityError, ParameterError
 from ..core.provenance import label
 from .registry import store
@@ -332,13 +332,16 @@ def _standin_inputs(paths: PathsConfig, manifest: Mapping, source: str) -> tuple
     return params, standins.mirror_of(st)
 
 
-def training_data(cfg: Config, manifest: Mapping, source: str, canonical: pl.DataFrame | None = None
-                  ) -> TrainingData:
-    """The requests ``source``'s predictor is trained on (module docstring)."""
-    P = cfg.predictors
+def training_data(P: PredictorsConfig, paths: PathsConfig, standins_cfg: StandinsConfig, manifest: Mapping,
+                  source: str, canonical: pl.DataFrame | None = None) -> TrainingData:
+    """The requests ``source``'s predictor is trained on (module docstring): a real source's from its
+    ``canonical`` table (:func:`portbench.data.traces.load_canonical`), a stand-in's drawn from its evidence
+    (``paths``, seeded by ``standins_cfg.seed``, the ``standins`` section, and ``predictors.seed``)."""
     kind = source_kind(manifest, source)
     if kind == "real":
-        canonical = with_history(canonical if canonical is not None else traces.load_canonical(cfg, source))
+        if canonical is None:
+            raise ValueError(f"training data of the real source {source} needs its canonical table")
+        canonical = with_history(canonical)
         ranges = window_row_ranges(manifest, source)
         rows = canonical["row"].to_numpy()
         inside = np.zeros(rows.size, dtype=bool)
@@ -352,8 +355,8 @@ def training_data(cfg: Config, manifest: Mapping, source: str, canonical: pl.Dat
                "windows": len(ranges), "rows_sha256": hashlib.sha256(trows.tobytes()).hexdigest()}
         return TrainingData(source, _canonical_frame(train), None, rec, rows=trows)
     n = int(P.standin_train_requests)
-    params, root = _standin_inputs(cfg.paths, manifest, source)
-    seed = synth.derive_seed(cfg.standins.seed, source, "predictor-train", P.seed)
+    params, root = _standin_inputs(paths, manifest, source)
+    seed = synth.derive_seed(standins_cfg.seed, source, "predictor-train", P.seed)
     window_seeds = {int(e["generator"]["seed"]) for e in manifest["windows"] if e["source"] == source}
     if kind == "burstgpt-standin":
         pool, _, _ = _burstgpt_pool(root, params["slices"])
@@ -519,7 +522,7 @@ def fit_predictor(P: PredictorsConfig, spec: FeatureSpec, training: TrainingData
 # --------------------------------------------------------------------------- window features
 
 
-def window_frames(cfg: Config, manifest: Mapping, source: str, tables: Mapping[str, pl.DataFrame],
+def window_frames(manifest: Mapping, source: str, tables: Mapping[str, pl.DataFrame],
                   canonical: pl.DataFrame | None = None) -> dict[str, pl.DataFrame]:
     """Raw feature frames of the source's windows, in window row order (real windows: the canonical
     rows, checked against the window table)."""
@@ -629,7 +632,7 @@ def _compute(cfg: Config, manifest: Mapping, train: str, targets: Sequence[str],
     canon = {s: with_history(traces.load_canonical(cfg, s)) for s in {train, *targets}
              if source_kind(manifest, s) == "real"}
     specs = {s: feature_spec(P, manifest, s, canon.get(s)) for s in {train, *targets}}
-    training = training_data(cfg, manifest, train, canon.get(train))
+    training = training_data(P, cfg.paths, cfg.standins, manifest, train, canon.get(train))
     out = {}
     home = None
     transfer: dict = {}       # one model per feature set: targets sharing the common features share the model
@@ -645,7 +648,7 @@ def _compute(cfg: Config, manifest: Mapping, train: str, targets: Sequence[str],
                 transfer[spec_key] = fit_model(P, spec, training.frame)
             pred = Predictor(train, spec, [transfer[spec_key]], training, 0.0)
             pred.fit_s = time.perf_counter() - t0
-        frames = window_frames(cfg, manifest, target, tables, canon.get(target))
+        frames = window_frames(manifest, target, tables, canon.get(target))
         parts = []
         for wid, frame in frames.items():
             p, s = pred.predict(frame)
@@ -676,10 +679,9 @@ def sources_of(manifest: Mapping) -> list[str]:
 
 
 def load_predictions(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None, *,
-                     manifest: Mapping | None = None) -> dict[tuple[str, str], Frozen]:
+                     manifest: Mapping) -> dict[tuple[str, str], Frozen]:
     """Frozen predictions ``{(train, target): Frozen}`` (default pairs: every source's home predictor),
     read and verified, or computed and written when missing (module docstring)."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     srcs = sources_of(manifest)
     pairs = [(s, s) for s in srcs] if pairs is None else list(pairs)
     for tr, tg in pairs:
@@ -740,12 +742,11 @@ def all_pairs(manifest: Mapping) -> list[tuple[str, str]]:
     return [(a, b) for a in s for b in s]
 
 
-def attach(cfg: Config, tables: Mapping[str, pl.DataFrame], *, manifest: Mapping | None = None,
+def attach(cfg: Config, tables: Mapping[str, pl.DataFrame], *, manifest: Mapping,
            train: str | None = None) -> dict[str, pl.DataFrame]:
     """``tables`` (window id -> frozen window table) with the frozen predictions added as columns
     ``predicted_output`` and ``ltr_score`` (home predictor, or source ``train``'s). The input tables
     are not modified; a window whose hash differs from the predictions' is an IntegrityError."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     by_id = {e["id"]: e for e in manifest["windows"]}
     missing = [w for w in tables if w not in by_id]
     if missing:
@@ -764,9 +765,8 @@ def attach(cfg: Config, tables: Mapping[str, pl.DataFrame], *, manifest: Mapping
     return out
 
 
-def predictor_info(cfg: Config, *, manifest: Mapping | None = None) -> dict[str, dict]:
+def predictor_info(cfg: Config, *, manifest: Mapping) -> dict[str, dict]:
     """``{source: info}`` of every home predictor (features, notes, train rows, training record, key)."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     return {tr: fr.info for (tr, _), fr in load_predictions(cfg, manifest=manifest).items()}
 
 
@@ -795,11 +795,10 @@ ACCURACY_SCHEMA = {"train": pl.String, "target": pl.String, "window_id": pl.Stri
 
 
 def accuracy_table(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None, *,
-                   manifest: Mapping | None = None) -> pl.DataFrame:
+                   manifest: Mapping) -> pl.DataFrame:
     """One row per (train, target, window): the accuracy of the frozen predictions on that window
     (:func:`window_accuracy`); home pairs also carry the noisy oracle's tau (true x exp(N(0, sigma)),
     ``simulation.predictor_sigma``, seeded per window) for comparison."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     pairs = all_pairs(manifest) if pairs is None else list(pairs)
     frozen = load_predictions(cfg, pairs, manifest=manifest)
     tables = windows.load_windows(cfg, manifest=manifest)
@@ -852,15 +851,14 @@ def accuracy_summary(acc: pl.DataFrame, bootstrap: int, seed: int) -> dict[tuple
     return out
 
 
-def repeat_share(cfg: Config, source: str, *, manifest: Mapping | None = None) -> dict:
+def repeat_share(cfg: Config, source: str, *, manifest: Mapping) -> dict:
     """How much of a source's window requests a predictor could have seen *exactly*: the share whose
     (prompt, output) pair also occurs among the training requests of the model that predicts them
     (for a cross-fitted stand-in: the other folds), and the share whose prompt length occurs there.
     Repeats are a property of the trace (templated requests), not a leak -- but they explain a high tau."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     kind = source_kind(manifest, source)
     canon = with_history(traces.load_canonical(cfg, source)) if kind == "real" else None
-    td = training_data(cfg, manifest, source, canon)
+    td = training_data(cfg.predictors, cfg.paths, cfg.standins, manifest, source, canon)
     tables = windows.load_windows(cfg, sources=[source], manifest=manifest)
     k = int(td.folds.max()) + 1 if td.folds is not None else 1
     tp, to = td.frame["prompt_tokens"].to_numpy(), td.frame["output_tokens"].to_numpy()
@@ -880,18 +878,17 @@ def repeat_share(cfg: Config, source: str, *, manifest: Mapping | None = None) -
             "same_prompt_share": same_prompt / n if n else None}
 
 
-def past_only_check(cfg: Config, source: str, *, manifest: Mapping | None = None) -> dict | None:
+def past_only_check(cfg: Config, source: str, *, manifest: Mapping) -> dict | None:
     """A causal variant of a real source's predictor: trained only on out-of-window rows *before* the
     second half of the windows begins, evaluated on that second half, beside the home predictor
     (trained on rows before and after every window) on the same windows. A large drop would mean the
     home predictor profits from rows after a window (drift it could not know in deployment).
     None for stand-ins (no time order between the generator's training output and the windows)."""
-    manifest = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     if source_kind(manifest, source) != "real":
         return None
     P = cfg.predictors
     canon = with_history(traces.load_canonical(cfg, source))
-    td = training_data(cfg, manifest, source, canon)
+    td = training_data(cfg.predictors, cfg.paths, cfg.standins, manifest, source, canon)
     entries = [e for e in manifest["windows"] if e["source"] == source]
     late = entries[len(entries) // 2:]
     cut = int(late[0]["row_start"])
@@ -899,7 +896,7 @@ def past_only_check(cfg: Config, source: str, *, manifest: Mapping | None = None
     spec = feature_spec(P, manifest, source, canon)
     model = fit_model(P, spec, td.frame.filter(pl.Series(sel)))
     tables = windows.load_windows(cfg, sources=[source], manifest=manifest)
-    frames = window_frames(cfg, manifest, source, tables, canon)
+    frames = window_frames(manifest, source, tables, canon)
     home = load_predictions(cfg, [(source, source)], manifest=manifest)[(source, source)]
     tau_past, tau_home = [], []
     for e in late:

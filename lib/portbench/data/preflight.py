@@ -11,25 +11,27 @@ with no real source and notebook 02 fail on 120 hash mismatches.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
-from ..core.config import Config, StandinsConfig
+from ..core.config import Config, PathsConfig, SourceConfig, StandinsConfig
 from ..core.errors import DataError
 from . import registry, windows
 
 MAX_LISTED = 4     # missing files named one per line; the rest are counted
 
 
-def missing_files(cfg: Config) -> list[str]:
-    """One line per file the run needs and cannot find (empty: everything is here)."""
-    st = registry.store(cfg.paths)
+def missing_files(paths: PathsConfig, sources: Mapping[str, SourceConfig], standins: StandinsConfig) -> list[str]:
+    """One line per file the run needs and cannot find (empty: everything is here): the configured ``sources``'
+    files and the ``standins``' evidence, looked for where ``paths`` says."""
+    st = registry.store(paths)
     try:
-        manifest = windows.load_manifest(cfg.paths)
+        manifest = windows.load_manifest(paths)
     except DataError:
         manifest = None                   # no manifest yet: notebook 02 freezes one from what it finds
     frozen = manifest.get("sources", {}) if manifest else {}
     out, evidence = [], []
-    for name, src in cfg.sources.items():
+    for name, src in sources.items():
         rec = frozen.get(name) or {}
         real_in_manifest = rec.get("provenance") == "real"
         own_file = src.file and src.file not in registry.OFFICIAL_FILES
@@ -40,9 +42,9 @@ def missing_files(cfg: Config) -> list[str]:
                 why = "real in the committed manifest" if real_in_manifest else f"mode {src.mode}"
                 out.append(f"{name} ({why}): {src.file}")
             continue
-        standin = cfg.standins.of(name)
+        standin = standins.of(name)
         if standin is not None and (rec.get("provenance") in (None, "standin")):
-            for rel in _standin_evidence(cfg.standins, name):
+            for rel in _standin_evidence(standins, name):
                 if st.mirror is None or not (st.mirror / rel).exists():
                     evidence.append(f"{name} (stand-in, built from real evidence): {rel}")
     return out + evidence
@@ -66,7 +68,7 @@ def check(cfg: Config) -> None:
                 registry.locate(src.file, st, download=False)
             except registry.MissingFileError:
                 raise DataError(f"sources.{name}.file", registry.user_file_missing(src.file, st)) from None
-    missing = missing_files(cfg)
+    missing = missing_files(cfg.paths, cfg.sources, cfg.standins)
     if not missing:
         return
     if st.mirror is None:

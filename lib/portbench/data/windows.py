@@ -355,19 +355,19 @@ def provenance_reason(mode: str | None, provenance: str | None, file: str | None
     return f"mode {mode}: {skipped}"
 
 
-def evidence_checksums(cfg: Config, source: str) -> dict[str, str]:
-    """``{name: sha256}`` of the real evidence a stand-in is built from (names relative to the mirror;
-    a folder is recorded as ``"<folder>/"`` with :func:`portbench.core.io.tree_sha256`)."""
-    return dict(standins.evidence_sha256(standins.inputs(cfg), source))
+def evidence_checksums(inp: standins.StandinInputs, source: str) -> dict[str, str]:
+    """``{name: sha256}`` of the real evidence a stand-in is built from (``inp``: :func:`portbench.data.standins.inputs`;
+    names relative to the mirror; a folder is recorded as ``"<folder>/"`` with :func:`portbench.core.io.tree_sha256`)."""
+    return dict(standins.evidence_sha256(inp, source))
 
 
 # --------------------------------------------------------------------------- building
 
 
-def _params_record(cfg: Config) -> dict:
-    """The parameter sections the manifest is frozen from, as written in the parameter files (without
-    the sources' display keys)."""
-    return _jsonable(frozen_record(cfg.tree))
+def _params_record(tree: Mapping) -> dict:
+    """The parameter sections the manifest is frozen from, as written in the parameter files (``tree``: the
+    merged parameter tree, ``Config.tree``; without the sources' display keys)."""
+    return _jsonable(frozen_record(tree))
 
 
 def _entry(meta: Mapping, df: pl.DataFrame, *, source: str, provenance: str) -> dict:
@@ -459,7 +459,7 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
         if prov == "real":
             source_files[info["file"]] = st.sha256(info["path"])
         else:
-            source_files.update(evidence_checksums(cfg, source))
+            source_files.update(evidence_checksums(standins.inputs(cfg), source))
         for meta, df in _build_source(cfg, source, info, rec):
             e = _entry(meta, df, source=source, provenance=prov)
             entries.append(e)
@@ -467,7 +467,7 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
         rec["windows"] = sum(1 for e in entries if e["source"] == source)
         bar.update(1)
     bar.close()
-    manifest = {"version": MANIFEST_VERSION, "params": _params_record(cfg), "sources": sources_rec,
+    manifest = {"version": MANIFEST_VERSION, "params": _params_record(cfg.tree), "sources": sources_rec,
                 "source_files": source_files, "windows": entries}
     return _jsonable(manifest), tables
 
@@ -485,8 +485,8 @@ def freeze(cfg: Config, refreeze: bool = False) -> Manifest:
     path = manifest_path(cfg.paths)
     if path.is_file() and not refreeze:
         manifest = load_manifest(cfg.paths)
-        _check_params(cfg, manifest)
-        _note_provenance_changes(cfg, manifest)
+        _check_params(cfg.paths, cfg.tree, manifest)
+        _note_provenance_changes(registry.resolve_sources(cfg), manifest)
         ok, total, problems, tables = _verify(cfg, manifest, check_cache=False)     # with a progress bar
         if problems:
             shown = problems[:MAX_PROBLEMS_SHOWN]
@@ -503,21 +503,22 @@ def freeze(cfg: Config, refreeze: bool = False) -> Manifest:
     return manifest
 
 
-def _check_params(cfg: Config, manifest: Mapping) -> None:
-    """ParameterError unless ``cfg`` has the values the manifest was frozen with (``standins`` only
+def _check_params(paths: PathsConfig, tree: Mapping, manifest: Mapping) -> None:
+    """ParameterError unless the parameter ``tree`` has the values the manifest was frozen with (``standins`` only
     matters when the manifest has stand-in windows)."""
-    now, frozen = _params_record(cfg), manifest.get("params", {})
+    now, frozen = _params_record(tree), manifest.get("params", {})
     has_standins = any(e["provenance"] == "standin" for e in manifest["windows"])
     for section in [s for s in FROZEN_SECTIONS if s != "standins" or has_standins]:
         if now.get(section) != frozen.get(section):
             raise ParameterError(section, now.get(section),
-                                 f"the values the manifest {manifest_path(cfg.paths)} was frozen with "
+                                 f"the values the manifest {manifest_path(paths)} was frozen with "
                                  f"({frozen.get(section)!r}); run `portbench freeze --refreeze` to refreeze, "
                                  "or point paths.manifest at another file")
 
 
-def _note_provenance_changes(cfg: Config, manifest: Mapping) -> None:
-    resolved = registry.resolve_sources(cfg)
+def _note_provenance_changes(resolved: Mapping[str, dict], manifest: Mapping) -> None:
+    """A loud note per source whose provenance now (``resolved``: :func:`portbench.data.registry.resolve_sources`)
+    differs from the manifest's."""
     for source, rec in manifest.get("sources", {}).items():
         now = (resolved.get(source) or {}).get("provenance")
         if rec.get("provenance") != now:
@@ -616,9 +617,9 @@ def _rebuild_many(cfg: Config, manifest: Mapping, entries: Sequence[Mapping]
     return tables, problems
 
 
-def _source_file_problems(cfg: Config, manifest: Mapping) -> list[str]:
+def _source_file_problems(paths: PathsConfig, manifest: Mapping) -> list[str]:
     """Recorded source-file SHA-256s that the files here do not match (or that cannot be found)."""
-    st = registry.store(cfg.paths)
+    st = registry.store(paths)
     mirror = st.mirror
     real_files = {rec.get("file"): s for s, rec in manifest.get("sources", {}).items()
                   if rec.get("provenance") == "real"}
@@ -718,7 +719,7 @@ def load_windows(cfg: Config, sources: Iterable[str] | None = None, per_source: 
 def _verify(cfg: Config, manifest: Mapping, *, check_cache: bool = True
             ) -> tuple[int, int, list[str], dict[str, pl.DataFrame]]:
     entries = manifest["windows"]
-    problems = _source_file_problems(cfg, manifest)
+    problems = _source_file_problems(cfg.paths, manifest)
     tables, window_problems = _rebuild_many(cfg, manifest, entries)
     problems += window_problems
     bad = {e["id"] for e in entries if e["id"] not in tables}

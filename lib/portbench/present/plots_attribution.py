@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,6 @@ from matplotlib.lines import Line2D
 from ..core.config import PathsConfig
 from ..core.provenance import label
 from ..data import hybrids
-from ..data import windows as windows_mod
 from ..study import attribution as at
 from . import figures
 
@@ -222,18 +222,22 @@ def hybrid_paths(paths: PathsConfig, A: at.Attribution, close: bool = False):
                  "regions x metrics), coloured by the number of swapped properties", close)
 
 
-def make_all(cfg, A: at.Attribution, close: bool = True) -> list:
+def make_all(paths: PathsConfig, A: at.Attribution, close: bool = True) -> list:
     """The attribution's summary figures (not the hybrid definitions, which need window tables)."""
-    return [shapley_bars(cfg.paths, A, close), share_heatmap(cfg.paths, A, close), hybrid_paths(cfg.paths, A, close)]
+    return [shapley_bars(paths, A, close), share_heatmap(paths, A, close), hybrid_paths(paths, A, close)]
 
 
-def example_pair(cfg, A: at.Attribution, tables: dict | None = None) -> dict:
-    """The first pair's first window pair (tables from the manifest's verified windows unless given), for
-    :func:`hybrid_definitions`."""
+def example_sources(A: at.Attribution) -> list[str]:
+    """The two sources of the first pair (whose window tables :func:`example_pair` needs)."""
+    pr = next(iter(A.summary["pairs"].values()))
+    return [pr["source_a"], pr["source_b"]]
+
+
+def example_pair(A: at.Attribution, tables: Mapping[str, pl.DataFrame]) -> dict:
+    """The first pair's first window pair, for :func:`hybrid_definitions`; ``tables``: the verified window tables
+    of :func:`example_sources` (``portbench.data.windows.load_windows``)."""
     pair, pr = next(iter(A.summary["pairs"].items()))
     wa, wb = pr["windows"][0]
-    if tables is None:
-        tables = windows_mod.load_windows(cfg, [pr["source_a"], pr["source_b"]])
     load = A["load"].filter(pl.col("pair") == pair) if "load" in A.tables else None
     return {"a_df": tables[wa], "b_df": tables[wb], "a_label": label(pr["source_a"], pr["provenance_a"]),
             "b_label": label(pr["source_b"], pr["provenance_b"]), "window_a": wa, "window_b": wb, "load": load}

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import polars as pl
 
-from ..core.config import Config, PathsConfig
+from ..core.config import AnalysisConfig, Config, PathsConfig
 from ..core.io import write_parquet_atomic
 from ..data import windows as windows_mod
 from ..sim import schedulers as scheduler_registry
@@ -27,14 +27,14 @@ SWAP_REGIONS = ("overload", "severe")
 SWAP_METRICS = ("completed", "e2e_mean", "ttft_p99", "tpot_mean")
 
 
-def headline_sources(cfg: Config, manifest: Mapping | None = None) -> list[str]:
+def headline_sources(source_names: Sequence[str], an: AnalysisConfig, manifest: Mapping) -> list[str]:
     """The sources of the panel the headline numbers come from (the analysis' rule,
-    :func:`portbench.study.analysis.headline_panel_of`: the first available all-real panel, else the first
-    available one); every source with windows when no panel is available."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
+    :func:`portbench.study.analysis.headline_panel_of` on ``analysis.panels``: the first available all-real panel,
+    else the first available one); every configured source (``source_names``, in order) with windows in
+    ``manifest`` when no panel is available."""
     prov = windows_mod.provenance(manifest)
-    present = [s for s in cfg.source_names() if s in prov]
-    panels = analysis.panel_sources({k: list(v) for k, v in cfg.analysis.panels.items()}, present, prov)
+    present = [s for s in source_names if s in prov]
+    panels = analysis.panel_sources({k: list(v) for k, v in an.panels.items()}, present, prov)
     head = analysis.headline_panel_of(panels, prov)
     return list(panels[head]["sources"]) if head and panels[head]["available"] else present
 
@@ -60,21 +60,23 @@ def run_variant(cfg: Config, *, like: Config | None = None, **kw) -> pl.DataFram
     return campaign.run(cfg, **kw).runs
 
 
-def batching_variant(cfg: Config) -> Config:
+def batching_variant(cfg: Config, *, manifest: Mapping) -> Config:
     """The V0 sensitivity campaign: every scheduler, window and region of the headline panel's sources
-    (:func:`headline_sources`) under the other batching mode (``engine.batching: v0`` for the V1 study)."""
+    (:func:`headline_sources` of the stage's ``manifest``) under the other batching mode (``engine.batching: v0``
+    for the V1 study)."""
     other = "v0" if cfg.engine.batching == "v1" else "v1"
-    return variant(cfg, f"batching_{other}", engine={"batching": other}, sources=headline_sources(cfg))
+    return variant(cfg, f"batching_{other}", engine={"batching": other},
+                   sources=headline_sources(cfg.source_names(), cfg.analysis, manifest))
 
 
-def swap_variant(cfg: Config, regions: Sequence[str] = SWAP_REGIONS) -> Config:
+def swap_variant(cfg: Config, regions: Sequence[str] = SWAP_REGIONS, *, manifest: Mapping) -> Config:
     """The swap sensitivity campaign: the preemptive policies and the capacity policy, heavy regions, the
     headline panel's sources, ``engine.preemption: swap``."""
     names = [s for s in scheduler_registry.names(cfg.simulation.schedulers)
              if s in PREEMPTIVE or s == cfg.simulation.capacity_policy]
     regs = [r for r in regions if r in cfg.simulation.loads] or list(cfg.simulation.loads)[-2:]
     return variant(cfg, "preemption_swap", engine={"preemption": "swap"},
-                   simulation={"schedulers": names, "regions": regs}, sources=headline_sources(cfg))
+                   simulation={"schedulers": names, "regions": regs}, sources=headline_sources(cfg.source_names(), cfg.analysis, manifest))
 
 
 def headline_numbers(A) -> dict:
@@ -180,17 +182,17 @@ def paths(p: PathsConfig) -> dict:
     return {"batching": d / "engine_sensitivity.parquet", "swap": d / "swap_sensitivity.parquet"}
 
 
-def save(cfg: Config, batching: pl.DataFrame | None = None, swap: pl.DataFrame | None = None) -> dict:
-    """Write the sensitivity tables (parquet, atomically)."""
+def save(p: PathsConfig, batching: pl.DataFrame | None = None, swap: pl.DataFrame | None = None) -> dict:
+    """Write the sensitivity tables (parquet, atomically) where :func:`paths` says."""
     out = {}
     for key, df in (("batching", batching), ("swap", swap)):
         if df is not None:
-            p = paths(cfg.paths)[key]
-            write_parquet_atomic(df, p, {"kind": f"{key}_sensitivity"})
-            out[key] = str(p)
+            path = paths(p)[key]
+            write_parquet_atomic(df, path, {"kind": f"{key}_sensitivity"})
+            out[key] = str(path)
     return out
 
 
-def load_saved(cfg: Config) -> dict[str, pl.DataFrame]:
+def load_saved(p: PathsConfig) -> dict[str, pl.DataFrame]:
     """The sensitivity tables written by :func:`save` (only those present)."""
-    return {k: pl.read_parquet(p) for k, p in paths(cfg.paths).items() if p.is_file()}
+    return {k: pl.read_parquet(f) for k, f in paths(p).items() if f.is_file()}

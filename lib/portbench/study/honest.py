@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ..core.config import Config
+from ..core.config import Config, SimulationConfig
 from ..core.errors import PortbenchError
 from ..core.io import write_parquet_atomic
 from ..core.provenance import label
@@ -53,10 +53,9 @@ NA_TENANTS = "n/a — no tenants in this trace"
 # --------------------------------------------------------------------------- accuracy
 
 
-def accuracy(cfg: Config, *, manifest: Mapping | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+def accuracy(cfg: Config, *, manifest: Mapping) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``(per_window, summary)``: the accuracy of every (train, target) pair's frozen predictions per
     window, and per pair its means with bootstrap CIs (columns ``<stat>``, ``<stat>_ci_low/high``)."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     acc = PR.accuracy_table(cfg, manifest=manifest)
     summ = PR.accuracy_summary(acc, cfg.predictors.bootstrap, cfg.predictors.seed)
     prov = {s: manifest["sources"][s]["provenance"] for s in PR.sources_of(manifest)}
@@ -78,14 +77,15 @@ def accuracy(cfg: Config, *, manifest: Mapping | None = None) -> tuple[pl.DataFr
 # --------------------------------------------------------------------------- transfer campaign
 
 
-def transfer_dir(cfg: Config) -> Path:
-    return Path(cfg.paths.results_dir) / "predictor_transfer"
+def transfer_dir(results_dir: Path) -> Path:
+    """The transfer campaign's folder, ``{results_dir}/predictor_transfer``."""
+    return Path(results_dir) / "predictor_transfer"
 
 
 def _sub_config(cfg: Config, part: str, schedulers: Sequence[str], windows: int | None = None) -> Config:
     T = cfg.predictors.transfer
     return cfg.with_overrides({
-        "paths.results_dir": str(transfer_dir(cfg) / part), "simulation.schedulers": list(schedulers),
+        "paths.results_dir": str(transfer_dir(cfg.paths.results_dir) / part), "simulation.schedulers": list(schedulers),
         "simulation.regions": list(T.regions), "simulation.replicates": 1,
         "campaign.windows_per_source": int(windows or T.windows_per_source), "campaign.request_records": None})
 
@@ -97,7 +97,7 @@ def _home_schedulers() -> list[str]:
 MAIN_RUNS_FILE = "home_from_main.parquet"   # the home part's runs of the main campaign's policies (copied)
 
 
-def _main_home_runs(cfg: Config) -> pl.DataFrame | None:
+def _main_home_runs(cfg: Config, manifest: Mapping) -> pl.DataFrame | None:
     """The main campaign's replicate-0 runs of the transfer campaign's windows and regions, when the main
     campaign covers them (same seeds, same frozen predictions: the runs the home part would simulate)."""
     T = cfg.predictors.transfer
@@ -106,11 +106,10 @@ def _main_home_runs(cfg: Config) -> pl.DataFrame | None:
     wps = cfg.campaign.windows_per_source
     if wps is not None and wps < T.windows_per_source:
         return None
-    try:
-        main = campaign.load_runs(cfg)
-    except PortbenchError:
+    main = main_runs(cfg)
+    if main is None:
         return None
-    refs = campaign.window_refs(_sub_config(cfg, "home", _home_schedulers()), windows_mod.load_manifest(cfg.paths))
+    refs = campaign.window_refs(_sub_config(cfg, "home", _home_schedulers()), manifest)
     return main.filter((pl.col("replicate") == 0) & pl.col("region").is_in(list(T.regions))
                        & pl.col("window_id").is_in([r.id for r in refs]))
 
@@ -126,8 +125,8 @@ def run_transfer(cfg: Config, *, progress: bool = True, verbose: bool = True) ->
     manifest = windows_mod.load_manifest(cfg.paths)
     T = cfg.predictors.transfer
     srcs = PR.sources_of(manifest)
-    main_home = _main_home_runs(cfg)
-    base = transfer_dir(cfg)
+    main_home = _main_home_runs(cfg, manifest)
+    base = transfer_dir(cfg.paths.results_dir)
     if main_home is not None and main_home.height:
         have = set(main_home["scheduler"].unique().to_list())
         simulate = [s for s in _home_schedulers() if s not in have]
@@ -153,12 +152,13 @@ def run_transfer(cfg: Config, *, progress: bool = True, verbose: bool = True) ->
         campaign.reuse_capacities(cfg, sub)
         campaign.run(sub, windows=[(r, run[r.id]) for r in refs if r.id in run], progress=progress,
                      verbose=verbose)
-    return load_transfer(cfg)
+    return load_transfer(cfg.paths.results_dir)
 
 
-def load_transfer(cfg: Config) -> pl.DataFrame | None:
-    """The transfer campaign's runs (home + every foreign predictor), or None when it has not run."""
-    base = transfer_dir(cfg)
+def load_transfer(results_dir: Path) -> pl.DataFrame | None:
+    """The transfer campaign's runs (home + every foreign predictor) under ``results_dir``, or None when it has
+    not run."""
+    base = transfer_dir(results_dir)
     parts = []
     home = base / "home" / "runs.parquet"
     if not home.is_file():
@@ -234,23 +234,32 @@ def variant_ranks(runs: pl.DataFrame, metrics: Sequence[str], schedulers: Sequen
     return pl.DataFrame(rows, schema=schema)
 
 
-def home_matches_main(cfg: Config, transfer: pl.DataFrame) -> bool | None:
-    """Whether the transfer campaign's home runs equal the main campaign's replicate-0 runs of the same
-    windows, regions and policies (same seeds, same frozen predictions); None without main runs. When the
-    home runs were taken from the main campaign, the check compares the runs simulated again for it (one
-    window per source, every policy of the main campaign)."""
+def main_runs(cfg: Config) -> pl.DataFrame | None:
+    """The main campaign's runs (:func:`portbench.study.campaign.load_runs`), or None when it has not run."""
     try:
-        main = campaign.load_runs(cfg)
+        return campaign.load_runs(cfg)
     except PortbenchError:
         return None
+
+
+def home_matches_main(main: pl.DataFrame | None, transfer: pl.DataFrame, results_dir: Path,
+                      sim: SimulationConfig) -> bool | None:
+    """Whether the transfer campaign's home runs (``transfer``, its folder under ``results_dir``) equal the main
+    campaign's replicate-0 runs (``main``, :func:`main_runs`) of the same windows, regions and policies (same
+    seeds, same frozen predictions); None without main runs. When the home runs were taken from the main
+    campaign, the check compares the runs simulated again for it (one window per source, every policy of the
+    main campaign). The metrics compared: every metric of ``sim.slo``."""
+    if main is None:
+        return None
     keys = ["window_id", "region", "scheduler"]
-    check = transfer_dir(cfg) / "home-check" / "runs.parquet"
-    home = (pl.read_parquet(check) if (transfer_dir(cfg) / MAIN_RUNS_FILE).is_file() and check.is_file()
+    base = transfer_dir(results_dir)
+    check = base / "home-check" / "runs.parquet"
+    home = (pl.read_parquet(check) if (base / MAIN_RUNS_FILE).is_file() and check.is_file()
             else transfer.filter(pl.col("predictor") == pl.col("source")))
     both = home.join(main.filter(pl.col("replicate") == 0), on=keys, suffix="_main")
     if both.height == 0:
         return None
-    cols = [m for m in metric_registry.metric_names(cfg.simulation.slo) if m in both.columns
+    cols = [m for m in metric_registry.metric_names(sim.slo) if m in both.columns
             and f"{m}_main" in both.columns]
     for m in cols:
         a, b = both[m].to_numpy().astype(float), both[f"{m}_main"].to_numpy().astype(float)
@@ -269,12 +278,11 @@ def _num(x):
     return None if not np.isfinite(x) else float(f"{x:.6g}")
 
 
-def predictors_block(cfg: Config, *, manifest: Mapping | None = None) -> dict:
+def predictors_block(cfg: Config, *, manifest: Mapping) -> dict:
     """``summary.json["predictors"]``: per source its home predictor's accuracy (tau, spearman, mae_log
     with CIs, the ranker's tau, the noisy oracle's tau for reference), train rows and features; under
     ``transfer`` every ordered source pair's accuracy and, when the transfer campaign has run, the
     mean rank of sjf_predicted / ltr / edf with that predictor."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     frozen = PR.load_predictions(cfg, PR.all_pairs(manifest), manifest=manifest)
     _, summ = accuracy(cfg, manifest=manifest)
     out: dict = {"definition": (
@@ -309,7 +317,7 @@ def predictors_block(cfg: Config, *, manifest: Mapping | None = None) -> dict:
                   "regressor": info.get("regressor"), "ranker": info.get("ranker"), "key": info.get("key"),
                   "repeats": PR.repeat_share(cfg, s, manifest=manifest),
                   "past_only": PR.past_only_check(cfg, s, manifest=manifest)}
-    transfer = load_transfer(cfg)
+    transfer = load_transfer(cfg.paths.results_dir)
     ranks = None
     if transfer is not None:
         ranks = variant_ranks(transfer, list(cfg.analysis.headline_metrics), tolerance=cfg.analysis.rank_tolerance)
@@ -337,7 +345,8 @@ def predictors_block(cfg: Config, *, manifest: Mapping | None = None) -> dict:
             "rank_definition": "rank (1 = best of 13; means within analysis.rank_tolerance tied) of the policy's mean "
                                "over the subset's windows when the variant takes its place among the 13 (home "
                                "predictor runs); mean over regions x metrics",
-            "home_runs_equal_main_campaign": home_matches_main(cfg, transfer)}
+            "home_runs_equal_main_campaign": home_matches_main(main_runs(cfg), transfer,
+                                                                 cfg.paths.results_dir, cfg.simulation)}
         out["vs_noisy_oracle"] = {}
         for pol, orc in ORACLE_VARIANT.items():
             f = ranks.filter(pl.col("policy") == pol)
@@ -348,13 +357,13 @@ def predictors_block(cfg: Config, *, manifest: Mapping | None = None) -> dict:
     return out
 
 
-def tenant_table(cfg: Config, *, manifest: Mapping | None = None) -> pl.DataFrame:
-    """Per source: where its tenants come from and how the tenant-based results are to be read."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
+def tenant_table(manifest: Mapping, tenant_model: str) -> pl.DataFrame:
+    """Per source of ``manifest``: where its tenants come from and how the tenant-based results are to be read
+    (``tenant_model``: ``simulation.tenant_model``)."""
     rows = []
     for s in PR.sources_of(manifest):
         rec = (manifest["sources"][s].get("tenants") or {})
-        lab = windows_mod.tenant_label(manifest, s, cfg.simulation.tenant_model)
+        lab = windows_mod.tenant_label(manifest, s, tenant_model)
         if lab == "trace":
             origin = ("tenant field(s) " + "/".join(rec.get("fields", [])) if rec.get("rule") == "fields"
                       else f"the stand-in generator's tenants ({rec.get('generator_rule', '')})")
@@ -368,21 +377,16 @@ def tenant_table(cfg: Config, *, manifest: Mapping | None = None) -> pl.DataFram
     return pl.DataFrame(rows)
 
 
-def fairness_block(cfg: Config, runs: pl.DataFrame | None = None, *, manifest: Mapping | None = None) -> dict:
+def fairness_block(sim: SimulationConfig, runs: pl.DataFrame | None, manifest: Mapping) -> dict:
     """``summary.json["fairness"]``: the metric definitions, where each source's tenants come from, and per
-    source x region the mean tenant_service_gap / tenant_jain of vtc and fcfs (n/a without tenants)."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
+    source x region the mean tenant_service_gap / tenant_jain of vtc and fcfs in the campaign's ``runs`` (None:
+    not run; n/a without tenants)."""
     out: dict = {"definitions": {m: metric_registry.metric(m).description
                                  for m in ("tenant_service_gap", "tenant_jain", "slowdown_jain")},
                  "weights": {"prompt": metric_registry.TENANT_WEIGHTS[0],
                              "output": metric_registry.TENANT_WEIGHTS[1]},
-                 "tenant_model": cfg.simulation.tenant_model, "sources": {}}
-    if runs is None:
-        try:
-            runs = campaign.load_runs(cfg)
-        except PortbenchError:
-            runs = None
-    for row in tenant_table(cfg, manifest=manifest).iter_rows(named=True):
+                 "tenant_model": sim.tenant_model, "sources": {}}
+    for row in tenant_table(manifest, sim.tenant_model).iter_rows(named=True):
         s = row["source"]
         d: dict = {"tenants": row["tenants"], "origin": row["origin"]}
         if row["tenants"] == "none":
@@ -402,16 +406,24 @@ def fairness_block(cfg: Config, runs: pl.DataFrame | None = None, *, manifest: M
     return out
 
 
-def add_to_summary(cfg: Config, summary: dict) -> dict:
+def add_to_summary(cfg: Config, summary: dict, *, manifest: Mapping | None = None) -> dict:
     """``summary`` with the ``predictors`` and ``fairness`` blocks added (a failure to build them is
-    recorded in the block rather than losing the rest of the summary)."""
-    for key, fn in (("predictors", predictors_block), ("fairness", fairness_block)):
+    recorded in the block rather than losing the rest of the summary); the manifest is loaded once (or given)."""
+    try:
+        manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
+    except (PortbenchError, OSError) as e:
+        for key in ("predictors", "fairness"):
+            summary[key] = {"error": f"{type(e).__name__}: {e}"}
+        return summary
+    blocks = (("predictors", lambda: predictors_block(cfg, manifest=manifest)),
+              ("fairness", lambda: fairness_block(cfg.simulation, main_runs(cfg), manifest)))
+    for key, fn in blocks:
         try:
-            summary[key] = fn(cfg)
+            summary[key] = fn()
         except (PortbenchError, OSError) as e:
             summary[key] = {"error": f"{type(e).__name__}: {e}"}
     return summary
 
 
 __all__ = ["ORACLE_VARIANT", "NA_TENANTS", "accuracy", "add_to_summary", "fairness_block", "home_matches_main",
-           "load_transfer", "predictors_block", "run_transfer", "tenant_table", "transfer_dir", "variant_ranks"]
+           "load_transfer", "main_runs", "predictors_block", "run_transfer", "tenant_table", "transfer_dir", "variant_ranks"]

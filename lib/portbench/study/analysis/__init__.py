@@ -54,7 +54,7 @@ from .cube import (Analysis, Cube, build_cube, load_runs, metric_direction, metr
                    metric_unit, settings, validate)
 from .metric_agreement import cd_conditions, top_winners, winner_counts
 from .power import ResolutionWarning
-from .results import (PANEL_SECTIONS, analysis_dir, compute, engine_load_blocks, figure_index, fingerprint, headline_panel_of,
+from .results import (PANEL_SECTIONS, analysis_dir, campaign_files, compute, engine_load_blocks, figure_index, fingerprint, headline_panel_of,
                       headline_table, load,
                       panels_table, rank_changes, summary_path, tie_rule_table, write, write_summary)
 from .reversals import breakdown, legacy_reversal_counts, reversal_counts, reversal_sensitivity, reversal_summary, tail_check, tail_table
@@ -62,7 +62,7 @@ from .ties import RULE_TEXT, Ranking
 
 __all__ = ["panel_sources", "COLUMNS", "FAMILIES", "FIGURE_NOTEBOOKS", "PANEL_SECTIONS", "RULE_TEXT", "SCHEMA", "STAGES", "TABLES",
            "Analysis", "Cube", "Ranking", "ResolutionWarning", "analysis_dir", "breakdown", "build_cube", "cd_conditions",
-           "columns_table", "compute", "engine_load_blocks", "figure_index", "fingerprint", "headline_panel_of", "headline_table", "legacy_reversal_counts", "load", "load_runs",
+           "campaign_files", "columns_table", "compute", "engine_load_blocks", "figure_index", "fingerprint", "headline_panel_of", "headline_table", "legacy_reversal_counts", "load", "load_runs",
            "metric_direction", "metric_label", "metric_names", "metric_scale", "metric_unit", "panels_table",
            "rank_changes", "reversal_counts", "reversal_sensitivity", "reversal_summary", "settings", "summary_path",
            "tail_check", "tail_table", "tie_rule_table", "top_winners", "validate", "winner_counts", "write",

@@ -25,6 +25,7 @@ from ...core.config import Config
 from ...data import trace_checks
 from ...data import traces as traces_mod
 from ...data import windows as windows_mod
+from ...data.windows import Manifest
 from .. import campaign
 from .common import _num
 
@@ -76,11 +77,10 @@ def _jitter_config(cfg: Config) -> Config:
                                "campaign.request_records": None})
 
 
-def run_jitter(cfg: Config, sources=None, *, progress: bool = True) -> pl.DataFrame | None:
+def run_jitter(cfg: Config, sources=None, *, manifest: Manifest, progress: bool = True) -> pl.DataFrame | None:
     """Simulate the quantised sources' windows again with arrivals spread within their grid (every scheduler,
     region and replicate of the campaign); ``sources`` default: the trace checks' quantised sources. Returns
-    the runs (None when no source is quantised)."""
-    manifest = windows_mod.load_manifest(cfg.paths)
+    the runs (None when no source is quantised). ``manifest``: the stage's window manifest."""
     sources = list(sources if sources is not None else trace_checks_block(cfg, manifest=manifest)["quantised_sources"])
     if not sources:
         return None
@@ -119,13 +119,13 @@ def equal_info_dir(results_dir: Path) -> Path:
 EQUAL_INFORMATION = {"sjf_predicted": "sjf_noisy_oracle", "ltr": "ltr_noisy_oracle", "edf": "edf_noisy_oracle"}
 
 
-def run_equal_information(cfg: Config, sources, *, progress: bool = True) -> pl.DataFrame | None:
+def run_equal_information(cfg: Config, sources, *, manifest: Manifest, progress: bool = True) -> pl.DataFrame | None:
     """The equal-information control: the predictor-informed policies' noisy-oracle variants
     (:data:`EQUAL_INFORMATION`: ``sjf_noisy_oracle``, ``ltr_noisy_oracle`` -- the true length
     with the same log-normal noise, ``simulation.predictor_sigma``, on every source -- and ``edf_noisy_oracle``, EDF on
     the deadline of that noisy length) on every window of ``sources``, every region and replicate, under
-    ``{results_dir}/equal_information``. Returns the runs (None when none of the policies is in the campaign)."""
-    manifest = windows_mod.load_manifest(cfg.paths)
+    ``{results_dir}/equal_information``. Returns the runs (None when none of the policies is in the campaign).
+    ``manifest``: the stage's window manifest."""
     main = campaign.make_plan(cfg, manifest=manifest).schedulers
     variants = [v for k, v in EQUAL_INFORMATION.items() if k in main]
     if not variants:

@@ -7,6 +7,7 @@ import io
 import json
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,11 @@ import polars as pl
 
 from ...core import figindex
 from ...core import io as fileio
-from ...core.config import TIE_RULES, Config, PathsConfig
+from ...core.config import TIE_RULES, Config, PathsConfig, SimulationConfig
 from ...core.errors import DataError, PortbenchError
 from ...core.progress import stage
+from ...data import windows as windows_mod
+from ...data.windows import Manifest
 from ...sim import profiles
 from ...sim import schedulers as scheduler_registry
 from .. import campaign, honest, stats
@@ -291,45 +294,58 @@ def figure_index(paths: PathsConfig) -> list[dict]:
     return figindex.index(paths.figures_dir, paths.root)
 
 
-def engine_load_blocks(cfg: Config) -> dict:
-    """The ``engine`` and ``load`` blocks of summary.json (issue #10): the engine the campaign ran on, and
-    per source its capacity and per source × region utilisation, queue, refusals and distinguishable
-    schedulers, refusals per scheduler and the prefix-cache hit rate per source
-    (:func:`portbench.study.campaign.load_summary`). Empty when the campaign's files are not
-    there (e.g. an analysis of a planted runs file)."""
+def campaign_files(cfg: Config) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+    """The campaign's runs and measured capacities, or None when they are not there (or ``analysis.runs_file``
+    analyses a runs file of its own, e.g. a planted one)."""
     if cfg.analysis.runs_file is not None:
-        return {}
+        return None
     try:
-        runs = campaign.load_runs(cfg)
-        caps = campaign.load_capacities(cfg)
+        return campaign.load_runs(cfg), campaign.load_capacities(cfg)
     except DataError:
+        return None
+
+
+def engine_load_blocks(files: tuple[pl.DataFrame, pl.DataFrame] | None, sim: SimulationConfig,
+                       source_names: Sequence[str], results_dir: Path) -> dict:
+    """The ``engine`` and ``load`` blocks of summary.json (issue #10) from the campaign's runs and capacities
+    (``files``: :func:`campaign_files`): the engine the campaign ran on (``sim``), and per source (in the order
+    of ``source_names``) its capacity and per source × region utilisation, queue, refusals and distinguishable
+    schedulers, refusals per scheduler and the prefix-cache hit rate per source
+    (:func:`portbench.study.campaign.load_summary`); the sensitivity tables under ``results_dir``. Empty without
+    the campaign's files."""
+    if files is None:
         return {}
-    prof = profiles.get_profile(cfg.simulation.profile)
-    engine = campaign.engine_summary(cfg.simulation, prof)
-    d = Path(cfg.paths.results_dir)
+    runs, caps = files
+    prof = profiles.get_profile(sim.profile)
+    engine = campaign.engine_summary(sim, prof)
+    d = Path(results_dir)
     for key, name in (("batching_sensitivity", "engine_sensitivity.parquet"), ("swap_sensitivity", "swap_sensitivity.parquet")):
         if (d / name).is_file():      # written by notebook 03 (portbench.study.engine_sensitivity)
             engine[key] = pl.read_parquet(d / name).to_dicts()
-    return {"engine": engine, "load": campaign.load_summary(runs, caps, cfg.simulation.capacity_policy,
-                                                            order=cfg.source_names(),
+    return {"engine": engine, "load": campaign.load_summary(runs, caps, sim.capacity_policy,
+                                                            order=list(source_names),
                                                             max_model_len=engine["max_model_len"] or None)}
 
 
 def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
     """Write ``{results_dir}/summary.json``: the summary numbers, the engine and load blocks and the
-    index of every figure."""
+    index of every figure. The window manifest is loaded once here, for every block that reads it."""
     A = A or load(cfg)
+    try:
+        manifest = windows_mod.load_manifest(cfg.paths)
+    except (PortbenchError, OSError):
+        manifest = None      # each block that needs it records the error (below)
     summary = dict(A.summary)
-    summary.update(engine_load_blocks(cfg))
+    summary.update(engine_load_blocks(campaign_files(cfg), cfg.simulation, cfg.source_names(), cfg.paths.results_dir))
     summary["figures"] = figure_index(cfg.paths)
     summary.update(read_sections(cfg.paths.results_dir, reserved=summary))  # later stages' sections (attribution)
-    summary = honest.add_to_summary(cfg, summary)   # issue #12's predictors and fairness blocks
-    summary = add_design_controls(cfg, summary)
+    summary = honest.add_to_summary(cfg, summary, manifest=manifest)   # issue #12's predictors and fairness blocks
+    summary = add_design_controls(cfg, summary, manifest=manifest)
     fileio.write_text(summary_path(cfg.paths.results_dir), json.dumps(summary, indent=1, default=_json_default))
     return summary
 
 
-def add_design_controls(cfg: Config, summary: dict) -> dict:
+def add_design_controls(cfg: Config, summary: dict, *, manifest: Manifest | None = None) -> dict:
     """Issue #25's blocks that need more than the runs table: ``trace_checks`` (quantised timestamps of every
     source), ``congestion`` with the share of time with a waiting request (per-request records), and
     ``controls.arrival_jitter`` (the headline with the quantised sources' arrivals spread within their grid,
@@ -337,7 +353,7 @@ def add_design_controls(cfg: Config, summary: dict) -> dict:
     if cfg.analysis.runs_file is not None:
         return summary
     try:
-        summary["trace_checks"] = hygiene.trace_checks_block(cfg)
+        summary["trace_checks"] = hygiene.trace_checks_block(cfg, manifest=manifest)
     except (PortbenchError, OSError) as e:
         summary["trace_checks"] = {"error": f"{type(e).__name__}: {e}"}
     try:

@@ -61,9 +61,9 @@ def attribute(cfg: Config, *, refreeze: bool = False, progress: bool = True, eng
             rev, rk, cruns = study["reversals"], study["rankings"], analysis.load_runs(cfg)
         except DataError as e:
             note = f"reversal tracing skipped: {e}"
-    A = compute(cfg, ar, rev, rk, cruns)
+    A = compute(cfg.simulation, cfg.analysis, cfg.windows.size, ar, rev, rk, cruns)
     A.summary["tracing"] = note or "every significant-and-practical reversal of the analysis between the pair's sources"
-    write(cfg, A)
+    write(cfg.paths.results_dir, A)
     return A
 
 

@@ -8,7 +8,7 @@ from itertools import combinations
 
 import numpy as np
 
-from ...core.config import Config
+from ...core.config import AnalysisConfig, AttributionConfig, CampaignConfig, SimulationConfig
 from ...core.errors import DataError, ParameterError
 from ...data import hybrids
 from ...data import windows as windows_mod
@@ -112,17 +112,17 @@ class Design:
         return n * self.window_parts * self.windows * len(self.regions) * len(self.schedulers) * len(self.replicates)
 
 
-def cost_plan(cfg: Config, design: Design, manifest: Mapping) -> dict:
+def cost_plan(campaign: CampaignConfig, sim: SimulationConfig, design: Design, manifest: Mapping) -> dict:
     """The one computation of every stated cost (summary.json, notebook 09, ``portbench attribute``): the
     dimensions, subsets and runs of ``design`` and of the **full design** -- the five properties as separate
     players (32 subsets, of which 16 distinct window-hybrids: ``load`` is the identity), every campaign window
     of the pair's sources (the fewer of the two), every region of ``simulation.region_loads`` and the
     campaign's replicates (``simulation.replicates``), for the same pairs and schedulers."""
-    n_win = min(len(windows_mod.select_entries(manifest, [s], cfg.campaign.windows_per_source))
+    n_win = min(len(windows_mod.select_entries(manifest, [s], campaign.windows_per_source))
                 for p in design.pairs for s in p)
     design = replace(design, windows=min(design.windows, n_win))      # pair_windows takes at most the campaign's
     full = replace(design, players=tuple((p,) for p in hybrids.PROPERTIES), windows=n_win,
-                   regions=dict(cfg.simulation.region_loads), replicates=tuple(range(int(cfg.simulation.replicates))))
+                   regions=dict(sim.region_loads), replicates=tuple(range(int(sim.replicates))))
 
     def dims(d: Design) -> dict:
         return {"pairs": len(d.pairs), "players": d.player_names, "subsets": 2 ** d.k, "window_hybrids": d.window_parts,
@@ -174,27 +174,27 @@ def spaced(n: int, k: int) -> list[int]:
     return sorted({int(round(x)) for x in np.linspace(0, n - 1, k)})
 
 
-def compared_metrics(cfg: Config) -> tuple[tuple[str, ...], str]:
+def compared_metrics(analysis: AnalysisConfig, sim: SimulationConfig) -> tuple[tuple[str, ...], str]:
     """The metrics the attribution ranks on: ``analysis.headline_metrics`` (the pre-specified list; the one
     place they are defined), or every analysed metric when that list is empty; and a note saying which."""
-    names = metric_names(cfg.simulation.slo)
-    head = tuple(cfg.analysis.headline_metrics)
+    names = metric_names(sim.slo)
+    head = tuple(analysis.headline_metrics)
     if head:
         return head, "the analysis' headline metrics, analysis.headline_metrics"
-    ms = names if cfg.analysis.metrics == "all" else list(cfg.analysis.metrics)
+    ms = names if analysis.metrics == "all" else list(analysis.metrics)
     return tuple(ms), "every analysed metric: analysis.headline_metrics is empty"
 
 
-def make_design(cfg: Config, manifest: Mapping) -> Design:
-    """The :class:`Design` of ``cfg`` for the sources frozen in ``manifest``."""
-    a = cfg.attribution
+def make_design(a: AttributionConfig, sim: SimulationConfig, analysis: AnalysisConfig, manifest: Mapping) -> Design:
+    """The :class:`Design` of the ``attribution`` section (with the simulation's regions and schedulers and the
+    analysis' metrics and panels) for the sources frozen in ``manifest``."""
     for i, r in enumerate(a.regions):
-        if r not in cfg.simulation.region_loads:
-            raise ParameterError(f"attribution.regions[{i}]", r, f"one of {', '.join(cfg.simulation.region_loads)}")
-    regions = dict(sorted(((r, float(cfg.simulation.region_loads[r])) for r in a.regions), key=lambda kv: (kv[1], kv[0])))
-    metrics, note = compared_metrics(cfg)
-    panelled = [x for srcs in cfg.analysis.panels.values() for x in srcs] or None
+        if r not in sim.region_loads:
+            raise ParameterError(f"attribution.regions[{i}]", r, f"one of {', '.join(sim.region_loads)}")
+    regions = dict(sorted(((r, float(sim.region_loads[r])) for r in a.regions), key=lambda kv: (kv[1], kv[0])))
+    metrics, note = compared_metrics(analysis, sim)
+    panelled = [x for srcs in analysis.panels.values() for x in srcs] or None
     return Design(pairs=tuple(resolve_pairs(a.pairs, available_sources(manifest), panelled)), players=tuple(a.properties),
                   regions=regions, windows=int(a.windows), replicates=tuple(range(int(a.replicates))),
-                  schedulers=tuple(scheduler_registry.names(cfg.simulation.schedulers)), metrics=metrics,
+                  schedulers=tuple(scheduler_registry.names(sim.schedulers)), metrics=metrics,
                   metrics_note=note, bootstrap=int(a.bootstrap), seed=int(a.seed), distance=a.distance)

@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 import polars as pl
 
-from ...core.config import Config
+from ...core.config import AnalysisConfig, SimulationConfig
 from .. import stats
 from ..analysis import Cube, build_cube, metric_names, settings
 
@@ -36,29 +36,29 @@ except ImportError:  # pragma: no cover - depends on which analysis is installed
     _ties = None
 
 
-def hybrid_cube(runs: pl.DataFrame, cfg: Config, metrics) -> Cube:
+def hybrid_cube(runs: pl.DataFrame, sim: SimulationConfig, metrics) -> Cube:
     """The per-window value cube of one pair's runs, one "source" per subset (``h<mask>``), every
     subset on the same windows (A's window ids)."""
     df = runs.with_columns(pl.format("h{}", pl.col("mask")).alias("source"), pl.lit("hybrid").alias("provenance"),
                            pl.col("rho_region").alias("rho"))
-    cube = build_cube(df, metric_spec=list(metrics), all_metrics=metric_names(cfg.simulation.slo),
-                      scheduler_order=cfg.simulation.schedulers, where="attribution runs")
+    cube = build_cube(df, metric_spec=list(metrics), all_metrics=metric_names(sim.slo),
+                      scheduler_order=sim.schedulers, where="attribution runs")
     wins = {tuple(w) for w in cube.windows.values()}
     if len(wins) != 1:
         raise ValueError("attribution: the subsets of one pair were not run on the same windows")
     return cube
 
 
-def tie_rule(cfg: Config) -> str:
+def tie_rule(analysis: AnalysisConfig) -> str:
     """A sentence naming the tie rule in use (for the notebook and summary.json)."""
-    if _ties is not None and hasattr(cfg.analysis, "ties"):
-        return f"the analysis' tie rule analysis.ties = {cfg.analysis.ties}"
-    tol = float(cfg.analysis.rank_tolerance)
+    if _ties is not None and hasattr(analysis, "ties"):
+        return f"the analysis' tie rule analysis.ties = {analysis.ties}"
+    tol = float(analysis.rank_tolerance)
     return ("the analysis' tie rule: means within analysis.rank_tolerance = "
             f"{tol:g} of the next-better mean are tied (single linkage)" if tol > 0 else "exact ties only")
 
 
-def ranks(cube: Cube, cfg: Config, idx: np.ndarray | None) -> tuple[dict, dict]:
+def ranks(cube: Cube, analysis: AnalysisConfig, window_size: int, idx: np.ndarray | None) -> tuple[dict, dict]:
     """Ranks (1 = best, ties averaged) of every subset's scheduler means ``{source: (R, M, K)}`` and of every
     bootstrap resample ``{source: (R, M, K, B)}`` (None without ``idx``), under the analysis' tie rule.
     ``idx`` ``(B, W)`` resamples the windows; one matrix for every subset keeps them paired."""
@@ -70,15 +70,15 @@ def ranks(cube: Cube, cfg: Config, idx: np.ndarray | None) -> tuple[dict, dict]:
             means[s] = np.nanmean(xo, axis=-1)
         boot[s] = np.stack([stats.bootstrap_means(xo[r], idx) for r in range(len(cube.regions))]) \
             if idx is not None else None
-    if _ties is not None and hasattr(cfg.analysis, "ties"):
-        st = settings(cfg.analysis, cfg.windows.size)
+    if _ties is not None and hasattr(analysis, "ties"):
+        st = settings(analysis, window_size)
         side = _ties.side_tests(cube, st["window_size"])
         rk = _ties.rank(st["ties"], cube, means, boot, side, st, _ties.deltas(cube, st))
         points = {s: stats.ranks_best_first(rk.values[s], axis=-1) for s in cube.sources}
         bpts = {s: stats.ranks_best_first(rk.boot[s], axis=2) if rk.boot[s] is not None else None
                 for s in cube.sources}
         return points, bpts
-    tol = float(cfg.analysis.rank_tolerance)
+    tol = float(analysis.rank_tolerance)
     points = {s: stats.tolerant_ranks(means[s], tol, axis=-1) for s in cube.sources}
     bpts = {s: stats.tolerant_ranks(boot[s], tol, axis=2) if boot[s] is not None else None for s in cube.sources}
     return points, bpts

@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 
 from ...core import io as fileio
-from ...core.config import TIE_RULES, Config
+from ...core.config import TIE_RULES, AnalysisConfig, SimulationConfig
 from ...core.errors import DataError
 from ...core.provenance import label
 from .. import stats
@@ -65,13 +65,14 @@ def _share(num, den):
         return np.where(den > 0, num / den, np.nan)
 
 
-def _pair_compute(cfg: Config, design: Design, runs: pl.DataFrame, pair: str) -> dict:
+def _pair_compute(sim: SimulationConfig, analysis: AnalysisConfig, window_size: int, design: Design,
+                  runs: pl.DataFrame, pair: str) -> dict:
     """Every array of one pair: ranks, comparisons with A and B, distances, Shapley values, bootstrap. Subsets
     that differ only in ``load`` (the identity) have the same runs: each is ranked once, as its representative
     (the subset without ``load``), and ``names[mask]`` is the representative's cube source."""
     masks = design.masks
     rep = {m: min(x for x in masks if window_part(design, x) == window_part(design, m)) for m in masks}
-    cube = rankings.hybrid_cube(runs.filter(pl.col("mask").is_in(sorted(set(rep.values())))), cfg, design.metrics)
+    cube = rankings.hybrid_cube(runs.filter(pl.col("mask").is_in(sorted(set(rep.values())))), sim, design.metrics)
     names = [f"h{rep[m]}" for m in masks]
     missing = sorted({n for n in names if n not in cube.sources})
     if missing:
@@ -79,7 +80,7 @@ def _pair_compute(cfg: Config, design: Design, runs: pl.DataFrame, pair: str) ->
     W = len(cube.windows[names[0]])
     B = design.bootstrap
     idx = stats.bootstrap_indices(W, B, _rng(design.seed, pair)) if B > 0 else None
-    pts, bts = rankings.ranks(cube, cfg, idx)
+    pts, bts = rankings.ranks(cube, analysis, window_size, idx)
     uniq = list(dict.fromkeys(names))                 # compared once per distinct hybrid, then indexed by subset
     at = np.array([uniq.index(n) for n in names])
 
@@ -286,11 +287,11 @@ def min_wilcoxon_p(n: int) -> float:
     return 2.0 / 2.0 ** n if n > 0 else 1.0
 
 
-def _side_verdicts(cfg: Config, cube, names: list[str]) -> dict:
+def _side_verdicts(analysis: AnalysisConfig, window_size: int, cube, names: list[str]) -> dict:
     """The analysis' side tests (:func:`portbench.study.analysis.ties.side_tests`) of every hybrid, their
     p-values adjusted as the analysis adjusts them (``analysis.correction`` within ``analysis.family``, the
     hybrids of the pair in the place of the sources), significance and the practical thresholds."""
-    st = settings(cfg.analysis, cfg.windows.size)
+    st = settings(analysis, window_size)
     side = analysis_ties.side_tests(cube, st["window_size"])
     srcs = list(dict.fromkeys(names))                 # each simulated hybrid once (subsets differing in load share it)
     p_all = np.stack([side[n]["test"].pvalue for n in srcs])                           # (S, R, M, P)
@@ -305,11 +306,11 @@ def _side_verdicts(cfg: Config, cube, names: list[str]) -> dict:
 
 
 def trace_reversals(reversals: pl.DataFrame | None, design: Design, pair: str, a: str, b: str, c: dict,
-                    cfg: Config | None = None) -> pl.DataFrame:
+                    analysis: AnalysisConfig | None = None, window_size: int | None = None) -> pl.DataFrame:
     """Reversal tracing. For every significant-and-practical reversal of the analysis between ``a`` and ``b``
     in the attribution's regions and metrics, with the analysis' own definition of a reversal applied on the
-    attribution's windows (the hybrids of the pair in the place of the sources; ``cfg`` gives the analysis'
-    alpha, correction, family and practical thresholds):
+    attribution's windows (the hybrids of the pair in the place of the sources; ``analysis`` (the section) gives
+    the alpha, correction, family and practical thresholds, ``window_size`` the side tests' window size):
 
     * it must hold between A and the full swap there: A's side test rejects in A's direction, the full swap's in
       B's, both effects at least delta (else status ``not_a`` / ``not_b``); with too few windows for any
@@ -321,8 +322,9 @@ def trace_reversals(reversals: pl.DataFrame | None, design: Design, pair: str, a
       comparison -- a weaker statement, and the only one possible where the windows are too few."""
     if reversals is None or reversals.height == 0:
         return pl.DataFrame(schema=TRACE_SCHEMA)
-    if cfg is None:
-        raise ValueError("trace_reversals needs cfg (the analysis' alpha, correction, family and thresholds)")
+    if analysis is None or window_size is None:
+        raise ValueError("trace_reversals needs the analysis section (alpha, correction, family and thresholds) "
+                         "and the window size")
     rv = reversals
     if "stage" in rv.columns:
         rv = rv.filter(pl.col("stage") == "significant_and_practical")
@@ -332,7 +334,7 @@ def trace_reversals(reversals: pl.DataFrame | None, design: Design, pair: str, a
                    ((pl.col("source_1") == b) & (pl.col("source_2") == a)))
     rv = rv.unique(subset=["a", "b", "source_1", "source_2", "region", "metric"], maintain_order=True)
     cube = c["cube"]
-    sv = _side_verdicts(cfg, cube, c["names"]) if rv.height else None
+    sv = _side_verdicts(analysis, window_size, cube, c["names"]) if rv.height else None
     K = len(cube.schedulers)
     pair_index = {(int(i), int(j)): p for p, (i, j) in enumerate(zip(*np.triu_indices(K, 1)))}
     rows = []
@@ -456,15 +458,15 @@ DROPPED = ("the identity swap: both sources run at the region's rho on their own
            "players that can matter (leaving a dummy player out changes no other player's value)")
 
 
-def _robustness(cfg: Config, design: Design, runs: pl.DataFrame, pair: str, c: dict) -> dict:
+def _robustness(sim: SimulationConfig, analysis: AnalysisConfig, window_size: int, design: Design, runs: pl.DataFrame,
+                pair: str, c: dict) -> dict:
     """:func:`.robustness.pair_robustness` of one pair: point estimates under every other tie rule (from the same
     runs, no bootstrap), and the chosen rule's arrays ``c`` (with its bootstrap)."""
-    chosen = str(getattr(cfg.analysis, "ties", "tolerance"))
+    chosen = str(getattr(analysis, "ties", "tolerance"))
     point = replace(design, bootstrap=0)
     by_rule = {}
-    for rule in TIE_RULES if hasattr(cfg.analysis, "ties") else (chosen,):
-        cr = c if rule == chosen else _pair_compute(replace(cfg, analysis=replace(cfg.analysis, ties=rule)), point,
-                                                       runs, pair)
+    for rule in TIE_RULES if hasattr(analysis, "ties") else (chosen,):
+        cr = c if rule == chosen else _pair_compute(sim, replace(analysis, ties=rule), window_size, point, runs, pair)
         by_rule[rule] = (cr["phi"], cr["v"][-1])
     boot = (c["phi_b"], c["vb"][-1]) if "vb" in c else None
     return robustness.pair_robustness(design.active_names, c["cube"].metrics, chosen, by_rule, boot)
@@ -474,9 +476,11 @@ def _labels(a, pa, b, pb):
     return label(a, pa), label(b, pb)
 
 
-def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = None,
-            analysis_rankings: pl.DataFrame | None = None, campaign_runs: pl.DataFrame | None = None) -> Attribution:
-    """Every attribution table and the summary section from the runs of :func:`~.runs.run`. Optional, from the
+def compute(sim: SimulationConfig, analysis: AnalysisConfig, window_size: int, ar: AttributionRuns,
+            reversals: pl.DataFrame | None = None, analysis_rankings: pl.DataFrame | None = None,
+            campaign_runs: pl.DataFrame | None = None) -> Attribution:
+    """Every attribution table and the summary section from the runs of :func:`~.runs.run`, ranked as the analysis
+    ranks (the ``simulation`` and ``analysis`` sections, ``windows.size`` for the side tests). Optional, from the
     study: ``reversals`` (the analysis' reversal table: tracing), ``analysis_rankings`` (its rankings table:
     how representative the reduced design is) and ``campaign_runs`` (the campaign's runs: both ends checked)."""
     design = ar.design
@@ -487,15 +491,15 @@ def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = N
         pa, pb = runs["provenance_a"][0], runs["provenance_b"][0]
         la, lb = _labels(a, pa, b, pb)
         meta = {"pair": pair, "source_a": a, "provenance_a": pa, "source_b": b, "provenance_b": pb}
-        c = _pair_compute(cfg, design, runs, pair)
-        robust[pair] = _robustness(cfg, design, runs, pair, c)
+        c = _pair_compute(sim, analysis, window_size, design, runs, pair)
+        robust[pair] = _robustness(sim, analysis, window_size, design, runs, pair, c)
         h, s, cd = _condition_tables(design, pair, meta, c)
         rk = _rankings_table(design, meta, c)
         rks.append(rk)
         hyb.append(h)
         shp.append(s)
         cond.append(cd)
-        t = trace_reversals(reversals, design, pair, a, b, c, cfg)
+        t = trace_reversals(reversals, design, pair, a, b, c, analysis, window_size)
         trc.append(t)
         po = _pooled(c, design)
         share_sorted = sorted(po["players"].items(), key=lambda kv: -(kv[1]["share"] if np.isfinite(kv[1]["share"])
@@ -561,7 +565,7 @@ def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = N
                    "subsets_per_pair": 2 ** design.k, "regions": design.regions, "windows_per_source": design.windows,
                    "replicates": len(design.replicates), "schedulers": list(design.schedulers),
                    "metrics": list(design.metrics), "metrics_from": design.metrics_note, "bootstrap": design.bootstrap,
-                   "seed": design.seed, "distance": design.distance, "ties": rankings.tie_rule(cfg),
+                   "seed": design.seed, "distance": design.distance, "ties": rankings.tie_rule(analysis),
                    "load": LOAD_DEFINITION, "utilisation": UTILISATION_DEFINITION, "load_check": LOAD_CHECK,
                    "steady_requests": STEADY_REQUESTS,
                    "joint": hybrids.JOINT_DESCRIPTION, "runs": ar.runs.height,
@@ -575,19 +579,20 @@ def compute(cfg: Config, ar: AttributionRuns, reversals: pl.DataFrame | None = N
     return Attribution(tables=tables, summary=summary)
 
 
-def write(cfg: Config, A: Attribution) -> dict[str, str]:
+def write(results_dir: Path, A: Attribution) -> dict[str, str]:
     """Write every table under ``{results_dir}/attribution/``, the section for ``summary.json``
     (:func:`portbench.study.analysis.sections.write_section`) and ``attribution/summary.json``."""
-    out = attribution_dir(cfg.paths.results_dir)
+    out = attribution_dir(results_dir)
     paths = fileio.write_tables(out, A.tables)
     fileio.write_json(out / "summary.json", A.summary)
-    paths["section"] = str(write_section(cfg.paths.results_dir, SECTION, A.summary))
+    paths["section"] = str(write_section(results_dir, SECTION, A.summary))
     return paths
 
 
-def load(cfg: Config) -> Attribution:
-    """The tables and section written by :func:`write` (DataError naming the command when absent)."""
-    out = attribution_dir(cfg.paths.results_dir)
+def load(results_dir: Path) -> Attribution:
+    """The tables and section written by :func:`write` under ``results_dir`` (DataError naming the command when
+    absent)."""
+    out = attribution_dir(results_dir)
     if not (out / "summary.json").is_file():
         raise DataError(out, "no attribution results; run `portbench attribute` (notebook 09)")
     return Attribution(tables={t: pl.read_parquet(out / f"{t}.parquet") for t in TABLES

@@ -350,7 +350,7 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
     t0 = time.perf_counter()
     engine = engine or SimEngine()
     manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
-    design = make_design(cfg, manifest)
+    design = make_design(cfg.attribution, cfg.simulation, cfg.analysis, manifest)
     sim = cfg.simulation
     prov = windows_mod.provenance(manifest)
     profile, metrics = engine.profile_name(sim), list(engine.metric_names(sim))
@@ -498,7 +498,7 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
         fileio.write_json(cost_file, cost)
     elif cost_file.is_file():          # everything reused: report the run that computed it
         cost = {**json.loads(cost_file.read_text()), "runs": runs.height, "reused": True}
-    cost["plan"] = cost_plan(cfg, design, manifest)
+    cost["plan"] = cost_plan(cfg.campaign, cfg.simulation, design, manifest)
     if verbose:
         print(f"attribution: {runs.height} runs ({n_sim} simulated now, the rest reused) of {len(design.pairs)} "
               f"pair(s) x {2 ** design.k} subsets in {wall:.1f} s", flush=True)
