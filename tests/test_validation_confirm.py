@@ -261,6 +261,12 @@ def test_step_grid_shapes_schedule_and_fit():
     g = StepGridConfig()
     shapes = steps.grid(g)
     assert shapes[0].kind == "decode" and {s.kind for s in shapes} == {"decode", "prefill", "mixed"}
+    # the KV cache (the CPU engine's 20,224 tokens) keeps long contexts with small batches only
+    held = steps.grid(g, kv_tokens=20_224)
+    dec = {(s.decode_batch, s.decode_context) for s in held if s.kind == "decode"}
+    assert (1, 8192) in dec and (4, 2048) in dec and (64, 256) in dec
+    assert (4, 8192) not in dec and (16, 2048) not in dec and (64, 2048) not in dec
+    assert all(b * (c + 1 + g.steps_per_shape) <= 20_224 for b, c in dec) and held[0] == shapes[0]
     assert shapes[-1].model_inputs() == (128, 16, 16 * 65 + 128, 128 * 129 // 2)
     order = steps.schedule(shapes, 2, seed=3)
     assert order == steps.schedule(shapes, 2, seed=3) and order[0] == (0, 0)

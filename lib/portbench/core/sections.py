@@ -709,8 +709,8 @@ class ConfirmatoryConfig:
 class StepGridConfig:
     """The fixed-shape step timing grid (``validation.step_grid``; engine tokens)."""
 
-    decode_batches: tuple = (1, 16, 64)
-    decode_contexts: tuple = (64, 256)
+    decode_batches: tuple = (1, 4, 16, 64)
+    decode_contexts: tuple = (64, 256, 2048, 8192)   # pairs the KV cache cannot hold are left out (steps.grid)
     prefill_tokens: tuple = (64, 256)
     cached_contexts: tuple = (0, 512, 4096)
     mixed: tuple = ((16, 128),)

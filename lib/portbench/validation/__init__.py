@@ -128,7 +128,8 @@ TARGETS = {"e2e_mape": 0.10, "ttft_mape": 0.20}   # below saturation (peers publ
 # process), the analysis and writing, and the interpreter's exit after the summary (~13 s measured on a loaded
 # 2-core machine once vLLM and torch are imported; it is the one part wall_s.total cannot record) ...
 RESERVE_BASE_S = 30.0
-RESERVE_PER_REPLAY_S = 0.12   # ... plus this per replay (3 re-simulations + metrics; ~0.05 s on a quiet machine)
+RESERVE_PER_REPLAY_S = 0.42   # ... plus this per replay (3 re-simulations + metrics, ~0.05 s on a quiet machine; the
+                              # whole-run prediction's virtual run, 0.24 s at load average 5 on 2 cores)
 VIRTUAL_BASE_S = 5.0          # the analysis' virtual vLLM engine runs (predict.py): building its config ...
 VIRTUAL_RUN_S = 0.85          # ... plus this per run and its re-simulation (0.65-0.85 s measured at load average 6-17 on 2 cores)
 OWN_INSTANCE_S = 5.0          # an own engine instance (sarathi): its start (as measured for the shared one) + this
@@ -533,7 +534,9 @@ def measure_step_grid(cfg: Config, the_plan: Plan, out: Path, *, progress: bool 
     ``raw/step_grid.parquet``) and what ran (shapes, rounds, steps, wall time)."""
     v, e = cfg.validation, the_plan.engine
     g = v.step_grid
-    shapes = steps.grid(g)
+    sp = the_plan.spec
+    shapes = steps.grid(g, kv_tokens=int(sp.num_gpu_blocks) * int(sp.block_size)
+                        if sp is not None and sp.num_gpu_blocks and sp.block_size else None)
     rounds = int(g.reduced_rounds if the_plan.reduced else g.rounds)
     _log(progress, f"step grid: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
     t = time.perf_counter()
@@ -1033,21 +1036,26 @@ def virtual_section(cfg: Config, out: Path, *, es: resim.EngineSettings, es_of: 
         seed = _seed(sim, wid, sched, region)
         lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(rho).alias("rho")]
         rec = (rec_by_key or {}).get(key)
-        runs = {"trace": (sc, profile)}
+        # every replay gets the prediction; the replays below nominal saturation (rho < 1, where the error budget
+        # is taken) also the former input and the two diagnostic variants (they cost ~0.1-0.3 s each)
+        runs = {"trace": (sc, profile)} if rho < 1.0 or rec is None else {}
         if rec is not None:
             sent = predict.engine_input(sc, rec.sort("req_id"))
-            f = (speed_of or {}).get((f"{wid}.{region}", sched), math.nan)
             runs["engine_input"] = (sent, profile)
-            runs["engine_input_speed"] = (sent, predict.scaled_profile(profile, f if math.isfinite(f) else speed_default))
-            d = (frontend_s or {}).get(s, 0.0)
-            runs["engine_input_frontend"] = (sent.with_columns(pl.col("arrival_s") + d), profile)
+            if rho < 1.0:
+                f = (speed_of or {}).get((f"{wid}.{region}", sched), math.nan)
+                runs["engine_input_speed"] = (sent, predict.scaled_profile(profile, f if math.isfinite(f)
+                                                                             else speed_default))
+                d = (frontend_s or {}).get(s, 0.0)
+                runs["engine_input_frontend"] = (sent.with_columns(pl.col("arrival_s") + d), profile)
         for variant, (df, prof) in runs.items():
             v = predict.predict(df, sched, seed, horizon, e_, prof, sim, hash_block_tokens=trace_hb.get(s)).requests
             if variant != "trace":      # latencies from the client's send, as the engine's are
                 v = v.with_columns(pl.Series("arrival_s", sent["arrival_s"]))
             pred.append(v.with_columns(*lit, pl.lit(variant).alias("variant")))
-        r = resim.simulate(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
-        same.append(r.requests.with_columns(*lit))
+        if "trace" in runs:     # vLLM's scheduler vs the simulator on the same table (conformance: ~0)
+            r = resim.simulate(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
+            same.append(r.requests.with_columns(*lit))
     return {"pred": pl.concat(pred, how="diagonal_relaxed") if pred else pl.DataFrame(),
             "resim_same_profile": pl.concat(same, how="diagonal_relaxed") if same else pl.DataFrame(),
             "wall_s": time.perf_counter() - t0, "source": "run in this analysis"}
@@ -1080,6 +1088,15 @@ def family_section(cfg: Config, out: Path, conf: list, doc: dict) -> tuple[pl.Da
 STEP_CONTEXT_BINS = (256, 1024, 4096, 8192, 16384)   # context tokens of a step (engine tokens): the replays' range
 
 
+def per_sequence_context(df: pl.DataFrame) -> pl.Expr:
+    """Context tokens per sequence of a step (``df``: step rows with ``context_tokens``, ``decode_seqs``,
+    ``prefill_tokens``): the context over the decodes plus one prompt chunk when it has one -- the axis on which
+    the step grid's shapes and a replay's steps are compared (a 2-sequence decode at 8,000 tokens each is not the
+    64 x 256-token shape of the same total context)."""
+    n = pl.col("decode_seqs") + (pl.col("prefill_tokens") > 0).cast(pl.Int64)
+    return (pl.col("context_tokens") / pl.when(n > 0).then(n).otherwise(1)).cast(pl.Float64)
+
+
 def step_table_on_replays(logged: pl.DataFrame, phases: list[dict], below: set, profile, speed_of: dict,
                           grid_max: dict) -> list[dict]:
     """The step table against the wall-clock engine's recorded steps of the replays below saturation (``below``:
@@ -1106,7 +1123,7 @@ def step_table_on_replays(logged: pl.DataFrame, phases: list[dict], below: set, 
     st = st.with_columns((pl.col("step_s") / pl.Series(tab) / pl.col("speed")).alias("ratio"),
                          pl.when(pl.col("prefill_tokens") == 0).then(pl.lit("decode"))
                          .when(pl.col("decode_seqs") == 0).then(pl.lit("prefill")).otherwise(pl.lit("mixed"))
-                         .alias("kind"))
+                         .alias("kind"), per_sequence_context(st).alias("context_per_seq"))
     edges = [0, *STEP_CONTEXT_BINS, math.inf]
     rows = []
     for kind in ("decode", "prefill", "mixed"):
@@ -1114,9 +1131,11 @@ def step_table_on_replays(logged: pl.DataFrame, phases: list[dict], below: set, 
             g = st.filter((pl.col("kind") == kind) & (pl.col("context_tokens") > lo) & (pl.col("context_tokens") <= hi))
             if g.height:
                 r = g["ratio"].to_numpy()
+                cps = float(g["context_per_seq"].median())
                 rows.append({"kind": kind, "context_from": lo, "context_to": hi, "steps": g.height,
+                             "context_per_seq_median": cps,
                              "median_ratio": float(np.median(r)), "median_rel_err": float(1 / np.median(r) - 1),
-                             "beyond_grid": bool(lo >= grid_max.get(kind, math.inf))})
+                             "beyond_grid": bool(cps > grid_max.get(kind, math.inf))})
     return rows
 
 
@@ -1160,7 +1179,8 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
     eng = eng_req.join(sat, on=list(verdict.KEY), how="inner")
 
     def scope(which: str, variant: str) -> tuple[dict, dict]:
-        e = eng if which == "all" else eng.filter(pl.col("saturated") == (which == "saturated"))
+        e = (eng if which == "all" else eng.filter(pl.col("rho") < 1.0) if which == "rho_below_1"
+             else eng.filter(pl.col("saturated") == (which == "saturated")))
         m = verdict.matched_latencies(e.drop("saturated"), pred.filter(pl.col("variant") == variant).drop("variant"))
         if m.height == 0:
             return {x: math.nan for x in verdict.LATENCIES} | {"requests": 0}, {}
@@ -1170,9 +1190,10 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
         return {x: f[x]["mape"] for x in verdict.LATENCIES} | {"requests": f["e2e"]["n"]}, per
 
     mape, mape_by_source = {}, {}
-    for which in ("below_saturation", "saturated", "all"):
+    for which in ("below_saturation", "saturated", "all", "rho_below_1"):
         mape[which], mape_by_source[which] = scope(which, head)
-    before = {which: dict(zip(("overall", "by_source"), scope(which, "trace"))) for which in ("below_saturation", "all")}
+    before = {which: dict(zip(("overall", "by_source"), scope(which, "trace")))
+              for which in ("below_saturation", "rho_below_1")}
     # the step table's error alone: its step times (x the replay's speed) summed over the engine's own steps
     a = (logged["attention_pairs"].fill_null(0).to_numpy() if "attention_pairs" in logged.columns
          else np.zeros(logged.height))
@@ -1218,6 +1239,7 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
            "mape": head_below, "mape_by_source": mape_by_source["below_saturation"],
            "mape_saturated": mape["saturated"], "mape_saturated_by_source": mape_by_source["saturated"],
            "mape_all": mape["all"], "mape_all_by_source": mape_by_source["all"],
+           "mape_rho_below_1": mape["rho_below_1"], "mape_rho_below_1_by_source": mape_by_source["rho_below_1"],
            "before": {"variant": "trace", "what": predict.VARIANTS["trace"], **before},
            "requests": head_below.get("requests", 0),
            "replays": {"below_saturation": int((~table["saturated"]).sum()), "saturated": int(table["saturated"].sum()),
@@ -1607,7 +1629,7 @@ def step_fit_section(out: Path, base, name: str) -> dict:
     prof, table, summ = steps.fit(tab, base, name)
     path = profiles.save_profile(prof, out / "engine_profile_step_grid.json")
     table.write_parquet(out / "step_grid.parquet")
-    grid_max = {k: float(g["context_tokens"].max()) for (k,), g in tab.group_by(["kind"])}
+    grid_max = {k: float(g.select(per_sequence_context(g)).max().item()) for (k,), g in tab.group_by(["kind"])}
     return {**summ, "profile": str(path), "formula": prof.formula(), "drift": steps.drift(rows),
             "grid_max_context": grid_max,
             "time": "wall time of LLMEngine.step() (in-process engine)",
