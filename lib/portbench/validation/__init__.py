@@ -46,8 +46,10 @@ instance of its own with its budget; every step's module says more):
    survive the engine's settings in re-simulation; does the engine reproduce the re-simulation -- TOST
    on effect sizes; the pre-registered family confirmed by one-sided tests, intersection-union, Holm).
 8. The virtual vLLM engine: (a) the whole-run prediction (:mod:`.predict`, :func:`virtual_section`): vLLM's
-   scheduler stepped with the step grid's cost model under the wall-clock engine's settings, every replay below
-   saturation against the wall-clock replays (``whole_run_prediction``: MAPE and its error budget); (b) the
+   scheduler stepped with the step grid's cost model under the wall-clock engine's settings, given the arrivals as
+   each replay's client sent them, every replay against the wall-clock replays, below saturation (measured:
+   :func:`.predict.saturated`) and saturated apart (``whole_run_prediction``: MAPE, the error budget by cause,
+   the step table on the replays' shapes; ``virtual_replays.parquet``); (b) the
    engine that decides the confirmatory family, from the runs of step 1 at the campaign's settings
    (:func:`family_section`; :func:`.confirm.combine`: ``decided_by``, ``by_engine``; ``virtual_family``).
 

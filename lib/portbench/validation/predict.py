@@ -5,8 +5,12 @@ The virtual vLLM engine runs a replayed window under the **wall-clock engine's s
 caching, token scale -- the same mapping as the re-simulation, :func:`.resim.sim_settings`) and advances
 its clock by a cost-model profile -- in the validation the one fitted to the fixed-shape **step grid**
 (:mod:`.steps`), i.e. the engine's measured per-step times. That is a prediction of the wall-clock
-replay from per-step timing alone: what it misses is how the steps compose on the real engine and the
-frontend (process hop, ingestion), plus the step model's own error (:func:`error_budget`).
+replay from per-step timing alone, given the input the engine received: the arrivals as the replay's client
+sent them (:func:`engine_input`; simultaneous arrivals reach vLLM in the client's order, which FCFS keeps).
+A replay is saturated by a measured rule (:func:`saturated`: offered load at the engine's measured capacity, or
+its queue grew, :func:`queue_growth`). What the prediction misses is split by cause (:func:`error_budget`, from
+the :data:`VARIANTS`): the arrival order, the machine's speed during the replay (:func:`speed_factor`), the
+step table's per-shape error, the divergence of the schedule, the frontend's hand-off (:func:`frontend_delay`).
 
 The same runs are the *engine* side of the two-step verdicts where the virtual engine is the engine:
 every policy runs on vLLM's scheduler (MLFQ, RR, VTC included) and ``sarathi`` with its own token budget
