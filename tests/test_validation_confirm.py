@@ -267,7 +267,11 @@ def test_step_grid_shapes_schedule_and_fit():
     assert (1, 8192) in dec and (4, 2048) in dec and (64, 256) in dec
     assert (4, 8192) not in dec and (16, 2048) not in dec and (64, 2048) not in dec
     assert all(b * (c + 1 + g.steps_per_shape) <= 20_224 for b, c in dec) and held[0] == shapes[0]
-    assert shapes[-1].model_inputs() == (128, 16, 16 * 65 + 128, 128 * 129 // 2)
+    assert shapes[-2].model_inputs() == (128, 16, 16 * 65 + 128, 128 * 129 // 2)
+    assert shapes[-1].name == "mixed B=2 C=2048 + P=256" and shapes[-1].model_inputs()[2] == 2 * 2049 + 256
+    from portbench.core.errors import ParameterError
+    with pytest.raises(ParameterError, match="triples"):
+        StepGridConfig(mixed=((2, 256, 2048, 1),))
     order = steps.schedule(shapes, 2, seed=3)
     assert order == steps.schedule(shapes, 2, seed=3) and order[0] == (0, 0)
     for r in (0, 1):   # every shape once per round besides the repeated reference

@@ -6,7 +6,8 @@ validation measures shapes, not runs:
 
 * **Grid** (:func:`grid`, ``validation.step_grid``; engine tokens): decode-only steps (batch B x
   context C per sequence, the pairs the KV cache holds: long contexts with small batches, as replays run them), prefill-only steps (P new tokens after Cc tokens already in the prefix
-  cache) and mixed steps (B decodes at the smallest decode context + a P-token prompt chunk).
+  cache) and mixed steps (B decodes at the smallest decode context, or at the context a ``[B, P, C]`` triple
+  names, + a P-token prompt chunk).
 * **Measurement** (:func:`measure`, needs vLLM): an **in-process** engine (``LLMEngine`` with
   ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no process hop in the timing), the same settings as the replay
   engine, prefix caching on. Per shape the engine state is built (requests prefilled until the batch
@@ -82,7 +83,8 @@ def grid(g, kv_tokens: int | None = None) -> list[Shape]:
     out += [Shape("prefill", prefill_tokens=p, cached_context=cc) for p in g.prefill_tokens for cc in g.cached_contexts
             if p > 0]
     cm = min(g.decode_contexts)
-    out += [Shape("mixed", int(b), cm, int(p)) for b, p in g.mixed]
+    out += [Shape("mixed", int(x[0]), int(x[2]) if len(x) > 2 else cm, int(x[1])) for x in g.mixed
+            if fits(x[0], x[2] if len(x) > 2 else cm)]
     return out
 
 
