@@ -261,7 +261,17 @@ def test_step_grid_shapes_schedule_and_fit():
     g = StepGridConfig()
     shapes = steps.grid(g)
     assert shapes[0].kind == "decode" and {s.kind for s in shapes} == {"decode", "prefill", "mixed"}
-    assert shapes[-1].model_inputs() == (128, 16, 16 * 65 + 128, 128 * 129 // 2)
+    # the KV cache (the CPU engine's 20,224 tokens) keeps long contexts with small batches only
+    held = steps.grid(g, kv_tokens=20_224)
+    dec = {(s.decode_batch, s.decode_context) for s in held if s.kind == "decode"}
+    assert (1, 8192) in dec and (4, 2048) in dec and (64, 256) in dec
+    assert (4, 8192) not in dec and (16, 2048) not in dec and (64, 2048) not in dec
+    assert all(b * (c + 1 + g.steps_per_shape) <= 20_224 for b, c in dec) and held[0] == shapes[0]
+    assert shapes[-2].model_inputs() == (128, 16, 16 * 65 + 128, 128 * 129 // 2)
+    assert shapes[-1].name == "mixed B=2 C=2048 + P=256" and shapes[-1].model_inputs()[2] == 2 * 2049 + 256
+    from portbench.core.errors import ParameterError
+    with pytest.raises(ParameterError, match="triples"):
+        StepGridConfig(mixed=((2, 256, 2048, 1),))
     order = steps.schedule(shapes, 2, seed=3)
     assert order == steps.schedule(shapes, 2, seed=3) and order[0] == (0, 0)
     for r in (0, 1):   # every shape once per round besides the repeated reference
@@ -345,12 +355,75 @@ def test_repeat_cv_from_every_shape_per_round():
     assert math.isnan(steps.repeat_cv(rows.filter(pl.col("round") == 0))["cv"])
 
 
-def test_error_budget_splits_the_prediction_error():
+def test_a_control_asks_whether_its_order_holds_not_its_size():
+    c = _case("control", signs=(1, 1))
+    small = _runs({"azure": [0.10, 0.12, 0.08], "mooncake": [0.012, 0.011, 0.013]})   # mooncake: clear but < delta
+    s = confirm.survives_settings(c, small, delta=0.05, level=0.9)
+    assert s["survives"] and s["order_holds"] and s["question"] == "does the order hold"
+    assert [x["keeps_order"] for x in s["sides"]] == [True, True]
+    assert confirm.case_verdict(s, {"verdict": "reproduced"}) == "reproduced"
+    # the same effects on a reversal-kind case fail the size rule
+    r = confirm.survives_settings(_case(signs=(1, 1)), small, delta=0.05, level=0.9)
+    assert not r["survives"] and r["question"] == "does the reversal survive"
+    # an order whose interval spans 0 does not hold
+    blurred = _runs({"azure": [0.10, 0.12, 0.08], "mooncake": [0.02, -0.015, 0.001]})
+    s2 = confirm.survives_settings(c, blurred, delta=0.05, level=0.9)
+    assert not s2["order_holds"] and confirm.case_verdict(s2, {"verdict": "reproduced"}) == "not testable on this engine"
+    row = {"kind": "control", "confirmatory": {"confirmed": True}}
+    assert confirm.outcome_words(row) == "order holds on the engine (confirmed)"
+    assert confirm.outcome_words({**row, "kind": "reversal"}) == "confirmed"
+    assert confirm.outcome_words({"kind": "control", "confirmatory": {"confirmed": False}}).startswith("order not shown")
+
+
+def test_error_budget_by_cause_is_the_chain_of_measured_variants():
     from portbench.validation import predict
-    b = predict.error_budget(0.3, 0.2, 0.0)
-    assert b["composition_and_frontend"] == pytest.approx(0.1) and b["share_step_time_model"] == pytest.approx(2 / 3)
-    assert math.isnan(predict.error_budget(math.nan, 0.2, 0.0)["composition_and_frontend"])
+    b = predict.error_budget({"trace": 0.40, "engine_input": 0.25, "engine_input_speed": 0.15,
+                              "engine_input_frontend": 0.26}, 0.06)
+    assert b["arrival_order"] == pytest.approx(0.15) and b["machine_speed"] == pytest.approx(0.10)
+    assert b["step_table_shapes"] == pytest.approx(0.06) and b["schedule_divergence"] == pytest.approx(0.09)
+    assert b["frontend"] == pytest.approx(0.01) and b["e2e_mape_prediction"] == 0.25
+    assert math.isnan(predict.error_budget({"engine_input": 0.2}, 0.05)["arrival_order"])
     assert predict.mape([1.1, 2.0, float("nan")], [1.0, 2.0, 3.0]) == pytest.approx(0.05)
+
+
+def test_engine_input_takes_the_clients_send_times_by_request_id():
+    from portbench.validation import predict
+    win = pl.DataFrame({"arrival_s": [0.0, 0.0, 0.0, 1.0], "prompt_tokens": [10, 20, 30, 40]})
+    rec = pl.DataFrame({"req_id": [2, 0, 1], "arrival_s": [0.0004, 0.0011, 0.0007]})    # request 3 never sent
+    got = predict.engine_input(win, rec)["arrival_s"].to_list()
+    assert got == [0.0011, 0.0007, 0.0004, 1.0]          # the client sent 2 first, then 1, then 0
+    fe = pl.DataFrame({"queued_s": [0.003, 0.013, 0.004], "arrival_s": [0.001, 0.001, 0.002],
+                       "rejected": [False, False, False]})
+    assert predict.frontend_delay(fe, 0.0) == pytest.approx(0.002)
+
+
+def test_queue_growth_tells_a_stable_queue_from_a_growing_one():
+    from portbench.validation import predict
+    arr = np.arange(300) * 0.01
+    stable = pl.DataFrame({"arrival_s": arr, "finish_s": arr + 0.02})                # each served in 20 ms
+    growing = pl.DataFrame({"arrival_s": arr, "finish_s": np.arange(300) * 0.02 + 0.02})   # half the arrival rate
+    g0, g1 = predict.queue_growth(stable), predict.queue_growth(growing)
+    assert abs(g0) < 0.02 and g1 == pytest.approx(0.5, abs=0.05)
+    assert not predict.saturated(0.5, g0) and predict.saturated(0.5, g1) and predict.saturated(1.2, g0)
+    assert not predict.saturated(0.9, math.nan)
+    unfinished = growing.with_columns(pl.when(pl.col("arrival_s") > 2).then(float("nan")).otherwise(pl.col("finish_s"))
+                                      .alias("finish_s"))
+    assert predict.queue_growth(unfinished) >= g1 - 1e-9
+
+
+def test_speed_factor_is_measured_over_tabled_time():
+    from portbench.sim import profiles
+    from portbench.validation import predict
+    prof = profiles.get_profile("a100_40gb_llama3_1_8b")
+    st_ = pl.DataFrame({"prefill_tokens": [0, 128, 0], "decode_seqs": [4, 2, 8], "context_tokens": [400, 900, 1600],
+                        "attention_pairs": [0, 128 * 129 // 2, 0]})
+    tab = np.atleast_1d(prof.iteration_time(st_["prefill_tokens"].to_numpy(), st_["decode_seqs"].to_numpy(),
+                                            st_["context_tokens"].to_numpy(), st_["attention_pairs"].to_numpy()))
+    st_ = st_.with_columns(pl.Series("step_s", tab * 1.3))
+    assert predict.speed_factor(st_, prof) == pytest.approx(1.3)
+    assert predict.scaled_profile(prof, 2.0).iteration_time(128, 2, 900, 100) == pytest.approx(
+        2 * prof.iteration_time(128, 2, 900, 100))
+    assert math.isnan(predict.speed_factor(st_.head(0), prof))
 
 
 # --------------------------------------------------------------------------- the family at the campaign's settings

@@ -199,9 +199,10 @@ def cmd_validate(args):
     for v in s.get("verdicts", []):         # the pre-registered family; every case: verdicts.parquet
         if v["role"] == "confirmatory":
             c = v["confirmatory"]
-            print(f"{v['case']}: survives the engine's settings: {v['survives_settings']['survives']}; engine vs "
+            q = "order holds under" if v["kind"] == "control" else "survives"
+            print(f"{v['case']}: {q} the engine's settings: {v['survives_settings']['survives']}; engine vs "
                   f"re-simulation: {v['engine_vs_resim']['verdict']}; Holm p {c['p_holm']:.3g} -> "
-                  f"{'confirmed' if c['confirmed'] else 'not confirmed'}; verdict: {v['verdict']}")
+                  f"{validation.confirm.outcome_words(v)}; verdict: {v['verdict']}")
     print(validation.confirm.verdict_line(s["verdict_counts"]))
 
 

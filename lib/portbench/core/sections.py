@@ -709,11 +709,11 @@ class ConfirmatoryConfig:
 class StepGridConfig:
     """The fixed-shape step timing grid (``validation.step_grid``; engine tokens)."""
 
-    decode_batches: tuple = (1, 16, 64)
-    decode_contexts: tuple = (64, 256)
+    decode_batches: tuple = (1, 4, 16, 64)
+    decode_contexts: tuple = (64, 256, 2048, 8192)   # pairs the KV cache cannot hold are left out (steps.grid)
     prefill_tokens: tuple = (64, 256)
     cached_contexts: tuple = (0, 512, 4096)
-    mixed: tuple = ((16, 128),)
+    mixed: tuple = ((16, 128), (2, 256, 2048))   # [B, P] at the smallest decode context, or [B, P, C per sequence]
     rounds: int = 5
     reduced_rounds: int = 3
     steps_per_shape: int = 4
@@ -725,8 +725,10 @@ class StepGridConfig:
             if not isinstance(v, (list, tuple)) or not v or not all(_is_int(x) and x >= 0 for x in v):
                 raise ParameterError(f"{p}.{key}", v, "a non-empty list of non-negative integers")
         if not isinstance(self.mixed, (list, tuple)) or not all(
-                isinstance(x, (list, tuple)) and len(x) == 2 and all(_is_int(y) and y > 0 for y in x) for x in self.mixed):
-            raise ParameterError(f"{p}.mixed", self.mixed, "a list of [decode batch, prefill tokens] pairs")
+                isinstance(x, (list, tuple)) and len(x) in (2, 3) and all(_is_int(y) and y > 0 for y in x)
+                for x in self.mixed):
+            raise ParameterError(f"{p}.mixed", self.mixed, "a list of [decode batch, prefill tokens] pairs or "
+                                                           "[decode batch, prefill tokens, decode context] triples")
         for key in ("rounds", "reduced_rounds", "steps_per_shape"):
             _int(f"{p}.{key}", getattr(self, key), 1, "a positive integer")
 

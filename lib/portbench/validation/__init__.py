@@ -46,8 +46,10 @@ instance of its own with its budget; every step's module says more):
    survive the engine's settings in re-simulation; does the engine reproduce the re-simulation -- TOST
    on effect sizes; the pre-registered family confirmed by one-sided tests, intersection-union, Holm).
 8. The virtual vLLM engine: (a) the whole-run prediction (:mod:`.predict`, :func:`virtual_section`): vLLM's
-   scheduler stepped with the step grid's cost model under the wall-clock engine's settings, every replay below
-   saturation against the wall-clock replays (``whole_run_prediction``: MAPE and its error budget); (b) the
+   scheduler stepped with the step grid's cost model under the wall-clock engine's settings, given the arrivals as
+   each replay's client sent them, every replay against the wall-clock replays, below saturation (measured:
+   :func:`.predict.saturated`) and saturated apart (``whole_run_prediction``: MAPE, the error budget by cause,
+   the step table on the replays' shapes; ``virtual_replays.parquet``); (b) the
    engine that decides the confirmatory family, from the runs of step 1 at the campaign's settings
    (:func:`family_section`; :func:`.confirm.combine`: ``decided_by``, ``by_engine``; ``virtual_family``).
 
@@ -64,7 +66,8 @@ never cut (it runs before the wall-clock replays, :func:`run_family`); any wall-
 pairs too: the wall-clock engine is exploratory -- whose estimate and the reserve exceed the time left is cut,
 with its reason (``budget.replays_cut``).
 
-Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written before any engine run;
+Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written after the step grid -- fixed shapes, no case's window -- and before the
+family's runs and any replay;
 its SHA-256 in the summary), ``summary.json`` (the headline: engine, settings_match, preregistration,
 verdicts, step_fit, MAPE, fit R², capacities, wall time), ``report.json`` (everything), and tables
 ``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``, ``verdicts`` (one row
@@ -127,7 +130,8 @@ TARGETS = {"e2e_mape": 0.10, "ttft_mape": 0.20}   # below saturation (peers publ
 # process), the analysis and writing, and the interpreter's exit after the summary (~13 s measured on a loaded
 # 2-core machine once vLLM and torch are imported; it is the one part wall_s.total cannot record) ...
 RESERVE_BASE_S = 30.0
-RESERVE_PER_REPLAY_S = 0.12   # ... plus this per replay (3 re-simulations + metrics; ~0.05 s on a quiet machine)
+RESERVE_PER_REPLAY_S = 0.42   # ... plus this per replay (3 re-simulations + metrics, ~0.05 s on a quiet machine; the
+                              # whole-run prediction's virtual run, 0.24 s at load average 5 on 2 cores)
 VIRTUAL_BASE_S = 5.0          # the analysis' virtual vLLM engine runs (predict.py): building its config ...
 VIRTUAL_RUN_S = 0.85          # ... plus this per run and its re-simulation (0.65-0.85 s measured at load average 6-17 on 2 cores)
 OWN_INSTANCE_S = 5.0          # an own engine instance (sarathi): its start (as measured for the shared one) + this
@@ -432,6 +436,9 @@ def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = F
     # ... the confirmatory family, written and hashed before any case's run (prereg.py; plan() sized it with the
     # deciding virtual engine's noise: none) ...
     sha = prereg.write(out / PREREGISTRATION, the_plan.preregistration)
+    _log(progress, f"pre-registration written: {out / PREREGISTRATION} (SHA-256 {sha[:16]}...), after the step grid "
+                   "(fixed shapes on an in-process engine; no case's window ran) and before the confirmatory family's "
+                   "runs on the virtual engine and any wall-clock replay")
     # ... decided on the virtual vLLM engine at the campaign's own settings (family.py): never cut ...
     fam = run_family(cfg, the_plan, out, progress=progress)
     # ... then the wall-clock engine's replays (exploratory, sized to the time left)
@@ -529,7 +536,9 @@ def measure_step_grid(cfg: Config, the_plan: Plan, out: Path, *, progress: bool 
     ``raw/step_grid.parquet``) and what ran (shapes, rounds, steps, wall time)."""
     v, e = cfg.validation, the_plan.engine
     g = v.step_grid
-    shapes = steps.grid(g)
+    sp = the_plan.spec
+    shapes = steps.grid(g, kv_tokens=int(sp.num_gpu_blocks) * int(sp.block_size)
+                        if sp is not None and sp.num_gpu_blocks and sp.block_size else None)
     rounds = int(g.reduced_rounds if the_plan.reduced else g.rounds)
     _log(progress, f"step grid: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
     t = time.perf_counter()
@@ -594,7 +603,9 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
         R.log(m)
     prereg_path = out / PREREGISTRATION
     pw = the_plan.preregistration["power"]
-    R.log(f"pre-registration written before any replay: {prereg_path} (SHA-256 {prereg_sha[:16]}...), "
+    R.log(f"pre-registration {prereg_path} (SHA-256 {prereg_sha[:16]}...): written "
+          f"{'after the step grid (fixed shapes; no case window) and ' if grid is not None else ''}before the "
+          "confirmatory family's runs on the virtual engine and before any wall-clock replay; "
           f"{n_req} confirmatory cases, {the_plan.preregistration['windows_per_source']} windows per source "
           f"(power calculation with noise CV {pw.get('noise_cv', float('nan')):.3f}: {pw.get('noise_cv_source', '?')})")
     # the step grid: measured before the pre-registration (run()); measured here when called without it
@@ -978,39 +989,75 @@ RESIM_VARIANTS = {
 VIRTUAL_TABLES = ("virtual_requests",)
 
 
+def replay_speed(logged: pl.DataFrame, phases: list[dict], profile) -> dict[tuple, float]:
+    """Per replay (tag, policy) of the shared instance: its machine speed against ``profile``
+    (:func:`.predict.speed_factor` over the steps logged between its start and end)."""
+    t = logged["t_start"].to_numpy()
+    out = {}
+    for ph in phases:
+        if ph.get("instance") == "own":
+            continue
+        m = (t >= ph["t0"]) & (t <= ph["t1"])
+        out[(ph["tag"], ph["policy"])] = predict.speed_factor(logged.filter(pl.Series(m)), profile)
+    return out
+
+
 def virtual_section(cfg: Config, out: Path, *, es: resim.EngineSettings, es_of: dict, profile, wins: pl.DataFrame,
-                    replay_keys: list[tuple], trace_hb: dict) -> dict | None:
+                    replay_keys: list[tuple], trace_hb: dict, rec_by_key: dict | None = None,
+                    speed_of: dict | None = None, frontend_s: dict | None = None) -> dict | None:
     """The whole-run prediction (:mod:`.predict`): the virtual vLLM engine under the wall-clock engine's settings as
-    it ran them (sarathi's included) and ``profile`` (the step grid's) on every replay below saturation, its
-    requests with the simulator's on the same profile (``pred``, ``resim_same_profile``). Without vLLM here: the
-    table a previous analysis stored (``virtual_requests.parquet``), else None. (The confirmatory family ran on the
-    virtual engine at the campaign's settings before the replays: :func:`run_family`.)"""
+    it ran them (sarathi's included) and ``profile`` (the step grid's) on every replay, in the variants of
+    :data:`.predict.VARIANTS` (``engine_input*`` need the replay's records ``rec_by_key``; ``_speed`` its machine
+    speed ``speed_of[(tag, policy)]``, the median of the others where it has none; ``_frontend`` the hand-off delay
+    per source ``frontend_s``); its requests with the simulator's on the same profile and the trace's arrivals
+    (``pred``: column ``variant``; ``resim_same_profile``). Without vLLM here: the table a previous analysis
+    stored (``virtual_requests.parquet``), else None. (The confirmatory family ran on the virtual engine at the
+    campaign's settings before the replays: :func:`run_family`.)"""
     sim = cfg.simulation
     if not predict.available():
         f = out / "virtual_requests.parquet"
         if f.is_file():
             t = pl.read_parquet(f)
+            if "variant" not in t.columns:
+                t = t.with_columns(pl.lit("trace").alias("variant"))
             return {"pred": t.filter(pl.col("side") == "virtual").drop("side"),
-                    "resim_same_profile": t.filter(pl.col("side") == "simulator").drop("side"), "wall_s": 0.0,
-                    "source": "stored by an earlier analysis (vLLM is not importable here)"}
+                    "resim_same_profile": t.filter(pl.col("side") == "simulator").drop("side", "variant"),
+                    "wall_s": 0.0, "source": "stored by an earlier analysis (vLLM is not importable here)"}
         return None
     t0 = time.perf_counter()
     cols = [c for c in ("arrival_s", "prompt_tokens", "output_tokens", "tenant", "block_hashes", *PREDICTION_COLUMNS)
             if c in wins.columns]
+    speeds = [x for x in (speed_of or {}).values() if math.isfinite(x)]
+    speed_default = float(np.median(speeds)) if speeds else 1.0
     pred, same = [], []
     for key in replay_keys:
         s, wid, region, sched = key
         w = wins.filter(pl.col("window_id") == wid, pl.col("region") == region).sort("req_id")
         sc, horizon, rho = w.select(cols), float(w["horizon_s"][0]), float(w["rho"][0])
-        if rho >= 1.0:
-            continue
         e_ = es_of.get(sched, es)
         seed = _seed(sim, wid, sched, region)
         lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(rho).alias("rho")]
-        v = predict.predict(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
-        r = resim.simulate(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
-        pred.append(v.requests.with_columns(*lit))
-        same.append(r.requests.with_columns(*lit))
+        rec = (rec_by_key or {}).get(key)
+        # every replay gets the prediction; the replays below nominal saturation (rho < 1, where the error budget
+        # is taken) also the former input and the two diagnostic variants (they cost ~0.1-0.3 s each)
+        runs = {"trace": (sc, profile)} if rho < 1.0 or rec is None else {}
+        if rec is not None:
+            sent = predict.engine_input(sc, rec.sort("req_id"))
+            runs["engine_input"] = (sent, profile)
+            if rho < 1.0:
+                f = (speed_of or {}).get((f"{wid}.{region}", sched), math.nan)
+                runs["engine_input_speed"] = (sent, predict.scaled_profile(profile, f if math.isfinite(f)
+                                                                             else speed_default))
+                d = (frontend_s or {}).get(s, 0.0)
+                runs["engine_input_frontend"] = (sent.with_columns(pl.col("arrival_s") + d), profile)
+        for variant, (df, prof) in runs.items():
+            v = predict.predict(df, sched, seed, horizon, e_, prof, sim, hash_block_tokens=trace_hb.get(s)).requests
+            if variant != "trace":      # latencies from the client's send, as the engine's are
+                v = v.with_columns(pl.Series("arrival_s", sent["arrival_s"]))
+            pred.append(v.with_columns(*lit, pl.lit(variant).alias("variant")))
+        if "trace" in runs:     # vLLM's scheduler vs the simulator on the same table (conformance: ~0)
+            r = resim.simulate(sc, sched, seed, horizon, e_, profile, sim, hash_block_tokens=trace_hb.get(s))
+            same.append(r.requests.with_columns(*lit))
     return {"pred": pl.concat(pred, how="diagonal_relaxed") if pred else pl.DataFrame(),
             "resim_same_profile": pl.concat(same, how="diagonal_relaxed") if same else pl.DataFrame(),
             "wall_s": time.perf_counter() - t0, "source": "run in this analysis"}
@@ -1040,50 +1087,187 @@ def family_section(cfg: Config, out: Path, conf: list, doc: dict) -> tuple[pl.Da
     return v, r, info
 
 
+STEP_CONTEXT_BINS = (256, 1024, 4096, 8192, 16384)   # context tokens of a step (engine tokens): the replays' range
+
+
+def per_sequence_context(df: pl.DataFrame) -> pl.Expr:
+    """Context tokens per sequence of a step (``df``: step rows with ``context_tokens``, ``decode_seqs``,
+    ``prefill_tokens``): the context over the decodes plus one prompt chunk when it has one -- the axis on which
+    the step grid's shapes and a replay's steps are compared (a 2-sequence decode at 8,000 tokens each is not the
+    64 x 256-token shape of the same total context)."""
+    n = pl.col("decode_seqs") + (pl.col("prefill_tokens") > 0).cast(pl.Int64)
+    return (pl.col("context_tokens") / pl.when(n > 0).then(n).otherwise(1)).cast(pl.Float64)
+
+
+def step_table_on_replays(logged: pl.DataFrame, phases: list[dict], below: set, profile, speed_of: dict,
+                          grid_max: dict) -> list[dict]:
+    """The step table against the wall-clock engine's recorded steps of the replays below saturation (``below``:
+    their (tag, policy)), per step kind (decode, prefill, mixed) x context-token bin: the median of measured /
+    tabled time with each replay's machine speed divided out (1 = the table is right for these shapes), the
+    steps, and whether the bin lies beyond the grid's measured range (``grid_max``: the largest context tokens the
+    grid measured per kind) -- the shapes on which the table extrapolates."""
+    t = logged["t_start"].to_numpy()
+    parts = []
+    for ph in phases:
+        key = (ph["tag"], ph["policy"])
+        if ph.get("instance") == "own" or key not in below:
+            continue
+        f = speed_of.get(key, math.nan)
+        m = (t >= ph["t0"]) & (t <= ph["t1"])
+        if m.any() and math.isfinite(f):
+            parts.append(logged.filter(pl.Series(m)).with_columns(pl.lit(f).alias("speed")))
+    if not parts:
+        return []
+    st = pl.concat(parts, how="diagonal_relaxed")
+    a = st["attention_pairs"].fill_null(0).to_numpy() if "attention_pairs" in st.columns else 0
+    tab = np.atleast_1d(profile.iteration_time(st["prefill_tokens"].to_numpy(), st["decode_seqs"].to_numpy(),
+                                               st["context_tokens"].to_numpy(), a)).astype(float)
+    st = st.with_columns((pl.col("step_s") / pl.Series(tab) / pl.col("speed")).alias("ratio"),
+                         pl.when(pl.col("prefill_tokens") == 0).then(pl.lit("decode"))
+                         .when(pl.col("decode_seqs") == 0).then(pl.lit("prefill")).otherwise(pl.lit("mixed"))
+                         .alias("kind"), per_sequence_context(st).alias("context_per_seq"))
+    edges = [0, *STEP_CONTEXT_BINS, math.inf]
+    rows = []
+    for kind in ("decode", "prefill", "mixed"):
+        for lo, hi in zip(edges[:-1], edges[1:]):
+            g = st.filter((pl.col("kind") == kind) & (pl.col("context_tokens") > lo) & (pl.col("context_tokens") <= hi))
+            if g.height:
+                r = g["ratio"].to_numpy()
+                cps = float(g["context_per_seq"].median())
+                rows.append({"kind": kind, "context_from": lo, "context_to": hi, "steps": g.height,
+                             "context_per_seq_median": cps,
+                             "median_ratio": float(np.median(r)), "median_rel_err": float(1 / np.median(r) - 1),
+                             "beyond_grid": bool(cps > grid_max.get(kind, math.inf))})
+    return rows
+
+
 def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataFrame, phases: list[dict],
-                      rec_by_key: dict, profile, profile_name: str) -> dict:
-    """``summary.json`` ``whole_run_prediction``: the virtual vLLM engine + the measured step table
-    (:func:`virtual_section`) against the wall-clock replays below saturation -- per-request MAPE of TTFT, TPOT
-    and E2E, overall and per source -- and the E2E error budget by cause (:func:`.predict.error_budget`): the
-    step table's own error on the engine's recorded schedule, the virtual engine vs the simulator on the same
-    profile, the rest (composition and frontend)."""
+                      rec_by_key: dict, profile, profile_name: str, speed_of: dict | None = None,
+                      frontend_s: dict | None = None, grid_max: dict | None = None) -> tuple[dict, pl.DataFrame]:
+    """``summary.json`` ``whole_run_prediction`` and the per-replay table (``virtual_replays.parquet``): the virtual
+    vLLM engine + the measured step table (:func:`virtual_section`, :data:`.predict.VARIANTS`) against the
+    wall-clock replays -- per-request MAPE of TTFT, TPOT and E2E of the prediction (``engine_input``) and of the
+    former one (``trace``), below saturation, saturated and overall, per source; a replay is saturated by a
+    measured quantity (:func:`.predict.saturated`: offered load >= the engine's measured capacity, or the engine's
+    queue grew); the E2E error budget by cause below saturation (:func:`.predict.error_budget`), overall and per
+    source; the step table on the shapes the replays visited (:func:`step_table_on_replays`)."""
     if virt is None or virt["pred"].height == 0:
-        return {"available": False, "why": "no virtual vLLM engine in this environment and none stored, or no "
-                                           "replay below saturation"}
-    below = eng_req.filter(pl.col("rho") < 1.0)
-    m = verdict.matched_latencies(below, virt["pred"])
-    fid = verdict.fidelity(m)
-    by_source = {s: {x: verdict.fidelity(g)[x]["mape"] for x in verdict.LATENCIES}
-                 for (s,), g in m.group_by(["source"], maintain_order=True)}
-    same = verdict.fidelity(verdict.matched_latencies(virt["resim_same_profile"], virt["pred"]))
-    # the step table's error alone: its step times summed over the engine's own recorded steps
+        return ({"available": False, "why": "no virtual vLLM engine in this environment and none stored, or no "
+                                            "replay"}, pl.DataFrame())
+    speed_of = speed_of or {}
+    pred = virt["pred"] if "variant" in virt["pred"].columns else virt["pred"].with_columns(pl.lit("trace").alias("variant"))
+    variants = [v for v in predict.VARIANTS if v in set(pred["variant"].unique().to_list())]
+    head = predict.PREDICTION if predict.PREDICTION in variants else "trace"
+    # per replay: measured saturation, machine speed, E2E MAPE of each variant
+    rows = []
+    for key, rec in rec_by_key.items():
+        s_, wid, region, sched = key
+        rr = eng_req.filter(pl.col("window_id") == wid, pl.col("region") == region, pl.col("scheduler") == sched)
+        if rr.height == 0:
+            continue
+        rho = float(rr["rho"][0])
+        g = predict.queue_growth(rec)
+        row = {**dict(zip(verdict.KEY, key)), "rho": rho, "queue_growth": g, "saturated": predict.saturated(rho, g),
+               "speed": speed_of.get((f"{wid}.{region}", sched), math.nan)}
+        for v in variants:
+            m = verdict.matched_latencies(rr, pred.filter(pl.col("variant") == v, pl.col("window_id") == wid,
+                                                          pl.col("region") == region, pl.col("scheduler") == sched))
+            row[f"e2e_mape_{v}"] = verdict.fidelity(m)["e2e"]["mape"] if m.height else math.nan
+        rows.append(row)
+    table = pl.DataFrame(rows).sort(list(verdict.KEY)) if rows else pl.DataFrame()
+    if table.height == 0:
+        return {"available": False, "why": "no replay matched the prediction"}, table
+    sat = table.select(*verdict.KEY, "saturated")
+    eng = eng_req.join(sat, on=list(verdict.KEY), how="inner")
+
+    def scope(which: str, variant: str) -> tuple[dict, dict]:
+        e = (eng if which == "all" else eng.filter(pl.col("rho") < 1.0) if which == "rho_below_1"
+             else eng.filter(pl.col("saturated") == (which == "saturated")))
+        m = verdict.matched_latencies(e.drop("saturated"), pred.filter(pl.col("variant") == variant).drop("variant"))
+        if m.height == 0:
+            return {x: math.nan for x in verdict.LATENCIES} | {"requests": 0}, {}
+        f = verdict.fidelity(m)
+        per = {s: {x: verdict.fidelity(gg)[x]["mape"] for x in verdict.LATENCIES} | {"requests": gg.height}
+               for (s,), gg in m.group_by(["source"], maintain_order=True)}
+        return {x: f[x]["mape"] for x in verdict.LATENCIES} | {"requests": f["e2e"]["n"]}, per
+
+    mape, mape_by_source = {}, {}
+    for which in ("below_saturation", "saturated", "all", "rho_below_1"):
+        mape[which], mape_by_source[which] = scope(which, head)
+    before = {which: dict(zip(("overall", "by_source"), scope(which, "trace")))
+              for which in ("below_saturation", "rho_below_1")}
+    # the step table's error alone: its step times (x the replay's speed) summed over the engine's own steps
     a = (logged["attention_pairs"].fill_null(0).to_numpy() if "attention_pairs" in logged.columns
          else np.zeros(logged.height))
     steps_p = logged.with_columns(pl.Series("predicted_s", np.atleast_1d(profile.iteration_time(
         logged["prefill_tokens"].to_numpy(), logged["decode_seqs"].to_numpy(), logged["context_tokens"].to_numpy(),
         a)).astype(float)))
     origins = {(ph["tag"], ph["policy"]): ph.get("origin") for ph in phases if ph.get("instance") != "own"}
-    errs = []
-    for (_src, wid, region, sched), rec in rec_by_key.items():
+    below_keys = {tuple(r[:4]) for r in table.filter(~pl.col("saturated")).select(*verdict.KEY).iter_rows()}
+    exact: dict[str, list] = {}
+    exact_raw: dict[str, list] = {}
+    for key in below_keys:
+        s_, wid, region, sched = key
         org = origins.get((f"{wid}.{region}", sched))
-        rho = below.filter(pl.col("window_id") == wid, pl.col("region") == region)["rho"]
-        if org is None or rho.len() == 0:
+        if org is None or key not in rec_by_key:
             continue
-        sh = verdict.step_time_share(rec, steps_p, org).filter(pl.col("e2e") > 0)
-        errs.append(((sh["e2e_if_schedule_exact"] - sh["e2e"]).abs() / sh["e2e"]).to_numpy())
-    step_only = float(np.concatenate(errs).mean()) if errs and sum(e.size for e in errs) else math.nan
-    attn_logged = bool("attention_pairs" in logged.columns and logged["attention_pairs"].null_count() < logged.height)
-    return {"available": True, "engine": predict.ENGINE_NAME, "profile": profile_name,
-            "mape": {x: fid[x]["mape"] for x in verdict.LATENCIES}, "requests": fid["e2e"]["n"],
-            "mape_by_source": by_source, "fidelity": fid,
-            "target_e2e_mape": TARGETS["e2e_mape"], "e2e_met": bool(fid["e2e"]["mape"] <= TARGETS["e2e_mape"]),
-            "virtual_vs_simulator_same_profile": {x: same[x]["mape"] for x in verdict.LATENCIES},
-            "error_budget": predict.error_budget(fid["e2e"]["mape"], step_only, same["e2e"]["mape"]),
-            "attention_pairs_logged": attn_logged,
-            "virtual_wall_s": virt["wall_s"], "virtual_source": virt["source"],
-            "definition": "per request, |prediction - wall-clock engine| / engine over the requests completed on both "
-                          "sides in the replays below saturation (rho < 1); prediction = vLLM's V1 scheduler stepped "
-                          "in a virtual clock by the step grid's cost model under the engine's settings"}
+        f = speed_of.get((f"{wid}.{region}", sched), math.nan)
+        for dest, fac in ((exact, f if math.isfinite(f) else 1.0), (exact_raw, 1.0)):
+            sh = verdict.step_time_share(rec_by_key[key], steps_p, org, fac).filter(pl.col("e2e") > 0)
+            dest.setdefault(s_, []).append(((sh["e2e_if_schedule_exact"] - sh["e2e"]).abs() / sh["e2e"]).to_numpy())
+
+    def pooled(d: dict, srcs=None) -> float:
+        xs = [x for s, v in d.items() if srcs is None or s in srcs for x in v]
+        return float(np.concatenate(xs).mean()) if xs and sum(x.size for x in xs) else math.nan
+
+    def budget(srcs=None) -> dict:
+        t = table.filter(~pl.col("saturated") & (pl.col("source").is_in(srcs) if srcs else pl.lit(True)))
+        stages = {}
+        for v in variants:     # pooled over the requests, as the headline (replays weighted by their requests)
+            e = eng.filter(~pl.col("saturated") & (pl.col("source").is_in(srcs) if srcs else pl.lit(True)))
+            m = verdict.matched_latencies(e.drop("saturated"), pred.filter(pl.col("variant") == v).drop("variant"))
+            stages[v] = verdict.fidelity(m)["e2e"]["mape"] if m.height else math.nan
+        return {**predict.error_budget(stages, pooled(exact, srcs)), "replays": t.height}
+
+    srcs = sorted(table["source"].unique().to_list())
+    same = verdict.fidelity(verdict.matched_latencies(virt["resim_same_profile"],
+                                                      pred.filter(pl.col("variant") == "trace").drop("variant")))
+    below_ph = {(f"{w}.{r}", p) for _, w, r, p in below_keys}
+    shapes = step_table_on_replays(logged, phases, below_ph, profile, speed_of, grid_max or {})
+    sp = np.array([x for x in table.filter(~pl.col("saturated"))["speed"].to_list() if x is not None and math.isfinite(x)])
+    head_below = mape["below_saturation"]
+    out = {"available": True, "engine": predict.ENGINE_NAME, "profile": profile_name, "prediction": head,
+           "variants": {v: predict.VARIANTS[v] for v in variants},
+           "mape": head_below, "mape_by_source": mape_by_source["below_saturation"],
+           "mape_saturated": mape["saturated"], "mape_saturated_by_source": mape_by_source["saturated"],
+           "mape_all": mape["all"], "mape_all_by_source": mape_by_source["all"],
+           "mape_rho_below_1": mape["rho_below_1"], "mape_rho_below_1_by_source": mape_by_source["rho_below_1"],
+           "before": {"variant": "trace", "what": predict.VARIANTS["trace"], **before},
+           "requests": head_below.get("requests", 0),
+           "replays": {"below_saturation": int((~table["saturated"]).sum()), "saturated": int(table["saturated"].sum()),
+                       "nominal_below_but_queue_grew": int(((table["rho"] < 1) & table["saturated"]).sum())},
+           "saturation_rule": (f"saturated when rho >= 1 (offered load >= the engine's capacity measured by "
+                               f"capacity.saturation_throughput) or the engine's queue grew: predict.queue_growth > "
+                               f"{predict.QUEUE_GROWTH_LIMIT:g} (the mean number of requests in the engine over the last "
+                               "third of the arrivals minus that over the middle third, per request arrived in the "
+                               "last third)"),
+           "target_e2e_mape": TARGETS["e2e_mape"],
+           "e2e_met": bool(head_below.get("e2e", math.nan) <= TARGETS["e2e_mape"]),
+           "error_budget": budget(), "error_budget_by_source": {s: budget([s]) for s in srcs},
+           "step_table_on_engine_schedule_no_speed": pooled(exact_raw),
+           "machine_speed": {"median": float(np.median(sp)) if sp.size else math.nan,
+                             "min": float(sp.min()) if sp.size else math.nan,
+                             "max": float(sp.max()) if sp.size else math.nan},
+           "frontend_delay_s": frontend_s or {},
+           "step_table_on_replays": shapes,
+           "virtual_vs_simulator_same_profile": {x: same[x]["mape"] for x in verdict.LATENCIES},
+           "attention_pairs_logged": bool("attention_pairs" in logged.columns
+                                          and logged["attention_pairs"].null_count() < logged.height),
+           "virtual_wall_s": virt["wall_s"], "virtual_source": virt["source"],
+           "definition": "per request, |prediction - wall-clock engine| / engine over the requests completed on both "
+                         "sides; prediction = vLLM's V1 scheduler stepped in a virtual clock by the step grid's cost "
+                         "model under the engine's settings, given the arrivals as the replay's client sent them"}
+    return out, table
 
 
 def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
@@ -1228,8 +1412,12 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                             campaign_runs=camp_runs)
     # the virtual vLLM engine: the whole-run prediction from the step table (predict.py, the wall-clock engine's
     # settings), and the engine that decides the confirmatory family at the campaign's own settings (family.py)
-    virt = virtual_section(cfg, out, es=es, es_of=es_of, profile=grid_prof if grid_prof is not None else calib,
-                           wins=wins, replay_keys=list(keys.iter_rows()), trace_hb=trace_hb)
+    wprof = grid_prof if grid_prof is not None else calib
+    speed_grid = replay_speed(logged, phases, wprof)
+    frontend_s = {s_: predict.frontend_delay(g) for (s_,), g in eng_all.group_by(["source"], maintain_order=True)}
+    virt = virtual_section(cfg, out, es=es, es_of=es_of, profile=wprof, wins=wins,
+                           replay_keys=list(keys.iter_rows()), trace_hb=trace_hb, rec_by_key=rec_by_key,
+                           speed_of=speed_grid, frontend_s=frontend_s)
     fam = family_section(cfg, out, conf, doc)
     by_engine = {"wall_clock": rows}
     if fam is not None and fam[0].height:
@@ -1247,8 +1435,10 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                 level=1 - 2 * alpha, delta_absolute=float(cfg.analysis.delta_absolute))
     counts = confirm.verdict_counts(rows)
     counts_by_engine = {e: confirm.verdict_counts(r) for e, r in by_engine.items()}
-    whole_run = whole_run_section(virt, eng_req, logged, phases, rec_by_key, grid_prof if grid_prof is not None
-                                  else calib, "step grid" if grid_prof is not None else "calibration (no step grid)")
+    grid_max = step_fit.get("grid_max_context") or {}
+    whole_run, virtual_replays = whole_run_section(
+        virt, eng_req, logged, phases, rec_by_key, wprof, "step grid" if grid_prof is not None
+        else "calibration (no step grid)", speed_of=speed_grid, frontend_s=frontend_s, grid_max=grid_max)
     verdicts = verdict_rows_table(rows)
     win_err = verdict.window_error_table(matched["prediction"]).join(
         verdict.window_error_table(matched["speed_corrected"]).select(
@@ -1261,7 +1451,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                      "verdicts": verdicts, "window_errors": win_err,
                      "matched_requests": matched["prediction"], "step_time_share": shares,
                      "matched_requests_speed_corrected": matched["speed_corrected"],
-                     "capacity": pl.DataFrame(cap_rows),
+                     "capacity": pl.DataFrame(cap_rows), "virtual_replays": virtual_replays,
                      **({"virtual_requests": pl.concat([virt["pred"].with_columns(pl.lit("virtual").alias("side")),
                                                         virt["resim_same_profile"].with_columns(
                                                             pl.lit("simulator").alias("side"))], how="diagonal_relaxed")
@@ -1394,7 +1584,7 @@ def verdict_rows_table(rows: list[dict]) -> pl.DataFrame:
                         "engine_hi": sd["engine_effect"]["hi"],
                         "difference": d["mean"], "difference_lo": d["lo"], "difference_hi": d["hi"],
                         "p_equivalent": d["p_equivalent"], "p_beyond": d["p_beyond"], "side_step_2": d["verdict"],
-                        "survives_side": bool(sv.get("keeps_sign_and_size", False)),
+                        "survives_side": bool(sv.get("keeps_sign_and_size", sv.get("keeps_order", False))),
                         "survives_settings": bool(r["survives_settings"]["survives"]),
                         "p_one_sided": conf.get(s, {}).get("p_one_sided"),
                         "p_iut": (r.get("confirmatory") or {}).get("p_iut"),
@@ -1441,7 +1631,9 @@ def step_fit_section(out: Path, base, name: str) -> dict:
     prof, table, summ = steps.fit(tab, base, name)
     path = profiles.save_profile(prof, out / "engine_profile_step_grid.json")
     table.write_parquet(out / "step_grid.parquet")
+    grid_max = {k: float(g.select(per_sequence_context(g)).max().item()) for (k,), g in tab.group_by(["kind"])}
     return {**summ, "profile": str(path), "formula": prof.formula(), "drift": steps.drift(rows),
+            "grid_max_context": grid_max,
             "time": "wall time of LLMEngine.step() (in-process engine)",
             "per_shape": table.select("shape", "kind", "steps", "median_s", "lo_s", "hi_s", "cv", "predicted_s",
                                       "rel_err", "rel_err_lo", "rel_err_hi", "loo_rel_err").to_dicts(),
@@ -1494,7 +1686,7 @@ def read_results(cfg: Config) -> dict:
     summary = json.loads(p.read_text())
     res["summary"] = summary
     for name in ("engine_runs", "sim_runs", "sim_runs_insample", "engine_requests", "iterations", "verdicts",
-                 "window_errors", "matched_requests", "capacity", "step_grid"):
+                 "window_errors", "matched_requests", "capacity", "step_grid", "virtual_replays"):
         f = out / f"{name}.parquet"
         if f.is_file():
             res[name] = pl.read_parquet(f)
@@ -1653,7 +1845,8 @@ def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
                  if isinstance(noise, (int, float)) and math.isfinite(noise) else "")
     cut_txt = ("" if n_run in (None, pr["windows_per_source"]) else
                f"; the wall-clock engine replayed {n_run} per source: the time budget cut the rest")
-    lines = [f"**Pre-registered before any replay** (`{Path(pr['path']).name}`, SHA-256 `{pr['sha256'][:16]}…`, "
+    lines = [f"**Pre-registered after the step grid (fixed shapes; no case's window) and before the family's runs and "
+             f"every replay** (`{Path(pr['path']).name}`, SHA-256 `{pr['sha256'][:16]}…`, "
              f"verified when the verdicts were computed): {pr['n_cases']} cases, {pr['windows_per_source']} windows per "
              f"source from the power calculation{noise_txt} (target power "
              f"{'reached' if pr.get('target_reached') else 'not reached'}{cut_txt}), "
@@ -1679,15 +1872,19 @@ def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
             f"* **{r['kind']}: {r['a']} vs {r['b']}**, {r['metric']} at {r['region']} — the campaign: {sim}. "
             + f"Decided on the **{who.replace('_', '-')}** engine"
             + ("" if r.get("decided_as_preregistered", True) else " (not the pre-registered one: it had no runs)") + ". "
-            + ("Under its settings the re-simulation keeps the finding. " if surv["survives"] else
-               "Under its settings the re-simulation **no longer shows the finding: not testable on this engine**"
+            + (("Under its settings the re-simulation keeps the order (the control's question: does the order "
+                "hold). " if r["kind"] == "control" else "Under its settings the re-simulation keeps the finding. ")
+               if surv["survives"] else
+               ("Under its settings the re-simulation **no longer shows the order: not testable on this engine**"
+                if r["kind"] == "control" else
+                "Under its settings the re-simulation **no longer shows the finding: not testable on this engine**")
                + ({True: " (the campaign's own runs of the same windows do show it: the engine's configuration "
                          "removes it). ",
                    False: " (nor do the campaign's own runs of the same windows). "}.get(
                        (r.get("campaign_on_windows") or {}).get("survives"), ". ")))
             + f"Effects (+: {r['a']} better) on the engine with 90 % intervals: {eng}. "
             + f"One-sided p per source {ps}; intersection-union "
-              f"p {c['p_iut']:.3g}, Holm {c['p_holm']:.3g}: **{'confirmed' if c['confirmed'] else 'not confirmed'}**. "
+              f"p {c['p_iut']:.3g}, Holm {c['p_holm']:.3g}: **{confirm.outcome_words(r)}**. "
             + f"Engine vs re-simulation: **{r['engine_vs_resim']['verdict']}**; verdict: **{r['verdict']}**"
             + (f" (beside it, {beside})." if beside else "."))
     ec = s["verdict_counts"].get("exploratory", {})
@@ -1699,20 +1896,69 @@ def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
 
 def whole_run_markdown(s: dict) -> str:
     """The whole-run prediction (virtual vLLM engine + the measured step table) against the wall-clock replays,
-    and its E2E error budget, in words (from ``summary.json`` ``whole_run_prediction``)."""
+    below saturation and saturated, before and after, and its E2E error budget by cause, in words (from
+    ``summary.json`` ``whole_run_prediction``)."""
     w = (s or {}).get("whole_run_prediction") or {}
     if not w.get("available"):
         return f"No whole-run prediction: {w.get('why', 'the validation has not run')}."
-    m, b = w["mape"], w["error_budget"]
+    m = w["mape"]
+    if "error_budget_by_source" not in w:     # a summary written before the per-cause budget
+        return (f"**Whole-run prediction** ({w['engine']}, {w['profile']} profile) below saturation: E2E MAPE "
+                f"{_pct(m.get('e2e'))} (target <= {_pct(w['target_e2e_mape'])}). Rerun the analysis for the error "
+                "budget by cause.")
+    b = w["error_budget"]
     per = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in w["mape_by_source"].items())
-    return (f"**Whole-run prediction** ({w['engine']}, {w['profile']} profile) against the wall-clock replays below "
-            f"saturation ({w['requests']} requests): MAPE TTFT {_pct(m['ttft'])}, TPOT {_pct(m['tpot'])}, E2E "
-            f"{_pct(m['e2e'])} (per source E2E: {per}); target E2E <= {_pct(w['target_e2e_mape'])}: "
-            f"**{'met' if w['e2e_met'] else 'not met'}**. Error budget of the E2E MAPE: the step table's own error "
-            f"on the engine's recorded schedule {_pct(b['step_time_model'])}"
-            f"{'' if w.get('attention_pairs_logged') else ' (the step log of this run has no attention pairs: that term is left out of it)'}; "
-            f"vLLM's scheduler vs the simulator on the same profile {_pct(b['scheduling_model'])}; the rest, "
-            f"composition and frontend (a difference of MAPEs), {_pct(b['composition_and_frontend'])}.")
+    sat = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in (w.get("mape_saturated_by_source") or {}).items())
+    bef = w["before"]["below_saturation"]
+    bef_src = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in bef["by_source"].items())
+    r, ms = w["replays"], w["machine_speed"]
+    return (f"**Whole-run prediction** ({w['engine']}, {w['profile']} profile, the arrivals as the replay's client sent "
+            f"them) against the wall-clock replays. **Below saturation** ({r['below_saturation']} replays, "
+            f"{w['requests']} requests): E2E MAPE **{_pct(m['e2e'])}** (per source: {per}), TTFT {_pct(m['ttft'])}, TPOT "
+            f"{_pct(m['tpot'])}; target E2E <= {_pct(w['target_e2e_mape'])}: **{'met' if w['e2e_met'] else 'not met'}**. "
+            f"Before (the trace's arrival order): E2E {_pct(bef['overall']['e2e'])} ({bef_src}). **Saturated** "
+            f"({r['saturated']} replays, {r['nominal_below_but_queue_grew']} of them nominally below saturation whose "
+            f"queue grew): E2E {_pct(w['mape_saturated'].get('e2e'))} ({sat or 'none'}); all replays "
+            f"{_pct(w['mape_all'].get('e2e'))}. {w['saturation_rule'].capitalize()}.\n\n"
+            f"**Error budget of the E2E MAPE below saturation** (measured counterfactuals on the same requests): "
+            f"the order in which simultaneous arrivals reached the engine {_pct(b['arrival_order'])} (trace order "
+            f"{_pct(b['e2e_mape_trace_order'])} -> the client's send order {_pct(b['e2e_mape_prediction'])}); the "
+            f"machine's speed during each replay vs during the step grid {_pct(b['machine_speed'])} (speeds "
+            f"{ms['min']:.2f}x-{ms['max']:.2f}x, median {ms['median']:.2f}x; with it: {_pct(b['e2e_mape_with_machine_speed'])}); "
+            f"of that rest, the step table's per-shape error on the engine's own schedule {_pct(b['step_table_shapes'])} "
+            f"and the virtual schedule's divergence from the engine's {_pct(b['schedule_divergence'])}; the frontend's "
+            f"hand-off delay changes it by {_pct(b['frontend'])} (added: {_pct(b['e2e_mape_with_frontend'])}). "
+            f"vLLM's scheduler vs the simulator on the same step table: {_pct(w['virtual_vs_simulator_same_profile']['e2e'])}.")
+
+
+def whole_run_table(s: dict) -> pl.DataFrame:
+    """Per source and scope (below saturation, saturated, all): the whole-run prediction's E2E MAPE after (the
+    client's send order) and before (the trace order), with the error budget's causes below saturation."""
+    w = (s or {}).get("whole_run_prediction") or {}
+    if not w.get("available") or "error_budget_by_source" not in w:
+        return pl.DataFrame()
+    rows = []
+    bud = {**w["error_budget_by_source"], "all sources": w["error_budget"]}
+    for src in [*w["error_budget_by_source"], "all sources"]:
+        after_b = w["mape"] if src == "all sources" else w["mape_by_source"].get(src, {})
+        before_b = (w["before"]["below_saturation"]["overall"] if src == "all sources"
+                    else w["before"]["below_saturation"]["by_source"].get(src, {}))
+        sat = w["mape_saturated"] if src == "all sources" else w["mape_saturated_by_source"].get(src, {})
+        al = w["mape_all"] if src == "all sources" else w["mape_all_by_source"].get(src, {})
+        b = bud[src]
+        rows.append({"source": src, "replays_below": b.get("replays"), "e2e_mape_below_after": after_b.get("e2e"),
+                     "e2e_mape_below_before": before_b.get("e2e"), "e2e_mape_saturated": sat.get("e2e"),
+                     "e2e_mape_all": al.get("e2e"), "arrival_order": b["arrival_order"],
+                     "machine_speed": b["machine_speed"], "step_table_shapes": b["step_table_shapes"],
+                     "schedule_divergence": b["schedule_divergence"], "frontend": b["frontend"],
+                     "with_machine_speed": b["e2e_mape_with_machine_speed"]})
+    return pl.DataFrame(rows)
+
+
+def step_shapes_table(s: dict) -> pl.DataFrame:
+    """``whole_run_prediction.step_table_on_replays``: the step table on the shapes the replays visited."""
+    rows = ((s or {}).get("whole_run_prediction") or {}).get("step_table_on_replays") or []
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
 
 
 def settings_table(s: dict) -> pl.DataFrame:

@@ -203,16 +203,28 @@ def survives_settings(case: Case, resim_runs: pl.DataFrame, *, delta: float, lev
                       campaign_runs: pl.DataFrame | None = None, delta_absolute: float | None = None) -> dict:
     """Step 1: per side the campaign's effect and the re-simulation's under the engine's settings (mean
     per-window effect with its t interval, in the same units: :func:`window_effects`; the campaign's over its
-    own windows when ``campaign_runs`` is given, else its relative effect); the case survives when every side
-    of the re-simulation keeps the campaign's sign with |effect| >= the practical size (:func:`practical_size`)."""
+    own windows when ``campaign_runs`` is given, else its relative effect).
+
+    The question depends on the case's kind (``question``): a **reversal** survives when every side of the
+    re-simulation keeps the campaign's sign with |effect| >= the practical size (:func:`practical_size`: the
+    finding is a practically large reversal); a **control** (a pair whose order is the same on every source) asks
+    whether *the order holds*: every side keeps the campaign's sign with its ``level`` interval excluding 0 -- the
+    control was chosen for a significant, stable order, not for its size, so the size rule would call a small but
+    clear order "not testable". ``survives`` is the answer in both cases (``order_holds`` too for a control)."""
     direction = case.direction or metrics.direction(case.metric)
     size = practical_size(case.metric, delta, delta if delta_absolute is None else delta_absolute)
+    control = case.kind == "control"
     sides, ok = [], True
     for s in case.sides:
         wins, e = window_effects(resim_runs, s.source, case.region, case.metric, case.a, case.b, direction)
         ci = mean_ci(e, level)
         sign = int(np.sign(s.diff)) if math.isfinite(s.diff) else 0
-        keeps = bool(ci.n > 0 and sign != 0 and np.sign(ci.mean) == sign and abs(ci.mean) >= size)
+        same_sign = bool(ci.n > 0 and sign != 0 and np.sign(ci.mean) == sign)
+        if control:
+            clear = bool(math.isfinite(ci.lo) and math.isfinite(ci.hi) and (ci.lo > 0 or ci.hi < 0))
+            keeps = same_sign and clear
+        else:
+            keeps = same_sign and abs(ci.mean) >= size
         ok = ok and keeps
         if campaign_runs is not None:
             camp = mean_ci(window_effects(campaign_runs, s.source, case.region, case.metric, case.a, case.b,
@@ -221,8 +233,14 @@ def survives_settings(case: Case, resim_runs: pl.DataFrame, *, delta: float, lev
             camp = {"mean": sign * float(s.rel) if math.isfinite(s.rel) else math.nan, "lo": math.nan,
                     "hi": math.nan, "n": 0, "level": level}
         sides.append({"source": s.source, "campaign_effect": camp, "resim_effect": ci.to_dict(),
-                      "keeps_sign_and_size": keeps})
-    return {"survives": bool(ok and sides), "practical_size": size, "sides": sides}
+                      "keeps_sign_and_size" if not control else "keeps_order": keeps})
+    out = {"survives": bool(ok and sides), "practical_size": size,
+           "question": "does the order hold" if control else "does the reversal survive", "sides": sides}
+    if control:
+        out["order_holds"] = out["survives"]
+        out["rule"] = (f"every side keeps the campaign's sign with its {level:.0%} interval excluding 0 (no size rule: "
+                       "a control is chosen for a stable, significant order)")
+    return out
 
 
 def engine_vs_resim(case: Case, engine_runs: pl.DataFrame, resim_runs: pl.DataFrame, *, margin: float,
@@ -272,8 +290,18 @@ def confirm_family(results: Sequence[dict], alpha: float) -> list[dict]:
 
 def case_verdict(survives: dict, ev: dict) -> str:
     """The case's verdict: ``not testable on this engine`` when the finding does not survive the engine's
-    settings in re-simulation, else step 2's (reproduced / not reproduced / inconclusive)."""
+    settings in re-simulation (for a control: its order does not hold there), else step 2's (reproduced / not
+    reproduced / inconclusive)."""
     return "not testable on this engine" if not survives["survives"] else ev["verdict"]
+
+
+def outcome_words(row: dict) -> str:
+    """The confirmatory outcome of a case in words: a reversal is "confirmed" / "not confirmed"; a control's
+    question is whether its order holds, so "order holds (confirmed)" / "order not shown (not confirmed)"."""
+    ok = bool((row.get("confirmatory") or {}).get("confirmed"))
+    if row.get("kind") == "control":
+        return "order holds on the engine (confirmed)" if ok else "order not shown on the engine (not confirmed)"
+    return "confirmed" if ok else "not confirmed"
 
 
 def case_label(c: Case) -> str:

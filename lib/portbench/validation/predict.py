@@ -5,8 +5,12 @@ The virtual vLLM engine runs a replayed window under the **wall-clock engine's s
 caching, token scale -- the same mapping as the re-simulation, :func:`.resim.sim_settings`) and advances
 its clock by a cost-model profile -- in the validation the one fitted to the fixed-shape **step grid**
 (:mod:`.steps`), i.e. the engine's measured per-step times. That is a prediction of the wall-clock
-replay from per-step timing alone: what it misses is how the steps compose on the real engine and the
-frontend (process hop, ingestion), plus the step model's own error (:func:`error_budget`).
+replay from per-step timing alone, given the input the engine received: the arrivals as the replay's client
+sent them (:func:`engine_input`; simultaneous arrivals reach vLLM in the client's order, which FCFS keeps).
+A replay is saturated by a measured rule (:func:`saturated`: offered load at the engine's measured capacity, or
+its queue grew, :func:`queue_growth`). What the prediction misses is split by cause (:func:`error_budget`, from
+the :data:`VARIANTS`): the arrival order, the machine's speed during the replay (:func:`speed_factor`), the
+step table's per-shape error, the divergence of the schedule, the frontend's hand-off (:func:`frontend_delay`).
 
 The same runs are the *engine* side of the two-step verdicts where the virtual engine is the engine:
 every policy runs on vLLM's scheduler (MLFQ, RR, VTC included) and ``sarathi`` with its own token budget
@@ -72,27 +76,119 @@ def run_metrics(records: pl.DataFrame, horizon_s: float, sim: SimulationConfig) 
     return metrics.compute(records, horizon_s, sim.slo_dicts)
 
 
-def error_budget(mape_prediction: float, mape_step_model: float, mape_scheduling: float) -> dict:
-    """Split a whole-run prediction's E2E MAPE by cause.
+QUEUE_GROWTH_LIMIT = 0.1   # a replay is saturated when its engine's queue grew by more than this (queue_growth)
+FRONTEND_QUANTILE = 0.1    # the frontend's hand-off: this quantile of (vLLM's queued_ts - the client's send)
 
-    ``mape_prediction``: the virtual engine + step table vs the wall-clock replays; ``mape_step_model``: the
-    step table's times on the engine's *own* schedule vs the measured latencies (the error had the
-    prediction taken exactly the engine's steps); ``mape_scheduling``: the virtual engine vs the simulator
-    with the same profile (vLLM's scheduling vs the simulator's; ~0 by conformance). The rest -- how the
-    schedule and its step times differ on the real engine from the stepped prediction: the frontend's
-    ingestion, the process hop, the time between steps, the schedule the real timing leads to -- is
-    ``composition_and_frontend`` (shares are of the prediction's MAPE; MAPEs do not add exactly, so the rest
-    is a difference, not a measurement)."""
-    ok = all(isinstance(x, float) and math.isfinite(x) for x in (mape_prediction, mape_step_model))
-    rest = (mape_prediction - mape_step_model) if ok else math.nan
-    return {"e2e_mape_prediction": mape_prediction, "step_time_model": mape_step_model,
-            "scheduling_model": mape_scheduling, "composition_and_frontend": rest,
-            "share_step_time_model": (mape_step_model / mape_prediction) if ok and mape_prediction > 0 else math.nan,
-            "explanation": "E2E MAPE below saturation of the whole-run prediction (virtual vLLM engine + the step "
-                           "grid's cost model) vs the wall-clock replays; step_time_model: the same cost model's "
-                           "step times summed over the engine's own recorded schedule; the rest is composition "
-                           "and frontend (a difference of MAPEs); scheduling_model: the virtual engine vs the "
-                           "simulator on the same profile"}
+# The whole-run prediction's variants (virtual vLLM engine + the step table), in the error budget's order: each
+# adds one measured input to the one before it, so each step's change of the E2E MAPE is one cause's share.
+VARIANTS = {
+    "trace": "the window's scheduled arrivals in trace order (simultaneous arrivals in request-id order)",
+    "engine_input": "the arrivals as the client sent them (its recorded send times: the order the engine got "
+                    "simultaneous requests in) -- the prediction",
+    "engine_input_frontend": "engine_input + the frontend's hand-off delay (per source: quantile "
+                             f"{FRONTEND_QUANTILE:g} of vLLM's queued time - the client's send time)",
+    "engine_input_speed": "engine_input with the step table x the replay's measured machine speed (its recorded "
+                          "steps' measured / tabled time): the prediction had the machine run as fast during the "
+                          "replay as during the step grid",
+}
+PREDICTION = "engine_input"
+
+
+def engine_input(window_df: pl.DataFrame, records: pl.DataFrame) -> pl.DataFrame:
+    """``window_df`` (sorted by request id) with ``arrival_s`` replaced by the time the replay's client sent each
+    request (``records``: the wall-clock engine's records, ``arrival_s`` = the client's send time relative to the
+    replay's origin, by ``req_id``; a request the client never sent keeps its scheduled arrival). This is the
+    input stream the engine received -- recorded before the engine acted on it. Simultaneous arrivals (Mooncake's
+    bursts of up to ~11 requests at one timestamp) reach the engine in the order the client's event loop sent
+    them, not in request-id order; under FCFS that order decides which request's prompt runs first."""
+    sent = dict(zip(records["req_id"].to_list(), records["arrival_s"].to_list()))
+    arr = window_df["arrival_s"].to_list()
+    new = [float(sent[i]) if i in sent and sent[i] is not None and math.isfinite(sent[i]) else float(a)
+           for i, a in enumerate(arr)]
+    return window_df.with_columns(pl.Series("arrival_s", new))
+
+
+def frontend_delay(records: pl.DataFrame, quantile: float = FRONTEND_QUANTILE) -> float:
+    """The frontend's hand-off delay (s): ``quantile`` of vLLM's ``queued_s`` - the client's send ``arrival_s``
+    over the admitted requests of ``records`` (a low quantile: the requests that found the engine between steps;
+    the others also waited for the running step to end, which the virtual engine models itself)."""
+    r = records.filter(~pl.col("rejected")) if "rejected" in records.columns else records
+    d = (r["queued_s"] - r["arrival_s"]).drop_nans().drop_nulls()
+    return float(d.quantile(quantile)) if d.len() else 0.0
+
+
+def speed_factor(steps: pl.DataFrame, profile: Profile) -> float:
+    """A replay's machine speed: its recorded steps' measured time (``step_s``) over the step table's time for
+    the same shapes (1 = as fast as during the step grid; > 1 slower). NaN without steps."""
+    if steps.height == 0:
+        return math.nan
+    a = steps["attention_pairs"].fill_null(0).to_numpy() if "attention_pairs" in steps.columns else 0
+    pred = np.atleast_1d(profile.iteration_time(steps["prefill_tokens"].to_numpy(), steps["decode_seqs"].to_numpy(),
+                                                steps["context_tokens"].to_numpy(), a)).astype(float)
+    return float(steps["step_s"].sum() / pred.sum()) if pred.sum() > 0 else math.nan
+
+
+def scaled_profile(p: Profile, f: float) -> Profile:
+    """``p`` with every step-time term x ``f``."""
+    return dataclasses.replace(p, c0_s=p.c0_s * f, c_prefill_s=p.c_prefill_s * f, c_decode_s=p.c_decode_s * f,
+                               c_kv_s=p.c_kv_s * f, c_attn_s=p.c_attn_s * f, floor_s=p.floor_s * f)
+
+
+def queue_growth(records: pl.DataFrame) -> float:
+    """Whether the engine kept up with a replay, measured on its own records: the mean number of requests in the
+    engine (arrived, not finished) over the last third of the arrival period minus that over the middle third,
+    divided by the requests that arrived in the last third. ~0 when the queue is stable (the first third, the
+    fill-up of an empty engine, is left out); about 1 - (completion rate / arrival rate) when it grows."""
+    a = np.sort(records["arrival_s"].drop_nans().drop_nulls().to_numpy().astype(float))
+    if a.size < 3 or a[-1] <= a[0]:
+        return math.nan
+    f = np.sort(records["finish_s"].fill_nan(None).fill_null(np.inf).to_numpy().astype(float))
+    ts = np.linspace(a[0], a[-1], 301)
+    n = np.searchsorted(a, ts, side="right") - np.searchsorted(f, ts, side="right")
+    late = int(np.sum(a > a[0] + (a[-1] - a[0]) * 2 / 3))
+    return float((n[200:].mean() - n[100:200].mean()) / max(late, 1))
+
+
+def saturated(rho: float, growth: float, limit: float = QUEUE_GROWTH_LIMIT) -> bool:
+    """A replay is saturated when its offered load reaches the engine's measured capacity (``rho`` >= 1: the
+    window was rescaled with the capacity ``capacity.saturation_throughput`` measured) or the engine's queue grew
+    during it (:func:`queue_growth` > ``limit``); a NaN growth counts as not grown."""
+    return bool(rho >= 1.0 or (math.isfinite(growth) and growth > limit))
+
+
+def error_budget(stages: dict, step_table_on_engine_schedule: float) -> dict:
+    """The E2E MAPE of the whole-run prediction split by cause, from the MAPEs of the :data:`VARIANTS` on the same
+    requests (``stages``: variant -> E2E MAPE) and ``step_table_on_engine_schedule`` (the step table's times x the
+    replay's machine speed summed over the engine's *own recorded* steps in each request's lifetime: the error had
+    the prediction taken the engine's exact schedule -- the step table's per-shape error alone).
+
+    Causes (differences of MAPEs, in the order the inputs are added; they need not add up exactly):
+    ``arrival_order`` = trace - engine_input (the order and times the engine got simultaneous requests in);
+    ``machine_speed`` = engine_input - engine_input_speed (the shared machine ran the replay at another speed than
+    the step grid); ``step_table_shapes`` = the step table's per-shape error on the engine's schedule;
+    ``schedule_divergence`` = engine_input_speed - step_table_shapes (the virtual schedule differs from the
+    engine's: timing-dependent decisions, random draws, the integration of step errors into queueing);
+    ``frontend`` = engine_input_frontend - engine_input (adding the measured hand-off delay; negative: it
+    helps)."""
+    g = {k: float(stages.get(k, math.nan)) for k in VARIANTS}
+
+    def diff(a: float, b: float) -> float:
+        return a - b if math.isfinite(a) and math.isfinite(b) else math.nan
+    st = float(step_table_on_engine_schedule)
+    return {"e2e_mape_trace_order": g["trace"], "e2e_mape_prediction": g["engine_input"],
+            "e2e_mape_with_machine_speed": g["engine_input_speed"],
+            "e2e_mape_with_frontend": g["engine_input_frontend"],
+            "arrival_order": diff(g["trace"], g["engine_input"]),
+            "machine_speed": diff(g["engine_input"], g["engine_input_speed"]),
+            "step_table_shapes": st,
+            "schedule_divergence": diff(g["engine_input_speed"], st),
+            "frontend": diff(g["engine_input_frontend"], g["engine_input"]),
+            "explanation": "E2E MAPE of the whole-run prediction by cause, each a measured counterfactual on the same "
+                           "requests: arrival_order = trace order - the client's send order; machine_speed = "
+                           "prediction - prediction x the replay's measured machine speed; step_table_shapes = the "
+                           "step table (x machine speed) summed over the engine's own recorded steps; "
+                           "schedule_divergence = the rest of the speed-corrected prediction's error; frontend = "
+                           "the change when the measured hand-off delay is added (differences of MAPEs)"}
 
 
 def mape(a: np.ndarray, ref: np.ndarray) -> float:

@@ -5,8 +5,9 @@ precise to a few percent from tens of repetitions even on a loaded machine. So t
 validation measures shapes, not runs:
 
 * **Grid** (:func:`grid`, ``validation.step_grid``; engine tokens): decode-only steps (batch B x
-  context C per sequence), prefill-only steps (P new tokens after Cc tokens already in the prefix
-  cache) and mixed steps (B decodes at the smallest decode context + a P-token prompt chunk).
+  context C per sequence, the pairs the KV cache holds: long contexts with small batches, as replays run them), prefill-only steps (P new tokens after Cc tokens already in the prefix
+  cache) and mixed steps (B decodes at the smallest decode context, or at the context a ``[B, P, C]`` triple
+  names, + a P-token prompt chunk).
 * **Measurement** (:func:`measure`, needs vLLM): an **in-process** engine (``LLMEngine`` with
   ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no process hop in the timing), the same settings as the replay
   engine, prefix caching on. Per shape the engine state is built (requests prefilled until the batch
@@ -71,13 +72,19 @@ class Shape:
         return p, b, ctx, int(attention_pairs(p, cc)) if p else 0
 
 
-def grid(g) -> list[Shape]:
-    """The shapes of ``validation.step_grid`` (the first is the reference shape)."""
-    out = [Shape("decode", b, c) for b in g.decode_batches for c in g.decode_contexts if b > 0]
+def grid(g, kv_tokens: int | None = None) -> list[Shape]:
+    """The shapes of ``validation.step_grid`` (the first is the reference shape). ``kv_tokens``: the engine's KV
+    cache in tokens; a decode shape whose batch cannot hold its context there -- ``B x (C + 1 + steps_per_shape)``
+    tokens -- is left out (the grid's product of batches and contexts pairs long contexts with small batches only:
+    the shapes the replays visit, a few sequences with thousands of tokens each)."""
+    fits = (lambda b, c: True) if not kv_tokens else (
+        lambda b, c: int(b) * (int(c) + 1 + int(g.steps_per_shape)) <= int(kv_tokens))
+    out = [Shape("decode", b, c) for b in g.decode_batches for c in g.decode_contexts if b > 0 and fits(b, c)]
     out += [Shape("prefill", prefill_tokens=p, cached_context=cc) for p in g.prefill_tokens for cc in g.cached_contexts
             if p > 0]
     cm = min(g.decode_contexts)
-    out += [Shape("mixed", int(b), cm, int(p)) for b, p in g.mixed]
+    out += [Shape("mixed", int(x[0]), int(x[2]) if len(x) > 2 else cm, int(x[1])) for x in g.mixed
+            if fits(x[0], x[2] if len(x) > 2 else cm)]
     return out
 
 
