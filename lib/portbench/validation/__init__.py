@@ -552,8 +552,8 @@ def measure_step_grid(cfg: Config, the_plan: Plan, out: Path, *, progress: bool 
     info = {"shapes": len(shapes), "rounds": rounds, "steps_per_shape": int(g.steps_per_shape),
             "steps": rows.height, "wall_s": time.perf_counter() - t, "startup_s": startup,
             "repeat_noise": steps.repeat_cv(rows)}
-    _log(progress, f"step grid: {rows.height} steps in {info['wall_s']:.0f} s; repeat noise (CV of the reference "
-                   f"shape's per-round medians) {info['repeat_noise']['cv']:.3f}")
+    _log(progress, f"step grid: {rows.height} steps in {info['wall_s']:.0f} s; repeat noise (relative SD over the "
+                   f"rounds of the machine's speed, every shape counted) {info['repeat_noise']['cv']:.3f}")
     return rows, info
 
 
@@ -970,11 +970,6 @@ def _speed_factors(steps: pl.DataFrame, phases: list[dict], profile) -> dict[tup
     return out
 
 
-def _scaled_profile(p, f: float):
-    return dataclasses.replace(p, c0_s=p.c0_s * f, c_prefill_s=p.c_prefill_s * f, c_decode_s=p.c_decode_s * f,
-                               c_kv_s=p.c_kv_s * f, floor_s=p.floor_s * f)
-
-
 RESIM_VARIANTS = {
     "prediction": "calibration profile (fitted before any replay), the window's scheduled arrivals",
     "speed_corrected": "calibration profile x the replay's own speed factor (its steps' measured / predicted "
@@ -1342,7 +1337,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
         queued = rec.sort("req_id")["queued_s"].to_numpy()
         arr_engine = rec.sort("req_id")["arrival_s"].to_numpy()
         sc_q = sc.with_columns(pl.Series("arrival_s", np.where(np.isfinite(queued), queued, sc["arrival_s"].to_numpy())))
-        runs_of = {"prediction": (calib, sc), "speed_corrected": (_scaled_profile(calib, f), sc_q),
+        runs_of = {"prediction": (calib, sc), "speed_corrected": (predict.scaled_profile(calib, f), sc_q),
                    "all_steps_profile": (insample, sc), "step_grid": (grid_prof, sc)}
         for variant, (prof, df) in ((k, runs_of[k]) for k in variants):
             res = resim.simulate(df, sched, seed, horizon, es_of.get(sched, es), prof, sim,
