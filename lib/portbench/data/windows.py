@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from . import registry, standins, synth, traces
+from . import registry, synth, traces
 from ..core import io, progress
 from ..core.config import FROZEN_SECTIONS, Config, PathsConfig, frozen_record  # noqa: F401 - FROZEN_SECTIONS: also read from here
 from ..core.errors import DataError, IntegrityError, ParameterError, PortbenchError
@@ -358,6 +358,8 @@ def provenance_reason(mode: str | None, provenance: str | None, file: str | None
 def evidence_checksums(cfg: Config, source: str) -> dict[str, str]:
     """``{name: sha256}`` of the real evidence a stand-in is built from (names relative to the mirror;
     a folder is recorded as ``"<folder>/"`` with :func:`portbench.core.io.tree_sha256`)."""
+    from . import standins   # scipy.stats: not imported by the campaign's workers
+
     return dict(standins.evidence_sha256(standins.inputs(cfg), source))
 
 
@@ -411,6 +413,8 @@ def _build_source(cfg: Config, source: str, info: Mapping, record: dict) -> list
             record["block_size"] = int(block_size)
         return cut
     built = []
+    from . import standins   # scipy.stats: not imported by the campaign's workers
+
     for k, (meta, df) in enumerate(standins.build_windows(standins.inputs(cfg), source, n, size)):
         meta = dict(meta)
         meta.setdefault("id", window_ids(source, n)[k])
@@ -573,6 +577,8 @@ def rebuild_window(entry: Mapping, manifest: Mapping, canonical: pl.DataFrame | 
                                 n_tenants=w["tenants"], tenant_fields=rule.get("fields", []), hashes=hashes)
     if st is None:
         raise ValueError("a stand-in window needs the data store holding its evidence")
+    from . import standins   # scipy.stats: not imported by the campaign's workers
+
     df = standins.regenerate(dict(entry), st)
     if "tenant" not in df.columns:
         w = manifest["params"]["windows"]

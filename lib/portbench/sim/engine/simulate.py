@@ -58,6 +58,12 @@ class SimResult:
     core: str = "reference"     # the engine core that ran it (reference | compiled)
     core_note: str = ""         # engine.core auto on the reference: why the compiled core did not run it
 
+    def record_arrays(self) -> dict:
+        """The records' columns ``{name: numpy array}`` (``tenant``: a polars Series of strings), what
+        :func:`portbench.sim.metrics.compute` reads: without building the DataFrame on the compiled core."""
+        r = self.requests
+        return {c: (r[c] if c == "tenant" else r[c].to_numpy()) for c in r.columns}
+
     def check(self) -> "SimResult":
         """Re-check conservation and the KV bound from the records and counters."""
         c = self.counters
@@ -83,6 +89,34 @@ class SimResult:
             if int((r["generated_tokens"] > r["output_tokens"]).sum()):
                 raise ConservationError("a request generated more tokens than its output length")
         return self
+
+
+class ArrayRecords(SimResult):
+    """A :class:`SimResult` whose records are kept as the columns' arrays (the compiled core's result) and
+    turned into the ``requests`` DataFrame only when something reads it: a campaign that computes the
+    metrics from the arrays (:meth:`record_arrays`) and keeps the records of a few runs builds no
+    DataFrame for the others. Equal in every respect to the eager result."""
+
+    _columns: dict
+    _frame: pl.DataFrame | None
+
+    def _get_requests(self) -> pl.DataFrame:
+        if self._frame is None:
+            self._frame = pl.DataFrame(self._columns)
+        return self._frame
+
+    def _set_requests(self, value) -> None:
+        if isinstance(value, dict):
+            self._columns, self._frame = value, None
+        else:
+            self._columns, self._frame = {}, value
+
+    requests = property(_get_requests, _set_requests)   # type: ignore[assignment]
+
+    def record_arrays(self) -> dict:
+        if self._frame is not None:
+            return super().record_arrays()
+        return self._columns
 
 
 class SeedRecorder:
@@ -236,7 +270,7 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], prof
     waits[o.wq_s.shape[0]:, 0] = o.waiting_since[wait_m]
     waits[o.wq_s.shape[0]:, 1] = t_obs
     q_mean, q_p95 = queue_stats(waits, t_obs)
-    records = pl.DataFrame({
+    records = {
         "req_id": np.arange(n, dtype=np.int64),
         "arrival_s": np.fromiter((r.arrival_s for r in reqs), dtype=float, count=n),
         "first_token_s": o.first_token_s,
@@ -251,7 +285,7 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], prof
         "refused": refused_m,
         "trace_output_tokens": trace_out,
         "admitted_s": o.admitted_s,
-    })
+    }
     refused = int((refused_m & arrived_m).sum())
     clipped = int(((out < trace_out) & arrived_m & ~refused_m).sum())
     counters = _counters(eng, H, arrived, completed, unfinished, rejected, refused, clipped, q_mean, q_p95,
@@ -260,7 +294,7 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], prof
     if o.tr_f is not None:
         iters = pl.DataFrame({name: (o.tr_f[:, j] if j < 2 else o.tr_i[:, j - 2])
                               for j, (name, _) in enumerate(ITERATION_SCHEMA)}, schema=ITERATION_SCHEMA)
-    return SimResult(requests=records, counters=counters, iterations=iters, scheduler=eng.sched.name)
+    return ArrayRecords(requests=records, counters=counters, iterations=iters, scheduler=eng.sched.name)
 
 
 def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
