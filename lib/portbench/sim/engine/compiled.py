@@ -1895,13 +1895,73 @@ class Outcome:
     tr_i: np.ndarray | None    # ... n_iterations, prefill_tokens, decode_seqs, context_tokens, kv_blocks_used
 
 
-def run(eng, window_df=None) -> Outcome:
+@dataclass
+class Columns:
+    """The requests as the compiled loop reads them, one array per field indexed by request id (= window row):
+    prompt and (clipped) output tokens, the prefill target and progress at the start, static rank (0 for
+    dynamic policies), never-fits flag, arrival time, VTC tenant index, the arrival order and its times,
+    the suffix minimum of static ranks over the arrival order, and the prompt-hash ids (:func:`hash_ids`).
+    Built from the :class:`Request` objects (:func:`columns_from_engine`) or straight from the window's
+    columns (:mod:`portbench.sim.engine.columns`)."""
+
+    prompt: np.ndarray
+    output: np.ndarray
+    target: np.ndarray
+    generated: np.ndarray
+    prefilled: np.ndarray
+    high: np.ndarray
+    rank: np.ndarray
+    never_fits: np.ndarray
+    arrival: np.ndarray
+    tenant: np.ndarray | None     # tenant index into sorted(policy._counter) (vtc), else None
+    order: np.ndarray
+    arr_t: np.ndarray
+    suffix: np.ndarray
+    hoff: np.ndarray
+    hid: np.ndarray
+
+
+def columns_from_engine(eng, window_df=None) -> Columns:
+    """:class:`Columns` of engine ``eng``'s requests (its :class:`Request` objects, static ranks prepared)."""
+    reqs = eng.reqs
+    n = len(reqs)
+    if any(r.id != i for i, r in enumerate(reqs)):     # pragma: no cover - requests_from_window numbers rows
+        raise AssertionError("request ids are not the window's rows")
+    tenant = None
+    if eng.policy.name == "vtc":
+        tix = {t: i for i, t in enumerate(sorted(eng.policy._counter))}
+        tenant = np.array([tix[r.tenant] for r in reqs], np.int64)
+    hoff = np.zeros(n + 1, np.int64)
+    hid = np.zeros(0, np.int64)
+    if eng.pc_on:                       # prompt block hashes as dense entry ids
+        hoff, hid = hash_ids(window_df, reqs)
+    return Columns(
+        prompt=np.array([r.prompt_tokens for r in reqs], np.int64),
+        output=np.array([r.output_tokens for r in reqs], np.int64),
+        target=np.array([r.prefill_target for r in reqs], np.int64),
+        generated=np.array([r.generated for r in reqs], np.int64),
+        prefilled=np.array([r.prefilled for r in reqs], np.int64),
+        high=np.array([r.high for r in reqs], np.int64),
+        rank=np.array([r.rank for r in reqs] if eng.static else np.zeros(n), np.int64),
+        never_fits=np.array([r.never_fits for r in reqs], np.int64),
+        arrival=np.array([r.arrival_s for r in reqs], np.float64),
+        tenant=tenant,
+        order=np.fromiter((r.id for r in eng.arrivals), np.int64, n),
+        arr_t=np.asarray(eng.arr_t, dtype=np.float64),
+        suffix=np.asarray(eng.suffix_min_rank if eng.suffix_min_rank is not None else [0] * (n + 1), dtype=np.int64),
+        hoff=hoff, hid=hid)
+
+
+def run(eng, window_df=None, cols: Columns | None = None) -> Outcome:
     """Run engine ``eng`` (a :class:`~portbench.sim.engine.core.Engine` set up by ``simulate``, static ranks
     prepared, not run) with the compiled loop; the engine's counters are left as the reference's ``run``
     leaves them, the requests' state is returned as arrays (:class:`Outcome`; the :class:`Request` objects
-    are not updated). ``window_df``: the window table the requests were built from (prompt block hashes)."""
-    reqs = eng.reqs
-    n = len(reqs)
+    are not updated). ``window_df``: the window table the requests were built from (prompt block hashes).
+    ``cols``: the requests' :class:`Columns` when they were built without :class:`Request` objects (the
+    engine then holds none: :mod:`portbench.sim.engine.columns`); else they are read from ``eng.reqs``."""
+    if cols is None:
+        cols = columns_from_engine(eng, window_df)
+    n = cols.prompt.shape[0]
     prof = eng.prof
     R = np.zeros((N_RFIELDS, n), np.int64)
     F = np.full((7, n), np.nan)
@@ -1920,37 +1980,31 @@ def run(eng, window_df=None) -> Outcome:
         for jj, b in enumerate(bounds):
             mb[jj, :len(b)] = b
     tenants = sorted(eng.policy._counter) if vtc else []
-    tix = {t: i for i, t in enumerate(tenants)}
-    if any(r.id != i for i, r in enumerate(reqs)):     # pragma: no cover - requests_from_window numbers rows
-        raise AssertionError("request ids are not the window's rows")
-    R[PP] = [r.prompt_tokens for r in reqs]
-    R[OO] = [r.output_tokens for r in reqs]
-    R[TGT] = [r.prefill_target for r in reqs]
-    R[GEN] = [r.generated for r in reqs]
-    R[PREF] = [r.prefilled for r in reqs]
-    R[HIGH] = [r.high for r in reqs]
+    R[PP] = cols.prompt
+    R[OO] = cols.output
+    R[TGT] = cols.target
+    R[GEN] = cols.generated
+    R[PREF] = cols.prefilled
+    R[HIGH] = cols.high
     if eng.static:
-        R[RANK] = [r.rank for r in reqs]
-    R[NFITS] = [r.never_fits for r in reqs]
+        R[RANK] = cols.rank
+    R[NFITS] = cols.never_fits
     if vtc:
-        R[TEN] = [tix[r.tenant] for r in reqs]
+        R[TEN] = cols.tenant
     if pname == "mlfq":
         R[JOIN] = eng.policy._join
     elif pname == "rr":
         F[TAU] = eng.policy._tau
         R[TURN] = eng.policy._turn
-    F[ARR] = [r.arrival_s for r in reqs]
+    F[ARR] = cols.arrival
     R[ST] = _NOT_ARRIVED
     F[KEY] = np.asarray(eng.policy._score, dtype=np.float64) if ltr else R[RANK]
-    order = np.fromiter((r.id for r in eng.arrivals), np.int64, n)
-    arr_t = np.asarray(eng.arr_t, dtype=np.float64)
-    suffix = np.asarray(eng.suffix_min_rank if eng.suffix_min_rank is not None else [0] * (n + 1), dtype=np.int64)
+    order = cols.order
+    arr_t = cols.arr_t
+    suffix = cols.suffix
     by_rank = np.empty(n, np.int64)
     by_rank[R[RANK]] = np.arange(n)
-    hoff = np.zeros(n + 1, np.int64)
-    hid = np.zeros(0, np.int64)
-    if eng.pc_on:                       # prompt block hashes as dense entry ids
-        hoff, hid = hash_ids(window_df, reqs)
+    hoff, hid = cols.hoff, cols.hid
     C = np.array([eng.bs, eng.cap, eng.B, eng.max_seqs, int(eng.pc_on), getattr(eng, "Hb", 1) if eng.pc_on else 1,
                   getattr(eng, "eb", 0) if eng.pc_on else 0, eng.n_arrivable,
                   int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None),

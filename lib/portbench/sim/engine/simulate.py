@@ -11,7 +11,8 @@ from ...core.config import EngineConfig
 from ...core.errors import ConservationError, ParameterError
 from ..request import FINISHED, NOT_ARRIVED, REJECTED, WAITING, Request, requests_from_window
 from ..schedulers import get_scheduler
-from . import compiled
+from . import columns, compiled
+from .contract import is_plugin
 from .core import Engine
 
 RECORD_COLUMNS = ("req_id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
@@ -186,20 +187,36 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
     sched = get_scheduler(scheduler) if isinstance(scheduler, str) else scheduler
     engine = EngineConfig.of(engine)
     rng = SeedRecorder(int(seed))
+    why = None
+    if engine.core != "reference":
+        contract = bool(is_plugin(sched) if check_contract is None else check_contract)
+        why = compiled.unsupported(sched, engine, profile, naive=naive, check_invariants=check_invariants,
+                                   check_contract=contract)
+        if engine.core == "compiled":
+            compiled.require_supported(why)
+        if why is None:         # the set-up straight from the window's columns, where it applies
+            fast = columns.prepare(window_df, sched, profile, H, rng, slo, engine, hash_block_tokens=hash_block_tokens,
+                                   marks=work_marks, record_iterations=record_iterations, check_contract=contract)
+            if fast is not None:
+                eng, cols, tenant = fast
+                res = _result_compiled(eng, compiled.run(eng, window_df, cols), cols.prompt, cols.arrival,
+                                       eng.fast.trace_output, eng.fast.refused, tenant, profile, H)
+                res.counters["seed_used"] = rng.used
+                res.core = "compiled"
+                return res
     reqs, ctx = requests_from_window(window_df, profile, rng, slo,
                                      max_model_len=int(getattr(profile, "max_model_len", 0) or 0))
     sched.reset(ctx)
     eng = Engine(reqs, sched, profile, H, naive, record_iterations, check_invariants, check_contract,
                  settings=engine, hash_block_tokens=hash_block_tokens, marks=work_marks)
     eng.prepare_static_ranks()
-    why = None
-    if engine.core != "reference":
-        why = compiled.unsupported(sched, engine, profile, naive=naive, check_invariants=check_invariants,
-                                   check_contract=eng.check_contract)
-        if engine.core == "compiled":
-            compiled.require_supported(why)
     if reqs and engine.core != "reference" and why is None:
-        res = _result_compiled(eng, compiled.run(eng, window_df), reqs, profile, H)
+        n = len(reqs)
+        res = _result_compiled(eng, compiled.run(eng, window_df), np.fromiter((r.prompt_tokens for r in reqs), np.int64, n),
+                               np.fromiter((r.arrival_s for r in reqs), float, n),
+                               np.fromiter((r.trace_output_tokens for r in reqs), np.int64, n),
+                               np.fromiter((r.refused for r in reqs), bool, n),
+                               pl.Series("tenant", [str(r.tenant) for r in reqs], dtype=pl.Utf8), profile, H)
     else:
         if reqs:
             eng.run()
@@ -247,10 +264,12 @@ ITERATION_SCHEMA = [("start_s", pl.Float64), ("end_s", pl.Float64), ("n_iteratio
                     ("kv_blocks_used", pl.Int64)]
 
 
-def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], profile, H: float) -> SimResult:
-    """:func:`_result` from the compiled core's arrays (:class:`compiled.Outcome`), built in one go: the same
-    records, counters and step log."""
-    n = len(reqs)
+def _result_compiled(eng: Engine, o: compiled.Outcome, pro: np.ndarray, arrival: np.ndarray, trace_out: np.ndarray,
+                     refused_m: np.ndarray, tenant: pl.Series, profile, H: float) -> SimResult:
+    """:func:`_result` from the compiled core's arrays (:class:`compiled.Outcome`) and the requests' prompt,
+    arrival, trace output, refused and tenant columns, built in one go: the same records, counters and step
+    log."""
+    n = pro.shape[0]
     st = o.state
     arrived_m = st != NOT_ARRIVED
     arrived = int(arrived_m.sum())
@@ -258,9 +277,6 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], prof
     rej_m = st == REJECTED
     rejected = int(rej_m.sum())
     unfinished = arrived - completed - rejected
-    pro = np.fromiter((r.prompt_tokens for r in reqs), dtype=np.int64, count=n)
-    trace_out = np.fromiter((r.trace_output_tokens for r in reqs), dtype=np.int64, count=n)
-    refused_m = np.fromiter((r.refused for r in reqs), dtype=bool, count=n)
     out = o.output_tokens
     t_obs = H if np.isfinite(H) else float(eng.end_time)
     wait_m = st == WAITING
@@ -272,7 +288,7 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], prof
     q_mean, q_p95 = queue_stats(waits, t_obs)
     records = {
         "req_id": np.arange(n, dtype=np.int64),
-        "arrival_s": np.fromiter((r.arrival_s for r in reqs), dtype=float, count=n),
+        "arrival_s": arrival,
         "first_token_s": o.first_token_s,
         "finish_s": o.finish_s,
         "prompt_tokens": pro,
@@ -280,7 +296,7 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], prof
         "generated_tokens": o.generated,
         "preemptions": o.preemptions,
         "rejected": rej_m,
-        "tenant": pl.Series("tenant", [str(r.tenant) for r in reqs], dtype=pl.Utf8),
+        "tenant": tenant,
         "service_s": _service_s(eng, profile, pro, out),
         "refused": refused_m,
         "trace_output_tokens": trace_out,
