@@ -28,7 +28,7 @@ from ..schedulers.base import BaseScheduler
 from ..schedulers.baseline import RandomOrder
 from ..schedulers.deadline import _Deadline
 from ..schedulers.length import SJFNoisyOracle, SJFOracle, SJFPredicted, SJFPrompt
-from .compiled import Columns, hash_ids
+from .compiled import Columns
 from .core import Engine
 
 # a built-in static policy's priority as arrays: the key columns, most significant first (ties: request id)
@@ -67,18 +67,41 @@ def _window(window_df):
     return a, p, o, ten.alias("tenant")
 
 
-def _hashes_ok(window_df) -> bool | None:
-    """Whether the window has prompt hashes (a non-empty list) -- None when its ``block_hashes`` column is
-    not what the vectorised hash ids read (integer lists without null elements)."""
+def _hashes(window_df):
+    """``(lens, flat)`` of the window's ``block_hashes`` column (hashes per request, all hashes in request
+    order; ``(None, None)`` without the column), read from its Arrow buffers; None when the column is not
+    what the compiled core's vectorised hash ids read (integer lists without null elements)."""
     if "block_hashes" not in window_df.columns:
-        return False
+        return None, None
     col = window_df["block_hashes"]
     if not isinstance(col.dtype, pl.List) or not col.dtype.inner.is_integer():
         return None
-    lens = col.list.len().fill_null(0)
-    if col.explode().null_count() != int((lens == 0).sum()):   # an empty or null list explodes to one null
+    a = col.to_arrow()
+    if a.null_count == 0:
+        off = a.offsets.to_numpy()
+        vals = a.values.slice(int(off[0]), int(off[-1] - off[0]))
+        lens = np.diff(off).astype(np.int64)
+    else:                          # null lists: lengths 0, their values (if any) left out
+        import pyarrow.compute as pc
+
+        vals = a.flatten()
+        lens = pc.fill_null(pc.list_value_length(a), 0).to_numpy().astype(np.int64)
+    if vals.null_count:
         return None
-    return bool((lens > 0).any())
+    return lens, vals.to_numpy()
+
+
+def hash_ids(lens: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(hoff, hid)`` as :func:`portbench.sim.engine.compiled.hash_ids` gives them (dense entry ids numbered in
+    order of first occurrence), from the lengths and hashes of :func:`_hashes`."""
+    hoff = np.zeros(lens.shape[0] + 1, np.int64)
+    hoff[1:] = np.cumsum(lens)
+    if not flat.shape[0]:
+        return hoff, np.zeros(0, np.int64)
+    _, first, inv = np.unique(flat, return_index=True, return_inverse=True)
+    dense = np.empty(first.shape[0], np.int64)
+    dense[np.argsort(first, kind="stable")] = np.arange(first.shape[0], dtype=np.int64)
+    return hoff, dense[inv.reshape(-1)]
 
 
 def prepare(window_df, sched, profile, H: float, rng, slo, settings, *, hash_block_tokens, marks,
@@ -88,9 +111,10 @@ def prepare(window_df, sched, profile, H: float, rng, slo, settings, *, hash_blo
     w = _window(window_df)
     if w is None:
         return None
-    hashed = _hashes_ok(window_df)
-    if hashed is None:
+    hashes = _hashes(window_df)
+    if hashes is None:
         return None
+    lens, flat = hashes
     static = bool(getattr(sched, "static_priority", False))
     keys = STATIC_KEYS.get(type(sched).priority) if static else None
     if static and keys is None:
@@ -108,7 +132,7 @@ def prepare(window_df, sched, profile, H: float, rng, slo, settings, *, hash_blo
     sched.reset(ctx)
     eng = Engine([], sched, profile, H, False, record_iterations, False, check_contract, settings=settings,
                  hash_block_tokens=hash_block_tokens, marks=marks)
-    if hashed:
+    if lens is not None and lens.any():      # any(r.hashes for r in reqs)
         eng._init_prefix_cache(settings, list(_HASHED), hash_block_tokens)
     order = np.argsort(arr, kind="stable")          # (arrival, id)
     arr_t = arr[order]
@@ -129,8 +153,7 @@ def prepare(window_df, sched, profile, H: float, rng, slo, settings, *, hash_blo
     if sched.name == "vtc":
         tix = {t: i for i, t in enumerate(sorted(sched._counter))}
         tenant = np.fromiter((tix[t] for t in ctx.tenant), np.int64, n)
-    # the vectorised ids (_hashes_ok checked that they apply; hash_ids reads only len() of its second argument)
-    hoff, hid = (hash_ids(window_df, range(n)) if eng.pc_on else (np.zeros(n + 1, np.int64), np.zeros(0, np.int64)))
+    hoff, hid = hash_ids(lens, flat) if eng.pc_on else (np.zeros(n + 1, np.int64), np.zeros(0, np.int64))
     cols_ = Columns(prompt=pro, output=out, target=pro.copy(), generated=np.zeros(n, np.int64),
                     prefilled=np.zeros(n, np.int64), high=np.zeros(n, np.int64), rank=rank,
                     never_fits=never.astype(np.int64), arrival=arr, tenant=tenant, order=order, arr_t=arr_t,
