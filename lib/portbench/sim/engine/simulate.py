@@ -126,14 +126,17 @@ class SeedRecorder:
     -- the generator is a run's only source of randomness -- so its replicates are the same run
     (``counters["seed_used"]``: the campaign simulates such a policy's replicates once)."""
 
-    __slots__ = ("_rng", "used")
+    __slots__ = ("_seed", "_rng", "used")
 
     def __init__(self, seed: int):
-        self._rng = np.random.default_rng(int(seed))
+        self._seed = int(seed)
+        self._rng = None           # made at the first draw (most policies never draw)
         self.used = False
 
     def __getattr__(self, name):
         self.used = True
+        if self._rng is None:
+            self._rng = np.random.default_rng(self._seed)
         return getattr(self._rng, name)
 
 
