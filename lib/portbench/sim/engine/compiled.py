@@ -580,18 +580,51 @@ def _tokens_to_level(r, g, level, R, pol, q, mb, mbl):
 
 
 def _sort_by_key(ids, m, R, F, tmp, tkey):
-    """ids[:m] sorted by ((key, arrival), id) in place."""
-    ids[:m].sort()
-    for a in range(m):
-        tkey[a] = F[ARR, ids[a]]
-    o = np.argsort(tkey[:m], kind="mergesort")
-    for a in range(m):
-        tmp[a] = ids[o[a]]
-    for a in range(m):
-        tkey[a] = F[KEY, tmp[a]]
-    o = np.argsort(tkey[:m], kind="mergesort")
-    for a in range(m):
-        ids[a] = tmp[o[a]]
+    """ids[:m] sorted by ((key, arrival), id) in place: insertion-sorted runs of 16 merged bottom-up through
+    ``tmp`` on that total order (:func:`_kless`), without allocating. The ids are distinct, so any correct sort
+    gives this order (the one the reference's ``sorted`` gives). ``tkey``: unused (kept for the callers)."""
+    for lo in range(0, m, 16):
+        hi = lo + 16 if lo + 16 < m else m
+        for a in range(lo + 1, hi):
+            x = ids[a]
+            b = a - 1
+            while b >= lo and _kless(R, F, x, ids[b]):
+                ids[b + 1] = ids[b]
+                b -= 1
+            ids[b + 1] = x
+    width = 16
+    in_tmp = False
+    src = ids
+    dst = tmp
+    while width < m:
+        for lo in range(0, m, 2 * width):
+            mid = lo + width if lo + width < m else m
+            hi = lo + 2 * width if lo + 2 * width < m else m
+            i = lo
+            j = mid
+            o = lo
+            while i < mid and j < hi:
+                if _kless(R, F, src[j], src[i]):
+                    dst[o] = src[j]
+                    j += 1
+                else:
+                    dst[o] = src[i]
+                    i += 1
+                o += 1
+            while i < mid:
+                dst[o] = src[i]
+                i += 1
+                o += 1
+            while j < hi:
+                dst[o] = src[j]
+                j += 1
+                o += 1
+        src, dst = dst, src
+        in_tmp = not in_tmp
+        width *= 2
+    if in_tmp:
+        for a in range(m):
+            ids[a] = tmp[a]
 
 
 def _kless(R, F, a, b):
