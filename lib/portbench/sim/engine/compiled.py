@@ -20,7 +20,9 @@ decision and walk the ranking one request at a time: the reference's lazy keys a
 speed-ups of the same decisions (``tests/test_incremental.py``). The waiting requests (and, for the next
 decision's bound, the waiting and paused ones) are not re-sorted at every decision: the last sorted list is
 kept with the keys it was sorted by, and only the requests that joined or whose key changed are sorted and
-merged in (:func:`_sorted_set`; the order is a total order, so the result is the full sort's).
+merged in (:func:`_sorted_set`; the order is a total order, so the result is the full sort's); sorts are one
+allocation-free merge sort on that order (:func:`_sort_by_key`). The per-decision scans visit only the ids that
+can be live (from the first not yet finished or rejected to the last ingested), in id order as before.
 
 The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
 reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
@@ -64,8 +66,8 @@ FT, FIN, ADM, WS, ARR, KEY, TAU = range(7)
 # scalar state (S)
 (NEED, OTHER, CLOCK, SL, NCOH, NRES, NWAIT, ADJ, PCREF, PCSH, LRUN, LRUH, LRUT, NPRE, NRUN, NSKIP, NF,
  NPREEMPT, PCHIT, PCQ, WORK, NFIN, NWA, ONESTEP, NITER, NDEC, MAXUSED, CURSOR, USED, NPAUSED, NPAUSE, NWQ, HOSTU,
- NSWO, NSWI) = range(35)
-N_S = 35
+ NSWO, NSWI, LVLO, LVHI) = range(37)
+N_S = 37
 PENDING, SWAPS = 0, 1         # float state (SF): swap copies charged to the next iteration, their total
 # configuration (C)
 C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE, C_POL, C_STARVE, C_NTEN, \
@@ -635,12 +637,11 @@ def _kless(R, F, a, b):
         return F[ARR, a] < F[ARR, b]
     return a < b
 
-def _sorted_set(out, which, paused_too, R, F, kept, kkey, kn, kin, newl, tmp, tkey):
+def _sorted_set(out, which, paused_too, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey):
     """out[:m] = the waiting requests (``paused_too``: and the paused ones) sorted by ((key, arrival), id), as
     ``_sort_by_key`` sorts them, incrementally: set ``which`` keeps the previous call's sorted list
     (``kept[which]``) with the keys it was sorted by (``kkey[which]``); members still in the set with an unchanged
     key keep their order, the others (new, or re-keyed) are sorted and merged in. Returns m."""
-    n = R.shape[1]
     m = 0
     for a in range(kn[which]):
         r = kept[which, a]
@@ -651,7 +652,7 @@ def _sorted_set(out, which, paused_too, R, F, kept, kkey, kn, kin, newl, tmp, tk
         else:
             kin[which, r] = 0
     nnew = 0
-    for r in range(n):
+    for r in range(S[LVLO], S[LVHI]):        # the ids that can be live (S[LVLO], S[LVHI]: see _loop)
         st = R[ST, r]
         if (st == _WAITING or (paused_too and st == _PAUSED)) and not kin[which, r]:
             newl[nnew] = r
@@ -779,7 +780,7 @@ def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, h
     for a in range(nr):
         res_[a] = run[a]
     _sort_by_key(res_, nr, R, F, tmp, tkey)
-    nw = _sorted_set(wl, 0, False, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
+    nw = _sorted_set(wl, 0, False, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey)
     free = cap
     slots = max_seqs
     nc = npl = nd = nres = 0
@@ -975,7 +976,7 @@ def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, pa
     for a in range(nr):
         res_[a] = run[a]
     _sort_by_key(res_, nr, R, F, tmp, tkey)
-    nw = _sorted_set(wl, 0, False, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
+    nw = _sorted_set(wl, 0, False, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey)
     if chunked:
         n_dec = S[NCOH]
         for a in range(S[NPAUSED]):
@@ -1257,6 +1258,8 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             while c < n_arr and arr_t[c] <= now:
                 r = order[c]
                 c += 1
+                if r >= S[LVHI]:
+                    S[LVHI] = r + 1
                 if R[NFITS, r]:
                     R[ST, r] = _REJECTED
                     continue
@@ -1289,12 +1292,19 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             now = t
             continue
         S[NDEC] += 1
+        # live requests (waiting, running, paused) have ids in [S[LVLO], S[LVHI]): every ingested id is below
+        # LVHI, and LVLO passes only a prefix of ids that have finished or been rejected (final states), so the
+        # scans below visit the same live requests in the same order as a scan of every id
+        lv = S[LVLO]
+        while lv < S[LVHI] and (R[ST, lv] == _FINISHED or R[ST, lv] == _REJECTED):
+            lv += 1
+        S[LVLO] = lv
         if nwq + n + 1 > wq_s.shape[0]:            # room for this decision's admissions
             wq_s = np.concatenate((wq_s, np.empty(nwq + n + 1, np.float64)))
             wq_e = np.concatenate((wq_e, np.empty(nwq + n + 1, np.float64)))
         ranked = False
         if pol >= POL_LAS:
-            for r in range(n):                      # every live request's (priority, id), fresh
+            for r in range(S[LVLO], S[LVHI]):       # every live request's (priority, id), fresh
                 st_ = R[ST, r]
                 if st_ == _WAITING or st_ == _RUNNING or st_ == _PAUSED:
                     F[KEY, r] = _key_of(r, R, F, S, pol, qtok, mb, mbl)
@@ -1662,9 +1672,9 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         t_bound = arr_t[cur]
                 if (pol == POL_LAS or pol == POL_MLFQ or pol == POL_RR) and k > 1 and (S[NWAIT] or S[NPAUSED]):
                     # _passing_iterations: fewest iterations until a member ranks after an outside request
-                    no = _sorted_set(outs, 1, True, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
+                    no = _sorted_set(outs, 1, True, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey)
                     best = -1
-                    for m in range(n):
+                    for m in range(S[LVLO], S[LVHI]):
                         if not R[INC, m]:
                             continue
                         lo = 0
@@ -1708,7 +1718,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                                                                            or (F[ARR, x0] == F[ARR, x1] and x0 < x1))):
                                     hb_ = u
                     if nheads >= 2:
-                        for r in range(n):
+                        for r in range(S[LVLO], S[LVHI]):
                             if R[INC, r]:
                                 tin[R[TEN, r]] += 1
                         kq = -1
@@ -1735,7 +1745,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     # ltr's next_decision: the earliest time a waiting request starts starving
                     tq = INF
                     wsq = INF
-                    for r in range(n):
+                    for r in range(S[LVLO], S[LVHI]):
                         if R[ST, r] == _WAITING and F[WS, r] < wsq and not now >= F[WS, r] + starve_s:
                             wsq = F[WS, r]
                             tq = wsq + starve_s
@@ -1795,7 +1805,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             _advance(1, S, cnt, bs)
             clock = S[CLOCK]
             if pol == POL_RR and S[NCOH] > 0:       # RoundRobin.on_tokens: a used-up quantum re-queues at its end
-                for r in range(n):
+                for r in range(S[LVLO], S[LVHI]):
                     if R[INC, r]:
                         g = R[GB, r] + clock
                         used_q = g - R[TURN, r]
@@ -1805,7 +1815,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                             ii = gc - (g - k)
                             F[TAU, r] = t0 + decode_run_s(ii, a0, inc) if (k > 1 and ii < k) else t1
             if pol == POL_VTC and S[NCOH] > 0:      # VTC.on_tokens: every decoded token charges its tenant
-                for r in range(n):
+                for r in range(S[LVLO], S[LVHI]):
                     if R[INC, r]:
                         tc[R[TEN, r]] += w_out * k
             while S[NF] > 0:                                   # _pop_finished, then leave + finish each
