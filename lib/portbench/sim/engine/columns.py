@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import polars as pl
@@ -43,6 +44,17 @@ STATIC_KEYS = {
 }
 
 _HASHED = (SimpleNamespace(hashes=(0,)),)    # "the window has prompt hashes", for Engine._init_prefix_cache
+
+
+class Prepared(NamedTuple):
+    """What :func:`prepare` returns: the engine (configured, holding no requests), the requests' columns for the
+    compiled loop, and the record columns the loop does not produce."""
+
+    engine: Engine
+    columns: Columns
+    tenant: pl.Series            # the records' tenant column
+    refused: np.ndarray          # prompt >= max_model_len
+    trace_output: np.ndarray     # the trace's output lengths (before the context limit's clipping)
 
 
 def _window(window_df):
@@ -105,8 +117,8 @@ def hash_ids(lens: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 def prepare(window_df, sched, profile, H: float, rng, slo, settings, *, hash_block_tokens, marks,
-            record_iterations: bool, check_contract: bool) -> tuple[Engine, Columns, pl.Series] | None:
-    """``(engine, columns, tenant)`` for the compiled loop (:func:`portbench.sim.engine.compiled.run`), the
+            record_iterations: bool, check_contract: bool) -> Prepared | None:
+    """:class:`Prepared` for the compiled loop (:func:`portbench.sim.engine.compiled.run`), the
     policy reset with the run's context; None when the reference set-up must run (module docstring)."""
     w = _window(window_df)
     if w is None:
@@ -133,7 +145,7 @@ def prepare(window_df, sched, profile, H: float, rng, slo, settings, *, hash_blo
     eng = Engine([], sched, profile, H, False, record_iterations, False, check_contract, settings=settings,
                  hash_block_tokens=hash_block_tokens, marks=marks)
     if lens is not None and lens.any():      # any(r.hashes for r in reqs)
-        eng._init_prefix_cache(settings, list(_HASHED), hash_block_tokens)
+        eng._init_prefix_cache(settings, cast(Any, _HASHED), hash_block_tokens)
     order = np.argsort(arr, kind="stable")          # (arrival, id)
     arr_t = arr[order]
     eng.arr_t = arr_t
@@ -158,5 +170,4 @@ def prepare(window_df, sched, profile, H: float, rng, slo, settings, *, hash_blo
                     prefilled=np.zeros(n, np.int64), high=np.zeros(n, np.int64), rank=rank,
                     never_fits=never.astype(np.int64), arrival=arr, tenant=tenant, order=order, arr_t=arr_t,
                     suffix=suffix, hoff=hoff, hid=hid)
-    eng.fast = SimpleNamespace(refused=refused, trace_output=trace_out)
-    return eng, cols_, ten
+    return Prepared(eng, cols_, ten, refused, trace_out)

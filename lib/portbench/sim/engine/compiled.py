@@ -131,24 +131,6 @@ def kernel():
     return _KERNEL
 
 
-def warm() -> float:
-    """Compile the loop in this process, or load it from numba's disk cache, by one tiny run; returns the
-    seconds it took. A campaign calls it before its worker processes start, so that the workers load the
-    cached machine code instead of compiling it side by side."""
-    import time
-
-    import polars as pl
-
-    from ..profiles import DEFAULT_PROFILE, get_profile
-    from .simulate import simulate
-
-    t0 = time.perf_counter()
-    df = pl.DataFrame({"arrival_s": [0.0, 0.5], "prompt_tokens": [100, 200], "output_tokens": [5, 7],
-                       "tenant": ["a", "b"]})
-    simulate(df, "fcfs", get_profile(DEFAULT_PROFILE), horizon_s=100.0, seed=0, engine={"core": "compiled"})
-    return time.perf_counter() - t0
-
-
 # ---------------------------------------------------------------------------------------------------
 # helpers (compiled by kernel(); plain Python otherwise)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +10,7 @@ import polars as pl
 
 from ...core.config import EngineConfig
 from ...core.errors import ConservationError, ParameterError
+from ..profiles import DEFAULT_PROFILE, get_profile
 from ..request import FINISHED, NOT_ARRIVED, REJECTED, WAITING, Request, requests_from_window
 from ..schedulers import get_scheduler
 from . import columns, compiled
@@ -112,7 +114,7 @@ class ArrayRecords(SimResult):
         else:
             self._columns, self._frame = {}, value
 
-    requests = property(_get_requests, _set_requests)   # type: ignore[assignment]
+    requests = property(_get_requests, _set_requests)
 
     def record_arrays(self) -> dict:
         if self._frame is not None:
@@ -201,9 +203,9 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
             fast = columns.prepare(window_df, sched, profile, H, rng, slo, engine, hash_block_tokens=hash_block_tokens,
                                    marks=work_marks, record_iterations=record_iterations, check_contract=contract)
             if fast is not None:
-                eng, cols, tenant = fast
-                res = _result_compiled(eng, compiled.run(eng, window_df, cols), cols.prompt, cols.arrival,
-                                       eng.fast.trace_output, eng.fast.refused, tenant, profile, H)
+                cols = fast.columns
+                res = _result_compiled(fast.engine, compiled.run(fast.engine, window_df, cols), cols.prompt,
+                                       cols.arrival, fast.trace_output, fast.refused, fast.tenant, profile, H)
                 res.counters["seed_used"] = rng.used
                 res.core = "compiled"
                 return res
@@ -230,6 +232,17 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
     elif why is not None:
         res.core_note = why
     return res
+
+
+def warm_compiled() -> float:
+    """Compile the compiled core's loop in this process, or load it from numba's disk cache, by one tiny run;
+    returns the seconds it took. A campaign calls it before its worker processes start, so that the workers
+    load the cached machine code instead of compiling it side by side."""
+    t0 = time.perf_counter()
+    df = pl.DataFrame({"arrival_s": [0.0, 0.5], "prompt_tokens": [100, 200], "output_tokens": [5, 7],
+                       "tenant": ["a", "b"]})
+    simulate(df, "fcfs", get_profile(DEFAULT_PROFILE), horizon_s=100.0, seed=0, engine={"core": "compiled"})
+    return time.perf_counter() - t0
 
 
 def _service_s(eng: Engine, profile, pro: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -41,7 +41,7 @@ class _LazyRecords(RunResult):
     def _set(self, value) -> None:
         self._res = value
 
-    records = property(_get, _set)   # type: ignore[assignment]
+    records = property(_get, _set)
 
 
 class Engine:

@@ -26,6 +26,7 @@ from ...sim import information
 from ...sim import schedulers as scheduler_registry
 from ...sim import settings as sim_settings
 from ...sim.engine import compiled as compiled_core
+from ...sim.engine.simulate import warm_compiled
 from ...sim.metrics import NO_TENANT
 from .engines import Engine, SimEngine
 from .executors import (
@@ -143,7 +144,7 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
                             plugins=plugin_loader.specs(cfg.plugins), refs={w.id: w for w in plan.windows})
         if (executor == "dask" or workers > 1) and isinstance(engine, SimEngine) \
                 and cfg.simulation.engine.core != "reference" and compiled_core.unsupported_here() is None:
-            compiled_core.warm()    # compiled (or loaded from the disk cache) once, before the workers start
+            warm_compiled()    # compiled (or loaded from the disk cache) once, before the workers start
         ex = _Executor(executor, workers, ctx, cfg.campaign.dask_address)
         try:
             if need_cap:
