@@ -234,3 +234,47 @@ def test_hash_ids_vectorised_as_the_requests_give_them():
     ref_off, ref_id = compiled.hash_ids({"block_hashes": df["block_hashes"].to_list()}, reqs)   # the requests' path
     assert hoff.tolist() == ref_off.tolist() == [0, 3, 3, 3, 7, 9]
     assert hid.tolist() == ref_id.tolist() == [0, 1, 2, 1, 0, 3, 0, 4, 2]
+
+
+def test_column_setup_hash_ids_as_the_requests_give_them():
+    """The set-up from the window's columns (:mod:`portbench.sim.engine.columns`) reads the prompt hashes from
+    the column's Arrow buffers: the same ids as the requests' own hashes, with null and empty lists (the
+    flatten path), without them (the offsets path) and on a slice of the table (offsets not starting at 0);
+    null elements inside a list are left to the reference set-up."""
+    from portbench.sim.engine import columns
+    from portbench.sim.request import requests_from_window
+
+    df = pl.DataFrame({"arrival_s": [0.0, 0.1, 0.2, 0.3, 0.4, 0.5], "prompt_tokens": [40] * 6,
+                       "output_tokens": [2] * 6, "tenant": ["a"] * 6,
+                       "block_hashes": [[9, 7, 5], [], None, [7, 9, 11, 9], [2**62, 5], [5, 3]]})
+    for d in (df, df.filter(pl.col("block_hashes").is_not_null()), df.slice(3), df.slice(1, 3)):
+        reqs, _ = requests_from_window(d, prof(), np.random.default_rng(0))
+        lens, flat = columns._hashes(d)
+        hoff, hid = columns.hash_ids(lens, flat)
+        ref_off, ref_id = compiled.hash_ids({"block_hashes": d["block_hashes"].to_list()}, reqs)
+        assert hoff.tolist() == ref_off.tolist() and hid.tolist() == ref_id.tolist()
+    assert columns._hashes(df.with_columns(pl.Series("block_hashes", [[1, None]] * 6))) is None
+
+
+def test_column_setup_is_used_and_the_reference_setup_agrees():
+    """A polars window runs on the column set-up; a mapping of columns (which it does not read) takes the
+    Request set-up: both give the reference's records, for a static, a ranked, a fair and a preemptive policy."""
+    from portbench.sim.engine import columns
+
+    rng = np.random.default_rng(2)
+    n = 60
+    df = with_predictions(pl.DataFrame({
+        "arrival_s": np.sort(rng.uniform(0, 6, n)), "prompt_tokens": rng.integers(10, 1400, n),
+        "output_tokens": rng.integers(1, 300, n), "tenant": rng.choice(["a", "b", "c"], n)}))
+    p = small_profile(120, 8, 256)
+    for policy in ("sjf_predicted", "random", "edf", "ltr", "vtc", "rr"):
+        sched = get_scheduler(policy)
+        got = columns.prepare(df, sched, p, 20.0, np.random.default_rng(0), SLO, EngineConfig(), hash_block_tokens=None,
+                              marks=(), record_iterations=False, check_contract=False)
+        assert got is not None and got[1].prompt.shape == (n,)
+        ref, cc = both(df, policy, p, horizon_s=20.0, seed=1, slo=SLO)
+        assert_identical(ref, cc, policy)
+        mapping = {c: df[c].to_list() for c in df.columns}
+        ref2 = simulate(mapping, policy, p, horizon_s=20.0, seed=1, slo=SLO, engine={"core": "reference"})
+        cc2 = simulate(mapping, policy, p, horizon_s=20.0, seed=1, slo=SLO, engine={"core": "compiled"})
+        assert_identical(ref2, cc2, f"{policy} (mapping)")

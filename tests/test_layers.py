@@ -33,7 +33,8 @@ PLOTTING = ("matplotlib", "seaborn")
 # Top-level names that may be imported inside a function (optional, or heavy and needed by few calls).
 OPTIONAL_HEAVY = ("vllm", "distributed", "dask", "papermill", "pooch", "torch", "scikit_posthocs", "pandas",
                   "pyarrow", "IPython", "matplotlib", "seaborn", "transformers", "sklearn", "psutil", "numba",
-                  "nbconvert", "nbformat", "jinja2", "mistune")   # the last four: the results site only (~4 s to import)
+                  "nbconvert", "nbformat", "jinja2", "mistune",   # the last four: the results site only (~4 s to import)
+                  "scipy", "statsmodels", "lightgbm")   # required, but ~0.5-2 s each: not imported by the campaign's workers
 # (module, function) whose import_module call takes a run-time name: the scheduler modules and plug-ins
 # a campaign names (user code, not the package's).
 DYNAMIC_IMPORTS = {("portbench.core.plugins", "load_spec"), ("portbench.study.campaign.executors", "load_worker_code")}

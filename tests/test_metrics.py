@@ -312,3 +312,16 @@ def test_vtc_narrows_the_service_gap_of_a_flooding_tenant():
     m = {name: metrics.compute(run(df, name, prof, horizon=h).requests, h, SLO) for name in ("fcfs", "vtc")}
     assert m["vtc"]["tenant_service_gap"] < 0.25 * m["fcfs"]["tenant_service_gap"]
     assert m["vtc"]["tenant_jain"] > 0.95 > m["fcfs"]["tenant_jain"]
+
+
+def test_percentile_replica_is_numpys_bit_for_bit():
+    """The metrics' percentiles (``metrics._percentile_linear``) are numpy.percentile's, bit for bit: random
+    arrays of every size from 1, with ties, wide and tiny magnitudes, and the quantiles the metrics take."""
+    rng = np.random.default_rng(0)
+    for i in range(3000):
+        n = int(rng.integers(1, 300))
+        x = (rng.exponential(3, n), rng.integers(0, 5, n).astype(float), rng.normal(0, 1e6, n),
+             rng.uniform(0, 1, n) * 10.0 ** rng.integers(-8, 8))[i % 4]
+        for q in ([50, 90, 95, 99], [90, 95, 99], [0, 100]):
+            a, b = np.percentile(x, q), metrics._percentile_linear(x, q)
+            assert (a.view(np.int64) == b.view(np.int64)).all(), (n, q)

@@ -43,7 +43,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from scipy.optimize import brentq
 from scipy.special import gammaln
 
 from ..core.errors import DataError, ParameterError
@@ -96,6 +95,8 @@ def weibull_shape_for_cv(cv: float) -> float:
 
     if f(lo) < 0 or f(hi) > 0:
         raise ParameterError("cv", cv, f"a CV reachable by a Weibull shape in {WEIBULL_SHAPE_RANGE}")
+    from scipy.optimize import brentq   # scipy.optimize only here (campaign workers import this module)
+
     return float(brentq(f, lo, hi, xtol=1e-14, rtol=1e-13, maxiter=500))
 
 

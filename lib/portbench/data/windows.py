@@ -43,12 +43,12 @@ import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
-from . import registry, standins, synth, traces
+from . import registry, synth, traces
 from ..core import io, progress
 from ..core.config import FROZEN_SECTIONS, Config, PathsConfig, frozen_record  # noqa: F401 - FROZEN_SECTIONS: also read from here
 from ..core.errors import DataError, IntegrityError, ParameterError, PortbenchError
@@ -56,6 +56,9 @@ from ..core.provenance import label, provenance_from_manifest
 from .registry import Store
 from .window_table import (COLUMNS, HASH_COLUMN, HASH_DTYPE, SCHEMA, STAT_KEYS, as_window_table, columns_of,  # noqa: F401
                            window_sha256, window_stats)
+
+if TYPE_CHECKING:
+    from . import standins
 
 MANIFEST_VERSION = 1
 TENANT_FIELDS = ("model", "log_type", "tenant")
@@ -358,6 +361,8 @@ def provenance_reason(mode: str | None, provenance: str | None, file: str | None
 def evidence_checksums(inp: standins.StandinInputs, source: str) -> dict[str, str]:
     """``{name: sha256}`` of the real evidence a stand-in is built from (``inp``: :func:`portbench.data.standins.inputs`;
     names relative to the mirror; a folder is recorded as ``"<folder>/"`` with :func:`portbench.core.io.tree_sha256`)."""
+    from . import standins   # scipy.stats: not imported by the campaign's workers
+
     return dict(standins.evidence_sha256(inp, source))
 
 
@@ -411,6 +416,8 @@ def _build_source(cfg: Config, source: str, info: Mapping, record: dict) -> list
             record["block_size"] = int(block_size)
         return cut
     built = []
+    from . import standins   # scipy.stats: not imported by the campaign's workers
+
     for k, (meta, df) in enumerate(standins.build_windows(standins.inputs(cfg), source, n, size)):
         meta = dict(meta)
         meta.setdefault("id", window_ids(source, n)[k])
@@ -459,6 +466,8 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
         if prov == "real":
             source_files[info["file"]] = st.sha256(info["path"])
         else:
+            from . import standins   # scipy.stats: not imported by the campaign's workers
+
             source_files.update(evidence_checksums(standins.inputs(cfg), source))
         for meta, df in _build_source(cfg, source, info, rec):
             e = _entry(meta, df, source=source, provenance=prov)
@@ -574,6 +583,8 @@ def rebuild_window(entry: Mapping, manifest: Mapping, canonical: pl.DataFrame | 
                                 n_tenants=w["tenants"], tenant_fields=rule.get("fields", []), hashes=hashes)
     if st is None:
         raise ValueError("a stand-in window needs the data store holding its evidence")
+    from . import standins   # scipy.stats: not imported by the campaign's workers
+
     df = standins.regenerate(dict(entry), st)
     if "tenant" not in df.columns:
         w = manifest["params"]["windows"]

@@ -254,7 +254,33 @@ def _arrays(records) -> dict[str, np.ndarray]:
 
 
 def _pct(x: np.ndarray, q) -> np.ndarray:
-    return np.percentile(x, q) if x.size else np.full(np.shape(q), np.nan)
+    if not x.size:
+        return np.full(np.shape(q), np.nan)
+    if x.dtype != np.float64 or x.ndim != 1 or np.isnan(x).any():
+        return np.percentile(x, q)
+    return _percentile_linear(x, q)
+
+
+def _percentile_linear(x: np.ndarray, q) -> np.ndarray:
+    """``numpy.percentile(x, q)`` (method ``linear``) of a non-empty 1-D float64 array without NaN, by the same
+    operations in the same order as numpy's own (``_quantile``: virtual index ``(n - 1) * q / 100``, its
+    neighbours, clipped at the last element, gamma, ``_lerp``) without its generic layers: the same floats,
+    a fraction of the time (``tests/test_metrics.py`` holds the two equal)."""
+    s = np.sort(x)
+    n = s.shape[0]
+    vi = (n - 1) * np.true_divide(q, 100)
+    prev = np.floor(vi)
+    nxt = prev + 1
+    above = vi >= n - 1
+    prev[above] = -1
+    nxt[above] = -1
+    pi = prev.astype(np.intp)
+    a, b = s[pi], s[nxt.astype(np.intp)]
+    t = np.asarray(vi - pi, dtype=vi.dtype)
+    diff_b_a = b - a
+    out = np.add(a, diff_b_a * t)
+    np.subtract(b, diff_b_a * (1 - t), out=out, where=t >= 0.5, casting="unsafe", dtype=type(out.dtype))
+    return out
 
 
 def compute(records, horizon_s: float, slo_defs: Mapping[str, Mapping]) -> dict[str, float]:

@@ -20,7 +20,9 @@ decision and walk the ranking one request at a time: the reference's lazy keys a
 speed-ups of the same decisions (``tests/test_incremental.py``). The waiting requests (and, for the next
 decision's bound, the waiting and paused ones) are not re-sorted at every decision: the last sorted list is
 kept with the keys it was sorted by, and only the requests that joined or whose key changed are sorted and
-merged in (:func:`_sorted_set`; the order is a total order, so the result is the full sort's).
+merged in (:func:`_sorted_set`; the order is a total order, so the result is the full sort's); sorts are one
+allocation-free merge sort on that order (:func:`_sort_by_key`). The per-decision scans visit only the ids that
+can be live (from the first not yet finished or rejected to the last ingested), in id order as before.
 
 The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
 reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
@@ -64,8 +66,8 @@ FT, FIN, ADM, WS, ARR, KEY, TAU = range(7)
 # scalar state (S)
 (NEED, OTHER, CLOCK, SL, NCOH, NRES, NWAIT, ADJ, PCREF, PCSH, LRUN, LRUH, LRUT, NPRE, NRUN, NSKIP, NF,
  NPREEMPT, PCHIT, PCQ, WORK, NFIN, NWA, ONESTEP, NITER, NDEC, MAXUSED, CURSOR, USED, NPAUSED, NPAUSE, NWQ, HOSTU,
- NSWO, NSWI) = range(35)
-N_S = 35
+ NSWO, NSWI, LVLO, LVHI) = range(37)
+N_S = 37
 PENDING, SWAPS = 0, 1         # float state (SF): swap copies charged to the next iteration, their total
 # configuration (C)
 C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE, C_POL, C_STARVE, C_NTEN, \
@@ -562,18 +564,51 @@ def _tokens_to_level(r, g, level, R, pol, q, mb, mbl):
 
 
 def _sort_by_key(ids, m, R, F, tmp, tkey):
-    """ids[:m] sorted by ((key, arrival), id) in place."""
-    ids[:m].sort()
-    for a in range(m):
-        tkey[a] = F[ARR, ids[a]]
-    o = np.argsort(tkey[:m], kind="mergesort")
-    for a in range(m):
-        tmp[a] = ids[o[a]]
-    for a in range(m):
-        tkey[a] = F[KEY, tmp[a]]
-    o = np.argsort(tkey[:m], kind="mergesort")
-    for a in range(m):
-        ids[a] = tmp[o[a]]
+    """ids[:m] sorted by ((key, arrival), id) in place: insertion-sorted runs of 16 merged bottom-up through
+    ``tmp`` on that total order (:func:`_kless`), without allocating. The ids are distinct, so any correct sort
+    gives this order (the one the reference's ``sorted`` gives). ``tkey``: unused (kept for the callers)."""
+    for lo in range(0, m, 16):
+        hi = lo + 16 if lo + 16 < m else m
+        for a in range(lo + 1, hi):
+            x = ids[a]
+            b = a - 1
+            while b >= lo and _kless(R, F, x, ids[b]):
+                ids[b + 1] = ids[b]
+                b -= 1
+            ids[b + 1] = x
+    width = 16
+    in_tmp = False
+    src = ids
+    dst = tmp
+    while width < m:
+        for lo in range(0, m, 2 * width):
+            mid = lo + width if lo + width < m else m
+            hi = lo + 2 * width if lo + 2 * width < m else m
+            i = lo
+            j = mid
+            o = lo
+            while i < mid and j < hi:
+                if _kless(R, F, src[j], src[i]):
+                    dst[o] = src[j]
+                    j += 1
+                else:
+                    dst[o] = src[i]
+                    i += 1
+                o += 1
+            while i < mid:
+                dst[o] = src[i]
+                i += 1
+                o += 1
+            while j < hi:
+                dst[o] = src[j]
+                j += 1
+                o += 1
+        src, dst = dst, src
+        in_tmp = not in_tmp
+        width *= 2
+    if in_tmp:
+        for a in range(m):
+            ids[a] = tmp[a]
 
 
 def _kless(R, F, a, b):
@@ -584,12 +619,11 @@ def _kless(R, F, a, b):
         return F[ARR, a] < F[ARR, b]
     return a < b
 
-def _sorted_set(out, which, paused_too, R, F, kept, kkey, kn, kin, newl, tmp, tkey):
+def _sorted_set(out, which, paused_too, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey):
     """out[:m] = the waiting requests (``paused_too``: and the paused ones) sorted by ((key, arrival), id), as
     ``_sort_by_key`` sorts them, incrementally: set ``which`` keeps the previous call's sorted list
     (``kept[which]``) with the keys it was sorted by (``kkey[which]``); members still in the set with an unchanged
     key keep their order, the others (new, or re-keyed) are sorted and merged in. Returns m."""
-    n = R.shape[1]
     m = 0
     for a in range(kn[which]):
         r = kept[which, a]
@@ -600,7 +634,7 @@ def _sorted_set(out, which, paused_too, R, F, kept, kkey, kn, kin, newl, tmp, tk
         else:
             kin[which, r] = 0
     nnew = 0
-    for r in range(n):
+    for r in range(S[LVLO], S[LVHI]):        # the ids that can be live (S[LVLO], S[LVHI]: see _loop)
         st = R[ST, r]
         if (st == _WAITING or (paused_too and st == _PAUSED)) and not kin[which, r]:
             newl[nnew] = r
@@ -728,7 +762,7 @@ def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, h
     for a in range(nr):
         res_[a] = run[a]
     _sort_by_key(res_, nr, R, F, tmp, tkey)
-    nw = _sorted_set(wl, 0, False, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
+    nw = _sorted_set(wl, 0, False, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey)
     free = cap
     slots = max_seqs
     nc = npl = nd = nres = 0
@@ -924,7 +958,7 @@ def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, pa
     for a in range(nr):
         res_[a] = run[a]
     _sort_by_key(res_, nr, R, F, tmp, tkey)
-    nw = _sorted_set(wl, 0, False, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
+    nw = _sorted_set(wl, 0, False, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey)
     if chunked:
         n_dec = S[NCOH]
         for a in range(S[NPAUSED]):
@@ -1206,6 +1240,8 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             while c < n_arr and arr_t[c] <= now:
                 r = order[c]
                 c += 1
+                if r >= S[LVHI]:
+                    S[LVHI] = r + 1
                 if R[NFITS, r]:
                     R[ST, r] = _REJECTED
                     continue
@@ -1238,12 +1274,19 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             now = t
             continue
         S[NDEC] += 1
+        # live requests (waiting, running, paused) have ids in [S[LVLO], S[LVHI]): every ingested id is below
+        # LVHI, and LVLO passes only a prefix of ids that have finished or been rejected (final states), so the
+        # scans below visit the same live requests in the same order as a scan of every id
+        lv = S[LVLO]
+        while lv < S[LVHI] and (R[ST, lv] == _FINISHED or R[ST, lv] == _REJECTED):
+            lv += 1
+        S[LVLO] = lv
         if nwq + n + 1 > wq_s.shape[0]:            # room for this decision's admissions
             wq_s = np.concatenate((wq_s, np.empty(nwq + n + 1, np.float64)))
             wq_e = np.concatenate((wq_e, np.empty(nwq + n + 1, np.float64)))
         ranked = False
         if pol >= POL_LAS:
-            for r in range(n):                      # every live request's (priority, id), fresh
+            for r in range(S[LVLO], S[LVHI]):       # every live request's (priority, id), fresh
                 st_ = R[ST, r]
                 if st_ == _WAITING or st_ == _RUNNING or st_ == _PAUSED:
                     F[KEY, r] = _key_of(r, R, F, S, pol, qtok, mb, mbl)
@@ -1611,9 +1654,9 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         t_bound = arr_t[cur]
                 if (pol == POL_LAS or pol == POL_MLFQ or pol == POL_RR) and k > 1 and (S[NWAIT] or S[NPAUSED]):
                     # _passing_iterations: fewest iterations until a member ranks after an outside request
-                    no = _sorted_set(outs, 1, True, R, F, kept, kkey, kn, kin, newl, tmp, tkey)
+                    no = _sorted_set(outs, 1, True, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey)
                     best = -1
-                    for m in range(n):
+                    for m in range(S[LVLO], S[LVHI]):
                         if not R[INC, m]:
                             continue
                         lo = 0
@@ -1657,7 +1700,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                                                                            or (F[ARR, x0] == F[ARR, x1] and x0 < x1))):
                                     hb_ = u
                     if nheads >= 2:
-                        for r in range(n):
+                        for r in range(S[LVLO], S[LVHI]):
                             if R[INC, r]:
                                 tin[R[TEN, r]] += 1
                         kq = -1
@@ -1684,7 +1727,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     # ltr's next_decision: the earliest time a waiting request starts starving
                     tq = INF
                     wsq = INF
-                    for r in range(n):
+                    for r in range(S[LVLO], S[LVHI]):
                         if R[ST, r] == _WAITING and F[WS, r] < wsq and not now >= F[WS, r] + starve_s:
                             wsq = F[WS, r]
                             tq = wsq + starve_s
@@ -1744,7 +1787,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             _advance(1, S, cnt, bs)
             clock = S[CLOCK]
             if pol == POL_RR and S[NCOH] > 0:       # RoundRobin.on_tokens: a used-up quantum re-queues at its end
-                for r in range(n):
+                for r in range(S[LVLO], S[LVHI]):
                     if R[INC, r]:
                         g = R[GB, r] + clock
                         used_q = g - R[TURN, r]
@@ -1754,7 +1797,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                             ii = gc - (g - k)
                             F[TAU, r] = t0 + decode_run_s(ii, a0, inc) if (k > 1 and ii < k) else t1
             if pol == POL_VTC and S[NCOH] > 0:      # VTC.on_tokens: every decoded token charges its tenant
-                for r in range(n):
+                for r in range(S[LVLO], S[LVHI]):
                     if R[INC, r]:
                         tc[R[TEN, r]] += w_out * k
             while S[NF] > 0:                                   # _pop_finished, then leave + finish each
@@ -1877,13 +1920,73 @@ class Outcome:
     tr_i: np.ndarray | None    # ... n_iterations, prefill_tokens, decode_seqs, context_tokens, kv_blocks_used
 
 
-def run(eng, window_df=None) -> Outcome:
+@dataclass
+class Columns:
+    """The requests as the compiled loop reads them, one array per field indexed by request id (= window row):
+    prompt and (clipped) output tokens, the prefill target and progress at the start, static rank (0 for
+    dynamic policies), never-fits flag, arrival time, VTC tenant index, the arrival order and its times,
+    the suffix minimum of static ranks over the arrival order, and the prompt-hash ids (:func:`hash_ids`).
+    Built from the :class:`Request` objects (:func:`columns_from_engine`) or straight from the window's
+    columns (:mod:`portbench.sim.engine.columns`)."""
+
+    prompt: np.ndarray
+    output: np.ndarray
+    target: np.ndarray
+    generated: np.ndarray
+    prefilled: np.ndarray
+    high: np.ndarray
+    rank: np.ndarray
+    never_fits: np.ndarray
+    arrival: np.ndarray
+    tenant: np.ndarray | None     # tenant index into sorted(policy._counter) (vtc), else None
+    order: np.ndarray
+    arr_t: np.ndarray
+    suffix: np.ndarray
+    hoff: np.ndarray
+    hid: np.ndarray
+
+
+def columns_from_engine(eng, window_df=None) -> Columns:
+    """:class:`Columns` of engine ``eng``'s requests (its :class:`Request` objects, static ranks prepared)."""
+    reqs = eng.reqs
+    n = len(reqs)
+    if any(r.id != i for i, r in enumerate(reqs)):     # pragma: no cover - requests_from_window numbers rows
+        raise AssertionError("request ids are not the window's rows")
+    tenant = None
+    if eng.policy.name == "vtc":
+        tix = {t: i for i, t in enumerate(sorted(eng.policy._counter))}
+        tenant = np.array([tix[r.tenant] for r in reqs], np.int64)
+    hoff = np.zeros(n + 1, np.int64)
+    hid = np.zeros(0, np.int64)
+    if eng.pc_on:                       # prompt block hashes as dense entry ids
+        hoff, hid = hash_ids(window_df, reqs)
+    return Columns(
+        prompt=np.array([r.prompt_tokens for r in reqs], np.int64),
+        output=np.array([r.output_tokens for r in reqs], np.int64),
+        target=np.array([r.prefill_target for r in reqs], np.int64),
+        generated=np.array([r.generated for r in reqs], np.int64),
+        prefilled=np.array([r.prefilled for r in reqs], np.int64),
+        high=np.array([r.high for r in reqs], np.int64),
+        rank=np.array([r.rank for r in reqs] if eng.static else np.zeros(n), np.int64),
+        never_fits=np.array([r.never_fits for r in reqs], np.int64),
+        arrival=np.array([r.arrival_s for r in reqs], np.float64),
+        tenant=tenant,
+        order=np.fromiter((r.id for r in eng.arrivals), np.int64, n),
+        arr_t=np.asarray(eng.arr_t, dtype=np.float64),
+        suffix=np.asarray(eng.suffix_min_rank if eng.suffix_min_rank is not None else [0] * (n + 1), dtype=np.int64),
+        hoff=hoff, hid=hid)
+
+
+def run(eng, window_df=None, cols: Columns | None = None) -> Outcome:
     """Run engine ``eng`` (a :class:`~portbench.sim.engine.core.Engine` set up by ``simulate``, static ranks
     prepared, not run) with the compiled loop; the engine's counters are left as the reference's ``run``
     leaves them, the requests' state is returned as arrays (:class:`Outcome`; the :class:`Request` objects
-    are not updated). ``window_df``: the window table the requests were built from (prompt block hashes)."""
-    reqs = eng.reqs
-    n = len(reqs)
+    are not updated). ``window_df``: the window table the requests were built from (prompt block hashes).
+    ``cols``: the requests' :class:`Columns` when they were built without :class:`Request` objects (the
+    engine then holds none: :mod:`portbench.sim.engine.columns`); else they are read from ``eng.reqs``."""
+    if cols is None:
+        cols = columns_from_engine(eng, window_df)
+    n = cols.prompt.shape[0]
     prof = eng.prof
     R = np.zeros((N_RFIELDS, n), np.int64)
     F = np.full((7, n), np.nan)
@@ -1902,37 +2005,31 @@ def run(eng, window_df=None) -> Outcome:
         for jj, b in enumerate(bounds):
             mb[jj, :len(b)] = b
     tenants = sorted(eng.policy._counter) if vtc else []
-    tix = {t: i for i, t in enumerate(tenants)}
-    if any(r.id != i for i, r in enumerate(reqs)):     # pragma: no cover - requests_from_window numbers rows
-        raise AssertionError("request ids are not the window's rows")
-    R[PP] = [r.prompt_tokens for r in reqs]
-    R[OO] = [r.output_tokens for r in reqs]
-    R[TGT] = [r.prefill_target for r in reqs]
-    R[GEN] = [r.generated for r in reqs]
-    R[PREF] = [r.prefilled for r in reqs]
-    R[HIGH] = [r.high for r in reqs]
+    R[PP] = cols.prompt
+    R[OO] = cols.output
+    R[TGT] = cols.target
+    R[GEN] = cols.generated
+    R[PREF] = cols.prefilled
+    R[HIGH] = cols.high
     if eng.static:
-        R[RANK] = [r.rank for r in reqs]
-    R[NFITS] = [r.never_fits for r in reqs]
+        R[RANK] = cols.rank
+    R[NFITS] = cols.never_fits
     if vtc:
-        R[TEN] = [tix[r.tenant] for r in reqs]
+        R[TEN] = cols.tenant
     if pname == "mlfq":
         R[JOIN] = eng.policy._join
     elif pname == "rr":
         F[TAU] = eng.policy._tau
         R[TURN] = eng.policy._turn
-    F[ARR] = [r.arrival_s for r in reqs]
+    F[ARR] = cols.arrival
     R[ST] = _NOT_ARRIVED
     F[KEY] = np.asarray(eng.policy._score, dtype=np.float64) if ltr else R[RANK]
-    order = np.fromiter((r.id for r in eng.arrivals), np.int64, n)
-    arr_t = np.asarray(eng.arr_t, dtype=np.float64)
-    suffix = np.asarray(eng.suffix_min_rank if eng.suffix_min_rank is not None else [0] * (n + 1), dtype=np.int64)
+    order = cols.order
+    arr_t = cols.arr_t
+    suffix = cols.suffix
     by_rank = np.empty(n, np.int64)
     by_rank[R[RANK]] = np.arange(n)
-    hoff = np.zeros(n + 1, np.int64)
-    hid = np.zeros(0, np.int64)
-    if eng.pc_on:                       # prompt block hashes as dense entry ids
-        hoff, hid = hash_ids(window_df, reqs)
+    hoff, hid = cols.hoff, cols.hid
     C = np.array([eng.bs, eng.cap, eng.B, eng.max_seqs, int(eng.pc_on), getattr(eng, "Hb", 1) if eng.pc_on else 1,
                   getattr(eng, "eb", 0) if eng.pc_on else 0, eng.n_arrivable,
                   int(eng.policy.name in VICTIM_ARRIVAL), len(eng.marks), int(eng.trace is not None),

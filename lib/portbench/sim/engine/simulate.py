@@ -13,7 +13,8 @@ from ...core.errors import ConservationError, ParameterError
 from ..profiles import DEFAULT_PROFILE, get_profile
 from ..request import FINISHED, NOT_ARRIVED, REJECTED, WAITING, Request, requests_from_window
 from ..schedulers import get_scheduler
-from . import compiled
+from . import columns, compiled
+from .contract import is_plugin
 from .core import Engine
 
 RECORD_COLUMNS = ("req_id", "arrival_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
@@ -60,6 +61,12 @@ class SimResult:
     core: str = "reference"     # the engine core that ran it (reference | compiled)
     core_note: str = ""         # engine.core auto on the reference: why the compiled core did not run it
 
+    def record_arrays(self) -> dict:
+        """The records' columns ``{name: numpy array}`` (``tenant``: a polars Series of strings), what
+        :func:`portbench.sim.metrics.compute` reads: without building the DataFrame on the compiled core."""
+        r = self.requests
+        return {c: (r[c] if c == "tenant" else r[c].to_numpy()) for c in r.columns}
+
     def check(self) -> "SimResult":
         """Re-check conservation and the KV bound from the records and counters."""
         c = self.counters
@@ -87,20 +94,51 @@ class SimResult:
         return self
 
 
+class ArrayRecords(SimResult):
+    """A :class:`SimResult` whose records are kept as the columns' arrays (the compiled core's result) and
+    turned into the ``requests`` DataFrame only when something reads it: a campaign that computes the
+    metrics from the arrays (:meth:`record_arrays`) and keeps the records of a few runs builds no
+    DataFrame for the others. Equal in every respect to the eager result."""
+
+    _columns: dict
+    _frame: pl.DataFrame | None
+
+    def _get_requests(self) -> pl.DataFrame:
+        if self._frame is None:
+            self._frame = pl.DataFrame(self._columns)
+        return self._frame
+
+    def _set_requests(self, value) -> None:
+        if isinstance(value, dict):
+            self._columns, self._frame = value, None
+        else:
+            self._columns, self._frame = {}, value
+
+    requests = property(_get_requests, _set_requests)
+
+    def record_arrays(self) -> dict:
+        if self._frame is not None:
+            return super().record_arrays()
+        return self._columns
+
+
 class SeedRecorder:
     """The run's random generator (``numpy.random.default_rng(seed)``), recording whether anything drew from
     it (or asked for any of its attributes). A run whose policy never touched it does not depend on the seed
     -- the generator is a run's only source of randomness -- so its replicates are the same run
     (``counters["seed_used"]``: the campaign simulates such a policy's replicates once)."""
 
-    __slots__ = ("_rng", "used")
+    __slots__ = ("_seed", "_rng", "used")
 
     def __init__(self, seed: int):
-        self._rng = np.random.default_rng(int(seed))
+        self._seed = int(seed)
+        self._rng = None           # made at the first draw (most policies never draw)
         self.used = False
 
     def __getattr__(self, name):
         self.used = True
+        if self._rng is None:
+            self._rng = np.random.default_rng(self._seed)
         return getattr(self._rng, name)
 
 
@@ -154,20 +192,36 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
     sched = get_scheduler(scheduler) if isinstance(scheduler, str) else scheduler
     engine = EngineConfig.of(engine)
     rng = SeedRecorder(int(seed))
+    why = None
+    if engine.core != "reference":
+        contract = bool(is_plugin(sched) if check_contract is None else check_contract)
+        why = compiled.unsupported(sched, engine, profile, naive=naive, check_invariants=check_invariants,
+                                   check_contract=contract)
+        if engine.core == "compiled":
+            compiled.require_supported(why)
+        if why is None:         # the set-up straight from the window's columns, where it applies
+            fast = columns.prepare(window_df, sched, profile, H, rng, slo, engine, hash_block_tokens=hash_block_tokens,
+                                   marks=work_marks, record_iterations=record_iterations, check_contract=contract)
+            if fast is not None:
+                cols = fast.columns
+                res = _result_compiled(fast.engine, compiled.run(fast.engine, window_df, cols), cols.prompt,
+                                       cols.arrival, fast.trace_output, fast.refused, fast.tenant, profile, H)
+                res.counters["seed_used"] = rng.used
+                res.core = "compiled"
+                return res
     reqs, ctx = requests_from_window(window_df, profile, rng, slo,
                                      max_model_len=int(getattr(profile, "max_model_len", 0) or 0))
     sched.reset(ctx)
     eng = Engine(reqs, sched, profile, H, naive, record_iterations, check_invariants, check_contract,
                  settings=engine, hash_block_tokens=hash_block_tokens, marks=work_marks)
     eng.prepare_static_ranks()
-    why = None
-    if engine.core != "reference":
-        why = compiled.unsupported(sched, engine, profile, naive=naive, check_invariants=check_invariants,
-                                   check_contract=eng.check_contract)
-        if engine.core == "compiled":
-            compiled.require_supported(why)
     if reqs and engine.core != "reference" and why is None:
-        res = _result_compiled(eng, compiled.run(eng, window_df), reqs, profile, H)
+        n = len(reqs)
+        res = _result_compiled(eng, compiled.run(eng, window_df), np.fromiter((r.prompt_tokens for r in reqs), np.int64, n),
+                               np.fromiter((r.arrival_s for r in reqs), float, n),
+                               np.fromiter((r.trace_output_tokens for r in reqs), np.int64, n),
+                               np.fromiter((r.refused for r in reqs), bool, n),
+                               pl.Series("tenant", [str(r.tenant) for r in reqs], dtype=pl.Utf8), profile, H)
     else:
         if reqs:
             eng.run()
@@ -178,6 +232,17 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
     elif why is not None:
         res.core_note = why
     return res
+
+
+def warm_compiled() -> float:
+    """Compile the compiled core's loop in this process, or load it from numba's disk cache, by one tiny run;
+    returns the seconds it took. A campaign calls it before its worker processes start, so that the workers
+    load the cached machine code instead of compiling it side by side."""
+    t0 = time.perf_counter()
+    df = pl.DataFrame({"arrival_s": [0.0, 0.5], "prompt_tokens": [100, 200], "output_tokens": [5, 7],
+                       "tenant": ["a", "b"]})
+    simulate(df, "fcfs", get_profile(DEFAULT_PROFILE), horizon_s=100.0, seed=0, engine={"core": "compiled"})
+    return time.perf_counter() - t0
 
 
 def _service_s(eng: Engine, profile, pro: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -215,10 +280,12 @@ ITERATION_SCHEMA = [("start_s", pl.Float64), ("end_s", pl.Float64), ("n_iteratio
                     ("kv_blocks_used", pl.Int64)]
 
 
-def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], profile, H: float) -> SimResult:
-    """:func:`_result` from the compiled core's arrays (:class:`compiled.Outcome`), built in one go: the same
-    records, counters and step log."""
-    n = len(reqs)
+def _result_compiled(eng: Engine, o: compiled.Outcome, pro: np.ndarray, arrival: np.ndarray, trace_out: np.ndarray,
+                     refused_m: np.ndarray, tenant: pl.Series, profile, H: float) -> SimResult:
+    """:func:`_result` from the compiled core's arrays (:class:`compiled.Outcome`) and the requests' prompt,
+    arrival, trace output, refused and tenant columns, built in one go: the same records, counters and step
+    log."""
+    n = pro.shape[0]
     st = o.state
     arrived_m = st != NOT_ARRIVED
     arrived = int(arrived_m.sum())
@@ -226,9 +293,6 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], prof
     rej_m = st == REJECTED
     rejected = int(rej_m.sum())
     unfinished = arrived - completed - rejected
-    pro = np.fromiter((r.prompt_tokens for r in reqs), dtype=np.int64, count=n)
-    trace_out = np.fromiter((r.trace_output_tokens for r in reqs), dtype=np.int64, count=n)
-    refused_m = np.fromiter((r.refused for r in reqs), dtype=bool, count=n)
     out = o.output_tokens
     t_obs = H if np.isfinite(H) else float(eng.end_time)
     wait_m = st == WAITING
@@ -238,9 +302,9 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], prof
     waits[o.wq_s.shape[0]:, 0] = o.waiting_since[wait_m]
     waits[o.wq_s.shape[0]:, 1] = t_obs
     q_mean, q_p95 = queue_stats(waits, t_obs)
-    records = pl.DataFrame({
+    records = {
         "req_id": np.arange(n, dtype=np.int64),
-        "arrival_s": np.fromiter((r.arrival_s for r in reqs), dtype=float, count=n),
+        "arrival_s": arrival,
         "first_token_s": o.first_token_s,
         "finish_s": o.finish_s,
         "prompt_tokens": pro,
@@ -248,12 +312,12 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], prof
         "generated_tokens": o.generated,
         "preemptions": o.preemptions,
         "rejected": rej_m,
-        "tenant": pl.Series("tenant", [str(r.tenant) for r in reqs], dtype=pl.Utf8),
+        "tenant": tenant,
         "service_s": _service_s(eng, profile, pro, out),
         "refused": refused_m,
         "trace_output_tokens": trace_out,
         "admitted_s": o.admitted_s,
-    })
+    }
     refused = int((refused_m & arrived_m).sum())
     clipped = int(((out < trace_out) & arrived_m & ~refused_m).sum())
     counters = _counters(eng, H, arrived, completed, unfinished, rejected, refused, clipped, q_mean, q_p95,
@@ -262,7 +326,7 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, reqs: list[Request], prof
     if o.tr_f is not None:
         iters = pl.DataFrame({name: (o.tr_f[:, j] if j < 2 else o.tr_i[:, j - 2])
                               for j, (name, _) in enumerate(ITERATION_SCHEMA)}, schema=ITERATION_SCHEMA)
-    return SimResult(requests=records, counters=counters, iterations=iters, scheduler=eng.sched.name)
+    return ArrayRecords(requests=records, counters=counters, iterations=iters, scheduler=eng.sched.name)
 
 
 def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
@@ -318,14 +382,3 @@ def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
     if eng.trace is not None:
         iters = pl.DataFrame(eng.trace, schema=ITERATION_SCHEMA, orient="row")
     return SimResult(requests=records, counters=counters, iterations=iters, scheduler=eng.sched.name)
-
-
-def warm_compiled() -> float:
-    """Compile the compiled core's loop in this process, or load it from numba's disk cache, by one tiny run; returns the
-    seconds it took. A campaign calls it before its worker processes start, so that the workers load the
-    cached machine code instead of compiling it side by side."""
-    t0 = time.perf_counter()
-    df = pl.DataFrame({"arrival_s": [0.0, 0.5], "prompt_tokens": [100, 200], "output_tokens": [5, 7],
-                       "tenant": ["a", "b"]})
-    simulate(df, "fcfs", get_profile(DEFAULT_PROFILE), horizon_s=100.0, seed=0, engine={"core": "compiled"})
-    return time.perf_counter() - t0

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from scipy.optimize import nnls
 
 from ...core.config import project_root
 from ...core.errors import DataError, ParameterError, check_choice
@@ -51,6 +50,8 @@ FLOOR_KNEE_GRID = 200
 
 def _nnls(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, float]:
     """Non-negative least squares of ``a·coef ≈ y`` with row weights ``w``: (coef, weighted SSE)."""
+    from scipy.optimize import nnls   # scipy only where a profile is fitted (not in every campaign worker)
+
     coef, _ = nnls(a * w[:, None], y * w)
     return coef, float(np.sum(((a @ coef - y) * w) ** 2))
 

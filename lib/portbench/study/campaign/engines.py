@@ -28,6 +28,22 @@ class RunResult:
     records: Any = None
 
 
+class _LazyRecords(RunResult):
+    """A :class:`RunResult` whose ``records`` are read from the simulation's result when first asked for
+    (the campaign keeps the records of a few replicates only)."""
+
+    _res: Any
+
+    def _get(self):
+        res = self._res
+        return res.requests if res is not None else None
+
+    def _set(self, value) -> None:
+        self._res = value
+
+    records = property(_get, _set)
+
+
 class Engine:
     """What the campaign runs. Subclass it (or duck-type it) to change what a run is.
 
@@ -147,17 +163,17 @@ class SimEngine(Engine):
         res = simulate(scaled_df, self._scheduler(sim, scheduler), self.profile(sim), horizon_s=horizon_s, seed=seed,
                        slo=sim.edf_slo_dict, engine=sim.engine, hash_block_tokens=self.hash_block_size,
                        work_marks=(t1, t2) if t2 > t1 else ())
-        values = metrics.compute(res.requests, horizon_s, sim.slo_dicts)
+        cols = res.record_arrays()      # the records' columns (the compiled core builds no DataFrame here)
+        values = metrics.compute(cols, horizon_s, sim.slo_dicts)
         counters = dict(res.counters)
         w = counters.get("work_at") or []
         if len(w) == 2:
             # useful tokens/s over the utilisation interval, and the window's useful tokens per request
             counters["work_rate_tok_s"] = (w[1] - w[0]) / (t2 - t1)
-            rq = res.requests
-            keep = ~rq["refused"].to_numpy()
-            tokens = (rq["prompt_tokens"].to_numpy() + rq["output_tokens"].to_numpy())[keep]
+            keep = ~cols["refused"]
+            tokens = (cols["prompt_tokens"] + cols["output_tokens"])[keep]
             counters["mean_work_tokens"] = int(tokens.sum()) / tokens.size if tokens.size else 0.0
-        return RunResult(counters=counters, metrics=dict(values), records=res.requests)
+        return _LazyRecords(counters=counters, metrics=dict(values), records=res)
 
     def worker_modules(self, sim: SimulationConfig) -> list[str]:
         out = []

@@ -200,10 +200,12 @@ def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity, profile: str,
 
 
 def _keyed_records(records, row: Mapping):
+    """The run's records with its key columns first (each the run's value repeated; built as Series, not
+    through a query)."""
     df = records if isinstance(records, pl.DataFrame) else pl.DataFrame(records)
-    keys = [pl.lit(row[k], dtype=(pl.Float64 if k == "rho" else pl.Int64 if k in ("replicate", "seed")
-                                  else pl.String)).alias(k) for k in KEY_COLUMNS]
-    return df.select(keys + [pl.col(c) for c in df.columns if c not in KEY_COLUMNS])
+    keys = [pl.Series(k, [row[k]], dtype=(pl.Float64 if k == "rho" else pl.Int64 if k in ("replicate", "seed")
+                                         else pl.String)).new_from_index(0, df.height) for k in KEY_COLUMNS]
+    return pl.DataFrame(keys + [df[c] for c in df.columns if c not in KEY_COLUMNS])
 
 
 def _pool_capacity(window_id: str):

@@ -15,9 +15,9 @@ from typing import cast
 from ...core import plugins as plugin_loader
 from ...core.config import Config, RequestRecordsConfig, SimulationConfig
 from ...core.io import canonical_json, sha256_hex
-from ...data import predictors
 from ...data import windows as windows_mod
 from ...sim import schedulers as scheduler_registry
+from ...sim.request import PREDICTION_COLUMNS
 from .engines import Engine, SimEngine, scheduler_options
 
 FORMAT_VERSION = 2      # 2: capacity = sustainable throughput, engine section, load columns
@@ -144,7 +144,7 @@ def _given_inputs(windows: Sequence) -> dict[str, dict]:
     for w in windows:
         if isinstance(w, tuple):
             ref, df = w
-            cols = [c for c in predictors.PREDICTION_COLUMNS if c in df.columns]
+            cols = [c for c in PREDICTION_COLUMNS if c in df.columns]
             out[ref.id] = {"predictions": sha256_hex([df[c].to_list() for c in cols]) if cols else None,
                            "tenants": "given"}
     return out
@@ -156,6 +156,8 @@ def run_inputs(cfg: Config, manifest: Mapping, refs: Sequence[WindowRef], schedu
     the fingerprint key of the source's frozen predictions (when a scheduler reads them) and how its
     tenants are read (``simulation.tenant_model``, :func:`portbench.data.windows.tenant_label`)."""
     need = needs_predictions(schedulers)
+    if need:
+        from ...data import predictors   # lightgbm and scikit-learn: not imported by the campaign's workers
     keys: dict[str, str] = {}
     out = {}
     for w in refs:

@@ -20,7 +20,6 @@ from ...core.config import Config
 from ...core.errors import DataError, check_choice
 from ...core.io import read_meta, write_parquet_atomic
 from ...core.progress import bar as progress_bar
-from ...data import predictors
 from ...data import trace_checks
 from ...data import windows as windows_mod
 from ...sim import information
@@ -277,6 +276,8 @@ def run_tables(cfg: Config, tables: dict, schedulers: Sequence[str], *, manifest
     quantised get them spread within the grid (:func:`jitter_tables`). The frozen tables themselves are not changed."""
     manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     if needs_predictions(schedulers):
+        from ...data import predictors   # lightgbm and scikit-learn: not imported by the campaign's workers
+
         tables = predictors.attach(cfg, tables, manifest=manifest, train=train)
     by_id = {e["id"]: e["source"] for e in manifest["windows"]}
     if cfg.simulation.arrival_jitter:

@@ -9,7 +9,6 @@ import numpy as np
 import polars as pl
 
 from ...core.config import SimulationConfig
-from .. import stats
 
 CURVE_SCHEDULERS = ("fcfs", "sarathi", "srpt_oracle", "las", "random")
 
@@ -130,6 +129,8 @@ def distinct_means(values, tolerance: float = DISTINCT_TOLERANCE) -> int:
     x = np.asarray([v for v in values if v == v], dtype=float)
     if not len(x):
         return 0
+    from .. import stats   # scipy.stats and statsmodels: not imported by the campaign's workers
+
     return int(len(np.unique(stats.tolerant_ranks(x, tolerance))))
 
 
