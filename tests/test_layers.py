@@ -404,8 +404,7 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     # the validation's pipeline below its drivers: each passes the Config on to a whole-Config reader above
     # (windows.load_windows, campaign.run_tables, plan.window_refs, predictors.fingerprint, cube.load_runs)
     "portbench.validation.family:run", "portbench.validation:_predictions_frozen", "portbench.validation:_run",
-    "portbench.validation:campaign_window_values", "portbench.validation:family_document",
-    "portbench.validation:family_section",
+    "portbench.validation:campaign_window_values", "portbench.validation:family_section",
 })
 
 # load_manifest call sites (module:function). A stage loads the manifest once and passes it on: the stages' entry
@@ -417,7 +416,7 @@ LOAD_MANIFEST_SITES = frozenset({
     "portbench.cli:cmd_predict", "portbench.data.preflight:missing_files", "portbench.data.windows:freeze",
     "portbench.data.windows:verify", "portbench.study.analysis.results:write_summary",
     "portbench.study.attribution.runs:run", "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
-    "portbench.validation:family_document", "portbench.validation:analyze",
+    "portbench.validation:plan", "portbench.validation:analyze",
     # fallbacks of ``manifest=None``
     "portbench.data.windows:load_windows", "portbench.study.analysis.hygiene:trace_checks_block",
     "portbench.study.campaign.plan:window_refs", "portbench.study.campaign.plan:make_plan",

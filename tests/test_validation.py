@@ -532,6 +532,9 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
     assert len(the_plan.confirmatory) == 5 and the_plan.preregistration["correction"] == "holm"
     assert set(reps.filter(pl.col("required"))["order"].to_list()) == set(range(5))
     assert "No vLLM" in validation.status_markdown(the_plan)
+    # the windows' manifest is read once, by the plan, and handed on (the family, the replays, the analysis)
+    ids = {w["id"] for w in the_plan.manifest["windows"]}
+    assert all(set(w) <= ids for w in the_plan.windows.values()) and "manifest" not in the_plan.to_dict()
     assert validation.plan(P, cases.planted_reversals(SOURCES), reduced=True).windows["azure"] == \
         the_plan.windows["azure"][:P.validation.reduced_windows_per_source]
 

@@ -287,7 +287,8 @@ def _device(status: replay.EngineStatus) -> str | None:
 def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = False) -> Plan:
     """Select the cases (the pre-registered confirmatory family, :mod:`.prereg`, and the exploratory
     rest), size the windows by the power calculation, choose them, check the engine; starts nothing.
-    ``reversals`` overrides the analysis' file; ``reduced``: the fewer windows of ``make all``."""
+    ``reversals`` overrides the analysis' file; ``reduced``: the fewer windows of ``make all``. The windows' manifest
+    is read here, once for the run (:attr:`Plan.manifest`: the family, the replays and the analysis use it)."""
     v = cfg.validation
     status = replay.engine_status(v.device, v.vllm_version)
     device = _device(status) or ("cpu" if v.device == "cpu" else "cuda")
@@ -309,7 +310,17 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
     wins: dict[str, list[str]] = {}
     man = None
     if conf:
-        wins, doc, man = family_document(cfg, conf, explore, reduced=reduced, messages=msgs, reversals=reversals)
+        pool: dict | str        # the campaign's windows of the manifest (where it has values), or why there are none
+        try:
+            man = windows.load_manifest(cfg.paths)      # once for the whole run: Plan.manifest
+            ids = {r.id for r in campaign_plan.window_refs(cfg, man)}
+            pool = {**man, "windows": [w for w in man["windows"] if w["id"] in ids]}
+        except PortbenchError as e:
+            pool = f"windows: {e}"
+        inputs = {"reversals_sha256": _sha(reversals_path(cfg.paths)) if reversals is None else "given",
+                  "params_fingerprint": params_fingerprint(cfg.tree)}
+        wins, doc = family_document(v, cfg.analysis, conf, explore, pool, lambda: campaign_window_values(cfg),
+                                    reduced=reduced, messages=msgs, inputs=inputs)
     spec = None
     try:
         spec = engine_spec(v, cfg.simulation, device)
@@ -324,35 +335,29 @@ VIRTUAL_NOISE = {"cv": 0.0, "how": "the deciding engine, the virtual vLLM engine
                                    "for bit: no model, a virtual clock); the windows alone carry the uncertainty"}
 
 
-def family_document(cfg: Config, conf: list, explore: list, *, reduced: bool, messages: list[str], reversals=None,
-                    noise: dict | None = None) -> tuple[dict[str, list[str]], dict, dict | None]:
-    """The windows (per source, :func:`choose_windows`), the pre-registration document of the family
-    ``conf``: the power calculation (:func:`power_plan`) with the deciding engine's noise ``noise`` (default: the
-    virtual engine's, none: :data:`VIRTUAL_NOISE`; with the wall-clock engine deciding, its measured repeat
-    noise, :func:`.steps.repeat_cv`, else ``validation.confirmatory.noise_cv``) and the windows' manifest (loaded
-    here once for the stage: :attr:`Plan.manifest`; None when it cannot be read, said in ``messages``)."""
-    v = cfg.validation
+def family_document(v: ValidationConfig, analysis: AnalysisConfig, conf: list, explore: list, pool: dict | str,
+                    values: Callable[[], pl.DataFrame], *, reduced: bool, messages: list[str], inputs: dict,
+                    noise: dict | None = None) -> tuple[dict[str, list[str]], dict]:
+    """The windows (per source, :func:`choose_windows` from ``pool``: the manifest's windows the campaign has
+    values of, or why there are none -- said in ``messages`` after the power calculation's) and the
+    pre-registration document of the family ``conf`` (``inputs``: the hashes it records): the power calculation
+    (:func:`power_plan` on ``values()``) with the deciding engine's noise ``noise`` (default: the virtual engine's,
+    none: :data:`VIRTUAL_NOISE`; with the wall-clock engine deciding, its measured repeat noise,
+    :func:`.steps.repeat_cv`, else ``validation.confirmatory.noise_cv``)."""
     if noise is None and confirm.DECIDING_ENGINE == "virtual":
         noise = VIRTUAL_NOISE
-    pw = power_plan(v, cfg.analysis, conf, lambda: campaign_window_values(cfg), reduced=reduced, messages=messages,
-                    noise=noise)
+    pw = power_plan(v, analysis, conf, values, reduced=reduced, messages=messages, noise=noise)
     srcs = sorted({s for c in [*conf, *explore] for s in c.sources})
     wins: dict[str, list[str]] = {}
-    full = None
-    try:
-        full = windows.load_manifest(cfg.paths)
-        ids = {r.id for r in campaign_plan.window_refs(cfg, full)}     # the campaign's windows: where it has values
-        pool = {**full, "windows": [w for w in full["windows"] if w["id"] in ids]}
+    if isinstance(pool, str):
+        messages.append(pool)
+    else:
         wins = choose_windows(pool, srcs, int(pw["windows_per_source"]), int(v.window_seed))
-    except PortbenchError as e:
-        messages.append(f"windows: {e}")
     doc = prereg.document(conf, pw, {s: wins.get(s, []) for s in sorted({s for c in conf for s in c.sources})},
-                          alpha=float(cfg.analysis.alpha), draw_seed=v.confirmatory.draw_seed,
+                          alpha=float(analysis.alpha), draw_seed=v.confirmatory.draw_seed,
                           extra=v.confirmatory.extra_reversals, margin=float(v.equivalence_margin),
-                          inputs={"reversals_sha256": _sha(reversals_path(cfg.paths)) if reversals is None else "given",
-                                  "params_fingerprint": params_fingerprint(cfg.tree),
-                                  "run": "reduced" if reduced else "full"})
-    return wins, doc, full
+                          inputs={**inputs, "run": "reduced" if reduced else "full"})
+    return wins, doc
 
 
 def campaign_window_values(cfg: Config) -> pl.DataFrame:
