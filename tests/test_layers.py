@@ -364,6 +364,7 @@ WHOLE_CONFIG_DRIVERS = frozenset({
     "portbench.study.honest:predictors_block",
     "portbench.validation:plan", "portbench.validation:run", "portbench.validation:run_family",
     "portbench.validation:read_results", "portbench.validation:analyze",
+    "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # portbench conform / vllm-virtual
     "portbench.bench:main", "portbench.bench:_bench_campaign", "portbench.bench:_campaign_once",
     # derive the Config of a sub-campaign (with_overrides) and run it
     "portbench.study.analysis.hygiene:_jitter_config", "portbench.study.analysis.hygiene:run_jitter",
@@ -401,18 +402,10 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     "portbench.study.campaign.run:load_runs", "portbench.study.campaign.run:run_tables",
     "portbench.study.honest:_main_home_runs", "portbench.study.honest:add_to_summary", "portbench.study.honest:main_runs",
     "portbench.bench:_size_windows", "portbench.bench:_window_size",
-    # the validation's pipeline below its drivers
-    "portbench.validation.conformance:out_folder", "portbench.validation.conformance:run",
-    "portbench.validation.family:campaign_capacities", "portbench.validation.family:campaign_replicate0",
-    "portbench.validation.family:run", "portbench.validation.virtual_campaign:_reversals_kept",
-    "portbench.validation.virtual_campaign:check", "portbench.validation:_Run.__init__",
-    "portbench.validation:_predictions_frozen", "portbench.validation:_run", "portbench.validation:base_profile",
-    "portbench.validation:campaign_window_values", "portbench.validation:engine_spec",
-    "portbench.validation:family_document", "portbench.validation:family_section",
-    "portbench.validation:measure_step_grid", "portbench.validation:out_dir", "portbench.validation:params_fingerprint",
-    "portbench.validation:power_plan", "portbench.validation:reversals_path", "portbench.validation:sarathi_budget",
-    "portbench.validation:sarathi_spec", "portbench.validation:settings_match_section",
-    "portbench.validation:summary_path", "portbench.validation:virtual_section",
+    # the validation's pipeline below its drivers: each passes the Config on to a whole-Config reader above
+    # (windows.load_windows, campaign.run_tables, plan.window_refs, predictors.fingerprint, cube.load_runs)
+    "portbench.validation.family:run", "portbench.validation:_predictions_frozen", "portbench.validation:_run",
+    "portbench.validation:campaign_window_values", "portbench.validation:family_section",
 })
 
 # load_manifest call sites (module:function). A stage loads the manifest once and passes it on: the stages' entry
@@ -420,12 +413,11 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
 # outside a stage (tests, validation/, bench/), to be removed as those callers pass it. The list may only shrink.
 LOAD_MANIFEST_SITES = frozenset({
     # stage entry points: the command `portbench predict`, freezing/verifying, preflight, a campaign, the summary,
-    # the attribution, the transfer campaign, the validation's stages
+    # the attribution, the transfer campaign, the validation (its plan, once for the whole run; its analysis run alone)
     "portbench.cli:cmd_predict", "portbench.data.preflight:missing_files", "portbench.data.windows:freeze",
     "portbench.data.windows:verify", "portbench.study.analysis.results:write_summary",
     "portbench.study.attribution.runs:run", "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
-    "portbench.validation:family_document", "portbench.validation:_run", "portbench.validation:analyze",
-    "portbench.validation.family:run",
+    "portbench.validation:plan", "portbench.validation:analyze",
     # fallbacks of ``manifest=None``
     "portbench.data.windows:load_windows", "portbench.study.analysis.hygiene:trace_checks_block",
     "portbench.study.campaign.plan:window_refs", "portbench.study.campaign.plan:make_plan",

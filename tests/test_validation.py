@@ -462,7 +462,7 @@ def test_one_engine_for_every_policy(tmp_params):
     from portbench import validation
 
     P = tmp_params()
-    spec = validation.engine_spec(P, "cpu")
+    spec = validation.engine_spec(P.validation, P.simulation, "cpu")
     kw = spec.engine_kwargs()
     c = P.validation.cpu
     assert kw["scheduling_policy"] == "priority" and kw["enable_chunked_prefill"] is True
@@ -472,11 +472,11 @@ def test_one_engine_for_every_policy(tmp_params):
     assert (kw["num_gpu_blocks_override"], kw["block_size"], kw["max_num_batched_tokens"], kw["max_num_seqs"],
             kw["max_model_len"]) == (c.kv_blocks, c.block_size, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len)
     assert spec.env == {"OMP_NUM_THREADS": "1"} and spec.policy_options["las"]["quantum_tokens"] == 4
-    gpu = validation.engine_spec(P, "cuda").engine_kwargs()
+    gpu = validation.engine_spec(P.validation, P.simulation, "cuda").engine_kwargs()
     from portbench.sim import profiles
     prof = profiles.get_profile(P.simulation.profile)
     assert gpu["num_gpu_blocks_override"] == prof.kv_capacity_blocks and gpu["block_size"] == 16
-    assert validation.engine_spec(P, "cuda").env == {}
+    assert validation.engine_spec(P.validation, P.simulation, "cuda").env == {}
 
 
 def test_model_configs_are_real_architectures():
@@ -512,9 +512,9 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
     P = tmp_params()
     report = validation.run(P, progress=False)                   # no analysis, no vLLM: never raises
     assert report["ran"] is False and "not importable" in report["skipped_because"]
-    saved = json.loads((validation.out_dir(P) / "report.json").read_text())
+    saved = json.loads((validation.out_dir(P.paths) / "report.json").read_text())
     assert saved["ran"] is False and any("reversal table" in m for m in saved["plan"]["messages"])
-    summary = json.loads(validation.summary_path(P).read_text())
+    summary = json.loads(validation.summary_path(P.paths).read_text())
     assert summary["ran"] is False and "make setup-vllm" in summary["how_to_enable"]
     res = validation.read_results(P)
     assert "did not run" in validation.results_markdown(res)
@@ -532,6 +532,9 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
     assert len(the_plan.confirmatory) == 5 and the_plan.preregistration["correction"] == "holm"
     assert set(reps.filter(pl.col("required"))["order"].to_list()) == set(range(5))
     assert "No vLLM" in validation.status_markdown(the_plan)
+    # the windows' manifest is read once, by the plan, and handed on (the family, the replays, the analysis)
+    ids = {w["id"] for w in the_plan.manifest["windows"]}
+    assert all(set(w) <= ids for w in the_plan.windows.values()) and "manifest" not in the_plan.to_dict()
     assert validation.plan(P, cases.planted_reversals(SOURCES), reduced=True).windows["azure"] == \
         the_plan.windows["azure"][:P.validation.reduced_windows_per_source]
 

@@ -312,7 +312,7 @@ def test_a_short_validation_end_to_end(env, tmp_params):
     rev = cases.planted_reversals(("azure", "burstgpt"))
     s = validation.run(P, rev, progress=False)
     assert s["ran"] is True
-    saved = json.loads(validation.summary_path(P).read_text())
+    saved = json.loads(validation.summary_path(P.paths).read_text())
     for key in ("engine", "model", "windows_replayed", "mape", "verdicts", "profile_fit_r2", "label",
                 "settings_match", "preregistration", "step_fit"):
         assert key in saved, key
@@ -339,14 +339,14 @@ def test_a_short_validation_end_to_end(env, tmp_params):
         assert v["decided_by"] == "virtual" and set(v["by_engine"]) == {"virtual", "wall_clock"}
         assert all(sd["windows"] == 1 for sd in v["engine_vs_resim"]["sides"])
     assert saved["verdict_counts"]["confirmatory"]["cases"] == 4
-    assert set(pl.read_parquet(validation.out_dir(P) / "virtual_runs.parquet")["scheduler"].to_list()) == {
+    assert set(pl.read_parquet(validation.out_dir(P.paths) / "virtual_runs.parquet")["scheduler"].to_list()) == {
         "fcfs", "vtc", "random", "sjf_oracle", "sjf_prompt", "srpt_oracle"}
     # the family ran on the virtual engine at the campaign's own settings, before the replays, each run also on the
     # simulator (the re-simulation of step 1); unscaled windows: the virtual engine's runs are the campaign's
     fam = saved["virtual_family"]
-    assert fam["runs"] == pl.read_parquet(validation.out_dir(P) / "virtual_runs.parquet").height > 0
+    assert fam["runs"] == pl.read_parquet(validation.out_dir(P.paths) / "virtual_runs.parquet").height > 0
     assert "token counts unscaled" in fam["settings"] and saved["wall_s"]["virtual_family"] > 0
-    vr = pl.read_parquet(validation.out_dir(P) / "virtual_resim_runs.parquet")
+    vr = pl.read_parquet(validation.out_dir(P.paths) / "virtual_resim_runs.parquet")
     assert vr.height == fam["runs"] and (vr["rho"] == vr["region"].replace_strict(P.simulation.region_loads)).all()
     # the whole-run prediction: the virtual engine + the step table against the wall-clock replays below saturation
     wr = saved["whole_run_prediction"]
@@ -355,7 +355,7 @@ def test_a_short_validation_end_to_end(env, tmp_params):
     assert set(wr["error_budget"]) >= {"arrival_order", "machine_speed", "step_table_shapes", "schedule_divergence",
                                        "frontend"}
     # every replay is predicted and classified by measured saturation; the saturated ones reported apart
-    vr = pl.read_parquet(validation.out_dir(P) / "virtual_replays.parquet")
+    vr = pl.read_parquet(validation.out_dir(P.paths) / "virtual_replays.parquet")
     assert vr.height == saved["replays"] and "e2e_mape_engine_input" in vr.columns
     assert wr["replays"]["below_saturation"] + wr["replays"]["saturated"] == vr.height
     assert (vr.filter(pl.col("rho") >= 1)["saturated"]).all()

@@ -90,13 +90,14 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import polars as pl
 
 from ..core import io
-from ..core.config import Config, SimulationConfig, ValidationConfig, VllmEngineConfig
+from ..core.config import (AnalysisConfig, Config, EngineConfig, PathsConfig, SimulationConfig, ValidationConfig,
+                           VllmEngineConfig)
 from ..core.errors import ParameterError, PortbenchError
 from ..data import predictors, windows
 from ..data.predictors import PREDICTION_COLUMNS
@@ -164,27 +165,26 @@ def validate(v: ValidationConfig, region_loads=None) -> None:
                              "one of simulation.region_loads: " + ", ".join(region_loads))
 
 
-def out_dir(cfg: Config) -> Path:
-    return Path(cfg.paths.results_dir) / "validation"
+def out_dir(paths: PathsConfig) -> Path:
+    return Path(paths.results_dir) / "validation"
 
 
-def summary_path(cfg: Config) -> Path:
-    return out_dir(cfg) / "summary.json"
+def summary_path(paths: PathsConfig) -> Path:
+    return out_dir(paths) / "summary.json"
 
 
-def reversals_path(cfg: Config) -> Path:
-    return Path(cfg.paths.results_dir) / "analysis" / "reversals.parquet"
+def reversals_path(paths: PathsConfig) -> Path:
+    return Path(paths.results_dir) / "analysis" / "reversals.parquet"
 
 
-def base_profile(cfg: Config):
-    return profiles.get_profile(cfg.simulation.profile)
+def base_profile(sim: SimulationConfig):
+    return profiles.get_profile(sim.profile)
 
 
-def engine_spec(cfg: Config, device: str) -> replay.EngineSpec:
+def engine_spec(v: ValidationConfig, sim: SimulationConfig, device: str) -> replay.EngineSpec:
     """The engine of this run on ``device`` (``cpu``: ``validation.cpu``; ``cuda``: ``validation.gpu``)."""
-    v = cfg.validation
     e = v.engine(device)
-    prof = base_profile(cfg)
+    prof = base_profile(sim)
     kb = e.kv_blocks
     blocks = prof.kv_capacity_blocks if kb == "profile" else (None if kb == "engine" else int(kb))
     block_size = e.block_size or (int(prof.block_size) if kb == "profile" else None)
@@ -193,22 +193,22 @@ def engine_spec(cfg: Config, device: str) -> replay.EngineSpec:
                              dtype=e.dtype, enforce_eager=e.enforce_eager,
                              gpu_memory_utilization=e.gpu_memory_utilization, seed=int(v.seed),
                              enable_prefix_caching=e.prefix_caching != "off",
-                             policy_options=policy_options(cfg.simulation, e.token_scale),
+                             policy_options=policy_options(sim, e.token_scale),
                              env=dict(replay.CPU_ENGINE_ENV) if device == "cpu" else {})
 
 
-def sarathi_budget(cfg: Config, token_scale: float) -> int:
+def sarathi_budget(sim: SimulationConfig, token_scale: float) -> int:
     """Sarathi-Serve's token budget on the engine: the simulator's ``prefill_token_budget`` x ``token_scale``."""
-    opts = resim.scaled_options("sarathi", dict(schedulers.options_for(cfg.simulation, "sarathi")), token_scale)
+    opts = resim.scaled_options("sarathi", dict(schedulers.options_for(sim, "sarathi")), token_scale)
     return int(opts["prefill_token_budget"])
 
 
-def sarathi_spec(cfg: Config, spec: replay.EngineSpec, token_scale: float) -> replay.EngineSpec:
+def sarathi_spec(sim: SimulationConfig, spec: replay.EngineSpec, token_scale: float) -> replay.EngineSpec:
     """The engine instance ``sarathi`` runs on (:data:`.cases.OWN_INSTANCE`): the run's engine with Sarathi-Serve's
     budget x token_scale, raised to ``max_num_seqs`` where it is smaller (vLLM requires a budget of at least
     ``max_num_seqs``: with token counts scaled, 512 x 1/8 = 64 < 256; the budget actually run is what
     ``settings_match`` reports and what the re-simulation uses)."""
-    return dataclasses.replace(spec, max_batched_tokens=max(sarathi_budget(cfg, token_scale), int(spec.max_num_seqs or 0)))
+    return dataclasses.replace(spec, max_batched_tokens=max(sarathi_budget(sim, token_scale), int(spec.max_num_seqs or 0)))
 
 
 def policy_options(sim: SimulationConfig, token_scale: float) -> dict:
@@ -246,6 +246,7 @@ class Plan:
     confirmatory: list[cases.Case] = dataclasses.field(default_factory=list)   # the pre-registered family
     exploratory: list[cases.Case] = dataclasses.field(default_factory=list)
     preregistration: dict | None = None    # the document prereg.write stores before any engine run
+    manifest: dict | None = dataclasses.field(default=None, repr=False)   # the windows' manifest, loaded once
 
     @property
     def runnable(self) -> bool:
@@ -286,7 +287,8 @@ def _device(status: replay.EngineStatus) -> str | None:
 def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = False) -> Plan:
     """Select the cases (the pre-registered confirmatory family, :mod:`.prereg`, and the exploratory
     rest), size the windows by the power calculation, choose them, check the engine; starts nothing.
-    ``reversals`` overrides the analysis' file; ``reduced``: the fewer windows of ``make all``."""
+    ``reversals`` overrides the analysis' file; ``reduced``: the fewer windows of ``make all``. The windows' manifest
+    is read here, once for the run (:attr:`Plan.manifest`: the family, the replays and the analysis use it)."""
     v = cfg.validation
     status = replay.engine_status(v.device, v.vllm_version)
     device = _device(status) or ("cpu" if v.device == "cpu" else "cuda")
@@ -295,7 +297,7 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
     explore: list = []
     selection, doc = None, None
     try:
-        rev = reversals if reversals is not None else cases.read_reversals(reversals_path(cfg))
+        rev = reversals if reversals is not None else cases.read_reversals(reversals_path(cfg.paths))
         selection = cases.select_cases(rev, cfg.simulation.region_loads)
         # the family: every policy the deciding (virtual) engine runs is eligible; the exploratory cases are the
         # wall-clock engine's only (the virtual engine runs the family alone): pairs it can run
@@ -306,14 +308,25 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
     except PortbenchError as e:
         msgs.append(str(e))
     wins: dict[str, list[str]] = {}
+    man = None
     if conf:
-        wins, doc = family_document(cfg, conf, explore, reduced=reduced, messages=msgs, reversals=reversals)
+        pool: dict | str        # the campaign's windows of the manifest (where it has values), or why there are none
+        try:
+            man = windows.load_manifest(cfg.paths)      # once for the whole run: Plan.manifest
+            ids = {r.id for r in campaign_plan.window_refs(cfg, man)}
+            pool = {**man, "windows": [w for w in man["windows"] if w["id"] in ids]}
+        except PortbenchError as e:
+            pool = f"windows: {e}"
+        inputs = {"reversals_sha256": _sha(reversals_path(cfg.paths)) if reversals is None else "given",
+                  "params_fingerprint": params_fingerprint(cfg.tree)}
+        wins, doc = family_document(v, cfg.analysis, conf, explore, pool, lambda: campaign_window_values(cfg),
+                                    reduced=reduced, messages=msgs, inputs=inputs)
     spec = None
     try:
-        spec = engine_spec(cfg, device)
+        spec = engine_spec(v, cfg.simulation, device)
     except PortbenchError as e:
         msgs.append(f"engine configuration: {e}")
-    return Plan(status, device, reduced, selection, wins, spec, v.engine(device), msgs, conf, explore, doc)
+    return Plan(status, device, reduced, selection, wins, spec, v.engine(device), msgs, conf, explore, doc, man)
 
 
 # The deciding engine's noise in the power calculation: the virtual vLLM engine is deterministic (a run repeats bit
@@ -322,30 +335,28 @@ VIRTUAL_NOISE = {"cv": 0.0, "how": "the deciding engine, the virtual vLLM engine
                                    "for bit: no model, a virtual clock); the windows alone carry the uncertainty"}
 
 
-def family_document(cfg: Config, conf: list, explore: list, *, reduced: bool, messages: list[str], reversals=None,
+def family_document(v: ValidationConfig, analysis: AnalysisConfig, conf: list, explore: list, pool: dict | str,
+                    values: Callable[[], pl.DataFrame], *, reduced: bool, messages: list[str], inputs: dict,
                     noise: dict | None = None) -> tuple[dict[str, list[str]], dict]:
-    """The windows (per source, :func:`choose_windows`) and the pre-registration document of the family
-    ``conf``: the power calculation (:func:`power_plan`) with the deciding engine's noise ``noise`` (default: the
-    virtual engine's, none: :data:`VIRTUAL_NOISE`; with the wall-clock engine deciding, its measured repeat
-    noise, :func:`.steps.repeat_cv`, else ``validation.confirmatory.noise_cv``)."""
-    v = cfg.validation
+    """The windows (per source, :func:`choose_windows` from ``pool``: the manifest's windows the campaign has
+    values of, or why there are none -- said in ``messages`` after the power calculation's) and the
+    pre-registration document of the family ``conf`` (``inputs``: the hashes it records): the power calculation
+    (:func:`power_plan` on ``values()``) with the deciding engine's noise ``noise`` (default: the virtual engine's,
+    none: :data:`VIRTUAL_NOISE`; with the wall-clock engine deciding, its measured repeat noise,
+    :func:`.steps.repeat_cv`, else ``validation.confirmatory.noise_cv``)."""
     if noise is None and confirm.DECIDING_ENGINE == "virtual":
         noise = VIRTUAL_NOISE
-    pw = power_plan(cfg, conf, reduced=reduced, messages=messages, noise=noise)
+    pw = power_plan(v, analysis, conf, values, reduced=reduced, messages=messages, noise=noise)
     srcs = sorted({s for c in [*conf, *explore] for s in c.sources})
     wins: dict[str, list[str]] = {}
-    try:
-        full = windows.load_manifest(cfg.paths)
-        ids = {r.id for r in campaign_plan.window_refs(cfg, full)}     # the campaign's windows: where it has values
-        pool = {**full, "windows": [w for w in full["windows"] if w["id"] in ids]}
+    if isinstance(pool, str):
+        messages.append(pool)
+    else:
         wins = choose_windows(pool, srcs, int(pw["windows_per_source"]), int(v.window_seed))
-    except PortbenchError as e:
-        messages.append(f"windows: {e}")
     doc = prereg.document(conf, pw, {s: wins.get(s, []) for s in sorted({s for c in conf for s in c.sources})},
-                          alpha=float(cfg.analysis.alpha), draw_seed=v.confirmatory.draw_seed,
+                          alpha=float(analysis.alpha), draw_seed=v.confirmatory.draw_seed,
                           extra=v.confirmatory.extra_reversals, margin=float(v.equivalence_margin),
-                          inputs={"reversals_sha256": _sha(reversals_path(cfg)) if reversals is None else "given",
-                                  "params_fingerprint": params_fingerprint(cfg), "run": "reduced" if reduced else "full"})
+                          inputs={**inputs, "run": "reduced" if reduced else "full"})
     return wins, doc
 
 
@@ -359,13 +370,14 @@ def campaign_window_values(cfg: Config) -> pl.DataFrame:
     return analysis_cube.load_runs(cfg)
 
 
-def power_plan(cfg: Config, conf: list, *, reduced: bool, messages: list[str], noise: dict | None = None) -> dict:
-    """The power calculation of :mod:`.prereg` on the campaign's per-window values
-    (:func:`campaign_window_values`) with ``validation.confirmatory``'s settings, the engine's noise the
+def power_plan(v: ValidationConfig, analysis: AnalysisConfig, conf: list, values: Callable[[], pl.DataFrame], *,
+               reduced: bool, messages: list[str], noise: dict | None = None) -> dict:
+    """The power calculation of :mod:`.prereg` on the campaign's per-window values (``values()``:
+    :func:`campaign_window_values`) with ``validation.confirmatory``'s settings, the engine's noise the
     measured one (``noise``: :func:`.steps.repeat_cv`) when finite, else ``confirmatory.noise_cv`` (which one:
     ``noise_cv_source``); without campaign values, the largest window count (said in ``messages``)."""
-    c = cfg.validation.confirmatory
-    hi = int(cfg.validation.reduced_windows_per_source if reduced else cfg.validation.windows_per_source)
+    c = v.confirmatory
+    hi = int(v.reduced_windows_per_source if reduced else v.windows_per_source)
     measured = (noise or {}).get("cv")
     deterministic = noise is VIRTUAL_NOISE
     use_measured = isinstance(measured, float) and math.isfinite(measured) and (measured > 0 or deterministic)
@@ -373,11 +385,11 @@ def power_plan(cfg: Config, conf: list, *, reduced: bool, messages: list[str], n
     how = (noise or {}).get("how", "")
     src = {"noise_cv": cv, "noise_cv_source": (how if deterministic else f"measured: {how} ({noise['rounds']} rounds)")
            if use_measured and noise else "parameter validation.confirmatory.noise_cv (nothing measured)"}
-    ps = prereg.PowerSettings(alpha=float(cfg.analysis.alpha), target=float(cfg.analysis.power.target),
+    ps = prereg.PowerSettings(alpha=float(analysis.alpha), target=float(analysis.power.target),
                               noise_cv=cv, min_windows=min(int(c.min_windows), hi), max_windows=hi,
                               simulations=int(c.power_simulations), seed=int(c.draw_seed))
     try:
-        runs = campaign_window_values(cfg)
+        runs = values()
     except PortbenchError as e:
         messages.append(f"power calculation: no campaign runs ({e}); {hi} windows per source")
         return {"windows_per_source": hi, "target_reached": False, "power_at_n": [math.nan] * len(conf),
@@ -419,20 +431,20 @@ def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = F
     budget counts from the start of the process (:func:`process_age_s`).
     """
     origin = time.perf_counter() - process_age_s()
-    out = out_dir(cfg)
+    out = out_dir(cfg.paths)
     the_plan = plan(cfg, reversals, reduced=reduced)
     _write_json(out / "plan.json", the_plan.to_dict())
     if not the_plan.runnable:
         report = skipped_report(the_plan)
         _write_json(out / "report.json", report)
-        _write_json(summary_path(cfg), {"ran": False, "skipped_because": report["skipped_because"],
+        _write_json(summary_path(cfg.paths), {"ran": False, "skipped_because": report["skipped_because"],
                                         "how_to_enable": how_to_enable()})
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
     # the wall-clock engine's fixed-shape step grid first (no case's window runs; vLLM's in-process engine cannot
     # start in a process that has run the virtual engine) ...
-    grid = _outside_event_loop(measure_step_grid, cfg, the_plan, out, progress=progress)
+    grid = _outside_event_loop(measure_step_grid, cfg.validation, the_plan, out, progress=progress)
     # ... the confirmatory family, written and hashed before any case's run (prereg.py; plan() sized it with the
     # deciding virtual engine's noise: none) ...
     sha = prereg.write(out / PREREGISTRATION, the_plan.preregistration)
@@ -458,7 +470,7 @@ def run_family(cfg: Config, the_plan: Plan, out: Path, *, progress: bool = True)
 
     doc = the_plan.preregistration or {}
     v, r, info = family.run(cfg, the_plan.confirmatory, doc.get("windows") or the_plan.windows,
-                            log=lambda m: _log(progress, m))
+                            manifest=_manifest(the_plan), log=lambda m: _log(progress, m))
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for name, df in zip(FAMILY_TABLES, (v, r)):
@@ -496,17 +508,25 @@ def _sha(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
-def params_fingerprint(cfg: Config) -> str:
-    """Hash of the parameters the validation depends on (simulation + validation + analysis sections)."""
-    tree = {k: cfg.tree.get(k) for k in ("simulation", "validation", "analysis")}
-    return hashlib.sha256(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def params_fingerprint(tree: Mapping) -> str:
+    """Hash of the parameters the validation depends on (simulation + validation + analysis sections of the
+    merged parameter tree, ``Config.tree``)."""
+    part = {k: tree.get(k) for k in ("simulation", "validation", "analysis")}
+    return hashlib.sha256(json.dumps(part, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _manifest(the_plan: Plan) -> dict:
+    """The windows' manifest the plan loaded (a runnable plan has one: its windows come from it)."""
+    if the_plan.manifest is None:
+        raise PortbenchError("the validation's plan has no windows manifest (its windows could not be chosen)")
+    return the_plan.manifest
 
 
 class _Run:
     """State of one validation run (kept small: the steps are the closures of :func:`_run`)."""
 
-    def __init__(self, cfg: Config, the_plan: Plan, out: Path, progress: bool, origin: float, budget: float):
-        self.cfg, self.plan, self.out, self.progress = cfg, the_plan, out, progress
+    def __init__(self, the_plan: Plan, out: Path, progress: bool, origin: float, budget: float):
+        self.plan, self.out, self.progress = the_plan, out, progress
         self.origin, self.budget = origin, budget        # perf_counter() at the process start; seconds
         self.records: dict[tuple, pl.DataFrame] = {}     # KEY -> engine records
         self.scaled: dict[tuple, tuple[pl.DataFrame, float, float]] = {}   # (wid, region) -> (df, horizon, rho)
@@ -531,10 +551,11 @@ def _reserve(n_replays: int) -> float:
     return RESERVE_BASE_S + RESERVE_PER_REPLAY_S * n_replays
 
 
-def measure_step_grid(cfg: Config, the_plan: Plan, out: Path, *, progress: bool = True) -> tuple[pl.DataFrame, dict]:
+def measure_step_grid(v: ValidationConfig, the_plan: Plan, out: Path, *,
+                      progress: bool = True) -> tuple[pl.DataFrame, dict]:
     """The fixed-shape step grid (:mod:`.steps`) on an in-process engine of its own: its rows (also
     ``raw/step_grid.parquet``) and what ran (shapes, rounds, steps, wall time)."""
-    v, e = cfg.validation, the_plan.engine
+    e = the_plan.engine
     g = v.step_grid
     sp = the_plan.spec
     shapes = steps.grid(g, kv_tokens=int(sp.num_gpu_blocks) * int(sp.block_size)
@@ -566,11 +587,11 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     fit; :func:`_reserve` is kept for the analysis."""
     v, sim, e = cfg.validation, cfg.simulation, the_plan.engine
     budget = float(v.reduced_time_budget_s if the_plan.reduced else v.time_budget_s)
-    R = _Run(cfg, the_plan, out, progress, time.perf_counter() if origin is None else origin, budget)
+    R = _Run(the_plan, out, progress, time.perf_counter() if origin is None else origin, budget)
     n_fid_plan = int(v.reduced_fidelity_windows if the_plan.reduced else v.fidelity_windows)
     load_start = os.getloadavg()
     srcs_all = sorted(the_plan.windows)
-    man = windows.load_manifest(cfg.paths)
+    man = _manifest(the_plan)
     tables = windows.load_windows(cfg, sources=srcs_all, manifest=man)
     # what the simulator's runs are given too: frozen predictions (edf, ltr, sjf_predicted) and tenants.
     # Predictions are frozen per environment (their fingerprint has the library versions): when none are
@@ -597,7 +618,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             f.unlink(missing_ok=True)
     status = the_plan.status
     spec = the_plan.spec
-    base = base_profile(cfg)
+    base = base_profile(sim)
     before_engine_s = R.elapsed()
     for m in the_plan.messages:
         R.log(m)
@@ -609,7 +630,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
           f"{n_req} confirmatory cases, {the_plan.preregistration['windows_per_source']} windows per source "
           f"(power calculation with noise CV {pw.get('noise_cv', float('nan')):.3f}: {pw.get('noise_cv_source', '?')})")
     # the step grid: measured before the pre-registration (run()); measured here when called without it
-    _, step_info = grid if grid is not None else measure_step_grid(cfg, the_plan, out, progress=progress)
+    _, step_info = grid if grid is not None else measure_step_grid(v, the_plan, out, progress=progress)
     R.log(f"starting vLLM ({status.distribution} {status.version}, {the_plan.device}, model {e.model_config}); "
           f"budget {budget:.0f} s from the process start")
     with replay.Replayer(spec, log_path) as eng:
@@ -874,7 +895,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                                                           "reserve exceed the time left"})
         deferred = fit_
     if deferred:     # sarathi: FCFS on an engine instance of its own with Sarathi-Serve's budget (cases.OWN_INSTANCE)
-        sspec = sarathi_spec(cfg, spec, e.token_scale)
+        sspec = sarathi_spec(sim, spec, e.token_scale)
         s_log = out / "iterations_sarathi.jsonl"
         R.log(f"{len(deferred)} replays on sarathi's own engine instance (token budget {sspec.max_batched_tokens})")
         with replay.Replayer(sspec, s_log) as eng2:
@@ -934,9 +955,9 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                                                                            "that need them skipped"},
         "loadavg_start": list(load_start), "loadavg_end": list(load_end), "calibration_profile": str(calib_path),
         "model_config": e.model_config, "dtype": e.dtype,
-        "inputs": {"params_fingerprint": params_fingerprint(cfg), "reversals_sha256": _sha(reversals_path(cfg))
+        "inputs": {"params_fingerprint": params_fingerprint(cfg.tree), "reversals_sha256": _sha(reversals_path(cfg.paths))
                    if reversals is None else "given", "manifest_checksum": man.get("checksum")}})
-    summary = analyze(cfg, t_start=R.origin)
+    summary = analyze(cfg, t_start=R.origin, manifest=man)
     m = summary["mape"]
     R.log(f"done in {summary['wall_s']['total']:.0f} s from the process start (budget {budget:.0f} s): MAPE below "
           f"saturation TTFT {m['ttft']:.3f}, TPOT {m['tpot']:.3f}, E2E {m['e2e']:.3f}; "
@@ -997,7 +1018,7 @@ def replay_speed(logged: pl.DataFrame, phases: list[dict], profile) -> dict[tupl
     return out
 
 
-def virtual_section(cfg: Config, out: Path, *, es: resim.EngineSettings, es_of: dict, profile, wins: pl.DataFrame,
+def virtual_section(sim: SimulationConfig, out: Path, *, es: resim.EngineSettings, es_of: dict, profile, wins: pl.DataFrame,
                     replay_keys: list[tuple], trace_hb: dict, rec_by_key: dict | None = None,
                     speed_of: dict | None = None, frontend_s: dict | None = None) -> dict | None:
     """The whole-run prediction (:mod:`.predict`): the virtual vLLM engine under the wall-clock engine's settings as
@@ -1008,7 +1029,6 @@ def virtual_section(cfg: Config, out: Path, *, es: resim.EngineSettings, es_of: 
     (``pred``: column ``variant``; ``resim_same_profile``). Without vLLM here: the table a previous analysis
     stored (``virtual_requests.parquet``), else None. (The confirmatory family ran on the virtual engine at the
     campaign's settings before the replays: :func:`run_family`.)"""
-    sim = cfg.simulation
     if not predict.available():
         f = out / "virtual_requests.parquet"
         if f.is_file():
@@ -1058,7 +1078,8 @@ def virtual_section(cfg: Config, out: Path, *, es: resim.EngineSettings, es_of: 
             "wall_s": time.perf_counter() - t0, "source": "run in this analysis"}
 
 
-def family_section(cfg: Config, out: Path, conf: list, doc: dict) -> tuple[pl.DataFrame, pl.DataFrame, dict] | None:
+def family_section(cfg: Config, out: Path, conf: list, doc: dict,
+                   manifest: dict) -> tuple[pl.DataFrame, pl.DataFrame, dict] | None:
     """The family's runs on the virtual vLLM engine and the simulator at the campaign's settings
     (``raw/family_*.parquet``, written by :func:`run_family` before the replays), checked against the
     pre-registration (every case, side, window and policy it fixes); run here when absent and vLLM is importable,
@@ -1071,7 +1092,7 @@ def family_section(cfg: Config, out: Path, conf: list, doc: dict) -> tuple[pl.Da
         v, r = (pl.read_parquet(f) for f in files)
         info = json.loads((raw / "family.json").read_text())
     elif predict.available():
-        v, r, info = family_mod.run(cfg, conf, doc["windows"])
+        v, r, info = family_mod.run(cfg, conf, doc["windows"], manifest=manifest)
     else:
         return None
     want = {(s, w, reg, x) for s, w, reg, _, x in family_mod.todo(conf, doc["windows"])}
@@ -1265,11 +1286,12 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
     return out, table
 
 
-def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
+def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None = None) -> dict:
     """Re-simulation, profiles, fidelity and verdicts from a run's raw files (``validation/raw/``);
-    writes the tables and ``summary.json`` and returns the summary. Reruns without the engine."""
+    writes the tables and ``summary.json`` and returns the summary. Reruns without the engine. ``manifest``: the
+    windows' manifest the run loaded (read here when None: ``portbench validate --analyze``)."""
     t0 = time.perf_counter()
-    out = out_dir(cfg)
+    out = out_dir(cfg.paths)
     raw = out / "raw"
     run_info = json.loads((raw / "run.json").read_text())
     sim = cfg.simulation
@@ -1281,7 +1303,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     phases = run_info["phases"]
     device = run_info["device"]
     calib = profiles.get_profile(run_info["calibration_profile"])
-    base = base_profile(cfg)
+    base = base_profile(sim)
     logged = _label_phases(replay.iteration_rows(out / "iterations.jsonl"), phases)
     calib_steps = verdict.calibration_sample(logged.filter(pl.col("phase") == "saturation"), seed=int(cfg.validation.seed))
     all_steps = logged.filter(pl.col("phase") != "warmup")
@@ -1297,7 +1319,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     cap_rows = [r for r in run_info["capacity"] if r["side"] == "engine"]
     engine_cap = {r["source"]: r["capacity_rps"] for r in cap_rows}
     sim_caps = {}
-    man = windows.load_manifest(cfg.paths)
+    man = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     trace_hb = {s: windows.hash_block_size(man, {"source": s}) for s in {w["source"] for w in man["windows"]}}
     es_of = {"sarathi": dataclasses.replace(es, max_num_batched_tokens=int(
         run_info["own_instance_settings"]["sarathi"]["max_num_batched_tokens"]))} \
@@ -1410,10 +1432,10 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     wprof = grid_prof if grid_prof is not None else calib
     speed_grid = replay_speed(logged, phases, wprof)
     frontend_s = {s_: predict.frontend_delay(g) for (s_,), g in eng_all.group_by(["source"], maintain_order=True)}
-    virt = virtual_section(cfg, out, es=es, es_of=es_of, profile=wprof, wins=wins,
+    virt = virtual_section(sim, out, es=es, es_of=es_of, profile=wprof, wins=wins,
                            replay_keys=list(keys.iter_rows()), trace_hb=trace_hb, rec_by_key=rec_by_key,
                            speed_of=speed_grid, frontend_s=frontend_s)
-    fam = family_section(cfg, out, conf, doc)
+    fam = family_section(cfg, out, conf, doc, man)
     by_engine = {"wall_clock": rows}
     if fam is not None and fam[0].height:
         by_engine = {"virtual": confirm.verdicts(conf, [], fam[0], fam[1], alpha=alpha,
@@ -1460,11 +1482,14 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
     cpu_share = float(all_steps["cpu_s"].sum() / all_steps["iteration_s"].sum()) if all_steps.height else math.nan
     mcfg = replay.model_config(run_info["model_config"])
     prev_total = math.nan                # an analysis rerun keeps the run's own total
-    if t_start is None and summary_path(cfg).is_file():
-        prev_total = (json.loads(summary_path(cfg).read_text()).get("wall_s") or {}).get("total", math.nan)
+    if t_start is None and summary_path(cfg.paths).is_file():
+        prev_total = (json.loads(summary_path(cfg.paths).read_text()).get("wall_s") or {}).get("total", math.nan)
     st = run_info["status"]
     pred_b, corr_b = fid["prediction"]["below_saturation"], fid["speed_corrected"]["below_saturation"]
     sf = np.array(list(speed.values()) or [math.nan])
+    srcs_all = sorted({w["source"] for w in man["windows"]})
+    match = settings_match_section(cfg.engine, sim, es, run_info, man,
+                                   windows.load_windows(cfg, sources=srcs_all, manifest=man))
     summary = {
         "ran": True,
         "label": LABEL_CPU if device == "cpu" else LABEL_GPU,
@@ -1490,7 +1515,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
                     "ttft_met": bool(pred_b["ttft"]["mape"] <= TARGETS["ttft_mape"]),
                     "e2e_met_speed_corrected": bool(corr_b["e2e"]["mape"] <= TARGETS["e2e_mape"]),
                     "ttft_met_speed_corrected": bool(corr_b["ttft"]["mape"] <= TARGETS["ttft_mape"])},
-        "settings_match": settings_match_section(cfg, es, run_info, man),
+        "settings_match": match,
         "preregistration": {"path": pr["path"], "sha256": pr["sha256"], "verified": True,
                             "cases": [confirm.case_label(c) for c in conf], "n_cases": len(conf),
                             "windows_per_source": doc["windows_per_source"],
@@ -1558,7 +1583,7 @@ def analyze(cfg: Config, *, t_start: float | None = None) -> dict:
         "inputs": run_info["inputs"],
         "sim_batching": resim.BATCHING,
     }
-    _write_json(summary_path(cfg), summary)
+    _write_json(summary_path(cfg.paths), summary)
     return summary
 
 
@@ -1590,18 +1615,19 @@ def verdict_rows_table(rows: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(out, infer_schema_length=None) if out else pl.DataFrame()
 
 
-def settings_match_section(cfg: Config, es: resim.EngineSettings, run_info: dict, man: dict) -> dict:
-    """``summary.json`` ``settings_match``: the campaign's settings vs the engine's as it reported them
-    (:mod:`.matching`), requests lost per source over every window of the manifest."""
+def settings_match_section(engine: EngineConfig, sim: SimulationConfig, es: resim.EngineSettings, run_info: dict,
+                           man: dict, tables: Mapping[str, pl.DataFrame]) -> dict:
+    """``summary.json`` ``settings_match``: the campaign's settings (``engine``, ``sim``) vs the engine's as it
+    reported them (:mod:`.matching`), requests lost per source over every window of the manifest (``tables``: the
+    manifest's window tables)."""
     own = (run_info.get("own_instance_settings") or {}).get("sarathi")
     eng = matching.engine_settings(num_blocks=es.num_blocks, block_size=es.block_size,
                                    max_num_batched_tokens=es.max_num_batched_tokens, max_num_seqs=es.max_num_seqs,
                                    max_model_len=es.max_model_len, token_scale=es.token_scale,
                                    prefix_caching=es.prefix_caching,
                                    sarathi_token_budget=int(own["max_num_batched_tokens"]) if own else None)
-    camp = matching.campaign_settings(base_profile(cfg), cfg.engine.prefix_caching)
+    camp = matching.campaign_settings(base_profile(sim), engine.prefix_caching)
     srcs = sorted({w["source"] for w in man["windows"]})
-    tables = windows.load_windows(cfg, sources=srcs, manifest=man)
     by = {s: pl.concat([tables[w["id"]].select("prompt_tokens", "output_tokens") for w in man["windows"]
                         if w["source"] == s and w["id"] in tables]) for s in srcs}
     out = matching.settings_match(camp, eng, {"max_model_len": es.max_model_len,
@@ -1673,9 +1699,9 @@ def _phase_steps(steps: pl.DataFrame, phases: list[dict], which: set[str]) -> pl
 def read_results(cfg: Config) -> dict:
     """What a validation run wrote (``summary``, the tables that exist, the replayed ``cases``), for
     notebook 08; with ``stale``: reasons the results may not belong to the current parameters / analysis."""
-    out = out_dir(cfg)
+    out = out_dir(cfg.paths)
     res: dict[str, Any] = {"summary": None, "stale": []}
-    p = summary_path(cfg)
+    p = summary_path(cfg.paths)
     if not p.is_file():
         return res
     summary = json.loads(p.read_text())
@@ -1690,10 +1716,10 @@ def read_results(cfg: Config) -> dict:
         res["cases"] = [_case_from_dict(d) for d in json.loads(run_json.read_text())["cases"]]
     if summary.get("ran"):
         inp = summary.get("inputs", {})
-        if inp.get("params_fingerprint") != params_fingerprint(cfg):
+        if inp.get("params_fingerprint") != params_fingerprint(cfg.tree):
             res["stale"].append("the parameters changed since the validation ran")
         rs = inp.get("reversals_sha256")
-        if rs not in (None, "given") and rs != _sha(reversals_path(cfg)):
+        if rs not in (None, "given") and rs != _sha(reversals_path(cfg.paths)):
             res["stale"].append("the analysis' reversal table changed since the validation ran")
     return res
 

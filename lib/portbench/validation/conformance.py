@@ -29,7 +29,7 @@ from ..sim.engine import simulate
 from ..study.campaign.engines import SimEngine, scheduler_options
 from ..core import io as fileio
 from ..core import outputs
-from ..core.config import Config, EngineConfig
+from ..core.config import Config, EngineConfig, PathsConfig
 from ..data import windows as windows_mod
 from ..study.campaign.plan import make_plan, run_seed
 from ..study.campaign.run import run_tables
@@ -184,7 +184,7 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
                "policies": summarise(rows), "wall_s": time.perf_counter() - t_start,
                "simulator_s": t_sim, "vllm_s": t_vllm,
                "vllm_steps_per_s": float(sum(r["steps_vllm"] for r in rows) / t_vllm) if t_vllm else None}
-    out = out_folder(cfg, out_dir, "conformance")
+    out = out_folder(cfg.paths, out_dir, "conformance")
     flat = [{k: (json.dumps(v) if isinstance(v, dict) else v) for k, v in r.items()} for r in rows]
     table = pl.DataFrame(flat)
     fileio.atomic_write(out / "cases.parquet", table.write_parquet)
@@ -193,11 +193,11 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
     return summary
 
 
-def out_folder(cfg: Config, out_dir, name: str) -> Path:
+def out_folder(paths: PathsConfig, out_dir, name: str) -> Path:
     """``{results_dir}/name`` (inside the run's claimed results folder), or ``out_dir`` claimed as portbench's own
     (:func:`portbench.core.outputs.claim`: a folder holding someone else's files is refused)."""
     if out_dir:
-        return outputs.claim(out_dir, cfg.paths.root)
-    out = Path(cfg.paths.results_dir) / name
+        return outputs.claim(out_dir, paths.root)
+    out = Path(paths.results_dir) / name
     out.mkdir(parents=True, exist_ok=True)
     return out

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 
 import polars as pl
 
-from ..core.config import Config
+from ..core.config import Config, PathsConfig
 from ..core.errors import DataError
 from ..data import windows as windows_mod
 from ..study.campaign.engines import SimEngine
@@ -56,19 +56,19 @@ def todo(conf: Sequence[Case], windows: Mapping[str, Sequence[str]]) -> list[tup
     return out
 
 
-def campaign_capacities(cfg: Config) -> dict[str, float]:
+def campaign_capacities(paths: PathsConfig) -> dict[str, float]:
     """Per window the capacity the campaign rescaled it with (``runs.parquet``'s ``capacity_rps``; empty without
     a runs table: :func:`run` then measures it as the campaign does)."""
-    path = runs_path(cfg.paths.results_dir)
+    path = runs_path(paths.results_dir)
     if not Path(path).is_file():
         return {}
     caps = pl.read_parquet(path, columns=["window_id", "capacity_rps"]).unique("window_id")
     return dict(zip(caps["window_id"].to_list(), caps["capacity_rps"].to_list()))
 
 
-def campaign_replicate0(cfg: Config, keys: Sequence[tuple]) -> pl.DataFrame:
+def campaign_replicate0(paths: PathsConfig, keys: Sequence[tuple]) -> pl.DataFrame:
     """The campaign's replicate-0 rows of ``keys`` ((source, window, region, scheduler)) from ``runs.parquet``."""
-    path = runs_path(cfg.paths.results_dir)
+    path = runs_path(paths.results_dir)
     if not Path(path).is_file() or not keys:
         return pl.DataFrame()
     want = pl.DataFrame([dict(zip(KEY, k)) for k in keys])
@@ -76,18 +76,19 @@ def campaign_replicate0(cfg: Config, keys: Sequence[tuple]) -> pl.DataFrame:
     return runs.join(want, on=list(KEY), how="semi")
 
 
-def run(cfg: Config, conf: Sequence[Case], windows: Mapping[str, Sequence[str]], *,
+def run(cfg: Config, conf: Sequence[Case], windows: Mapping[str, Sequence[str]], *, manifest: Mapping,
         log=None) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
     """The family's runs on the virtual vLLM engine and on the simulator at the campaign's settings (module
     docstring): two per-window metric tables (``KEY`` + ``rho``, ``horizon_s``, ``capacity_rps``, the metrics)
-    and what ran (runs, wall seconds of each side, agreement with the campaign's replicate-0 runs)."""
+    and what ran (runs, wall seconds of each side, agreement with the campaign's replicate-0 runs). ``manifest``: the
+    windows' manifest, loaded once by the stage (:attr:`portbench.validation.Plan.manifest`)."""
     from .virtual_campaign import VirtualEngine      # imports vLLM
 
     t0 = time.perf_counter()
     sim = cfg.simulation
     work = todo(conf, windows)
-    caps = campaign_capacities(cfg)
-    man = windows_mod.load_manifest(cfg.paths)
+    caps = campaign_capacities(cfg.paths)
+    man = manifest
     refs = {w.id: w for w in window_refs(cfg, man)}
     names = sorted({x for *_, x in work})
     srcs = sorted({s for s, *_ in work})
@@ -123,7 +124,7 @@ def run(cfg: Config, conf: Sequence[Case], windows: Mapping[str, Sequence[str]],
             "virtual_s": wall_v, "simulator_s": wall_s,
             "settings": "the campaign's: profile " + str(sim.profile) + ", engine " + str(sim.engine.as_dict())
                         + ", token counts unscaled, the campaign's capacity per window, replicate 0's seed",
-            "resim_matches_campaign": agreement(sdf, campaign_replicate0(cfg, [tuple(r[k] for k in KEY) for r in rows_s]))}
+            "resim_matches_campaign": agreement(sdf, campaign_replicate0(cfg.paths, [tuple(r[k] for k in KEY) for r in rows_s]))}
     if log:
         log(f"confirmatory family on the virtual vLLM engine at the campaign's settings: {len(work)} runs "
             f"(+ the same on the simulator) in {info['wall_s']:.0f} s (vLLM's scheduler {wall_v:.0f} s, simulator "

@@ -26,7 +26,7 @@ import polars as pl
 from scipy import stats as sps
 
 from ..core import io as fileio
-from ..core.config import Config, EngineConfig
+from ..core.config import Config, EngineConfig, PathsConfig
 from ..sim import metrics
 from ..study.campaign.engines import RunResult, SimEngine, scheduler_options
 from ..study.campaign.plan import make_plan, run_seed
@@ -134,9 +134,9 @@ def check(cfg: Config, *, budget_s: float = 600.0, panel: str = "real", out_dir=
         "max_rel_diff": _max_rel(df),
         "conditions": len(conds), "conditions_identical_means": int(sum(c["identical_means"] for c in conds)),
         "tau_b_min": float(np.nanmin([c["tau_b"] for c in conds])) if conds else None,
-        "reversals": _reversals_kept(cfg, df, panel),
+        "reversals": _reversals_kept(cfg.paths, df, panel),
     }
-    out = out_folder(cfg, out_dir, "validation")
+    out = out_folder(cfg.paths, out_dir, "validation")
     fileio.atomic_write(out / "vllm_virtual_runs.parquet", df.write_parquet)
     text = json.dumps({**summary, "per_condition": conds}, indent=1, sort_keys=True) + "\n"
     fileio.atomic_write(out / "vllm_virtual.json", lambda t: Path(t).write_text(text))
@@ -153,10 +153,10 @@ def _max_rel(df: pl.DataFrame) -> float | None:
     return float(d.max()) if d.size else 0.0
 
 
-def _reversals_kept(cfg: Config, df: pl.DataFrame, panel: str) -> dict:
+def _reversals_kept(paths: PathsConfig, df: pl.DataFrame, panel: str) -> dict:
     """The campaign's significant-and-practical reversals whose two sides are both among the runs: how many keep
     their sign (and their size, within 1e-12 relative) on vLLM's scheduler, from the per-window values."""
-    path = Path(cfg.paths.results_dir) / "analysis" / "reversals.parquet"
+    path = Path(paths.results_dir) / "analysis" / "reversals.parquet"
     if not path.is_file() or not df.height:
         return {"available": False, "reason": f"no {path} (run the analysis first: make all)"}
     rev = pl.read_parquet(path)
