@@ -362,8 +362,8 @@ WHOLE_CONFIG_DRIVERS = frozenset({
     "portbench.study.attribution:attribute", "portbench.study.attribution.runs:run",
     "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer", "portbench.study.honest:accuracy",
     "portbench.study.honest:predictors_block",
-    "portbench.validation:plan", "portbench.validation:run", "portbench.validation:run_family",
-    "portbench.validation:read_results", "portbench.validation:analyze",
+    "portbench.validation.planning:plan", "portbench.validation.pipeline:run", "portbench.validation.pipeline:run_family",
+    "portbench.validation.notebook:read_results", "portbench.validation.analysis:analyze",
     "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # portbench conform / vllm-virtual
     "portbench.bench:main", "portbench.bench:_bench_campaign", "portbench.bench:_campaign_once",
     # derive the Config of a sub-campaign (with_overrides) and run it
@@ -404,8 +404,9 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     "portbench.bench:_size_windows", "portbench.bench:_window_size",
     # the validation's pipeline below its drivers: each passes the Config on to a whole-Config reader above
     # (windows.load_windows, campaign.run_tables, plan.window_refs, predictors.fingerprint, cube.load_runs)
-    "portbench.validation.family:run", "portbench.validation:_predictions_frozen", "portbench.validation:_run",
-    "portbench.validation:campaign_window_values", "portbench.validation:family_section",
+    "portbench.validation.family:run", "portbench.validation.pipeline:_predictions_frozen",
+    "portbench.validation.pipeline:_run", "portbench.validation.planning:campaign_window_values",
+    "portbench.validation.analysis:family_section",
 })
 
 # load_manifest call sites (module:function). A stage loads the manifest once and passes it on: the stages' entry
@@ -417,7 +418,7 @@ LOAD_MANIFEST_SITES = frozenset({
     "portbench.cli:cmd_predict", "portbench.data.preflight:missing_files", "portbench.data.windows:freeze",
     "portbench.data.windows:verify", "portbench.study.analysis.results:write_summary",
     "portbench.study.attribution.runs:run", "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
-    "portbench.validation:plan", "portbench.validation:analyze",
+    "portbench.validation.planning:plan", "portbench.validation.analysis:analyze",
     # fallbacks of ``manifest=None``
     "portbench.data.windows:load_windows", "portbench.study.analysis.hygiene:trace_checks_block",
     "portbench.study.campaign.plan:window_refs", "portbench.study.campaign.plan:make_plan",
