@@ -88,6 +88,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import polars as pl
@@ -289,6 +290,74 @@ def measure_step_grid(v: ValidationConfig, the_plan: Plan, out: Path, *,
     return rows, info
 
 
+def _virtual_reserve(v: ValidationConfig, the_plan: Plan) -> float:
+    """Seconds kept for the analysis' virtual engine runs: the prediction of every replay below saturation that may
+    run (the fidelity replays and the family's replays at rho < 1; the family itself ran on it before: run_family)."""
+    k_max = max((len(w) for w in the_plan.windows.values()), default=0)
+    n_fid_src = len({s for c in the_plan.confirmatory for s in c.sources})
+    n_below = n_fid_src * int(v.reduced_fidelity_windows if the_plan.reduced else v.fidelity_windows) + sum(
+        len(c.sources) * len(c.schedulers) * k_max for c in the_plan.confirmatory
+        if float(c.rho or 0) < 1.0 and all(cases.engine_runnable(x) for x in c.schedulers))
+    return VIRTUAL_BASE_S + VIRTUAL_RUN_S * n_below
+
+
+def _clear_step_logs(out: Path, log_path: Path, *, keep_grid: bool) -> None:
+    """Remove the step logs of an earlier run (``keep_grid``: the step grid's, written before this run, stays)."""
+    for f in [log_path, *out.glob("iterations_*.jsonl")]:
+        if f.name != "iterations_grid.jsonl" or not keep_grid:
+            f.unlink(missing_ok=True)
+
+
+def _calibrate(logged: pl.DataFrame, phases: list[dict], base, out: Path, *, name: str, device: str | None,
+               seed: int) -> tuple[pl.DataFrame, Any, Path, dict]:
+    """The calibration profile: the cost model fitted to a sample of the saturation runs' steps (``logged``, labelled
+    by ``phases``), saved as ``engine_profile_calibration.json``; its steps, the profile, its path and its fit (R²)."""
+    calib_steps = verdict.calibration_sample(_phase_steps(logged, phases, {"saturation"}), seed=seed)
+    calib = verdict.fit_engine_profile(calib_steps, base, name, floor=_floor(device))
+    calib_path = profiles.save_profile(calib, out / "engine_profile_calibration.json")
+    return calib_steps, calib, calib_path, verdict.fit_r2(calib_steps, calib)
+
+
+def _own_instance_fit(R: _Run, deferred: list[tuple], startup_s: float, estimate: Callable[..., float]) -> list[tuple]:
+    """The replays of ``deferred`` ((source, window, region, rho, policy, kind)) that sarathi's own engine instance
+    can run in the time left (its start and shutdown, their estimated times, the reserve); the others are cut
+    (``R.cut``)."""
+    fit_: list[tuple] = []
+    total = startup_s + OWN_INSTANCE_S
+    for d in deferred:
+        est_d = estimate(d[0], d[1], d[2], d[3])
+        if total + est_d + _reserve(len(R.records) + len(fit_) + 1) + R.virtual_s <= R.left():
+            fit_.append(d)
+            total += est_d
+        else:
+            R.cut.append({"replay": f"{d[5]}: {d[4]} on {d[1]} at {d[2]} (own instance)", "estimated_s": est_d,
+                          "left_s": R.left(), "why": "its own engine instance's start, its estimated time and the "
+                                                      "reserve exceed the time left"})
+    return fit_
+
+
+def _write_raw_tables(raw: Path, R: _Run, man: dict, bursts: dict[str, pl.DataFrame],
+                      sat_records: dict[str, pl.DataFrame]) -> None:
+    """The raw measurements analyze() reads (with ``run.json``): the replays' requests (keyed), the scaled windows,
+    the saturation backlogs and their requests."""
+    keyed = []
+    win_rows = []
+    for key, rec in sorted(R.records.items()):
+        sc, horizon, rho = R.scaled[(key[1], key[2])]
+        lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(horizon).alias("horizon_s")]
+        keyed.append(rec.with_columns(*lit))
+    for (wid, region), (sc, horizon, rho) in sorted(R.scaled.items()):
+        win_rows.append(sc.with_row_index("req_id").with_columns(
+            pl.col("req_id").cast(pl.Int64), pl.lit(_source_of(man, wid)).alias("source"), pl.lit(wid).alias("window_id"),
+            pl.lit(region).alias("region"), pl.lit(rho).alias("rho"), pl.lit(horizon).alias("horizon_s")))
+    raw.mkdir(parents=True, exist_ok=True)
+    pl.concat(keyed, how="vertical").write_parquet(raw / "engine_requests.parquet")
+    pl.concat(win_rows, how="diagonal_relaxed").write_parquet(raw / "windows.parquet")
+    pl.concat([b.with_columns(pl.lit(s).alias("source")) for s, b in bursts.items()],
+              how="diagonal_relaxed").write_parquet(raw / "bursts.parquet")   # block_hashes where a source has them
+    pl.concat(list(sat_records.values()), how="diagonal_relaxed").write_parquet(raw / "saturation_requests.parquet")
+
+
 def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, origin: float | None = None,
          prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None, family_s: float = 0.0) -> dict:
     """The validation (module docstring). Sized to the budget, which counts from the process start:
@@ -309,14 +378,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     # frozen for this one, they are trained here (~1-2 min on 2 cores) only if a required case needs them or
     # the run is the full one; a reduced run then skips the further cases that need them.
     n_req = len(the_plan.confirmatory)     # the pre-registered cases: required, with every chosen window
-    # the analysis' virtual engine runs: the prediction of every replay below saturation that may run (the fidelity
-    # replays and the family's replays at rho < 1; the family itself ran on it before: run_family)
-    k_max = max((len(w) for w in the_plan.windows.values()), default=0)
-    n_fid_src = len({s for c in the_plan.confirmatory for s in c.sources})
-    n_below = n_fid_src * int(v.reduced_fidelity_windows if the_plan.reduced else v.fidelity_windows) + sum(
-        len(c.sources) * len(c.schedulers) * k_max for c in the_plan.confirmatory
-        if float(c.rho or 0) < 1.0 and all(cases.engine_runnable(x) for x in c.schedulers))
-    R.virtual_s = VIRTUAL_BASE_S + VIRTUAL_RUN_S * n_below
+    R.virtual_s = _virtual_reserve(v, the_plan)
     names_req = {"fcfs"} | {x for c in the_plan.cases[:n_req] for x in c.schedulers}
     names_all = names_req | {x for c in the_plan.cases for x in c.schedulers}
     with_predictions = campaign.needs_predictions(sorted(names_req)) or (
@@ -324,9 +386,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     tables = campaign.run_tables(cfg, tables, sorted(names_all if with_predictions else names_req), manifest=man)
     vocab = int(replay.model_config(e.model_config)["vocab_size"])
     log_path = out / "iterations.jsonl"
-    for f in [log_path, *out.glob("iterations_*.jsonl")]:
-        if f.name != "iterations_grid.jsonl" or grid is None:     # the grid's log: written before this run
-            f.unlink(missing_ok=True)
+    _clear_step_logs(out, log_path, keep_grid=grid is not None)
     status = the_plan.status
     spec = the_plan.spec
     base = base_profile(sim)
@@ -459,12 +519,9 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
         for s in required:
             saturate(s)
         saturation_s = time.perf_counter() - t
-        logged = replay.iteration_rows(log_path)
-        calib_steps = verdict.calibration_sample(_phase_steps(logged, R.phases, {"saturation"}), seed=int(v.seed))
-        calib = verdict.fit_engine_profile(calib_steps, base, f"vllm_{e.model_config}_{the_plan.device}_calibration",
-                                           floor=_floor(the_plan.device))
-        calib_path = profiles.save_profile(calib, out / "engine_profile_calibration.json")
-        calib_fit = verdict.fit_r2(calib_steps, calib)
+        calib_steps, calib, calib_path, calib_fit = _calibrate(replay.iteration_rows(log_path), R.phases, base, out,
+                                                               name=f"vllm_{e.model_config}_{the_plan.device}_calibration",
+                                                               device=the_plan.device, seed=int(v.seed))
         R.log(f"calibration profile from {calib_steps.height} steps: R² {calib_fit['r2']:.3f}; {calib.formula()}")
 
         # 5. replays: fidelity (fcfs below saturation), then the cases (required: the first two)
@@ -593,18 +650,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
               f"({skipped_why['time']} for time, {skipped_why['predictions']} for want of frozen predictions)")
     own_settings = {}
     if deferred:     # only what the time left holds: the instance's start and shutdown, its replays, the reserve
-        fit_: list[tuple] = []
-        total = startup_s + OWN_INSTANCE_S
-        for d in deferred:
-            est_d = estimate(d[0], d[1], d[2], d[3])
-            if total + est_d + _reserve(len(R.records) + len(fit_) + 1) + R.virtual_s <= R.left():
-                fit_.append(d)
-                total += est_d
-            else:
-                R.cut.append({"replay": f"{d[5]}: {d[4]} on {d[1]} at {d[2]} (own instance)", "estimated_s": est_d,
-                              "left_s": R.left(), "why": "its own engine instance's start, its estimated time and the "
-                                                          "reserve exceed the time left"})
-        deferred = fit_
+        deferred = _own_instance_fit(R, deferred, startup_s, estimate)
     if deferred:     # sarathi: FCFS on an engine instance of its own with Sarathi-Serve's budget (cases.OWN_INSTANCE)
         sspec = sarathi_spec(sim, spec, e.token_scale)
         s_log = out / "iterations_sarathi.jsonl"
@@ -622,22 +668,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     engine_s = R.elapsed() - before_engine_s
     # the raw measurements: everything analyze() needs, so that the analysis can be redone from files
     raw = out / "raw"
-    keyed = []
-    win_rows = []
-    for key, rec in sorted(R.records.items()):
-        sc, horizon, rho = R.scaled[(key[1], key[2])]
-        lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(horizon).alias("horizon_s")]
-        keyed.append(rec.with_columns(*lit))
-    for (wid, region), (sc, horizon, rho) in sorted(R.scaled.items()):
-        win_rows.append(sc.with_row_index("req_id").with_columns(
-            pl.col("req_id").cast(pl.Int64), pl.lit(_source_of(man, wid)).alias("source"), pl.lit(wid).alias("window_id"),
-            pl.lit(region).alias("region"), pl.lit(rho).alias("rho"), pl.lit(horizon).alias("horizon_s")))
-    raw.mkdir(parents=True, exist_ok=True)
-    pl.concat(keyed, how="vertical").write_parquet(raw / "engine_requests.parquet")
-    pl.concat(win_rows, how="diagonal_relaxed").write_parquet(raw / "windows.parquet")
-    pl.concat([b.with_columns(pl.lit(s).alias("source")) for s, b in bursts.items()],
-              how="diagonal_relaxed").write_parquet(raw / "bursts.parquet")   # block_hashes where a source has them
-    pl.concat(list(sat_records.values()), how="diagonal_relaxed").write_parquet(raw / "saturation_requests.parquet")
+    _write_raw_tables(raw, R, man, bursts, sat_records)
     replays_s = sum(ph["t1"] - ph["t0"] for ph in R.phases if ph["phase"] not in ("warmup", "saturation"))
     # the rest of engine_total: importing vLLM, the calibration fit, bookkeeping and the engine's shutdown
     other_s = engine_s - startup_s - warmup_s - saturation_s - replays_s
