@@ -362,6 +362,116 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
     return out, table
 
 
+def _simulator_capacities(sim: SimulationConfig, bursts: pl.DataFrame, es: resim.EngineSettings, calib, trace_hb: dict,
+                          cap_rows: list[dict]) -> dict[str, float]:
+    """Each source's saturation backlog on the simulator (calibration profile), by the same function as the
+    engine's (regions.saturation's definition): the capacity per source; its rows appended to ``cap_rows``."""
+    sim_caps = {}
+    for (s,), b in bursts.group_by(["source"], maintain_order=True):
+        b = b.drop("source")
+        res = resim.simulate(b, "fcfs", _seed(sim, s, "saturation", "burst"), math.inf, es, calib, sim,
+                             hash_block_tokens=trace_hb.get(s))
+        c = capacity.saturation_throughput(res.requests)
+        sim_caps[s] = c["capacity_rps"]
+        cap_rows.append({"source": s, "side": "simulator (calibration profile)", **c,
+                         "preemptions": int(res.counters["preemptions"])})
+    return sim_caps
+
+
+def _resimulate(sim: SimulationConfig, keys: pl.DataFrame, eng_all: pl.DataFrame, wins: pl.DataFrame, variants: dict,
+                profiles_of: dict, speed: dict, es: resim.EngineSettings, es_of: dict, trace_hb: dict
+                ) -> tuple[dict[str, list], dict[str, list], list, dict, dict]:
+    """Every replay (``keys``) re-simulated in each of ``variants`` (:data:`RESIM_VARIANTS`; ``profiles_of``: the
+    profile of each but ``speed_corrected``, the calibration profile x the replay's ``speed`` factor): the
+    simulator's requests and run rows per variant, the engine's requests, each replay's horizon and records."""
+    calib = profiles_of["prediction"]
+    sim_req: dict[str, list] = {k: [] for k in variants}
+    sim_rows: dict[str, list] = {k: [] for k in variants}
+    eng_req, horizons, rec_by_key = [], {}, {}
+    for key in keys.iter_rows():
+        s, wid, region, sched = key
+        flt = [pl.col(c) == x for c, x in zip(verdict.KEY, key)]
+        rec = eng_all.filter(*flt)
+        w = wins.filter(pl.col("window_id") == wid, pl.col("region") == region).sort("req_id")
+        horizon, rho = float(w["horizon_s"][0]), float(w["rho"][0])
+        # the replayed window as the simulator's run got it: frozen predictions included (ltr, edf, sjf_predicted)
+        sc = w.select([c for c in ("arrival_s", "prompt_tokens", "output_tokens", "tenant", "block_hashes",
+                                   *PREDICTION_COLUMNS) if c in w.columns])
+        horizons[key] = horizon
+        rec_by_key[key] = rec.drop(*verdict.KEY, "horizon_s")
+        lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(rho).alias("rho")]
+        eng_req.append(rec_by_key[key].with_columns(*lit))
+        seed = _seed(sim, wid, sched, region)
+        f = speed.get((f"{wid}.{region}", sched), 1.0)
+        queued = rec.sort("req_id")["queued_s"].to_numpy()
+        arr_engine = rec.sort("req_id")["arrival_s"].to_numpy()
+        sc_q = sc.with_columns(pl.Series("arrival_s", np.where(np.isfinite(queued), queued, sc["arrival_s"].to_numpy())))
+        runs_of = {"prediction": (calib, sc), "speed_corrected": (predict.scaled_profile(calib, f), sc_q),
+                   "all_steps_profile": (profiles_of["all_steps_profile"], sc),
+                   "step_grid": (profiles_of["step_grid"], sc)}
+        for variant, (prof, df) in ((k, runs_of[k]) for k in variants):
+            res = resim.simulate(df, sched, seed, horizon, es_of.get(sched, es), prof, sim,
+                                 hash_block_tokens=trace_hb.get(s))
+            r = res.requests
+            if variant == "speed_corrected":    # latencies from the same client arrival as the engine's
+                r = r.with_columns(pl.Series("arrival_s", arr_engine))
+            vals = metrics.compute(r, horizon, sim.slo_dicts)
+            sim_rows[variant].append({**dict(zip(verdict.KEY, key)), "rho": rho, "horizon_s": horizon,
+                                      "speed_factor": f, "preemptions": int(res.counters["preemptions"]), **vals})
+            sim_req[variant].append(r.with_columns(*lit))
+    return sim_req, sim_rows, eng_req, horizons, rec_by_key
+
+
+def _error_sources(rec_by_key: dict, wins: pl.DataFrame, phases: list[dict], speed: dict,
+                   residuals: pl.DataFrame) -> tuple[pl.DataFrame, dict]:
+    """The cost model's share of the error: E2E with the engine's own step times replaced by predictions (per
+    request of each shared-instance replay) and its MAPE below saturation (``summary.json`` ``error_sources``)."""
+    share_rows = []
+    origins = {(ph["tag"], ph["policy"]): ph.get("origin") for ph in phases if ph.get("instance") != "own"}
+    for key, rec in rec_by_key.items():
+        s_, wid, region, sched = key
+        org = origins.get((f"{wid}.{region}", sched))
+        if org is None:
+            continue
+        rho = float(wins.filter(pl.col("window_id") == wid, pl.col("region") == region)["rho"][0])
+        f = speed.get((f"{wid}.{region}", sched), 1.0)
+        a = verdict.step_time_share(rec, residuals, org)
+        b = verdict.step_time_share(rec, residuals, org, f).select("req_id", pl.col("e2e_if_schedule_exact")
+                                                                     .alias("e2e_if_schedule_exact_speed_corrected"))
+        share_rows.append(a.join(b, on="req_id").with_columns(
+            *[pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)], pl.lit(rho).alias("rho")))
+    shares = pl.concat(share_rows) if share_rows else pl.DataFrame()
+
+    def _mape(df, col):
+        d = df.filter((pl.col("rho") < 1.0) & (pl.col("e2e") > 0))
+        return float(((pl.col(col) - pl.col("e2e")).abs() / pl.col("e2e")).mean().pipe(d.select).item()) \
+            if d.height else math.nan
+    error_sources = {
+        "e2e_mape_cost_model_only": _mape(shares, "e2e_if_schedule_exact") if shares.height else math.nan,
+        "e2e_mape_cost_model_only_speed_corrected": _mape(shares, "e2e_if_schedule_exact_speed_corrected")
+        if shares.height else math.nan,
+        "explanation": ("E2E MAPE below saturation if the simulator reproduced the engine's schedule exactly and only "
+                        "the step times came from the cost model (calibration profile; speed-corrected: x the "
+                        "replay's speed factor). The gap between these and the simulator's MAPE is the scheduling "
+                        "model's share."),
+    }
+    return shares, error_sources
+
+
+def _fidelity(eng_req: pl.DataFrame, sim_req: dict[str, list], variants: dict) -> tuple[dict, dict]:
+    """Per variant: the engine's and the simulator's requests matched, and their fidelity (below saturation, at
+    every load, by region, by scheduler)."""
+    fid, matched = {}, {}
+    for variant in variants:
+        m = verdict.matched_latencies(eng_req, pl.concat(sim_req[variant], how="diagonal_relaxed"))
+        matched[variant] = m
+        fid[variant] = {"below_saturation": verdict.fidelity(m.filter(pl.col("rho") < 1.0)),
+                        "all_loads": verdict.fidelity(m),
+                        "by_region": {r: verdict.fidelity(g) for (r,), g in m.group_by(["region"], maintain_order=True)},
+                        "by_scheduler": {p: verdict.fidelity(g) for (p,), g in m.group_by(["scheduler"], maintain_order=True)}}
+    return fid, matched
+
+
 def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None = None) -> dict:
     """Re-simulation, profiles, fidelity and verdicts from a run's raw files (``validation/raw/``);
     writes the tables and ``summary.json`` and returns the summary. Reruns without the engine. ``manifest``: the
@@ -394,100 +504,25 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
 
     cap_rows = [r for r in run_info["capacity"] if r["side"] == "engine"]
     engine_cap = {r["source"]: r["capacity_rps"] for r in cap_rows}
-    sim_caps = {}
     man = manifest if manifest is not None else windows.load_manifest(cfg.paths)
     trace_hb = {s: windows.hash_block_size(man, {"source": s}) for s in {w["source"] for w in man["windows"]}}
     es_of = {"sarathi": dataclasses.replace(es, max_num_batched_tokens=int(
         run_info["own_instance_settings"]["sarathi"]["max_num_batched_tokens"]))} \
         if run_info.get("own_instance_settings", {}).get("sarathi") else {}
-    for (s,), b in bursts.group_by(["source"], maintain_order=True):
-        # the same backlog on the simulator, the same function (regions.saturation's definition)
-        b = b.drop("source")
-        res = resim.simulate(b, "fcfs", _seed(sim, s, "saturation", "burst"), math.inf, es, calib, sim,
-                             hash_block_tokens=trace_hb.get(s))
-        c = capacity.saturation_throughput(res.requests)
-        sim_caps[s] = c["capacity_rps"]
-        cap_rows.append({"source": s, "side": "simulator (calibration profile)", **c,
-                         "preemptions": int(res.counters["preemptions"])})
+    sim_caps = _simulator_capacities(sim, bursts, es, calib, trace_hb, cap_rows)
 
     keys = eng_all.select(*verdict.KEY).unique(maintain_order=True).sort(list(verdict.KEY))
     step_fit = step_fit_section(out, base, f"vllm_{run_info['model_config']}_{device}_step_grid")
     grid_prof = step_fit.pop("_profile", None)
     variants = {k: v for k, v in RESIM_VARIANTS.items() if k != "step_grid" or grid_prof is not None}
-    sim_req: dict[str, list] = {k: [] for k in variants}
-    sim_rows: dict[str, list] = {k: [] for k in variants}
-    eng_req, horizons, rec_by_key = [], {}, {}
-    for key in keys.iter_rows():
-        s, wid, region, sched = key
-        flt = [pl.col(c) == x for c, x in zip(verdict.KEY, key)]
-        rec = eng_all.filter(*flt)
-        w = wins.filter(pl.col("window_id") == wid, pl.col("region") == region).sort("req_id")
-        horizon, rho = float(w["horizon_s"][0]), float(w["rho"][0])
-        # the replayed window as the simulator's run got it: frozen predictions included (ltr, edf, sjf_predicted)
-        sc = w.select([c for c in ("arrival_s", "prompt_tokens", "output_tokens", "tenant", "block_hashes",
-                                   *PREDICTION_COLUMNS) if c in w.columns])
-        horizons[key] = horizon
-        rec_by_key[key] = rec.drop(*verdict.KEY, "horizon_s")
-        lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(rho).alias("rho")]
-        eng_req.append(rec_by_key[key].with_columns(*lit))
-        seed = _seed(sim, wid, sched, region)
-        f = speed.get((f"{wid}.{region}", sched), 1.0)
-        queued = rec.sort("req_id")["queued_s"].to_numpy()
-        arr_engine = rec.sort("req_id")["arrival_s"].to_numpy()
-        sc_q = sc.with_columns(pl.Series("arrival_s", np.where(np.isfinite(queued), queued, sc["arrival_s"].to_numpy())))
-        runs_of = {"prediction": (calib, sc), "speed_corrected": (predict.scaled_profile(calib, f), sc_q),
-                   "all_steps_profile": (insample, sc), "step_grid": (grid_prof, sc)}
-        for variant, (prof, df) in ((k, runs_of[k]) for k in variants):
-            res = resim.simulate(df, sched, seed, horizon, es_of.get(sched, es), prof, sim,
-                                 hash_block_tokens=trace_hb.get(s))
-            r = res.requests
-            if variant == "speed_corrected":    # latencies from the same client arrival as the engine's
-                r = r.with_columns(pl.Series("arrival_s", arr_engine))
-            vals = metrics.compute(r, horizon, sim.slo_dicts)
-            sim_rows[variant].append({**dict(zip(verdict.KEY, key)), "rho": rho, "horizon_s": horizon,
-                                      "speed_factor": f, "preemptions": int(res.counters["preemptions"]), **vals})
-            sim_req[variant].append(r.with_columns(*lit))
-    # the cost model's share of the error: E2E with the engine's own step times replaced by predictions
-    share_rows = []
-    origins = {(ph["tag"], ph["policy"]): ph.get("origin") for ph in phases if ph.get("instance") != "own"}
-    for key, rec in rec_by_key.items():
-        s_, wid, region, sched = key
-        org = origins.get((f"{wid}.{region}", sched))
-        if org is None:
-            continue
-        rho = float(wins.filter(pl.col("window_id") == wid, pl.col("region") == region)["rho"][0])
-        f = speed.get((f"{wid}.{region}", sched), 1.0)
-        a = verdict.step_time_share(rec, residuals, org)
-        b = verdict.step_time_share(rec, residuals, org, f).select("req_id", pl.col("e2e_if_schedule_exact")
-                                                                     .alias("e2e_if_schedule_exact_speed_corrected"))
-        share_rows.append(a.join(b, on="req_id").with_columns(
-            *[pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)], pl.lit(rho).alias("rho")))
-    shares = pl.concat(share_rows) if share_rows else pl.DataFrame()
-
-    def _mape(df, col):
-        d = df.filter((pl.col("rho") < 1.0) & (pl.col("e2e") > 0))
-        return float(((pl.col(col) - pl.col("e2e")).abs() / pl.col("e2e")).mean().pipe(d.select).item()) \
-            if d.height else math.nan
-    error_sources = {
-        "e2e_mape_cost_model_only": _mape(shares, "e2e_if_schedule_exact") if shares.height else math.nan,
-        "e2e_mape_cost_model_only_speed_corrected": _mape(shares, "e2e_if_schedule_exact_speed_corrected")
-        if shares.height else math.nan,
-        "explanation": ("E2E MAPE below saturation if the simulator reproduced the engine's schedule exactly and only "
-                        "the step times came from the cost model (calibration profile; speed-corrected: x the "
-                        "replay's speed factor). The gap between these and the simulator's MAPE is the scheduling "
-                        "model's share."),
-    }
+    profiles_of = {"prediction": calib, "all_steps_profile": insample, "step_grid": grid_prof}
+    sim_req, sim_rows, eng_req_parts, horizons, rec_by_key = _resimulate(
+        sim, keys, eng_all, wins, variants, profiles_of, speed, es, es_of, trace_hb)
+    shares, error_sources = _error_sources(rec_by_key, wins, phases, speed, residuals)
     engine_runs = verdict.engine_metric_rows(rec_by_key, horizons, sim.slo_dicts)
     engine_runs = engine_runs.join(wins.select("window_id", "region", "rho").unique(), on=["window_id", "region"])
-    eng_req = pl.concat(eng_req, how="vertical")
-    fid, matched = {}, {}
-    for variant in variants:
-        m = verdict.matched_latencies(eng_req, pl.concat(sim_req[variant], how="diagonal_relaxed"))
-        matched[variant] = m
-        fid[variant] = {"below_saturation": verdict.fidelity(m.filter(pl.col("rho") < 1.0)),
-                        "all_loads": verdict.fidelity(m),
-                        "by_region": {r: verdict.fidelity(g) for (r,), g in m.group_by(["region"], maintain_order=True)},
-                        "by_scheduler": {p: verdict.fidelity(g) for (p,), g in m.group_by(["scheduler"], maintain_order=True)}}
+    eng_req = pl.concat(eng_req_parts, how="vertical")
+    fid, matched = _fidelity(eng_req, sim_req, variants)
     sim_runs = pl.DataFrame(sim_rows["prediction"])
     done_cases = [_case_from_dict(d) for d in run_info["cases"]]
     # the two-step verdicts: the pre-registered family (its file checked against the recorded hash), then the rest

@@ -358,6 +358,64 @@ def _write_raw_tables(raw: Path, R: _Run, man: dict, bursts: dict[str, pl.DataFr
     pl.concat(list(sat_records.values()), how="diagonal_relaxed").write_parquet(raw / "saturation_requests.parquet")
 
 
+def _engine_settings(log_path: Path, the_plan: Plan) -> resim.EngineSettings:
+    """The engine's resolved settings, read back from the init record it wrote to ``log_path``."""
+    status, spec, e = the_plan.status, the_plan.spec, the_plan.engine
+    inits, _ = replay.read_iteration_log(log_path)
+    if not inits:
+        raise PortbenchError(f"the engine wrote no init record to {log_path} (is the scheduler class loaded?)")
+    return resim.EngineSettings.from_init(inits[-1], device=the_plan.device, distribution=status.distribution,
+                                          version=status.version, model=e.model_config, token_scale=e.token_scale,
+                                          requests_per_window=e.requests_per_window,
+                                          prefix_caching=spec.enable_prefix_caching)
+
+
+def _work(df: pl.DataFrame) -> float:
+    """Mean tokens (prompt + output) per request."""
+    return float((df["prompt_tokens"] + df["output_tokens"]).mean())
+
+
+def _backlog_size(saturation_requests: int | None, max_num_seqs: int, left: Callable[[], float], required: list[str],
+                  per_request_s: Callable[[str], float], pilot_rps: float) -> tuple[int, int, float, str]:
+    """Requests per source of the saturation backlog (the campaign's size unless :data:`SATURATION_SHARE` of the
+    seconds ``left()`` cannot hold it at ``per_request_s(source)`` for the ``required`` sources, never fewer than
+    ``capacity.MIN_REQUESTS``), the campaign's size, the seconds allotted per required source, and why."""
+    target = capacity.backlog_size(max_num_seqs, saturation_requests)
+    floor_n = min(target, capacity.MIN_REQUESTS)
+    allot_s = SATURATION_SHARE * max(left() - RESERVE_BASE_S, 0.0) / len(required)   # per required source
+    fits = int(allot_s * len(required) / sum(per_request_s(s) for s in required))
+    n_sat = int(min(target, max(floor_n, fits)))
+    why = ("the campaign's backlog (regions.saturation: max(MIN_BACKLOG, BACKLOG_PER_SEQ x max_num_seqs))"
+           if saturation_requests is None else "validation.saturation_requests")
+    sat_note = (f"{n_sat} requests per source: {why}" if n_sat == target else
+                f"{n_sat} requests per source instead of {target} ({why}): {SATURATION_SHARE:.0%} of the "
+                f"{max(left(), 0):.0f} s left holds ~{fits} at the warm-up's rate of {pilot_rps:.0f} req/s "
+                f"(never fewer than {floor_n})")
+    return n_sat, target, allot_s, sat_note
+
+
+def _queue_nonempty_share(log_path: Path, lo: float, hi: float) -> float:
+    """Diagnostic of a saturation run: the share of its steady part's engine steps (``lo``-``hi`` on the monotonic
+    clock) with requests waiting (near 1: the scheduler was the bottleneck; lower: vLLM's frontend could not queue
+    the backlog faster than it was served)."""
+    st = replay.iteration_rows(log_path)
+    st = st.filter((pl.col("t_start") >= lo) & (pl.col("t_start") <= hi))
+    return float((st["waiting"] > 0).mean()) if st.height else math.nan
+
+
+def _windows_that_fit(R: _Run, k_plan: int, n_fid_plan: int, required_todo: Callable[[int, int], list],
+                      need_s: Callable[[list], float]) -> int:
+    """Windows per source of the required cases: as many of the ``k_plan`` chosen ones as the time left holds
+    (at least one)."""
+    k_use = k_plan
+    while k_use > 1:
+        todo = required_todo(k_use, min(n_fid_plan, k_use))
+        if need_s(todo) + _reserve(len(todo)) + R.virtual_s <= R.left():
+            break
+        k_use -= 1
+    return k_use
+
+
 def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, origin: float | None = None,
          prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None, family_s: float = 0.0) -> dict:
     """The validation (module docstring). Sized to the budget, which counts from the process start:
@@ -406,13 +464,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
           f"budget {budget:.0f} s from the process start")
     with replay.Replayer(spec, log_path) as eng:
         startup_s = eng.startup_s
-        inits, _ = replay.read_iteration_log(log_path)
-        if not inits:
-            raise PortbenchError(f"the engine wrote no init record to {log_path} (is the scheduler class loaded?)")
-        es = resim.EngineSettings.from_init(inits[-1], device=the_plan.device, distribution=status.distribution,
-                                            version=status.version, model=e.model_config, token_scale=e.token_scale,
-                                            requests_per_window=e.requests_per_window,
-                                            prefix_caching=spec.enable_prefix_caching)
+        es = _engine_settings(log_path, the_plan)
         # engine tokens per block hash of each source (prefix caching: prompts built from the trace's hashes)
         hash_tokens = {s: resim.scaled_hash_block(windows.hash_block_size(man, {"source": s}), es) for s in srcs_all}
         R.log(f"engine up in {startup_s:.0f} s: {es.num_blocks} KV blocks x {es.block_size} tokens, budget "
@@ -436,9 +488,6 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             R.phases.append({"phase": phase, "tag": tag, "policy": policy, "t0": t_a, "t1": time.monotonic(),
                              "origin": engine.last_t0, "instance": "own" if engine is not eng else "shared"})
             return rec
-
-        def work(df: pl.DataFrame) -> float:
-            return float((df["prompt_tokens"] + df["output_tokens"]).mean())
 
         # 3. warm-up: the first chosen window of the first source as a backlog (every request at t = 0),
         #    discarded; its completion rate is the pilot that sizes the saturation runs
@@ -473,20 +522,11 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             """Estimated engine seconds per backlog request of source s: the warm-up's rate scaled by the work
             per request, times what the saturation runs so far took over that estimate."""
             ratio = float(np.median(R.sat_ratio)) if (R.sat_ratio and learned) else 1.0
-            return work(pool(s)) / work(warm) / pilot_rps * ratio
+            return _work(pool(s)) / _work(warm) / pilot_rps * ratio
 
         required = sorted({s for c in the_plan.cases[:n_req] for s in c.sources})
-        target = capacity.backlog_size(es.max_num_seqs, v.saturation_requests)
-        floor_n = min(target, capacity.MIN_REQUESTS)
-        allot_s = SATURATION_SHARE * max(R.left() - RESERVE_BASE_S, 0.0) / len(required)   # per required source
-        fits = int(allot_s * len(required) / sum(per_request_s(s) for s in required))
-        n_sat = int(min(target, max(floor_n, fits)))
-        why = ("the campaign's backlog (regions.saturation: max(MIN_BACKLOG, BACKLOG_PER_SEQ x max_num_seqs))"
-               if v.saturation_requests is None else "validation.saturation_requests")
-        sat_note = (f"{n_sat} requests per source: {why}" if n_sat == target else
-                    f"{n_sat} requests per source instead of {target} ({why}): {SATURATION_SHARE:.0%} of the "
-                    f"{max(R.left(), 0):.0f} s left holds ~{fits} at the warm-up's rate of {pilot_rps:.0f} req/s "
-                    f"(never fewer than {floor_n})")
+        n_sat, target, allot_s, sat_note = _backlog_size(v.saturation_requests, es.max_num_seqs, R.left, required,
+                                                         per_request_s, pilot_rps)
         R.log(f"saturation backlog: {sat_note}")
 
         def saturate(s: str, phase: str = "saturation") -> None:
@@ -502,10 +542,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             c = capacity.saturation_throughput(rec)
             # diagnostic: the share of the steady part's engine steps with requests waiting (near 1: the scheduler
             # was the bottleneck; lower: vLLM's frontend could not queue the backlog faster than it was served)
-            st = replay.iteration_rows(log_path)
-            lo, hi = eng.last_t0 + c["t_start_s"], eng.last_t0 + c["t_end_s"]
-            st = st.filter((pl.col("t_start") >= lo) & (pl.col("t_start") <= hi))
-            c["queue_nonempty_share"] = float((st["waiting"] > 0).mean()) if st.height else math.nan
+            c["queue_nonempty_share"] = _queue_nonempty_share(log_path, eng.last_t0 + c["t_start_s"],
+                                                              eng.last_t0 + c["t_end_s"])
             engine_cap[s] = c["capacity_rps"]
             bursts[s] = burst
             sat_records[s] = rec.with_columns(pl.lit(s).alias("source"))
@@ -536,7 +574,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
             """The engine's capacity of s, or (not measured yet) the measured ones scaled by work per request."""
             if s in engine_cap:
                 return engine_cap[s]
-            known = [engine_cap[k] * work(pool(k)) / work(pool(s)) for k in engine_cap]
+            known = [engine_cap[k] * _work(pool(k)) / _work(pool(s)) for k in engine_cap]
             return float(np.median(known)) if known else pilot_rps
 
         def scaled_window(s, wid, region, rho):
@@ -609,12 +647,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
 
         # the windows of the required cases: as many of the chosen ones as the time left holds (>= 1)
         k_plan = max(len(w) for w in the_plan.windows.values())
-        k_use = k_plan
-        while k_use > 1:
-            todo = required_todo(k_use, min(n_fid_plan, k_use))
-            if need_s(todo) + _reserve(len(todo)) + R.virtual_s <= R.left():
-                break
-            k_use -= 1
+        k_use = _windows_that_fit(R, k_plan, n_fid_plan, required_todo, need_s)
         n_fid = min(n_fid_plan, k_use)
         if k_use < k_plan:
             R.log(f"the time left ({R.left():.0f} s) holds the required replays on {k_use} of the {k_plan} windows "
