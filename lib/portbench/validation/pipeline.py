@@ -416,6 +416,22 @@ def _windows_that_fit(R: _Run, k_plan: int, n_fid_plan: int, required_todo: Call
     return k_use
 
 
+def _replay_on_own_instance(R: _Run, deferred: list[tuple], sspec: replay.EngineSpec, s_log: Path,
+                            replay_one: Callable) -> dict:
+    """The ``deferred`` replays ((source, window, region, rho, policy, kind)) on an engine instance of their own
+    (``sspec``, its step log ``s_log``), each run as fcfs and recorded under its policy (``R.records``); the
+    instance's init record."""
+    R.log(f"{len(deferred)} replays on sarathi's own engine instance (token budget {sspec.max_batched_tokens})")
+    with replay.Replayer(sspec, s_log) as eng2:
+        init = replay.read_iteration_log(s_log)[0][-1]
+        for s, wid, region, rho, sched, kind in deferred:
+            sc, horizon, _ = R.scaled[(wid, region)]
+            rec = replay_one(sc, sched, horizon, f"{wid}.{region}", kind, None, source=s, engine=eng2,
+                             as_policy="fcfs")
+            R.records[(s, wid, region, sched)] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
+    return init
+
+
 def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, origin: float | None = None,
          prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None, family_s: float = 0.0) -> dict:
     """The validation (module docstring). Sized to the budget, which counts from the process start:
@@ -685,16 +701,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     if deferred:     # only what the time left holds: the instance's start and shutdown, its replays, the reserve
         deferred = _own_instance_fit(R, deferred, startup_s, estimate)
     if deferred:     # sarathi: FCFS on an engine instance of its own with Sarathi-Serve's budget (cases.OWN_INSTANCE)
-        sspec = sarathi_spec(sim, spec, e.token_scale)
-        s_log = out / "iterations_sarathi.jsonl"
-        R.log(f"{len(deferred)} replays on sarathi's own engine instance (token budget {sspec.max_batched_tokens})")
-        with replay.Replayer(sspec, s_log) as eng2:
-            own_settings["sarathi"] = replay.read_iteration_log(s_log)[0][-1]
-            for s, wid, region, rho, sched, kind in deferred:
-                sc, horizon, _ = R.scaled[(wid, region)]
-                rec = replay_one(sc, sched, horizon, f"{wid}.{region}", kind, None, source=s, engine=eng2,
-                                 as_policy="fcfs")
-                R.records[(s, wid, region, sched)] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
+        own_settings["sarathi"] = _replay_on_own_instance(R, deferred, sarathi_spec(sim, spec, e.token_scale),
+                                                          out / "iterations_sarathi.jsonl", replay_one)
     if not R.records:
         raise PortbenchError("no replay ran: validation.fidelity_windows is 0 and the time budget held no other replay")
     load_end = os.getloadavg()
