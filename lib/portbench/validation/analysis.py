@@ -520,7 +520,8 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
         sim, keys, eng_all, wins, variants, profiles_of, speed, es, es_of, trace_hb)
     shares, error_sources = _error_sources(rec_by_key, wins, phases, speed, residuals)
     engine_runs = verdict.engine_metric_rows(rec_by_key, horizons, sim.slo_dicts)
-    engine_runs = engine_runs.join(wins.select("window_id", "region", "rho").unique(), on=["window_id", "region"])
+    engine_runs = engine_runs.join(wins.select("window_id", "region", "rho").unique(maintain_order=True),
+                                   on=["window_id", "region"], maintain_order="left")
     eng_req = pl.concat(eng_req_parts, how="vertical")
     fid, matched = _fidelity(eng_req, sim_req, variants)
     sim_runs = pl.DataFrame(sim_rows["prediction"])
