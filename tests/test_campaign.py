@@ -400,7 +400,7 @@ def test_unknown_scheduler_and_profile_are_rejected():
 def _real_windows(P):
     from portbench.data import windows
 
-    refs = campaign.window_refs(P)
+    refs = campaign.window_refs(windows.load_manifest(P.paths), P.source_names(), P.campaign)
     tables = windows.load_windows(P, per_source=P.campaign.windows_per_source)
     return [(r, tables[r.id]) for r in refs]
 

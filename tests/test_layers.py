@@ -391,7 +391,6 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     "portbench.study.analysis.results:jitter_headline",
     "portbench.study.attribution.runs:_fingerprint_common", "portbench.study.attribution.runs:pair_windows",
     "portbench.study.campaign.plan:make_plan", "portbench.study.campaign.plan:run_inputs",
-    "portbench.study.campaign.plan:window_refs",
     "portbench.study.campaign.run:_load_window_tables", "portbench.study.campaign.run:consolidate_runs",
     "portbench.study.campaign.run:load_capacities", "portbench.study.campaign.run:load_requests",
     "portbench.study.campaign.run:load_runs", "portbench.study.campaign.run:run_tables",
@@ -415,7 +414,7 @@ LOAD_MANIFEST_SITES = frozenset({
     "portbench.validation:plan", "portbench.validation:analyze",
     # fallbacks of ``manifest=None``
     "portbench.data.windows:load_windows", "portbench.study.analysis.hygiene:trace_checks_block",
-    "portbench.study.campaign.plan:window_refs", "portbench.study.campaign.plan:make_plan",
+    "portbench.study.campaign.plan:make_plan",
     "portbench.study.campaign.run:run_tables", "portbench.study.honest:add_to_summary",
 })
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from ...core import plugins as plugin_loader
-from ...core.config import Config, RequestRecordsConfig, SimulationConfig
+from ...core.config import CampaignConfig, Config, RequestRecordsConfig, SimulationConfig
 from ...core.io import canonical_json, sha256_hex
 from ...data import windows as windows_mod
 from ...sim import schedulers as scheduler_registry
@@ -119,11 +119,11 @@ def _records_selection(rr: RequestRecordsConfig | None, windows: Sequence[Window
     return chosen_w, chosen_r, chosen_rep
 
 
-def window_refs(cfg: Config, manifest: Mapping | None = None) -> list[WindowRef]:
-    """The campaign's windows (manifest order; the first ``campaign.windows_per_source`` per source; only
-    sources of the parameters -- one left out with ``sources: {name: null}`` is not simulated)."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
-    entries = windows_mod.select_entries(manifest, cfg.source_names(), cfg.campaign.windows_per_source)
+def window_refs(manifest: Mapping, sources: Iterable[str], campaign: CampaignConfig) -> list[WindowRef]:
+    """The campaign's windows of the windows' ``manifest`` (manifest order; the first
+    ``campaign.windows_per_source`` per source; only the parameters' ``sources`` (``cfg.source_names()``) -- one
+    left out with ``sources: {name: null}`` is not simulated)."""
+    entries = windows_mod.select_entries(manifest, list(sources), campaign.windows_per_source)
     return [WindowRef(e["id"], e["source"], e["provenance"], e["sha256"], windows_mod.hash_block_size(manifest, e))
             for e in entries]
 
@@ -185,7 +185,7 @@ def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | 
         inputs = _given_inputs(windows)
     else:
         manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
-        wins = window_refs(cfg, manifest)
+        wins = window_refs(manifest, cfg.source_names(), cfg.campaign)
         inputs = run_inputs(cfg, manifest, wins, scheds)
     regs = s.loads
     reps = replicates(s)
