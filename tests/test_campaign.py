@@ -201,7 +201,7 @@ def test_shard_layout_capacity_cache_and_records(smoke, tmp_path):
     # capacity measured once per window and reused by all its regions
     assert n_calls(calls, "capacity") == 6
     assert len(list((out / "capacity").glob("*.json"))) == 6
-    caps = campaign.load_capacities(P, res.plan)
+    caps = campaign.load_capacities(P.paths, res.plan)
     for row in res.runs.select(["window_id", "capacity_rps"]).unique().iter_rows():
         assert caps[row[0]]["capacity_rps"] == row[1]
     # records: first window per source, region overload, replicate 0 (smoke.yaml)
