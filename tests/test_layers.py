@@ -384,7 +384,6 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     "portbench.data.predictors:repeat_share",
     "portbench.data.traces:load_canonical", "portbench.data.windows:load_windows",
     # load the windows / the campaign's runs through the functions above
-    "portbench.present.plots_analysis:make_all",
     "portbench.study.analysis.cube:load_runs", "portbench.study.analysis.hygiene:trace_checks_block",
     "portbench.study.analysis.results:add_design_controls", "portbench.study.analysis.results:compute",
     "portbench.study.analysis.results:campaign_files", "portbench.study.analysis.results:fingerprint",
