@@ -388,7 +388,7 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     "portbench.study.analysis.results:add_design_controls", "portbench.study.analysis.results:compute",
     "portbench.study.analysis.results:campaign_files", "portbench.study.analysis.results:fingerprint",
     "portbench.study.analysis.results:jitter_headline",
-    "portbench.study.attribution.runs:_fingerprint_common", "portbench.study.attribution.runs:pair_windows",
+    "portbench.study.attribution.runs:pair_windows",
     "portbench.study.campaign.plan:make_plan", "portbench.study.campaign.plan:run_inputs",
     "portbench.study.campaign.run:_load_window_tables", "portbench.study.campaign.run:load_requests",
     "portbench.study.campaign.run:load_runs", "portbench.study.campaign.run:run_tables",

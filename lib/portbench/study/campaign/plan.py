@@ -168,6 +168,34 @@ def run_inputs(cfg: Config, manifest: Mapping, refs: Sequence[WindowRef], schedu
     return out
 
 
+def plan_common(s: SimulationConfig, plugins: Sequence[str], engine: Engine) -> dict:
+    """What every run of a campaign shares and that changes results (``Plan.common``): the engine's model and
+    metrics, the capacity policy and the other settings of the ``simulation`` section ``s``, the plug-ins'
+    SHA-256 (``plugins``: ``cfg.plugins``)."""
+    metric_list = list(engine.metric_names(s))
+    model = engine.fingerprint(s)
+    policy = s.capacity_policy
+    common = {
+        "format": FORMAT_VERSION,
+        "model": model,
+        "capacity_policy": policy,
+        "capacity_options": scheduler_options(s, policy),
+        "horizon_factor": s.horizon_factor,
+        "seed": s.seed,
+        "predictor_sigma": s.predictor_sigma,
+        "slo": s.slo_dicts,
+        "edf_slo": s.edf_slo,
+        "tenant_model": s.tenant_model,
+        "metrics": metric_list,
+        "engine": s.engine.as_dict(),
+    }
+    if s.arrival_jitter:                 # only when on: the default study's fingerprints are unchanged
+        common["arrival_jitter"] = True
+    if plugins:
+        common["plugins"] = plugin_loader.fingerprint(plugin_loader.specs(plugins))
+    return common
+
+
 def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None,
               manifest: Mapping | None = None) -> Plan:
     """The grid, seeds' keys and shard fingerprints for ``P`` (nothing is computed).
@@ -189,27 +217,8 @@ def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | 
         inputs = run_inputs(cfg, manifest, wins, scheds)
     regs = s.loads
     reps = replicates(s)
-    metric_list = list(engine.metric_names(s))
-    model = engine.fingerprint(s)
-    policy = s.capacity_policy
-    common = {
-        "format": FORMAT_VERSION,
-        "model": model,
-        "capacity_policy": policy,
-        "capacity_options": scheduler_options(s, policy),
-        "horizon_factor": s.horizon_factor,
-        "seed": s.seed,
-        "predictor_sigma": s.predictor_sigma,
-        "slo": s.slo_dicts,
-        "edf_slo": s.edf_slo,
-        "tenant_model": s.tenant_model,
-        "metrics": metric_list,
-        "engine": s.engine.as_dict(),
-    }
-    if s.arrival_jitter:                 # only when on: the default study's fingerprints are unchanged
-        common["arrival_jitter"] = True
-    if cfg.plugins:
-        common["plugins"] = plugin_loader.fingerprint(plugin_loader.specs(cfg.plugins))
+    common = plan_common(s, cfg.plugins, engine)
+    metric_list = common["metrics"]
     cap_common = {**{k: common[k] for k in ("format", "model", "capacity_policy", "capacity_options")},
                   "engine": s.engine.reference.as_dict()}     # capacity is measured on the reference engine
     capacity_keys = {w.id: sha256_hex({"window_sha256": w.sha256, "method": CAPACITY_METHOD, **cap_common,
