@@ -656,7 +656,7 @@ def test_every_figure_is_saved_and_indexed(params_for):
 
     P = params_for(small_runs(REVERSAL, skill=None))
     A = analysis.load(P)
-    index = plots_analysis.make_all(P, A, close=True)
+    index = plots_analysis.make_all(P.paths, P.analysis, A, close=True)
     summary = analysis.write_summary(P, A)
     assert len(index) >= 18 and summary["figures"] == index
     from pathlib import Path

@@ -201,7 +201,7 @@ def test_shard_layout_capacity_cache_and_records(smoke, tmp_path):
     # capacity measured once per window and reused by all its regions
     assert n_calls(calls, "capacity") == 6
     assert len(list((out / "capacity").glob("*.json"))) == 6
-    caps = campaign.load_capacities(P, res.plan)
+    caps = campaign.load_capacities(P.paths, res.plan)
     for row in res.runs.select(["window_id", "capacity_rps"]).unique().iter_rows():
         assert caps[row[0]]["capacity_rps"] == row[1]
     # records: first window per source, region overload, replicate 0 (smoke.yaml)
@@ -400,7 +400,7 @@ def test_unknown_scheduler_and_profile_are_rejected():
 def _real_windows(P):
     from portbench.data import windows
 
-    refs = campaign.window_refs(P)
+    refs = campaign.window_refs(windows.load_manifest(P.paths), P.source_names(), P.campaign)
     tables = windows.load_windows(P, per_source=P.campaign.windows_per_source)
     return [(r, tables[r.id]) for r in refs]
 

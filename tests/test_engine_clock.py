@@ -43,7 +43,7 @@ def burstgpt_29(shared_traces):
     manifest = json.loads(cfg.paths.manifest.read_text())
     entry = next(w for w in manifest["windows"] if w["id"] == "burstgpt-29")
     try:
-        _, df = standins.build_windows(standins.inputs(cfg), "burstgpt", 30, 200)[29]
+        _, df = standins.build_windows(standins.inputs(cfg.paths, cfg.sources, cfg.standins, cfg.windows), "burstgpt", 30, 200)[29]
     except Exception as e:  # the stand-in evidence is not in this mirror
         pytest.skip(f"burstgpt stand-in not buildable here: {e}")
     assert window_sha256(df) == entry["sha256"], "not the frozen window burstgpt-29"

@@ -354,9 +354,8 @@ import settings_reach  # noqa: E402 - the AST scan, shared with the command-line
 WHOLE_CONFIG_DRIVERS = frozenset({
     # command-line, notebook and benchmark entry points, the parameter check, the campaign-level drivers
     "portbench.params:validate_config",
-    "portbench.data.preflight:check", "portbench.data.registry:resolve_sources", "portbench.data.traces:ingest_all",
+    "portbench.data.preflight:check", "portbench.data.traces:ingest_all",
     "portbench.data.windows:freeze", "portbench.data.windows:verify",
-    "portbench.data.standins.common:inputs",                      # builds the stand-ins' own typed inputs
     "portbench.present.notebook:open_analysis", "portbench.present.plots_analysis:run",
     "portbench.study.analysis.results:load", "portbench.study.analysis.results:write_summary",
     "portbench.study.attribution:attribute", "portbench.study.attribution.runs:run",
@@ -383,22 +382,15 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     "portbench.data.predictors:fingerprint", "portbench.data.predictors:load_predictions",
     "portbench.data.predictors:past_only_check", "portbench.data.predictors:predictor_info",
     "portbench.data.predictors:repeat_share",
-    "portbench.data.traces:ingest_source",
-    "portbench.data.traces:load_canonical", "portbench.data.traces:scan_canonical",
-    "portbench.data.windows:_build_source",
-    "portbench.data.windows:_rebuild_many", "portbench.data.windows:_verify", "portbench.data.windows:build_manifest",
-    "portbench.data.windows:load_windows",
+    "portbench.data.traces:load_canonical", "portbench.data.windows:load_windows",
     # load the windows / the campaign's runs through the functions above
-    "portbench.present.plots_analysis:make_all",
     "portbench.study.analysis.cube:load_runs", "portbench.study.analysis.hygiene:trace_checks_block",
     "portbench.study.analysis.results:add_design_controls", "portbench.study.analysis.results:compute",
     "portbench.study.analysis.results:campaign_files", "portbench.study.analysis.results:fingerprint",
     "portbench.study.analysis.results:jitter_headline",
-    "portbench.study.attribution.runs:_fingerprint_common", "portbench.study.attribution.runs:pair_windows",
+    "portbench.study.attribution.runs:pair_windows",
     "portbench.study.campaign.plan:make_plan", "portbench.study.campaign.plan:run_inputs",
-    "portbench.study.campaign.plan:window_refs",
-    "portbench.study.campaign.run:_load_window_tables", "portbench.study.campaign.run:consolidate_runs",
-    "portbench.study.campaign.run:load_capacities", "portbench.study.campaign.run:load_requests",
+    "portbench.study.campaign.run:_load_window_tables", "portbench.study.campaign.run:load_requests",
     "portbench.study.campaign.run:load_runs", "portbench.study.campaign.run:run_tables",
     "portbench.study.honest:_main_home_runs", "portbench.study.honest:add_to_summary", "portbench.study.honest:main_runs",
     "portbench.bench:_size_windows", "portbench.bench:_window_size",
@@ -421,7 +413,7 @@ LOAD_MANIFEST_SITES = frozenset({
     "portbench.validation.planning:plan", "portbench.validation.analysis:analyze",
     # fallbacks of ``manifest=None``
     "portbench.data.windows:load_windows", "portbench.study.analysis.hygiene:trace_checks_block",
-    "portbench.study.campaign.plan:window_refs", "portbench.study.campaign.plan:make_plan",
+    "portbench.study.campaign.plan:make_plan",
     "portbench.study.campaign.run:run_tables", "portbench.study.honest:add_to_summary",
 })
 

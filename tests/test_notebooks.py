@@ -117,7 +117,8 @@ def test_committed_manifest_labels_match_the_data_available(shared_traces):
     """A source is real in the manifest only if its official file is present; stand-ins are synthetic."""
     P = params.load()
     manifest = windows.load_manifest(P.paths)
-    resolved = registry.resolve_sources(params.load(overrides={"paths.mirror": str(shared_traces)}))
+    here = params.load(overrides={"paths.mirror": str(shared_traces)})
+    resolved = registry.resolve_sources(here.paths, here.sources, here.standins)
     for w in manifest["windows"]:
         assert w["provenance"] == resolved[w["source"]]["provenance"], w["id"]
         assert w["synthetic"] == (w["provenance"] == "standin"), w["id"]

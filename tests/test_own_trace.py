@@ -45,7 +45,7 @@ def own_params(tmp_path, shared_traces):
 def test_own_trace_is_ingested_frozen_simulated_and_analysed(own_params):
     P, mine = own_params
     assert P.source_names() == ["azure", "mytrace"]
-    resolved = registry.resolve_sources(P)
+    resolved = registry.resolve_sources(P.paths, P.sources, P.standins)
     assert resolved["mytrace"]["provenance"] == "real" and "burstgpt" not in resolved
     assert resolved["mytrace"]["origin"] == "user" and resolved["azure"]["origin"] == "official"
     table = traces.load_canonical(P, "mytrace")

@@ -277,6 +277,7 @@ def test_readme_example_is_the_tested_plugin():
 
 
 def test_block_size_reaches_the_engine_through_the_window_ref():
+    from portbench.data import windows
     from portbench.study.campaign import SimEngine, WindowRef
 
     eng = SimEngine()
@@ -286,7 +287,7 @@ def test_block_size_reaches_the_engine_through_the_window_ref():
     assert "block_size" not in WindowRef("a", "azure", "real", "0").fingerprint()
     assert WindowRef("m", "mooncake", "real", "0", 512).fingerprint()["block_size"] == 512
     P = params.load()
-    refs = {w.id: w for w in campaign.window_refs(P)}
+    refs = {w.id: w for w in campaign.window_refs(windows.load_manifest(P.paths), P.source_names(), P.campaign)}
     assert refs["mooncake-00"].block_size == 512 and refs["azure-00"].block_size is None
     with pytest.raises(ParameterError, match="hash_block_tokens"):
         run(BURST, "fcfs", SERIAL, hash_block_tokens=0)

@@ -206,9 +206,9 @@ def test_failed_download_is_not_retried_in_the_same_process(P_for, tmp_path, mon
 def test_mode_resolution(P_for, shared_traces, tmp_path):
     conv = {"file": CONV}
     missing = {"file": "BurstGPT_without_fails_2.csv"}
-    r = registry.resolve_sources(P_for(shared_traces, azure={"mode": "auto", **conv},
-                                       burstgpt={"mode": "auto", **missing},
-                                       bailian={"mode": "standin", "file": "qwen_traceB_blksz_16.jsonl"}))
+    P = P_for(shared_traces, azure={"mode": "auto", **conv}, burstgpt={"mode": "auto", **missing},
+              bailian={"mode": "standin", "file": "qwen_traceB_blksz_16.jsonl"})
+    r = registry.resolve_sources(P.paths, P.sources, P.standins)
     assert set(r) == set(SOURCES)
     assert r["azure"]["provenance"] == "real" and r["azure"]["path"] == shared_traces / "azure2023" / CONV
     assert r["burstgpt"]["provenance"] == "standin" and r["burstgpt"]["path"] is None
@@ -234,11 +234,13 @@ def test_corrupt_copy_is_an_error_even_in_auto_mode(P_for, shared_traces, tmp_pa
     (mirror / "azure2023").mkdir(parents=True)
     (mirror / "azure2023" / CONV).write_bytes((shared_traces / "azure2023" / CONV).read_bytes()[:-1] + b"9")
     with pytest.raises(DataError, match="SHA-256 mismatch"):
-        registry.resolve_sources(P_for(mirror, azure={"mode": "auto", "file": CONV}))
+        P = P_for(mirror, azure={"mode": "auto", "file": CONV})
+        registry.resolve_sources(P.paths, P.sources, P.standins)
 
 
 def test_recorded_row_count_is_enforced(P_for, shared_traces, monkeypatch):
     spec = registry.OFFICIAL_FILES[CONV]
     monkeypatch.setitem(registry.OFFICIAL_FILES, CONV, replace(spec, rows=spec.rows + 1))
     with pytest.raises(DataError, match="19,366 data rows, but the official"):
-        traces.ingest_source(P_for(shared_traces, azure={"mode": "real", "file": CONV}), "azure", write=False)
+        P = P_for(shared_traces, azure={"mode": "real", "file": CONV})
+        traces.ingest_source(P.paths, P.sources, P.standins, "azure", write=False)

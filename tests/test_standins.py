@@ -30,10 +30,14 @@ def mirror_root(shared_traces) -> Path:
     return shared_traces
 
 
+def _inputs(cfg):
+    return standins.inputs(cfg.paths, cfg.sources, cfg.standins, cfg.windows)
+
+
 @pytest.fixture()
 def P(tmp_params, mirror_root):
     """What the stand-in builders read (:class:`portbench.data.standins.StandinInputs`)."""
-    return standins.inputs(tmp_params(**{"paths.mirror": str(mirror_root)}))
+    return _inputs(tmp_params(**{"paths.mirror": str(mirror_root)}))
 
 
 def _entry(meta: dict, df: pl.DataFrame) -> dict:
@@ -201,7 +205,7 @@ def test_builds_are_deterministic_and_seeded(P, tmp_params, mirror_root, source)
     assert [windows.window_sha256(df) for _, df in a] == [windows.window_sha256(df) for _, df in b]
     assert [m for m, _ in a] == [m for m, _ in b]
     assert len({windows.window_sha256(df) for _, df in a}) == 5        # windows differ from each other
-    other = standins.inputs(tmp_params(**{"paths.mirror": str(mirror_root), "standins.seed": P.standins.seed + 1}))
+    other = _inputs(tmp_params(**{"paths.mirror": str(mirror_root), "standins.seed": P.standins.seed + 1}))
     c = standins.build_windows(other, source, 5, 200)
     assert all(windows.window_sha256(x) != windows.window_sha256(y) for (_, x), (_, y) in zip(a, c))
 
@@ -241,7 +245,7 @@ def _copy_mirror(src: Path, dst: Path, rels: list[str]) -> None:
 def test_tampered_evidence_is_detected(tmp_path, tmp_params, mirror_root, source, victim):
     fake = tmp_path / "mirror"
     _copy_mirror(mirror_root, fake, ["burstgpt", "burstgpt_aggregates", SERVEGEN, "qwen_bailian"])
-    P2 = standins.inputs(tmp_params(**{"paths.mirror": str(fake)}))
+    P2 = _inputs(tmp_params(**{"paths.mirror": str(fake)}))
     meta, df = standins.build_windows(P2, source, 1, 200)[0]
     entry = _entry(meta, df)
     assert standins.regenerate(entry, P2.store).equals(df)

@@ -337,7 +337,7 @@ def test_non_official_file_by_path(P, shared_traces, tmp_path):
     own = tmp_path / "my_trace.csv"
     shutil.copy(shared_traces / SLICE3, own)
     P = P.with_overrides({"sources.burstgpt": {"mode": "real", "file": str(own)}})
-    df, rep = traces.ingest_source(P, "burstgpt")
+    df, rep = traces.ingest_source(P.paths, P.sources, P.standins, "burstgpt")
     assert rep["provenance"] == "real" and not rep["sha256_verified"] and rep["format"] == "burstgpt"
     assert rep["origin"] == "user"
     assert set(df["file"]) == {own.name} and df.height == 399

@@ -137,7 +137,8 @@ def test_no_download_in_standin_mode_or_for_a_file_the_mirror_holds(monkeypatch,
     monkeypatch.delenv(registry.OFFLINE_ENV, raising=False)
     over = {"paths": {"mirror": str(shared_traces), "data_dir": str(tmp_path)},
             "sources": {"burstgpt": {"mode": "standin"}}}
-    res = registry.resolve_sources(params.load(overrides=over))
+    P = params.load(overrides=over)
+    res = registry.resolve_sources(P.paths, P.sources, P.standins)
     assert res["azure"]["provenance"] == "real" and res["burstgpt"]["provenance"] == "standin"
     # bailian is auto and its official file is not in the mirror: the stand-in, with no download either
     assert res["bailian"]["provenance"] == "standin" and "no download attempted" in res["bailian"]["reason"]

@@ -63,7 +63,7 @@ def fake_data(tmp_path, monkeypatch):
         df.write_csv(raw / df["file"][0])
     state = {"canon": canon, "loads": 0}
 
-    def resolve_sources(P):
+    def resolve_sources(paths, sources, standins_cfg):
         out = {s: {"provenance": "real", "file": df["file"][0], "path": raw / df["file"][0],
                    "reason": f"official file found in {raw}"} for s, df in state["canon"].items()}
         out["bailian"] = {"provenance": None, "file": "q.jsonl", "path": None,
@@ -78,7 +78,7 @@ def fake_data(tmp_path, monkeypatch):
     monkeypatch.setattr(registry, "locate", lambda name, st: raw / name)
     monkeypatch.setattr(registry, "resolve_sources", resolve_sources)
     monkeypatch.setattr(traces, "load_canonical", load_canonical)
-    monkeypatch.setattr(traces, "scan_canonical", lambda P, source: load_canonical(P, source).lazy())
+    monkeypatch.setattr(traces, "scan_canonical", lambda paths, sources, standins_cfg, source: load_canonical(None, source).lazy())
     return state
 
 
@@ -440,8 +440,8 @@ def azure_only(monkeypatch, shared_traces):
     monkeypatch.setenv("PORTBENCH_OFFLINE", "1")  # absent official files: no download attempts
     real = registry.resolve_sources
 
-    def only_azure(P):
-        out = real(P)
+    def only_azure(*sections):
+        out = real(*sections)
         for s in out:
             if s != "azure":
                 out[s] = {**out[s], "provenance": None, "reason": "switched off in this test"}
@@ -526,9 +526,9 @@ def test_standin_windows_freeze_regenerate_and_verify(monkeypatch, shared_traces
     """Stand-in sources through the real stand-in module: recorded generator, evidence checksums, regeneration."""
     monkeypatch.setenv("PORTBENCH_OFFLINE", "1")
     real = registry.resolve_sources
-    monkeypatch.setattr(registry, "resolve_sources", lambda P: {
+    monkeypatch.setattr(registry, "resolve_sources", lambda *sections: {
         s: (r if s != "azure" else {**r, "provenance": None, "reason": "switched off in this test"})
-        for s, r in real(P).items()})
+        for s, r in real(*sections).items()})
     P = _real_params(tmp_params, tmp_path, **{"windows.per_source": 3, "windows.size": 40,
                                               "sources.burstgpt.mode": "standin", "sources.bailian.mode": "standin",
                                               "sources.azure_code": None, "sources.mooncake": None})
@@ -539,7 +539,7 @@ def test_standin_windows_freeze_regenerate_and_verify(monkeypatch, shared_traces
         assert e["row_start"] is None and e["row_end"] is None and {"name", "params", "seed"} <= set(e["generator"])
     for s in ("burstgpt", "bailian"):
         assert m["sources"][s]["reason"] == "mode standin: the labelled stand-in was requested"
-        for name, sha in standins.evidence_sha256(standins.inputs(P), s).items():
+        for name, sha in standins.evidence_sha256(standins.inputs(P.paths, P.sources, P.standins, P.windows), s).items():
             assert m["source_files"][name] == sha
     W.cache_path(P.paths).unlink()
     assert W.verify(P) == (6, 6, [])

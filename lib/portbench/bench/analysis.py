@@ -65,7 +65,7 @@ def run(quick: bool = False) -> dict:
         out["compute_parts_s"] = A.meta["timings_s"]
         analysis.write(cfg.paths.results_dir, A)
         t0 = time.perf_counter()
-        plots_analysis.make_all(cfg, A, close=True)
+        plots_analysis.make_all(cfg.paths, cfg.analysis, A, close=True)
         out["figures_s"] = time.perf_counter() - t0
         if not quick:
             shutil.rmtree(tmp / "results" / "analysis", ignore_errors=True)

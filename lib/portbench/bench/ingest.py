@@ -130,7 +130,7 @@ def _probe(stage: str, trace: str, work: str) -> None:
     base = _peak_gib()    # the interpreter, the libraries, the parameters
     t0 = time.perf_counter()
     if stage == "ingest":
-        _, rep = traces.ingest_source(cfg, "big")
+        _, rep = traces.ingest_source(cfg.paths, cfg.sources, cfg.standins, "big")
         out = {"rows": rep["rows_valid"]}
     else:
         m = windows.freeze(cfg, refreeze=True)

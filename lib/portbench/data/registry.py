@@ -23,11 +23,12 @@ never a silent fallback. Hashes are cached in ``{paths.data_dir}/raw/.verified.j
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import io
-from ..core.config import Config, PathsConfig, SourceConfig
+from ..core.config import PathsConfig, SourceConfig, StandinsConfig
 from ..core.errors import DataError
 
 MIRROR_ENV = "PORTBENCH_DATA_MIRROR"
@@ -374,7 +375,8 @@ def hash_block_size(source: SourceConfig) -> int | None:
     return spec.block_size if spec is not None else None
 
 
-def resolve_sources(cfg: Config) -> dict[str, dict]:
+def resolve_sources(paths: PathsConfig, sources: Mapping[str, SourceConfig], standins: StandinsConfig
+                    ) -> dict[str, dict]:
     """Per configured source: provenance ``real`` / ``standin`` / ``None`` (skipped), origin (``official``
     or ``user`` for a real source), file, path, reason.
 
@@ -383,5 +385,5 @@ def resolve_sources(cfg: Config) -> dict[str, dict]:
     SHA-256 mismatch) is an error in every mode. A source without a stand-in (no ``standins.<source>``
     entry) that would need one is skipped (provenance ``None``).
     """
-    st = store(cfg.paths)
-    return {s: resolve_source(st, cfg.sources[s], cfg.standins.of(s) is not None) for s in cfg.source_names()}
+    st = store(paths)
+    return {s: resolve_source(st, spec, standins.of(s) is not None) for s, spec in sources.items()}

@@ -59,7 +59,7 @@ import polars as pl
 
 from . import generic, plausibility, registry, trace_checks
 from ..core import io, progress
-from ..core.config import Config, SourceConfig
+from ..core.config import Config, PathsConfig, SourceConfig, StandinsConfig
 from ..core.errors import DataError
 
 FORMATS = ("azure2023", "azure2024", "burstgpt", "qwen_jsonl", "qwen_csv")
@@ -798,7 +798,8 @@ def read_source_file(src: SourceConfig, path: Path, spec: "registry.OfficialFile
     return read_file(path, fmt, source=src.name)
 
 
-def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.DataFrame | None, dict]:
+def ingest_source(paths: PathsConfig, sources: Mapping[str, SourceConfig], standins: StandinsConfig, source: str,
+                  *, write: bool = True) -> tuple[pl.DataFrame | None, dict]:
     """Ingest one source's official file (``sources.<source>.file``) into its canonical table.
 
     A source with no real file in this run (mode standin, or auto with the file absent) is
@@ -806,9 +807,9 @@ def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.D
     raises DataError (from :func:`portbench.data.registry.resolve_source`). With ``write`` the table goes
     to ``{data_dir}/canonical/{source}.parquet`` and the report entry into ``ingest_report.json``.
     """
-    st = registry.store(cfg.paths)
-    data_dir = cfg.paths.data_dir
-    info = registry.resolve_source(st, cfg.sources[source], cfg.standins.of(source) is not None)
+    st = registry.store(paths)
+    data_dir = paths.data_dir
+    info = registry.resolve_source(st, sources[source], standins.of(source) is not None)
     if info["provenance"] != "real":
         _loud(f"SKIPPED {source}: no real file in this run -> {info['provenance'] or 'not used'} "
               f"({info['reason']})")
@@ -820,7 +821,7 @@ def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.D
     name, path = info["file"], Path(info["path"])
     spec = registry.OFFICIAL_FILES.get(name) if info.get("origin") == registry.OFFICIAL else None
     target = canonical_dir(data_dir) / f"{source}.parquet"
-    src = cfg.sources[source]
+    src = sources[source]
     mapping = generic.GenericSpec.of(src) if src.generic else None
     table: pl.DataFrame | None = None
     fmt = None
@@ -849,7 +850,7 @@ def ingest_source(cfg: Config, source: str, *, write: bool = True) -> tuple[pl.D
         raise DataError(path, f"read {rep['rows_read']:,} data rows, but the official {name} has {spec.rows:,}")
     rep |= {"provenance": "real", "origin": info.get("origin"), "skipped": False, "sha256": st.sha256(path),
             "sha256_verified": bool(spec and spec.sha256), "canonical_version": CANONICAL_VERSION,
-            "read_with": read_with(cfg.sources[source])}
+            "read_with": read_with(src)}
     if write:
         if table is not None:
             io.atomic_write(target, lambda tmp: table.write_parquet(tmp))
@@ -881,27 +882,28 @@ def ingest_all(cfg: Config) -> dict:
     """Ingest every configured source; writes the canonical parquet files and ``ingest_report.json``."""
     entries = {}
     for source in cfg.source_names():
-        _, entries[source] = ingest_source(cfg, source, write=True)
+        _, entries[source] = ingest_source(cfg.paths, cfg.sources, cfg.standins, source, write=True)
     report = _write_report(cfg.paths.data_dir, entries)
     return {**report, "sources": {s: report["sources"][s] for s in entries}}
 
 
-def scan_canonical(cfg: Config, source: str) -> pl.LazyFrame:
+def scan_canonical(paths: PathsConfig, sources: Mapping[str, SourceConfig], standins: StandinsConfig,
+                   source: str) -> pl.LazyFrame:
     """The canonical table of ``source`` as a lazy scan of its parquet file (nothing read yet: a stage takes the
     rows and columns it needs), ingesting first when it is missing or stale (:func:`load_canonical`)."""
-    st = registry.store(cfg.paths)
-    info = registry.resolve_source(st, cfg.sources[source], cfg.standins.of(source) is not None)
+    st = registry.store(paths)
+    info = registry.resolve_source(st, sources[source], standins.of(source) is not None)
     if info["provenance"] != "real":
         raise DataError(info["file"] or f"sources.{source}.file",
                         f"no canonical table for {source}: {info['reason']}")
-    target = canonical_dir(cfg.paths.data_dir) / f"{source}.parquet"
-    entry = _read_report(cfg.paths.data_dir).get("sources", {}).get(source) or {}
+    target = canonical_dir(paths.data_dir) / f"{source}.parquet"
+    entry = _read_report(paths.data_dir).get("sources", {}).get(source) or {}
     fresh = (target.is_file() and entry.get("file") == Path(info["file"]).name
              and entry.get("canonical_version") == CANONICAL_VERSION
-             and entry.get("read_with") == read_with(cfg.sources[source])
+             and entry.get("read_with") == read_with(sources[source])
              and entry.get("sha256") == st.sha256(info["path"]))
     if not fresh:
-        ingest_source(cfg, source, write=True)
+        ingest_source(paths, sources, standins, source, write=True)
     return pl.scan_parquet(target)
 
 
@@ -913,4 +915,4 @@ def load_canonical(cfg: Config, source: str) -> pl.DataFrame:
     DataError when the source has no real file in this run. (The whole table in memory: a stage that can read
     only what it needs uses :func:`scan_canonical`.)
     """
-    return scan_canonical(cfg, source).collect()
+    return scan_canonical(cfg.paths, cfg.sources, cfg.standins, source).collect()

@@ -50,7 +50,8 @@ import polars as pl
 
 from . import registry, synth, traces
 from ..core import io, progress
-from ..core.config import FROZEN_SECTIONS, Config, PathsConfig, frozen_record  # noqa: F401 - FROZEN_SECTIONS: also read from here
+from ..core.config import (FROZEN_SECTIONS, Config, PathsConfig, SourceConfig, StandinsConfig, WindowsConfig,
+                           frozen_record)  # noqa: F401 - FROZEN_SECTIONS: also read from here
 from ..core.errors import DataError, IntegrityError, ParameterError, PortbenchError
 from ..core.provenance import label, provenance_from_manifest
 from .registry import Store
@@ -397,13 +398,14 @@ def _entry(meta: Mapping, df: pl.DataFrame, *, source: str, provenance: str) -> 
     return e
 
 
-def _build_source(cfg: Config, source: str, info: Mapping, record: dict) -> list[tuple[dict, pl.DataFrame]]:
-    """Windows of one source, by its provenance; fills ``record`` (the manifest's sources entry)."""
-    w = cfg.windows
+def _build_source(paths: PathsConfig, sources: Mapping[str, SourceConfig], standins_cfg: StandinsConfig,
+                  w: WindowsConfig, source: str, info: Mapping, record: dict) -> list[tuple[dict, pl.DataFrame]]:
+    """Windows of one source (the ``windows`` section ``w``), by its provenance; fills ``record`` (the manifest's
+    sources entry)."""
     n, size = w.per_source, w.size
     if info["provenance"] == "real":
-        canonical = traces.scan_canonical(cfg, source)
-        block_size = registry.hash_block_size(cfg.sources[source])
+        canonical = traces.scan_canonical(paths, sources, standins_cfg, source)
+        block_size = registry.hash_block_size(sources[source])
         hashes = has_hashes(canonical)
         if hashes and block_size is None:
             raise ParameterError(f"sources.{source}.block_size", None, "the tokens per block of the trace's prompt "
@@ -418,7 +420,7 @@ def _build_source(cfg: Config, source: str, info: Mapping, record: dict) -> list
     built = []
     from . import standins   # scipy.stats: not imported by the campaign's workers
 
-    for k, (meta, df) in enumerate(standins.build_windows(standins.inputs(cfg), source, n, size)):
+    for k, (meta, df) in enumerate(standins.build_windows(standins.inputs(paths, sources, standins_cfg, w), source, n, size)):
         meta = dict(meta)
         meta.setdefault("id", window_ids(source, n)[k])
         if "tenant" not in df.columns:
@@ -440,19 +442,21 @@ def _tenant_rule(fields: Sequence[str] | None, n_tenants: int) -> dict:
     return {"rule": "seeded", "tenants": n_tenants, "shares": "zipf 1/k"}
 
 
-def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
-    """Build the manifest (without checksum) and the window tables from the current data."""
-    resolved = registry.resolve_sources(cfg)
-    st = registry.store(cfg.paths)
+def build_manifest(paths: PathsConfig, sources: Mapping[str, SourceConfig], standins_cfg: StandinsConfig,
+                   windows: WindowsConfig, tree: Mapping) -> tuple[dict, dict[str, pl.DataFrame]]:
+    """Build the manifest (without checksum) and the window tables from the current data (the parameter
+    ``tree`` is recorded in it)."""
+    resolved = registry.resolve_sources(paths, sources, standins_cfg)
+    st = registry.store(paths)
     sources_rec: dict[str, dict] = {}
     source_files: dict[str, str] = {}
     entries: list[dict] = []
     tables: dict[str, pl.DataFrame] = {}
-    bar = progress.bar(len(cfg.source_names()), "windows: freezing", "source")
-    for source in cfg.source_names():
+    bar = progress.bar(len(sources), "windows: freezing", "source")
+    for source in sources:
         bar.set_postfix_str(source)
         info = resolved.get(source) or {"provenance": None, "file": None, "path": None, "reason": "not resolved"}
-        spec = cfg.sources[source]
+        spec = sources[source]
         file = info.get("file") or spec.file
         rec = {"mode": spec.mode, "file": file, "provenance": info.get("provenance"), "origin": info.get("origin"),
                "reason": provenance_reason(spec.mode, info.get("provenance"), file,
@@ -468,15 +472,15 @@ def build_manifest(cfg: Config) -> tuple[dict, dict[str, pl.DataFrame]]:
         else:
             from . import standins   # scipy.stats: not imported by the campaign's workers
 
-            source_files.update(evidence_checksums(standins.inputs(cfg), source))
-        for meta, df in _build_source(cfg, source, info, rec):
+            source_files.update(evidence_checksums(standins.inputs(paths, sources, standins_cfg, windows), source))
+        for meta, df in _build_source(paths, sources, standins_cfg, windows, source, info, rec):
             e = _entry(meta, df, source=source, provenance=prov)
             entries.append(e)
             tables[e["id"]] = df
         rec["windows"] = sum(1 for e in entries if e["source"] == source)
         bar.update(1)
     bar.close()
-    manifest = {"version": MANIFEST_VERSION, "params": _params_record(cfg.tree), "sources": sources_rec,
+    manifest = {"version": MANIFEST_VERSION, "params": _params_record(tree), "sources": sources_rec,
                 "source_files": source_files, "windows": entries}
     return _jsonable(manifest), tables
 
@@ -495,8 +499,8 @@ def freeze(cfg: Config, refreeze: bool = False) -> Manifest:
     if path.is_file() and not refreeze:
         manifest = load_manifest(cfg.paths)
         _check_params(cfg.paths, cfg.tree, manifest)
-        _note_provenance_changes(registry.resolve_sources(cfg), manifest)
-        ok, total, problems, tables = _verify(cfg, manifest, check_cache=False)     # with a progress bar
+        _note_provenance_changes(registry.resolve_sources(cfg.paths, cfg.sources, cfg.standins), manifest)
+        ok, total, problems, tables = _verify(cfg.paths, cfg.sources, cfg.standins, manifest, check_cache=False)     # with a progress bar
         if problems:
             shown = problems[:MAX_PROBLEMS_SHOWN]
             more = len(problems) - len(shown)
@@ -506,7 +510,7 @@ def freeze(cfg: Config, refreeze: bool = False) -> Manifest:
                                  "a deliberate change needs `portbench freeze --refreeze`)")
         _write_cache(cache_path(cfg.paths), manifest, tables)
         return manifest
-    built, tables = build_manifest(cfg)     # with a progress bar
+    built, tables = build_manifest(cfg.paths, cfg.sources, cfg.standins, cfg.windows, cfg.tree)     # with a progress bar
     manifest = Manifest(write_manifest(built, path))
     _write_cache(cache_path(cfg.paths), manifest, tables)
     return manifest
@@ -593,11 +597,11 @@ def rebuild_window(entry: Mapping, manifest: Mapping, canonical: pl.DataFrame | 
     return as_window_table(df, entry["id"])
 
 
-def _rebuild_many(cfg: Config, manifest: Mapping, entries: Sequence[Mapping]
-                  ) -> tuple[dict[str, pl.DataFrame], list[str]]:
+def _rebuild_many(paths: PathsConfig, sources: Mapping[str, SourceConfig], standins_cfg: StandinsConfig,
+                  manifest: Mapping, entries: Sequence[Mapping]) -> tuple[dict[str, pl.DataFrame], list[str]]:
     """Rebuild ``entries`` from source data; returns (verified tables, problems)."""
     tables, problems = {}, []
-    st = registry.store(cfg.paths)
+    st = registry.store(paths)
     by_source: dict[str, list[Mapping]] = {}
     for e in entries:
         by_source.setdefault(e["source"], []).append(e)
@@ -607,7 +611,7 @@ def _rebuild_many(cfg: Config, manifest: Mapping, entries: Sequence[Mapping]
         canonical = None
         try:
             if group[0]["provenance"] == "real":
-                canonical = traces.scan_canonical(cfg, source)
+                canonical = traces.scan_canonical(paths, sources, standins_cfg, source)
         except PortbenchError as err:
             problems += [f"window {e['id']}: cannot read the {source} data ({err})" for e in group]
             bar.update(len(group))
@@ -719,7 +723,7 @@ def load_windows(cfg: Config, sources: Iterable[str] | None = None, per_source: 
             out[e["id"]] = cached[e["id"]]
     missing = [e for e in entries if e["id"] not in out]
     if missing:
-        built, problems = _rebuild_many(cfg, manifest, missing)
+        built, problems = _rebuild_many(cfg.paths, cfg.sources, cfg.standins, manifest, missing)
         if problems:
             raise IntegrityError("; ".join(problems))
         out.update(built)
@@ -727,18 +731,18 @@ def load_windows(cfg: Config, sources: Iterable[str] | None = None, per_source: 
     return {e["id"]: out[e["id"]] for e in entries}
 
 
-def _verify(cfg: Config, manifest: Mapping, *, check_cache: bool = True
-            ) -> tuple[int, int, list[str], dict[str, pl.DataFrame]]:
+def _verify(paths: PathsConfig, sources: Mapping[str, SourceConfig], standins_cfg: StandinsConfig, manifest: Mapping,
+            *, check_cache: bool = True) -> tuple[int, int, list[str], dict[str, pl.DataFrame]]:
     entries = manifest["windows"]
-    problems = _source_file_problems(cfg.paths, manifest)
-    tables, window_problems = _rebuild_many(cfg, manifest, entries)
+    problems = _source_file_problems(paths, manifest)
+    tables, window_problems = _rebuild_many(paths, sources, standins_cfg, manifest, entries)
     problems += window_problems
     bad = {e["id"] for e in entries if e["id"] not in tables}
-    if check_cache and cache_path(cfg.paths).is_file():
-        cached = _read_cache(cache_path(cfg.paths), manifest)
+    if check_cache and cache_path(paths).is_file():
+        cached = _read_cache(cache_path(paths), manifest)
         for e in entries:
             if e["id"] in cached and (got := window_sha256(cached[e["id"]])) != e["sha256"]:
-                problems.append(_mismatch(e, got, f"cache {cache_path(cfg.paths)}"))
+                problems.append(_mismatch(e, got, f"cache {cache_path(paths)}"))
                 bad.add(e["id"])
     return len(entries) - len(bad), len(entries), problems, tables
 
@@ -758,7 +762,7 @@ def verify(cfg: Config) -> tuple[int, int, list[str]]:
         except Exception:  # noqa: BLE001 - the file is damaged; its window count is unknown
             n_listed = 0
         return 0, n_listed, [str(e)]
-    ok, total, problems, _ = _verify(cfg, manifest)
+    ok, total, problems, _ = _verify(cfg.paths, cfg.sources, cfg.standins, manifest)
     return ok, total, problems
 
 

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import polars as pl
 
-from ..core.config import PathsConfig
+from ..core.config import AnalysisConfig, PathsConfig
 from ..study import analysis as an
 from . import figures
 
@@ -803,15 +803,16 @@ FIGURES_BY_NOTEBOOK = {
 }
 
 
-def make_all(cfg, A, close: bool = True) -> list[dict]:
-    """Every figure of notebooks 04-07 (for ``portbench analyze``); returns the figure index."""
+def make_all(paths: PathsConfig, analysis: AnalysisConfig, A, close: bool = True) -> list[dict]:
+    """Every figure of notebooks 04-07 (for ``portbench analyze``; the ``analysis`` section names the bump charts'
+    headline metrics); returns the figure index."""
     for fns in FIGURES_BY_NOTEBOOK.values():
         for fn in fns:
             if fn is bump_charts:
-                bump_charts(cfg.paths, A, cfg.analysis.headline_metrics, close=close)
+                bump_charts(paths, A, analysis.headline_metrics, close=close)
             else:
-                fn(cfg.paths, A, close=close)
-    return an.figure_index(cfg.paths)
+                fn(paths, A, close=close)
+    return an.figure_index(paths)
 
 
 def run(cfg, *, figures: bool = True, progress: bool = True) -> dict:
@@ -821,7 +822,7 @@ def run(cfg, *, figures: bool = True, progress: bool = True) -> dict:
     for w in A.summary.get("power", {}).get("warnings", []):
         print(f"[analysis] WARNING: {w}", flush=True)
     if figures:
-        make_all(cfg, A, close=True)
+        make_all(cfg.paths, cfg.analysis, A, close=True)
     summary = an.write_summary(cfg, A)
     if progress:
         print(f"[analysis] tables -> {an.analysis_dir(cfg.paths.results_dir)}; "

@@ -109,7 +109,8 @@ def _main_home_runs(cfg: Config, manifest: Mapping) -> pl.DataFrame | None:
     main = main_runs(cfg)
     if main is None:
         return None
-    refs = campaign.window_refs(_sub_config(cfg, "home", _home_schedulers()), manifest)
+    home_cfg = _sub_config(cfg, "home", _home_schedulers())
+    refs = campaign.window_refs(manifest, home_cfg.source_names(), home_cfg.campaign)
     return main.filter((pl.col("replicate") == 0) & pl.col("region").is_in(list(T.regions))
                        & pl.col("window_id").is_in([r.id for r in refs]))
 
@@ -141,7 +142,7 @@ def run_transfer(cfg: Config, *, progress: bool = True, verbose: bool = True) ->
     home_cfg = _sub_config(cfg, "home", simulate)
     campaign.reuse_capacities(cfg, home_cfg)        # the main campaign's measured capacities (same windows)
     campaign.run(home_cfg, progress=progress, verbose=verbose)
-    refs = campaign.window_refs(home_cfg, manifest)
+    refs = campaign.window_refs(manifest, home_cfg.source_names(), home_cfg.campaign)
     tables = windows_mod.load_windows(cfg, per_source=int(T.windows_per_source), manifest=manifest)
     for p in srcs:
         sub = _sub_config(cfg, f"from-{p}", list(T.schedulers))

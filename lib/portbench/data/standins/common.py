@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import synth
-from ...core.config import Config, StandinsConfig
+from ...core.config import PathsConfig, SourceConfig, StandinsConfig, WindowsConfig
 from ...core.provenance import label
 from ...core.errors import DataError, IntegrityError, ParameterError
 from ..registry import Store, store
@@ -47,12 +47,13 @@ class StandinInputs:
         return label(source, "standin", dict(self.names))
 
 
-def inputs(cfg: Config) -> StandinInputs:
-    """The :class:`StandinInputs` of a parameter set."""
-    bg = cfg.sources.get("burstgpt")
-    return StandinInputs(store=store(cfg.paths), standins=cfg.standins, window_size=cfg.windows.size,
-                         per_source=cfg.windows.per_source, burstgpt_file=bg.file if bg is not None else None,
-                         names=tuple(cfg.display_names.items()))
+def inputs(paths: PathsConfig, sources: Mapping[str, SourceConfig], standins: StandinsConfig,
+           windows: WindowsConfig) -> StandinInputs:
+    """The :class:`StandinInputs` of a parameter set's ``paths``, ``sources``, ``standins`` and ``windows``."""
+    bg = sources.get("burstgpt")
+    return StandinInputs(store=store(paths), standins=standins, window_size=windows.size,
+                         per_source=windows.per_source, burstgpt_file=bg.file if bg is not None else None,
+                         names=tuple((s, c.display) for s, c in sources.items()))
 
 
 def mirror_of(st: Store) -> Path:

@@ -85,7 +85,7 @@ def run_jitter(cfg: Config, sources=None, *, manifest: Manifest, progress: bool 
     if not sources:
         return None
     sub = _jitter_config(cfg)
-    refs = [r for r in campaign.window_refs(cfg, manifest) if r.source in sources]
+    refs = [r for r in campaign.window_refs(manifest, cfg.source_names(), cfg.campaign) if r.source in sources]
     tables = windows_mod.load_windows(cfg, sources, per_source=cfg.campaign.windows_per_source, manifest=manifest)
     given = campaign.run_tables(sub, {r.id: tables[r.id] for r in refs}, campaign.make_plan(cfg, manifest=manifest)
                                 .schedulers, manifest=manifest)
@@ -132,7 +132,8 @@ def run_equal_information(cfg: Config, sources, *, manifest: Manifest, progress:
         return None
     sub = cfg.with_overrides({"paths.results_dir": str(equal_info_dir(cfg.paths.results_dir)), "simulation.schedulers": variants,
                               "campaign.request_records": None})
-    refs = [r for r in campaign.window_refs(cfg, manifest) if r.source in set(sources)]
+    refs = [r for r in campaign.window_refs(manifest, cfg.source_names(), cfg.campaign)
+            if r.source in set(sources)]
     tables = windows_mod.load_windows(cfg, sorted({r.source for r in refs}), per_source=cfg.campaign.windows_per_source,
                                       manifest=manifest)
     given = campaign.run_tables(sub, {r.id: tables[r.id] for r in refs}, variants, manifest=manifest)

@@ -300,7 +300,7 @@ def campaign_files(cfg: Config) -> tuple[pl.DataFrame, pl.DataFrame] | None:
     if cfg.analysis.runs_file is not None:
         return None
     try:
-        return campaign.load_runs(cfg), campaign.load_capacities(cfg)
+        return campaign.load_runs(cfg), campaign.load_capacities(cfg.paths, campaign.make_plan(cfg))
     except DataError:
         return None
 

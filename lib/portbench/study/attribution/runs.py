@@ -66,7 +66,7 @@ from ...core.io import sha256_hex, write_parquet_atomic
 from ...data import hybrids, windows as windows_mod
 from ...sim.schedulers import names as scheduler_names
 from ..campaign import (Engine, ShardSpec, SimEngine, WindowRef, WorkerContext, compute_capacity, compute_shard,
-                        load_worker_code, make_plan, run_tables, scheduler_options)
+                        load_worker_code, plan_common, run_tables, scheduler_options)
 from .design import Design, cost_plan, make_design, spaced
 
 FORMAT_VERSION = 3
@@ -304,14 +304,15 @@ class AttributionRuns:
                                                    # against the run's records; written: SHA-256s (re)frozen into it
 
 
-def _fingerprint_common(cfg: Config, engine: Engine) -> dict:
+def _fingerprint_common(sim: SimulationConfig, plugins: Sequence[str], engine: Engine) -> dict:
     """Everything common to every run that changes results: the campaign's own definition
-    (``make_plan(...).common``), plus the scheduler list with options."""
-    common = make_plan(cfg, engine=engine, windows=[]).common
-    scheds = list(cfg.simulation.schedulers) if cfg.simulation.schedulers != "all" else "all"
+    (:func:`portbench.study.campaign.plan_common`, as ``make_plan(...).common``), plus the scheduler list with
+    options. A scheduler that is not registered fails here."""
+    scheduler_names(sim.schedulers)
+    common = plan_common(sim, plugins, engine)
+    scheds = list(sim.schedulers) if sim.schedulers != "all" else "all"
     return {"format": FORMAT_VERSION, "campaign": common, "schedulers": scheds,
-            "scheduler_options": {k: scheduler_options(cfg.simulation, k) for k in
-                                  sorted(set(cfg.simulation.scheduler_options))}}
+            "scheduler_options": {k: scheduler_options(sim, k) for k in sorted(set(sim.scheduler_options))}}
 
 
 def _unit_path(results_dir: Path, a: str, b: str, region: str, key: str) -> Path:
@@ -354,7 +355,7 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
     sim = cfg.simulation
     prov = windows_mod.provenance(manifest)
     profile, metrics = engine.profile_name(sim), list(engine.metric_names(sim))
-    common = _fingerprint_common(cfg, engine)
+    common = _fingerprint_common(cfg.simulation, cfg.plugins, engine)
     out_dir = cfg.paths.results_dir
     frozen_file = hybrids.frozen_path(windows_mod.manifest_path(cfg.paths))
     frozen = None if refreeze else hybrids.read_frozen(frozen_file)

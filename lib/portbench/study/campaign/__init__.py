@@ -72,7 +72,7 @@ from .engines import MODEL_MODULES, Engine, RunResult, SimEngine, scheduler_opti
 from .executors import (COUNTER_COLUMNS, EXECUTORS, KEY_COLUMNS, LOAD_COLUMNS, RUN_COLUMNS, SORT_COLUMNS, RunFailed,
                         WorkerContext, compute_capacity, compute_shard, load_worker_code)
 from .files import capacity_path, records_path, runs_path, shard_done, shard_path
-from .plan import (CAPACITY_METHOD, FORMAT_VERSION, SEED_TAG, Plan, ShardSpec, WindowRef, make_plan, needs_predictions,
+from .plan import (CAPACITY_METHOD, FORMAT_VERSION, SEED_TAG, Plan, ShardSpec, WindowRef, make_plan, needs_predictions, plan_common,
                    replicates, run_inputs, run_seed, window_refs)
 from .run import (REFUSAL_WARN_FRACTION, CampaignResult, check_plugins, consolidate_runs, load_capacities, load_requests,
                   load_runs, refusal_warnings, reuse_capacities, run, run_tables)
@@ -89,6 +89,6 @@ __all__ = ["capacity_comparison", "check_plugins", "DISTINCT_METRIC", "DISTINCT_
            "RunResult", "ShardSpec", "SimEngine", "WindowRef", "WorkerContext", "capacity_by_window", "capacity_path",
            "capacity_summary", "compute_capacity", "compute_shard", "conservation_summary", "consolidate_runs",
            "curve_schedulers", "load_capacities", "load_curves", "load_worker_code", "load_requests", "load_runs",
-           "load_story", "make_plan", "needs_predictions", "preemption_table", "reuse_capacities", "run_inputs", "run_tables", "records_path",
+           "load_story", "make_plan", "needs_predictions", "plan_common", "preemption_table", "reuse_capacities", "run_inputs", "run_tables", "records_path",
            "regions_table", "replicates", "run",
            "run_seed", "runs_path", "scheduler_options", "shard_done", "shard_path", "window_refs"]

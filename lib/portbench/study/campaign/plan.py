@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from ...core import plugins as plugin_loader
-from ...core.config import Config, RequestRecordsConfig, SimulationConfig
+from ...core.config import CampaignConfig, Config, RequestRecordsConfig, SimulationConfig
 from ...core.io import canonical_json, sha256_hex
 from ...data import windows as windows_mod
 from ...sim import schedulers as scheduler_registry
@@ -119,11 +119,11 @@ def _records_selection(rr: RequestRecordsConfig | None, windows: Sequence[Window
     return chosen_w, chosen_r, chosen_rep
 
 
-def window_refs(cfg: Config, manifest: Mapping | None = None) -> list[WindowRef]:
-    """The campaign's windows (manifest order; the first ``campaign.windows_per_source`` per source; only
-    sources of the parameters -- one left out with ``sources: {name: null}`` is not simulated)."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
-    entries = windows_mod.select_entries(manifest, cfg.source_names(), cfg.campaign.windows_per_source)
+def window_refs(manifest: Mapping, sources: Iterable[str], campaign: CampaignConfig) -> list[WindowRef]:
+    """The campaign's windows of the windows' ``manifest`` (manifest order; the first
+    ``campaign.windows_per_source`` per source; only the parameters' ``sources`` (``cfg.source_names()``) -- one
+    left out with ``sources: {name: null}`` is not simulated)."""
+    entries = windows_mod.select_entries(manifest, list(sources), campaign.windows_per_source)
     return [WindowRef(e["id"], e["source"], e["provenance"], e["sha256"], windows_mod.hash_block_size(manifest, e))
             for e in entries]
 
@@ -168,27 +168,10 @@ def run_inputs(cfg: Config, manifest: Mapping, refs: Sequence[WindowRef], schedu
     return out
 
 
-def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None,
-              manifest: Mapping | None = None) -> Plan:
-    """The grid, seeds' keys and shard fingerprints for ``P`` (nothing is computed).
-
-    ``windows`` replaces the manifest's windows: a list of :class:`WindowRef` or of
-    ``(WindowRef, window_df)`` pairs (tests and benchmarks use it). A scheduler that is not registered
-    fails here, at once ("scheduler X is not registered; load its plug-in ..."). The plug-ins
-    (``plugins``) are part of every fingerprint, by SHA-256.
-    """
-    engine = engine or SimEngine()
-    s = cfg.simulation
-    scheds = scheduler_registry.names(s.schedulers)
-    if windows is not None:
-        wins = _refs(windows)
-        inputs = _given_inputs(windows)
-    else:
-        manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
-        wins = window_refs(cfg, manifest)
-        inputs = run_inputs(cfg, manifest, wins, scheds)
-    regs = s.loads
-    reps = replicates(s)
+def plan_common(s: SimulationConfig, plugins: Sequence[str], engine: Engine) -> dict:
+    """What every run of a campaign shares and that changes results (``Plan.common``): the engine's model and
+    metrics, the capacity policy and the other settings of the ``simulation`` section ``s``, the plug-ins'
+    SHA-256 (``plugins``: ``cfg.plugins``)."""
     metric_list = list(engine.metric_names(s))
     model = engine.fingerprint(s)
     policy = s.capacity_policy
@@ -208,8 +191,34 @@ def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | 
     }
     if s.arrival_jitter:                 # only when on: the default study's fingerprints are unchanged
         common["arrival_jitter"] = True
-    if cfg.plugins:
-        common["plugins"] = plugin_loader.fingerprint(plugin_loader.specs(cfg.plugins))
+    if plugins:
+        common["plugins"] = plugin_loader.fingerprint(plugin_loader.specs(plugins))
+    return common
+
+
+def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None,
+              manifest: Mapping | None = None) -> Plan:
+    """The grid, seeds' keys and shard fingerprints for ``P`` (nothing is computed).
+
+    ``windows`` replaces the manifest's windows: a list of :class:`WindowRef` or of
+    ``(WindowRef, window_df)`` pairs (tests and benchmarks use it). A scheduler that is not registered
+    fails here, at once ("scheduler X is not registered; load its plug-in ..."). The plug-ins
+    (``plugins``) are part of every fingerprint, by SHA-256.
+    """
+    engine = engine or SimEngine()
+    s = cfg.simulation
+    scheds = scheduler_registry.names(s.schedulers)
+    if windows is not None:
+        wins = _refs(windows)
+        inputs = _given_inputs(windows)
+    else:
+        manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
+        wins = window_refs(manifest, cfg.source_names(), cfg.campaign)
+        inputs = run_inputs(cfg, manifest, wins, scheds)
+    regs = s.loads
+    reps = replicates(s)
+    common = plan_common(s, cfg.plugins, engine)
+    metric_list = common["metrics"]
     cap_common = {**{k: common[k] for k in ("format", "model", "capacity_policy", "capacity_options")},
                   "engine": s.engine.reference.as_dict()}     # capacity is measured on the reference engine
     capacity_keys = {w.id: sha256_hex({"window_sha256": w.sha256, "method": CAPACITY_METHOD, **cap_common,

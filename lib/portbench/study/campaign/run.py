@@ -16,7 +16,7 @@ import polars as pl
 
 from ...core import io
 from ...core import plugins as plugin_loader
-from ...core.config import Config
+from ...core.config import Config, PathsConfig
 from ...core.errors import DataError, check_choice
 from ...core.io import read_meta, write_parquet_atomic
 from ...core.progress import bar as progress_bar
@@ -75,13 +75,12 @@ class CampaignResult:
                 f"{self.wall_s:.1f} s wall on {self.workers} {self.executor} worker(s)")
 
 
-def load_capacities(cfg: Config, plan: Plan | None = None) -> dict[str, dict]:
+def load_capacities(paths: PathsConfig, plan: Plan) -> dict[str, dict]:
     """``{window_id: capacity record}`` (``capacity_rps``, how it was measured, the
-    earlier burst definition ``burst_rps``) of the plan's windows found in the capacity cache."""
-    plan = plan or make_plan(cfg)
+    earlier burst definition ``burst_rps``) of the plan's windows found in the capacity cache (``paths.results_dir``)."""
     out = {}
     for wid, key in plan.capacity_keys.items():
-        p = capacity_path(cfg.paths.results_dir, wid, key)
+        p = capacity_path(paths.results_dir, wid, key)
         if p.is_file():
             rec = json.loads(p.read_text())
             out[wid] = rec if isinstance(rec, dict) else {"capacity_rps": float(rec)}
@@ -130,7 +129,7 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
         (out / sub).mkdir(parents=True, exist_ok=True)
         _clean_stale_tmp(out / sub)
     todo = [sh for sh in plan.shards if not shard_done(out, sh)]
-    caps = load_capacities(cfg, plan)
+    caps = load_capacities(cfg.paths, plan)
     need_cap = sorted({sh.window.id for sh in todo} - set(caps))
     shard_walls: list[float] = []
     if todo:
@@ -178,7 +177,7 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
             bar.close()
         finally:
             ex.close()
-    runs = consolidate_runs(cfg, plan) if consolidate else None
+    runs = consolidate_runs(cfg.paths, plan) if consolidate else None
     result = CampaignResult(plan=plan, runs=runs, computed_shards=len(todo),
                             reused_shards=len(plan.shards) - len(todo), computed_capacities=len(need_cap),
                             wall_s=time.perf_counter() - t0, shard_wall_s=shard_walls, executor=executor,
@@ -309,15 +308,14 @@ def jitter_tables(tables: dict, source_of: dict, seed: int) -> dict:
     return out
 
 
-def consolidate_runs(cfg: Config, plan: Plan | None = None):
+def consolidate_runs(paths: PathsConfig, plan: Plan):
     """Concatenate the plan's shards (sorted) into ``{results_dir}/runs.parquet``; returns the table."""
-    plan = plan or make_plan(cfg)
-    out = cfg.paths.results_dir
+    out = paths.results_dir
     missing = [sh for sh in plan.shards if not shard_path(out, sh).is_file()]
     if missing:
         raise DataError(Path(out) / "runs", f"{len(missing)} of {len(plan.shards)} shards of this parameter "
                         f"set are missing (first: {missing[0].name}); run `portbench simulate --params "
-                        f"{cfg.paths.params_file}` (notebook 03)")
+                        f"{paths.params_file}` (notebook 03)")
     frames = [pl.read_parquet(shard_path(out, sh)) for sh in plan.shards]
     runs = pl.concat(frames, how="vertical") if frames else _empty_runs(plan.metrics)
     runs = runs.sort(SORT_COLUMNS)
@@ -346,7 +344,7 @@ def load_runs(cfg: Config, *, engine: Engine | None = None, windows: Sequence | 
         meta = read_meta(path) or {}
         if meta.get("plan") == plan.hash:
             return pl.read_parquet(path)
-    return consolidate_runs(cfg, plan)
+    return consolidate_runs(cfg.paths, plan)
 
 
 def load_requests(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None):
