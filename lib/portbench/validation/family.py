@@ -89,7 +89,7 @@ def run(cfg: Config, conf: Sequence[Case], windows: Mapping[str, Sequence[str]],
     work = todo(conf, windows)
     caps = campaign_capacities(cfg.paths)
     man = manifest
-    refs = {w.id: w for w in window_refs(cfg, man)}
+    refs = {w.id: w for w in window_refs(man, cfg.source_names(), cfg.campaign)}
     names = sorted({x for *_, x in work})
     srcs = sorted({s for s, *_ in work})
     tables = run_tables(cfg, windows_mod.load_windows(cfg, sources=srcs, manifest=man), names, manifest=man)

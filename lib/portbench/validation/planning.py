@@ -128,7 +128,7 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
         pool: dict | str        # the campaign's windows of the manifest (where it has values), or why there are none
         try:
             man = windows.load_manifest(cfg.paths)      # once for the whole run: Plan.manifest
-            ids = {r.id for r in campaign_plan.window_refs(cfg, man)}
+            ids = {r.id for r in campaign_plan.window_refs(man, cfg.source_names(), cfg.campaign)}
             pool = {**man, "windows": [w for w in man["windows"] if w["id"] in ids]}
         except PortbenchError as e:
             pool = f"windows: {e}"
