@@ -1,65 +1,19 @@
-"""What notebook 08 reads and prints: the results a run wrote (:func:`read_results`), the status and headline
-as markdown, and the tables of the summary's sections."""
+"""Notebook 08's prose and tables: the engine's status and the run's headline as markdown, the confirmatory family
+in plain words, the whole-run prediction and its error budget, and the tables of ``summary.json``'s sections (what
+:func:`portbench.validation.read_results` returns; the presentation of the validation, which writes no prose)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
-from ..core.config import (
-    Config,
-)
 from ..sim import schedulers
-from . import (
-    confirm,
-    policies,
-)
-from .common import (
-    TARGETS,
-    _case_from_dict,
-    _sha,
-    how_to_enable,
-    out_dir,
-    params_fingerprint,
-    reversals_path,
-    summary_path,
-)
-from .planning import Plan
-
-# --------------------------------------------------------------------------- notebook helpers
-
-
-def read_results(cfg: Config) -> dict:
-    """What a validation run wrote (``summary``, the tables that exist, the replayed ``cases``), for
-    notebook 08; with ``stale``: reasons the results may not belong to the current parameters / analysis."""
-    out = out_dir(cfg.paths)
-    res: dict[str, Any] = {"summary": None, "stale": []}
-    p = summary_path(cfg.paths)
-    if not p.is_file():
-        return res
-    summary = json.loads(p.read_text())
-    res["summary"] = summary
-    for name in ("engine_runs", "sim_runs", "sim_runs_insample", "engine_requests", "iterations", "verdicts",
-                 "window_errors", "matched_requests", "capacity", "step_grid", "virtual_replays"):
-        f = out / f"{name}.parquet"
-        if f.is_file():
-            res[name] = pl.read_parquet(f)
-    run_json = out / "raw" / "run.json"
-    if summary.get("ran") and run_json.is_file():
-        res["cases"] = [_case_from_dict(d) for d in json.loads(run_json.read_text())["cases"]]
-    if summary.get("ran"):
-        inp = summary.get("inputs", {})
-        if inp.get("params_fingerprint") != params_fingerprint(cfg.tree):
-            res["stale"].append("the parameters changed since the validation ran")
-        rs = inp.get("reversals_sha256")
-        if rs not in (None, "given") and rs != _sha(reversals_path(cfg.paths)):
-            res["stale"].append("the analysis' reversal table changed since the validation ran")
-    return res
+from ..validation import confirm, policies
+from ..validation.common import TARGETS, how_to_enable
+from ..validation.planning import Plan
 
 
 def policy_table(names=None) -> pl.DataFrame:
@@ -72,7 +26,7 @@ def policy_table(names=None) -> pl.DataFrame:
 
 def status_markdown(the_plan: Plan, res: dict | None = None) -> str:
     """One paragraph: can the replay run in *this* environment, and if not, exactly why (and,
-    when ``res`` (:func:`read_results`) holds a run, that this is what is reported)."""
+    when ``res`` (:func:`portbench.validation.read_results`) holds a run, that this is what is reported)."""
     st = the_plan.status
     if not st.ok and res and (res.get("summary") or {}).get("ran"):
         s = res["summary"]
@@ -92,7 +46,7 @@ def _pct(x) -> str:
 
 
 def results_markdown(res: dict) -> str:
-    """The headline of a validation run (what notebook 08 prints), from :func:`read_results`."""
+    """The headline of a validation run (what notebook 08 prints), from :func:`portbench.validation.read_results`."""
     s = res.get("summary")
     if not s:
         return ("**No validation results yet.** " + how_to_enable())
