@@ -77,7 +77,7 @@ def results_markdown(res: dict) -> str:
              f"* Cost model fitted to {s['profile']['calibration']['fit']['steps']} calibration steps: R² "
              f"{s['profile_fit_r2']:.2f} ({s['profile']['calibration']['formula']}).",
              f"* Verdicts: {confirm.verdict_line(counts)} (the confirmatory family was pre-registered and is "
-             "tested with Holm; the exploratory cases carry effect sizes and intervals only).",
+             "tested with Holm; the exploratory cases carry effect sizes and intervals only)." + _cannot_confirm(s),
              _family_line(s.get("virtual_family") or {}),
              f"* Settings: the engine matches the campaign on "
              f"{sum(v['match'] for v in sm.get('settings', {}).values())} of {len(sm.get('settings', {}))} settings "
@@ -86,6 +86,16 @@ def results_markdown(res: dict) -> str:
     for st in res.get("stale", []):
         lines.append(f"* **Warning: {st}** — rerun `make validate` (or `make all`).")
     return "\n".join(lines)
+
+
+def _cannot_confirm(s: dict) -> str:
+    """A clause for the verdicts' bullet when the run's windows cannot confirm any case (:func:`confirmability`)."""
+    c = confirmability(s)
+    if not c or c["can_confirm"]:
+        return ""
+    return (f" **With {c['windows']} windows per source no case can be confirmed** (smallest Holm-adjusted p "
+            f"{c['min_p_holm']:.3g}, α = {c['alpha']:g}; {c['min_windows']} needed)"
+            + (": a smoke run; `make validate` is the confirmatory run." if s.get("run") == "reduced" else "."))
 
 
 def _family_line(f: dict) -> str:
@@ -146,6 +156,35 @@ def _fmt_eff(e: dict) -> str:
     return f"{m:+.3f}{ci}"
 
 
+def confirmability(s: dict) -> dict | None:
+    """``summary.json``'s ``confirmability`` (:func:`portbench.validation.confirm.confirmability`: can the family
+    confirm a case at all with the run's windows); for a summary written before that field, the same computed from
+    its pre-registration and verdicts. None without a pre-registered family."""
+    if not s or not s.get("ran") or "preregistration" not in s:
+        return None
+    if s.get("confirmability"):
+        return s["confirmability"]
+    pr = s["preregistration"]
+    n = confirm.tested_windows(s.get("verdicts") or [])
+    return confirm.confirmability(pr["windows_per_source"] if n is None else n, pr["n_cases"], pr["alpha"],
+                                  preregistered=pr["windows_per_source"])
+
+
+def confirmability_markdown(s: dict) -> str:
+    """One paragraph, only when the run cannot confirm any case whatever the engine measures (too few windows for
+    the exact tests and Holm): a reduced run is a smoke run, ``make validate`` the confirmatory one; a full run
+    names the windows it would need. Empty otherwise."""
+    c = confirmability(s)
+    if not c or c["can_confirm"]:
+        return ""
+    why = c["reason"][:1].upper() + c["reason"][1:]
+    if s.get("run") == "reduced":
+        return (f"**This run is a smoke run: it cannot confirm any case; `make validate` is the confirmatory run.** "
+                f"{why}.")
+    return (f"**This run cannot confirm any case.** {why}: raise `validation.windows_per_source` and "
+            f"`validation.confirmatory.min_windows` to at least {c['min_windows']}.")
+
+
 def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
     """Notebook 08's lead: the pre-registered family and its outcome, in plain words (from ``summary.json``)."""
     if not s or not s.get("ran") or "preregistration" not in s:
@@ -166,6 +205,8 @@ def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
              f"α = {pr['alpha']:g}, {pr['correction'].capitalize()} over the family. A case is confirmed when both "
              f"one-sided tests in the simulated direction reject and its Holm-adjusted p is below α. "
              f"**{sum(bool(r['confirmatory']['confirmed']) for r in rows)} of {len(rows)} confirmed.**", ""]
+    if smoke := confirmability_markdown(s):
+        lines[:0] = [smoke, ""]
     dec = pr.get("decided_by") or {}
     if dec:
         lines[-2:-1] = [lines[-2] + f" The pre-registration names the engine that decides: the **{dec.get('engine')}** "

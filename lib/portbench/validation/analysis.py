@@ -640,6 +640,9 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
                             "alpha": alpha, "correction": doc["correction"],
                             "confirmed_when": doc["confirmed_when"], "equivalence_margin": doc["equivalence_margin"],
                             "draw": doc["draw"]},
+        "confirmability": confirm.confirmability(
+            n_tested if (n_tested := confirm.tested_windows(rows)) is not None else int(doc["windows_per_source"]),
+            len(conf), alpha, preregistered=int(doc["windows_per_source"])),
         "verdicts": rows,
         "verdict_counts": counts,
         "verdict_counts_by_engine": counts_by_engine,
