@@ -256,7 +256,8 @@ def _cross_source(cube: Cube, rk: Ranking, others: dict[str, Ranking], panels: d
                   tables, red: Restricted | None = None) -> dict[str, dict]:
     """Per panel: the cross-source section (``available: False`` with the reason for a panel whose
     sources are not all in the runs table). Tables get one block of rows per available panel."""
-    out, taus, ws = {}, [], []
+    out: dict[str, dict] = {}
+    taus, ws = [], []
     for name, p in available_panels(panels, out):
         sec, t, w = _cross_source_panel(cube, rk, others, name, p["sources"], head, red)
         out[name] = {"available": True, **sec}

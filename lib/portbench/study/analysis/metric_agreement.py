@@ -76,7 +76,7 @@ def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
     tables["top1"] = pl.concat(trows).select(list(COLUMNS["top1"]))
     tables["top1_pairs"] = (pl.DataFrame(prows).select(list(COLUMNS["top1_pairs"])) if prows else _empty("top1_pairs"))
 
-    out = {}
+    out: dict[str, dict] = {}
     for name, p in available_panels(panels, out):
         srcs = [s for s in p["sources"] if s in S]
         sec: dict = {"available": True, "sources": srcs, "n_conditions": len(srcs) * len(R), "n_metrics": len(M),
@@ -200,7 +200,7 @@ def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables, red: Restric
                                    "ci_low": wlo, "ci_high": whi, "top1_changes": change, "winners": winners}))
     tables["slo_tau"] = pl.concat(rows)
     tables["slo_conditions"] = pl.concat(crows).select(list(COLUMNS["slo_conditions"]))
-    out = {}
+    out: dict[str, dict] = {}
     for name, p in available_panels(panels, out):
         srcs = [s for s in p["sources"] if s in S]
         prs = {k: np.stack([per[s]["pr"][k] for s in srcs]) for k in per[srcs[0]]["pr"]}

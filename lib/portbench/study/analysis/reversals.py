@@ -270,7 +270,8 @@ def study_preset(cube: Cube, side: dict, delta: np.ndarray, cfg: dict, srcs: lis
 def _reversals(cube: Cube, side: dict, delta: np.ndarray, cfg: dict, panels: dict, head: list[int],
                tables) -> dict[str, dict]:
     """Per panel: the reversal section (with the study preset); tables get one block of rows per panel."""
-    out, tframes, rframes = {}, [], []
+    out: dict[str, dict] = {}
+    tframes, rframes = [], []
     labels = {s: cube.label(s) for s in cube.sources}
     for name, p in available_panels(panels, out):
         srcs = p["sources"]
