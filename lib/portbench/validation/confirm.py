@@ -25,6 +25,9 @@ re-simulation's rows), so the verdicts serve every engine.
   test of the engine's per-window differences in the simulated direction; the case's p-value is the
   largest of its sides' (intersection-union: the case is confirmed only when every side is), and the
   family's p-values are adjusted with Holm (:func:`holm`) over the <= 5 pre-registered cases.
+* **Can the run confirm anything?** (:func:`confirmability`, ``summary.json`` ``confirmability``): with n windows
+  per source the smallest one-sided exact p is 1/2^n and Holm multiplies the family's smallest by its size m, so
+  no case can be confirmed unless m / 2^n < alpha (the reduced run's 3 windows cannot: a smoke run).
 """
 
 from __future__ import annotations
