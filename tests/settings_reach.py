@@ -14,6 +14,7 @@ function the report names the sections it reads (``cfg.paths``, ``cfg.simulation
 from __future__ import annotations
 
 import ast
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -177,5 +178,17 @@ def report(list_all: bool = False) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str]) -> int:
+    """Print the report; a reader that leaves early (``| head``) ends it quietly, with status 0."""
+    try:
+        print(report("--list" in argv))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the rest of the output has nowhere to go: point stdout at /dev/null so that the interpreter's own flush at
+        # exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
 if __name__ == "__main__":
-    print(report("--list" in sys.argv))
+    sys.exit(main(sys.argv))

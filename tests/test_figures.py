@@ -99,7 +99,7 @@ def test_validation_case_figures_have_distinct_stable_names_and_stay_out_of_the_
     import polars as pl
 
     from portbench.core import figindex
-    from portbench.validation import plots
+    from portbench.present import plots_validation as plots
 
     rows = [{"source": s, "window_id": f"{s}-{w}", "region": r, "scheduler": k, "ttft_p90": 1.0 + w + (k == "las"),
              "e2e_mean": 2.0 + w}

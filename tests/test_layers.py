@@ -1,10 +1,12 @@
 """The package's layering, checked from its source with ``ast`` (no import is executed).
 
 core -> data -> sim -> study -> (present, validation, params, cli, notebooks, bench): each layer
-imports only the layers below it; no module imports a module that (directly or not) imports it;
+imports only the layers below it; of the rooms on top, validation never imports present (present shows what
+validation computes: notebook 08's prose, tables and figures are present's); no module imports a module that
+(directly or not) imports it;
 the package's own modules are imported at module top, and an import inside a function is only ever
-of an optional heavy dependency (``OPTIONAL_HEAVY``); the compute layers never import a plotting
-library. Every import counts: ``import``/``from`` statements (also under ``if TYPE_CHECKING:``) and
+of an optional heavy dependency (``OPTIONAL_HEAVY``); the compute layers and validation never import a
+plotting library. Every import counts: ``import``/``from`` statements (also under ``if TYPE_CHECKING:``) and
 ``__import__(...)`` / ``importlib.import_module(...)`` calls; a call whose module name cannot be read
 from the source is allowed only where ``DYNAMIC_IMPORTS`` names it (plug-in loaders).
 
@@ -30,6 +32,9 @@ ALLOWED = {  # layer -> layers it may import
     "study": {"core", "data", "sim"},
 }
 PLOTTING = ("matplotlib", "seaborn")
+# Rooms on top of study/ and the rooms they may not import: present/ shows what validation/ computes.
+NOT_BELOW = {"portbench.validation": ("portbench.present",)}
+NO_PLOTTING = ("portbench.validation",)    # besides the layers: the validation computes, present/ draws
 # Top-level names that may be imported inside a function (optional, or heavy and needed by few calls).
 OPTIONAL_HEAVY = ("vllm", "distributed", "dask", "papermill", "pooch", "torch", "scikit_posthocs", "pandas",
                   "pyarrow", "IPython", "matplotlib", "seaborn", "transformers", "sklearn", "psutil", "numba",
@@ -230,8 +235,20 @@ def function_import_violations(imports) -> list[str]:
     return bad
 
 
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def room_violations(imports) -> list[str]:
+    """Imports of a room on top (``NOT_BELOW``) into a room it sits below: validation/ -> present/."""
+    return [f"{mod}:{imp.line} imports {imp.target} ({room} may not import {', '.join(above)})"
+            for mod, imps in imports.items() for room, above in NOT_BELOW.items() if _in(mod, room)
+            for imp in imps if any(_in(imp.target, a) for a in above)]
+
+
 def plotting_violations(imports) -> list[str]:
-    return [f"{mod}:{imp.line} imports {imp.target}" for mod, imps in imports.items() if layer(mod) is not None
+    return [f"{mod}:{imp.line} imports {imp.target}" for mod, imps in imports.items()
+            if layer(mod) is not None or any(_in(mod, r) for r in NO_PLOTTING)
             for imp in imps if imp.target.split(".")[0] in PLOTTING]
 
 
@@ -240,6 +257,11 @@ ALL = package_imports()
 
 def test_every_layer_imports_only_layers_below_it():
     bad = layer_violations(ALL)
+    assert not bad, "\n".join(bad)
+
+
+def test_validation_never_imports_present():
+    bad = room_violations(ALL)
     assert not bad, "\n".join(bad)
 
 
@@ -299,6 +321,10 @@ INJECTED = {  # name -> (module, source, check that must report it)
                                      layer_violations),
     "core_imports_top_package": ("portbench.core.io", "from .. import __version__\n", layer_violations),
     "study_imports_validation": ("portbench.study.stats", "from ..validation import verdict\n", layer_violations),
+    "validation_imports_present": ("portbench.validation.confirm", "from ..present import figures\n", room_violations),
+    "validation_imports_present_package": ("portbench.validation.cases", "from .. import present\n", room_violations),
+    "validation_imports_plotting": ("portbench.validation.verdict", "import matplotlib.pyplot as plt\n",
+                                    plotting_violations),
     # core.figindex imports core.io
     "cycle_type_checking": ("portbench.core.io",
                             "import typing\nif typing.TYPE_CHECKING:\n    from . import figindex\n", cycles),
@@ -362,7 +388,7 @@ WHOLE_CONFIG_DRIVERS = frozenset({
     "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer", "portbench.study.honest:accuracy",
     "portbench.study.honest:predictors_block",
     "portbench.validation.planning:plan", "portbench.validation.pipeline:run", "portbench.validation.pipeline:run_family",
-    "portbench.validation.notebook:read_results", "portbench.validation.analysis:analyze",
+    "portbench.validation.results:read_results", "portbench.validation.analysis:analyze",
     "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # portbench conform / vllm-virtual
     "portbench.bench:main", "portbench.bench:_bench_campaign", "portbench.bench:_campaign_once",
     # derive the Config of a sub-campaign (with_overrides) and run it

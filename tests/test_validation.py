@@ -507,6 +507,7 @@ def test_validation_params_are_checked(tmp_params):
 
 def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch):
     from portbench import validation
+    from portbench.present import validation_report
 
     monkeypatch.setattr(replay, "installed_vllm", lambda: (None, None))
     P = tmp_params()
@@ -517,7 +518,7 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
     summary = json.loads(validation.summary_path(P.paths).read_text())
     assert summary["ran"] is False and "make setup-vllm" in summary["how_to_enable"]
     res = validation.read_results(P)
-    assert "did not run" in validation.results_markdown(res)
+    assert "did not run" in validation_report.results_markdown(res)
     # with a reversal table the plan still shows the cases and what would run
     the_plan = validation.plan(P, cases.planted_reversals(SOURCES))
     assert not the_plan.runnable and [c.kind for c in the_plan.cases[:2]] == ["reversal", "control"]
@@ -531,7 +532,7 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
     # required: the pre-registered family (key, control, 3 reversals drawn from the 3 source pairs)
     assert len(the_plan.confirmatory) == 5 and the_plan.preregistration["correction"] == "holm"
     assert set(reps.filter(pl.col("required"))["order"].to_list()) == set(range(5))
-    assert "No vLLM" in validation.status_markdown(the_plan)
+    assert "No vLLM" in validation_report.status_markdown(the_plan)
     # the windows' manifest is read once, by the plan, and handed on (the family, the replays, the analysis)
     ids = {w["id"] for w in the_plan.manifest["windows"]}
     assert all(set(w) <= ids for w in the_plan.windows.values()) and "manifest" not in the_plan.to_dict()

@@ -123,6 +123,60 @@ def test_confirm_case_intersection_union_over_sides():
     assert p_mc == pytest.approx(2 / 128)
 
 
+def _family_all_in_direction(n: int, cases: int = 5) -> list[dict]:
+    """The family's tests when the engine shows every case in the simulated direction on each of n windows, every
+    side: the best any engine could do."""
+    eng = _runs({"azure": [0.1 + 0.01 * i for i in range(n)], "mooncake": [-0.1 - 0.01 * i for i in range(n)]})
+    return confirm.confirm_family([confirm.confirm_case(_case(), eng) for _ in range(cases)], 0.05)
+
+
+@pytest.mark.parametrize("n", [1, 3, 6, 7, 10])
+def test_confirmability_from_n_cases_and_alpha_agrees_with_the_tests(n):
+    c = confirm.confirmability(n, 5, 0.05, preregistered=n)
+    fam = _family_all_in_direction(n)
+    assert c["min_p"] == pytest.approx(min(r["p_iut"] for r in fam)) == pytest.approx(0.5 ** n)
+    assert c["min_p_holm"] == pytest.approx(min(r["p_holm"] for r in fam))
+    assert c["can_confirm"] is any(r["confirmed"] for r in fam)      # the best outcome confirms iff it says so
+    assert c["min_windows"] == 7 and c["windows"] == n and c["cases"] == 5
+
+
+def test_a_reduced_run_of_3_windows_cannot_confirm_and_enough_windows_can():
+    c = confirm.confirmability(3, 5, 0.05, preregistered=3)
+    assert c["can_confirm"] is False and c["min_p"] == 0.125 and c["min_p_holm"] == 0.625
+    assert "no case can be confirmed" in c["reason"] and "1/2^3 = 0.125" in c["reason"] and "7 windows" in c["reason"]
+    assert confirm.confirmability(7, 5, 0.05)["can_confirm"] is True
+    assert confirm.confirmability(3, 1, 0.05)["can_confirm"] is False        # 0.125 > 0.05 even alone
+    assert confirm.confirmability(5, 1, 0.05)["can_confirm"] is True         # 1/32 < 0.05
+    assert confirm.confirmability(7, 5, 0.01)["can_confirm"] is False        # alpha counts: 5/128 >= 0.01
+    assert confirm.confirmability(9, 5, 0.01)["min_windows"] == 9
+    assert confirm.confirmability(3, 0, 0.05)["can_confirm"] is False        # no family, nothing to confirm
+    assert "the pre-registration fixed 3" in confirm.confirmability(1, 5, 0.05, preregistered=3)["reason"]
+
+
+def test_tested_windows_is_the_best_cases_fewest_sides():
+    rows = [{"role": "confirmatory", "confirmatory": {"sides": [{"windows": 3}, {"windows": 2}]}},
+            {"role": "confirmatory", "confirmatory": {"sides": [{"windows": 3}, {"windows": 3}]}},
+            {"role": "exploratory"}]
+    assert confirm.tested_windows(rows) == 3
+    assert confirm.tested_windows(rows[:1]) == 2 and confirm.tested_windows(rows[2:]) is None
+
+
+def test_notebook_08_says_a_run_that_cannot_confirm_is_a_smoke_run():
+    from portbench.present import validation_report as report
+
+    rows = [{"role": "confirmatory", "confirmatory": {"sides": [{"windows": n}, {"windows": n}]}} for n in (3, 3)]
+    pr = {"windows_per_source": 3, "n_cases": 5, "alpha": 0.05}
+    s = {"ran": True, "run": "reduced", "preregistration": pr, "verdicts": rows,
+         "confirmability": confirm.confirmability(3, 5, 0.05, preregistered=3)}
+    md = report.confirmability_markdown(s)
+    assert "smoke run" in md and "`make validate` is the confirmatory run" in md and "0.625" in md
+    assert report.confirmability(s) == report.confirmability({k: v for k, v in s.items() if k != "confirmability"})
+    full = {**s, "run": "full", "confirmability": confirm.confirmability(6, 5, 0.05)}
+    assert "smoke" not in report.confirmability_markdown(full) and "at least 7" in report.confirmability_markdown(full)
+    assert report.confirmability_markdown({**s, "confirmability": confirm.confirmability(7, 5, 0.05)}) == ""
+    assert report.confirmability_markdown({"ran": False}) == ""
+
+
 # --------------------------------------------------------------------------- pre-registration
 
 

@@ -326,6 +326,9 @@ def test_a_short_validation_end_to_end(env, tmp_params):
     assert pr["correction"] == "holm" and pr["n_cases"] == 4 and pr["verified"]
     assert pr["sha256"] == hashlib.sha256(Path(pr["path"]).read_bytes()).hexdigest()
     assert pr["decided_by"]["engine"] == "virtual" and pr["noise_cv_source"]
+    # one window per source: no case can be confirmed whatever the engines measure, and the summary says so
+    cc = saved["confirmability"]
+    assert cc["can_confirm"] is False and cc["windows"] == 1 and cc["min_p"] == 0.5 and cc["cases"] == 4
     roles = [(v["role"], v["kind"], v["a"], v["b"]) for v in saved["verdicts"]]
     assert roles[:2] == [("confirmatory", "reversal", "fcfs", "vtc"), ("confirmatory", "control", "random", "sjf_oracle")]
     assert sorted(roles[2:]) == [("confirmatory", "reversal", "fcfs", "sjf_prompt"),

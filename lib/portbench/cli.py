@@ -204,6 +204,10 @@ def cmd_validate(args):
                   f"re-simulation: {v['engine_vs_resim']['verdict']}; Holm p {c['p_holm']:.3g} -> "
                   f"{validation.confirm.outcome_words(v)}; verdict: {v['verdict']}")
     print(validation.confirm.verdict_line(s["verdict_counts"]))
+    cc = s.get("confirmability") or {}
+    if cc and not cc["can_confirm"]:
+        why = "a smoke run; `make validate` is the confirmatory run" if s.get("run") == "reduced" else "too few windows"
+        print(f"this run cannot confirm any case ({why}): {cc['reason']}")
 
 
 def cmd_conform(args):

@@ -361,6 +361,18 @@ def representative_window(table: pl.DataFrame, provenance: str = "real") -> str 
 # --------------------------------------------------------------------------- stand-ins beside their evidence (02)
 
 
+def _save_lengths(fig, axes, title: str, name: str, description: str, figures_dir: str | Path) -> list[str]:
+    """Finish a stand-in's two length panels (prompt, output ECDFs; log x), title them, save and close."""
+    for ax, which in zip(axes, ("prompt", "output")):
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{which} length (tokens)")
+        ax.set_ylabel("cumulative fraction of requests")
+    axes[0].legend(loc="lower right", fontsize=7)
+    fig.suptitle(title)
+    return list(figures.save(fig, f"{FIGURE_PREFIX_02}/{name}", figures_dir, close=True,
+                             description=description).values())
+
+
 def plot_evidence(inp: StandinInputs, figures_dir: str | Path) -> list[str]:
     """Figures of the stand-ins beside their real evidence (PNG + PDF through ``figures.save``)."""
     ev = standins.burstgpt_evidence(inp)
@@ -372,23 +384,16 @@ def plot_evidence(inp: StandinInputs, figures_dir: str | Path) -> list[str]:
 
     fig, axes = figure(1, 2, figsize=(10, 3.8))
     roll = ev.rollup["numeric_distributions"] if ev.rollup else None
-    for ax, metric, raw_key, name in ((axes[0], "prompt_tokens", "input_tokens", "prompt"),
-                                      (axes[1], "output_tokens", "output_tokens", "output")):
+    for ax, metric, raw_key in ((axes[0], "prompt_tokens", "input_tokens"), (axes[1], "output_tokens", "output_tokens")):
         _ecdf(ax, ev.pool[metric].to_numpy(), f"BurstGPT real slices (n={ev.pool.height})")
         _ecdf(ax, bg[metric].to_numpy(), f"{bg_label} (n={bg.height})", linestyle="--")
         if roll:
             xs = [max(float(roll[raw_key][f"p{q}"]), 1.0) for q in standins.PERCENTILES]
             ax.plot(xs, [q / 100 for q in standins.PERCENTILES], "o", color="black",
                     label=f"{standin_burstgpt._rollup_desc(ev)}: " + "/".join(f"p{q}" for q in standins.PERCENTILES))
-        ax.set_xscale("log")
-        ax.set_xlabel(f"{name} length (tokens)")
-        ax.set_ylabel("cumulative fraction of requests")
-    axes[0].legend(loc="lower right", fontsize=7)
-    fig.suptitle("BurstGPT stand-in lengths vs. the real evidence")
-    paths += list(figures.save(fig, f"{FIGURE_PREFIX_02}/standin_burstgpt_lengths", figures_dir, close=True,
-                               description="ECDFs of prompt and output lengths: BurstGPT stand-in vs the real "
-                                           "slices it resamples and the third-party percentiles of the "
-                                           "first 60k rows").values())
+    paths += _save_lengths(fig, axes, "BurstGPT stand-in lengths vs. the real evidence", "standin_burstgpt_lengths",
+                           "ECDFs of prompt and output lengths: BurstGPT stand-in vs the real slices it resamples "
+                           "and the third-party percentiles of the first 60k rows", figures_dir)
 
     real_w = standins.real_burstgpt_windows(inp)
     fig, axes = figure(1, 2, figsize=(10, 3.8))
@@ -423,18 +428,13 @@ def plot_evidence(inp: StandinInputs, figures_dir: str | Path) -> list[str]:
     bl = pl.concat([df for _, df in bl_windows])
     q = standins.read_qwen_rows(inp)
     fig, axes = figure(1, 2, figsize=(10, 3.8))
-    for ax, metric, name in ((axes[0], "prompt_tokens", "prompt"), (axes[1], "output_tokens", "output")):
+    for ax, metric in zip(axes, ("prompt_tokens", "output_tokens")):
         _ecdf(ax, q[metric].to_numpy(), f"Qwen traceA rows, real, different service (n={q.height})")
         _ecdf(ax, bl[metric].to_numpy(), f"{bl_label} from ServeGen m-small (n={bl.height})", linestyle="--")
-        ax.set_xscale("log")
-        ax.set_xlabel(f"{name} length (tokens)")
-        ax.set_ylabel("cumulative fraction of requests")
-    axes[0].legend(loc="lower right", fontsize=7)
-    fig.suptitle("Bailian stand-in lengths vs. the only real Qwen rows available (weak comparison)")
-    paths += list(figures.save(fig, f"{FIGURE_PREFIX_02}/standin_bailian_lengths", figures_dir, close=True,
-                               description="ECDFs of prompt and output lengths: Bailian stand-in (ServeGen "
-                                           "m-small) vs the only real Qwen rows available (a weak comparison: "
-                                           "a different service)").values())
+    paths += _save_lengths(fig, axes, "Bailian stand-in lengths vs. the only real Qwen rows available (weak comparison)",
+                           "standin_bailian_lengths", "ECDFs of prompt and output lengths: Bailian stand-in (ServeGen "
+                           "m-small) vs the only real Qwen rows available (a weak comparison: a different service)",
+                           figures_dir)
 
     data = standins.load_servegen(standins.servegen_folder(inp))
     used = data.used_rows()

@@ -11,7 +11,9 @@ of a run's raw files) and :func:`read_results` (notebook 08 reads what the run w
 * :mod:`.pipeline` -- the run: step grid, pre-registration, the family on the virtual engine, the wall-clock
   replays sized to the time budget (its docstring describes the pipeline and its outputs);
 * :mod:`.analysis` -- re-simulation, fidelity, verdicts and the summary's sections, from the raw files;
-* :mod:`.notebook` -- what notebook 08 reads and prints (results, markdown, tables).
+* :mod:`.results` -- what notebook 08 reads back (:func:`read_results`). Its prose, tables and figures are the
+  presentation's (:mod:`portbench.present.validation_report`, :mod:`portbench.present.plots_validation`): this
+  package imports nothing of ``present/``.
 
 The steps' own modules (:mod:`.cases`, :mod:`.prereg`, :mod:`.confirm`, :mod:`.replay`, :mod:`.resim`,
 :mod:`.verdict`, :mod:`.predict`, :mod:`.steps` ...) say more.
@@ -22,16 +24,12 @@ from __future__ import annotations
 from . import capacity, cases, confirm, matching, policies, predict, prereg, replay, resim, steps, verdict
 from .analysis import analyze
 from .common import LABEL_CPU, LABEL_GPU, TARGETS, engine_spec, how_to_enable, out_dir, summary_path, validate
-from .notebook import (confirmatory_markdown, error_sources_markdown, fidelity_table, policy_table, read_results,
-                       results_markdown, settings_table, status_markdown, step_fit_table, step_shapes_table,
-                       whole_run_markdown, whole_run_table)
 from .pipeline import run, run_family
 from .planning import Plan, choose_windows, plan
+from .results import read_results
 
 __all__ = [
     "capacity", "cases", "confirm", "matching", "policies", "predict", "prereg", "replay", "resim", "steps", "verdict",
     "analyze", "LABEL_CPU", "LABEL_GPU", "TARGETS", "engine_spec", "how_to_enable", "out_dir", "summary_path",
-    "validate", "confirmatory_markdown", "error_sources_markdown", "fidelity_table", "policy_table", "read_results",
-    "results_markdown", "settings_table", "status_markdown", "step_fit_table", "step_shapes_table",
-    "whole_run_markdown", "whole_run_table", "run", "run_family", "Plan", "choose_windows", "plan",
+    "validate", "read_results", "run", "run_family", "Plan", "choose_windows", "plan",
 ]

@@ -15,41 +15,14 @@ from typing import Mapping
 import numpy as np
 import polars as pl
 
-from ..core.config import (
-    Config,
-    EngineConfig,
-    SimulationConfig,
-)
+from ..core.config import Config, EngineConfig, SimulationConfig
 from ..core.errors import PortbenchError
 from ..data import windows
 from ..data.predictors import PREDICTION_COLUMNS
 from ..sim import metrics, profiles, regions
-from . import (
-    capacity,
-    confirm,
-    matching,
-    predict,
-    prereg,
-    replay,
-    resim,
-    steps,
-    verdict,
-)
-from .common import (
-    FAMILY_TABLES,
-    LABEL_CPU,
-    LABEL_GPU,
-    TARGETS,
-    _case_from_dict,
-    _coefs,
-    _floor,
-    _label_phases,
-    _seed,
-    _write_json,
-    base_profile,
-    out_dir,
-    summary_path,
-)
+from . import capacity, confirm, matching, predict, prereg, replay, resim, steps, verdict
+from .common import (FAMILY_TABLES, LABEL_CPU, LABEL_GPU, TARGETS, _case_from_dict, _coefs, _floor, _label_phases, _seed,
+                     _write_json, base_profile, out_dir, summary_path)
 from .planning import campaign_window_values
 
 
@@ -640,6 +613,9 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
                             "alpha": alpha, "correction": doc["correction"],
                             "confirmed_when": doc["confirmed_when"], "equivalence_margin": doc["equivalence_margin"],
                             "draw": doc["draw"]},
+        "confirmability": confirm.confirmability(
+            n_tested if (n_tested := confirm.tested_windows(rows)) is not None else int(doc["windows_per_source"]),
+            len(conf), alpha, preregistered=int(doc["windows_per_source"])),
         "verdicts": rows,
         "verdict_counts": counts,
         "verdict_counts_by_engine": counts_by_engine,

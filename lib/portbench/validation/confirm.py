@@ -25,6 +25,9 @@ re-simulation's rows), so the verdicts serve every engine.
   test of the engine's per-window differences in the simulated direction; the case's p-value is the
   largest of its sides' (intersection-union: the case is confirmed only when every side is), and the
   family's p-values are adjusted with Holm (:func:`holm`) over the <= 5 pre-registered cases.
+* **Can the run confirm anything?** (:func:`confirmability`, ``summary.json`` ``confirmability``): with n windows
+  per source the smallest one-sided exact p is 1/2^n and Holm multiplies the family's smallest by its size m, so
+  no case can be confirmed unless m / 2^n < alpha (the reduced run's 3 windows cannot: a smoke run).
 """
 
 from __future__ import annotations
@@ -286,6 +289,54 @@ def confirm_family(results: Sequence[dict], alpha: float) -> list[dict]:
     """Holm over the family's intersection-union p-values: each result gains ``p_holm`` and ``confirmed``."""
     p_adj = holm([r["p_iut"] for r in results])
     return [{**r, "p_holm": float(pa), "confirmed": bool(pa < alpha)} for r, pa in zip(results, p_adj)]
+
+
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}" + ("" if k == 1 else "s")
+
+
+def min_p_one_sided(windows: int) -> float:
+    """The smallest p the one-sided exact Wilcoxon signed-rank test can give over ``windows`` non-zero differences:
+    1/2^n, every difference on the tested side (the 2^n equally likely sign patterns under H0; ties in the
+    magnitudes change the ranks, not that count). 1 without a window."""
+    return 0.5 ** windows if windows > 0 else 1.0
+
+
+def confirmability(windows: int, cases: int, alpha: float, *, preregistered: int | None = None) -> dict:
+    """Can the confirmatory family confirm any case at all with ``windows`` windows per source, whatever the engine
+    measures? A case's intersection-union p is at least :func:`min_p_one_sided` (that of its sides with the fewest
+    windows), and Holm multiplies the family's smallest p by the number of ``cases``: a confirmation needs
+    ``cases / 2^windows < alpha`` (:func:`confirm_family`'s strict rule). ``min_windows``: the fewest windows per
+    source for which it is possible. ``preregistered``: the pre-registration's windows per source, said in the
+    reason when the run tested fewer."""
+    m = max(int(cases), 1)
+    p = min_p_one_sided(int(windows))
+    p_holm = min(1.0, m * p)
+    need = 1
+    while min(1.0, m * min_p_one_sided(need)) >= alpha and need < 64:
+        need += 1
+    ok = bool(cases > 0 and p_holm < alpha)
+    pre = (f" (the pre-registration fixed {preregistered})" if preregistered is not None and preregistered != windows
+           else "")
+    reason = (f"with {_n(windows, 'window')} per source{pre} the smallest one-sided exact p is 1/2^{windows} = {p:.3g}; "
+              f"Holm over {_n(cases, 'case')} makes the smallest adjusted p {p_holm:.3g}, "
+              + (f"below α = {alpha:g}: a case can be confirmed" if ok else
+                 f"not below α = {alpha:g}: no case can be confirmed, whatever the engine measures")
+              + f" ({need} windows per source are the fewest that can confirm one)")
+    out = {"can_confirm": ok, "windows": int(windows), "cases": int(cases), "alpha": float(alpha), "min_p": p,
+           "min_p_holm": p_holm, "min_windows": need, "reason": reason}
+    if preregistered is not None:
+        out["windows_preregistered"] = int(preregistered)
+    return out
+
+
+def tested_windows(rows: Sequence[dict]) -> int | None:
+    """The windows per source the confirmatory tests of ``rows`` (:func:`verdicts` / :func:`combine`) had at best:
+    per case the fewest over its sides (its intersection-union p's floor), the most over the cases; None without a
+    confirmatory case."""
+    per_case = [min((int(sd["windows"]) for sd in r["confirmatory"]["sides"]), default=0)
+                for r in rows if r.get("role") == "confirmatory" and r.get("confirmatory")]
+    return max(per_case) if per_case else None
 
 
 def case_verdict(survives: dict, ev: dict) -> str:

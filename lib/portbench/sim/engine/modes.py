@@ -80,6 +80,16 @@ class BatchingMode:
         """Tokens whose KV blocks a request in prefill holds when ``chunk`` more of its prompt is scheduled."""
         raise NotImplementedError
 
+    def prefill_chunk(self, left: int, budget_left: int, pf_tokens: int, admitted: int, whole_budget: int) -> int | None:
+        """This iteration's tokens of a prompt with ``left`` tokens still to prefill (no prefix-cache hit), or None
+        when it cannot start now: chunked, up to the token budget left (None when none is); whole, all of it,
+        None when it would join admitted prefills (``admitted``, ``pf_tokens`` tokens) beyond ``whole_budget``
+        (a longer prompt is prefilled alone)."""
+        if self.chunked:
+            c = left if left < budget_left else budget_left
+            return c if c > 0 else None
+        return None if admitted and pf_tokens + left > whole_budget else left
+
     def fresh_need(self, eng: AdmissionState, r: Request, target: int, budget_left: int, pf_tokens: int,
                    admitted: int, free: int) -> int | None:
         """:meth:`Queues._admit_need` for a request that is not swapped out (current sequence ``target``
@@ -156,14 +166,9 @@ class V0Batching(BatchingMode):
 
     def fresh_need(self, eng: AdmissionState, r: Request, target: int, budget_left: int, pf_tokens: int,
                    admitted: int, free: int) -> int | None:
-        if self.chunked:
-            c = target if target < budget_left else budget_left
-            if c <= 0:
-                return None
-        else:
-            c = target
-            if admitted and pf_tokens + c > eng.B:   # a longer prompt is prefilled alone
-                return None
+        c = self.prefill_chunk(target, budget_left, pf_tokens, admitted, eng.B)
+        if c is None:
+            return None
         r.chunk = c
         r.hit = 0
         need = (target + eng.bs - 1) // eng.bs

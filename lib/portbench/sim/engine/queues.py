@@ -107,15 +107,9 @@ class Queues(EngineState):
                 r.chunk = 0
                 need = (r.prompt_tokens + r.generated + bs - 1) // bs
             else:
-                left = r.prefill_target - r.prefilled
-                if mode.chunked:
-                    c = left if left < budget_left else budget_left
-                    if c <= 0:
-                        return None
-                else:
-                    c = left
-                    if admitted and pf_tokens + c > self.B:
-                        return None
+                c = mode.prefill_chunk(r.prefill_target - r.prefilled, budget_left, pf_tokens, admitted, self.B)
+                if c is None:
+                    return None
                 r.chunk = c
                 need = (mode.prefill_blocks_tokens(r, c) + bs - 1) // bs
             r.hit = 0

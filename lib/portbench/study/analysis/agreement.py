@@ -11,7 +11,8 @@ import polars as pl
 
 from .. import stats
 from .columns import COLUMNS
-from .common import _empty, _frame, _mean_with_ci, _num, _stat, aggregate, compare_all, pairs_of, unavailable, unavailable_reason
+from .common import (_empty, _frame, _mean_with_ci, _num, _stat, aggregate, available_panels, compare_all, pairs_of,
+                     unavailable_reason)
 from .cube import Cube
 from .ties import RULE_TEXT, Ranking, Restricted
 
@@ -255,11 +256,9 @@ def _cross_source(cube: Cube, rk: Ranking, others: dict[str, Ranking], panels: d
                   tables, red: Restricted | None = None) -> dict[str, dict]:
     """Per panel: the cross-source section (``available: False`` with the reason for a panel whose
     sources are not all in the runs table). Tables get one block of rows per available panel."""
-    out, taus, ws = {}, [], []
-    for name, p in panels.items():
-        if not p["available"]:
-            out[name] = unavailable(p)
-            continue
+    out: dict[str, dict] = {}
+    taus, ws = [], []
+    for name, p in available_panels(panels, out):
         sec, t, w = _cross_source_panel(cube, rk, others, name, p["sources"], head, red)
         out[name] = {"available": True, **sec}
         taus.append(t)

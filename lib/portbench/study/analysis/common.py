@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
+from collections.abc import Iterator
 
 import numpy as np
 import polars as pl
@@ -270,6 +271,16 @@ def unavailable_reason(panel: dict) -> str:
 def unavailable(panel: dict) -> dict:
     """The section of a panel that is not available, in every panel section of ``summary.json``."""
     return {"available": False, "sources": panel["sources"], "reason": unavailable_reason(panel)}
+
+
+def available_panels(panels: dict, out: dict) -> Iterator[tuple[str, dict]]:
+    """The available panels as ``(name, panel)``, in the panels' order; each unavailable one gets its
+    :func:`unavailable` section in ``out`` instead (so ``out`` keeps the panels' order)."""
+    for name, p in panels.items():
+        if not p["available"]:
+            out[name] = unavailable(p)
+            continue
+        yield name, p
 
 
 def panel_sources(panels: dict, present: list[str], provenance: dict | None = None) -> dict[str, dict]:

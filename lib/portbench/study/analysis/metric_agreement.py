@@ -11,8 +11,8 @@ import polars as pl
 from .. import stats
 from .columns import COLUMNS
 from .agreement import pair_table
-from .common import (_empty, _mean_with_ci, _rate_with_ci, _stat, aggregate, compare_all, condition_ci, pairs_of,
-                     unavailable)
+from .common import (_empty, _mean_with_ci, _rate_with_ci, _stat, aggregate, available_panels, compare_all,
+                     condition_ci, pairs_of)
 from .cube import Analysis, Cube
 from .ties import Ranking, Restricted
 
@@ -76,12 +76,9 @@ def _cross_metric(cube: Cube, rk: Ranking, panels: dict, head: list[int], tables
     tables["top1"] = pl.concat(trows).select(list(COLUMNS["top1"]))
     tables["top1_pairs"] = (pl.DataFrame(prows).select(list(COLUMNS["top1_pairs"])) if prows else _empty("top1_pairs"))
 
-    out = {}
-    for name, p in panels.items():
+    out: dict[str, dict] = {}
+    for name, p in available_panels(panels, out):
         srcs = [s for s in p["sources"] if s in S]
-        if not p["available"]:
-            out[name] = unavailable(p)
-            continue
         sec: dict = {"available": True, "sources": srcs, "n_conditions": len(srcs) * len(R), "n_metrics": len(M),
                      "headline_metrics": [M[k] for k in head],
                      "definition": "agreement between the scheduler rankings under different metrics (same source "
@@ -203,12 +200,9 @@ def _slo_sensitivity(cube: Cube, rk: Ranking, panels: dict, tables, red: Restric
                                    "ci_low": wlo, "ci_high": whi, "top1_changes": change, "winners": winners}))
     tables["slo_tau"] = pl.concat(rows)
     tables["slo_conditions"] = pl.concat(crows).select(list(COLUMNS["slo_conditions"]))
-    out = {}
-    for name, p in panels.items():
+    out: dict[str, dict] = {}
+    for name, p in available_panels(panels, out):
         srcs = [s for s in p["sources"] if s in S]
-        if not p["available"]:
-            out[name] = unavailable(p)
-            continue
         prs = {k: np.stack([per[s]["pr"][k] for s in srcs]) for k in per[srcs[0]]["pr"]}
         W = np.stack([per[s]["W"] for s in srcs])
         Wb = np.stack([per[s]["Wb"] for s in srcs]) if has_boot else None

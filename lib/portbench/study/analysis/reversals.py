@@ -12,7 +12,7 @@ from ...core.config import FAMILIES
 from ...sim import schedulers as scheduler_registry
 from .. import stats
 from .columns import COLUMNS
-from .common import _empty, _frame, _num, _stat, unavailable
+from .common import _empty, _frame, _num, _stat, available_panels
 from .cube import Analysis, Cube
 
 
@@ -270,12 +270,10 @@ def study_preset(cube: Cube, side: dict, delta: np.ndarray, cfg: dict, srcs: lis
 def _reversals(cube: Cube, side: dict, delta: np.ndarray, cfg: dict, panels: dict, head: list[int],
                tables) -> dict[str, dict]:
     """Per panel: the reversal section (with the study preset); tables get one block of rows per panel."""
-    out, tframes, rframes = {}, [], []
+    out: dict[str, dict] = {}
+    tframes, rframes = [], []
     labels = {s: cube.label(s) for s in cube.sources}
-    for name, p in panels.items():
-        if not p["available"]:
-            out[name] = unavailable(p)
-            continue
+    for name, p in available_panels(panels, out):
         srcs = p["sources"]
         tests, rev = _panel_reversals(cube, side, delta, cfg, name, srcs, head)
         tframes.append(tests)

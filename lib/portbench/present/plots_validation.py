@@ -1,4 +1,4 @@
-"""Figures of notebook 08 (through the project's one figure helper).
+"""Figures of notebook 08, the real-engine validation (through the project's one figure helper).
 
 They show measurements of the machine the validation ran on (engine timings), so they are saved as
 *measured* figures (:func:`portbench.present.figures.save`): indexed in ``{figures_dir}/08_gpu_validation/
@@ -14,12 +14,12 @@ import numpy as np
 import polars as pl
 
 from ..core import figindex
-from ..present import figures
-from ..sim import metrics
 from ..core.errors import ParameterError
 from ..core.provenance import label
-from .cases import Case
-from .verdict import window_values
+from ..sim import metrics
+from ..validation.cases import Case
+from ..validation.verdict import window_values
+from . import figures
 
 
 def _unit(metric: str) -> str:

@@ -1,65 +1,19 @@
-"""What notebook 08 reads and prints: the results a run wrote (:func:`read_results`), the status and headline
-as markdown, and the tables of the summary's sections."""
+"""Notebook 08's prose and tables: the engine's status and the run's headline as markdown, the confirmatory family
+in plain words, the whole-run prediction and its error budget, and the tables of ``summary.json``'s sections (what
+:func:`portbench.validation.read_results` returns; the presentation of the validation, which writes no prose)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
-from ..core.config import (
-    Config,
-)
 from ..sim import schedulers
-from . import (
-    confirm,
-    policies,
-)
-from .common import (
-    TARGETS,
-    _case_from_dict,
-    _sha,
-    how_to_enable,
-    out_dir,
-    params_fingerprint,
-    reversals_path,
-    summary_path,
-)
-from .planning import Plan
-
-# --------------------------------------------------------------------------- notebook helpers
-
-
-def read_results(cfg: Config) -> dict:
-    """What a validation run wrote (``summary``, the tables that exist, the replayed ``cases``), for
-    notebook 08; with ``stale``: reasons the results may not belong to the current parameters / analysis."""
-    out = out_dir(cfg.paths)
-    res: dict[str, Any] = {"summary": None, "stale": []}
-    p = summary_path(cfg.paths)
-    if not p.is_file():
-        return res
-    summary = json.loads(p.read_text())
-    res["summary"] = summary
-    for name in ("engine_runs", "sim_runs", "sim_runs_insample", "engine_requests", "iterations", "verdicts",
-                 "window_errors", "matched_requests", "capacity", "step_grid", "virtual_replays"):
-        f = out / f"{name}.parquet"
-        if f.is_file():
-            res[name] = pl.read_parquet(f)
-    run_json = out / "raw" / "run.json"
-    if summary.get("ran") and run_json.is_file():
-        res["cases"] = [_case_from_dict(d) for d in json.loads(run_json.read_text())["cases"]]
-    if summary.get("ran"):
-        inp = summary.get("inputs", {})
-        if inp.get("params_fingerprint") != params_fingerprint(cfg.tree):
-            res["stale"].append("the parameters changed since the validation ran")
-        rs = inp.get("reversals_sha256")
-        if rs not in (None, "given") and rs != _sha(reversals_path(cfg.paths)):
-            res["stale"].append("the analysis' reversal table changed since the validation ran")
-    return res
+from ..validation import confirm, policies
+from ..validation.common import TARGETS, how_to_enable
+from ..validation.planning import Plan
 
 
 def policy_table(names=None) -> pl.DataFrame:
@@ -72,7 +26,7 @@ def policy_table(names=None) -> pl.DataFrame:
 
 def status_markdown(the_plan: Plan, res: dict | None = None) -> str:
     """One paragraph: can the replay run in *this* environment, and if not, exactly why (and,
-    when ``res`` (:func:`read_results`) holds a run, that this is what is reported)."""
+    when ``res`` (:func:`portbench.validation.read_results`) holds a run, that this is what is reported)."""
     st = the_plan.status
     if not st.ok and res and (res.get("summary") or {}).get("ran"):
         s = res["summary"]
@@ -92,7 +46,7 @@ def _pct(x) -> str:
 
 
 def results_markdown(res: dict) -> str:
-    """The headline of a validation run (what notebook 08 prints), from :func:`read_results`."""
+    """The headline of a validation run (what notebook 08 prints), from :func:`portbench.validation.read_results`."""
     s = res.get("summary")
     if not s:
         return ("**No validation results yet.** " + how_to_enable())
@@ -123,7 +77,7 @@ def results_markdown(res: dict) -> str:
              f"* Cost model fitted to {s['profile']['calibration']['fit']['steps']} calibration steps: R² "
              f"{s['profile_fit_r2']:.2f} ({s['profile']['calibration']['formula']}).",
              f"* Verdicts: {confirm.verdict_line(counts)} (the confirmatory family was pre-registered and is "
-             "tested with Holm; the exploratory cases carry effect sizes and intervals only).",
+             "tested with Holm; the exploratory cases carry effect sizes and intervals only)." + _cannot_confirm(s),
              _family_line(s.get("virtual_family") or {}),
              f"* Settings: the engine matches the campaign on "
              f"{sum(v['match'] for v in sm.get('settings', {}).values())} of {len(sm.get('settings', {}))} settings "
@@ -132,6 +86,16 @@ def results_markdown(res: dict) -> str:
     for st in res.get("stale", []):
         lines.append(f"* **Warning: {st}** — rerun `make validate` (or `make all`).")
     return "\n".join(lines)
+
+
+def _cannot_confirm(s: dict) -> str:
+    """A clause for the verdicts' bullet when the run's windows cannot confirm any case (:func:`confirmability`)."""
+    c = confirmability(s)
+    if not c or c["can_confirm"]:
+        return ""
+    return (f" **With {c['windows']} windows per source no case can be confirmed** (smallest Holm-adjusted p "
+            f"{c['min_p_holm']:.3g}, α = {c['alpha']:g}; {c['min_windows']} needed)"
+            + (": a smoke run; `make validate` is the confirmatory run." if s.get("run") == "reduced" else "."))
 
 
 def _family_line(f: dict) -> str:
@@ -192,6 +156,35 @@ def _fmt_eff(e: dict) -> str:
     return f"{m:+.3f}{ci}"
 
 
+def confirmability(s: dict) -> dict | None:
+    """``summary.json``'s ``confirmability`` (:func:`portbench.validation.confirm.confirmability`: can the family
+    confirm a case at all with the run's windows); for a summary written before that field, the same computed from
+    its pre-registration and verdicts. None without a pre-registered family."""
+    if not s or not s.get("ran") or "preregistration" not in s:
+        return None
+    if s.get("confirmability"):
+        return s["confirmability"]
+    pr = s["preregistration"]
+    n = confirm.tested_windows(s.get("verdicts") or [])
+    return confirm.confirmability(pr["windows_per_source"] if n is None else n, pr["n_cases"], pr["alpha"],
+                                  preregistered=pr["windows_per_source"])
+
+
+def confirmability_markdown(s: dict) -> str:
+    """One paragraph, only when the run cannot confirm any case whatever the engine measures (too few windows for
+    the exact tests and Holm): a reduced run is a smoke run, ``make validate`` the confirmatory one; a full run
+    names the windows it would need. Empty otherwise."""
+    c = confirmability(s)
+    if not c or c["can_confirm"]:
+        return ""
+    why = c["reason"][:1].upper() + c["reason"][1:]
+    if s.get("run") == "reduced":
+        return (f"**This run is a smoke run: it cannot confirm any case; `make validate` is the confirmatory run.** "
+                f"{why}.")
+    return (f"**This run cannot confirm any case.** {why}: raise `validation.windows_per_source` and "
+            f"`validation.confirmatory.min_windows` to at least {c['min_windows']}.")
+
+
 def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
     """Notebook 08's lead: the pre-registered family and its outcome, in plain words (from ``summary.json``)."""
     if not s or not s.get("ran") or "preregistration" not in s:
@@ -212,6 +205,8 @@ def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
              f"α = {pr['alpha']:g}, {pr['correction'].capitalize()} over the family. A case is confirmed when both "
              f"one-sided tests in the simulated direction reject and its Holm-adjusted p is below α. "
              f"**{sum(bool(r['confirmatory']['confirmed']) for r in rows)} of {len(rows)} confirmed.**", ""]
+    if smoke := confirmability_markdown(s):
+        lines[:0] = [smoke, ""]
     dec = pr.get("decided_by") or {}
     if dec:
         lines[-2:-1] = [lines[-2] + f" The pre-registration names the engine that decides: the **{dec.get('engine')}** "
