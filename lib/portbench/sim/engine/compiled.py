@@ -1351,7 +1351,10 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                             tc[t] = tc[last_left]
                 if pol >= POL_LAS:          # its key is frozen while it waits (it generates nothing)
                     F[KEY, r] = _key_of(r, R, F, S, pol, qtok, mb, mbl)
-                _enqueue(r, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
+                if pol == POL_STATIC:       # (the call with fewer arrays: each call counts their references)
+                    _wpush(wheap, S, R[RANK, r])
+                else:
+                    _enqueue(r, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
             S[CURSOR] = c
         if S[NRES] == 0 and S[NWAIT] == 0:
             if S[CURSOR] >= n_arr:
@@ -1469,7 +1472,10 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         for a in range(nskip):
                             skl[a] = run[i + 1 + a]
                         _evict(v, now, R, F, S, cnt, run, pre, hoff, hid, ref, lprev, lnext, bs, eb, SF, C, Fc)
-                        _enqueue(v, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
+                        if pol == POL_STATIC:
+                            _wpush(wheap, S, R[RANK, v])
+                        else:
+                            _enqueue(v, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
                         for a in range(nskip):                 # _skip
                             r = skl[a]
                             if R[INC, r]:
@@ -1483,7 +1489,10 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         S[ONESTEP] = 1
                         continue
                 _evict(v, now, R, F, S, cnt, run, pre, hoff, hid, ref, lprev, lnext, bs, eb, SF, C, Fc)
-                _enqueue(v, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
+                if pol == POL_STATIC:
+                    _wpush(wheap, S, R[RANK, v])
+                else:
+                    _enqueue(v, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
             if S[NSKIP] and S[NCOH] == 0:
                 anyc = False
                 for a in range(S[NPRE]):
