@@ -77,7 +77,7 @@ C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE
     C_WP, C_WO, C_Q, C_V1, C_CHUNKED, C_SWAP, C_HOSTCAP = range(21)
 # waiting queue: a heap of static ranks | ltr's order (starving, then score) | vtc's tenant-by-tenant order
 POL_STATIC, POL_LTR, POL_VTC = 0, 1, 2
-POL_LAS, POL_MLFQ, POL_SRPT, POL_RR = 3, 4, 5, 6     # preemptive: every live request ranked at each decision
+POL_LAS, POL_MLFQ, POL_SRPT, POL_RR = 3, 4, 5, 6     # preemptive: the ranked plans (_plan_ranked, _plan_v0_preemptive)
 # status codes
 OK, ERR_KV, ERR_RUN_KV, ERR_PROGRESS = 0, 1, 2, 3
 
