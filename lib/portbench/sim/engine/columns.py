@@ -30,6 +30,7 @@ from ..schedulers.baseline import RandomOrder
 from ..schedulers.deadline import _Deadline
 from ..schedulers.length import SJFNoisyOracle, SJFOracle, SJFPredicted, SJFPrompt
 from .compiled import Columns
+from .compiled import dense_hash_ids as hash_ids   # (hoff, hid) from the hashes' lengths and values
 from .core import Engine
 
 # a built-in static policy's priority as arrays: the key columns, most significant first (ties: request id)
@@ -101,19 +102,6 @@ def _hashes(window_df):
     if vals.null_count:
         return None
     return lens, vals.to_numpy()
-
-
-def hash_ids(lens: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(hoff, hid)`` as :func:`portbench.sim.engine.compiled.hash_ids` gives them (dense entry ids numbered in
-    order of first occurrence), from the lengths and hashes of :func:`_hashes`."""
-    hoff = np.zeros(lens.shape[0] + 1, np.int64)
-    hoff[1:] = np.cumsum(lens)
-    if not flat.shape[0]:
-        return hoff, np.zeros(0, np.int64)
-    _, first, inv = np.unique(flat, return_index=True, return_inverse=True)
-    dense = np.empty(first.shape[0], np.int64)
-    dense[np.argsort(first, kind="stable")] = np.arange(first.shape[0], dtype=np.int64)
-    return hoff, dense[inv.reshape(-1)]
 
 
 def prepare(window_df, sched, profile, H: float, rng, slo, settings, *, hash_block_tokens, marks,

@@ -15,14 +15,17 @@ the context limit, prefix caching, the self-preemption stop of vLLM's running lo
 (:meth:`Batching._first_misfit`), work marks, queue intervals and the step log (``record_iterations``).
 Everything else -- a static policy with option ``preemptive: true``, plug-ins,
 ``naive``/``check_invariants``/``check_contract`` runs, a profile that is not the cost-model ``Profile`` --
-runs on the reference (:func:`unsupported` says why). The preemptive plans rank with fresh keys at every
-decision and walk the ranking one request at a time: the reference's lazy keys and bulk tail are its own
-speed-ups of the same decisions (``tests/test_incremental.py``). The waiting requests (and, for the next
-decision's bound, the waiting and paused ones) are not re-sorted at every decision: the last sorted list is
-kept with the keys it was sorted by, and only the requests that joined or whose key changed are sorted and
-merged in (:func:`_sorted_set`; the order is a total order, so the result is the full sort's); sorts are one
-allocation-free merge sort on that order (:func:`_sort_by_key`). The per-decision scans visit only the ids that
-can be live (from the first not yet finished or rejected to the last ingested), in id order as before.
+runs on the reference (:func:`unsupported` says why).
+
+Ordered structures instead of walks over every live request (the decisions are the same; ``tests/test_compiled_core.py``):
+the preemptive policies re-key only the decode cohort at a decision (a request's key changes only as it generates),
+keep the waiting requests in one sorted list (a waiting request's key is frozen; inserted by bisection,
+admitted from its head: :func:`_w_insert`) and the residents in the last plan's rank order, insertion-sorted on the
+new keys (:func:`_resort`); the displaced are in rank order, so the victim is the last; the next decision's
+bound bisects the waiting and paused lists. ltr keeps its waiting requests in a queue by (waiting since, id)
+and a heap by (score, id) (:func:`_enqueue`, :func:`_ltr_next`), vtc a heap per tenant by (arrival, id)
+(:func:`_vtc_push`). The per-decision scans that remain visit only the ids that can be live (from the first not
+yet finished or rejected to the last ingested), in id order as before.
 
 The set-up (requests, the context limit, static ranks, prefix-cache validation) is the
 reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and its state read), the
@@ -59,22 +62,22 @@ SUPPORTED_POLICIES = VICTIM_ARRIVAL + VICTIM_RANK + RANK_POLICIES + PREEMPTIVE_P
 _NOT_ARRIVED, _WAITING, _RUNNING, _PAUSED, _FINISHED, _REJECTED = -1, 0, 1, 2, 3, 4
 # per-request int fields (rows of R)
 (GEN, PREF, TGT, BLK, CHK, GB, CV, INC, HIGH, HIT, NSH, ST, RANK, PREEMPT, PP, OO, SKF, NFITS, TEN, CHG, JOIN,
- TURN, SWP, SWB) = range(24)
-N_RFIELDS = 24
+ TURN, SWP, SWB, WV) = range(25)
+N_RFIELDS = 25
 # per-request float fields (rows of F); KEY: what residents are ordered by (the static rank, or ltr's score)
 FT, FIN, ADM, WS, ARR, KEY, TAU = range(7)
 # scalar state (S)
 (NEED, OTHER, CLOCK, SL, NCOH, NRES, NWAIT, ADJ, PCREF, PCSH, LRUN, LRUH, LRUT, NPRE, NRUN, NSKIP, NF,
  NPREEMPT, PCHIT, PCQ, WORK, NFIN, NWA, ONESTEP, NITER, NDEC, MAXUSED, CURSOR, USED, NPAUSED, NPAUSE, NWQ, HOSTU,
- NSWO, NSWI, LVLO, LVHI) = range(37)
-N_S = 37
+ NSWO, NSWI, LVLO, LVHI, WH, WE, NRO, QH, QE, QS, NHK) = range(44)
+N_S = 44
 PENDING, SWAPS = 0, 1         # float state (SF): swap copies charged to the next iteration, their total
 # configuration (C)
 C_BS, C_CAP, C_B, C_MAXSEQS, C_PC, C_HB, C_EB, C_NARR, C_VARR, C_NMARKS, C_TRACE, C_POL, C_STARVE, C_NTEN, \
     C_WP, C_WO, C_Q, C_V1, C_CHUNKED, C_SWAP, C_HOSTCAP = range(21)
 # waiting queue: a heap of static ranks | ltr's order (starving, then score) | vtc's tenant-by-tenant order
 POL_STATIC, POL_LTR, POL_VTC = 0, 1, 2
-POL_LAS, POL_MLFQ, POL_SRPT, POL_RR = 3, 4, 5, 6     # preemptive: every live request ranked at each decision
+POL_LAS, POL_MLFQ, POL_SRPT, POL_RR = 3, 4, 5, 6     # preemptive: the ranked plans (_plan_ranked, _plan_v0_preemptive)
 # status codes
 OK, ERR_KV, ERR_RUN_KV, ERR_PROGRESS = 0, 1, 2, 3
 
@@ -479,8 +482,8 @@ def _requeue(v, now, R, F, S, SF, C, Fc):
         R[TGT, v] = R[PP, v] + R[GEN, v]
 
 
-def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw, SF, C, Fc):
-    """:meth:`Queues._evict` + ``_requeue_evicted``."""
+def _evict(v, now, R, F, S, cnt, run, pre, hoff, hid, ref, lprev, lnext, bs, eb, SF, C, Fc):
+    """:meth:`Queues._evict` + ``_requeue_evicted`` (the caller puts ``v`` in the waiting queue: :func:`_enqueue`)."""
     if R[INC, v]:
         _leave(v, R, S, cnt, bs)
     else:
@@ -491,12 +494,135 @@ def _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, 
     S[NRES] -= 1
     _pc_release(v, R, S, hoff, hid, ref, lprev, lnext, eb)
     _requeue(v, now, R, F, S, SF, C, Fc)
+
+
+def _enqueue(r, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi):
+    """Waiting request ``r`` (arrived, or evicted) into its policy's waiting structure: the static ranks' heap,
+    its tenant's heap (vtc), ltr's queue by (waiting since, id) and heap by (score, id), or the sorted waiting
+    list of the preemptive policies."""
     if pol == POL_STATIC:
-        _wpush(wheap, S, R[RANK, v])
+        _wpush(wheap, S, R[RANK, r])
+        return
+    S[NWAIT] += 1
+    if pol == POL_VTC:
+        _vtc_push(th, toff, tw, R, F, r)
+    elif pol == POL_LTR:
+        R[WV, r] += 1                       # its older entries (an earlier wait) are stale from now on
+        if starve:
+            _q_push(Qi, Qf, S, R, F, r)
+        _h_push(Hs, Hi, S, R, F, r)
     else:
-        S[NWAIT] += 1
-        if pol == POL_VTC:
-            tw[R[TEN, v]] += 1
+        _w_insert(W, S, R, F, r)
+
+
+def _vtc_before(F, a, b):
+    """(arrival, id) of ``a`` < that of ``b``."""
+    return F[ARR, a] < F[ARR, b] or (F[ARR, a] == F[ARR, b] and a < b)
+
+
+def _vtc_push(th, toff, tw, R, F, r):
+    """vtc: ``r`` into its tenant's heap of waiting requests by (arrival, id) (``th[toff[u]:toff[u] + tw[u]]``; a
+    request waits at most once at a time, so each tenant's part holds its requests)."""
+    u = R[TEN, r]
+    base = toff[u]
+    j = tw[u]
+    tw[u] = j + 1
+    while j > 0:
+        p = (j - 1) >> 1
+        y = th[base + p]
+        if _vtc_before(F, y, r):
+            break
+        th[base + j] = y
+        j = p
+    th[base + j] = r
+
+
+def _vtc_pop(th, toff, tw, F, u):
+    """vtc: tenant ``u``'s earliest waiting request leaves its heap (admitted)."""
+    base = toff[u]
+    n = tw[u] - 1
+    tw[u] = n
+    last = th[base + n]
+    j = 0
+    while True:
+        left = 2 * j + 1
+        if left >= n:
+            break
+        m = left
+        if left + 1 < n and _vtc_before(F, th[base + left + 1], th[base + left]):
+            m = left + 1
+        if not _vtc_before(F, th[base + m], last):
+            break
+        th[base + j] = th[base + m]
+        j = m
+    if n > 0:
+        th[base + j] = last
+
+
+def _ltr_valid(Qi, a, R):
+    """ltr: entry ``a`` of the queue is its request's current wait."""
+    x = Qi[0, a]
+    return R[ST, x] == _WAITING and Qi[1, a] == R[WV, x]
+
+
+def _q_push(Qi, Qf, S, R, F, r):
+    """ltr (starvation guard): ``r`` into the queue by (waiting since, id) ``Qi[:, S[QH]:S[QE]]`` (ids, versions;
+    ``Qf``: waiting since). Waiting since is the arrival or the eviction time, so an entry goes to the tail but
+    for ties; entries that are no longer current (admitted, or an older wait) stay until the head passes them
+    (compacted when the array is full). Before ``S[QS]`` every entry is stale or starving."""
+    e = S[QE]
+    if e == Qf.shape[0]:
+        m = 0
+        for a in range(S[QH], e):
+            if _ltr_valid(Qi, a, R):
+                Qi[0, m], Qi[1, m], Qf[m] = Qi[0, a], Qi[1, a], Qf[a]
+                m += 1
+        e = m
+        S[QH] = 0
+        S[QS] = 0
+    w = F[WS, r]
+    p = e
+    while p > S[QH] and (Qf[p - 1] > w or (Qf[p - 1] == w and Qi[0, p - 1] > r)):
+        Qi[0, p], Qi[1, p], Qf[p] = Qi[0, p - 1], Qi[1, p - 1], Qf[p - 1]
+        p -= 1
+    Qi[0, p], Qi[1, p], Qf[p] = r, R[WV, r], w
+    S[QE] = e + 1
+    if p < S[QS]:
+        S[QS] = p
+
+
+def _h_push(Hs, Hi, S, R, F, r):
+    """ltr: ``r`` into the heap by (score, id) (``Hs``: scores, ``Hi``: ids, versions); stale entries are dropped
+    when they reach the top, or all at once when the heap is full."""
+    n = S[NHK]
+    if n == Hs.shape[0]:
+        m = 0
+        for a in range(n):
+            x = Hi[0, a]
+            if R[ST, x] == _WAITING and Hi[1, a] == R[WV, x]:
+                Hs[m], Hi[0, m], Hi[1, m] = Hs[a], x, Hi[1, a]
+                m += 1
+        for a in range(m // 2 - 1, -1, -1):
+            _fsift_down(Hs, Hi[0], Hi[1], a, m)
+        n = m
+    j = n
+    Hs[j], Hi[0, j], Hi[1, j] = F[KEY, r], r, R[WV, r]
+    while j > 0:
+        p = (j - 1) >> 1
+        if not _heap_less(Hs, Hi[0], Hi[1], j, p):
+            break
+        Hs[j], Hs[p] = Hs[p], Hs[j]
+        Hi[0, j], Hi[0, p] = Hi[0, p], Hi[0, j]
+        Hi[1, j], Hi[1, p] = Hi[1, p], Hi[1, j]
+        j = p
+    S[NHK] = n + 1
+
+
+def _h_pop(Hs, Hi, S):
+    n = S[NHK] - 1
+    Hs[0], Hi[0, 0], Hi[1, 0] = Hs[n], Hi[0, n], Hi[1, n]
+    S[NHK] = n
+    _fsift_down(Hs, Hi[0], Hi[1], 0, n)
 
 
 def _key_after(R, F, tc, pol, a, b):
@@ -563,54 +689,6 @@ def _tokens_to_level(r, g, level, R, pol, q, mb, mbl):
     return t if t > 1 else 1
 
 
-def _sort_by_key(ids, m, R, F, tmp, tkey):
-    """ids[:m] sorted by ((key, arrival), id) in place: insertion-sorted runs of 16 merged bottom-up through
-    ``tmp`` on that total order (:func:`_kless`), without allocating. The ids are distinct, so any correct sort
-    gives this order (the one the reference's ``sorted`` gives). ``tkey``: unused (kept for the callers)."""
-    for lo in range(0, m, 16):
-        hi = lo + 16 if lo + 16 < m else m
-        for a in range(lo + 1, hi):
-            x = ids[a]
-            b = a - 1
-            while b >= lo and _kless(R, F, x, ids[b]):
-                ids[b + 1] = ids[b]
-                b -= 1
-            ids[b + 1] = x
-    width = 16
-    in_tmp = False
-    src = ids
-    dst = tmp
-    while width < m:
-        for lo in range(0, m, 2 * width):
-            mid = lo + width if lo + width < m else m
-            hi = lo + 2 * width if lo + 2 * width < m else m
-            i = lo
-            j = mid
-            o = lo
-            while i < mid and j < hi:
-                if _kless(R, F, src[j], src[i]):
-                    dst[o] = src[j]
-                    j += 1
-                else:
-                    dst[o] = src[i]
-                    i += 1
-                o += 1
-            while i < mid:
-                dst[o] = src[i]
-                i += 1
-                o += 1
-            while j < hi:
-                dst[o] = src[j]
-                j += 1
-                o += 1
-        src, dst = dst, src
-        in_tmp = not in_tmp
-        width *= 2
-    if in_tmp:
-        for a in range(m):
-            ids[a] = tmp[a]
-
-
 def _kless(R, F, a, b):
     """((key, arrival), id) of ``a`` < that of ``b``."""
     if F[KEY, a] != F[KEY, b]:
@@ -619,52 +697,75 @@ def _kless(R, F, a, b):
         return F[ARR, a] < F[ARR, b]
     return a < b
 
-def _sorted_set(out, which, paused_too, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey):
-    """out[:m] = the waiting requests (``paused_too``: and the paused ones) sorted by ((key, arrival), id), as
-    ``_sort_by_key`` sorts them, incrementally: set ``which`` keeps the previous call's sorted list
-    (``kept[which]``) with the keys it was sorted by (``kkey[which]``); members still in the set with an unchanged
-    key keep their order, the others (new, or re-keyed) are sorted and merged in. Returns m."""
-    m = 0
-    for a in range(kn[which]):
-        r = kept[which, a]
-        st = R[ST, r]
-        if (st == _WAITING or (paused_too and st == _PAUSED)) and F[KEY, r] == kkey[which, a]:
-            kept[which, m] = r
-            m += 1
-        else:
-            kin[which, r] = 0
-    nnew = 0
-    for r in range(S[LVLO], S[LVHI]):        # the ids that can be live (S[LVLO], S[LVHI]: see _loop)
-        st = R[ST, r]
-        if (st == _WAITING or (paused_too and st == _PAUSED)) and not kin[which, r]:
-            newl[nnew] = r
-            nnew += 1
-    _sort_by_key(newl, nnew, R, F, tmp, tkey)
-    i = j = o = 0
-    while i < m and j < nnew:
-        if _kless(R, F, newl[j], kept[which, i]):
-            out[o] = newl[j]
-            j += 1
-        else:
-            out[o] = kept[which, i]
-            i += 1
-        o += 1
-    while i < m:
-        out[o] = kept[which, i]
-        i += 1
-        o += 1
-    while j < nnew:
-        out[o] = newl[j]
-        j += 1
-        o += 1
-    for a in range(o):
-        r = out[a]
-        kept[which, a] = r
-        kkey[which, a] = F[KEY, r]
-        kin[which, r] = 1
-    kn[which] = o
-    return o
 
+def _bisect(W, lo, hi, R, F, x):
+    """The first index of sorted ``W[lo:hi]`` whose request ranks after ``x`` (bisect_right on :func:`_kless`)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _kless(R, F, x, W[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _w_insert(W, S, R, F, x):
+    """Insert waiting request ``x`` into the sorted waiting list ``W[S[WH]:S[WE]]`` (its key is frozen while it
+    waits), shifting the shorter side; compacted to the front when the end reaches the array's end."""
+    h = S[WH]
+    e = S[WE]
+    if e == W.shape[0]:
+        for a in range(e - h):
+            W[a] = W[h + a]
+        e -= h
+        h = 0
+        S[WH] = 0
+    pos = _bisect(W, h, e, R, F, x)
+    if h > 0 and pos - h < e - pos:
+        for a in range(h - 1, pos - 1):
+            W[a] = W[a + 1]
+        W[pos - 1] = x
+        S[WH] = h - 1
+        S[WE] = e
+        return
+    for a in range(e, pos, -1):
+        W[a] = W[a - 1]
+    W[pos] = x
+    S[WE] = e + 1
+
+
+def _resort(ro, S, R, F):
+    """The residents in rank order, in place in ``ro``: the last plan's order (``ro[:S[NRO]]``) less the requests
+    that left (finished, evicted), insertion-sorted on the current keys (only the cohort's keys moved since, so
+    the list is nearly sorted). Returns their number."""
+    m = 0
+    for a in range(S[NRO]):
+        r = ro[a]
+        st = R[ST, r]
+        if st == _RUNNING or st == _PAUSED:
+            b = m - 1
+            while b >= 0 and _kless(R, F, r, ro[b]):
+                ro[b + 1] = ro[b]
+                b -= 1
+            ro[b + 1] = r
+            m += 1
+    S[NRO] = m
+    if m != S[NRUN]:                       # pragma: no cover - every resident is admitted by a ranked plan
+        raise AssertionError("the rank order lost a resident")
+    return m
+
+
+def _keep_order(ro, wk, nwk, R, S):
+    """The next plan's resident order: the walk's order (``wk[:nwk]``, residents and candidates in rank order)
+    less those that are not resident now (candidates left waiting, evicted victims)."""
+    m = 0
+    for a in range(nwk):
+        r = wk[a]
+        st = R[ST, r]
+        if st == _RUNNING or st == _PAUSED:
+            ro[m] = r
+            m += 1
+    S[NRO] = m
 
 
 def _admit_need(r, budget, free, R, S, hoff, hid, ref, Hb, eb, pc_on, bs):
@@ -751,28 +852,26 @@ def _admit(r, now, R, F, S, run, pre, hoff, hid, ref, lprev, lnext, Hb, eb, pc_o
 
 
 def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev, lnext,
-                 wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw, kept, kkey, kn, kin, newl):
-    """:meth:`Batching._plan_ranked` (V1, recompute; the one-by-one walk, keys fresh). Returns the
-    iteration's prompt tokens."""
+                 wq_s, wq_e, ro, W, cands, placed, disp, resumed, tw, wk, pend):
+    """:meth:`Batching._plan_ranked` (V1; the one-by-one walk over the residents in rank order, :func:`_resort`,
+    merged with the sorted waiting list ``W``). Returns the iteration's prompt tokens."""
     bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
-    pc_on, Hb, eb, pol = C[C_PC], C[C_HB], C[C_EB], C[C_POL]
+    pc_on, Hb, eb = C[C_PC], C[C_HB], C[C_EB]
     if pc_on:
         _pc_reconcile(S, ref, lprev, lnext, cap, eb)
-    nr = S[NRUN]
-    for a in range(nr):
-        res_[a] = run[a]
-    _sort_by_key(res_, nr, R, F, tmp, tkey)
-    nw = _sorted_set(wl, 0, False, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey)
+    nr = _resort(ro, S, R, F)
+    wh = S[WH]
+    nw = S[WE] - wh
     free = cap
     slots = max_seqs
-    nc = npl = nd = nres = 0
+    nc = npl = nd = nres = nwk = 0
     n_dec = 0
     clock = S[CLOCK]
     i = j = 0
     wopen = nw > 0
     while i < nr or (wopen and j < nw):
-        if wopen and j < nw and (i >= nr or _kless(R, F, wl[j], res_[i])):
-            r = wl[j]
+        if wopen and j < nw and (i >= nr or _kless(R, F, W[wh + j], ro[i])):
+            r = W[wh + j]
             need = -1
             if slots > 0:
                 if R[SWP, r] and R[PREF, r] != R[TGT, r]:                # _gate_blocks
@@ -789,9 +888,13 @@ def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, h
             slots -= 1
             cands[nc] = r
             nc += 1
+            wk[nwk] = r
+            nwk += 1
             continue
-        r = res_[i]
+        r = ro[i]
         i += 1
+        wk[nwk] = r
+        nwk += 1
         if R[INC, r]:
             need = (R[PP, r] + R[GB, r] + clock + bs - 1) // bs
             if slots > 0 and need <= free:
@@ -833,15 +936,10 @@ def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, h
     held = 0
     for a in range(nd):
         held += R[BLK, disp[a]]
+    npend = 0
     while nd > 0 and reserved + held > cap:
-        vi = 0
-        for a in range(1, nd):
-            if _key_after(R, F, tw, pol, disp[a], disp[vi]):
-                vi = a
-        v = disp[vi]
-        for a in range(vi, nd - 1):
-            disp[a] = disp[a + 1]
-        nd -= 1
+        nd -= 1                                # the displaced are in rank order: the victim is the last
+        v = disp[nd]
         held -= R[BLK, v]
         # _requeue_evicted (out of the cohort and the prefill list already)
         if R[PREF, v] != R[TGT, v]:
@@ -852,6 +950,8 @@ def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, h
         _pc_release(v, R, S, hoff, hid, ref, lprev, lnext, eb)
         _requeue(v, now, R, F, S, SF, C, Fc)
         S[NWAIT] += 1
+        pend[npend] = v                        # into the waiting list after the admissions (a prefix of W)
+        npend += 1
     for a in range(nres):
         r = resumed[a]
         R[ST, r] = _RUNNING
@@ -894,6 +994,10 @@ def _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, h
         free = cap - (S[NEED] + S[OTHER] + S[ADJ])
         if pc_on:
             _pc_reconcile(S, ref, lprev, lnext, cap, eb)
+        S[WH] += 1                             # cands[a] is the waiting list's head
+    for a in range(npend):
+        _w_insert(W, S, R, F, pend[a])
+    _keep_order(ro, wk, nwk, R, S)
     S[NPAUSED] = 0
     for a in range(nd):
         r = disp[a]
@@ -947,18 +1051,15 @@ def _admit_need_v0(r, budget, pf_tokens, admitted, free, R, B, bs, chunked):
     return need if need <= free else -1
 
 
-def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, wq_s, wq_e, res_, wl,
-                        placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref, lprev, lnext, kept, kkey, kn, kin,
-                        newl):
+def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, wq_s, wq_e, ro, W,
+                        placed, disp, resumed, wk):
     """The V0 branch of :meth:`Batching._plan_preemptive` (no prefix caching under V0): one walk in rank
     order admitting, resuming and placing as it goes. Returns the iteration's prompt tokens."""
     bs, cap, B, max_seqs = C[C_BS], C[C_CAP], C[C_B], C[C_MAXSEQS]
-    chunked, pol = C[C_CHUNKED], C[C_POL]
-    nr = S[NRUN]
-    for a in range(nr):
-        res_[a] = run[a]
-    _sort_by_key(res_, nr, R, F, tmp, tkey)
-    nw = _sorted_set(wl, 0, False, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey)
+    chunked = C[C_CHUNKED]
+    nr = _resort(ro, S, R, F)
+    wh = S[WH]
+    nw = S[WE] - wh
     if chunked:
         n_dec = S[NCOH]
         for a in range(S[NPAUSED]):
@@ -974,18 +1075,20 @@ def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, pa
     slots = max_seqs
     pf_tokens = 0
     admitted = 0
-    npl = nd = nres = 0
+    npl = nd = nres = nwk = 0
     clock = S[CLOCK]
     i = j = 0
     wopen = nw > 0
     while i < nr or (wopen and j < nw):
-        if wopen and j < nw and (i >= nr or _kless(R, F, wl[j], res_[i])):
-            r = wl[j]
+        if wopen and j < nw and (i >= nr or _kless(R, F, W[wh + j], ro[i])):
+            r = W[wh + j]
             need = _admit_need_v0(r, b, pf_tokens, admitted, free, R, B, bs, chunked) if slots > 0 else -1
             if need < 0:
                 wopen = False
                 continue
             j += 1
+            wk[nwk] = r
+            nwk += 1
             free -= need
             slots -= 1
             admitted += 1
@@ -1023,8 +1126,10 @@ def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, pa
             placed[npl] = r
             npl += 1
             continue
-        r = res_[i]
+        r = ro[i]
         i += 1
+        wk[nwk] = r
+        nwk += 1
         if R[INC, r]:
             need = (R[PP, r] + R[GB, r] + clock + bs - 1) // bs
             if slots > 0 and need <= free:
@@ -1061,6 +1166,7 @@ def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, pa
         else:
             disp[nd] = r
             nd += 1
+    S[WH] = wh + j                         # the admitted: a prefix of the waiting list
     for a in range(nd):
         r = disp[a]
         if R[INC, r]:
@@ -1079,19 +1185,15 @@ def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, pa
         other += R[BLK, disp[a]]
     S[OTHER] = other
     while S[NEED] + S[OTHER] + S[ADJ] > cap and nd > 0:
-        vi = 0
-        for a in range(1, nd):
-            if _key_after(R, F, tw, pol, disp[a], disp[vi]):
-                vi = a
-        v = disp[vi]
-        for a in range(vi, nd - 1):
-            disp[a] = disp[a + 1]
-        nd -= 1
+        nd -= 1                            # the displaced are in rank order: the victim is the last
+        v = disp[nd]
         S[OTHER] -= R[BLK, v]
         _list_remove(run, S, NRUN, v)
         S[NRES] -= 1
         _requeue(v, now, R, F, S, SF, C, Fc)
         S[NWAIT] += 1
+        _w_insert(W, S, R, F, v)
+    _keep_order(ro, wk, nwk, R, S)
     for a in range(nd):
         r = disp[a]
         if R[ST, r] == _RUNNING:
@@ -1128,41 +1230,24 @@ def _chunks(budget, R, F, S, pre, tc, pol):
     return budget
 
 
-def _vtc_heads(R, F, tw, thead, ntn):
-    """Each tenant's earliest waiting request by (arrival, id) (``thead``; where ``tw`` > 0)."""
+def _vtc_heads(th, toff, tw, thead, ntn):
+    """Each tenant's earliest waiting request by (arrival, id) (``thead``; where ``tw`` > 0): its heap's top."""
     for u in range(ntn):
-        thead[u] = -1
-    for r in range(R.shape[1]):
-        if R[ST, r] == _WAITING:
-            t = R[TEN, r]
-            h = thead[t]
-            if h < 0 or F[ARR, r] < F[ARR, h]:
-                thead[t] = r
+        thead[u] = th[toff[u]] if tw[u] > 0 else -1
 
 
-def _ltr_order(now, starve, starve_s, R, F, cand, tmp, tkey):
-    """ltr's admission order of the waiting requests: those waiting (since arrival or their last eviction)
-    for at least ``starve_s`` seconds by (waiting since, id), then the others by (score, id)."""
-    n = R.shape[1]
-    m = 0
-    for r in range(n):                 # starving ones, in id order
-        if R[ST, r] == _WAITING and starve and now >= F[WS, r] + starve_s:
-            tmp[m] = r
-            tkey[m] = F[WS, r]
-            m += 1
-    o = np.argsort(tkey[:m], kind="mergesort")
-    for a in range(m):
-        cand[a] = tmp[o[a]]
-    k = 0
-    for r in range(n):
-        if R[ST, r] == _WAITING and not (starve and now >= F[WS, r] + starve_s):
-            tmp[k] = r
-            tkey[k] = F[KEY, r]
-            k += 1
-    o = np.argsort(tkey[:k], kind="mergesort")
-    for a in range(k):
-        cand[m + a] = tmp[o[a]]
-    return m + k
+def _ltr_next(now, starve_s, Qi, Qf, S, R):
+    """ltr: the next admission candidate from the starving requests (the queue's first current entry, when it
+    starves), or -1."""
+    h = S[QH]
+    while h < S[QE] and not _ltr_valid(Qi, h, R):
+        h += 1
+    S[QH] = h
+    if S[QS] < h:
+        S[QS] = h
+    if h < S[QE] and now >= Qf[h] + starve_s:
+        return Qi[0, h]
+    return -1
 
 
 def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_at, mb, mbl):
@@ -1181,23 +1266,28 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
     last_left = -1
     qtok = C[C_Q]
     paused = np.empty(n, np.int64)
-    res_ = np.empty(n, np.int64)
-    wl = np.empty(n, np.int64)
+    ro = np.empty(n, np.int64)        # preemptive policies: the residents in the last plan's rank order
+    W = np.empty(2 * n + 2, np.int64)  # preemptive policies: the waiting requests, sorted (W[S[WH]:S[WE]])
+    wk = np.empty(2 * n + 1, np.int64)  # a ranked plan's walk
+    pend = np.empty(n, np.int64)
     cands = np.empty(n, np.int64)
     placed = np.empty(n, np.int64)
     disp = np.empty(n, np.int64)
     resumed = np.empty(n, np.int64)
-    outs = np.empty(n, np.int64)
-    cand = np.empty(n, np.int64)      # ltr: the waiting requests in admission order
-    tmp = np.empty(n, np.int64)
-    tkey = np.empty(n, np.float64)
-    # preemptive policies: the last sorted waiting list (set 0) and waiting + paused list (set 1), kept between
-    # decisions with the keys they were sorted by (_sorted_set)
-    kept = np.empty((2, n), np.int64)
-    kkey = np.empty((2, n), np.float64)
-    kn = np.zeros(2, np.int64)
-    kin = np.zeros((2, n), np.int8)
-    newl = np.empty(n, np.int64)
+    # vtc: each tenant's waiting requests, a heap by (arrival, id) in th[toff[u]:toff[u] + tw[u]]
+    toff = np.zeros(ntn + 1 if ntn > 0 else 1, np.int64)
+    if pol == POL_VTC:
+        for r in range(n):
+            toff[R[TEN, r] + 1] += 1
+        for u in range(ntn):
+            toff[u + 1] += toff[u]
+    th = np.empty(n if pol == POL_VTC else 1, np.int64)
+    # ltr: the waiting requests by (waiting since, id) (starvation guard) and by (score, id)
+    lq = 2 * n + 2 if pol == POL_LTR else 1
+    Qi = np.empty((2, lq), np.int64)
+    Qf = np.empty(lq, np.float64)
+    Hs = np.empty(lq, np.float64)
+    Hi = np.empty((2, lq), np.int64)
     ckv = Fc[3]
     INF = math.inf
     S = np.zeros(N_S, np.int64)
@@ -1259,11 +1349,12 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                                 tc[t] = tc[lo]
                         elif last_left >= 0 and tc[last_left] > tc[t]:
                             tc[t] = tc[last_left]
-                    tw[t] += 1
-                if pol == POL_STATIC:
+                if pol >= POL_LAS:          # its key is frozen while it waits (it generates nothing)
+                    F[KEY, r] = _key_of(r, R, F, S, pol, qtok, mb, mbl)
+                if pol == POL_STATIC:       # (the call with fewer arrays: each call counts their references)
                     _wpush(wheap, S, R[RANK, r])
                 else:
-                    S[NWAIT] += 1
+                    _enqueue(r, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
             S[CURSOR] = c
         if S[NRES] == 0 and S[NWAIT] == 0:
             if S[CURSOR] >= n_arr:
@@ -1286,9 +1377,12 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             wq_e = np.concatenate((wq_e, np.empty(nwq + n + 1, np.float64)))
         ranked = False
         if pol >= POL_LAS:
-            for r in range(S[LVLO], S[LVHI]):       # every live request's (priority, id), fresh
-                st_ = R[ST, r]
-                if st_ == _WAITING or st_ == _RUNNING or st_ == _PAUSED:
+            # (priority, id) fresh: only the cohort's keys move (a request's key changes only as it generates;
+            # one that completes its prefill joins the cohort or finishes), the others' were set when they last
+            # generated or arrived
+            for a in range(S[NRUN]):
+                r = run[a]
+                if R[INC, r]:
                     F[KEY, r] = _key_of(r, R, F, S, pol, qtok, mb, mbl)
             if v1:
                 ranked = S[NWAIT] > 0 or S[NPAUSED] > 0 or S[NEED] + S[OTHER] > cap
@@ -1307,12 +1401,10 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             if not v1:
                 S[NWQ] = nwq
                 pf_tokens = _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, wq_s,
-                                                wq_e, res_, wl, placed, disp, resumed, tmp, tkey, tw, hoff, hid, ref,
-                                                lprev, lnext, kept, kkey, kn, kin, newl)
+                                                wq_e, ro, W, placed, disp, resumed, wk)
             else:
-                pf_tokens = _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref, lprev,
-                                     lnext, wq_s, wq_e, res_, wl, cands, placed, disp, resumed, tmp, tkey, tw, kept,
-                                     kkey, kn, kin, newl)
+                pf_tokens = _plan_ranked(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, paused, hoff, hid, ref,
+                                         lprev, lnext, wq_s, wq_e, ro, W, cands, placed, disp, resumed, tw, wk, pend)
             nwq = S[NWQ]
             free = cap - (S[NEED] + S[OTHER] + S[ADJ])
         while not ranked:
@@ -1379,7 +1471,11 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         nskip = nr - i - 1
                         for a in range(nskip):
                             skl[a] = run[i + 1 + a]
-                        _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw, SF, C, Fc)
+                        _evict(v, now, R, F, S, cnt, run, pre, hoff, hid, ref, lprev, lnext, bs, eb, SF, C, Fc)
+                        if pol == POL_STATIC:
+                            _wpush(wheap, S, R[RANK, v])
+                        else:
+                            _enqueue(v, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
                         for a in range(nskip):                 # _skip
                             r = skl[a]
                             if R[INC, r]:
@@ -1392,7 +1488,11 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         S[NSKIP] = nskip
                         S[ONESTEP] = 1
                         continue
-                _evict(v, now, R, F, S, cnt, run, pre, wheap, hoff, hid, ref, lprev, lnext, bs, eb, pol, tw, SF, C, Fc)
+                _evict(v, now, R, F, S, cnt, run, pre, hoff, hid, ref, lprev, lnext, bs, eb, SF, C, Fc)
+                if pol == POL_STATIC:
+                    _wpush(wheap, S, R[RANK, v])
+                else:
+                    _enqueue(v, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
             if S[NSKIP] and S[NCOH] == 0:
                 anyc = False
                 for a in range(S[NPRE]):
@@ -1421,17 +1521,14 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
         slots = max_seqs - S[NRES]
         admitted = 0
         if not ranked and S[NWAIT] and slots > 0 and not (v1 and preempted):
-            ncand = 0
-            if pol == POL_LTR:             # starving (oldest first), then by score; ties by id
-                ncand = _ltr_order(now, starve, starve_s, R, F, cand, tmp, tkey)
-            ci = 0
+            src = 0
             while S[NWAIT] > 0:
                 if slots <= 0:
                     break
                 if pol == POL_STATIC:
                     r = by_rank[wheap[0]]
                 elif pol == POL_VTC:       # the earliest request of the tenant with the smallest counter
-                    _vtc_heads(R, F, tw, thead, ntn)
+                    _vtc_heads(th, toff, tw, thead, ntn)
                     r = -1
                     for u in range(ntn):
                         if tw[u] > 0:
@@ -1445,10 +1542,21 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                                     r = h0
                     if r < 0:
                         break
-                else:
-                    if ci >= ncand:
-                        break
-                    r = cand[ci]
+                elif pol == POL_LTR:       # starving (oldest first), then by score; ties by id
+                    r = _ltr_next(now, starve_s, Qi, Qf, S, R) if starve else -1
+                    src = 0
+                    if r < 0:
+                        while S[NHK] > 0:
+                            x = Hi[0, 0]
+                            if R[ST, x] == _WAITING and Hi[1, 0] == R[WV, x] and not (starve and now >= F[WS, x] + starve_s):
+                                break
+                            _h_pop(Hs, Hi, S)      # no longer waiting, or starving (then it is in the queue's order)
+                        if S[NHK] == 0:
+                            break
+                        r = Hi[0, 0]
+                        src = 1
+                else:                      # preemptive policies admit in their ranked plans only
+                    break
                 # _admit_need
                 target = R[PP, r] + R[GEN, r]
                 if R[SWP, r]:               # swapped out: its KV comes back
@@ -1506,7 +1614,11 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 if pol == POL_STATIC:
                     _wpop(wheap, S)
                 else:
-                    ci += 1
+                    if pol == POL_LTR:
+                        if src:
+                            _h_pop(Hs, Hi, S)
+                        else:
+                            S[QH] += 1
                     S[NWAIT] -= 1
                 free -= need
                 slots -= 1
@@ -1517,7 +1629,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 R[ST, r] = _RUNNING
                 if pol == POL_VTC:          # VTC.on_admit: charge the prompt at the first admission
                     t = R[TEN, r]
-                    tw[t] -= 1
+                    _vtc_pop(th, toff, tw, F, t)
                     if tw[t] == 0:
                         last_left = t
                     if not R[CHG, r]:
@@ -1654,26 +1766,28 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         t_bound = arr_t[cur]
                 if (pol == POL_LAS or pol == POL_MLFQ or pol == POL_RR) and k > 1 and (S[NWAIT] or S[NPAUSED]):
                     # _passing_iterations: fewest iterations until a member ranks after an outside request
-                    no = _sorted_set(outs, 1, True, R, F, S, kept, kkey, kn, kin, newl, tmp, tkey)
+                    # the outside requests (waiting: W, paused: in rank order) are two sorted lists; the first
+                    # outside request ranked after member m is the earlier of the two lists' first after m
                     best = -1
-                    for m in range(S[LVLO], S[LVHI]):
-                        if not R[INC, m]:
+                    wh, we, npz = S[WH], S[WE], S[NPAUSED]
+                    omax = -1                               # rr: only whether one ranks after m matters
+                    if we > wh:
+                        omax = W[we - 1]
+                    if npz and (omax < 0 or _kless(R, F, omax, paused[npz - 1])):
+                        omax = paused[npz - 1]
+                    for a in range(S[NRUN]):
+                        m = run[a]
+                        if omax < 0 or not R[INC, m] or not _kless(R, F, m, omax):
                             continue
-                        lo = 0
-                        hi = no
-                        while lo < hi:                      # bisect_right(okeys, km)
-                            mid = (lo + hi) // 2
-                            if _kless(R, F, m, outs[mid]):
-                                hi = mid
-                            else:
-                                lo = mid + 1
-                        if lo == no:
-                            continue
-                        x = outs[lo]
                         g = R[GB, m] + S[CLOCK]
                         if pol == POL_RR:
                             kk2 = R[TURN, m] + qtok - g
                         else:
+                            lo = _bisect(W, wh, we, R, F, m)
+                            x = W[lo] if lo < we else -1
+                            lo = _bisect(paused, 0, npz, R, F, m)
+                            if lo < npz and (x < 0 or _kless(R, F, paused[lo], x)):
+                                x = paused[lo]
                             lvl = int(F[KEY, x])
                             earlier = F[ARR, m] < F[ARR, x] or (F[ARR, m] == F[ARR, x] and m < x)
                             kk2 = _tokens_to_level(m, g, lvl + 1 if earlier else lvl, R, pol, qtok, mb, mbl)
@@ -1685,7 +1799,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         k = best if best > 1 else 1
                 if pol == POL_VTC and k > 1 and S[NWAIT] > 0:
                     # VTC.next_decision: iterations until the admission head's tenant changes
-                    _vtc_heads(R, F, tw, thead, ntn)
+                    _vtc_heads(th, toff, tw, thead, ntn)
                     nheads = 0
                     hb_ = -1
                     for u in range(ntn):
@@ -1700,7 +1814,8 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                                                                            or (F[ARR, x0] == F[ARR, x1] and x0 < x1))):
                                     hb_ = u
                     if nheads >= 2:
-                        for r in range(S[LVLO], S[LVHI]):
+                        for a in range(S[NRUN]):
+                            r = run[a]
                             if R[INC, r]:
                                 tin[R[TEN, r]] += 1
                         kq = -1
@@ -1725,12 +1840,14 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                             k = kq if kq > 1 else 1
                 if pol == POL_LTR and starve and k > 1 and S[NWAIT] > 0:
                     # ltr's next_decision: the earliest time a waiting request starts starving
+                    # (the queue's first current entry that does not starve; before S[QS] none)
                     tq = INF
-                    wsq = INF
-                    for r in range(S[LVLO], S[LVHI]):
-                        if R[ST, r] == _WAITING and F[WS, r] < wsq and not now >= F[WS, r] + starve_s:
-                            wsq = F[WS, r]
-                            tq = wsq + starve_s
+                    q = S[QS] if S[QS] > S[QH] else S[QH]
+                    while q < S[QE] and not (_ltr_valid(Qi, q, R) and not now >= Qf[q] + starve_s):
+                        q += 1
+                    S[QS] = q
+                    if q < S[QE]:
+                        tq = Qf[q] + starve_s
                     if tq < t_bound:
                         t_bound = tq
                 if t_bound < INF and k > 1:
@@ -1787,7 +1904,8 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             _advance(1, S, cnt, bs)
             clock = S[CLOCK]
             if pol == POL_RR and S[NCOH] > 0:       # RoundRobin.on_tokens: a used-up quantum re-queues at its end
-                for r in range(S[LVLO], S[LVHI]):
+                for a in range(S[NRUN]):
+                    r = run[a]
                     if R[INC, r]:
                         g = R[GB, r] + clock
                         used_q = g - R[TURN, r]
@@ -1797,7 +1915,8 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                             ii = gc - (g - k)
                             F[TAU, r] = t0 + decode_run_s(ii, a0, inc) if (k > 1 and ii < k) else t1
             if pol == POL_VTC and S[NCOH] > 0:      # VTC.on_tokens: every decoded token charges its tenant
-                for r in range(S[LVLO], S[LVHI]):
+                for a in range(S[NRUN]):
+                    r = run[a]
                     if R[INC, r]:
                         tc[R[TEN, r]] += w_out * k
             while S[NF] > 0:                                   # _pop_finished, then leave + finish each
@@ -1867,15 +1986,29 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
 _HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap_less, _fsift_down, _fpush, _fpop,
             _wpush, _wpop, _list_remove, _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit,
             _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks, _requeue,
-            _ltr_order, _vtc_heads, _key_after, _generated, _mlfq_level, _key_of, _tokens_to_level, _sort_by_key,
-            _kless, _sorted_set, _admit_need, _admit, _plan_ranked, _admit_need_v0, _plan_v0_preemptive)
+            _vtc_heads, _enqueue, _vtc_before, _vtc_push, _vtc_pop, _ltr_valid, _q_push, _h_push,
+            _h_pop, _ltr_next, _key_after, _generated, _mlfq_level, _key_of, _tokens_to_level, _kless,
+            _bisect, _w_insert, _resort, _keep_order, _admit_need, _admit, _plan_ranked, _admit_need_v0, _plan_v0_preemptive)
+
+
+def dense_hash_ids(lens: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(hoff, hid)`` from the requests' numbers of prompt block hashes (``lens``) and those hashes, request by
+    request (``flat``): each hash as a dense entry id numbered in order of first occurrence."""
+    hoff = np.zeros(lens.shape[0] + 1, np.int64)
+    hoff[1:] = np.cumsum(lens)
+    if not flat.shape[0]:
+        return hoff, np.zeros(0, np.int64)
+    _, first, inv = np.unique(flat, return_index=True, return_inverse=True)
+    dense = np.empty(first.shape[0], np.int64)
+    dense[np.argsort(first, kind="stable")] = np.arange(first.shape[0], dtype=np.int64)
+    return hoff, dense[inv.reshape(-1)]
 
 
 def hash_ids(window_df, reqs) -> tuple[np.ndarray, np.ndarray]:
     """``(hoff, hid)``: the requests' prompt block hashes as dense entry ids numbered in order of first
     occurrence (request by request), ``hid[hoff[i]:hoff[i + 1]]`` those of request ``i``. Vectorised from
     the window's ``block_hashes`` column when it is a polars list of integers (the requests' ``hashes`` are
-    that column's lists), else from the requests."""
+    that column's lists; :func:`dense_hash_ids`), else from the requests."""
     n = len(reqs)
     hoff = np.zeros(n + 1, np.int64)
     col = window_df["block_hashes"] if isinstance(window_df, pl.DataFrame) and "block_hashes" in window_df.columns \
@@ -1885,13 +2018,7 @@ def hash_ids(window_df, reqs) -> tuple[np.ndarray, np.ndarray]:
         flat = col.explode()
         flat = flat.filter(flat.is_not_null()).to_numpy()
         if flat.shape[0] == int(lens.sum()):
-            hoff[1:] = np.cumsum(lens)
-            if not flat.shape[0]:
-                return hoff, np.zeros(0, np.int64)
-            _, first, inv = np.unique(flat, return_index=True, return_inverse=True)
-            dense = np.empty(first.shape[0], np.int64)
-            dense[np.argsort(first, kind="stable")] = np.arange(first.shape[0], dtype=np.int64)
-            return hoff, dense[inv.reshape(-1)]
+            return dense_hash_ids(lens, flat)
     lens = [len(r.hashes) if r.hashes else 0 for r in reqs]
     hoff[1:] = np.cumsum(lens)
     ids: dict = {}
