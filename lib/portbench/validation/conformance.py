@@ -153,8 +153,9 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
         if per.get(w.source, 0) < windows_per_source:
             per[w.source] = per.get(w.source, 0) + 1
             chosen.append(w)
-    tables = windows_mod.load_windows(cfg, sorted({w.source for w in chosen}))
-    tables = run_tables(cfg, {w.id: tables[w.id] for w in chosen}, names)
+    tables = windows_mod.load_windows(cfg.data, sorted({w.source for w in chosen}))
+    tables = run_tables(cfg.data, cfg.predictors, sim_cfg, {w.id: tables[w.id] for w in chosen}, names,
+                        workers=cfg.campaign.workers)
     loads = dict(sim_cfg.region_loads)
     base = SimEngine()
     rows, t_sim, t_vllm = [], 0.0, 0.0

@@ -96,6 +96,8 @@ import polars as pl
 from ..core import io
 from ..core.config import (
     Config,
+    DataSettings,
+    PredictorsConfig,
     ValidationConfig,
 )
 from ..core.errors import PortbenchError
@@ -206,8 +208,9 @@ def run_family(cfg: Config, the_plan: Plan, out: Path, *, progress: bool = True)
     from . import family  # imports vLLM
 
     doc = the_plan.preregistration or {}
-    v, r, info = family.run(cfg, the_plan.confirmatory, doc.get("windows") or the_plan.windows,
-                            manifest=_manifest(the_plan), log=lambda m: _log(progress, m))
+    v, r, info = family.run(cfg.data, cfg.predictors, cfg.simulation, cfg.campaign, the_plan.confirmatory,
+                            doc.get("windows") or the_plan.windows, manifest=_manifest(the_plan),
+                            log=lambda m: _log(progress, m))
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for name, df in zip(FAMILY_TABLES, (v, r)):
@@ -446,7 +449,7 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     load_start = os.getloadavg()
     srcs_all = sorted(the_plan.windows)
     man = _manifest(the_plan)
-    tables = windows.load_windows(cfg, sources=srcs_all, manifest=man)
+    tables = windows.load_windows(cfg.data, sources=srcs_all, manifest=man)
     # what the simulator's runs are given too: frozen predictions (edf, ltr, sjf_predicted) and tenants.
     # Predictions are frozen per environment (their fingerprint has the library versions): when none are
     # frozen for this one, they are trained here (~1-2 min on 2 cores) only if a required case needs them or
@@ -456,8 +459,10 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     names_req = {"fcfs"} | {x for c in the_plan.cases[:n_req] for x in c.schedulers}
     names_all = names_req | {x for c in the_plan.cases for x in c.schedulers}
     with_predictions = campaign.needs_predictions(sorted(names_req)) or (
-        campaign.needs_predictions(sorted(names_all)) and (not the_plan.reduced or _predictions_frozen(cfg, man, srcs_all)))
-    tables = campaign.run_tables(cfg, tables, sorted(names_all if with_predictions else names_req), manifest=man)
+        campaign.needs_predictions(sorted(names_all))
+        and (not the_plan.reduced or _predictions_frozen(cfg.data, cfg.predictors, man, srcs_all)))
+    tables = campaign.run_tables(cfg.data, cfg.predictors, sim, tables, sorted(names_all if with_predictions else names_req),
+                                 manifest=man, workers=cfg.campaign.workers)
     vocab = int(replay.model_config(e.model_config)["vocab_size"])
     log_path = out / "iterations.jsonl"
     _clear_step_logs(out, log_path, keep_grid=grid is not None)
@@ -748,7 +753,8 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     return {**summary, "plan": the_plan.to_dict(), "phases": R.phases}
 
 
-def _predictions_frozen(cfg: Config, man: dict, sources) -> bool:
-    """Whether every source's home predictions are frozen for this environment (no training needed)."""
-    return all(predictors.predictions_path(cfg.paths, s, s, predictors.fingerprint_key(
-        predictors.fingerprint(cfg, man, s, s))).is_file() for s in sources)
+def _predictions_frozen(data: DataSettings, P: PredictorsConfig, man: dict, sources) -> bool:
+    """Whether every source's home predictions are frozen for this environment (no training needed; ``data``:
+    where they are, ``P``: the ``predictors`` section)."""
+    return all(predictors.predictions_path(data.paths, s, s, predictors.fingerprint_key(
+        predictors.fingerprint(P, data.standins, man, s, s))).is_file() for s in sources)

@@ -85,8 +85,9 @@ def check(cfg: Config, *, budget_s: float = 600.0, panel: str = "real", out_dir=
         if time.perf_counter() - t0 > budget_s:
             break
         if w.id not in tables:
-            t = windows_mod.load_windows(cfg, [w.source])
-            tables.update(run_tables(cfg, {w.id: t[w.id]}, names))
+            t = windows_mod.load_windows(cfg.data, [w.source])
+            tables.update(run_tables(cfg.data, cfg.predictors, sim_cfg, {w.id: t[w.id]}, names,
+                                     workers=cfg.campaign.workers))
         df = tables[w.id]
         es, ev = base_s.for_window(w), base_v.for_window(w)
         if w.id not in caps:
