@@ -377,8 +377,6 @@ WHOLE_CONFIG_TO_NARROW = frozenset({
     # paths for the manifest); the runs of a parameter set are read through it (cube.load_runs: analysis.runs_file
     # or campaign.load_runs(paths, make_plan(cfg)))
     "portbench.study.campaign.plan:make_plan", "portbench.study.analysis.cube:load_runs",
-    # the validation's replay loop: passes the Config on to validation.analysis.analyze (a driver) at its end
-    "portbench.validation.pipeline:_run",
 })
 
 # load_manifest call sites (module:function). A stage loads the manifest once and passes it on: the stages' entry
