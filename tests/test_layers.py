@@ -389,9 +389,9 @@ LOAD_MANIFEST_SITES = frozenset({
     "portbench.data.windows:verify", "portbench.study.analysis.results:write_summary",
     "portbench.study.attribution.runs:run", "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
     "portbench.validation.planning:plan", "portbench.validation.analysis:analyze",
+    "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # conform / vllm-virtual
     # fallbacks of ``manifest=None``
     "portbench.data.windows:load_windows", "portbench.study.campaign.plan:make_plan",
-    "portbench.study.campaign.run:run_tables",
 })
 
 WHOLE, MANIFEST_CALLS = settings_reach.scan()

@@ -268,7 +268,7 @@ def reuse_capacities(source: Config, target: Config) -> int:
 
 
 def run_tables(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, tables: dict,
-               schedulers: Sequence[str], *, manifest: Mapping | None = None, train: str | None = None,
+               schedulers: Sequence[str], *, manifest: Mapping, train: str | None = None,
                workers: int = 1) -> dict:
     """The tables the runs are given: the verified frozen window tables plus, when a scheduler reads
     them, the window's frozen predictions (columns ``predicted_output``, ``ltr_score``; source
@@ -278,7 +278,6 @@ def run_tables(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, t
     quantised get them spread within the grid (:func:`jitter_tables`). The frozen tables themselves are not changed.
     (``data``, ``P``, ``workers``: where the predictions are, the ``predictors`` section and the processes that may
     train them, :func:`portbench.data.predictors.attach`; ``sim``: the ``simulation`` section.)"""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(data.paths)
     if needs_predictions(schedulers):
         from ...data import predictors   # lightgbm and scikit-learn: not imported by the campaign's workers
 
