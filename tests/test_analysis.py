@@ -65,7 +65,7 @@ def _row(rev, a, b, s1, s2, region, metric):
 def test_planted_reversal_is_significant_and_practical_and_noise_is_not(params_for):
     # Holm over every test: no false discovery among the noise (BH, the default, allows a share of them)
     P = params_for(small_runs(REVERSAL + INCONSISTENT), **{"analysis.correction": "holm", "analysis.family": "all"})
-    A = analysis.compute(P)
+    A = analysis.compute(P.analysis_inputs)
     rev = A["reversals"]
     assert rev.height == 6 * 3 * 2 * 4                    # pairs x source pairs x regions x metrics
     assert set(rev["panel"]) == {"study"}
@@ -99,7 +99,7 @@ def test_planted_reversal_is_significant_and_practical_and_noise_is_not(params_f
 def test_side_tests_are_wilcoxon_over_windows_and_reused_by_every_source_pair(params_for):
     df = small_runs(REVERSAL)
     P = params_for(df)
-    A = analysis.compute(P)
+    A = analysis.compute(P.analysis_inputs)
     t = A["pairwise_tests"].filter((pl.col("a") == "fcfs") & (pl.col("b") == "sarathi") & (pl.col("source") == "azure")
                                    & (pl.col("region") == "overload") & (pl.col("metric") == "e2e_mean")).row(0, named=True)
     w = (df.filter((pl.col("source") == "azure") & (pl.col("region") == "overload"))
@@ -124,7 +124,7 @@ def test_adjusted_p_values_equal_statsmodels_called_directly(params_for, correct
     """BH (default) and Holm, per family, equal statsmodels' multipletests on the family's raw p-values."""
     P = params_for(small_runs(REVERSAL, skill=None), **{"analysis.correction": correction,
                                                         "analysis.family": family})
-    t = analysis.compute(P)["pairwise_tests"]
+    t = analysis.compute(P.analysis_inputs)["pairwise_tests"]
     key = {"all": None, "per_metric": "metric", "per_region": "region"}[family]
     groups = [t] if key is None else [g for _, g in t.group_by(key)]
     assert len(groups) == {"all": 1, "per_metric": len(METRICS), "per_region": len(REGIONS)}[family]
@@ -144,7 +144,7 @@ def test_default_family_is_bh_per_metric(tmp_params):
 
 def test_reversal_counts_recomputed_from_side_tests_match_the_table(params_for):
     P = params_for(small_runs(REVERSAL, skill=None))
-    A = analysis.compute(P)
+    A = analysis.compute(P.analysis_inputs)
     p = A.summary["parameters"]
     again = analysis.reversal_counts(A, correction=p["correction"], family=p["family"], alpha=p["alpha"],
                                      delta=p["delta"], delta_absolute=p["delta_absolute"])
@@ -165,7 +165,7 @@ def test_practical_size_is_absolute_for_proportions_and_relative_for_latencies(p
     df = small_runs(effects)
     low = {"slo_medium": pl.col("slo_medium") * 0.1}                  # proportions near 0.05
     P = params_for(df.with_columns(**low))
-    A = analysis.compute(P)
+    A = analysis.compute(P.analysis_inputs)
     slo = _row(A["reversals"], "fcfs", "sarathi", "azure", "burstgpt", "overload", "slo_medium")
     e2e = _row(A["reversals"], "fcfs", "sarathi", "azure", "burstgpt", "overload", "e2e_mean")
     assert slo["scale"] == "proportion" and slo["delta"] == 0.05
@@ -182,7 +182,7 @@ def test_study_preset_counts_pairs_times_source_pairs_times_regions(params_for):
     df = planted.make_runs(schedulers=SCHEDS, regions=regions, metrics=METRICS, n_windows=12, replicates=1,
                            effects=REVERSAL, noise_sd=0.05, seed=3)
     A = analysis.compute(params_for(df, **{"analysis.study_preset.regions": 3,
-                                           "analysis.study_preset.metric": "e2e_mean"}))
+                                           "analysis.study_preset.metric": "e2e_mean"}).analysis_inputs)
     pre = A.summary["reversals"]["study_preset"]
     assert pre["available"] and pre["regions"] == ["near_saturation", "overload", "severe"]   # the heaviest three
     assert pre["comparisons"] == 6 * 3 * 3                      # pairs x source pairs x regions
@@ -213,7 +213,7 @@ def test_consistent_small_difference_is_resolved_and_noisy_large_one_is_tied(par
     effects = [planted.Effect("sarathi", "azure", "busy", "e2e_mean", 0.005),
                planted.Effect("las", "azure", "busy", "e2e_mean", 0.03, 0.3)]
     df = _tie_runs(effects, noise_sd=0.0, replicate_sd=0.0, seed=4)
-    A = analysis.compute(params_for(df))
+    A = analysis.compute(params_for(df).analysis_inputs)
     tp = A["tie_pairs"].filter((pl.col("source") == "azure") & (pl.col("region") == "busy")
                                & (pl.col("metric") == "e2e_mean"))
     pair = lambda a, b: tp.filter((pl.col("a") == a) & (pl.col("b") == b)).row(0, named=True)  # noqa: E731
@@ -229,14 +229,14 @@ def test_consistent_small_difference_is_resolved_and_noisy_large_one_is_tied(par
     assert g["las"] == g["sarathi"] == 1 and g["fcfs"] == g["sjf_oracle"] == 2
     assert pair("fcfs", "las")["conflict"]                        # unresolved, yet in different groups
     assert A.summary["ties"]["conflicts"]["value"] >= 2
-    tol = analysis.compute(params_for(df, **{"analysis.ties": "tolerance"}))
+    tol = analysis.compute(params_for(df, **{"analysis.ties": "tolerance"}).analysis_inputs)
     gt = dict(tol["rankings"].filter((pl.col("source") == "azure") & (pl.col("region") == "busy")
                                      & (pl.col("metric") == "e2e_mean")).select("scheduler", "group").iter_rows())
     assert gt["sarathi"] == gt["fcfs"]                            # the tolerance ties the resolved 0.5%...
 
 
 def test_tie_groups_are_a_partition_of_pairwise_tied_runs(params_for):
-    A = analysis.compute(params_for(small_runs(REVERSAL, skill=None)))
+    A = analysis.compute(params_for(small_runs(REVERSAL, skill=None)).analysis_inputs)
     tp, rk = A["tie_pairs"], A["rankings"]
     # within a group every pair is tied (no chaining); groups are contiguous in the mean order
     within = tp.filter(~pl.col("separated"))
@@ -254,17 +254,17 @@ def test_tie_groups_are_a_partition_of_pairwise_tied_runs(params_for):
 
 
 def test_exact_ties_and_tolerance_rules_are_sensitivity_rows(params_for):
-    A = analysis.compute(params_for(small_runs(REVERSAL, skill=None)))
+    A = analysis.compute(params_for(small_runs(REVERSAL, skill=None)).analysis_inputs)
     rules = analysis.tie_rule_table(A)
     assert rules["tie_rule"].to_list() == ["significance", "significance_practical", "tolerance", "exact"]
     assert rules.filter(pl.col("chosen"))["tie_rule"].to_list() == ["significance"]
-    exact = analysis.compute(params_for(small_runs(REVERSAL, skill=None), **{"analysis.ties": "exact"}))
+    exact = analysis.compute(params_for(small_runs(REVERSAL, skill=None), **{"analysis.ties": "exact"}).analysis_inputs)
     assert rules.filter(pl.col("tie_rule") == "exact")["tau_b"][0] == pytest.approx(
         exact.summary["cross_source"]["tau_b"]["value"], rel=1e-5)
 
 
 def test_cross_region_tie_rule_rows_match_an_analysis_under_that_rule(params_for):
-    A = analysis.compute(params_for(small_runs(REVERSAL, skill=None)))
+    A = analysis.compute(params_for(small_runs(REVERSAL, skill=None)).analysis_inputs)
     rules = analysis.tie_rule_table(A, section="cross_region")
     assert rules["tie_rule"].to_list() == ["significance", "significance_practical", "tolerance", "exact"]
     cr = A.summary["cross_region"]
@@ -272,7 +272,7 @@ def test_cross_region_tie_rule_rows_match_an_analysis_under_that_rule(params_for
     assert ch["tau_b"] == cr["tau_b"]["value"] and ch["tau_b_extreme"] == cr["extreme_regions"]["tau_b"]["value"]
     assert ch["defined"] == cr["conditions"]["defined"] and ch["total"] == cr["conditions"]["total"]
     for rule in ("exact", "tolerance"):
-        other = analysis.compute(params_for(small_runs(REVERSAL, skill=None), **{"analysis.ties": rule}))
+        other = analysis.compute(params_for(small_runs(REVERSAL, skill=None), **{"analysis.ties": rule}).analysis_inputs)
         row = rules.filter(pl.col("tie_rule") == rule).row(0, named=True)
         oc = other.summary["cross_region"]
         assert row["tau_b"] == pytest.approx(oc["tau_b"]["value"], rel=1e-5, nan_ok=True)
@@ -310,8 +310,8 @@ def test_vtc_is_na_in_every_comparison_that_involves_a_source_without_tenants(pa
                          pl.Series("tenant_jain", np.where(none, np.nan, rng.uniform(0.5, 1.0, df.height))))
     over = {"analysis.metrics": list(METRICS) + ["tenant_service_gap", "tenant_jain"], "analysis.bootstrap": 50,
             "analysis.study_preset.regions": 2}
-    A = analysis.compute(params_for(df, **over))
-    B = analysis.compute(params_for(df.filter(pl.col("scheduler") != "vtc"), **over))
+    A = analysis.compute(params_for(df, **over).analysis_inputs)
+    B = analysis.compute(params_for(df.filter(pl.col("scheduler") != "vtc"), **over).analysis_inputs)
     key = ["source_1", "source_2", "region", "metric"]
     cols = ["tau", "ci_low", "ci_high", "concordant", "discordant", "n_items"]
     a = A["cross_source_tau"].sort(key)
@@ -346,7 +346,7 @@ def test_vtc_is_na_in_every_comparison_that_involves_a_source_without_tenants(pa
 
 def test_lower_is_better_metrics_are_ranked_by_the_smallest_mean(params_for):
     P = params_for(small_runs(skill={"fcfs": 1.0, "sarathi": 0.5, "sjf_oracle": 0.0, "las": -0.5}))
-    rk = analysis.compute(P)["rankings"]
+    rk = analysis.compute(P.analysis_inputs)["rankings"]
     for metric in METRICS:
         g = rk.filter((pl.col("source") == "azure") & (pl.col("region") == "busy") & (pl.col("metric") == metric))
         order = g.sort("rank")["scheduler"].to_list()
@@ -365,7 +365,7 @@ def test_pairwise_top1_rate_on_a_crafted_table(params_for):
     flip = [planted.Effect("sarathi", s, r, "slo_medium", 3.0) for s in planted.SOURCES for r in REGIONS]
     P = params_for(small_runs(flip, skill=skill),
                    **{"analysis.headline_metrics": ["throughput_tok_s", "e2e_mean", "slo_medium"]})
-    A = analysis.compute(P)
+    A = analysis.compute(P.analysis_inputs)
     cm = A.summary["cross_metric"]
     pt = cm["pairwise_top1_change_rate"]
     assert pt["count"] == 3 * len(REGIONS) * 3 and pt["changed"] == 2 * 3 * len(REGIONS)
@@ -378,7 +378,7 @@ def test_pairwise_top1_rate_on_a_crafted_table(params_for):
         "top1_changes"].any()
     # without the flip no pair changes
     A0 = analysis.compute(params_for(small_runs(skill=skill),
-                                     **{"analysis.headline_metrics": ["throughput_tok_s", "e2e_mean", "slo_medium"]}))
+                                     **{"analysis.headline_metrics": ["throughput_tok_s", "e2e_mean", "slo_medium"]}).analysis_inputs)
     assert A0.summary["cross_metric"]["pairwise_top1_change_rate"]["value"] == 0.0
 
 
@@ -388,7 +388,7 @@ def test_bootstrap_ci_of_cross_source_tau_equals_scipy_on_every_resample(params_
     """End-to-end spot-check: rebuild the resamples, keep the analysis' tie groups, order them by their resampled
     group means and compute tau with scipy on each resample."""
     P = params_for(small_runs(skill=None), **{"analysis.bootstrap": 150})
-    A = analysis.compute(P)
+    A = analysis.compute(P.analysis_inputs)
     cube = cube_of(analysis.load_runs(P), P)
     r, m = cube.regions.index("overload"), cube.metrics.index("e2e_mean")
     rk = A["rankings"].filter((pl.col("region") == "overload") & (pl.col("metric") == "e2e_mean"))
@@ -415,7 +415,7 @@ def test_bootstrap_ci_of_cross_source_tau_equals_scipy_on_every_resample(params_
 
 
 def test_kendall_w_across_sources_matches_the_rankings_table(params_for):
-    A = analysis.compute(params_for(small_runs(skill=None)))
+    A = analysis.compute(params_for(small_runs(skill=None)).analysis_inputs)
     rk = A["rankings"].filter((pl.col("region") == "busy") & (pl.col("metric") == "ttft_p99"))
     ranks = np.stack([rk.filter(pl.col("source") == s).sort("scheduler")["rank"].to_numpy()
                       for s in planted.SOURCES])
@@ -430,7 +430,7 @@ def test_undefined_and_all_tied_conditions_are_counted_not_dropped(params_for):
     same = df.filter((pl.col("source") == "burstgpt") & (pl.col("region") == "busy") & (pl.col("scheduler") == "fcfs"))
     rest = df.filter(~((pl.col("source") == "burstgpt") & (pl.col("region") == "busy")))
     copies = [same.with_columns(pl.lit(k).alias("scheduler")) for k in SCHEDS]
-    A = analysis.compute(params_for(pl.concat([rest] + copies).sort("source", "window_id", "region", "scheduler")))
+    A = analysis.compute(params_for(pl.concat([rest] + copies).sort("source", "window_id", "region", "scheduler")).analysis_inputs)
     c = A.summary["cross_source"]["conditions"]
     assert c["total"] == 3 * len(REGIONS) * 2                         # source pairs x regions x headline metrics
     assert c["all_tied"] >= 2 * 2                                   # burstgpt's two pairs x two headline metrics
@@ -450,7 +450,7 @@ def test_panels_report_each_available_panel_and_name_missing_sources(params_for)
                            effects=REVERSAL, noise_sd=0.05, sources=srcs, provenance=prov, seed=2)
     panels = {"study": ["azure", "burstgpt", "bailian"], "real": ["azure", "azure_code", "mooncake"],
               "future": ["azure", "splitwise"]}
-    A = analysis.compute(params_for(df, **{"analysis.panels": panels}))
+    A = analysis.compute(params_for(df, **{"analysis.panels": panels}).analysis_inputs)
     P = A.summary["panels"]
     # the headline is the first available all-real panel; the study's panel (with stand-ins) is reported beside it.
     # The headline panel leads every per-panel section and table (consumers such as the validation's case
@@ -467,7 +467,7 @@ def test_panels_report_each_available_panel_and_name_missing_sources(params_for)
     assert A.summary["cross_source"] == P["real"]["cross_source"]
     # with every source real (the official files present) the study's panel, first in the list, is the headline
     allreal = analysis.compute(params_for(df.with_columns(pl.lit("real").alias("provenance")),
-                                          **{"analysis.panels": panels}))
+                                          **{"analysis.panels": panels}).analysis_inputs)
     assert allreal.summary["headline_panel"] == "study"
     t = A["cross_source_tau"]
     assert set(t["panel"]) == {"study", "real"}
@@ -483,7 +483,7 @@ def test_panels_report_each_available_panel_and_name_missing_sources(params_for)
 
 
 def test_a_panel_with_absent_sources_is_not_an_error(params_for):
-    A = analysis.compute(params_for(small_runs(skill=None)))     # default panels: real needs azure_code, mooncake
+    A = analysis.compute(params_for(small_runs(skill=None)).analysis_inputs)     # default panels: real needs azure_code, mooncake
     real = A.summary["panels"]["real"]
     assert real["available"] is False and "azure_code" in real["reason"] and "mooncake" in real["reason"]
     assert real["cross_source"]["available"] is False and A.summary["headline_panel"] == "study"
@@ -495,7 +495,7 @@ def test_power_warning_fires_when_five_windows_cannot_reach_alpha(params_for):
     df = planted.make_runs(schedulers=SCHEDS, regions=REGIONS, metrics=METRICS, n_windows=5, replicates=1,
                            effects=REVERSAL, seed=1)
     with pytest.warns(analysis.ResolutionWarning, match=r"2/2\^5 = 0.0625"):
-        A = analysis.compute(params_for(df))
+        A = analysis.compute(params_for(df).analysis_inputs)
     res = A.summary["power"]["resolution"]["by_source"]["azure"]
     assert res["min_p"] == 0.0625 and not res["reaches_alpha"]
     assert len(A.summary["power"]["warnings"]) == 3
@@ -507,7 +507,7 @@ def test_no_power_warning_with_six_windows(params_for):
     df = planted.make_runs(schedulers=SCHEDS, regions=REGIONS, metrics=METRICS, n_windows=6, replicates=1, seed=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", analysis.ResolutionWarning)
-        A = analysis.compute(params_for(df))
+        A = analysis.compute(params_for(df).analysis_inputs)
     res = A.summary["power"]["resolution"]
     assert res["by_source"]["azure"]["reaches_alpha"] and not res["by_source"]["azure"]["reaches_alpha_over_m"]
     assert any("Holm cannot reject" in n for n in res["notes"])   # noted, not a warning: BH may still reject
@@ -519,7 +519,7 @@ def test_minimal_detectable_effect_matches_the_normal_approximation(params_for):
     df = planted.make_runs(schedulers=SCHEDS, regions={"busy": 0.7}, metrics=("e2e_mean",), n_windows=40,
                            replicates=1, skill=EQUAL, noise_sd=0.05, replicate_sd=0.0, window_sd=0.3, seed=4)
     A = analysis.compute(params_for(df, **{"analysis.metrics": ["e2e_mean"], "analysis.headline_metrics": ["e2e_mean"],
-                                           "analysis.bootstrap": 0}))
+                                           "analysis.bootstrap": 0}).analysis_inputs)
     d = A.summary["power"]["by_metric"]["e2e_mean"]
     sd = 0.05 * np.sqrt(2)                                       # log-ratio of two schedulers' noise
     expect = 2.8 * sd / np.sqrt(3 / np.pi * 40)
@@ -597,7 +597,7 @@ def test_load_reuses_the_tables_and_recomputes_when_the_runs_change(params_for):
 
 def test_one_source_only_gives_no_cross_source_numbers_and_no_error(params_for):
     df = small_runs(skill=None).filter(pl.col("source") == "azure")
-    A = analysis.compute(params_for(df))
+    A = analysis.compute(params_for(df).analysis_inputs)
     assert A.summary["cross_source"]["available"] is False
     assert A["reversals"].height == 0 and A.summary["headline_panel"] == "study"
     assert A.summary["panels"]["study"]["reason"].startswith("not available: sources missing")
@@ -607,13 +607,13 @@ def test_one_source_only_gives_no_cross_source_numbers_and_no_error(params_for):
 def test_missing_columns_and_mixed_provenance_are_clear_errors(params_for):
     df = small_runs(skill=None)
     with pytest.raises(DataError, match="window_id"):
-        analysis.compute(params_for(df.drop("window_id")))
+        analysis.compute(params_for(df.drop("window_id")).analysis_inputs)
     bad = df.with_columns(pl.when(pl.col("window_id") == "azure-00").then(pl.lit("standin"))
                           .otherwise(pl.col("provenance")).alias("provenance"))
     with pytest.raises(DataError, match="mixed provenance"):
-        analysis.compute(params_for(bad))
+        analysis.compute(params_for(bad).analysis_inputs)
     with pytest.raises(DataError, match="absent"):
-        analysis.compute(params_for(df.drop("ttft_p99")))
+        analysis.compute(params_for(df.drop("ttft_p99")).analysis_inputs)
 
 
 @pytest.mark.parametrize("key,value", [("alpha", 1.5), ("delta", -0.1), ("delta_absolute", 1.5),
@@ -642,7 +642,7 @@ def test_tail_table_puts_p90_p95_p99_side_by_side(params_for):
     tails = ["ttft_p90", "ttft_p95", "ttft_p99", "e2e_mean"]
     df = planted.make_runs(schedulers=SCHEDS, regions=REGIONS, metrics=tuple(tails), n_windows=12, replicates=1, seed=5)
     A = analysis.compute(params_for(df, **{"analysis.metrics": tails, "analysis.headline_metrics": ["ttft_p90"],
-                                           "analysis.study_preset.metric": "ttft_p99"}))
+                                           "analysis.study_preset.metric": "ttft_p99"}).analysis_inputs)
     t = analysis.tail_table(A)
     assert t["metric"].to_list() == ["ttft_p90", "ttft_p95", "ttft_p99"]
     assert (t["comparisons"] == 6 * 3 * len(REGIONS)).all()
@@ -670,7 +670,7 @@ def test_every_figure_is_saved_and_indexed(params_for):
 
 def test_what_ports_finds_the_planted_reversal_and_not_the_inconsistent_one(params_for):
     P = params_for(small_runs(REVERSAL + INCONSISTENT))
-    A = analysis.compute(P)
+    A = analysis.compute(P.analysis_inputs)
     ports = A["ports"].filter(pl.col("kind") == "across_sources")
     row = ports.filter((pl.col("a") == "fcfs") & (pl.col("b") == "sarathi") & (pl.col("source_1") == "azure")
                        & (pl.col("source_2") == "burstgpt") & (pl.col("region_1") == "overload")

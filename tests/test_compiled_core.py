@@ -76,7 +76,7 @@ def frozen(tmp_path_factory, shared_traces):
         "paths.data_dir": str(d / "data"), "paths.results_dir": str(d / "results"),
         "paths.figures_dir": str(d / "figures"), "paths.mirror": str(shared_traces)}))
     manifest = W.load_manifest(cfg.paths)
-    tables = W.load_windows(cfg, SOURCES, 1, manifest=manifest)
+    tables = W.load_windows(cfg.data, SOURCES, 1, manifest=manifest)
     entries = {e["id"]: e for e in manifest["windows"]}
     out = {}
     for wid, df in tables.items():

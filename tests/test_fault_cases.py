@@ -168,7 +168,7 @@ def test_a_users_source_joins_the_real_panel_and_is_the_headline(tmp_params):
         "analysis.metrics": ["e2e_mean", "ttft_p99"], "analysis.headline_metrics": ["e2e_mean"],
         "analysis.bootstrap": 0, "simulation.schedulers": ["fcfs", "sjf_prompt", "las"],
         "simulation.regions": ["overload"]})
-    A = analysis.compute(cfg, runs)
+    A = analysis.compute(cfg.analysis_inputs, runs)
     s = A.summary
     assert s["headline_panel"] == "user" and s["panels"]["user"]["sources"] == list(sources)
     assert s["panels"]["user"]["own_sources"] == ["mytrace"] and s["panels"]["user"]["extends"] == "real"

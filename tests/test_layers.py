@@ -385,8 +385,7 @@ WHOLE_CONFIG_DRIVERS = frozenset({
     "portbench.present.notebook:open_analysis", "portbench.present.plots_analysis:run",
     "portbench.study.analysis.results:load", "portbench.study.analysis.results:write_summary",
     "portbench.study.attribution:attribute", "portbench.study.attribution.runs:run",
-    "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer", "portbench.study.honest:accuracy",
-    "portbench.study.honest:predictors_block",
+    "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
     "portbench.validation.planning:plan", "portbench.validation.pipeline:run", "portbench.validation.pipeline:run_family",
     "portbench.validation.results:read_results", "portbench.validation.analysis:analyze",
     "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # portbench conform / vllm-virtual
@@ -400,31 +399,10 @@ WHOLE_CONFIG_DRIVERS = frozenset({
 })
 
 WHOLE_CONFIG_TO_NARROW = frozenset({
-    # the data layer's readers need paths + sources + standins together (canonical tables, window rebuilds);
-    # load_windows / load_canonical / ingest_source / attach / fingerprint are also called with the whole Config
-    # from validation/, bench/ and study/campaign/run.py
-    "portbench.data.predictors:_compute", "portbench.data.predictors:_train_all",
-    "portbench.data.predictors:accuracy_table", "portbench.data.predictors:attach",
-    "portbench.data.predictors:fingerprint", "portbench.data.predictors:load_predictions",
-    "portbench.data.predictors:past_only_check", "portbench.data.predictors:predictor_info",
-    "portbench.data.predictors:repeat_share",
-    "portbench.data.traces:load_canonical", "portbench.data.windows:load_windows",
-    # load the windows / the campaign's runs through the functions above
-    "portbench.study.analysis.cube:load_runs", "portbench.study.analysis.hygiene:trace_checks_block",
-    "portbench.study.analysis.results:add_design_controls", "portbench.study.analysis.results:compute",
-    "portbench.study.analysis.results:campaign_files", "portbench.study.analysis.results:fingerprint",
-    "portbench.study.analysis.results:jitter_headline",
-    "portbench.study.attribution.runs:pair_windows",
-    "portbench.study.campaign.plan:make_plan", "portbench.study.campaign.plan:run_inputs",
-    "portbench.study.campaign.run:_load_window_tables", "portbench.study.campaign.run:load_requests",
-    "portbench.study.campaign.run:load_runs", "portbench.study.campaign.run:run_tables",
-    "portbench.study.honest:_main_home_runs", "portbench.study.honest:add_to_summary", "portbench.study.honest:main_runs",
-    "portbench.bench:_size_windows", "portbench.bench:_window_size",
-    # the validation's pipeline below its drivers: each passes the Config on to a whole-Config reader above
-    # (windows.load_windows, campaign.run_tables, plan.window_refs, predictors.fingerprint, cube.load_runs)
-    "portbench.validation.family:run", "portbench.validation.pipeline:_predictions_frozen",
-    "portbench.validation.pipeline:_run", "portbench.validation.planning:campaign_window_values",
-    "portbench.validation.analysis:family_section",
+    # the campaign's plan reads seven sections (simulation, campaign, plugins, sources, predictors, standins,
+    # paths for the manifest); the runs of a parameter set are read through it (cube.load_runs: analysis.runs_file
+    # or campaign.load_runs(paths, make_plan(cfg)))
+    "portbench.study.campaign.plan:make_plan", "portbench.study.analysis.cube:load_runs",
 })
 
 # load_manifest call sites (module:function). A stage loads the manifest once and passes it on: the stages' entry
@@ -437,10 +415,9 @@ LOAD_MANIFEST_SITES = frozenset({
     "portbench.data.windows:verify", "portbench.study.analysis.results:write_summary",
     "portbench.study.attribution.runs:run", "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
     "portbench.validation.planning:plan", "portbench.validation.analysis:analyze",
+    "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # conform / vllm-virtual
     # fallbacks of ``manifest=None``
-    "portbench.data.windows:load_windows", "portbench.study.analysis.hygiene:trace_checks_block",
-    "portbench.study.campaign.plan:make_plan",
-    "portbench.study.campaign.run:run_tables", "portbench.study.honest:add_to_summary",
+    "portbench.data.windows:load_windows", "portbench.study.campaign.plan:make_plan",
 })
 
 WHOLE, MANIFEST_CALLS = settings_reach.scan()

@@ -48,7 +48,7 @@ def test_own_trace_is_ingested_frozen_simulated_and_analysed(own_params):
     resolved = registry.resolve_sources(P.paths, P.sources, P.standins)
     assert resolved["mytrace"]["provenance"] == "real" and "burstgpt" not in resolved
     assert resolved["mytrace"]["origin"] == "user" and resolved["azure"]["origin"] == "official"
-    table = traces.load_canonical(P, "mytrace")
+    table = traces.load_canonical(P.data, "mytrace")
     assert table.height == 8819 and set(table["source"].unique()) == {"mytrace"}
 
     manifest = windows.freeze(P)
@@ -64,7 +64,7 @@ def test_own_trace_is_ingested_frozen_simulated_and_analysed(own_params):
     runs = campaign.run(P, progress=False, verbose=False).runs
     assert set(runs["source"]) == {"azure", "mytrace"}
     assert runs.filter(pl.col("source") == "mytrace")["provenance"].unique().to_list() == ["real"]
-    A = analysis.compute(P)
+    A = analysis.compute(P.analysis_inputs, runs)
     pair = A["cross_source_tau"].select("source_1", "source_2").unique().rows()
     assert pair == [("azure", "mytrace")]
     assert A.summary["provenance"]["mytrace"]["label"] == "mytrace"   # default display name: the source's name

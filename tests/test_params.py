@@ -117,3 +117,16 @@ def test_on_off_choice_accepts_yaml_booleans(text, want):
     assert P.simulation.engine.prefix_caching == want
     with pytest.raises(ParameterError, match="one of auto, off"):   # True has no word among auto / off
         params.load(overrides={"engine": {"prefix_caching": True}})
+
+
+def test_the_settings_bundles_are_the_configs_own_sections():
+    """cfg.data and cfg.analysis_inputs: the sections the data layer's readers and the analysis read, the same
+    objects as the Config's (no copy, nothing else)."""
+    cfg = params.load(overrides={"sources": {"azure_code": None}})
+    d = cfg.data
+    assert (d.paths, d.sources, d.standins) == (cfg.paths, cfg.sources, cfg.standins)
+    assert d.sources is cfg.sources and "azure_code" not in d.sources
+    a = cfg.analysis_inputs
+    assert (a.analysis, a.window_size, a.simulation, a.paths) == (cfg.analysis, cfg.windows.size, cfg.simulation,
+                                                                   cfg.paths)
+    assert a.source_names() == cfg.source_names() and a.display_names == cfg.display_names

@@ -37,7 +37,7 @@ def manifest(pcfg):
 
 @pytest.fixture(scope="module")
 def frozen(pcfg, manifest):
-    return PR.load_predictions(pcfg, PR.all_pairs(manifest), manifest=manifest)
+    return PR.load_predictions(pcfg.data, pcfg.predictors, PR.all_pairs(manifest), manifest=manifest)
 
 
 # --------------------------------------------------------------------------- training data
@@ -55,7 +55,7 @@ def test_every_real_source_of_the_manifest_is_checked(manifest):
 def test_no_frozen_window_row_is_a_training_row(pcfg, manifest, frozen, source):
     from portbench.data import traces
 
-    canon = traces.load_canonical(pcfg, source)
+    canon = traces.load_canonical(pcfg.data, source)
     td = PR.training_data(pcfg.predictors, pcfg.paths, pcfg.standins, manifest, source, canon)
     window_rows = set()
     entries = [e for e in manifest["windows"] if e["source"] == source]
@@ -72,8 +72,8 @@ def test_no_frozen_window_row_is_a_training_row(pcfg, manifest, frozen, source):
     rec = frozen[(source, source)].info["training"]
     assert rec["rows_sha256"] == td.record["rows_sha256"] and rec["requests"] == len(train)
     # the windows' tables are rebuilt from exactly those window rows (same lengths, same order)
-    tables = W.load_windows(pcfg, sources=[source], per_source=3, manifest=manifest)
-    frames = PR.window_frames(manifest, source, W.load_windows(pcfg, sources=[source], manifest=manifest),
+    tables = W.load_windows(pcfg.data, sources=[source], per_source=3, manifest=manifest)
+    frames = PR.window_frames(manifest, source, W.load_windows(pcfg.data, sources=[source], manifest=manifest),
                               canon)
     for wid, df in tables.items():
         assert frames[wid]["output_tokens"].to_list() == df["output_tokens"].to_list()
@@ -85,7 +85,7 @@ def test_standin_training_data_is_generator_output_outside_the_windows(pcfg, man
     assert bg.record["seed"] not in seeds and "stand-in generator output" in bg.record["label"]
     assert bg.frame.height == pcfg.predictors.standin_train_requests and bg.folds is not None
     # cross-fitting: a window request's fold model never saw a training request with its (prompt, tenant)
-    tables = W.load_windows(pcfg, sources=["burstgpt"], per_source=2, manifest=manifest)
+    tables = W.load_windows(pcfg.data, sources=["burstgpt"], per_source=2, manifest=manifest)
     k = pcfg.predictors.cross_fit_folds
     train_key = {(p, f"{m}/{lt}"): f for p, m, lt, f in zip(bg.frame["prompt_tokens"].to_list(),
                                                            bg.frame["model"].to_list(),
@@ -106,7 +106,7 @@ def test_standin_training_data_is_generator_output_outside_the_windows(pcfg, man
 def test_features_are_arrival_time_only(pcfg, manifest):
     from portbench.data import traces
 
-    az = PR.feature_spec(pcfg.predictors, manifest, "azure", traces.load_canonical(pcfg, "azure"))
+    az = PR.feature_spec(pcfg.predictors, manifest, "azure", traces.load_canonical(pcfg.data, "azure"))
     assert az.columns == ("log_prompt",)                     # 58 min trace: no clock; seeded tenants: no
     assert "seeded synthetic" in az.notes["tenant"] and "not used" in az.notes["time_of_day_h"]
     assert PR.feature_spec(pcfg.predictors, manifest, "burstgpt").columns == ("log_prompt", "model", "log_type")
@@ -169,8 +169,8 @@ def test_predictions_are_deterministic_and_frozen_by_fingerprint(pcfg, manifest,
     # the same seed and data -> bit-identical predictions (trained again, from scratch)
     spec = PR.feature_spec(pcfg.predictors, manifest, "bailian")
     td = PR.training_data(pcfg.predictors, pcfg.paths, pcfg.standins, manifest, "bailian")
-    tables = W.load_windows(pcfg, sources=["bailian"], per_source=1, manifest=manifest)
-    frame = PR.window_frames(manifest, "bailian", W.load_windows(pcfg, sources=["bailian"], manifest=manifest))
+    tables = W.load_windows(pcfg.data, sources=["bailian"], per_source=1, manifest=manifest)
+    frame = PR.window_frames(manifest, "bailian", W.load_windows(pcfg.data, sources=["bailian"], manifest=manifest))
     wid = next(iter(tables))
     a = PR.fit_predictor(pcfg.predictors, spec, td).predict(frame[wid])
     b = PR.fit_predictor(pcfg.predictors, spec, PR.training_data(pcfg.predictors, pcfg.paths, pcfg.standins, manifest,
@@ -180,14 +180,14 @@ def test_predictions_are_deterministic_and_frozen_by_fingerprint(pcfg, manifest,
     assert np.array_equal(got["predicted_output"].to_numpy(), a[0])
     # another seed -> other stand-in training data -> another fingerprint and other predictions
     other = pcfg.with_overrides({"predictors.seed": 1})
-    fp0 = PR.fingerprint_key(PR.fingerprint(pcfg, manifest, "bailian", "bailian"))
-    fp1 = PR.fingerprint_key(PR.fingerprint(other, manifest, "bailian", "bailian"))
+    fp0 = PR.fingerprint_key(PR.fingerprint(pcfg.predictors, pcfg.standins, manifest, "bailian", "bailian"))
+    fp1 = PR.fingerprint_key(PR.fingerprint(other.predictors, other.standins, manifest, "bailian", "bailian"))
     assert fp0 != fp1
     c = PR.fit_predictor(other.predictors, spec, PR.training_data(other.predictors, other.paths, other.standins, manifest,
                                                                   "bailian")).predict(frame[wid])
     assert not np.array_equal(a[0], c[0])
     # reading back verifies: a tampered file is an error, never silently used
-    reread = PR.load_predictions(pcfg, [("azure", "azure")], manifest=manifest)[("azure", "azure")]
+    reread = PR.load_predictions(pcfg.data, pcfg.predictors, [("azure", "azure")], manifest=manifest)[("azure", "azure")]
     assert reread.table.equals(fr.table)
     backup = fr.path.read_bytes()
     try:
@@ -199,14 +199,14 @@ def test_predictions_are_deterministic_and_frozen_by_fingerprint(pcfg, manifest,
         t2 = t.set_column(t.schema.get_field_index("predicted_output"), "predicted_output", pl.Series(col).to_arrow())
         pq.write_table(t2.replace_schema_metadata(t.schema.metadata), fr.path)
         with pytest.raises(IntegrityError, match="checksum"):
-            PR.load_predictions(pcfg, [("azure", "azure")], manifest=manifest)
+            PR.load_predictions(pcfg.data, pcfg.predictors, [("azure", "azure")], manifest=manifest)
     finally:
         fr.path.write_bytes(backup)
 
 
 def test_attach_adds_columns_and_keeps_the_frozen_window(pcfg, manifest, frozen):
-    tables = W.load_windows(pcfg, per_source=1, manifest=manifest)
-    out = PR.attach(pcfg, tables, manifest=manifest)
+    tables = W.load_windows(pcfg.data, per_source=1, manifest=manifest)
+    out = PR.attach(pcfg.data, pcfg.predictors, tables, manifest=manifest)
     for wid, df in tables.items():
         e = next(x for x in manifest["windows"] if x["id"] == wid)
         assert W.window_sha256(df) == e["sha256"]                       # untouched
@@ -215,14 +215,14 @@ def test_attach_adds_columns_and_keeps_the_frozen_window(pcfg, manifest, frozen)
         assert got.columns == [*cols, "predicted_output", "ltr_score"]
         assert W.window_sha256(got.select(cols)) == e["sha256"]
         assert (got["predicted_output"] >= 1).all()
-    foreign = PR.attach(pcfg, {k: v for k, v in tables.items() if k.startswith("azure")}, manifest=manifest,
+    foreign = PR.attach(pcfg.data, pcfg.predictors, {k: v for k, v in tables.items() if k.startswith("azure")}, manifest=manifest,
                         train="burstgpt")
     wid = next(iter(foreign))
     assert not foreign[wid]["predicted_output"].equals(out[wid]["predicted_output"])
 
 
 def test_accuracy_is_honest(pcfg, manifest, frozen):
-    acc = PR.accuracy_table(pcfg, manifest=manifest)
+    acc = PR.accuracy_table(pcfg.data, pcfg.predictors, pcfg.simulation.predictor_sigma, manifest=manifest)
     n_src = len({e['source'] for e in manifest['windows']})
     assert acc.height == n_src * n_src * 40      # every (train, test) source pair x 40 windows
     summ = PR.accuracy_summary(acc, 50, 0)
@@ -236,17 +236,18 @@ def test_campaign_hands_the_predictions_and_the_tenant_model_to_the_runs(pcfg, m
     cfg = pcfg.with_overrides({"simulation.schedulers": ["fcfs", "sjf_predicted", "vtc"]})
     plan = campaign.make_plan(cfg, manifest=manifest)
     fp = plan.shards[0].fingerprint
-    key = PR.fingerprint_key(PR.fingerprint(cfg, manifest, "azure", "azure"))
+    key = PR.fingerprint_key(PR.fingerprint(cfg.predictors, cfg.standins, manifest, "azure", "azure"))
     assert key in fp and '"tenants":"none"' in fp
     assert plan.shards[0].key != campaign.make_plan(cfg.with_overrides({"predictors.seed": 3}),
                                                     manifest=manifest).shards[0].key
     no_pred = campaign.make_plan(pcfg, manifest=manifest)          # smoke schedulers: no predicted policy
     assert '"predictions":null' in no_pred.shards[0].fingerprint
-    tables = W.load_windows(cfg, per_source=1, manifest=manifest)
-    run = campaign.run_tables(cfg, tables, ["sjf_predicted", "vtc"], manifest=manifest)
+    tables = W.load_windows(cfg.data, per_source=1, manifest=manifest)
+    run = campaign.run_tables(cfg.data, cfg.predictors, cfg.simulation, tables, ["sjf_predicted", "vtc"], manifest=manifest)
     assert set(run["azure-00"]["tenant"].unique()) == {"n/a"}                     # no tenants in the trace
     assert run["burstgpt-00"]["tenant"].equals(tables["burstgpt-00"]["tenant"])   # trace tenants kept
-    seeded = campaign.run_tables(cfg.with_overrides({"simulation.tenant_model": "seeded"}), tables, ["vtc"],
+    seeded_cfg = cfg.with_overrides({"simulation.tenant_model": "seeded"})
+    seeded = campaign.run_tables(seeded_cfg.data, seeded_cfg.predictors, seeded_cfg.simulation, tables, ["vtc"],
                                  manifest=manifest)
     assert seeded["azure-00"]["tenant"].equals(tables["azure-00"]["tenant"])
     assert "predicted_output" not in seeded["azure-00"].columns

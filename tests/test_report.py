@@ -24,7 +24,7 @@ def summary_file(tmp_params, tmp_path):
         "analysis.runs_file": str(path), "analysis.metrics": ["e2e_mean", "slo_medium"],
         "analysis.bootstrap": 50, "analysis.headline_metrics": ["e2e_mean"], "analysis.study_preset.metric": "e2e_mean",
         "analysis.study_preset.regions": 1})
-    A = analysis.compute(P)
+    A = analysis.compute(P.analysis_inputs)
     out = tmp_path / "summary.json"
     out.write_text(json.dumps(A.summary, default=str))
     return out, A.summary
@@ -90,7 +90,7 @@ def test_every_available_panel_gets_a_column(tmp_params, tmp_path):
         "analysis.runs_file": str(path), "analysis.metrics": ["e2e_mean", "slo_medium"], "analysis.bootstrap": 20,
         "analysis.headline_metrics": ["e2e_mean"], "analysis.study_preset.metric": "e2e_mean",
         "analysis.study_preset.regions": 1})
-    s = json.loads(json.dumps(analysis.compute(P).summary, default=str))
+    s = json.loads(json.dumps(analysis.compute(P.analysis_inputs).summary, default=str))
     md = report.results_markdown(s)
     header = next(line for line in md.splitlines() if line.startswith("| between sources, every panel |"))
     assert header.index("**real**") < header.index("**study**") and "headline" in header

@@ -313,24 +313,24 @@ def test_ingest_all_writes_tables_and_report(P, capsys):
 
 
 def test_load_canonical_ingests_and_detects_stale_tables(P):
-    df = traces.load_canonical(P, "azure")
+    df = traces.load_canonical(P.data, "azure")
     assert df.height == 19_366 and set(df["file"]) == {CONV}
     target = Path(P.paths.data_dir) / "canonical" / "azure.parquet"
     df.head(5).write_parquet(target)  # tamper with the table, report unchanged: still trusted
-    assert traces.load_canonical(P, "azure").height == 5
+    assert traces.load_canonical(P.data, "azure").height == 5
     rp = traces.report_path(P.paths.data_dir)
     rep = json.loads(rp.read_text())
     rep["sources"]["azure"]["sha256"] = "0" * 64  # recorded for another file -> re-ingest
     rp.write_text(json.dumps(rep))
-    assert traces.load_canonical(P, "azure").height == 19_366
+    assert traces.load_canonical(P.data, "azure").height == 19_366
     P = P.with_overrides({"sources.azure.file": CODE})  # another file configured -> re-ingest
-    again = traces.load_canonical(P, "azure")
+    again = traces.load_canonical(P.data, "azure")
     assert again.height == 8_819 and set(again["file"]) == {CODE}
 
 
 def test_load_canonical_of_a_standin_source_is_an_error(P):
     with pytest.raises(DataError, match="no canonical table for burstgpt"):
-        traces.load_canonical(P, "burstgpt")
+        traces.load_canonical(P.data, "burstgpt")
 
 
 def test_non_official_file_by_path(P, shared_traces, tmp_path):

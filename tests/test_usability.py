@@ -275,14 +275,14 @@ def test_predictor_training_draws_a_bar_over_the_predictors(monkeypatch, tmp_pat
     monkeypatch.setattr(windows, "load_windows", lambda cfg, **kw: {})
     trained = []
 
-    def compute(cfg, manifest, train, targets, tables):
+    def compute(data, P, manifest, train, targets, tables):
         trained.append((train, tuple(targets), made[-1].n))      # the bar's position when this training starts
         return {t: predictors.Frozen(train, t, pl.DataFrame(), {}, tmp_path / f"{t}.parquet") for t in targets}
 
     monkeypatch.setattr(predictors, "_compute", compute)
     cfg = params.load(overrides={"paths": {"data_dir": str(tmp_path)}, "campaign": {"workers": 1}})
     m = {"checksum": "x", "windows": [{"id": f"{s}-00", "source": s, "provenance": "real"} for s in "abc"]}
-    got = predictors.load_predictions(cfg, [("a", "a"), ("a", "b"), ("b", "b"), ("c", "c")], manifest=m)
+    got = predictors.load_predictions(cfg.data, cfg.predictors, [("a", "a"), ("a", "b"), ("b", "b"), ("c", "c")], manifest=m)
     assert set(got) == {("a", "a"), ("a", "b"), ("b", "b"), ("c", "c")}
     assert [(b.unit, b.total, b.n, b.closed) for b in made] == [("predictor", 4, 4, True)]
     assert [n for _, _, n in trained] == [0, 2, 3]

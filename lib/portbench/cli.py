@@ -105,8 +105,9 @@ def cmd_profiles(args):
 def cmd_predict(args):
     cfg = _params(args)
     manifest = windows.load_manifest(cfg.paths)     # once for the stage
-    _, summ = honest.accuracy(cfg, manifest=manifest)
-    print(text.predictor_markdown(summ, honest.predictors_block(cfg, manifest=manifest)))
+    _, summ = honest.accuracy(cfg.data, cfg.predictors, cfg.simulation, manifest=manifest, workers=cfg.campaign.workers)
+    print(text.predictor_markdown(summ, honest.predictors_block(cfg.data, cfg.predictors, cfg.simulation, cfg.analysis,
+                                                                manifest=manifest, workers=cfg.campaign.workers)))
     if args.transfer:
         runs = honest.run_transfer(cfg)
         print(f"transfer campaign: {runs.height} runs under {honest.transfer_dir(cfg.paths.results_dir)}")
@@ -146,7 +147,7 @@ def cmd_attribute(args):
             print(f"[portbench] summary.json not rewritten: {e}", file=sys.stderr)
     if not args.no_figures:
         plots_attribution.make_all(cfg.paths, A, close=True)
-        tables = windows.load_windows(cfg, plots_attribution.example_sources(A))
+        tables = windows.load_windows(cfg.data, plots_attribution.example_sources(A))
         plots_attribution.hybrid_definitions(cfg.paths, **plots_attribution.example_pair(A, tables), close=True)
     sec = A.summary
     print(attribution_text.design_markdown(sec))

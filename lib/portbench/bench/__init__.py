@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..core import config
-from ..core.config import Config, SimulationConfig
+from ..core.config import Config, DataSettings, SimulationConfig, WindowsConfig
 from ..data import traces, windows
 from ..sim import schedulers
 from ..study import campaign
@@ -182,7 +182,7 @@ def _campaign_once(cfg: Config, overrides: Mapping, workers: int, tag: str, work
 
 def _bench_campaign(cfg: Config, quick: bool, work: Path) -> dict:
     workers = int(cfg.campaign.workers)
-    windows.load_windows(cfg, per_source=cfg.campaign.windows_per_source)  # warm the window cache
+    windows.load_windows(cfg.data, per_source=cfg.campaign.windows_per_source)  # warm the window cache
     full_plan = campaign.make_plan(cfg)
     full_runs = full_plan.n_runs
     n_windows = len(full_plan.windows)
@@ -230,13 +230,14 @@ def _bench_campaign(cfg: Config, quick: bool, work: Path) -> dict:
 # --------------------------------------------------------------------------- window size
 
 
-def _size_windows(cfg: Config, sizes, n_windows: int) -> dict:
-    """``{size: [window_df, ...]}``: stride-sampled windows of consecutive real requests (Azure)."""
-    real = [s for s in cfg.sources if s == "azure"] or list(cfg.sources)
-    canon = traces.load_canonical(cfg, real[0])
+def _size_windows(data: DataSettings, W: WindowsConfig, sizes, n_windows: int) -> dict:
+    """``{size: [window_df, ...]}``: stride-sampled windows of consecutive real requests (Azure; ``data``: where and
+    how its trace is read, ``W``: the ``windows`` section's seed and tenants)."""
+    real = [s for s in data.sources if s == "azure"] or list(data.sources)
+    canon = traces.load_canonical(data, real[0])
     out = {}
     for size in sizes:
-        cut = windows.cut_windows(canon, n_windows, size, int(cfg.windows.seed), real[0], int(cfg.windows.tenants))
+        cut = windows.cut_windows(canon, n_windows, size, int(W.seed), real[0], int(W.tenants))
         out[size] = [df for _, df in cut]
     return out
 
@@ -279,8 +280,9 @@ def _bench_window_size(sim: SimulationConfig, tables: Mapping, quick: bool) -> d
             "speedup_per_core": _median([r["sim_s_per_wall_s"] for r in rows if r["size"] == 200])}
 
 
-def _window_size(cfg: Config, quick: bool, sim: Mapping) -> dict:
-    """Window-size scaling: from the simulator bench when it measured it, else measured here."""
+def _window_size(data: DataSettings, W: WindowsConfig, sim_cfg: SimulationConfig, quick: bool, sim: Mapping) -> dict:
+    """Window-size scaling: from the simulator bench (its report ``sim``) when it measured it, else measured here
+    (:func:`_size_windows` of ``data`` and ``W``, runs under ``sim_cfg``)."""
     slopes = sim.get("loglog_slope") if isinstance(sim, Mapping) else None
     if isinstance(slopes, Mapping) and slopes and sim.get("window_size_rows"):
         worst = max(slopes, key=slopes.get)
@@ -291,8 +293,8 @@ def _window_size(cfg: Config, quick: bool, sim: Mapping) -> dict:
                 "loglog_slope": float(slopes[worst]), "worst_scheduler": worst,
                 "loglog_slope_per_decision_max": max(per_decision.values()) if per_decision else float("nan")}
     try:
-        tables = _size_windows(cfg, WINDOW_SIZES, 2 if quick else 3)
-        return {"from": "portbench.bench (campaign engine)", **_bench_window_size(cfg.simulation, tables, quick)}
+        tables = _size_windows(data, W, WINDOW_SIZES, 2 if quick else 3)
+        return {"from": "portbench.bench (campaign engine)", **_bench_window_size(sim_cfg, tables, quick)}
     except Exception as e:
         return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
 
@@ -344,7 +346,7 @@ def main(cfg: Config, quick: bool = False) -> int:
                 report[key] = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
         _print_result(f"{key} ({', '.join(c.source_names())})", report[key])
 
-    report["window_size"] = _window_size(cfg, quick, report["simulator"])
+    report["window_size"] = _window_size(cfg.data, cfg.windows, cfg.simulation, quick, report["simulator"])
     _print_result("window size", report["window_size"])
 
     report["ingest"] = _sub_bench("ingest", quick)

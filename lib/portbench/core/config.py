@@ -30,9 +30,9 @@ from .paramfile import (build_base, BUILD_DIR, BUILD_ENV, check_path_value, deep
     DISPLAY_KEYS, frozen_record, FROZEN_SECTIONS, ISOLATED_PATHS, label_follows_data, looks_like_file,
     NEUTRAL_OVERRIDES, OPEN_MAPS, OUTPUT_PATH_KEYS, PARAMS_DIR, project_root, read, resolve_extends, run_name_of,
     undot)
-from .sections import (AnalysisConfig, ATTRIBUTION_DISTANCES, ATTRIBUTION_PROPERTIES, AttributionConfig,
+from .sections import (AnalysisConfig, AnalysisInputs, ATTRIBUTION_DISTANCES, ATTRIBUTION_PROPERTIES, AttributionConfig,
     BailianStandinConfig, BATCHING_MODES, build, BurstGPTStandinConfig, CampaignConfig, COLUMN_ROLES, Config,
-    ConfirmatoryConfig, CORRECTIONS, CounterfactualConfig, CV_CHOICES, DEFAULT_RANKER, DEFAULT_REGRESSOR, DEVICES,
+    ConfirmatoryConfig, CORRECTIONS, CounterfactualConfig, CV_CHOICES, DataSettings, DEFAULT_RANKER, DEFAULT_REGRESSOR, DEVICES,
     EngineConfig, EXECUTORS, FAMILIES, GENERIC_FORMATS, KV_BLOCKS, PathsConfig, PowerConfig, PredictorsConfig,
     PredictorTransferConfig, PREEMPTION_MODES, PREFIX_CACHING_MODES, RANKER_KEYS, RATE_CHOICES, REGRESSOR_KEYS,
     RequestRecordsConfig, REQUIRED_ROLES, SimulationConfig, SloConfig, SOURCE_KEYS, SOURCE_MODES,
@@ -45,10 +45,10 @@ def load(params_file: str | os.PathLike | None = None, overrides: dict | None = 
     return build(read(params_file, overrides))
 
 
-__all__ = ["AnalysisConfig", "ATTRIBUTION_DISTANCES", "ATTRIBUTION_PROPERTIES", "AttributionConfig",
+__all__ = ["AnalysisConfig", "AnalysisInputs", "ATTRIBUTION_DISTANCES", "ATTRIBUTION_PROPERTIES", "AttributionConfig",
            "BailianStandinConfig", "BATCHING_MODES", "build", "build_base", "BUILD_DIR", "BUILD_ENV",
            "BurstGPTStandinConfig", "CampaignConfig", "check_path_value", "COLUMN_ROLES", "Config",
-           "ConfirmatoryConfig", "CORRECTIONS", "CounterfactualConfig", "CV_CHOICES", "deep_merge",
+           "ConfirmatoryConfig", "CORRECTIONS", "CounterfactualConfig", "CV_CHOICES", "DataSettings", "deep_merge",
            "DEFAULT_FILE", "DEFAULT_RANKER", "DEFAULT_REGRESSOR", "DEVICES", "DISPLAY_KEYS",
            "EngineConfig", "EXECUTORS", "FAMILIES", "frozen_record", "FROZEN_SECTIONS", "GENERIC_FORMATS",
            "ISOLATED_PATHS", "key_doc", "KV_BLOCKS", "label_follows_data", "load", "looks_like_file",

@@ -1,8 +1,10 @@
 """The typed sections of the parameters: one frozen dataclass per section (:class:`PathsConfig`,
 :class:`SourceConfig`, :class:`WindowsConfig`, :class:`StandinsConfig`, :class:`SimulationConfig`,
 :class:`EngineConfig`, :class:`CampaignConfig`, :class:`AnalysisConfig`, :class:`AttributionConfig`,
-:class:`ValidationConfig`, :class:`PredictorsConfig`), each checking its own values where it is built, and
-:func:`build`, the merged tree (:mod:`portbench.core.paramfile`) -> :class:`Config`."""
+:class:`ValidationConfig`, :class:`PredictorsConfig`), each checking its own values where it is built, the
+bundles :class:`DataSettings` (paths, sources, standins: what the data layer's readers need) and
+:class:`AnalysisInputs` (what the analysis of a runs table reads), and :func:`build`,
+the merged tree (:mod:`portbench.core.paramfile`) -> :class:`Config`."""
 
 from __future__ import annotations
 
@@ -863,6 +865,39 @@ class PredictorsConfig:
 
 
 @dataclass(frozen=True)
+class DataSettings:
+    """The three sections the data layer's readers always need together (canonical tables, window rebuilds,
+    predictor training): where the files are (``paths``), how each source is read (``sources``, name ->
+    :class:`SourceConfig`) and how the stand-ins are generated (``standins``). :attr:`Config.data` gives it."""
+
+    paths: PathsConfig
+    sources: dict            # name -> SourceConfig
+    standins: StandinsConfig
+
+
+@dataclass(frozen=True)
+class AnalysisInputs:
+    """What the analysis of a runs table reads besides the runs (:func:`portbench.study.analysis.compute`, its
+    fingerprint, the controls' headlines): the ``analysis`` section, the windows' size (``windows.size``), the
+    ``simulation`` section (the SLOs' metrics, the scheduler order, the capacity policy), the sources (their
+    order and display names) and the paths (the analysis plan under ``paths.root``, results under
+    ``paths.results_dir``). :attr:`Config.analysis_inputs` gives it."""
+
+    analysis: AnalysisConfig
+    window_size: int
+    simulation: SimulationConfig
+    sources: dict            # name -> SourceConfig
+    paths: PathsConfig
+
+    def source_names(self) -> list[str]:
+        return list(self.sources)
+
+    @property
+    def display_names(self) -> dict[str, str]:
+        return {s: c.display for s, c in self.sources.items()}
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole parameter set, built once by :func:`build` (``tree`` keeps the merged YAML tree, for
     fingerprints and for printing the effective parameters)."""
@@ -884,6 +919,16 @@ class Config:
     @property
     def params_file(self) -> Path:
         return self.paths.params_file
+
+    @property
+    def data(self) -> DataSettings:
+        """The data layer's settings: ``paths``, ``sources`` and ``standins`` (:class:`DataSettings`)."""
+        return DataSettings(self.paths, self.sources, self.standins)
+
+    @property
+    def analysis_inputs(self) -> AnalysisInputs:
+        """What the analysis of a runs table reads (:class:`AnalysisInputs`)."""
+        return AnalysisInputs(self.analysis, self.windows.size, self.simulation, self.sources, self.paths)
 
     def source_names(self) -> list[str]:
         """The configured sources in the order of the parameter files (default.yaml's first, then the

@@ -84,7 +84,7 @@ from threadpoolctl import threadpool_limits
 
 from . import standins, synth, traces, windows
 from ..core import io, procs, progress
-from ..core.config import Config, PathsConfig, PredictorsConfig, StandinsConfig
+from ..core.config import DataSettings, PathsConfig, PredictorsConfig, StandinsConfig
 from ..core.errors import DataError, IntegrityError, ParameterError
 from ..core.provenance import label
 from .registry import store
@@ -560,15 +560,15 @@ def _code_sha() -> str:
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
-def fingerprint(cfg: Config, manifest: Mapping, train: str, target: str) -> dict:
-    """Everything the (train -> target) predictions depend on (module docstring)."""
-    P = cfg.predictors
+def fingerprint(P: PredictorsConfig, standins_cfg: StandinsConfig, manifest: Mapping, train: str, target: str) -> dict:
+    """Everything the (train -> target) predictions depend on (module docstring): the ``predictors`` section
+    ``P``, the stand-ins' seed (``standins_cfg``), the manifest's checksum, this module's code ..."""
     return {"version": VERSION, "train": train, "target": target, "manifest": manifest["checksum"],
             "params": {"seed": P.seed, "standin_train_requests": P.standin_train_requests,
                        "cross_fit_folds": P.cross_fit_folds, "time_of_day_min_span_s": P.time_of_day_min_span_s,
                        "ranker_group_size": P.ranker_group_size, "ranker_levels": P.ranker_levels,
                        "regressor": dict(P.regressor), "ranker": dict(P.ranker)},
-            "standins_seed": cfg.standins.seed, "canonical_version": traces.CANONICAL_VERSION,
+            "standins_seed": standins_cfg.seed, "canonical_version": traces.CANONICAL_VERSION,
             "code": _code_sha(),
             "libraries": {"scikit-learn": sklearn.__version__, "lightgbm": lightgbm.__version__,
                           "numpy": np.__version__}}
@@ -625,14 +625,13 @@ class Frozen:
         return self.table.filter(pl.col("window_id") == wid).sort("row")
 
 
-def _compute(cfg: Config, manifest: Mapping, train: str, targets: Sequence[str],
+def _compute(data: DataSettings, P: PredictorsConfig, manifest: Mapping, train: str, targets: Sequence[str],
              tables: Mapping[str, pl.DataFrame]) -> dict[str, Frozen]:
     """Train ``train``'s predictor (home and transfer models as needed) and freeze its predictions."""
-    P = cfg.predictors
-    canon = {s: with_history(traces.load_canonical(cfg, s)) for s in {train, *targets}
+    canon = {s: with_history(traces.load_canonical(data, s)) for s in {train, *targets}
              if source_kind(manifest, s) == "real"}
     specs = {s: feature_spec(P, manifest, s, canon.get(s)) for s in {train, *targets}}
-    training = training_data(P, cfg.paths, cfg.standins, manifest, train, canon.get(train))
+    training = training_data(P, data.paths, data.standins, manifest, train, canon.get(train))
     out = {}
     home = None
     transfer: dict = {}       # one model per feature set: targets sharing the common features share the model
@@ -657,12 +656,12 @@ def _compute(cfg: Config, manifest: Mapping, train: str, targets: Sequence[str],
                                        "row": np.arange(frame.height, dtype=np.int64),
                                        "predicted_output": p, "ltr_score": s}, schema=FILE_SCHEMA))
         df = pl.concat(parts)
-        fp = fingerprint(cfg, manifest, train, target)
+        fp = fingerprint(P, data.standins, manifest, train, target)
         key = fingerprint_key(fp)
         info = {**pred.info(), "train_source": train, "target": target, "key": key,
                 "train_label": label(train, manifest["sources"][train]["provenance"]),
                 "target_label": label(target, manifest["sources"][target]["provenance"])}
-        path = predictions_path(cfg.paths, train, target, key)
+        path = predictions_path(data.paths, train, target, key)
         io.write_parquet_atomic(df, path, {"fingerprint": fp, "key": key, "content_sha256": _content_sha(df),
                                            "info": info})
         out[target] = Frozen(train, target, df, info, path)
@@ -678,10 +677,11 @@ def sources_of(manifest: Mapping) -> list[str]:
     return seen
 
 
-def load_predictions(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None, *,
-                     manifest: Mapping) -> dict[tuple[str, str], Frozen]:
+def load_predictions(data: DataSettings, P: PredictorsConfig, pairs: Iterable[tuple[str, str]] | None = None, *,
+                     manifest: Mapping, workers: int = 1) -> dict[tuple[str, str], Frozen]:
     """Frozen predictions ``{(train, target): Frozen}`` (default pairs: every source's home predictor),
-    read and verified, or computed and written when missing (module docstring)."""
+    read and verified, or computed and written when missing (module docstring; ``data``: where the tables are and
+    how they are read, ``P``: the ``predictors`` section, ``workers``: processes that may train at once)."""
     srcs = sources_of(manifest)
     pairs = [(s, s) for s in srcs] if pairs is None else list(pairs)
     for tr, tg in pairs:
@@ -691,23 +691,23 @@ def load_predictions(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None
     out: dict[tuple[str, str], Frozen] = {}
     todo: dict[str, list[str]] = {}
     for tr, tg in pairs:
-        fp = fingerprint(cfg, manifest, tr, tg)
-        path = predictions_path(cfg.paths, tr, tg, fingerprint_key(fp))
+        fp = fingerprint(P, data.standins, manifest, tr, tg)
+        path = predictions_path(data.paths, tr, tg, fingerprint_key(fp))
         if path.is_file():
             df, meta = _read_file(path, fp, manifest, tg)
             out[(tr, tg)] = Frozen(tr, tg, df, meta.get("info", {}), path)
         else:
             todo.setdefault(tr, []).append(tg)
     if todo:
-        tables = windows.load_windows(cfg, manifest=manifest)
+        tables = windows.load_windows(data, manifest=manifest)
         for tr, targets in todo.items():
             _note(f"training the {tr} predictor for {', '.join(targets)} (no frozen predictions with this "
-                  f"fingerprint under {predictions_dir(cfg.paths)})")
-        workers = min(int(cfg.campaign.workers), len(todo))
+                  f"fingerprint under {predictions_dir(data.paths)})")
+        workers = min(int(workers), len(todo))
         bar = progress.bar(sum(len(t) for t in todo.values()),
                            f"predictors: {len(todo)} source(s) on {max(workers, 1)} process(es)", "predictor")
         try:
-            for tr, got in _train_all(cfg, manifest, todo, tables, workers, bar):
+            for tr, got in _train_all(data, P, manifest, todo, tables, workers, bar):
                 for tg, fr in got.items():
                     out[(tr, tg)] = fr
                 bar.set_postfix_str(f"{tr} done", refresh=False)
@@ -717,7 +717,8 @@ def load_predictions(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None
     return {p: out[p] for p in pairs}
 
 
-def _train_all(cfg: Config, manifest: Mapping, todo: Mapping[str, list], tables: Mapping, workers: int, bar=None):
+def _train_all(data: DataSettings, P: PredictorsConfig, manifest: Mapping, todo: Mapping[str, list], tables: Mapping,
+               workers: int, bar=None):
     """``(train source, {target: Frozen})`` for every train source of ``todo``: in this process, or (``workers``
     > 1) on a spawn-context process pool, the longest trainings first (``bar``, a progress bar, is redrawn while
     they run). Each model trains on one thread with a fixed seed, so the predictions are the same however they
@@ -726,12 +727,12 @@ def _train_all(cfg: Config, manifest: Mapping, todo: Mapping[str, list], tables:
         for tr, targets in todo.items():
             if bar is not None:
                 bar.set_postfix_str(f"training {tr}")
-            yield tr, _compute(cfg, manifest, tr, targets, tables)
+            yield tr, _compute(data, P, manifest, tr, targets, tables)
         return
     order = sorted(todo, key=lambda tr: (source_kind(manifest, tr) != "standin", tr))   # stand-ins train longest
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
                              initializer=procs.die_with_parent) as pool:
-        futures = {pool.submit(_compute, cfg, manifest, tr, todo[tr], tables): tr for tr in order}
+        futures = {pool.submit(_compute, data, P, manifest, tr, todo[tr], tables): tr for tr in order}
         for f in (progress.completed(futures, bar) if bar is not None else as_completed(futures)):
             yield futures[f], f.result()
 
@@ -742,17 +743,17 @@ def all_pairs(manifest: Mapping) -> list[tuple[str, str]]:
     return [(a, b) for a in s for b in s]
 
 
-def attach(cfg: Config, tables: Mapping[str, pl.DataFrame], *, manifest: Mapping,
-           train: str | None = None) -> dict[str, pl.DataFrame]:
+def attach(data: DataSettings, P: PredictorsConfig, tables: Mapping[str, pl.DataFrame], *, manifest: Mapping,
+           train: str | None = None, workers: int = 1) -> dict[str, pl.DataFrame]:
     """``tables`` (window id -> frozen window table) with the frozen predictions added as columns
-    ``predicted_output`` and ``ltr_score`` (home predictor, or source ``train``'s). The input tables
-    are not modified; a window whose hash differs from the predictions' is an IntegrityError."""
+    ``predicted_output`` and ``ltr_score`` (home predictor, or source ``train``'s; :func:`load_predictions`). The
+    input tables are not modified; a window whose hash differs from the predictions' is an IntegrityError."""
     by_id = {e["id"]: e for e in manifest["windows"]}
     missing = [w for w in tables if w not in by_id]
     if missing:
-        raise DataError(windows.manifest_path(cfg.paths), f"windows {missing[:3]} are not in the manifest")
+        raise DataError(windows.manifest_path(data.paths), f"windows {missing[:3]} are not in the manifest")
     pairs = sorted({(train or by_id[w]["source"], by_id[w]["source"]) for w in tables})
-    frozen = load_predictions(cfg, pairs, manifest=manifest)
+    frozen = load_predictions(data, P, pairs, manifest=manifest, workers=workers)
     out = {}
     for wid, df in tables.items():
         src = by_id[wid]["source"]
@@ -765,9 +766,9 @@ def attach(cfg: Config, tables: Mapping[str, pl.DataFrame], *, manifest: Mapping
     return out
 
 
-def predictor_info(cfg: Config, *, manifest: Mapping) -> dict[str, dict]:
+def predictor_info(data: DataSettings, P: PredictorsConfig, *, manifest: Mapping) -> dict[str, dict]:
     """``{source: info}`` of every home predictor (features, notes, train rows, training record, key)."""
-    return {tr: fr.info for (tr, _), fr in load_predictions(cfg, manifest=manifest).items()}
+    return {tr: fr.info for (tr, _), fr in load_predictions(data, P, manifest=manifest).items()}
 
 
 # --------------------------------------------------------------------------- accuracy
@@ -794,15 +795,16 @@ ACCURACY_SCHEMA = {"train": pl.String, "target": pl.String, "window_id": pl.Stri
                    "ranker_spearman": pl.Float64, "noisy_oracle_tau": pl.Float64}
 
 
-def accuracy_table(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None, *,
-                   manifest: Mapping) -> pl.DataFrame:
+def accuracy_table(data: DataSettings, P: PredictorsConfig, sigma: float,
+                   pairs: Iterable[tuple[str, str]] | None = None, *, manifest: Mapping,
+                   workers: int = 1) -> pl.DataFrame:
     """One row per (train, target, window): the accuracy of the frozen predictions on that window
     (:func:`window_accuracy`); home pairs also carry the noisy oracle's tau (true x exp(N(0, sigma)),
-    ``simulation.predictor_sigma``, seeded per window) for comparison."""
+    ``sigma`` = ``simulation.predictor_sigma``, seeded per window) for comparison."""
     pairs = all_pairs(manifest) if pairs is None else list(pairs)
-    frozen = load_predictions(cfg, pairs, manifest=manifest)
-    tables = windows.load_windows(cfg, manifest=manifest)
-    sigma = float(cfg.simulation.predictor_sigma)
+    frozen = load_predictions(data, P, pairs, manifest=manifest, workers=workers)
+    tables = windows.load_windows(data, manifest=manifest)
+    sigma = float(sigma)
     rows = []
     for (tr, tg), fr in frozen.items():
         for e in manifest["windows"]:
@@ -814,7 +816,7 @@ def accuracy_table(cfg: Config, pairs: Iterable[tuple[str, str]] | None = None, 
             acc = window_accuracy(w["predicted_output"].to_numpy(), w["ltr_score"].to_numpy(), true)
             noisy = float("nan")
             if tr == tg:
-                z = synth.rng_from(cfg.predictors.seed, wid, "noisy-oracle").standard_normal(true.size)
+                z = synth.rng_from(P.seed, wid, "noisy-oracle").standard_normal(true.size)
                 noisy = _nan_stat(sstats.kendalltau, true * np.exp(sigma * z), true)
             rows.append({"train": tr, "target": tg, "window_id": wid, "n": int(true.size), **acc,
                          "noisy_oracle_tau": noisy})
@@ -851,15 +853,15 @@ def accuracy_summary(acc: pl.DataFrame, bootstrap: int, seed: int) -> dict[tuple
     return out
 
 
-def repeat_share(cfg: Config, source: str, *, manifest: Mapping) -> dict:
+def repeat_share(data: DataSettings, P: PredictorsConfig, source: str, *, manifest: Mapping) -> dict:
     """How much of a source's window requests a predictor could have seen *exactly*: the share whose
     (prompt, output) pair also occurs among the training requests of the model that predicts them
     (for a cross-fitted stand-in: the other folds), and the share whose prompt length occurs there.
     Repeats are a property of the trace (templated requests), not a leak -- but they explain a high tau."""
     kind = source_kind(manifest, source)
-    canon = with_history(traces.load_canonical(cfg, source)) if kind == "real" else None
-    td = training_data(cfg.predictors, cfg.paths, cfg.standins, manifest, source, canon)
-    tables = windows.load_windows(cfg, sources=[source], manifest=manifest)
+    canon = with_history(traces.load_canonical(data, source)) if kind == "real" else None
+    td = training_data(P, data.paths, data.standins, manifest, source, canon)
+    tables = windows.load_windows(data, sources=[source], manifest=manifest)
     k = int(td.folds.max()) + 1 if td.folds is not None else 1
     tp, to = td.frame["prompt_tokens"].to_numpy(), td.frame["output_tokens"].to_numpy()
     folds = td.folds if td.folds is not None else np.zeros(tp.size, dtype=np.int64)
@@ -878,7 +880,8 @@ def repeat_share(cfg: Config, source: str, *, manifest: Mapping) -> dict:
             "same_prompt_share": same_prompt / n if n else None}
 
 
-def past_only_check(cfg: Config, source: str, *, manifest: Mapping) -> dict | None:
+def past_only_check(data: DataSettings, P: PredictorsConfig, source: str, *, manifest: Mapping,
+                    workers: int = 1) -> dict | None:
     """A causal variant of a real source's predictor: trained only on out-of-window rows *before* the
     second half of the windows begins, evaluated on that second half, beside the home predictor
     (trained on rows before and after every window) on the same windows. A large drop would mean the
@@ -886,18 +889,17 @@ def past_only_check(cfg: Config, source: str, *, manifest: Mapping) -> dict | No
     None for stand-ins (no time order between the generator's training output and the windows)."""
     if source_kind(manifest, source) != "real":
         return None
-    P = cfg.predictors
-    canon = with_history(traces.load_canonical(cfg, source))
-    td = training_data(cfg.predictors, cfg.paths, cfg.standins, manifest, source, canon)
+    canon = with_history(traces.load_canonical(data, source))
+    td = training_data(P, data.paths, data.standins, manifest, source, canon)
     entries = [e for e in manifest["windows"] if e["source"] == source]
     late = entries[len(entries) // 2:]
     cut = int(late[0]["row_start"])
     sel = td.rows < cut
     spec = feature_spec(P, manifest, source, canon)
     model = fit_model(P, spec, td.frame.filter(pl.Series(sel)))
-    tables = windows.load_windows(cfg, sources=[source], manifest=manifest)
+    tables = windows.load_windows(data, sources=[source], manifest=manifest)
     frames = window_frames(manifest, source, tables, canon)
-    home = load_predictions(cfg, [(source, source)], manifest=manifest)[(source, source)]
+    home = load_predictions(data, P, [(source, source)], manifest=manifest, workers=workers)[(source, source)]
     tau_past, tau_home = [], []
     for e in late:
         true = tables[e["id"]]["output_tokens"].to_numpy()

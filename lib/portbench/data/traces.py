@@ -59,7 +59,7 @@ import polars as pl
 
 from . import generic, plausibility, registry, trace_checks
 from ..core import io, progress
-from ..core.config import Config, PathsConfig, SourceConfig, StandinsConfig
+from ..core.config import Config, DataSettings, PathsConfig, SourceConfig, StandinsConfig
 from ..core.errors import DataError
 
 FORMATS = ("azure2023", "azure2024", "burstgpt", "qwen_jsonl", "qwen_csv")
@@ -907,7 +907,7 @@ def scan_canonical(paths: PathsConfig, sources: Mapping[str, SourceConfig], stan
     return pl.scan_parquet(target)
 
 
-def load_canonical(cfg: Config, source: str) -> pl.DataFrame:
+def load_canonical(data: DataSettings, source: str) -> pl.DataFrame:
     """The canonical table of ``source``, ingesting first when it is missing or stale.
 
     Stale: the recorded file name, SHA-256, adapter version or reading parameters (format, column
@@ -915,4 +915,4 @@ def load_canonical(cfg: Config, source: str) -> pl.DataFrame:
     DataError when the source has no real file in this run. (The whole table in memory: a stage that can read
     only what it needs uses :func:`scan_canonical`.)
     """
-    return scan_canonical(cfg.paths, cfg.sources, cfg.standins, source).collect()
+    return scan_canonical(data.paths, data.sources, data.standins, source).collect()

@@ -50,8 +50,8 @@ import polars as pl
 
 from . import registry, synth, traces
 from ..core import io, progress
-from ..core.config import (FROZEN_SECTIONS, Config, PathsConfig, SourceConfig, StandinsConfig, WindowsConfig,
-                           frozen_record)  # noqa: F401 - FROZEN_SECTIONS: also read from here
+from ..core.config import (FROZEN_SECTIONS, Config, DataSettings, PathsConfig, SourceConfig, StandinsConfig,
+                           WindowsConfig, frozen_record)  # noqa: F401 - FROZEN_SECTIONS: also read from here
 from ..core.errors import DataError, IntegrityError, ParameterError, PortbenchError
 from ..core.provenance import label, provenance_from_manifest
 from .registry import Store
@@ -702,32 +702,34 @@ def _write_cache(path: Path, manifest: Mapping, tables: Mapping[str, pl.DataFram
     return path
 
 
-def load_windows(cfg: Config, sources: Iterable[str] | None = None, per_source: int | None = None,
+def load_windows(data: DataSettings, sources: Iterable[str] | None = None, per_source: int | None = None,
                  *, manifest: Mapping | None = None) -> dict[str, pl.DataFrame]:
-    """Verified window tables ``{id: df}`` (manifest order), from the cache or rebuilt from the source data.
+    """Verified window tables ``{id: df}`` (manifest order) of ``sources`` (names; default all), from the cache
+    under ``data.paths`` or rebuilt from the source data (``data``: paths, sources, standins).
 
     Every table is checked against the manifest's SHA-256; a mismatch raises IntegrityError naming
     the window and both hashes. Windows missing from the cache are rebuilt (ingesting or
     regenerating as needed) and added to it.
     """
-    manifest = manifest if manifest is not None else load_manifest(cfg.paths)
+    paths = data.paths
+    manifest = manifest if manifest is not None else load_manifest(paths)
     entries = select_entries(manifest, sources, per_source)
-    cached = _read_cache(cache_path(cfg.paths), manifest)
+    cached = _read_cache(cache_path(paths), manifest)
     out: dict[str, pl.DataFrame] = {}
     for e in entries:
         if e["id"] in cached:
             got = window_sha256(cached[e["id"]])
             if got != e["sha256"]:
-                raise IntegrityError(_mismatch(e, got, f"cache {cache_path(cfg.paths)}")
+                raise IntegrityError(_mismatch(e, got, f"cache {cache_path(paths)}")
                                      + "; delete the cache to rebuild it from the source data")
             out[e["id"]] = cached[e["id"]]
     missing = [e for e in entries if e["id"] not in out]
     if missing:
-        built, problems = _rebuild_many(cfg.paths, cfg.sources, cfg.standins, manifest, missing)
+        built, problems = _rebuild_many(paths, data.sources, data.standins, manifest, missing)
         if problems:
             raise IntegrityError("; ".join(problems))
         out.update(built)
-        _write_cache(cache_path(cfg.paths), manifest, {**cached, **built})
+        _write_cache(cache_path(paths), manifest, {**cached, **built})
     return {e["id"]: out[e["id"]] for e in entries}
 
 

@@ -132,9 +132,9 @@ def batching_sensitivity(cfg: Config, runs_main: pl.DataFrame, runs_other: pl.Da
     study itself (every replicate) for reference."""
     quick = cfg.with_overrides({"analysis": {"bootstrap": 0}})
     runs_main = runs_main.filter(pl.col("source").is_in(runs_other["source"].unique().to_list()))  # the same sources
-    main = headline_numbers(analysis.compute(quick, runs_main))
-    a = headline_numbers(analysis.compute(quick, runs_main.filter(pl.col("replicate") == replicate)))
-    b = headline_numbers(analysis.compute(quick, runs_other.filter(pl.col("replicate") == replicate)))
+    main = headline_numbers(analysis.compute(quick.analysis_inputs, runs_main))
+    a = headline_numbers(analysis.compute(quick.analysis_inputs, runs_main.filter(pl.col("replicate") == replicate)))
+    b = headline_numbers(analysis.compute(quick.analysis_inputs, runs_other.filter(pl.col("replicate") == replicate)))
     this, other = cfg.engine.batching, ("v0" if cfg.engine.batching == "v1" else "v1")
 
     def cell(v):

@@ -30,13 +30,15 @@ the seeded synthetic assignment (then labelled synthetic).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from ..core.config import Config, SimulationConfig
+from ..core.config import (AnalysisConfig, CampaignConfig, Config, DataSettings, PathsConfig, PredictorsConfig,
+                           PredictorTransferConfig, SimulationConfig)
 from ..core.errors import PortbenchError
 from ..core.io import write_parquet_atomic
 from ..core.provenance import label
@@ -53,11 +55,13 @@ NA_TENANTS = "n/a — no tenants in this trace"
 # --------------------------------------------------------------------------- accuracy
 
 
-def accuracy(cfg: Config, *, manifest: Mapping) -> tuple[pl.DataFrame, pl.DataFrame]:
+def accuracy(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, *, manifest: Mapping,
+             workers: int = 1) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``(per_window, summary)``: the accuracy of every (train, target) pair's frozen predictions per
-    window, and per pair its means with bootstrap CIs (columns ``<stat>``, ``<stat>_ci_low/high``)."""
-    acc = PR.accuracy_table(cfg, manifest=manifest)
-    summ = PR.accuracy_summary(acc, cfg.predictors.bootstrap, cfg.predictors.seed)
+    window, and per pair its means with bootstrap CIs (columns ``<stat>``, ``<stat>_ci_low/high``); ``P``: the
+    ``predictors`` section, ``sim``: the noisy oracle's sigma, ``workers``: processes that may train predictors."""
+    acc = PR.accuracy_table(data, P, sim.predictor_sigma, manifest=manifest, workers=workers)
+    summ = PR.accuracy_summary(acc, P.bootstrap, P.seed)
     prov = {s: manifest["sources"][s]["provenance"] for s in PR.sources_of(manifest)}
     rows = []
     for (tr, tg), d in summ.items():
@@ -97,20 +101,18 @@ def _home_schedulers() -> list[str]:
 MAIN_RUNS_FILE = "home_from_main.parquet"   # the home part's runs of the main campaign's policies (copied)
 
 
-def _main_home_runs(cfg: Config, manifest: Mapping) -> pl.DataFrame | None:
-    """The main campaign's replicate-0 runs of the transfer campaign's windows and regions, when the main
-    campaign covers them (same seeds, same frozen predictions: the runs the home part would simulate)."""
-    T = cfg.predictors.transfer
-    if not set(T.regions) <= set(cfg.simulation.loads) or cfg.simulation.replicates < 1:
+def _main_home_runs(T: PredictorTransferConfig, sim: SimulationConfig, main_campaign: CampaignConfig,
+                    main: pl.DataFrame | None, refs: Sequence[campaign.WindowRef]) -> pl.DataFrame | None:
+    """The main campaign's (``main_campaign``, ``sim``; its runs ``main``) replicate-0 runs of the transfer
+    campaign's (``T``) windows ``refs`` and regions, when the main campaign covers them (same seeds, same frozen
+    predictions: the runs the home part would simulate)."""
+    if not set(T.regions) <= set(sim.loads) or sim.replicates < 1:
         return None
-    wps = cfg.campaign.windows_per_source
+    wps = main_campaign.windows_per_source
     if wps is not None and wps < T.windows_per_source:
         return None
-    main = main_runs(cfg)
     if main is None:
         return None
-    home_cfg = _sub_config(cfg, "home", _home_schedulers())
-    refs = campaign.window_refs(manifest, home_cfg.source_names(), home_cfg.campaign)
     return main.filter((pl.col("replicate") == 0) & pl.col("region").is_in(list(T.regions))
                        & pl.col("window_id").is_in([r.id for r in refs]))
 
@@ -126,7 +128,14 @@ def run_transfer(cfg: Config, *, progress: bool = True, verbose: bool = True) ->
     manifest = windows_mod.load_manifest(cfg.paths)
     T = cfg.predictors.transfer
     srcs = PR.sources_of(manifest)
-    main_home = _main_home_runs(cfg, manifest)
+    home_campaign = dataclasses.replace(cfg.campaign, windows_per_source=int(T.windows_per_source),
+                                        request_records=None)     # _sub_config's
+    refs = campaign.window_refs(manifest, cfg.source_names(), home_campaign)
+    try:
+        main_plan = campaign.make_plan(cfg, manifest=manifest)
+    except PortbenchError:
+        main_plan = None
+    main_home = _main_home_runs(T, cfg.simulation, cfg.campaign, main_runs(cfg.paths, main_plan), refs)
     base = transfer_dir(cfg.paths.results_dir)
     if main_home is not None and main_home.height:
         have = set(main_home["scheduler"].unique().to_list())
@@ -142,14 +151,14 @@ def run_transfer(cfg: Config, *, progress: bool = True, verbose: bool = True) ->
     home_cfg = _sub_config(cfg, "home", simulate)
     campaign.reuse_capacities(cfg, home_cfg)        # the main campaign's measured capacities (same windows)
     campaign.run(home_cfg, progress=progress, verbose=verbose)
-    refs = campaign.window_refs(manifest, home_cfg.source_names(), home_cfg.campaign)
-    tables = windows_mod.load_windows(cfg, per_source=int(T.windows_per_source), manifest=manifest)
+    tables = windows_mod.load_windows(cfg.data, per_source=int(T.windows_per_source), manifest=manifest)
     for p in srcs:
         sub = _sub_config(cfg, f"from-{p}", list(T.schedulers))
         given = {r.id: tables[r.id] for r in refs if r.source != p}
         if not given:
             continue
-        run = campaign.run_tables(sub, given, list(T.schedulers), manifest=manifest, train=p)
+        run = campaign.run_tables(sub.data, sub.predictors, sub.simulation, given, list(T.schedulers),
+                                  manifest=manifest, train=p, workers=sub.campaign.workers)
         campaign.reuse_capacities(cfg, sub)
         campaign.run(sub, windows=[(r, run[r.id]) for r in refs if r.id in run], progress=progress,
                      verbose=verbose)
@@ -235,10 +244,13 @@ def variant_ranks(runs: pl.DataFrame, metrics: Sequence[str], schedulers: Sequen
     return pl.DataFrame(rows, schema=schema)
 
 
-def main_runs(cfg: Config) -> pl.DataFrame | None:
-    """The main campaign's runs (:func:`portbench.study.campaign.load_runs`), or None when it has not run."""
+def main_runs(paths: PathsConfig, plan: campaign.Plan | None) -> pl.DataFrame | None:
+    """The main campaign's runs (:func:`portbench.study.campaign.load_runs`: under ``paths.results_dir``, of
+    ``plan``), or None when it has not run (or has no plan)."""
+    if plan is None:
+        return None
     try:
-        return campaign.load_runs(cfg)
+        return campaign.load_runs(paths, plan)
     except PortbenchError:
         return None
 
@@ -279,20 +291,23 @@ def _num(x):
     return None if not np.isfinite(x) else float(f"{x:.6g}")
 
 
-def predictors_block(cfg: Config, *, manifest: Mapping) -> dict:
+def predictors_block(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, analysis: AnalysisConfig, *,
+                     manifest: Mapping, main: pl.DataFrame | None = None, workers: int = 1) -> dict:
     """``summary.json["predictors"]``: per source its home predictor's accuracy (tau, spearman, mae_log
     with CIs, the ranker's tau, the noisy oracle's tau for reference), train rows and features; under
-    ``transfer`` every ordered source pair's accuracy and, when the transfer campaign has run, the
-    mean rank of sjf_predicted / ltr / edf with that predictor."""
-    frozen = PR.load_predictions(cfg, PR.all_pairs(manifest), manifest=manifest)
-    _, summ = accuracy(cfg, manifest=manifest)
+    ``transfer`` every ordered source pair's accuracy and, when the transfer campaign has run (under
+    ``data.paths.results_dir``), the mean rank of sjf_predicted / ltr / edf with that predictor (``analysis``:
+    headline metrics, rank tolerance; ``main``: the main campaign's runs, :func:`main_runs`, for the check that the
+    transfer campaign's home runs equal them)."""
+    frozen = PR.load_predictions(data, P, PR.all_pairs(manifest), manifest=manifest, workers=workers)
+    _, summ = accuracy(data, P, sim, manifest=manifest, workers=workers)
     out: dict = {"definition": (
         "per window: Kendall tau-b and Spearman rho between the frozen predicted output length and the true "
         "one, MAE of natural-log lengths; ranker_* = the LambdaRank score (ltr). Mean over the target's frozen "
         "windows, 95% percentile bootstrap CI over windows. noisy_oracle_tau = the study's former predictor "
         "(true length x exp(N(0, simulation.predictor_sigma))) for comparison. Predictors are trained only "
         "on requests outside every frozen window (data.predictors)."),
-        "bootstrap": int(cfg.predictors.bootstrap),
+        "bootstrap": int(P.bootstrap),
         "checks": ("repeats = share of window requests whose exact (prompt, output) pair / prompt length occurs among "
                    "the training requests of the model predicting them (templated traffic, not a leak: no window row "
                    "is a training row); past_only = a real source's predictor trained only on rows before the second "
@@ -316,12 +331,12 @@ def predictors_block(cfg: Config, *, manifest: Mapping) -> dict:
                   "features": list(info["features"]), "feature_notes": info.get("notes", {}),
                   "training": info.get("training", {}), "models": info.get("models"),
                   "regressor": info.get("regressor"), "ranker": info.get("ranker"), "key": info.get("key"),
-                  "repeats": PR.repeat_share(cfg, s, manifest=manifest),
-                  "past_only": PR.past_only_check(cfg, s, manifest=manifest)}
-    transfer = load_transfer(cfg.paths.results_dir)
+                  "repeats": PR.repeat_share(data, P, s, manifest=manifest),
+                  "past_only": PR.past_only_check(data, P, s, manifest=manifest, workers=workers)}
+    transfer = load_transfer(data.paths.results_dir)
     ranks = None
     if transfer is not None:
-        ranks = variant_ranks(transfer, list(cfg.analysis.headline_metrics), tolerance=cfg.analysis.rank_tolerance)
+        ranks = variant_ranks(transfer, list(analysis.headline_metrics), tolerance=analysis.rank_tolerance)
     tr_block: dict = {}
     for (a, b), row in rows.items():
         if a == b:
@@ -338,16 +353,15 @@ def predictors_block(cfg: Config, *, manifest: Mapping) -> dict:
         tr_block[f"{a}->{b}"] = d
     out["transfer"] = tr_block
     if ranks is not None:
-        T = cfg.predictors.transfer
+        T = P.transfer
         out["transfer"]["campaign"] = {
             "windows_per_source": int(T.windows_per_source), "regions": list(T.regions),
             "schedulers": list(T.schedulers), "replicates": 1, "n_runs": int(transfer.height),
-            "metrics_ranked": list(cfg.analysis.headline_metrics),
+            "metrics_ranked": list(analysis.headline_metrics),
             "rank_definition": "rank (1 = best of 13; means within analysis.rank_tolerance tied) of the policy's mean "
                                "over the subset's windows when the variant takes its place among the 13 (home "
                                "predictor runs); mean over regions x metrics",
-            "home_runs_equal_main_campaign": home_matches_main(main_runs(cfg), transfer,
-                                                                 cfg.paths.results_dir, cfg.simulation)}
+            "home_runs_equal_main_campaign": home_matches_main(main, transfer, data.paths.results_dir, sim)}
         out["vs_noisy_oracle"] = {}
         for pol, orc in ORACLE_VARIANT.items():
             f = ranks.filter(pl.col("policy") == pol)
@@ -407,17 +421,20 @@ def fairness_block(sim: SimulationConfig, runs: pl.DataFrame | None, manifest: M
     return out
 
 
-def add_to_summary(cfg: Config, summary: dict, *, manifest: Mapping | None = None) -> dict:
-    """``summary`` with the ``predictors`` and ``fairness`` blocks added (a failure to build them is
-    recorded in the block rather than losing the rest of the summary); the manifest is loaded once (or given)."""
-    try:
-        manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
-    except (PortbenchError, OSError) as e:
+def add_to_summary(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, analysis: AnalysisConfig,
+                   summary: dict, *, manifest: Mapping | None, main: pl.DataFrame | None,
+                   manifest_error: str = "no window manifest", workers: int = 1) -> dict:
+    """``summary`` with the ``predictors`` (:func:`predictors_block`) and ``fairness`` (:func:`fairness_block`)
+    blocks added (a failure to build them is recorded in the block rather than losing the rest of the summary).
+    ``manifest``: the stage's manifest, None when it could not be loaded (``manifest_error`` says why);
+    ``main``: the main campaign's runs (:func:`main_runs`)."""
+    if manifest is None:
         for key in ("predictors", "fairness"):
-            summary[key] = {"error": f"{type(e).__name__}: {e}"}
+            summary[key] = {"error": manifest_error}
         return summary
-    blocks = (("predictors", lambda: predictors_block(cfg, manifest=manifest)),
-              ("fairness", lambda: fairness_block(cfg.simulation, main_runs(cfg), manifest)))
+    blocks = (("predictors", lambda: predictors_block(data, P, sim, analysis, manifest=manifest, main=main,
+                                                      workers=workers)),
+              ("fairness", lambda: fairness_block(sim, main, manifest)))
     for key, fn in blocks:
         try:
             summary[key] = fn()

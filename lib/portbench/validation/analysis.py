@@ -15,11 +15,12 @@ from typing import Mapping
 import numpy as np
 import polars as pl
 
-from ..core.config import Config, EngineConfig, SimulationConfig
+from ..core.config import CampaignConfig, Config, DataSettings, EngineConfig, PredictorsConfig, SimulationConfig
 from ..core.errors import PortbenchError
 from ..data import windows
 from ..data.predictors import PREDICTION_COLUMNS
 from ..sim import metrics, profiles, regions
+from ..study.analysis import cube as analysis_cube
 from . import capacity, confirm, matching, predict, prereg, replay, resim, steps, verdict
 from .common import (FAMILY_TABLES, LABEL_CPU, LABEL_GPU, TARGETS, _case_from_dict, _coefs, _floor, _label_phases, _seed,
                      _write_json, base_profile, out_dir, summary_path)
@@ -127,12 +128,12 @@ def virtual_section(sim: SimulationConfig, out: Path, *, es: resim.EngineSetting
             "wall_s": time.perf_counter() - t0, "source": "run in this analysis"}
 
 
-def family_section(cfg: Config, out: Path, conf: list, doc: dict,
-                   manifest: dict) -> tuple[pl.DataFrame, pl.DataFrame, dict] | None:
+def family_section(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, campaign: CampaignConfig, out: Path,
+                   conf: list, doc: dict, manifest: dict) -> tuple[pl.DataFrame, pl.DataFrame, dict] | None:
     """The family's runs on the virtual vLLM engine and the simulator at the campaign's settings
     (``raw/family_*.parquet``, written by :func:`run_family` before the replays), checked against the
-    pre-registration (every case, side, window and policy it fixes); run here when absent and vLLM is importable,
-    else None."""
+    pre-registration (every case, side, window and policy it fixes); run here (:func:`.family.run` with ``data``,
+    ``P``, ``sim``, ``campaign``) when absent and vLLM is importable, else None."""
     from . import family as family_mod
 
     raw = out / "raw"
@@ -141,7 +142,7 @@ def family_section(cfg: Config, out: Path, conf: list, doc: dict,
         v, r = (pl.read_parquet(f) for f in files)
         info = json.loads((raw / "family.json").read_text())
     elif predict.available():
-        v, r, info = family_mod.run(cfg, conf, doc["windows"], manifest=manifest)
+        v, r, info = family_mod.run(data, P, sim, campaign, conf, doc["windows"], manifest=manifest)
     else:
         return None
     want = {(s, w, reg, x) for s, w, reg, _, x in family_mod.todo(conf, doc["windows"])}
@@ -506,7 +507,7 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
     explore = [c for c in done_cases if not any(prereg._same(c, d) for d in conf)]
     alpha = float(doc["alpha"])
     try:
-        camp_runs = campaign_window_values(cfg)
+        camp_runs = campaign_window_values(cfg.paths, lambda: analysis_cube.load_runs(cfg))
     except PortbenchError:
         camp_runs = None
     rows = confirm.verdicts(conf, explore, engine_runs, sim_runs, alpha=alpha, delta=float(cfg.analysis.delta),
@@ -520,7 +521,7 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
     virt = virtual_section(sim, out, es=es, es_of=es_of, profile=wprof, wins=wins,
                            replay_keys=list(keys.iter_rows()), trace_hb=trace_hb, rec_by_key=rec_by_key,
                            speed_of=speed_grid, frontend_s=frontend_s)
-    fam = family_section(cfg, out, conf, doc, man)
+    fam = family_section(cfg.data, cfg.predictors, cfg.simulation, cfg.campaign, out, conf, doc, man)
     by_engine = {"wall_clock": rows}
     if fam is not None and fam[0].height:
         by_engine = {"virtual": confirm.verdicts(conf, [], fam[0], fam[1], alpha=alpha,
@@ -574,7 +575,7 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
     sf = np.array(list(speed.values()) or [math.nan])
     srcs_all = sorted({w["source"] for w in man["windows"]})
     match = settings_match_section(cfg.engine, sim, es, run_info, man,
-                                   windows.load_windows(cfg, sources=srcs_all, manifest=man))
+                                   windows.load_windows(cfg.data, sources=srcs_all, manifest=man))
     summary = {
         "ran": True,
         "label": LABEL_CPU if device == "cpu" else LABEL_GPU,

@@ -144,7 +144,8 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
     (``requests_per_window``: only each window's first requests -- a quick check; capacity from the whole
     window); writes ``{results_dir}/conformance/summary.json`` (and ``cases.parquet``) and returns the summary."""
     sim_cfg = cfg.simulation
-    plan = make_plan(cfg)
+    manifest = windows_mod.load_manifest(cfg.paths)      # once for the command: the plan, the windows, their inputs
+    plan = make_plan(cfg, manifest=manifest)
     names = list(schedulers) if schedulers else list(plan.schedulers)
     real = [w for w in plan.windows if w.provenance == "real" and (sources is None or w.source in sources)]
     chosen: list = []
@@ -153,8 +154,9 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
         if per.get(w.source, 0) < windows_per_source:
             per[w.source] = per.get(w.source, 0) + 1
             chosen.append(w)
-    tables = windows_mod.load_windows(cfg, sorted({w.source for w in chosen}))
-    tables = run_tables(cfg, {w.id: tables[w.id] for w in chosen}, names)
+    tables = windows_mod.load_windows(cfg.data, sorted({w.source for w in chosen}), manifest=manifest)
+    tables = run_tables(cfg.data, cfg.predictors, sim_cfg, {w.id: tables[w.id] for w in chosen}, names, manifest=manifest,
+                        workers=cfg.campaign.workers)
     loads = dict(sim_cfg.region_loads)
     base = SimEngine()
     rows, t_sim, t_vllm = [], 0.0, 0.0

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 
 import polars as pl
 
-from ..core.config import Config, PathsConfig
+from ..core.config import CampaignConfig, DataSettings, PathsConfig, PredictorsConfig, SimulationConfig
 from ..core.errors import DataError
 from ..data import windows as windows_mod
 from ..study.campaign.engines import SimEngine
@@ -76,30 +76,34 @@ def campaign_replicate0(paths: PathsConfig, keys: Sequence[tuple]) -> pl.DataFra
     return runs.join(want, on=list(KEY), how="semi")
 
 
-def run(cfg: Config, conf: Sequence[Case], windows: Mapping[str, Sequence[str]], *, manifest: Mapping,
+def run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, campaign: CampaignConfig,
+        conf: Sequence[Case], windows: Mapping[str, Sequence[str]], *, manifest: Mapping,
         log=None) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
     """The family's runs on the virtual vLLM engine and on the simulator at the campaign's settings (module
     docstring): two per-window metric tables (``KEY`` + ``rho``, ``horizon_s``, ``capacity_rps``, the metrics)
     and what ran (runs, wall seconds of each side, agreement with the campaign's replicate-0 runs). ``manifest``: the
-    windows' manifest, loaded once by the stage (:attr:`portbench.validation.Plan.manifest`)."""
+    windows' manifest, loaded once by the stage (:attr:`portbench.validation.Plan.manifest`); ``data``: where the
+    windows, predictions and the campaign's results are; ``P``, ``sim``, ``campaign``: the ``predictors``,
+    ``simulation`` and ``campaign`` sections."""
     from .virtual_campaign import VirtualEngine      # imports vLLM
 
     t0 = time.perf_counter()
-    sim = cfg.simulation
+    paths = data.paths
     work = todo(conf, windows)
-    caps = campaign_capacities(cfg.paths)
+    caps = campaign_capacities(paths)
     man = manifest
-    refs = {w.id: w for w in window_refs(man, cfg.source_names(), cfg.campaign)}
+    refs = {w.id: w for w in window_refs(man, list(data.sources), campaign)}
     names = sorted({x for *_, x in work})
     srcs = sorted({s for s, *_ in work})
-    tables = run_tables(cfg, windows_mod.load_windows(cfg, sources=srcs, manifest=man), names, manifest=man)
+    tables = run_tables(data, P, sim, windows_mod.load_windows(data, sources=srcs, manifest=man), names, manifest=man,
+                        workers=campaign.workers)
     base_s, base_v = SimEngine(), VirtualEngine()
     rows_v, rows_s = [], []
     wall_v = wall_s = 0.0
     prepared: dict[tuple[str, str], tuple[pl.DataFrame, float]] = {}
     for s, wid, region, _rho, sched in work:
         if wid not in refs or wid not in tables:
-            raise DataError(Path(cfg.paths.windows_dir), f"window {wid} of the pre-registration is not in the campaign")
+            raise DataError(Path(paths.windows_dir), f"window {wid} of the pre-registration is not in the campaign")
         es, ev = base_s.for_window(refs[wid]), base_v.for_window(refs[wid])
         if (wid, region) not in prepared:
             cap = caps.get(wid)
@@ -124,7 +128,7 @@ def run(cfg: Config, conf: Sequence[Case], windows: Mapping[str, Sequence[str]],
             "virtual_s": wall_v, "simulator_s": wall_s,
             "settings": "the campaign's: profile " + str(sim.profile) + ", engine " + str(sim.engine.as_dict())
                         + ", token counts unscaled, the campaign's capacity per window, replicate 0's seed",
-            "resim_matches_campaign": agreement(sdf, campaign_replicate0(cfg.paths, [tuple(r[k] for k in KEY) for r in rows_s]))}
+            "resim_matches_campaign": agreement(sdf, campaign_replicate0(paths, [tuple(r[k] for k in KEY) for r in rows_s]))}
     if log:
         log(f"confirmatory family on the virtual vLLM engine at the campaign's settings: {len(work)} runs "
             f"(+ the same on the simulator) in {info['wall_s']:.0f} s (vLLM's scheduler {wall_v:.0f} s, simulator "

@@ -96,6 +96,9 @@ import polars as pl
 from ..core import io
 from ..core.config import (
     Config,
+    DataSettings,
+    PredictorsConfig,
+    SimulationConfig,
     ValidationConfig,
 )
 from ..core.errors import PortbenchError
@@ -193,9 +196,19 @@ def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = F
                    "runs on the virtual engine and any wall-clock replay")
     # ... decided on the virtual vLLM engine at the campaign's own settings (family.py): never cut ...
     fam = run_family(cfg, the_plan, out, progress=progress)
-    # ... then the wall-clock engine's replays (exploratory, sized to the time left)
-    report = _outside_event_loop(_run, cfg, the_plan, out, reversals, progress=progress, origin=origin, prereg_sha=sha,
-                                 grid=grid, family_s=float(fam["wall_s"]))
+    # ... then the wall-clock engine's replays (exploratory, sized to the time left) ...
+    inputs = {"params_fingerprint": params_fingerprint(cfg.tree),
+              "reversals_sha256": _sha(reversals_path(cfg.paths)) if reversals is None else "given"}
+    R = _outside_event_loop(_run, cfg.data, cfg.predictors, cfg.simulation, cfg.validation, int(cfg.campaign.workers),
+                            the_plan, out, inputs, progress=progress, origin=origin, prereg_sha=sha, grid=grid,
+                            family_s=float(fam["wall_s"]))
+    # ... and the analysis of what ran (from the raw files)
+    summary = analyze(cfg, t_start=R.origin, manifest=_manifest(the_plan))
+    m = summary["mape"]
+    R.log(f"done in {summary['wall_s']['total']:.0f} s from the process start (budget {R.budget:.0f} s): MAPE below "
+          f"saturation TTFT {m['ttft']:.3f}, TPOT {m['tpot']:.3f}, E2E {m['e2e']:.3f}; "
+          + confirm.verdict_line(summary["verdict_counts"]))
+    report = {**summary, "plan": the_plan.to_dict(), "phases": R.phases}
     _write_json(out / "report.json", report)
     return report
 
@@ -206,8 +219,9 @@ def run_family(cfg: Config, the_plan: Plan, out: Path, *, progress: bool = True)
     from . import family  # imports vLLM
 
     doc = the_plan.preregistration or {}
-    v, r, info = family.run(cfg, the_plan.confirmatory, doc.get("windows") or the_plan.windows,
-                            manifest=_manifest(the_plan), log=lambda m: _log(progress, m))
+    v, r, info = family.run(cfg.data, cfg.predictors, cfg.simulation, cfg.campaign, the_plan.confirmatory,
+                            doc.get("windows") or the_plan.windows, manifest=_manifest(the_plan),
+                            log=lambda m: _log(progress, m))
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for name, df in zip(FAMILY_TABLES, (v, r)):
@@ -432,21 +446,25 @@ def _replay_on_own_instance(R: _Run, deferred: list[tuple], sspec: replay.Engine
     return init
 
 
-def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, origin: float | None = None,
-         prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None, family_s: float = 0.0) -> dict:
-    """The validation (module docstring). Sized to the budget, which counts from the process start:
+def _run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, v: ValidationConfig, workers: int,
+         the_plan: Plan, out: Path, inputs: dict, *, progress: bool, origin: float | None = None,
+         prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None, family_s: float = 0.0) -> _Run:
+    """The validation's replays (module docstring), their raw files under ``out`` for :func:`analyze`; returns the
+    run's state (its origin, budget and phases). Sized to the budget, which counts from the process start:
     the saturation backlog (the campaign's size unless :data:`SATURATION_SHARE` of the time left cannot
     hold it, then no fewer than ``capacity.MIN_REQUESTS``), the windows of the required cases (fewer
     when their estimated replays do not fit, at least one per source), then optional cases while they
-    fit; :func:`_reserve` is kept for the analysis."""
-    v, sim, e = cfg.validation, cfg.simulation, the_plan.engine
+    fit; :func:`_reserve` is kept for the analysis. ``data``, ``P``, ``workers``: the windows and their frozen
+    predictions; ``sim``, ``v``: the ``simulation`` and ``validation`` sections; ``inputs``: the parameters'
+    fingerprint and the reversals' SHA-256, recorded in ``raw/run.json``."""
+    e = the_plan.engine
     budget = float(v.reduced_time_budget_s if the_plan.reduced else v.time_budget_s)
     R = _Run(the_plan, out, progress, time.perf_counter() if origin is None else origin, budget)
     n_fid_plan = int(v.reduced_fidelity_windows if the_plan.reduced else v.fidelity_windows)
     load_start = os.getloadavg()
     srcs_all = sorted(the_plan.windows)
     man = _manifest(the_plan)
-    tables = windows.load_windows(cfg, sources=srcs_all, manifest=man)
+    tables = windows.load_windows(data, sources=srcs_all, manifest=man)
     # what the simulator's runs are given too: frozen predictions (edf, ltr, sjf_predicted) and tenants.
     # Predictions are frozen per environment (their fingerprint has the library versions): when none are
     # frozen for this one, they are trained here (~1-2 min on 2 cores) only if a required case needs them or
@@ -456,8 +474,10 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
     names_req = {"fcfs"} | {x for c in the_plan.cases[:n_req] for x in c.schedulers}
     names_all = names_req | {x for c in the_plan.cases for x in c.schedulers}
     with_predictions = campaign.needs_predictions(sorted(names_req)) or (
-        campaign.needs_predictions(sorted(names_all)) and (not the_plan.reduced or _predictions_frozen(cfg, man, srcs_all)))
-    tables = campaign.run_tables(cfg, tables, sorted(names_all if with_predictions else names_req), manifest=man)
+        campaign.needs_predictions(sorted(names_all))
+        and (not the_plan.reduced or _predictions_frozen(data, P, man, srcs_all)))
+    tables = campaign.run_tables(data, P, sim, tables, sorted(names_all if with_predictions else names_req),
+                                 manifest=man, workers=workers)
     vocab = int(replay.model_config(e.model_config)["vocab_size"])
     log_path = out / "iterations.jsonl"
     _clear_step_logs(out, log_path, keep_grid=grid is not None)
@@ -738,17 +758,12 @@ def _run(cfg: Config, the_plan: Plan, out: Path, reversals, *, progress: bool, o
                                                                            "that need them skipped"},
         "loadavg_start": list(load_start), "loadavg_end": list(load_end), "calibration_profile": str(calib_path),
         "model_config": e.model_config, "dtype": e.dtype,
-        "inputs": {"params_fingerprint": params_fingerprint(cfg.tree), "reversals_sha256": _sha(reversals_path(cfg.paths))
-                   if reversals is None else "given", "manifest_checksum": man.get("checksum")}})
-    summary = analyze(cfg, t_start=R.origin, manifest=man)
-    m = summary["mape"]
-    R.log(f"done in {summary['wall_s']['total']:.0f} s from the process start (budget {budget:.0f} s): MAPE below "
-          f"saturation TTFT {m['ttft']:.3f}, TPOT {m['tpot']:.3f}, E2E {m['e2e']:.3f}; "
-          + confirm.verdict_line(summary["verdict_counts"]))
-    return {**summary, "plan": the_plan.to_dict(), "phases": R.phases}
+        "inputs": {**inputs, "manifest_checksum": man.get("checksum")}})
+    return R
 
 
-def _predictions_frozen(cfg: Config, man: dict, sources) -> bool:
-    """Whether every source's home predictions are frozen for this environment (no training needed)."""
-    return all(predictors.predictions_path(cfg.paths, s, s, predictors.fingerprint_key(
-        predictors.fingerprint(cfg, man, s, s))).is_file() for s in sources)
+def _predictions_frozen(data: DataSettings, P: PredictorsConfig, man: dict, sources) -> bool:
+    """Whether every source's home predictions are frozen for this environment (no training needed; ``data``:
+    where they are, ``P``: the ``predictors`` section)."""
+    return all(predictors.predictions_path(data.paths, s, s, predictors.fingerprint_key(
+        predictors.fingerprint(P, data.standins, man, s, s))).is_file() for s in sources)

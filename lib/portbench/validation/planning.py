@@ -16,6 +16,7 @@ import polars as pl
 from ..core.config import (
     AnalysisConfig,
     Config,
+    PathsConfig,
     ValidationConfig,
     VllmEngineConfig,
 )
@@ -134,7 +135,8 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
             pool = f"windows: {e}"
         inputs = {"reversals_sha256": _sha(reversals_path(cfg.paths)) if reversals is None else "given",
                   "params_fingerprint": params_fingerprint(cfg.tree)}
-        wins, doc = family_document(v, cfg.analysis, conf, explore, pool, lambda: campaign_window_values(cfg),
+        wins, doc = family_document(v, cfg.analysis, conf, explore, pool,
+                                    lambda: campaign_window_values(cfg.paths, lambda: analysis_cube.load_runs(cfg)),
                                     reduced=reduced, messages=msgs, inputs=inputs)
     spec = None
     try:
@@ -175,14 +177,15 @@ def family_document(v: ValidationConfig, analysis: AnalysisConfig, conf: list, e
     return wins, doc
 
 
-def campaign_window_values(cfg: Config) -> pl.DataFrame:
-    """The campaign's per-window metric values as the analysis used them (``analysis/window_values.parquet``:
-    replicate-averaged, one column per metric), else the campaign's runs table (``analysis.load_runs``)."""
-    f = Path(cfg.paths.results_dir) / "analysis" / "window_values.parquet"
+def campaign_window_values(paths: PathsConfig, runs: Callable[[], pl.DataFrame]) -> pl.DataFrame:
+    """The campaign's per-window metric values as the analysis used them (``analysis/window_values.parquet`` under
+    ``paths.results_dir``: replicate-averaged, one column per metric), else the campaign's runs table (``runs()``,
+    ``analysis.load_runs``; read only then)."""
+    f = Path(paths.results_dir) / "analysis" / "window_values.parquet"
     if f.is_file():
         wv = pl.read_parquet(f)
         return wv.pivot(on="metric", index=["source", "window_id", "region", "scheduler"], values="value")
-    return analysis_cube.load_runs(cfg)
+    return runs()
 
 
 def power_plan(v: ValidationConfig, analysis: AnalysisConfig, conf: list, values: Callable[[], pl.DataFrame], *,

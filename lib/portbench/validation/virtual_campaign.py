@@ -65,7 +65,8 @@ def check(cfg: Config, *, budget_s: float = 600.0, panel: str = "real", out_dir=
     ``{results_dir}/validation/vllm_virtual.json`` and returns it."""
     t0 = time.perf_counter()
     sim_cfg = cfg.simulation
-    plan = make_plan(cfg)
+    manifest = windows_mod.load_manifest(cfg.paths)      # once for the command: the plan, the windows, their inputs
+    plan = make_plan(cfg, manifest=manifest)
     srcs = list(cfg.analysis.panels.get(panel) or [])
     by_src: dict[str, list] = {s: [w for w in plan.windows if w.source == s and w.provenance == "real"] for s in srcs}
     loads = dict(sim_cfg.region_loads)
@@ -85,8 +86,9 @@ def check(cfg: Config, *, budget_s: float = 600.0, panel: str = "real", out_dir=
         if time.perf_counter() - t0 > budget_s:
             break
         if w.id not in tables:
-            t = windows_mod.load_windows(cfg, [w.source])
-            tables.update(run_tables(cfg, {w.id: t[w.id]}, names))
+            t = windows_mod.load_windows(cfg.data, [w.source], manifest=manifest)
+            tables.update(run_tables(cfg.data, cfg.predictors, sim_cfg, {w.id: t[w.id]}, names, manifest=manifest,
+                                     workers=cfg.campaign.workers))
         df = tables[w.id]
         es, ev = base_s.for_window(w), base_v.for_window(w)
         if w.id not in caps:

@@ -92,14 +92,23 @@ def settings(a: AnalysisConfig, window_size: int = 200) -> dict:
     }
 
 
+def runs_file_table(analysis: AnalysisConfig) -> pl.DataFrame:
+    """The runs table of ``analysis.runs_file`` (ParameterError when it is not set, DataError when it is not
+    there)."""
+    path = analysis.runs_file
+    if not path:
+        raise ParameterError("analysis.runs_file", path, "a runs file (or give the analysis the campaign's runs)")
+    if not Path(path).is_file():
+        raise DataError(path, "analysis.runs_file does not exist")
+    return pl.read_parquet(path)
+
+
 def load_runs(cfg: Config) -> pl.DataFrame:
-    """The runs table: ``analysis.runs_file`` when set, else ``campaign.load_runs(cfg)``."""
-    path = cfg.analysis.runs_file
-    if path:
-        if not Path(path).is_file():
-            raise DataError(path, "analysis.runs_file does not exist")
-        return pl.read_parquet(path)
-    return campaign.load_runs(cfg)
+    """The runs table: ``analysis.runs_file`` when set, else the campaign's (``campaign.load_runs`` of
+    ``campaign.make_plan(cfg)``)."""
+    if cfg.analysis.runs_file:
+        return runs_file_table(cfg.analysis)
+    return campaign.load_runs(cfg.paths, campaign.make_plan(cfg))
 
 
 @dataclass

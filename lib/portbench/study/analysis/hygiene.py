@@ -16,12 +16,13 @@ headline with arrivals spread within the grid (``controls.arrival_jitter``), and
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from ...core.config import Config
+from ...core.config import Config, DataSettings
 from ...data import trace_checks
 from ...data import traces as traces_mod
 from ...data import windows as windows_mod
@@ -30,17 +31,17 @@ from .. import campaign
 from .common import _num
 
 
-def trace_checks_block(cfg: Config, *, manifest=None) -> dict:
-    """``summary.json["trace_checks"]``: per source ``quantised``, ``grid_step_s`` and the measures, on its
-    windows and (real sources) on the whole trace."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
-    sources = [s for s in cfg.source_names() if s in manifest.get("sources", {})]
-    tables = windows_mod.load_windows(cfg, sources, per_source=cfg.campaign.windows_per_source, manifest=manifest)
+def trace_checks_block(data: DataSettings, windows_per_source: int | None, *, manifest: Mapping) -> dict:
+    """``summary.json["trace_checks"]``: per source (of ``data.sources`` with windows in ``manifest``)
+    ``quantised``, ``grid_step_s`` and the measures, on its first ``windows_per_source`` (``campaign`` section)
+    windows and (real sources) on the whole trace (the ingest report under ``data.paths``)."""
+    sources = [s for s in data.sources if s in manifest.get("sources", {})]
+    tables = windows_mod.load_windows(data, sources, per_source=windows_per_source, manifest=manifest)
     by_source: dict[str, list] = {}
     src_of = {e["id"]: e["source"] for e in manifest["windows"]}
     for wid, df in tables.items():
         by_source.setdefault(src_of[wid], []).append(df["arrival_s"].to_numpy())
-    report = traces_mod._read_report(cfg.paths.data_dir).get("sources", {})
+    report = traces_mod._read_report(data.paths.data_dir).get("sources", {})
     out: dict = {"definition": {
         "quantised": f"at least {trace_checks.ZERO_GAP_FLAG:.0%} of consecutive arrival gaps are zero, or the arrivals "
                      f"sit on a grid of at least {trace_checks.MIN_STEP_S:g} s",
@@ -81,14 +82,17 @@ def run_jitter(cfg: Config, sources=None, *, manifest: Manifest, progress: bool 
     """Simulate the quantised sources' windows again with arrivals spread within their grid (every scheduler,
     region and replicate of the campaign); ``sources`` default: the trace checks' quantised sources. Returns
     the runs (None when no source is quantised). ``manifest``: the stage's window manifest."""
-    sources = list(sources if sources is not None else trace_checks_block(cfg, manifest=manifest)["quantised_sources"])
+    if sources is None:
+        sources = trace_checks_block(cfg.data, cfg.campaign.windows_per_source, manifest=manifest)["quantised_sources"]
+    sources = list(sources)
     if not sources:
         return None
     sub = _jitter_config(cfg)
     refs = [r for r in campaign.window_refs(manifest, cfg.source_names(), cfg.campaign) if r.source in sources]
-    tables = windows_mod.load_windows(cfg, sources, per_source=cfg.campaign.windows_per_source, manifest=manifest)
-    given = campaign.run_tables(sub, {r.id: tables[r.id] for r in refs}, campaign.make_plan(cfg, manifest=manifest)
-                                .schedulers, manifest=manifest)
+    tables = windows_mod.load_windows(cfg.data, sources, per_source=cfg.campaign.windows_per_source, manifest=manifest)
+    given = campaign.run_tables(sub.data, sub.predictors, sub.simulation, {r.id: tables[r.id] for r in refs},
+                                campaign.make_plan(cfg, manifest=manifest).schedulers, manifest=manifest,
+                                workers=sub.campaign.workers)
     campaign.reuse_capacities(cfg, sub)        # capacity is measured on a backlog: arrival times do not enter it
     res = campaign.run(sub, windows=[(r, given[r.id]) for r in refs], progress=progress, verbose=False)
     (jitter_dir(cfg.paths.results_dir) / "sources.json").write_text(json.dumps(sources))
@@ -134,9 +138,10 @@ def run_equal_information(cfg: Config, sources, *, manifest: Manifest, progress:
                               "campaign.request_records": None})
     refs = [r for r in campaign.window_refs(manifest, cfg.source_names(), cfg.campaign)
             if r.source in set(sources)]
-    tables = windows_mod.load_windows(cfg, sorted({r.source for r in refs}), per_source=cfg.campaign.windows_per_source,
-                                      manifest=manifest)
-    given = campaign.run_tables(sub, {r.id: tables[r.id] for r in refs}, variants, manifest=manifest)
+    tables = windows_mod.load_windows(cfg.data, sorted({r.source for r in refs}),
+                                      per_source=cfg.campaign.windows_per_source, manifest=manifest)
+    given = campaign.run_tables(sub.data, sub.predictors, sub.simulation, {r.id: tables[r.id] for r in refs}, variants,
+                                manifest=manifest, workers=sub.campaign.workers)
     campaign.reuse_capacities(cfg, sub)
     return campaign.run(sub, windows=[(r, given[r.id]) for r in refs], progress=progress, verbose=False).runs
 

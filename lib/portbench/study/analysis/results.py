@@ -15,7 +15,7 @@ import polars as pl
 
 from ...core import figindex
 from ...core import io as fileio
-from ...core.config import TIE_RULES, Config, PathsConfig, SimulationConfig
+from ...core.config import TIE_RULES, AnalysisInputs, Config, DataSettings, PathsConfig, SimulationConfig
 from ...core.errors import DataError, PortbenchError
 from ...core.progress import stage
 from ...data import windows as windows_mod
@@ -26,7 +26,7 @@ from .. import campaign, honest, stats
 from .agreement import _cross_region, _cross_source, _rankings_table, _window_values_table
 from .columns import FIGURE_NOTEBOOKS, SCHEMA, TABLES
 from .common import _num, _source_rng, panel_sources, unavailable_reason
-from .cube import Analysis, build_cube, load_runs, metric_names, settings
+from .cube import Analysis, build_cube, load_runs, metric_names, runs_file_table, settings
 from .metric_agreement import _cross_metric, _friedman, _slo_sensitivity
 from .power import mde, resolution, warn
 from .reversals import _family_definition, _reversals, tenant_na
@@ -40,12 +40,13 @@ from .plan import plan_block, plan_path
 PANEL_SECTIONS = ("cross_source", "cross_region", "reversals", "cross_metric", "slo_sensitivity")
 
 
-def compute(config: Config, runs: pl.DataFrame | None = None, *, progress: bool = False) -> Analysis:
-    """Compute every table and the summary numbers (no files written)."""
+def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progress: bool = False) -> Analysis:
+    """Compute every table and the summary numbers (no files written) of ``runs`` (default: the file
+    ``analysis.runs_file``); ``config``: what the analysis reads (``cfg.analysis_inputs``)."""
     t0 = time.perf_counter()
-    cfg = settings(config.analysis, config.windows.size)
+    cfg = settings(config.analysis, config.window_size)
     where = cfg["runs_file"] or "campaign runs table"
-    runs = load_runs(config) if runs is None else runs
+    runs = runs_file_table(config.analysis) if runs is None else runs
     cube = build_cube(runs, metric_spec=config.analysis.metrics, all_metrics=metric_names(config.simulation.slo),
                       scheduler_order=config.simulation.schedulers, where=str(where),
                       source_order=config.source_names(), names=config.display_names)
@@ -231,11 +232,11 @@ def summary_path(results_dir: Path) -> Path:
 ANALYSIS_CODE = ("study.analysis", "study.stats")    # the code whose source is part of the analysis' fingerprint
 
 
-def fingerprint(runs: pl.DataFrame, cfg: Config) -> str:
-    """Hash of the runs table and everything in the parameters that changes the analysis."""
+def fingerprint(runs: pl.DataFrame, cfg: AnalysisInputs) -> str:
+    """Hash of the runs table and everything in the parameters that changes the analysis (``cfg``)."""
     h = hashlib.sha256()
     h.update(SCHEMA.encode())                       # a new summary layout never reuses an older analysis
-    h.update(json.dumps(settings(cfg.analysis, cfg.windows.size), sort_keys=True, default=str).encode())
+    h.update(json.dumps(settings(cfg.analysis, cfg.window_size), sort_keys=True, default=str).encode())
     h.update(json.dumps(sorted(runs.columns)).encode())
     h.update(json.dumps(cfg.simulation.slo_dicts, sort_keys=True, default=str).encode())
     h.update(json.dumps(scheduler_registry.names(cfg.simulation.schedulers)).encode())
@@ -270,7 +271,7 @@ def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Ana
     """The analysis for ``cfg``: read from ``{results_dir}/analysis`` when it matches the runs table and
     the parameters (fingerprint), else computed and written (tables, summary core and summary.json)."""
     runs = load_runs(cfg)
-    fp = fingerprint(runs, cfg)
+    fp = fingerprint(runs, cfg.analysis_inputs)
     d = analysis_dir(cfg.paths.results_dir)
     meta_p = d / "meta.json"
     if not recompute and meta_p.is_file():
@@ -281,7 +282,7 @@ def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Ana
             summary = json.loads((d / "summary_core.json").read_text())
             return Analysis(tables=tables, summary=summary, meta=meta)
     with stage(f"analysis of {runs.height:,} runs (the tables of notebooks 04-07 and 10)"):
-        A = compute(cfg, runs, progress=progress)
+        A = compute(cfg.analysis_inputs, runs, progress=progress)
     write(cfg.paths.results_dir, A)
     figindex.forget(cfg.paths.figures_dir, FIGURE_NOTEBOOKS)  # figures of an older analysis are not indexed
     write_summary(cfg, A)
@@ -294,13 +295,13 @@ def figure_index(paths: PathsConfig) -> list[dict]:
     return figindex.index(paths.figures_dir, paths.root)
 
 
-def campaign_files(cfg: Config) -> tuple[pl.DataFrame, pl.DataFrame] | None:
-    """The campaign's runs and measured capacities, or None when they are not there (or ``analysis.runs_file``
-    analyses a runs file of its own, e.g. a planted one)."""
-    if cfg.analysis.runs_file is not None:
+def campaign_files(paths: PathsConfig, plan: campaign.Plan | None) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+    """The runs and measured capacities of the campaign of ``plan`` (:func:`portbench.study.campaign.make_plan`)
+    under ``paths.results_dir``, or None when they are not there (or there is no plan)."""
+    if plan is None:
         return None
     try:
-        return campaign.load_runs(cfg), campaign.load_capacities(cfg.paths, campaign.make_plan(cfg))
+        return campaign.load_runs(paths, plan), campaign.load_capacities(paths, plan)
     except DataError:
         return None
 
@@ -329,36 +330,53 @@ def engine_load_blocks(files: tuple[pl.DataFrame, pl.DataFrame] | None, sim: Sim
 
 def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
     """Write ``{results_dir}/summary.json``: the summary numbers, the engine and load blocks and the
-    index of every figure. The window manifest is loaded once here, for every block that reads it."""
+    index of every figure. The window manifest, the campaign's plan and its runs are loaded once here, for
+    every block that reads them."""
     A = A or load(cfg)
+    manifest_error = ""
     try:
         manifest = windows_mod.load_manifest(cfg.paths)
-    except (PortbenchError, OSError):
+    except (PortbenchError, OSError) as e:
         manifest = None      # each block that needs it records the error (below)
+        manifest_error = f"{type(e).__name__}: {e}"
+    try:
+        plan = campaign.make_plan(cfg, manifest=manifest)
+    except DataError:
+        plan = None
+    # the campaign's files; not the analysis' own runs when analysis.runs_file analyses a file of its own
+    files = campaign_files(cfg.paths, plan) if cfg.analysis.runs_file is None else None
+    main = files[0] if files is not None else honest.main_runs(cfg.paths, plan)
     summary = dict(A.summary)
-    summary.update(engine_load_blocks(campaign_files(cfg), cfg.simulation, cfg.source_names(), cfg.paths.results_dir))
+    summary.update(engine_load_blocks(files, cfg.simulation, cfg.source_names(), cfg.paths.results_dir))
     summary["figures"] = figure_index(cfg.paths)
     summary.update(read_sections(cfg.paths.results_dir, reserved=summary))  # later stages' sections (attribution)
-    summary = honest.add_to_summary(cfg, summary, manifest=manifest)   # issue #12's predictors and fairness blocks
-    summary = add_design_controls(cfg, summary, manifest=manifest)
+    summary = honest.add_to_summary(cfg.data, cfg.predictors, cfg.simulation, cfg.analysis, summary, manifest=manifest,
+                                    main=main, manifest_error=manifest_error, workers=cfg.campaign.workers)
+    summary = add_design_controls(cfg.analysis_inputs, cfg.data, cfg.campaign.windows_per_source, summary,
+                                  manifest=manifest, runs=files[0] if files is not None else None,
+                                  manifest_error=manifest_error)
     fileio.write_text(summary_path(cfg.paths.results_dir), json.dumps(summary, indent=1, default=_json_default))
     return summary
 
 
-def add_design_controls(cfg: Config, summary: dict, *, manifest: Manifest | None = None) -> dict:
+def add_design_controls(cfg: AnalysisInputs, data: DataSettings, windows_per_source: int | None, summary: dict, *,
+                        manifest: Manifest | None, runs: pl.DataFrame | None, manifest_error: str = "") -> dict:
     """Issue #25's blocks that need more than the runs table: ``trace_checks`` (quantised timestamps of every
-    source), ``congestion`` with the share of time with a waiting request (per-request records), and
-    ``controls.arrival_jitter`` (the headline with the quantised sources' arrivals spread within their grid,
-    when :func:`portbench.study.analysis.hygiene.run_jitter` has run)."""
+    source, of ``data``'s first ``windows_per_source`` windows), ``congestion`` with the share of time with a
+    waiting request (per-request records), and ``controls.arrival_jitter`` (the headline with the quantised
+    sources' arrivals spread within their grid, when :func:`portbench.study.analysis.hygiene.run_jitter` has
+    run). ``runs``: the campaign's runs (None: not there); ``manifest`` None: it could not be loaded
+    (``manifest_error``)."""
     if cfg.analysis.runs_file is not None:
         return summary
     try:
-        summary["trace_checks"] = hygiene.trace_checks_block(cfg, manifest=manifest)
+        if manifest is None:
+            summary["trace_checks"] = {"error": manifest_error or "no window manifest"}
+        else:
+            summary["trace_checks"] = hygiene.trace_checks_block(data, windows_per_source, manifest=manifest)
     except (PortbenchError, OSError) as e:
         summary["trace_checks"] = {"error": f"{type(e).__name__}: {e}"}
-    try:
-        runs = load_runs(cfg)
-    except PortbenchError:
+    if runs is None:
         return summary
     summary["congestion"] = hygiene.congestion_block(runs, cfg.simulation.capacity_policy,
                                                      hygiene.load_records(cfg.paths.results_dir))
@@ -387,10 +405,10 @@ def add_design_controls(cfg: Config, summary: dict, *, manifest: Manifest | None
 JITTER_BOOT = 200   # resamples of the arrival-jitter control's intervals
 
 
-def jitter_headline(config: Config, runs: pl.DataFrame, what: str = "arrival_jitter") -> dict:
+def jitter_headline(config: AnalysisInputs, runs: pl.DataFrame, what: str = "arrival_jitter") -> dict:
     """The headline (concordance and four-way table, headline panel) on ``runs``: by default the runs with the
     quantised sources' arrivals spread within their grid (``what``: the control's name)."""
-    cfg = settings(config.analysis, config.windows.size)
+    cfg = settings(config.analysis, config.window_size)
     cube = build_cube(runs, metric_spec=config.analysis.metrics, all_metrics=metric_names(config.simulation.slo),
                       scheduler_order=config.simulation.schedulers, source_order=config.source_names(),
                       names=config.display_names)

@@ -60,7 +60,7 @@ from ...core import io as fileio
 from ...core import plugins as plugin_loader
 from ...core import procs
 from ...core.progress import bar as progress_bar
-from ...core.config import Config, SimulationConfig
+from ...core.config import Config, DataSettings, PredictorsConfig, SimulationConfig
 from ...core.errors import DataError
 from ...core.io import sha256_hex, write_parquet_atomic
 from ...data import hybrids, windows as windows_mod
@@ -121,24 +121,26 @@ class PairWindows:
         return len(self.a_entries)
 
 
-def pair_windows(cfg: Config, manifest: Mapping, a: str, b: str, n: int,
-                 tables: Mapping | None = None) -> PairWindows:
+def pair_windows(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, windows_per_source: int | None,
+                 manifest: Mapping, a: str, b: str, n: int, tables: Mapping | None = None, *,
+                 workers: int = 1) -> PairWindows:
     """``n`` windows of each source, evenly spaced through its campaign windows (the manifest's, or the first
-    ``campaign.windows_per_source``), paired by position
-    (A's i-th with B's i-th); the tables are loaded and hash-verified (``windows.load_windows``)."""
-    ea = windows_mod.select_entries(manifest, [a], cfg.campaign.windows_per_source)   # the campaign's windows
-    eb = windows_mod.select_entries(manifest, [b], cfg.campaign.windows_per_source)
+    ``windows_per_source``, ``campaign.windows_per_source``), paired by position
+    (A's i-th with B's i-th); the tables are loaded and hash-verified (``windows.load_windows``, ``data``) and
+    given what the campaign's runs get (:func:`portbench.study.campaign.run_tables`: ``P``, ``sim``, ``workers``)."""
+    ea = windows_mod.select_entries(manifest, [a], windows_per_source)   # the campaign's windows
+    eb = windows_mod.select_entries(manifest, [b], windows_per_source)
     m = min(len(ea), len(eb))
     if m < 2:
-        raise DataError(windows_mod.manifest_path(cfg.paths), f"attribution of {a} vs {b} needs two windows of each, "
+        raise DataError(windows_mod.manifest_path(data.paths), f"attribution of {a} vs {b} needs two windows of each, "
                         f"found {len(ea)} and {len(eb)}")
     ea = [ea[i] for i in spaced(len(ea), min(n, m))]
     eb = [eb[i] for i in spaced(len(eb), min(n, m))]
     if tables is None:
-        tables = windows_mod.load_windows(cfg, [a, b], manifest=manifest)
+        tables = windows_mod.load_windows(data, [a, b], manifest=manifest)
     # the tables the campaign's runs get: frozen predictions attached, the tenant model applied
-    given = run_tables(cfg, {e["id"]: tables[e["id"]] for e in ea + eb}, list(scheduler_names(cfg.simulation.schedulers)),
-                       manifest=manifest)
+    given = run_tables(data, P, sim, {e["id"]: tables[e["id"]] for e in ea + eb}, list(scheduler_names(sim.schedulers)),
+                       manifest=manifest, workers=workers)
     return PairWindows(a, b, ea, eb, given)
 
 
@@ -415,7 +417,8 @@ def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, pr
 
     try:
         for a, b in design.pairs:
-            pw = pair_windows(cfg, manifest, a, b, design.windows, tables)
+            pw = pair_windows(cfg.data, cfg.predictors, cfg.simulation, cfg.campaign.windows_per_source, manifest, a, b,
+                              design.windows, tables, workers=cfg.campaign.workers)
             win_pairs[pair_key(a, b)] = [(ea["id"], eb["id"]) for ea, eb in zip(pw.a_entries, pw.b_entries)]
             htables, records = build_hybrids(design, pw)
             got = freeze_hybrids(hybrids_path(out_dir, a, b), records, frozen, frozen_file, refreeze)

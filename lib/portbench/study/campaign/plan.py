@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import cast
 
 from ...core import plugins as plugin_loader
-from ...core.config import CampaignConfig, Config, RequestRecordsConfig, SimulationConfig
+from ...core.config import (CampaignConfig, Config, PredictorsConfig, RequestRecordsConfig, SimulationConfig,
+                           StandinsConfig)
 from ...core.io import canonical_json, sha256_hex
 from ...data import windows as windows_mod
 from ...sim import schedulers as scheduler_registry
@@ -150,11 +151,12 @@ def _given_inputs(windows: Sequence) -> dict[str, dict]:
     return out
 
 
-def run_inputs(cfg: Config, manifest: Mapping, refs: Sequence[WindowRef], schedulers: Sequence[str]
-               ) -> dict[str, dict]:
+def run_inputs(P: PredictorsConfig, standins_cfg: StandinsConfig, sim: SimulationConfig, manifest: Mapping,
+               refs: Sequence[WindowRef], schedulers: Sequence[str]) -> dict[str, dict]:
     """Per window, what a run is given besides the frozen window table (part of the shard fingerprint):
-    the fingerprint key of the source's frozen predictions (when a scheduler reads them) and how its
-    tenants are read (``simulation.tenant_model``, :func:`portbench.data.windows.tenant_label`)."""
+    the fingerprint key of the source's frozen predictions (when a scheduler reads them; ``P``, ``standins_cfg``:
+    :func:`portbench.data.predictors.fingerprint`) and how its tenants are read (``sim.tenant_model``,
+    :func:`portbench.data.windows.tenant_label`)."""
     need = needs_predictions(schedulers)
     if need:
         from ...data import predictors   # lightgbm and scikit-learn: not imported by the campaign's workers
@@ -162,9 +164,10 @@ def run_inputs(cfg: Config, manifest: Mapping, refs: Sequence[WindowRef], schedu
     out = {}
     for w in refs:
         if need and w.source not in keys:
-            keys[w.source] = predictors.fingerprint_key(predictors.fingerprint(cfg, manifest, w.source, w.source))
+            keys[w.source] = predictors.fingerprint_key(predictors.fingerprint(P, standins_cfg, manifest, w.source,
+                                                                               w.source))
         out[w.id] = {"predictions": keys.get(w.source),
-                     "tenants": windows_mod.tenant_label(manifest, w.source, cfg.simulation.tenant_model)}
+                     "tenants": windows_mod.tenant_label(manifest, w.source, sim.tenant_model)}
     return out
 
 
@@ -214,7 +217,7 @@ def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | 
     else:
         manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
         wins = window_refs(manifest, cfg.source_names(), cfg.campaign)
-        inputs = run_inputs(cfg, manifest, wins, scheds)
+        inputs = run_inputs(cfg.predictors, cfg.standins, s, manifest, wins, scheds)
     regs = s.loads
     reps = replicates(s)
     common = plan_common(s, cfg.plugins, engine)

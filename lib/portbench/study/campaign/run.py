@@ -7,7 +7,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ import polars as pl
 
 from ...core import io
 from ...core import plugins as plugin_loader
-from ...core.config import Config, PathsConfig
+from ...core.config import CampaignConfig, Config, DataSettings, PathsConfig, PredictorsConfig, SimulationConfig
 from ...core.errors import DataError, check_choice
 from ...core.io import read_meta, write_parquet_atomic
 from ...core.progress import bar as progress_bar
@@ -137,7 +137,7 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
         if windows is not None:
             loaded = {ref.id: df for ref, df in windows if ref.id in needed}
         else:
-            loaded = _load_window_tables(cfg, plan, needed, manifest)
+            loaded = _load_window_tables(cfg.data, cfg.predictors, cfg.simulation, cfg.campaign, plan, needed, manifest)
         ctx = WorkerContext(engine=engine, sim=cfg.simulation, windows=loaded,
                             modules=engine.worker_modules(cfg.simulation),
                             plugins=plugin_loader.specs(cfg.plugins), refs={w.id: w for w in plan.windows})
@@ -233,19 +233,21 @@ def check_plugins(ctx: WorkerContext, shard, capacity, plan: Plan) -> None:
                             "from what it declares (the prompt, predictions: r.predicted_output)")
 
 
-def _load_window_tables(cfg: Config, plan: Plan, needed: Sequence[str], manifest: windows_mod.Manifest) -> dict:
-    tables = windows_mod.load_windows(cfg, sorted({w.source for w in plan.windows}),
-                                      per_source=cfg.campaign.windows_per_source, manifest=manifest)
+def _load_window_tables(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, campaign: CampaignConfig,
+                        plan: Plan, needed: Sequence[str], manifest: windows_mod.Manifest) -> dict:
+    tables = windows_mod.load_windows(data, sorted({w.source for w in plan.windows}),
+                                      per_source=campaign.windows_per_source, manifest=manifest)
     missing = [w for w in needed if w not in tables]
     if missing:
-        raise DataError(windows_mod.manifest_path(cfg.paths), f"windows {missing[:3]} of the plan could not be loaded")
+        raise DataError(windows_mod.manifest_path(data.paths), f"windows {missing[:3]} of the plan could not be loaded")
     by_id = {w.id: w for w in plan.windows}
     for wid in needed:  # load_windows verified the hashes; the plan must agree with them
         got = windows_mod.window_sha256(tables[wid])
         if got != by_id[wid].sha256:
-            raise DataError(windows_mod.manifest_path(cfg.paths), f"window {wid}: sha256 {got} but the plan has "
+            raise DataError(windows_mod.manifest_path(data.paths), f"window {wid}: sha256 {got} but the plan has "
                             f"{by_id[wid].sha256}")
-    return run_tables(cfg, {wid: tables[wid] for wid in needed}, plan.schedulers, manifest=manifest)
+    return run_tables(data, P, sim, {wid: tables[wid] for wid in needed}, plan.schedulers, manifest=manifest,
+                      workers=campaign.workers)
 
 
 def reuse_capacities(source: Config, target: Config) -> int:
@@ -265,25 +267,27 @@ def reuse_capacities(source: Config, target: Config) -> int:
     return n
 
 
-def run_tables(cfg: Config, tables: dict, schedulers: Sequence[str], *, manifest=None,
-               train: str | None = None) -> dict:
+def run_tables(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, tables: dict,
+               schedulers: Sequence[str], *, manifest: Mapping, train: str | None = None,
+               workers: int = 1) -> dict:
     """The tables the runs are given: the verified frozen window tables plus, when a scheduler reads
     them, the window's frozen predictions (columns ``predicted_output``, ``ltr_score``; source
     ``train``'s predictor instead of the home one when given); on a source without tenants and
     ``simulation.tenant_model: trace`` every request gets the tenant ``NO_TENANT`` (tenant metrics
     n/a, vtc has one counter). With ``simulation.arrival_jitter`` the windows of a source whose arrivals are
-    quantised get them spread within the grid (:func:`jitter_tables`). The frozen tables themselves are not changed."""
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
+    quantised get them spread within the grid (:func:`jitter_tables`). The frozen tables themselves are not changed.
+    (``data``, ``P``, ``workers``: where the predictions are, the ``predictors`` section and the processes that may
+    train them, :func:`portbench.data.predictors.attach`; ``sim``: the ``simulation`` section.)"""
     if needs_predictions(schedulers):
         from ...data import predictors   # lightgbm and scikit-learn: not imported by the campaign's workers
 
-        tables = predictors.attach(cfg, tables, manifest=manifest, train=train)
+        tables = predictors.attach(data, P, tables, manifest=manifest, train=train, workers=workers)
     by_id = {e["id"]: e["source"] for e in manifest["windows"]}
-    if cfg.simulation.arrival_jitter:
-        tables = jitter_tables(tables, by_id, cfg.simulation.seed)
+    if sim.arrival_jitter:
+        tables = jitter_tables(tables, by_id, sim.seed)
     out = {}
     for wid, df in tables.items():
-        if windows_mod.tenant_label(manifest, by_id[wid], cfg.simulation.tenant_model) == "none":
+        if windows_mod.tenant_label(manifest, by_id[wid], sim.tenant_model) == "none":
             df = df.with_columns(pl.lit(NO_TENANT).alias("tenant"))
         out[wid] = df
     return out
@@ -335,27 +339,26 @@ def _empty_runs(metric_names):
     return pl.DataFrame(schema=schema).select(list(RUN_COLUMNS) + list(metric_names))
 
 
-def load_runs(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None):
-    """The campaign's runs table for ``cfg``: ``runs.parquet`` when it belongs to this parameter set,
-    else consolidated from the shards; DataError naming the command to run when shards are missing."""
-    plan = make_plan(cfg, engine=engine, windows=windows)
-    path = runs_path(cfg.paths.results_dir)
+def load_runs(paths: PathsConfig, plan: Plan):
+    """The runs table of the campaign planned by ``plan`` (:func:`make_plan`) under ``paths.results_dir``:
+    ``runs.parquet`` when it belongs to this plan, else consolidated from the shards; DataError naming the
+    command to run when shards are missing."""
+    path = runs_path(paths.results_dir)
     if path.is_file():
         meta = read_meta(path) or {}
         if meta.get("plan") == plan.hash:
             return pl.read_parquet(path)
-    return consolidate_runs(cfg.paths, plan)
+    return consolidate_runs(paths, plan)
 
 
-def load_requests(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None):
-    """Per-request records of the ``campaign.request_records`` subset (records columns + run keys)."""
-    plan = make_plan(cfg, engine=engine, windows=windows)
-    paths = [records_path(cfg.paths.results_dir, sh) for sh in plan.shards if sh.record_replicates]
-    missing = [p for p in paths if not p.is_file()]
+def load_requests(paths: PathsConfig, plan: Plan):
+    """Per-request records of the ``campaign.request_records`` subset of ``plan`` (records columns + run keys)."""
+    files = [records_path(paths.results_dir, sh) for sh in plan.shards if sh.record_replicates]
+    missing = [p for p in files if not p.is_file()]
     if missing:
         raise DataError(missing[0], f"{len(missing)} request-record files of this parameter set are missing; "
                         "run the campaign (`portbench simulate`, notebook 03)")
-    if not paths:
+    if not files:
         return pl.DataFrame()
-    return pl.concat([pl.read_parquet(p) for p in paths], how="vertical_relaxed").sort(
+    return pl.concat([pl.read_parquet(p) for p in files], how="vertical_relaxed").sort(
         ["source", "window_id", "rho", "region", "scheduler", "replicate", "req_id"])
