@@ -621,3 +621,22 @@ def test_sim_engine_computes_marks_and_options_once_per_table_and_section(smoke,
     for sigma in (2.0, 0.25):
         other = dataclasses.replace(sim, predictor_sigma=sigma)
         assert eng._scheduler(other, "sjf_noisy_oracle").sigma == sigma
+
+
+def test_load_runs_takes_a_plan_made_already_and_campaign_files_makes_it_once(smoke, monkeypatch):
+    """load_runs(plan=...) reads the same table as load_runs making its own plan; the summary's campaign_files
+    makes the plan once for the runs and the capacities, and reads no runs when it is given them."""
+    from portbench.study.analysis import results
+
+    P = smoke("files")
+    res = run_fake(P)
+    mine = dict(engine=FakeEngine(), windows=WINDOWS)
+    assert campaign.load_runs(P, plan=res.plan, **mine).equals(campaign.load_runs(P, **mine))
+    calls: dict[str, list] = {"plan": [], "runs": []}
+    monkeypatch.setattr(campaign, "make_plan", lambda cfg, **kw: calls["plan"].append(kw) or res.plan)
+    monkeypatch.setattr(campaign, "load_runs", lambda cfg, **kw: calls["runs"].append(kw) or res.runs)
+    runs, caps = results.campaign_files(P)
+    assert runs is res.runs and len(calls["plan"]) == 1 and calls["runs"] == [{"plan": res.plan}]
+    assert set(caps) == {w.id for w in res.plan.windows}
+    given = res.runs.head(3)
+    assert results.campaign_files(P, given)[0] is given and len(calls["runs"]) == 1

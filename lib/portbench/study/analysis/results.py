@@ -284,7 +284,7 @@ def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Ana
         A = compute(cfg, runs, progress=progress)
     write(cfg.paths.results_dir, A)
     figindex.forget(cfg.paths.figures_dir, FIGURE_NOTEBOOKS)  # figures of an older analysis are not indexed
-    write_summary(cfg, A)
+    write_summary(cfg, A, runs=runs)
     return A
 
 
@@ -294,13 +294,15 @@ def figure_index(paths: PathsConfig) -> list[dict]:
     return figindex.index(paths.figures_dir, paths.root)
 
 
-def campaign_files(cfg: Config) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+def campaign_files(cfg: Config, runs: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame] | None:
     """The campaign's runs and measured capacities, or None when they are not there (or ``analysis.runs_file``
-    analyses a runs file of its own, e.g. a planted one)."""
+    analyses a runs file of its own, e.g. a planted one). ``runs``: the campaign's runs table when the caller has
+    loaded it (:func:`portbench.study.analysis.cube.load_runs` without ``analysis.runs_file``), else loaded here."""
     if cfg.analysis.runs_file is not None:
         return None
     try:
-        return campaign.load_runs(cfg), campaign.load_capacities(cfg.paths, campaign.make_plan(cfg))
+        plan = campaign.make_plan(cfg)       # made once, for both
+        return (campaign.load_runs(cfg, plan=plan) if runs is None else runs), campaign.load_capacities(cfg.paths, plan)
     except DataError:
         return None
 
@@ -327,29 +329,33 @@ def engine_load_blocks(files: tuple[pl.DataFrame, pl.DataFrame] | None, sim: Sim
                                                             max_model_len=engine["max_model_len"] or None)}
 
 
-def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
+def write_summary(cfg: Config, A: Analysis | None = None, *, runs: pl.DataFrame | None = None) -> dict:
     """Write ``{results_dir}/summary.json``: the summary numbers, the engine and load blocks and the
-    index of every figure. The window manifest is loaded once here, for every block that reads it."""
+    index of every figure. The window manifest and the campaign's runs are loaded once here, for every block that
+    reads them (``runs``: the runs table of :func:`portbench.study.analysis.cube.load_runs` when the caller has it)."""
     A = A or load(cfg)
     try:
         manifest = windows_mod.load_manifest(cfg.paths)
     except (PortbenchError, OSError):
         manifest = None      # each block that needs it records the error (below)
     summary = dict(A.summary)
-    summary.update(engine_load_blocks(campaign_files(cfg), cfg.simulation, cfg.source_names(), cfg.paths.results_dir))
+    files = campaign_files(cfg, runs)     # the campaign's runs, loaded once for every block below
+    summary.update(engine_load_blocks(files, cfg.simulation, cfg.source_names(), cfg.paths.results_dir))
     summary["figures"] = figure_index(cfg.paths)
     summary.update(read_sections(cfg.paths.results_dir, reserved=summary))  # later stages' sections (attribution)
     summary = honest.add_to_summary(cfg, summary, manifest=manifest)   # issue #12's predictors and fairness blocks
-    summary = add_design_controls(cfg, summary, manifest=manifest)
+    summary = add_design_controls(cfg, summary, manifest=manifest, runs=files[0] if files is not None else None)
     fileio.write_text(summary_path(cfg.paths.results_dir), json.dumps(summary, indent=1, default=_json_default))
     return summary
 
 
-def add_design_controls(cfg: Config, summary: dict, *, manifest: Manifest | None = None) -> dict:
+def add_design_controls(cfg: Config, summary: dict, *, manifest: Manifest | None = None,
+                        runs: pl.DataFrame | None = None) -> dict:
     """Issue #25's blocks that need more than the runs table: ``trace_checks`` (quantised timestamps of every
     source), ``congestion`` with the share of time with a waiting request (per-request records), and
     ``controls.arrival_jitter`` (the headline with the quantised sources' arrivals spread within their grid,
-    when :func:`portbench.study.analysis.hygiene.run_jitter` has run)."""
+    when :func:`portbench.study.analysis.hygiene.run_jitter` has run). ``runs``: the campaign's runs table when the
+    caller has loaded it (:func:`campaign_files`), else loaded here."""
     if cfg.analysis.runs_file is not None:
         return summary
     try:
@@ -357,7 +363,7 @@ def add_design_controls(cfg: Config, summary: dict, *, manifest: Manifest | None
     except (PortbenchError, OSError) as e:
         summary["trace_checks"] = {"error": f"{type(e).__name__}: {e}"}
     try:
-        runs = load_runs(cfg)
+        runs = load_runs(cfg) if runs is None else runs
     except PortbenchError:
         return summary
     summary["congestion"] = hygiene.congestion_block(runs, cfg.simulation.capacity_policy,

@@ -341,10 +341,11 @@ def _empty_runs(metric_names):
     return pl.DataFrame(schema=schema).select(list(RUN_COLUMNS) + list(metric_names))
 
 
-def load_runs(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None):
+def load_runs(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None, plan: Plan | None = None):
     """The campaign's runs table for ``cfg``: ``runs.parquet`` when it belongs to this parameter set,
-    else consolidated from the shards; DataError naming the command to run when shards are missing."""
-    plan = make_plan(cfg, engine=engine, windows=windows)
+    else consolidated from the shards; DataError naming the command to run when shards are missing.
+    ``plan``: the campaign's plan when the caller has made it already (:func:`make_plan`; else made here)."""
+    plan = plan if plan is not None else make_plan(cfg, engine=engine, windows=windows)
     path = runs_path(cfg.paths.results_dir)
     if path.is_file():
         meta = read_meta(path) or {}
