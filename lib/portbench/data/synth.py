@@ -43,18 +43,11 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+from scipy.special import gammaln
 
 from ..core.errors import DataError, ParameterError
 
 FAMILIES = ("poisson", "gamma", "weibull")
-
-
-def gammaln(x):
-    """``scipy.special.gammaln`` (imported at the first call: the campaign's workers import this module and never
-    draw a process)."""
-    from scipy.special import gammaln as _gammaln
-
-    return _gammaln(x)
 WINDOW_SCHEMA = {"arrival_s": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
                  "tenant": pl.String}
 # Weibull shapes searched by the CV solver: CV from about 1e-3 (k = 1000) to about 1e33 (k = 0.01).
