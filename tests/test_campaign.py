@@ -640,3 +640,15 @@ def test_load_runs_takes_a_plan_made_already_and_campaign_files_makes_it_once(sm
     assert set(caps) == {w.id for w in res.plan.windows}
     given = res.runs.head(3)
     assert results.campaign_files(P, given)[0] is given and len(calls["runs"]) == 1
+
+
+def test_the_campaign_imports_no_model_library_and_the_predictor_fingerprint_names_their_versions():
+    """Reading frozen predictions (fingerprint, attach) does not import lightgbm, scikit-learn or scipy.stats: they
+    load where a predictor is trained or scored. The fingerprint still records their versions, the same strings
+    as the packages' ``__version__``."""
+    code = ("import sys, portbench.study.campaign, portbench.data.predictors as p; "
+            "print([m for m in ('lightgbm', 'sklearn', 'scipy.stats') if m in sys.modules]); "
+            "import lightgbm, sklearn; print(p._version('lightgbm') == lightgbm.__version__, "
+            "p._version('scikit-learn') == sklearn.__version__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]" and out[1] == "True True"
