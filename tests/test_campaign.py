@@ -573,3 +573,82 @@ def test_refusals_per_scheduler_and_the_check_that_every_scheduler_agrees():
     assert w == []
     w = campaign.refusal_warnings(_cache_runs().with_columns(pl.col("refused") * 5), max_model_len=131072)
     assert len(w) == 1 and "has 131,072 tokens (the model's context) or more" in w[0] and "longer" not in w[0]
+
+
+# --------------------------------------------------------------------------- what the campaign does once (issue #26)
+
+
+def test_run_seed_is_the_sha256_of_the_canonical_json_of_its_key():
+    """run_seed serialises its key with one encoder made once; the seed is still the first 8 bytes (>> 1) of the
+    SHA-256 of io.canonical_json of the key (the module docstring's definition)."""
+    for key in [(0, "azure-00", "fcfs", "light", 0), (123456789, "bailian-17", "srpt_oracle", "overload", 2),
+                (7, "w/ünï cödé", "my plug-in", "r\"q\\", 9)]:
+        base, wid, sched, region, rep = key
+        want = int.from_bytes(hashlib.sha256(io.canonical_json(
+            [campaign.SEED_TAG, base, wid, sched, region, rep]).encode()).digest()[:8], "big") >> 1
+        assert campaign.run_seed(*key) == want
+
+
+def test_consolidation_uses_the_shards_just_written_and_equals_reading_them_back(smoke):
+    """The runs table a campaign returns (its computed shards kept in memory, not read back) is the table read
+    back from the shard files, and runs.parquet holds it; a campaign that reuses half of its shards gives it too."""
+    P = smoke("mem")
+    res = run_fake(P)
+    assert res.computed_shards == len(res.plan.shards)
+    from_files = campaign.consolidate_runs(P.paths, res.plan)          # every shard read from its file
+    assert res.runs.schema == from_files.schema and res.runs.equals(from_files)
+    assert pl.read_parquet(campaign.runs_path(P.paths.results_dir)).equals(from_files)
+    for sh in res.plan.shards[::2]:
+        campaign.shard_path(P.paths.results_dir, sh).unlink()
+    mixed = run_fake(P)
+    assert mixed.computed_shards == len(res.plan.shards[::2]) and mixed.reused_shards
+    assert mixed.runs.equals(from_files)
+
+
+def test_sim_engine_computes_marks_and_options_once_per_table_and_section(smoke, shared_traces):
+    """SimEngine keeps a shard's utilisation marks and scheduler options between its runs (checked by the
+    identity of the scaled table and of the simulation section): runs on another table, or with another
+    section, give what a fresh engine gives."""
+    import dataclasses
+
+    P = smoke("eng", **{"campaign.windows_per_source": 1})
+    sim = P.simulation
+    eng = campaign.SimEngine()
+    for _, df in _real_windows(P)[:2] * 2:
+        scaled, horizon = eng.prepare(df, 0.9, 2.0, sim)
+        got = eng.run(scaled, "las", 1, horizon, sim)
+        fresh = campaign.SimEngine().run(scaled, "las", 1, horizon, sim)
+        assert got.counters == fresh.counters and got.metrics == fresh.metrics
+    for sigma in (2.0, 0.25):
+        other = dataclasses.replace(sim, predictor_sigma=sigma)
+        assert eng._scheduler(other, "sjf_noisy_oracle").sigma == sigma
+
+
+def test_campaign_files_reads_the_runs_once_and_none_when_given_them(smoke, monkeypatch):
+    """The summary's campaign_files reads the campaign's runs through the plan it is given (the same table as
+    load_runs), and reads no runs when the caller passes the table it has loaded already."""
+    from portbench.study.analysis import results
+
+    P = smoke("files")
+    res = run_fake(P)
+    calls: list = []
+    real = campaign.load_runs
+    monkeypatch.setattr(campaign, "load_runs", lambda paths, plan: calls.append(plan) or real(paths, plan))
+    runs, caps = results.campaign_files(P.paths, res.plan)
+    assert runs.equals(res.runs) and calls == [res.plan]
+    assert set(caps) == {w.id for w in res.plan.windows}
+    given = res.runs.head(3)
+    assert results.campaign_files(P.paths, res.plan, given)[0] is given and len(calls) == 1
+    assert results.campaign_files(P.paths, None) is None
+
+
+def test_the_campaign_imports_no_model_library_and_the_predictor_fingerprint_names_their_versions():
+    """Reading frozen predictions (fingerprint, attach) does not import lightgbm, scikit-learn or scipy.stats: they
+    load where a predictor is trained or scored. The fingerprint still records their versions, the same strings
+    as the packages' ``__version__``."""
+    code = ("import sys, portbench.study.campaign, portbench.data.predictors as p; "
+            "print([m for m in ('lightgbm', 'sklearn', 'scipy.stats') if m in sys.modules]); "
+            "import lightgbm, sklearn; print(p._version('lightgbm') == lightgbm.__version__, "
+            "p._version('scikit-learn') == sklearn.__version__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]" and out[1] == "True True"

@@ -65,6 +65,7 @@ the table a run is given (``predicted_output``, ``ltr_score``).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import multiprocessing as mp
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -73,13 +74,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import lightgbm
 import numpy as np
 import polars as pl
-import sklearn
-from lightgbm import LGBMRanker
-from scipy import stats as sstats
-from sklearn.ensemble import HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
 
 from . import standins, synth, traces, windows
@@ -428,11 +424,13 @@ def _ranker_labels(output: np.ndarray, group: int, levels: int) -> tuple[np.ndar
             sizes[-1] += rest
         else:
             sizes.append(rest)
+    from scipy.stats import rankdata   # scipy, scikit-learn and lightgbm only where a predictor is trained or scored
+
     labels = np.empty(n, dtype=np.int64)
     pos = 0
     for s in sizes:
         o = output[pos:pos + s]
-        r = sstats.rankdata(o, method="min") - 1            # 0 = shortest; ties share a grade
+        r = rankdata(o, method="min") - 1            # 0 = shortest; ties share a grade
         labels[pos:pos + s] = (levels - 1) - np.minimum((levels * r) // s, levels - 1)
         pos += s
     return np.asarray(sizes, dtype=np.int64), labels
@@ -457,6 +455,9 @@ class Model:
 
 def fit_model(P: PredictorsConfig, spec: FeatureSpec, frame: pl.DataFrame) -> Model:
     """Fit the regressor (log length) and the LambdaRank ranker on ``frame`` (rows in arrival order)."""
+    from lightgbm import LGBMRanker
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
     enc = Encoder.fit(spec, frame)
     X = enc.matrix(frame)
     y = frame["output_tokens"].to_numpy().astype(float)
@@ -570,8 +571,14 @@ def fingerprint(P: PredictorsConfig, standins_cfg: StandinsConfig, manifest: Map
                        "regressor": dict(P.regressor), "ranker": dict(P.ranker)},
             "standins_seed": standins_cfg.seed, "canonical_version": traces.CANONICAL_VERSION,
             "code": _code_sha(),
-            "libraries": {"scikit-learn": sklearn.__version__, "lightgbm": lightgbm.__version__,
+            "libraries": {"scikit-learn": _version("scikit-learn"), "lightgbm": _version("lightgbm"),
                           "numpy": np.__version__}}
+
+
+def _version(dist: str) -> str:
+    """The installed version of distribution ``dist`` (its metadata: the same string as the package's
+    ``__version__``, without importing it -- a campaign reads the fingerprint of predictions it does not train)."""
+    return importlib.metadata.version(dist)
 
 
 def fingerprint_key(fp: Mapping) -> str:
@@ -783,6 +790,8 @@ def _nan_stat(fn, a, b) -> float:
 def window_accuracy(pred: np.ndarray, score: np.ndarray, true: np.ndarray) -> dict:
     """Kendall tau-b and Spearman rho of the prediction and of the ranker score with the true lengths,
     and the MAE of log lengths (natural log)."""
+    from scipy import stats as sstats
+
     t = np.asarray(true, dtype=float)
     return {"tau": _nan_stat(sstats.kendalltau, pred, t), "spearman": _nan_stat(sstats.spearmanr, pred, t),
             "mae_log": float(np.mean(np.abs(np.log(pred) - np.log(t)))),
@@ -801,6 +810,8 @@ def accuracy_table(data: DataSettings, P: PredictorsConfig, sigma: float,
     """One row per (train, target, window): the accuracy of the frozen predictions on that window
     (:func:`window_accuracy`); home pairs also carry the noisy oracle's tau (true x exp(N(0, sigma)),
     ``sigma`` = ``simulation.predictor_sigma``, seeded per window) for comparison."""
+    from scipy import stats as sstats
+
     pairs = all_pairs(manifest) if pairs is None else list(pairs)
     frozen = load_predictions(data, P, pairs, manifest=manifest, workers=workers)
     tables = windows.load_windows(data, manifest=manifest)

@@ -285,7 +285,7 @@ def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Ana
         A = compute(cfg.analysis_inputs, runs, progress=progress)
     write(cfg.paths.results_dir, A)
     figindex.forget(cfg.paths.figures_dir, FIGURE_NOTEBOOKS)  # figures of an older analysis are not indexed
-    write_summary(cfg, A)
+    write_summary(cfg, A, runs=runs)
     return A
 
 
@@ -295,13 +295,16 @@ def figure_index(paths: PathsConfig) -> list[dict]:
     return figindex.index(paths.figures_dir, paths.root)
 
 
-def campaign_files(paths: PathsConfig, plan: campaign.Plan | None) -> tuple[pl.DataFrame, pl.DataFrame] | None:
+def campaign_files(paths: PathsConfig, plan: campaign.Plan | None,
+                   runs: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame] | None:
     """The runs and measured capacities of the campaign of ``plan`` (:func:`portbench.study.campaign.make_plan`)
-    under ``paths.results_dir``, or None when they are not there (or there is no plan)."""
+    under ``paths.results_dir``, or None when they are not there (or there is no plan). ``runs``: the campaign's
+    runs table when the caller has loaded it (:func:`portbench.study.analysis.cube.load_runs` without
+    ``analysis.runs_file``), else loaded here."""
     if plan is None:
         return None
     try:
-        return campaign.load_runs(paths, plan), campaign.load_capacities(paths, plan)
+        return (campaign.load_runs(paths, plan) if runs is None else runs), campaign.load_capacities(paths, plan)
     except DataError:
         return None
 
@@ -328,10 +331,11 @@ def engine_load_blocks(files: tuple[pl.DataFrame, pl.DataFrame] | None, sim: Sim
                                                             max_model_len=engine["max_model_len"] or None)}
 
 
-def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
+def write_summary(cfg: Config, A: Analysis | None = None, *, runs: pl.DataFrame | None = None) -> dict:
     """Write ``{results_dir}/summary.json``: the summary numbers, the engine and load blocks and the
     index of every figure. The window manifest, the campaign's plan and its runs are loaded once here, for
-    every block that reads them."""
+    every block that reads them (``runs``: the runs table of :func:`portbench.study.analysis.cube.load_runs` when
+    the caller has it)."""
     A = A or load(cfg)
     manifest_error = ""
     try:
@@ -344,7 +348,7 @@ def write_summary(cfg: Config, A: Analysis | None = None) -> dict:
     except DataError:
         plan = None
     # the campaign's files; not the analysis' own runs when analysis.runs_file analyses a file of its own
-    files = campaign_files(cfg.paths, plan) if cfg.analysis.runs_file is None else None
+    files = campaign_files(cfg.paths, plan, runs) if cfg.analysis.runs_file is None else None
     main = files[0] if files is not None else honest.main_runs(cfg.paths, plan)
     summary = dict(A.summary)
     summary.update(engine_load_blocks(files, cfg.simulation, cfg.source_names(), cfg.paths.results_dir))

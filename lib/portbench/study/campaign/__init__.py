@@ -50,13 +50,15 @@ source, the listed regions and replicates) go to ``{results_dir}/requests/<same 
 name in the same folder and then ``os.replace`` (atomic on POSIX). A killed campaign leaves only
 complete shards; rerunning it computes exactly the missing shards. ``runs.parquet`` is the sorted
 concatenation of the plan's shards, tagged with the plan's hash, so :func:`load_runs` never returns
-rows of other parameters.
+rows of other parameters; the shards computed in this run are concatenated as the workers returned them
+(the very tables just written), only reused shards are read back.
 
 **Executors.** ``campaign.executor: process`` (default): a spawn-context process pool of
 ``campaign.workers`` processes (1 = in this process); ``dask``: a ``distributed`` cluster at
 ``campaign.dask_address``, or a ``LocalCluster`` of ``campaign.workers`` single-threaded worker
 processes. The worker context (the engine, the parameters and the verified windows) is sent to each
-worker once (pool initializer / Dask broadcast scatter). Rows are sorted by (source, window_id, rho,
+worker once (pool initializer / Dask broadcast scatter); a task carries only its shard's spec. Within a shard,
+:class:`SimEngine` computes the scaled window's utilisation marks and the schedulers' options once, not per run. Rows are sorted by (source, window_id, rho,
 region, scheduler, replicate), so every executor and worker count gives identical tables.
 
 **Engine.** What a run *is* is an injectable :class:`Engine` (capacity, rescale + horizon, one run ->

@@ -101,6 +101,10 @@ class SimEngine(Engine):
         self._profile = None
         self._profile_key = None
         self.hash_block_size = None   # tokens per block of the window's block_hashes (None: no hashes)
+        # computed once per shard, not per run: every scheduler x replicate of a shard runs on the same scaled
+        # window table and simulation section (checked by identity; the objects are held, so ids stay unique)
+        self._marks: tuple = (None, (0.0, 0.0))      # (scaled table, its utilisation marks)
+        self._options: tuple = (None, {})            # (simulation section, {scheduler: options})
 
     def __getstate__(self):
         return {}
@@ -156,10 +160,20 @@ class SimEngine(Engine):
         return scaled, float(regions.horizon_s(scaled, sim.horizon_factor))
 
     def _scheduler(self, sim: SimulationConfig, name: str):
-        return scheduler_registry.get_scheduler(name, **scheduler_options(sim, name))
+        if self._options[0] is not sim:
+            self._options = (sim, {})
+        opts = self._options[1]
+        if name not in opts:
+            opts[name] = scheduler_options(sim, name)
+        return scheduler_registry.get_scheduler(name, **opts[name])
+
+    def _utilisation_marks(self, scaled_df) -> tuple[float, float]:
+        if self._marks[0] is not scaled_df:
+            self._marks = (scaled_df, regions.utilisation_marks(scaled_df))
+        return self._marks[1]
 
     def run(self, scaled_df, scheduler: str, seed: int, horizon_s: float, sim: SimulationConfig) -> RunResult:
-        t1, t2 = regions.utilisation_marks(scaled_df)
+        t1, t2 = self._utilisation_marks(scaled_df)
         res = simulate(scaled_df, self._scheduler(sim, scheduler), self.profile(sim), horizon_s=horizon_s, seed=seed,
                        slo=sim.edf_slo_dict, engine=sim.engine, hash_block_tokens=self.hash_block_size,
                        work_marks=(t1, t2) if t2 > t1 else ())

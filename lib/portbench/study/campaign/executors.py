@@ -156,8 +156,15 @@ def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity, profile: str,
     except Exception as e:  # noqa: BLE001 - whatever fails, the message names the run
         raise _fail(f"source {w.source}, window {w.id}, region {shard.region} (rho={shard.rho}): preparing the "
                     f"window's arrivals", e) from None
-    rows, recs = [], []
+    schema = {**{c: pl.String for c in ("source", "provenance", "window_id", "region")}, "rho": pl.Float64,
+              "scheduler": pl.String, "replicate": pl.Int64, "seed": pl.Int64, "profile": pl.String,
+              "capacity_rps": pl.Float64, "horizon_s": pl.Float64,
+              **{c: pl.Int64 for c in COUNTER_COLUMNS.values()}, **{c: pl.Float64 for c in LOAD_COLUMNS},
+              **{m: pl.Float64 for m in metric_names}}
+    columns: dict[str, list] = {c: [] for c in schema}     # the runs table, built column by column
+    recs = []
     n_sim = 0
+    nan = float("nan")
     for sched in shard.schedulers:
         res = None
         for rep in shard.replicates:
@@ -171,29 +178,25 @@ def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity, profile: str,
                     raise _fail(f"source {w.source}, window {w.id}, region {shard.region} (rho={shard.rho}), "
                                 f"scheduler {sched}, replicate {rep} (seed {seed})", e) from None
                 n_sim += 1
+            counters, values = res.counters, res.metrics
             row = {"source": w.source, "provenance": w.provenance, "window_id": w.id, "region": shard.region,
                    "rho": float(shard.rho), "scheduler": sched, "replicate": int(rep), "seed": int(seed),
                    "profile": profile, "capacity_rps": float(capacity_rps), "horizon_s": float(horizon)}
             for ckey, col in COUNTER_COLUMNS.items():
-                row[col] = int(res.counters.get(ckey, 0))
-            nan = float("nan")
-            row["queue_mean"] = float(res.counters.get("queue_mean", nan))
-            row["queue_p95"] = float(res.counters.get("queue_p95", nan))
-            rate, per_req = res.counters.get("work_rate_tok_s"), res.counters.get("mean_work_tokens")
+                row[col] = int(counters.get(ckey, 0))
+            row["queue_mean"] = float(counters.get("queue_mean", nan))
+            row["queue_p95"] = float(counters.get("queue_p95", nan))
+            rate, per_req = counters.get("work_rate_tok_s"), counters.get("mean_work_tokens")
             row["utilisation"] = (float(rate) / (capacity_rps * float(per_req))
                                   if rate is not None and per_req else nan)
             for m in metric_names:
-                v = res.metrics.get(m)
-                row[m] = float("nan") if v is None else float(v)
-            rows.append(row)
+                v = values.get(m)
+                row[m] = nan if v is None else float(v)
+            for c, v in row.items():
+                columns[c].append(v)
             if rep in shard.record_replicates and res.records is not None:
                 recs.append(_keyed_records(res.records, row))
-    schema = {**{c: pl.String for c in ("source", "provenance", "window_id", "region")}, "rho": pl.Float64,
-              "scheduler": pl.String, "replicate": pl.Int64, "seed": pl.Int64, "profile": pl.String,
-              "capacity_rps": pl.Float64, "horizon_s": pl.Float64,
-              **{c: pl.Int64 for c in COUNTER_COLUMNS.values()}, **{c: pl.Float64 for c in LOAD_COLUMNS},
-              **{m: pl.Float64 for m in metric_names}}
-    runs = pl.DataFrame(rows, schema=schema)
+    runs = pl.DataFrame(columns, schema=schema)
     records = pl.concat(recs, how="vertical_relaxed") if recs else None
     return {"shard": shard.name, "runs": runs, "records": records, "wall_s": time.perf_counter() - t0,
             "simulated": n_sim}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,9 +31,14 @@ CAPACITY_METHOD = "steady-backlog-v1"
 SEED_TAG = "portbench-run-seed-v1"
 
 
+# canonical_json's serialisation (sorted keys, compact, ASCII) of the seed's list of plain values, with one encoder
+# made once: a run's seed is computed for every run of the campaign
+_SEED_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
 def run_seed(base_seed: int, window_id: str, scheduler: str, region: str, replicate: int) -> int:
     """The deterministic 63-bit seed of one run (see the module docstring)."""
-    digest = hashlib.sha256(canonical_json(
+    digest = hashlib.sha256(_SEED_JSON.encode(
         [SEED_TAG, int(base_seed), str(window_id), str(scheduler), str(region), int(replicate)]).encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
 

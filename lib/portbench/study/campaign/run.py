@@ -132,6 +132,7 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
     caps = load_capacities(cfg.paths, plan)
     need_cap = sorted({sh.window.id for sh in todo} - set(caps))
     shard_walls: list[float] = []
+    written: dict[str, pl.DataFrame] = {}      # shard name -> the runs table just written (not read back)
     if todo:
         needed = sorted({sh.window.id for sh in todo})
         if windows is not None:
@@ -172,12 +173,13 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
                 # the runs file is written last: it marks the shard finished
                 write_parquet_atomic(res["runs"], shard_path(out, sh),
                                      {"shard": sh.name, "kind": "runs", "fingerprint": json.loads(sh.fingerprint)})
+                written[sh.name] = res["runs"]
                 shard_walls.append(res["wall_s"])
                 bar.update(1)
             bar.close()
         finally:
             ex.close()
-    runs = consolidate_runs(cfg.paths, plan) if consolidate else None
+    runs = consolidate_runs(cfg.paths, plan, written) if consolidate else None
     result = CampaignResult(plan=plan, runs=runs, computed_shards=len(todo),
                             reused_shards=len(plan.shards) - len(todo), computed_capacities=len(need_cap),
                             wall_s=time.perf_counter() - t0, shard_wall_s=shard_walls, executor=executor,
@@ -241,8 +243,9 @@ def _load_window_tables(data: DataSettings, P: PredictorsConfig, sim: Simulation
     if missing:
         raise DataError(windows_mod.manifest_path(data.paths), f"windows {missing[:3]} of the plan could not be loaded")
     by_id = {w.id: w for w in plan.windows}
-    for wid in needed:  # load_windows verified the hashes; the plan must agree with them
-        got = windows_mod.window_sha256(tables[wid])
+    verified = {e["id"]: e["sha256"] for e in manifest["windows"]}
+    for wid in needed:  # load_windows verified each table against the manifest's sha256; the plan must agree with it
+        got = verified.get(wid)
         if got != by_id[wid].sha256:
             raise DataError(windows_mod.manifest_path(data.paths), f"window {wid}: sha256 {got} but the plan has "
                             f"{by_id[wid].sha256}")
@@ -312,15 +315,18 @@ def jitter_tables(tables: dict, source_of: dict, seed: int) -> dict:
     return out
 
 
-def consolidate_runs(paths: PathsConfig, plan: Plan):
-    """Concatenate the plan's shards (sorted) into ``{results_dir}/runs.parquet``; returns the table."""
+def consolidate_runs(paths: PathsConfig, plan: Plan, written: Mapping[str, pl.DataFrame] | None = None):
+    """Concatenate the plan's shards (sorted) into ``{results_dir}/runs.parquet``; returns the table.
+    ``written``: ``{shard name: runs table}`` of shards this process has just written (:func:`run`), used as they
+    are instead of being read back; every other shard is read from its file."""
     out = paths.results_dir
-    missing = [sh for sh in plan.shards if not shard_path(out, sh).is_file()]
+    written = written or {}
+    missing = [sh for sh in plan.shards if sh.name not in written and not shard_path(out, sh).is_file()]
     if missing:
         raise DataError(Path(out) / "runs", f"{len(missing)} of {len(plan.shards)} shards of this parameter "
                         f"set are missing (first: {missing[0].name}); run `portbench simulate --params "
                         f"{paths.params_file}` (notebook 03)")
-    frames = [pl.read_parquet(shard_path(out, sh)) for sh in plan.shards]
+    frames = [written[sh.name] if sh.name in written else pl.read_parquet(shard_path(out, sh)) for sh in plan.shards]
     runs = pl.concat(frames, how="vertical") if frames else _empty_runs(plan.metrics)
     runs = runs.sort(SORT_COLUMNS)
     dup = runs.select(KEY_COLUMNS[2:4] + ("scheduler", "replicate")).is_duplicated().sum()
