@@ -20,7 +20,7 @@ def frozen_predictions(ctx, policy: str, column: str = "predicted_output") -> np
     if v is None:
         raise DataError("window", f"{policy} needs the window's frozen predictions (column {column!r} of the "
                         "table given to simulate); the campaign adds them -- elsewhere call "
-                        "portbench.data.predictors.attach(cfg, tables)", column=column)
+                        "portbench.data.predictors.attach(cfg.data, cfg.predictors, tables, manifest=manifest)", column=column)
     return np.asarray(v, dtype=float)
 
 @register_scheduler
