@@ -389,7 +389,7 @@ def test_bootstrap_ci_of_cross_source_tau_equals_scipy_on_every_resample(params_
     group means and compute tau with scipy on each resample."""
     P = params_for(small_runs(skill=None), **{"analysis.bootstrap": 150})
     A = analysis.compute(P.analysis_inputs)
-    cube = cube_of(analysis.load_runs(P), P)
+    cube = cube_of(analysis.load_runs(P.analysis, P.plan_settings), P)
     r, m = cube.regions.index("overload"), cube.metrics.index("e2e_mean")
     rk = A["rankings"].filter((pl.col("region") == "overload") & (pl.col("metric") == "e2e_mean"))
     vals = {}

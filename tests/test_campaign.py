@@ -205,7 +205,7 @@ def test_shard_layout_capacity_cache_and_records(smoke, tmp_path):
     for row in res.runs.select(["window_id", "capacity_rps"]).unique().iter_rows():
         assert caps[row[0]]["capacity_rps"] == row[1]
     # records: first window per source, region overload, replicate 0 (smoke.yaml)
-    req = campaign.load_requests(P.paths, campaign.make_plan(P, engine=FakeEngine(), windows=WINDOWS))
+    req = campaign.load_requests(P.paths, campaign.make_plan(P.plan_settings, engine=FakeEngine(), windows=WINDOWS))
     assert set(req["window_id"]) == {"azure-00", "burstgpt-00", "bailian-00"}
     assert set(req["region"]) == {"overload"} and set(req["replicate"]) == {0}
     assert req.height == 3 * 6 * 12
@@ -213,7 +213,7 @@ def test_shard_layout_capacity_cache_and_records(smoke, tmp_path):
     assert len(list((out / "requests").glob("*.parquet"))) == 3
     # consolidated file tagged with the plan
     assert io.read_meta(out / "runs.parquet")["plan"] == res.plan.hash
-    assert campaign.load_runs(P.paths, campaign.make_plan(P, engine=FakeEngine(), windows=WINDOWS)).equals(res.runs)
+    assert campaign.load_runs(P.paths, campaign.make_plan(P.plan_settings, engine=FakeEngine(), windows=WINDOWS)).equals(res.runs)
 
 
 def test_rerun_reuses_every_shard(smoke, tmp_path):
@@ -251,7 +251,7 @@ def test_changing_a_result_parameter_never_reuses_old_shards(smoke, tmp_path, ov
     calls = tmp_path / "calls"
     calls.mkdir()
     P2 = smoke(validate=False, **override)  # the fake engine accepts any profile / option name
-    plan1, plan2 = (campaign.make_plan(x, engine=FakeEngine(), windows=WINDOWS) for x in (P, P2))
+    plan1, plan2 = (campaign.make_plan(x.plan_settings, engine=FakeEngine(), windows=WINDOWS) for x in (P, P2))
     changed = {a.name for a in plan1.shards} ^ {b.name for b in plan2.shards}
     affected = [b for b in plan2.shards if b.name not in {a.name for a in plan1.shards}]
     assert changed and affected
@@ -290,7 +290,7 @@ def test_load_runs_refuses_other_parameters(smoke):
     run_fake(P)
     P2 = smoke(**{"simulation.horizon_factor": 2.5})
     with pytest.raises(DataError, match="shards of this parameter set are missing.*portbench simulate"):
-        campaign.load_runs(P2.paths, campaign.make_plan(P2, engine=FakeEngine(), windows=WINDOWS))
+        campaign.load_runs(P2.paths, campaign.make_plan(P2.plan_settings, engine=FakeEngine(), windows=WINDOWS))
 
 
 # --------------------------------------------------------------------------- resume after a crash
@@ -359,7 +359,7 @@ def test_one_two_workers_and_dask_give_identical_rows(smoke, tmp_path):
     assert dask.equals(one)
     for name in ("one", "two", "dask"):
         P = smoke(name)
-        req = campaign.load_requests(P.paths, campaign.make_plan(P, engine=FakeEngine(), windows=WINDOWS))
+        req = campaign.load_requests(P.paths, campaign.make_plan(P.plan_settings, engine=FakeEngine(), windows=WINDOWS))
         assert req.height == 3 * 6 * 12
 
 
@@ -468,13 +468,13 @@ def test_cli_simulate_runs_the_campaign_from_the_manifest(tmp_path, shared_trace
     P = params.load(SMOKE, params.undot(dict(s.split("=", 1) for s in sets[:2])) | {
         "campaign": {"windows_per_source": 1, "workers": 1},
         "simulation": {"schedulers": ["fcfs", "las"], "regions": ["overload"]}})
-    runs = campaign.load_runs(P.paths, campaign.make_plan(P))
+    runs = campaign.load_runs(P.paths, campaign.make_plan(P.plan_settings))
     assert runs.height == 2 * n_src and set(runs["provenance"]) <= {"real", "standin"}
     from portbench.data import windows
 
     manifest = windows.load_manifest(P.paths)
     sha = {w["id"]: w["sha256"] for w in manifest["windows"]}
-    for sh in campaign.make_plan(P).shards:
+    for sh in campaign.make_plan(P.plan_settings).shards:
         assert io.read_meta(campaign.shard_path(P.paths.results_dir, sh))["fingerprint"]["window"]["sha256"] == sha[sh.window.id]
 
 

@@ -39,7 +39,7 @@ def test_the_engine_is_part_of_every_shard_key_and_capacity_is_measured_on_the_r
     b = a.with_overrides({"engine.batching": "v0"})
     c = a.with_overrides({"engine.preemption": "swap"})
     d = a.with_overrides({"engine.prefix_caching": "off"})
-    pa, pb, pc, pd = (make_plan(x, windows=_refs()) for x in (a, b, c, d))
+    pa, pb, pc, pd = (make_plan(x.plan_settings, windows=_refs()) for x in (a, b, c, d))
     for p in (pb, pc, pd):
         assert not {s.name for s in pa.shards} & {s.name for s in p.shards}
     # capacity: FCFS on vLLM V1 with recompute whatever the engine, so that variants replay the same

@@ -398,12 +398,8 @@ WHOLE_CONFIG_DRIVERS = frozenset({
     "portbench.study.engine_sensitivity:batching_sensitivity", "portbench.study.campaign.run:reuse_capacities",
 })
 
-WHOLE_CONFIG_TO_NARROW = frozenset({
-    # the campaign's plan reads seven sections (simulation, campaign, plugins, sources, predictors, standins,
-    # paths for the manifest); the runs of a parameter set are read through it (cube.load_runs: analysis.runs_file
-    # or campaign.load_runs(paths, make_plan(cfg)))
-    "portbench.study.campaign.plan:make_plan", "portbench.study.analysis.cube:load_runs",
-})
+# functions still taking the whole Config that are to be narrowed: none left (the list may only shrink)
+WHOLE_CONFIG_TO_NARROW: frozenset[str] = frozenset()
 
 # load_manifest call sites (module:function). A stage loads the manifest once and passes it on: the stages' entry
 # points load it (first group); the second group are the fallbacks of a ``manifest=None`` parameter, for callers

@@ -259,11 +259,11 @@ def test_the_plugins_hash_is_in_every_shard_fingerprint(tmp_path):
     code.write_text(PLUGIN.read_text())
     try:
         P = _campaign_params(tmp_path, "fp", code)
-        plan = campaign.make_plan(P)
+        plan = campaign.make_plan(P.plan_settings)
         fp = plan.common["plugins"]
         assert fp == [{"plugin": "user_scheds.py", "sha256": plugins.resolve(str(code)).sha256}]
         code.write_text(PLUGIN.read_text().replace("rate\": 200.0", "rate\": 300.0"))
-        plan2 = campaign.make_plan(_campaign_params(tmp_path, "fp", code))
+        plan2 = campaign.make_plan(_campaign_params(tmp_path, "fp", code).plan_settings)
         assert {s.key for s in plan2.shards}.isdisjoint({s.key for s in plan.shards}), "an edit recomputes"
         assert schedulers.get_scheduler("aging_sjf").rate == 300.0, "the edited plug-in was re-executed"
     finally:

@@ -234,13 +234,13 @@ def test_accuracy_is_honest(pcfg, manifest, frozen):
 
 def test_campaign_hands_the_predictions_and_the_tenant_model_to_the_runs(pcfg, manifest, frozen):
     cfg = pcfg.with_overrides({"simulation.schedulers": ["fcfs", "sjf_predicted", "vtc"]})
-    plan = campaign.make_plan(cfg, manifest=manifest)
+    plan = campaign.make_plan(cfg.plan_settings, manifest=manifest)
     fp = plan.shards[0].fingerprint
     key = PR.fingerprint_key(PR.fingerprint(cfg.predictors, cfg.standins, manifest, "azure", "azure"))
     assert key in fp and '"tenants":"none"' in fp
-    assert plan.shards[0].key != campaign.make_plan(cfg.with_overrides({"predictors.seed": 3}),
+    assert plan.shards[0].key != campaign.make_plan(cfg.with_overrides({"predictors.seed": 3}).plan_settings,
                                                     manifest=manifest).shards[0].key
-    no_pred = campaign.make_plan(pcfg, manifest=manifest)          # smoke schedulers: no predicted policy
+    no_pred = campaign.make_plan(pcfg.plan_settings, manifest=manifest)          # smoke schedulers: no predicted policy
     assert '"predictions":null' in no_pred.shards[0].fingerprint
     tables = W.load_windows(cfg.data, per_source=1, manifest=manifest)
     run = campaign.run_tables(cfg.data, cfg.predictors, cfg.simulation, tables, ["sjf_predicted", "vtc"], manifest=manifest)

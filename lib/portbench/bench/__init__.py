@@ -183,7 +183,7 @@ def _campaign_once(cfg: Config, overrides: Mapping, workers: int, tag: str, work
 def _bench_campaign(cfg: Config, quick: bool, work: Path) -> dict:
     workers = int(cfg.campaign.workers)
     windows.load_windows(cfg.data, per_source=cfg.campaign.windows_per_source)  # warm the window cache
-    full_plan = campaign.make_plan(cfg)
+    full_plan = campaign.make_plan(cfg.plan_settings)
     full_runs = full_plan.n_runs
     n_windows = len(full_plan.windows)
     n_sources = len({w.source for w in full_plan.windows})

@@ -3,7 +3,8 @@
 :class:`EngineConfig`, :class:`CampaignConfig`, :class:`AnalysisConfig`, :class:`AttributionConfig`,
 :class:`ValidationConfig`, :class:`PredictorsConfig`), each checking its own values where it is built, the
 bundles :class:`DataSettings` (paths, sources, standins: what the data layer's readers need) and
-:class:`AnalysisInputs` (what the analysis of a runs table reads), and :func:`build`,
+:class:`AnalysisInputs` (what the analysis of a runs table reads), :class:`PlanSettings` (what the campaign's
+plan reads), and :func:`build`,
 the merged tree (:mod:`portbench.core.paramfile`) -> :class:`Config`."""
 
 from __future__ import annotations
@@ -898,6 +899,25 @@ class AnalysisInputs:
 
 
 @dataclass(frozen=True)
+class PlanSettings:
+    """What the campaign's plan reads (:func:`portbench.study.campaign.make_plan`): the ``simulation`` and
+    ``campaign`` sections, the sources (the campaign's windows, in their order), ``predictors`` and ``standins``
+    (the fingerprint of the frozen predictions), the plug-ins (part of every fingerprint) and the paths (the
+    window manifest when the caller has none). :attr:`Config.plan_settings` gives it."""
+
+    simulation: SimulationConfig
+    campaign: CampaignConfig
+    sources: dict            # name -> SourceConfig
+    predictors: PredictorsConfig
+    standins: StandinsConfig
+    plugins: tuple[str, ...]
+    paths: PathsConfig
+
+    def source_names(self) -> list[str]:
+        return list(self.sources)
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole parameter set, built once by :func:`build` (``tree`` keeps the merged YAML tree, for
     fingerprints and for printing the effective parameters)."""
@@ -929,6 +949,12 @@ class Config:
     def analysis_inputs(self) -> AnalysisInputs:
         """What the analysis of a runs table reads (:class:`AnalysisInputs`)."""
         return AnalysisInputs(self.analysis, self.windows.size, self.simulation, self.sources, self.paths)
+
+    @property
+    def plan_settings(self) -> PlanSettings:
+        """What the campaign's plan reads (:class:`PlanSettings`)."""
+        return PlanSettings(self.simulation, self.campaign, self.sources, self.predictors, self.standins,
+                            self.plugins, self.paths)
 
     def source_names(self) -> list[str]:
         """The configured sources in the order of the parameter files (default.yaml's first, then the

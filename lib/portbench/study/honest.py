@@ -132,7 +132,7 @@ def run_transfer(cfg: Config, *, progress: bool = True, verbose: bool = True) ->
                                         request_records=None)     # _sub_config's
     refs = campaign.window_refs(manifest, cfg.source_names(), home_campaign)
     try:
-        main_plan = campaign.make_plan(cfg, manifest=manifest)
+        main_plan = campaign.make_plan(cfg.plan_settings, manifest=manifest)
     except PortbenchError:
         main_plan = None
     main_home = _main_home_runs(T, cfg.simulation, cfg.campaign, main_runs(cfg.paths, main_plan), refs)

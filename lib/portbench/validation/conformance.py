@@ -145,7 +145,7 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
     window); writes ``{results_dir}/conformance/summary.json`` (and ``cases.parquet``) and returns the summary."""
     sim_cfg = cfg.simulation
     manifest = windows_mod.load_manifest(cfg.paths)      # once for the command: the plan, the windows, their inputs
-    plan = make_plan(cfg, manifest=manifest)
+    plan = make_plan(cfg.plan_settings, manifest=manifest)
     names = list(schedulers) if schedulers else list(plan.schedulers)
     real = [w for w in plan.windows if w.provenance == "real" and (sources is None or w.source in sources)]
     chosen: list = []

@@ -66,7 +66,7 @@ def check(cfg: Config, *, budget_s: float = 600.0, panel: str = "real", out_dir=
     t0 = time.perf_counter()
     sim_cfg = cfg.simulation
     manifest = windows_mod.load_manifest(cfg.paths)      # once for the command: the plan, the windows, their inputs
-    plan = make_plan(cfg, manifest=manifest)
+    plan = make_plan(cfg.plan_settings, manifest=manifest)
     srcs = list(cfg.analysis.panels.get(panel) or [])
     by_src: dict[str, list] = {s: [w for w in plan.windows if w.source == s and w.provenance == "real"] for s in srcs}
     loads = dict(sim_cfg.region_loads)

@@ -1,7 +1,8 @@
 """The portability analysis: every table behind notebooks 04-07 and 10, and ``summary.json``.
 
-Input: the campaign's run table (``load_runs(cfg)``: ``campaign.load_runs(cfg.paths, plan)``; or
-``analysis.runs_file``, a parquet file with the same columns, e.g. a planted table). Replicates are averaged
+Input: the campaign's run table (``load_runs(cfg.analysis, cfg.plan_settings)``:
+``campaign.load_runs(cfg.paths, plan)``; or ``analysis.runs_file``, a parquet file with the same columns, e.g. a
+planted table). Replicates are averaged
 within each window first: the window is the unit of pairing and of resampling.
 
 Definitions (parameters in ``papermill_params/default.yaml``, section ``analysis``):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ...core.config import AnalysisConfig, Config, SimulationConfig
+from ...core.config import AnalysisConfig, PlanSettings, SimulationConfig
 from ...core.errors import DataError, ParameterError, check_choice, check_choices
 from ...core.provenance import label
 from ...sim import metrics as metric_registry
@@ -103,12 +103,12 @@ def runs_file_table(analysis: AnalysisConfig) -> pl.DataFrame:
     return pl.read_parquet(path)
 
 
-def load_runs(cfg: Config) -> pl.DataFrame:
+def load_runs(analysis: AnalysisConfig, plan: PlanSettings) -> pl.DataFrame:
     """The runs table: ``analysis.runs_file`` when set, else the campaign's (``campaign.load_runs`` of
-    ``campaign.make_plan(cfg)``)."""
-    if cfg.analysis.runs_file:
-        return runs_file_table(cfg.analysis)
-    return campaign.load_runs(cfg.paths, campaign.make_plan(cfg))
+    ``campaign.make_plan(plan)``; ``plan``: ``cfg.plan_settings``)."""
+    if analysis.runs_file:
+        return runs_file_table(analysis)
+    return campaign.load_runs(plan.paths, campaign.make_plan(plan))
 
 
 @dataclass

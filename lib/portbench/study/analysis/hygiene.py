@@ -91,7 +91,7 @@ def run_jitter(cfg: Config, sources=None, *, manifest: Manifest, progress: bool 
     refs = [r for r in campaign.window_refs(manifest, cfg.source_names(), cfg.campaign) if r.source in sources]
     tables = windows_mod.load_windows(cfg.data, sources, per_source=cfg.campaign.windows_per_source, manifest=manifest)
     given = campaign.run_tables(sub.data, sub.predictors, sub.simulation, {r.id: tables[r.id] for r in refs},
-                                campaign.make_plan(cfg, manifest=manifest).schedulers, manifest=manifest,
+                                campaign.make_plan(cfg.plan_settings, manifest=manifest).schedulers, manifest=manifest,
                                 workers=sub.campaign.workers)
     campaign.reuse_capacities(cfg, sub)        # capacity is measured on a backlog: arrival times do not enter it
     res = campaign.run(sub, windows=[(r, given[r.id]) for r in refs], progress=progress, verbose=False)
@@ -130,7 +130,7 @@ def run_equal_information(cfg: Config, sources, *, manifest: Manifest, progress:
     the deadline of that noisy length) on every window of ``sources``, every region and replicate, under
     ``{results_dir}/equal_information``. Returns the runs (None when none of the policies is in the campaign).
     ``manifest``: the stage's window manifest."""
-    main = campaign.make_plan(cfg, manifest=manifest).schedulers
+    main = campaign.make_plan(cfg.plan_settings, manifest=manifest).schedulers
     variants = [v for k, v in EQUAL_INFORMATION.items() if k in main]
     if not variants:
         return None

@@ -270,7 +270,7 @@ def _json_default(x):
 def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Analysis:
     """The analysis for ``cfg``: read from ``{results_dir}/analysis`` when it matches the runs table and
     the parameters (fingerprint), else computed and written (tables, summary core and summary.json)."""
-    runs = load_runs(cfg)
+    runs = load_runs(cfg.analysis, cfg.plan_settings)
     fp = fingerprint(runs, cfg.analysis_inputs)
     d = analysis_dir(cfg.paths.results_dir)
     meta_p = d / "meta.json"
@@ -344,7 +344,7 @@ def write_summary(cfg: Config, A: Analysis | None = None, *, runs: pl.DataFrame 
         manifest = None      # each block that needs it records the error (below)
         manifest_error = f"{type(e).__name__}: {e}"
     try:
-        plan = campaign.make_plan(cfg, manifest=manifest)
+        plan = campaign.make_plan(cfg.plan_settings, manifest=manifest)
     except DataError:
         plan = None
     # the campaign's files; not the analysis' own runs when analysis.runs_file analyses a file of its own

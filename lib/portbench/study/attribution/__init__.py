@@ -58,7 +58,7 @@ def attribute(cfg: Config, *, refreeze: bool = False, progress: bool = True, eng
     if reversals:
         try:
             study = analysis.load(cfg)
-            rev, rk, cruns = study["reversals"], study["rankings"], analysis.load_runs(cfg)
+            rev, rk, cruns = study["reversals"], study["rankings"], analysis.load_runs(cfg.analysis, cfg.plan_settings)
         except DataError as e:
             note = f"reversal tracing skipped: {e}"
     A = compute(cfg.simulation, cfg.analysis, cfg.windows.size, ar, rev, rk, cruns)

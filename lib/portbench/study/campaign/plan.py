@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import cast
 
 from ...core import plugins as plugin_loader
-from ...core.config import (CampaignConfig, Config, PredictorsConfig, RequestRecordsConfig, SimulationConfig,
-                           StandinsConfig)
+from ...core.config import (CampaignConfig, PlanSettings, PredictorsConfig, RequestRecordsConfig,
+                           SimulationConfig, StandinsConfig)
 from ...core.io import canonical_json, sha256_hex
 from ...data import windows as windows_mod
 from ...sim import schedulers as scheduler_registry
@@ -205,34 +205,35 @@ def plan_common(s: SimulationConfig, plugins: Sequence[str], engine: Engine) -> 
     return common
 
 
-def make_plan(cfg: Config, *, engine: Engine | None = None, windows: Sequence | None = None,
+def make_plan(settings: PlanSettings, *, engine: Engine | None = None, windows: Sequence | None = None,
               manifest: Mapping | None = None) -> Plan:
-    """The grid, seeds' keys and shard fingerprints for ``P`` (nothing is computed).
+    """The grid, seeds' keys and shard fingerprints of the campaign of ``settings`` (:class:`PlanSettings`,
+    ``cfg.plan_settings``; nothing is computed).
 
-    ``windows`` replaces the manifest's windows: a list of :class:`WindowRef` or of
-    ``(WindowRef, window_df)`` pairs (tests and benchmarks use it). A scheduler that is not registered
-    fails here, at once ("scheduler X is not registered; load its plug-in ..."). The plug-ins
-    (``plugins``) are part of every fingerprint, by SHA-256.
+    ``manifest``: the window manifest (read from ``settings.paths`` when not given). ``windows`` replaces the
+    manifest's windows: a list of :class:`WindowRef` or of ``(WindowRef, window_df)`` pairs (tests and
+    benchmarks use it). A scheduler that is not registered fails here, at once ("scheduler X is not registered;
+    load its plug-in ..."). The plug-ins (``settings.plugins``) are part of every fingerprint, by SHA-256.
     """
     engine = engine or SimEngine()
-    s = cfg.simulation
+    s = settings.simulation
     scheds = scheduler_registry.names(s.schedulers)
     if windows is not None:
         wins = _refs(windows)
         inputs = _given_inputs(windows)
     else:
-        manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
-        wins = window_refs(manifest, cfg.source_names(), cfg.campaign)
-        inputs = run_inputs(cfg.predictors, cfg.standins, s, manifest, wins, scheds)
+        manifest = manifest if manifest is not None else windows_mod.load_manifest(settings.paths)
+        wins = window_refs(manifest, settings.source_names(), settings.campaign)
+        inputs = run_inputs(settings.predictors, settings.standins, s, manifest, wins, scheds)
     regs = s.loads
     reps = replicates(s)
-    common = plan_common(s, cfg.plugins, engine)
+    common = plan_common(s, settings.plugins, engine)
     metric_list = common["metrics"]
     cap_common = {**{k: common[k] for k in ("format", "model", "capacity_policy", "capacity_options")},
                   "engine": s.engine.reference.as_dict()}     # capacity is measured on the reference engine
     capacity_keys = {w.id: sha256_hex({"window_sha256": w.sha256, "method": CAPACITY_METHOD, **cap_common,
                                        **({"block_size": w.block_size} if w.block_size else {})})[:16] for w in wins}
-    rec_w, rec_r, rec_reps = _records_selection(cfg.campaign.request_records, wins, regs, reps)
+    rec_w, rec_r, rec_reps = _records_selection(settings.campaign.request_records, wins, regs, reps)
     opts = {name: scheduler_options(s, name) for name in scheds}
     shards = []
     for w in wins:

@@ -123,7 +123,7 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
     check_choice("campaign.executor", executor, EXECUTORS)
     # the manifest, loaded once for the stage (the plan, the window tables, their predictions)
     manifest = windows_mod.load_manifest(cfg.paths) if windows is None else None
-    plan = make_plan(cfg, engine=engine, windows=windows, manifest=manifest)
+    plan = make_plan(cfg.plan_settings, engine=engine, windows=windows, manifest=manifest)
     out = Path(cfg.paths.results_dir)
     for sub in ("runs", "requests", "capacity"):
         (out / sub).mkdir(parents=True, exist_ok=True)
