@@ -454,6 +454,27 @@ def panels_markdown(summary: Mapping) -> str:
             + "\n\n" + "\n".join(lines))
 
 
+def congestion_markdown(cong: Mapping | None, labels: Mapping) -> tuple[pl.DataFrame | None, str]:
+    """The table of ``summary["congestion"]["by_source_region"]`` (one row per source x region) and a sentence on
+    the mean queue of the reference policy at the lightest load. ``(None, "")`` when the block is absent; a runs
+    table without queue columns (e.g. a user's ``analysis.runs_file``) gives the table and a sentence saying so."""
+    rows = [{"source": s, "region": r, **v} for s, regs in ((cong or {}).get("by_source_region") or {}).items()
+            for r, v in regs.items()]
+    if not rows:
+        return None, ""
+    ct = pl.DataFrame(rows)
+    if "queue_mean" not in ct.columns or "rho" not in ct.columns:
+        return ct, ("The runs carry no queue column (`queue_mean`), so the load cannot be compared by its queue "
+                    "here: only by ρ.")
+    light = ct.filter(pl.col("rho") == ct["rho"].min())
+    ref = (cong or {}).get("reference_policy", "fcfs")
+    return ct, ("At the lightest load (ρ = " + f"{light['rho'][0]:g}" + f") the mean {ref.upper()} queue is "
+                + ", ".join(f"{labels.get(r['source'], r['source'])} {r['queue_mean']:.2f}"
+                            for r in light.iter_rows(named=True))
+                + ": the same ρ is not the same state. `controls.matched_congestion` in `summary.json` (notebook 04) "
+                "compares sources at matched mean queue instead.")
+
+
 def least_agreeing_markdown(low: Mapping | None, labels: Mapping) -> str:
     """The least agreeing condition of a cross-source or cross-region section (``lowest``: the defined
     condition with the lowest upper CI bound of its tau-b), with its interval and how many scheduler pairs
