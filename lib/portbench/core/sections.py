@@ -865,8 +865,25 @@ class PredictorsConfig:
         _int("predictors.transfer.windows_per_source", t.windows_per_source, 1, "a positive integer")
 
 
+class _Sources:
+    """``source_names()`` and ``display_names`` of a bundle that has the ``sources`` section (name ->
+    :class:`SourceConfig`): :class:`DataSettings`, :class:`AnalysisInputs`, :class:`PlanSettings`, :class:`Config`."""
+
+    sources: dict            # name -> SourceConfig
+
+    def source_names(self) -> list[str]:
+        """The configured sources in the order of the parameter files (default.yaml's first, then the
+        ones a file adds)."""
+        return list(self.sources)
+
+    @property
+    def display_names(self) -> dict[str, str]:
+        """``{source: display name}`` (``sources.<s>.label``, else the source's name)."""
+        return {s: c.display for s, c in self.sources.items()}
+
+
 @dataclass(frozen=True)
-class DataSettings:
+class DataSettings(_Sources):
     """The three sections the data layer's readers always need together (canonical tables, window rebuilds,
     predictor training): where the files are (``paths``), how each source is read (``sources``, name ->
     :class:`SourceConfig`) and how the stand-ins are generated (``standins``). :attr:`Config.data` gives it."""
@@ -877,7 +894,7 @@ class DataSettings:
 
 
 @dataclass(frozen=True)
-class AnalysisInputs:
+class AnalysisInputs(_Sources):
     """What the analysis of a runs table reads besides the runs (:func:`portbench.study.analysis.compute`, its
     fingerprint, the controls' headlines): the ``analysis`` section, the windows' size (``windows.size``), the
     ``simulation`` section (the SLOs' metrics, the scheduler order, the capacity policy), the sources (their
@@ -890,16 +907,9 @@ class AnalysisInputs:
     sources: dict            # name -> SourceConfig
     paths: PathsConfig
 
-    def source_names(self) -> list[str]:
-        return list(self.sources)
-
-    @property
-    def display_names(self) -> dict[str, str]:
-        return {s: c.display for s, c in self.sources.items()}
-
 
 @dataclass(frozen=True)
-class PlanSettings:
+class PlanSettings(_Sources):
     """What the campaign's plan reads (:func:`portbench.study.campaign.make_plan`): the ``simulation`` and
     ``campaign`` sections, the sources (the campaign's windows, in their order), ``predictors`` and ``standins``
     (the fingerprint of the frozen predictions), the plug-ins (part of every fingerprint) and the paths (the
@@ -913,12 +923,9 @@ class PlanSettings:
     plugins: tuple[str, ...]
     paths: PathsConfig
 
-    def source_names(self) -> list[str]:
-        return list(self.sources)
-
 
 @dataclass(frozen=True)
-class Config:
+class Config(_Sources):
     """The whole parameter set, built once by :func:`build` (``tree`` keeps the merged YAML tree, for
     fingerprints and for printing the effective parameters)."""
 
@@ -955,16 +962,6 @@ class Config:
         """What the campaign's plan reads (:class:`PlanSettings`)."""
         return PlanSettings(self.simulation, self.campaign, self.sources, self.predictors, self.standins,
                             self.plugins, self.paths)
-
-    def source_names(self) -> list[str]:
-        """The configured sources in the order of the parameter files (default.yaml's first, then the
-        ones a file adds)."""
-        return list(self.sources)
-
-    @property
-    def display_names(self) -> dict[str, str]:
-        """``{source: display name}`` (``sources.<s>.label``, else the source's name)."""
-        return {s: c.display for s, c in self.sources.items()}
 
     def with_overrides(self, overrides: Mapping) -> "Config":
         """A new config: this one's tree with ``overrides`` (dotted keys or nested) merged in."""
