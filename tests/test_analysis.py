@@ -48,6 +48,12 @@ def params_for(tmp_params, tmp_path):
     return make
 
 
+def load_analysis(P):
+    """``analysis.load`` as a notebook opens it: the manifest loaded once (a planted runs file does not need one)."""
+    manifest, why = analysis.stage_manifest(P.paths, required=P.analysis.runs_file is None)
+    return analysis.load(P, manifest, manifest_error=why)
+
+
 def cube_of(runs, P):
     return analysis.build_cube(runs, metric_spec=P.analysis.metrics, all_metrics=analysis.metric_names(P.simulation.slo),
                                scheduler_order=P.simulation.schedulers)
@@ -389,7 +395,7 @@ def test_bootstrap_ci_of_cross_source_tau_equals_scipy_on_every_resample(params_
     group means and compute tau with scipy on each resample."""
     P = params_for(small_runs(skill=None), **{"analysis.bootstrap": 150})
     A = analysis.compute(P.analysis_inputs)
-    cube = cube_of(analysis.load_runs(P.analysis, P.plan_settings), P)
+    cube = cube_of(analysis.load_runs(P.analysis, P.plan_settings, None), P)
     r, m = cube.regions.index("overload"), cube.metrics.index("e2e_mean")
     rk = A["rankings"].filter((pl.col("region") == "overload") & (pl.col("metric") == "e2e_mean"))
     vals = {}
@@ -586,12 +592,12 @@ def test_summary_json_has_the_required_keys_and_agrees_with_the_tables(params_fo
 
 def test_load_reuses_the_tables_and_recomputes_when_the_runs_change(params_for):
     P = params_for(small_runs(skill=None))
-    A1 = analysis.load(P)
-    A2 = analysis.load(P)
+    A1 = load_analysis(P)
+    A2 = load_analysis(P)
     assert A2.meta["fingerprint"] == A1.meta["fingerprint"]
     assert A2["reversals"].equals(A1["reversals"])
     P = params_for(small_runs(skill=None, seed=1))        # same results folder, new runs
-    A3 = analysis.load(P)
+    A3 = load_analysis(P)
     assert A3.meta["fingerprint"] != A1.meta["fingerprint"]
 
 
@@ -655,7 +661,7 @@ def test_every_figure_is_saved_and_indexed(params_for):
     from portbench.present import plots_analysis
 
     P = params_for(small_runs(REVERSAL, skill=None))
-    A = analysis.load(P)
+    A = load_analysis(P)
     index = plots_analysis.make_all(P.paths, P.analysis, A, close=True)
     summary = analysis.write_summary(P, A)
     assert len(index) >= 18 and summary["figures"] == index

@@ -401,8 +401,9 @@ def test_unknown_scheduler_and_profile_are_rejected():
 def _real_windows(P):
     from portbench.data import windows
 
-    refs = campaign.window_refs(windows.load_manifest(P.paths), P.source_names(), P.campaign)
-    tables = windows.load_windows(P.data, per_source=P.campaign.windows_per_source)
+    manifest = windows.load_manifest(P.paths)
+    refs = campaign.window_refs(manifest, P.source_names(), P.campaign)
+    tables = windows.load_windows(P.data, per_source=P.campaign.windows_per_source, manifest=manifest)
     return [(r, tables[r.id]) for r in refs]
 
 
@@ -468,13 +469,13 @@ def test_cli_simulate_runs_the_campaign_from_the_manifest(tmp_path, shared_trace
     P = params.load(SMOKE, params.undot(dict(s.split("=", 1) for s in sets[:2])) | {
         "campaign": {"windows_per_source": 1, "workers": 1},
         "simulation": {"schedulers": ["fcfs", "las"], "regions": ["overload"]}})
-    runs = campaign.load_runs(P.paths, campaign.make_plan(P.plan_settings))
-    assert runs.height == 2 * n_src and set(runs["provenance"]) <= {"real", "standin"}
     from portbench.data import windows
 
     manifest = windows.load_manifest(P.paths)
+    runs = campaign.load_runs(P.paths, campaign.make_plan(P.plan_settings, manifest=manifest))
+    assert runs.height == 2 * n_src and set(runs["provenance"]) <= {"real", "standin"}
     sha = {w["id"]: w["sha256"] for w in manifest["windows"]}
-    for sh in campaign.make_plan(P.plan_settings).shards:
+    for sh in campaign.make_plan(P.plan_settings, manifest=manifest).shards:
         assert io.read_meta(campaign.shard_path(P.paths.results_dir, sh))["fingerprint"]["window"]["sha256"] == sha[sh.window.id]
 
 

@@ -401,19 +401,18 @@ WHOLE_CONFIG_DRIVERS = frozenset({
 # functions still taking the whole Config that are to be narrowed: none left (the list may only shrink)
 WHOLE_CONFIG_TO_NARROW: frozenset[str] = frozenset()
 
-# load_manifest call sites (module:function). A stage loads the manifest once and passes it on: the stages' entry
-# points load it (first group); the second group are the fallbacks of a ``manifest=None`` parameter, for callers
-# outside a stage (tests, validation/, bench/), to be removed as those callers pass it. The list may only shrink.
+# load_manifest call sites (module:function). A stage loads the manifest once and passes it on: only the stages'
+# entry points load it (``windows.load_windows`` and ``campaign.make_plan`` take it; the list may only shrink).
 LOAD_MANIFEST_SITES = frozenset({
-    # stage entry points: the command `portbench predict`, freezing/verifying, preflight, a campaign, the summary,
-    # the attribution, the transfer campaign, the validation (its plan, once for the whole run; its analysis run alone)
-    "portbench.cli:cmd_predict", "portbench.data.preflight:missing_files", "portbench.data.windows:freeze",
-    "portbench.data.windows:verify", "portbench.study.analysis.results:write_summary",
-    "portbench.study.attribution.runs:run", "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
+    # the commands `portbench predict` and `portbench attribute`, freezing/verifying, preflight, a campaign, the
+    # analysis (notebooks 04-07 and 10, `portbench analyze`: results.stage_manifest), the transfer campaign, the
+    # benchmark's campaign part, the validation (its plan, once for the whole run; its analysis run alone)
+    "portbench.cli:cmd_predict", "portbench.cli:cmd_attribute", "portbench.data.preflight:missing_files",
+    "portbench.data.windows:freeze", "portbench.data.windows:verify",
+    "portbench.study.analysis.results:stage_manifest", "portbench.study.campaign.run:run",
+    "portbench.study.honest:run_transfer", "portbench.bench:_bench_campaign",
     "portbench.validation.planning:plan", "portbench.validation.analysis:analyze",
     "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # conform / vllm-virtual
-    # fallbacks of ``manifest=None``
-    "portbench.data.windows:load_windows", "portbench.study.campaign.plan:make_plan",
 })
 
 WHOLE, MANIFEST_CALLS = settings_reach.scan()

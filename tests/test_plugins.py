@@ -14,6 +14,7 @@ import pytest
 from portbench import cli, params
 from portbench.core import plugins
 from portbench.core.errors import ParameterError, SchedulerError, UnknownSchedulerError
+from portbench.data import windows
 from portbench.sim import schedulers
 from portbench.sim.schedulers import BaseScheduler
 from portbench.study import campaign
@@ -259,11 +260,12 @@ def test_the_plugins_hash_is_in_every_shard_fingerprint(tmp_path):
     code.write_text(PLUGIN.read_text())
     try:
         P = _campaign_params(tmp_path, "fp", code)
-        plan = campaign.make_plan(P.plan_settings)
+        plan = campaign.make_plan(P.plan_settings, manifest=windows.load_manifest(P.paths))
         fp = plan.common["plugins"]
         assert fp == [{"plugin": "user_scheds.py", "sha256": plugins.resolve(str(code)).sha256}]
         code.write_text(PLUGIN.read_text().replace("rate\": 200.0", "rate\": 300.0"))
-        plan2 = campaign.make_plan(_campaign_params(tmp_path, "fp", code).plan_settings)
+        P2 = _campaign_params(tmp_path, "fp", code)
+        plan2 = campaign.make_plan(P2.plan_settings, manifest=windows.load_manifest(P2.paths))
         assert {s.key for s in plan2.shards}.isdisjoint({s.key for s in plan.shards}), "an edit recomputes"
         assert schedulers.get_scheduler("aging_sjf").rate == 300.0, "the edited plug-in was re-executed"
     finally:

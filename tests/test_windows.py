@@ -307,7 +307,7 @@ def test_freeze_builds_manifest_and_cache(fake_data, small_params, capsys, tmp_p
     assert W.manifest_path(P.paths).read_bytes() == W.canonical_json(m)
     assert W.cache_path(P.paths).is_file()
     assert W.manifest_path(P.paths).stat().st_mode & 0o044 == 0o044, "an ordinary, readable file (not mkstemp's 0600)"
-    tables = W.load_windows(P.data)
+    tables = W.load_windows(P.data, manifest=W.load_manifest(P.paths))
     assert list(tables) == [e["id"] for e in m["windows"]]
     for e in m["windows"]:
         assert W.window_sha256(tables[e["id"]]) == e["sha256"]
@@ -345,10 +345,10 @@ def test_load_windows_subset_and_rebuild_without_cache(fake_data, small_params):
     P = small_params()
     m = W.freeze(P)
     W.cache_path(P.paths).unlink()
-    sub = W.load_windows(P.data, sources=["burstgpt"], per_source=3)
+    sub = W.load_windows(P.data, manifest=W.load_manifest(P.paths), sources=["burstgpt"], per_source=3)
     assert list(sub) == ["burstgpt-00", "burstgpt-01", "burstgpt-02"]
     assert W.cache_path(P.paths).is_file()
-    full = W.load_windows(P.data)
+    full = W.load_windows(P.data, manifest=W.load_manifest(P.paths))
     assert all(W.window_sha256(full[e["id"]]) == e["sha256"] for e in m["windows"])
 
 
@@ -364,7 +364,7 @@ def test_load_windows_detects_a_tampered_cache(fake_data, small_params):
     W._write_cache(W.cache_path(P.paths), m, {wid: part.drop("window_id") for (wid,), part in
                           tampered.partition_by("window_id", as_dict=True, maintain_order=True).items()})
     with pytest.raises(IntegrityError) as e:
-        W.load_windows(P.data)
+        W.load_windows(P.data, manifest=W.load_manifest(P.paths))
     msg = str(e.value)
     assert target["id"] in msg and target["sha256"] in msg
     got = W.window_sha256(tampered.filter(pl.col("window_id") == target["id"]).drop("window_id"))
@@ -380,10 +380,10 @@ def test_unreadable_or_foreign_cache(fake_data, small_params, capsys):
     raw = cache.read_bytes()
     cache.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(IntegrityError, match="delete it"):
-        W.load_windows(P.data)
+        W.load_windows(P.data, manifest=W.load_manifest(P.paths))
     cache.unlink()
-    W._write_cache(W.cache_path(P.paths), {**m, "checksum": "0" * 64}, W.load_windows(P.data))  # a cache of another manifest
-    tables = W.load_windows(P.data)
+    W._write_cache(W.cache_path(P.paths), {**m, "checksum": "0" * 64}, W.load_windows(P.data, manifest=W.load_manifest(P.paths)))  # a cache of another manifest
+    tables = W.load_windows(P.data, manifest=W.load_manifest(P.paths))
     assert "another manifest" in capsys.readouterr().err and len(tables) == 20
     assert W._read_cache(W.cache_path(P.paths), m).keys() == tables.keys(), "the foreign cache was replaced"
 
@@ -398,7 +398,7 @@ def test_tampered_source_data_is_detected(fake_data, small_params):
         pl.when(pl.col("row") == e["row_start"] + 1).then(pl.col("prompt_tokens") * 2)
         .otherwise(pl.col("prompt_tokens")).alias("prompt_tokens"))
     with pytest.raises(IntegrityError, match=e["id"]):
-        W.load_windows(P.data, sources=["azure"])
+        W.load_windows(P.data, manifest=W.load_manifest(P.paths), sources=["azure"])
     ok, total, problems = W.verify(P)
     assert ok == total - 1 and any(e["id"] in p and e["sha256"] in p for p in problems)
     with pytest.raises(IntegrityError, match=e["id"]):
@@ -423,7 +423,7 @@ def test_verify_reports_a_damaged_manifest(fake_data, small_params):
     ok, total, problems = W.verify(P)
     assert (ok, total) == (0, 20) and "checksum mismatch" in problems[0]
     with pytest.raises(IntegrityError):
-        W.load_windows(P.data)
+        W.load_windows(P.data, manifest=W.load_manifest(P.paths))
     path.write_bytes(raw[:100])
     assert W.verify(P)[:2] == (0, 0)
     path.unlink()
@@ -490,7 +490,7 @@ def test_real_azure_every_tampered_manifest_byte_fails_verify(azure_only, tmp_pa
         ok, total, problems = W.verify(P)
         assert ok == 0 and problems, f"byte {i} changed from {raw[i:i + 1]!r} to {new!r} went unnoticed"
         with pytest.raises(IntegrityError):
-            W.load_windows(P.data)
+            W.load_windows(P.data, manifest=W.load_manifest(P.paths))
     path.write_bytes(raw)
     assert W.verify(P) == (8, 8, [])
 
@@ -498,7 +498,7 @@ def test_real_azure_every_tampered_manifest_byte_fails_verify(azure_only, tmp_pa
 def test_real_azure_every_single_value_change_of_a_window_is_detected(azure_only, tmp_params, tmp_path):
     P = _real_params(tmp_params, tmp_path, **{"windows.per_source": 8, "windows.size": 50})
     m = W.freeze(P)
-    tables = W.load_windows(P.data)
+    tables = W.load_windows(P.data, manifest=W.load_manifest(P.paths))
     rng = np.random.default_rng(1)
     for trial in range(300):
         e = m["windows"][int(rng.integers(len(m["windows"])))]
@@ -517,9 +517,9 @@ def test_real_azure_every_single_value_change_of_a_window_is_detected(azure_only
         if trial % 60 == 0:  # through the cache too (each check rewrites the parquet)
             W._write_cache(W.cache_path(P.paths), m, {**tables, e["id"]: changed})
             with pytest.raises(IntegrityError, match=e["id"]):
-                W.load_windows(P.data)
+                W.load_windows(P.data, manifest=W.load_manifest(P.paths))
     W._write_cache(W.cache_path(P.paths), m, tables)
-    assert list(W.load_windows(P.data)) == [e["id"] for e in m["windows"]]
+    assert list(W.load_windows(P.data, manifest=W.load_manifest(P.paths))) == [e["id"] for e in m["windows"]]
 
 
 def test_standin_windows_freeze_regenerate_and_verify(monkeypatch, shared_traces, tmp_params, tmp_path):
@@ -660,7 +660,7 @@ def test_mooncake_windows_carry_block_hashes_and_others_do_not(shared_traces, tm
     monkeypatch.setenv("PORTBENCH_OFFLINE", "1")
     P = params.load(overrides={"paths": {"data_dir": str(tmp_path / "data"), "mirror": str(shared_traces)}})
     m = W.load_manifest(P.paths)
-    tables = W.load_windows(P.data, sources=["azure", "azure_code", "mooncake"], per_source=2)
+    tables = W.load_windows(P.data, manifest=W.load_manifest(P.paths), sources=["azure", "azure_code", "mooncake"], per_source=2)
     for wid, df in tables.items():
         entry = next(e for e in m["windows"] if e["id"] == wid)
         assert W.window_sha256(df) == entry["sha256"]
@@ -675,7 +675,7 @@ def test_mooncake_windows_carry_block_hashes_and_others_do_not(shared_traces, tm
         else:
             assert df.columns == list(W.COLUMNS) and W.hash_block_size(m, entry) is None
     # the cache keeps each window's own columns
-    again = W.load_windows(P.data, sources=["azure", "mooncake"], per_source=2)
+    again = W.load_windows(P.data, manifest=W.load_manifest(P.paths), sources=["azure", "mooncake"], per_source=2)
     assert {k: v.columns for k, v in again.items()} == {k: tables[k].columns for k in again}
 
 

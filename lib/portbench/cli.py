@@ -139,15 +139,16 @@ def cmd_analyze(args):
 
 def cmd_attribute(args):
     cfg = _params(args)
-    A = attribution.attribute(cfg, refreeze=args.refreeze)
+    manifest = windows.load_manifest(cfg.paths)      # once for the command
+    A = attribution.attribute(cfg, manifest, refreeze=args.refreeze)
     if analysis.summary_path(cfg.paths.results_dir).is_file():   # an existing summary.json gains the section
         try:
-            analysis.write_summary(cfg)
+            analysis.write_summary(cfg, analysis.load(cfg, manifest))
         except DataError as e:
             print(f"[portbench] summary.json not rewritten: {e}", file=sys.stderr)
     if not args.no_figures:
         plots_attribution.make_all(cfg.paths, A, close=True)
-        tables = windows.load_windows(cfg.data, plots_attribution.example_sources(A))
+        tables = windows.load_windows(cfg.data, plots_attribution.example_sources(A), manifest=manifest)
         plots_attribution.hybrid_definitions(cfg.paths, **plots_attribution.example_pair(A, tables), close=True)
     sec = A.summary
     print(attribution_text.design_markdown(sec))

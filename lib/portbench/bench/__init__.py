@@ -182,8 +182,9 @@ def _campaign_once(cfg: Config, overrides: Mapping, workers: int, tag: str, work
 
 def _bench_campaign(cfg: Config, quick: bool, work: Path) -> dict:
     workers = int(cfg.campaign.workers)
-    windows.load_windows(cfg.data, per_source=cfg.campaign.windows_per_source)  # warm the window cache
-    full_plan = campaign.make_plan(cfg.plan_settings)
+    manifest = windows.load_manifest(cfg.paths)
+    windows.load_windows(cfg.data, per_source=cfg.campaign.windows_per_source, manifest=manifest)  # warm the cache
+    full_plan = campaign.make_plan(cfg.plan_settings, manifest=manifest)
     full_runs = full_plan.n_runs
     n_windows = len(full_plan.windows)
     n_sources = len({w.source for w in full_plan.windows})

@@ -912,8 +912,8 @@ class AnalysisInputs(_Sources):
 class PlanSettings(_Sources):
     """What the campaign's plan reads (:func:`portbench.study.campaign.make_plan`): the ``simulation`` and
     ``campaign`` sections, the sources (the campaign's windows, in their order), ``predictors`` and ``standins``
-    (the fingerprint of the frozen predictions), the plug-ins (part of every fingerprint) and the paths (the
-    window manifest when the caller has none). :attr:`Config.plan_settings` gives it."""
+    (the fingerprint of the frozen predictions), the plug-ins (part of every fingerprint) and the paths (where
+    the campaign's files are). :attr:`Config.plan_settings` gives it."""
 
     simulation: SimulationConfig
     campaign: CampaignConfig

@@ -703,16 +703,16 @@ def _write_cache(path: Path, manifest: Mapping, tables: Mapping[str, pl.DataFram
 
 
 def load_windows(data: DataSettings, sources: Iterable[str] | None = None, per_source: int | None = None,
-                 *, manifest: Mapping | None = None) -> dict[str, pl.DataFrame]:
+                 *, manifest: Mapping) -> dict[str, pl.DataFrame]:
     """Verified window tables ``{id: df}`` (manifest order) of ``sources`` (names; default all), from the cache
-    under ``data.paths`` or rebuilt from the source data (``data``: paths, sources, standins).
+    under ``data.paths`` or rebuilt from the source data (``data``: paths, sources, standins; ``manifest``: the
+    window manifest, :func:`load_manifest`, loaded once by the caller's stage).
 
     Every table is checked against the manifest's SHA-256; a mismatch raises IntegrityError naming
     the window and both hashes. Windows missing from the cache are rebuilt (ingesting or
     regenerating as needed) and added to it.
     """
     paths = data.paths
-    manifest = manifest if manifest is not None else load_manifest(paths)
     entries = select_entries(manifest, sources, per_source)
     cached = _read_cache(cache_path(paths), manifest)
     out: dict[str, pl.DataFrame] = {}

@@ -16,7 +16,8 @@ def open_analysis(cfg: Config, *, rankings: bool = False) -> analysis.Analysis:
     (:func:`portbench.present.text.rankings_markdown`)."""
     from IPython.display import Markdown, display
 
-    A = analysis.load(cfg)
+    manifest, why = analysis.stage_manifest(cfg.paths, required=cfg.analysis.runs_file is None)   # once
+    A = analysis.load(cfg, manifest, manifest_error=why)
     display(Markdown(text.banner(A.provenance, A.skipped, A.names)))
     pl.Config.set_fmt_str_lengths(160)
     pl.Config.set_tbl_rows(40)

@@ -818,7 +818,8 @@ def make_all(paths: PathsConfig, analysis: AnalysisConfig, A, close: bool = True
 def run(cfg, *, figures: bool = True, progress: bool = True) -> dict:
     """``portbench analyze``: compute every table, make every figure, write summary.json; returns it."""
     t0 = time.perf_counter()
-    A = an.load(cfg, recompute=True, progress=progress)
+    manifest, why = an.stage_manifest(cfg.paths, required=cfg.analysis.runs_file is None)   # once for the command
+    A = an.load(cfg, manifest, manifest_error=why, recompute=True, progress=progress)
     for w in A.summary.get("power", {}).get("warnings", []):
         print(f"[analysis] WARNING: {w}", flush=True)
     if figures:

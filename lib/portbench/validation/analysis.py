@@ -507,7 +507,7 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
     explore = [c for c in done_cases if not any(prereg._same(c, d) for d in conf)]
     alpha = float(doc["alpha"])
     try:
-        camp_runs = campaign_window_values(cfg.paths, lambda: analysis_cube.load_runs(cfg.analysis, cfg.plan_settings))
+        camp_runs = campaign_window_values(cfg.paths, lambda: analysis_cube.load_runs(cfg.analysis, cfg.plan_settings, man))
     except PortbenchError:
         camp_runs = None
     rows = confirm.verdicts(conf, explore, engine_runs, sim_runs, alpha=alpha, delta=float(cfg.analysis.delta),

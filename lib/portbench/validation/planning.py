@@ -136,7 +136,7 @@ def plan(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = 
         inputs = {"reversals_sha256": _sha(reversals_path(cfg.paths)) if reversals is None else "given",
                   "params_fingerprint": params_fingerprint(cfg.tree)}
         wins, doc = family_document(v, cfg.analysis, conf, explore, pool,
-                                    lambda: campaign_window_values(cfg.paths, lambda: analysis_cube.load_runs(cfg.analysis, cfg.plan_settings)),
+                                    lambda: campaign_window_values(cfg.paths, lambda: analysis_cube.load_runs(cfg.analysis, cfg.plan_settings, man)),
                                     reduced=reduced, messages=msgs, inputs=inputs)
     spec = None
     try:

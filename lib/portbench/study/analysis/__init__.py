@@ -1,6 +1,6 @@
 """The portability analysis: every table behind notebooks 04-07 and 10, and ``summary.json``.
 
-Input: the campaign's run table (``load_runs(cfg.analysis, cfg.plan_settings)``:
+Input: the campaign's run table (``load_runs(cfg.analysis, cfg.plan_settings, manifest)``:
 ``campaign.load_runs(cfg.paths, plan)``; or ``analysis.runs_file``, a parquet file with the same columns, e.g. a
 planted table). Replicates are averaged
 within each window first: the window is the unit of pairing and of resampling.
@@ -57,13 +57,14 @@ from .metric_agreement import cd_conditions, top_winners, winner_counts
 from .power import ResolutionWarning
 from .results import (PANEL_SECTIONS, analysis_dir, campaign_files, compute, engine_load_blocks, figure_index, fingerprint, headline_panel_of,
                       headline_table, load,
-                      panels_table, rank_changes, summary_path, tie_rule_table, write, write_summary)
+                      panels_table, rank_changes, stage_manifest, summary_path, tie_rule_table, write, write_summary)
 from .reversals import breakdown, legacy_reversal_counts, reversal_counts, reversal_sensitivity, reversal_summary, tail_check, tail_table
 from .ties import RULE_TEXT, Ranking
 
 __all__ = ["panel_sources", "COLUMNS", "FAMILIES", "FIGURE_NOTEBOOKS", "PANEL_SECTIONS", "RULE_TEXT", "SCHEMA", "STAGES", "TABLES",
            "Analysis", "Cube", "Ranking", "ResolutionWarning", "analysis_dir", "breakdown", "build_cube", "cd_conditions",
            "campaign_files", "columns_table", "compute", "engine_load_blocks", "figure_index", "fingerprint", "headline_panel_of", "headline_table", "legacy_reversal_counts", "load", "load_runs",
+           "stage_manifest",
            "metric_direction", "metric_label", "metric_names", "metric_scale", "metric_unit", "panels_table",
            "rank_changes", "reversal_counts", "reversal_sensitivity", "reversal_summary", "settings", "summary_path",
            "tail_check", "tail_table", "tie_rule_table", "top_winners", "validate", "winner_counts", "write",

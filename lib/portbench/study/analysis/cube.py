@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import polars as pl
 from ...core.config import AnalysisConfig, PlanSettings, SimulationConfig
 from ...core.errors import DataError, ParameterError, check_choice, check_choices
 from ...core.provenance import label
+from ...data.windows import Manifest
 from ...sim import metrics as metric_registry
 from ...sim import schedulers as scheduler_registry
 from .. import campaign, stats
@@ -103,12 +105,13 @@ def runs_file_table(analysis: AnalysisConfig) -> pl.DataFrame:
     return pl.read_parquet(path)
 
 
-def load_runs(analysis: AnalysisConfig, plan: PlanSettings) -> pl.DataFrame:
+def load_runs(analysis: AnalysisConfig, plan: PlanSettings, manifest: Mapping | None) -> pl.DataFrame:
     """The runs table: ``analysis.runs_file`` when set, else the campaign's (``campaign.load_runs`` of
-    ``campaign.make_plan(plan)``; ``plan``: ``cfg.plan_settings``)."""
+    ``campaign.make_plan(plan, manifest=manifest)``; ``plan``: ``cfg.plan_settings``; ``manifest``: the window
+    manifest the caller's stage loaded, None only with ``analysis.runs_file``)."""
     if analysis.runs_file:
         return runs_file_table(analysis)
-    return campaign.load_runs(plan.paths, campaign.make_plan(plan))
+    return campaign.load_runs(plan.paths, campaign.make_plan(plan, manifest=manifest))
 
 
 @dataclass
@@ -244,11 +247,15 @@ def build_cube(runs: pl.DataFrame, *, metric_spec="all", all_metrics: list[str],
 
 @dataclass
 class Analysis:
-    """Every analysis table (polars) and the summary numbers (JSON-ready dict)."""
+    """Every analysis table (polars) and the summary numbers (JSON-ready dict); ``manifest`` /
+    ``manifest_error``: the window manifest :func:`portbench.study.analysis.load` was given (None: it could not
+    be loaded, and why), which :func:`portbench.study.analysis.write_summary` reads (not written to disk)."""
 
     tables: dict[str, pl.DataFrame]
     summary: dict
     meta: dict
+    manifest: Manifest | None = field(default=None, repr=False, compare=False)
+    manifest_error: str = field(default="", repr=False, compare=False)
 
     @property
     def provenance(self) -> dict[str, str]:

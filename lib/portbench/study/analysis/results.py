@@ -267,10 +267,25 @@ def _json_default(x):
     return str(x)
 
 
-def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Analysis:
+def stage_manifest(paths: PathsConfig, *, required: bool) -> tuple[Manifest | None, str]:
+    """The window manifest, loaded once by a stage of the analysis (:func:`load`'s callers) and passed on; where it
+    cannot be loaded, None and why (``required``: raised instead -- the campaign's runs need it)."""
+    try:
+        return windows_mod.load_manifest(paths), ""
+    except (PortbenchError, OSError) as e:
+        if required:
+            raise
+        return None, f"{type(e).__name__}: {e}"      # each block of the summary that needs it records the error
+
+
+def load(cfg: Config, manifest: Manifest | None, *, manifest_error: str = "", recompute: bool = False,
+         progress: bool = False) -> Analysis:
     """The analysis for ``cfg``: read from ``{results_dir}/analysis`` when it matches the runs table and
-    the parameters (fingerprint), else computed and written (tables, summary core and summary.json)."""
-    runs = load_runs(cfg.analysis, cfg.plan_settings)
+    the parameters (fingerprint), else computed and written (tables, summary core and summary.json).
+    ``manifest``: the window manifest the caller's stage loaded (:func:`stage_manifest`; None, with
+    ``manifest_error`` saying why, only with ``analysis.runs_file``); the analysis keeps it for
+    :func:`write_summary`."""
+    runs = load_runs(cfg.analysis, cfg.plan_settings, manifest)
     fp = fingerprint(runs, cfg.analysis_inputs)
     d = analysis_dir(cfg.paths.results_dir)
     meta_p = d / "meta.json"
@@ -280,9 +295,11 @@ def load(cfg: Config, *, recompute: bool = False, progress: bool = False) -> Ana
         if meta.get("fingerprint") == fp and all(f.is_file() for f in files) and (d / "summary_core.json").is_file():
             tables = {t: pl.read_parquet(d / f"{t}.parquet") for t in TABLES}
             summary = json.loads((d / "summary_core.json").read_text())
-            return Analysis(tables=tables, summary=summary, meta=meta)
+            return Analysis(tables=tables, summary=summary, meta=meta, manifest=manifest,
+                            manifest_error=manifest_error)
     with stage(f"analysis of {runs.height:,} runs (the tables of notebooks 04-07 and 10)"):
         A = compute(cfg.analysis_inputs, runs, progress=progress)
+    A.manifest, A.manifest_error = manifest, manifest_error
     write(cfg.paths.results_dir, A)
     figindex.forget(cfg.paths.figures_dir, FIGURE_NOTEBOOKS)  # figures of an older analysis are not indexed
     write_summary(cfg, A, runs=runs)
@@ -331,20 +348,14 @@ def engine_load_blocks(files: tuple[pl.DataFrame, pl.DataFrame] | None, sim: Sim
                                                             max_model_len=engine["max_model_len"] or None)}
 
 
-def write_summary(cfg: Config, A: Analysis | None = None, *, runs: pl.DataFrame | None = None) -> dict:
+def write_summary(cfg: Config, A: Analysis, *, runs: pl.DataFrame | None = None) -> dict:
     """Write ``{results_dir}/summary.json``: the summary numbers, the engine and load blocks and the
-    index of every figure. The window manifest, the campaign's plan and its runs are loaded once here, for
-    every block that reads them (``runs``: the runs table of :func:`portbench.study.analysis.cube.load_runs` when
-    the caller has it)."""
-    A = A or load(cfg)
-    manifest_error = ""
+    index of every figure. The campaign's plan and its runs are loaded once here, for every block that reads
+    them, from the window manifest the analysis ``A`` was given (:func:`load`; ``runs``: the runs table of
+    :func:`portbench.study.analysis.cube.load_runs` when the caller has it)."""
+    manifest, manifest_error = A.manifest, A.manifest_error
     try:
-        manifest = windows_mod.load_manifest(cfg.paths)
-    except (PortbenchError, OSError) as e:
-        manifest = None      # each block that needs it records the error (below)
-        manifest_error = f"{type(e).__name__}: {e}"
-    try:
-        plan = campaign.make_plan(cfg.plan_settings, manifest=manifest)
+        plan = campaign.make_plan(cfg.plan_settings, manifest=manifest) if manifest is not None else None
     except DataError:
         plan = None
     # the campaign's files; not the analysis' own runs when analysis.runs_file analyses a file of its own

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from ...core.config import Config
 from ...core.errors import DataError
+from ...data.windows import Manifest
 from .. import analysis
 from .design import REAL_PANEL, Design, available_sources, compared_metrics, cost_plan, make_design, resolve_pairs, spaced
 from .rankings import compare, distance, hybrid_cube, ranks, tie_rule
@@ -47,18 +48,20 @@ from .runs import (LOAD_CHECK, LOAD_DEFINITION, STEADY_REQUESTS, UTILISATION_DEF
 from .game import grouped, interaction, shapley, singles, smallest_sets
 
 
-def attribute(cfg: Config, *, refreeze: bool = False, progress: bool = True, engine=None,
+def attribute(cfg: Config, manifest: Manifest, *, refreeze: bool = False, progress: bool = True, engine=None,
               reversals: bool = True, verbose: bool = True) -> Attribution:
     """Simulate (or reuse) every hybrid, compute the attribution, write its tables and its section for
     summary.json (``summary.json`` itself is written by :func:`portbench.study.analysis.write_summary`, the
     summary notebook, which runs after this one). ``reversals``: trace the analysis' significant-and-practical
-    reversals (needs the campaign and the analysis of ``cfg``; skipped with a note when they are absent)."""
-    ar = run(cfg, engine=engine, refreeze=refreeze, progress=progress, verbose=verbose)
+    reversals (needs the campaign and the analysis of ``cfg``; skipped with a note when they are absent).
+    ``manifest``: the window manifest, loaded once by the caller (``windows.load_manifest``)."""
+    ar = run(cfg, manifest=manifest, engine=engine, refreeze=refreeze, progress=progress, verbose=verbose)
     rev = rk = cruns = note = None
     if reversals:
         try:
-            study = analysis.load(cfg)
-            rev, rk, cruns = study["reversals"], study["rankings"], analysis.load_runs(cfg.analysis, cfg.plan_settings)
+            study = analysis.load(cfg, manifest)
+            rev, rk, cruns = (study["reversals"], study["rankings"],
+                              analysis.load_runs(cfg.analysis, cfg.plan_settings, manifest))
         except DataError as e:
             note = f"reversal tracing skipped: {e}"
     A = compute(cfg.simulation, cfg.analysis, cfg.windows.size, ar, rev, rk, cruns)

@@ -340,19 +340,19 @@ LOAD_SCHEMA = {"pair": pl.String, "source_a": pl.String, "provenance_a": pl.Stri
                "rho_region": pl.Float64, "utilisation_window": pl.Float64, "utilisation_steady": pl.Float64}
 
 
-def run(cfg: Config, *, engine: Engine | None = None, refreeze: bool = False, progress: bool = True,
-        verbose: bool = True, manifest: Mapping | None = None, tables: Mapping | None = None,
+def run(cfg: Config, *, manifest: Mapping, engine: Engine | None = None, refreeze: bool = False,
+        progress: bool = True, verbose: bool = True, tables: Mapping | None = None,
         workers: int | None = None) -> AttributionRuns:
     """Build, verify (or freeze) and simulate every hybrid of every pair of ``cfg.attribution`` (cached runs
     reused), and the load check.
 
-    ``engine`` replaces the campaign's :class:`SimEngine`; ``manifest`` / ``tables`` ({window id: table})
-    replace the committed manifest and its verified windows (tests); ``workers`` overrides
+    ``manifest``: the window manifest the caller's stage loaded (``windows.load_manifest``); ``engine``
+    replaces the campaign's :class:`SimEngine`; ``tables`` ({window id: table}) replace its verified windows
+    (tests); ``workers`` overrides
     ``campaign.workers``. The committed hybrid SHA-256s are read from (and, when there are none yet or with
     ``refreeze``, written to) :func:`portbench.data.hybrids.frozen_path` of ``paths.manifest``."""
     t0 = time.perf_counter()
     engine = engine or SimEngine()
-    manifest = manifest if manifest is not None else windows_mod.load_manifest(cfg.paths)
     design = make_design(cfg.attribution, cfg.simulation, cfg.analysis, manifest)
     sim = cfg.simulation
     prov = windows_mod.provenance(manifest)

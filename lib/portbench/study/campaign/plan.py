@@ -16,6 +16,7 @@ from typing import cast
 from ...core import plugins as plugin_loader
 from ...core.config import (CampaignConfig, PlanSettings, PredictorsConfig, RequestRecordsConfig,
                            SimulationConfig, StandinsConfig)
+from ...core.errors import PortbenchError
 from ...core.io import canonical_json, sha256_hex
 from ...data import windows as windows_mod
 from ...sim import schedulers as scheduler_registry
@@ -210,9 +211,9 @@ def make_plan(settings: PlanSettings, *, engine: Engine | None = None, windows: 
     """The grid, seeds' keys and shard fingerprints of the campaign of ``settings`` (:class:`PlanSettings`,
     ``cfg.plan_settings``; nothing is computed).
 
-    ``manifest``: the window manifest (read from ``settings.paths`` when not given). ``windows`` replaces the
-    manifest's windows: a list of :class:`WindowRef` or of ``(WindowRef, window_df)`` pairs (tests and
-    benchmarks use it). A scheduler that is not registered fails here, at once ("scheduler X is not registered;
+    ``manifest``: the window manifest (:func:`portbench.data.windows.load_manifest`, loaded once by the caller's
+    stage); ``windows`` replaces the manifest's windows: a list of :class:`WindowRef` or of ``(WindowRef,
+    window_df)`` pairs (tests and benchmarks use it). One of the two is required. A scheduler that is not registered fails here, at once ("scheduler X is not registered;
     load its plug-in ..."). The plug-ins (``settings.plugins``) are part of every fingerprint, by SHA-256.
     """
     engine = engine or SimEngine()
@@ -221,8 +222,9 @@ def make_plan(settings: PlanSettings, *, engine: Engine | None = None, windows: 
     if windows is not None:
         wins = _refs(windows)
         inputs = _given_inputs(windows)
+    elif manifest is None:
+        raise PortbenchError("make_plan needs the window manifest (windows.load_manifest) or the windows")
     else:
-        manifest = manifest if manifest is not None else windows_mod.load_manifest(settings.paths)
         wins = window_refs(manifest, settings.source_names(), settings.campaign)
         inputs = run_inputs(settings.predictors, settings.standins, s, manifest, wins, scheds)
     regs = s.loads
