@@ -10,6 +10,8 @@ of a run's raw files) and :func:`read_results` (notebook 08 reads what the run w
 * :mod:`.planning` -- the plan: cases, the pre-registered family's power calculation, the windows;
 * :mod:`.pipeline` -- the run: step grid, pre-registration, the family on the virtual engine, the wall-clock
   replays sized to the time budget (its docstring describes the pipeline and its outputs);
+* :mod:`.wallclock` -- the wall-clock engine's part of the run, step by step: the step grid, the inputs, the
+  engine's start, warm-up, saturation runs and calibration, the replays, their raw files;
 * :mod:`.analysis` -- re-simulation, fidelity, verdicts and the summary's sections, from the raw files;
 * :mod:`.results` -- what notebook 08 reads back (:func:`read_results`). Its prose, tables and figures are the
   presentation's (:mod:`portbench.present.validation_report`, :mod:`portbench.present.plots_validation`): this
