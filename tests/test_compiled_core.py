@@ -44,8 +44,8 @@ def both(df, policy, profile, **kw):
     return ref, cc
 
 
-def assert_identical(ref, cc, what=""):
-    assert cc.core == "compiled" and ref.core == "reference", what
+def assert_identical(ref, cc, what="", cores=("reference", "compiled")):
+    assert (ref.core, cc.core) == cores, what
     a, b = ref.requests, cc.requests
     assert a.columns == b.columns and a.dtypes == b.dtypes, what
     for col in a.columns:
@@ -278,3 +278,56 @@ def test_column_setup_is_used_and_the_reference_setup_agrees():
         ref2 = simulate(mapping, policy, p, horizon_s=20.0, seed=1, slo=SLO, engine={"core": "reference"})
         cc2 = simulate(mapping, policy, p, horizon_s=20.0, seed=1, slo=SLO, engine={"core": "compiled"})
         assert_identical(ref2, cc2, f"{policy} (mapping)")
+
+
+def test_compiled_queue_statistics_equal_numpys_bit_for_bit():
+    """The waiting queue's time-average and 95th percentile (``counters["queue_mean"]``, ``queue_p95``):
+    the compiled loops (numba) give numpy's numbers on random intervals (ties, zero length, reaching outside
+    [0, t_end])."""
+    import importlib
+
+    sim_mod = importlib.import_module("portbench.sim.engine.simulate")
+    core = sim_mod._queue_core()
+    assert core is not None
+    rng = np.random.default_rng(3)
+    for k in range(400):
+        m = int(rng.integers(0, 50))
+        st = np.round(rng.uniform(-2, 12, m), int(rng.integers(0, 3)))
+        en = st + np.round(rng.uniform(-1, 6, m), int(rng.integers(0, 3)))
+        t_end = float(rng.choice([10.0, 5.5, 0.7]))
+        got = sim_mod._queue_stats(st, en, t_end)
+        sim_mod._QUEUE_CORE[0] = None
+        try:
+            ref = sim_mod._queue_stats(st, en, t_end)
+            ref2 = sim_mod.queue_stats(np.column_stack([st, en]) if m else [], t_end)
+        finally:
+            sim_mod._QUEUE_CORE[0] = core
+        bits = [np.asarray(x, float).view(np.int64).tolist() for x in (got, ref, ref2)]
+        assert bits[0] == bits[1] == bits[2], k
+
+
+def test_a_shared_window_gives_every_run_the_records_of_its_own_table():
+    """``simulate(Window(df), ...)``: the scheduler-independent set-up kept once for the window and shared by the
+    runs of every policy (as a campaign's shard shares it), in any order, gives each run the records, counters
+    and step log of ``simulate(df, ...)``; a window the column set-up does not read (nulls) runs on the reference
+    set-up as before (a mapping of columns)."""
+    from portbench.sim.engine.columns import Window
+
+    rng = np.random.default_rng(4)
+    n = 80
+    df = with_predictions(pl.DataFrame({
+        "arrival_s": np.sort(np.round(rng.uniform(0, 6, n), 1)), "prompt_tokens": rng.integers(10, 1400, n),
+        "output_tokens": rng.integers(1, 300, n), "tenant": rng.choice(["a", "b", "c"], n)}))
+    p = small_profile(120, 8, 256)
+    win = Window(df)
+    for policy in ("fcfs", "vtc", "las", "sjf_predicted", "ltr", "random", "mlfq", "edf", "vtc", "fcfs", "rr"):
+        for seed in (1, 2):
+            got = simulate(win, policy, p, horizon_s=8.0, seed=seed, slo=SLO, engine={"core": "compiled"},
+                           work_marks=(1.0, 5.0))
+            want = simulate(df, policy, p, horizon_s=8.0, seed=seed, slo=SLO, engine={"core": "compiled"},
+                            work_marks=(1.0, 5.0))
+            assert_identical(want, got, f"{policy} seed {seed}", cores=("compiled", "compiled"))
+    mapping = {c: df[c].to_list() for c in df.columns}
+    got = simulate(Window(mapping), "las", p, horizon_s=8.0, seed=1, engine={"core": "auto"})
+    assert_identical(simulate(mapping, "las", p, horizon_s=8.0, seed=1, engine={"core": "auto"}), got, "mapping",
+                     cores=("compiled", "compiled"))

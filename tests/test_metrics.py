@@ -325,3 +325,44 @@ def test_percentile_replica_is_numpys_bit_for_bit():
         for q in ([50, 90, 95, 99], [90, 95, 99], [0, 100]):
             a, b = np.percentile(x, q), metrics._percentile_linear(x, q)
             assert (a.view(np.int64) == b.view(np.int64)).all(), (n, q)
+
+
+def _bits(x):
+    return np.asarray(x, dtype=float).view(np.int64).tolist()
+
+
+def test_compiled_tenant_curves_and_tenant_index_give_the_same_bits():
+    """The compiled service curves (numba) and the numpy ones give the same tenant metrics, bit for bit, on random
+    runs (ties, requests without a first token, unfinished ones, ones that drained past the horizon, one tenant
+    only); and a tenant index computed once for the window (``compute(..., tenant_index=...)``, as the campaign
+    passes it) gives the metrics computed from the tenant column."""
+    core = metrics._curves_core()
+    assert core is not None          # numba is a dependency: the compiled path is the one the campaign takes
+    rng = np.random.default_rng(5)
+    slo = {"a": {"ttft_s": 1.0, "tpot_s": 0.05}}
+    for k in range(150):
+        n = int(rng.integers(1, 70))
+        arr = np.sort(np.round(rng.uniform(0, 6, n), int(rng.integers(0, 3))))
+        ft = arr + np.round(rng.uniform(0, 3, n), 1)
+        out = rng.integers(1, 60, n).astype(float)
+        fin = ft + out * rng.uniform(0.0, 0.2, n)
+        h = float(rng.choice([4.0, 8.0, 20.0]))
+        fin[rng.random(n) < 0.2] = np.nan                     # unfinished
+        ft[rng.random(n) < 0.1] = np.nan                      # no first token
+        gen = np.where(np.isfinite(fin), out, np.floor(out * rng.uniform(0, 1, n)))
+        tenant = np.array([f"t{t}" for t in rng.integers(0, int(rng.integers(1, 5)), n)])
+        df = pl.DataFrame({"req_id": np.arange(n), "arrival_s": arr, "first_token_s": ft, "finish_s": fin,
+                           "prompt_tokens": rng.integers(1, 900, n), "output_tokens": out.astype(np.int64),
+                           "generated_tokens": gen.astype(np.int64), "preemptions": np.zeros(n, np.int64),
+                           "rejected": rng.random(n) < 0.05, "tenant": tenant,
+                           "service_s": rng.uniform(0.05, 2.0, n)})
+        got = metrics.compute(df, h, slo)
+        index = np.unique(df["tenant"].cast(str).to_numpy(), return_inverse=True)
+        with_index = metrics.compute(df, h, slo, tenant_index=index)
+        metrics._CORE[0] = None                               # the numpy service curves
+        try:
+            ref = metrics.compute(df, h, slo)
+        finally:
+            metrics._CORE[0] = core
+        assert list(got) == list(ref) == list(with_index)
+        assert _bits(list(got.values())) == _bits(list(ref.values())) == _bits(list(with_index.values())), k

@@ -10,7 +10,7 @@
   ``tests/test_compiled_core.py``; this is the benchmark's own check of the runs it times.)
 
 The speed of both cores is measured by the simulator part (:mod:`portbench.bench.simulator`), in the same
-session, alternating run by run.
+session, alternating (window, region) by (window, region).
 """
 
 from __future__ import annotations

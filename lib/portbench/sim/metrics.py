@@ -47,6 +47,7 @@ Definitions (all requests arriving after the horizon are outside the observation
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Callable, Mapping, NamedTuple
 
@@ -283,11 +284,13 @@ def _percentile_linear(x: np.ndarray, q) -> np.ndarray:
     return out
 
 
-def compute(records, horizon_s: float, slo_defs: Mapping[str, Mapping]) -> dict[str, float]:
+def compute(records, horizon_s: float, slo_defs: Mapping[str, Mapping], *, tenant_index=None) -> dict[str, float]:
     """Every metric of one run, keyed by :func:`metric_names` order (definitions: module docstring).
 
     ``records``: polars DataFrame (or mapping of arrays) with the records columns; ``horizon_s``:
-    end of the observation window; ``slo_defs``: ``{name: {"ttft_s": …, "tpot_s": …}}``.
+    end of the observation window; ``slo_defs``: ``{name: {"ttft_s": …, "tpot_s": …}}``;
+    ``tenant_index``: ``numpy.unique(tenant as strings, return_inverse=True)`` of the records' ``tenant``
+    column when the caller has it (the runs of one window share it; None: computed here).
     """
     h = float(horizon_s)
     if not h > 0:
@@ -335,9 +338,13 @@ def compute(records, horizon_s: float, slo_defs: Mapping[str, Mapping]) -> dict[
     res["norm_latency_mean"] = float((e2e / out).mean()) if n else float("nan")
     sx = x.sum()
     res["slowdown_jain"] = float(sx * sx / (x.size * np.dot(x, x))) if x.size else float("nan")
-    tenant = _tenants(records, adm)
+    if tenant_index is None:
+        tenant = _tenants(records, adm)
+        index = None
+    else:
+        tenant, index = _tenants_indexed(tenant_index, adm)
     gap, jain = tenant_fairness(tenant, arr, ft, fin, a["prompt_tokens"][adm] if "prompt_tokens" in a else None,
-                                out, gen, h) if tenant is not None else (float("nan"), float("nan"))
+                                out, gen, h, index=index) if tenant is not None else (float("nan"), float("nan"))
     res["tenant_service_gap"], res["tenant_jain"] = gap, jain
     res["max_slowdown"] = float(slowdown.max()) if n else float("nan")
     if _CUSTOM:
@@ -365,6 +372,20 @@ def _tenants(records, keep: np.ndarray) -> np.ndarray | None:
         vals = np.asarray(list(col), dtype=object).astype(str)
     vals = vals[keep]
     return vals if np.unique(vals).size >= 2 else None
+
+
+def _tenants_indexed(tenant_index, keep: np.ndarray):
+    """:func:`_tenants` and ``numpy.unique(..., return_inverse=True)`` of the kept rows, from the index of all
+    rows (``(names, inverse)``): the same labels and indices. ``(None, None)`` with fewer than two tenants kept."""
+    names, inv = tenant_index
+    inv = np.asarray(inv).reshape(-1)
+    if not keep.all():
+        inv = inv[keep]
+    present = np.unique(inv)
+    if present.size < 2:
+        return None, None
+    idx = np.searchsorted(present, inv)
+    return idx, (names[present], idx)
 
 
 def service_curves(tenant: np.ndarray, arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarray,
@@ -414,31 +435,198 @@ def service_curves(tenant: np.ndarray, arrival: np.ndarray, first_token: np.ndar
 def _knot_sums(T: int, who: np.ndarray, x: np.ndarray, values: list[np.ndarray], at: np.ndarray, combine
                ) -> np.ndarray:
     """``combine(cums, t)`` for every tenant and time in ``at``, where ``cums[i][k]`` = the sum of
-    ``values[i]`` over tenant k's knots at positions ``x <= t`` -> array (T, len(at))."""
+    ``values[i]`` over tenant k's knots at positions ``x <= t`` -> array (T, len(at)). (All values in one
+    array: each row's running sum is the same sequence of additions as on its own.)"""
     order = np.argsort(x, kind="stable")
     xs, ws = x[order], who[order]
     pos = np.searchsorted(xs, at, side="right")          # knots at or before each time
-    out_c = []
-    for v in values:
-        m = np.zeros((T, xs.size + 1))
-        m[ws, np.arange(1, xs.size + 1)] = v[order]
-        out_c.append(np.cumsum(m, axis=1)[:, pos])
+    m = np.zeros((len(values), T, xs.size + 1))
+    m[:, ws, np.arange(1, xs.size + 1)] = np.stack(values)[:, order]
+    out_c = np.cumsum(m, axis=2)[:, :, pos]
     return combine(out_c, at[None, :])
+
+
+def _curves(T, idx, arrival, first_token, finish, prompt, output, generated, h, wp, wo):
+    """:func:`service_curves`' ``(times, S, B)`` by the same floating-point operations in the same order, as
+    loops (compiled by numba: :func:`_curves_core`): the knots' running sums are the rows of the (tenant x
+    knot) matrix that :func:`_knot_sums` sums, added in the same sequence."""
+    n = arrival.shape[0]
+    inf = np.inf
+    ft = np.empty(n)
+    end = np.empty(n)
+    n_end = np.empty(n)
+    n_tok = 0
+    n_arr = 0
+    for i in range(n):
+        f = first_token[i]
+        ft[i] = f if (np.isfinite(f) and f <= h) else inf
+        fin = finish[i]
+        fin_ok = np.isfinite(fin)
+        done = fin_ok and fin <= h
+        end[i] = fin if done else (fin if fin_ok else h)
+        v = output[i] if (done or fin_ok) else (generated[i] if generated[i] < output[i] or np.isnan(generated[i])
+                                                 else output[i])
+        n_end[i] = v if (v >= 1.0 or np.isnan(v)) else 1.0
+        if np.isfinite(ft[i]):
+            n_tok += 1
+        if arrival[i] <= h:
+            n_arr += 1
+    tk = np.empty(n_tok, np.int64)
+    cand = np.empty(n_arr + 2 * n_tok + 2)
+    j = 0
+    c = 0
+    for i in range(n):
+        if arrival[i] <= h:
+            cand[c] = arrival[i]
+            c += 1
+    for i in range(n):
+        if np.isfinite(ft[i]):
+            tk[j] = i
+            j += 1
+    for a in range(n_tok):
+        cand[c] = ft[tk[a]]
+        c += 1
+    for a in range(n_tok):
+        e = end[tk[a]]
+        cand[c] = e if (e <= h or np.isnan(e)) else h
+        c += 1
+    cand[c] = 0.0
+    cand[c + 1] = h
+    u = np.unique(cand)
+    m = 0
+    for v in u:
+        if v >= 0 and v <= h:
+            m += 1
+    times = np.empty(m)
+    m = 0
+    for v in u:
+        if v >= 0 and v <= h:
+            times[m] = v
+            m += 1
+    # the service knots: a step and a ramp at each first token, the ramp's end at the stream's end
+    K = 2 * n_tok
+    x = np.empty(K)
+    who = np.empty(K, np.int64)
+    vals = np.zeros((3, K))
+    for a in range(n_tok):
+        i = tk[a]
+        longer = end[i] > ft[i]
+        r = wo * (n_end[i] - 1.0) / max(end[i] - ft[i], 1e-300) if longer else 0.0
+        x[a] = ft[i]
+        x[n_tok + a] = end[i]
+        who[a] = who[n_tok + a] = idx[i]
+        vals[0, a] = wp * prompt[i] + wo * (1.0 if longer else n_end[i])
+        vals[1, a] = r
+        vals[1, n_tok + a] = -r
+    for k in range(K):
+        vals[2, k] = vals[1, k] * x[k]
+    cs = _running(T, who, x, vals)
+    pos = np.searchsorted(np.sort(x), times, side="right") if K else np.zeros(m, np.int64)
+    S = np.empty((m, T))        # returned transposed: Fortran order, as numpy's fancy indexing leaves it (the
+    for t in range(T):          # order numpy's sums over it follow)
+        for e in range(m):
+            p = pos[e]
+            S[e, t] = cs[0, t, p] + cs[1, t, p] * times[e] - cs[2, t, p]
+    # the waiting requests: +1 at each arrival, -1 at each first token, at the segments' midpoints
+    mid = np.empty(max(m - 1, 0))
+    for e in range(m - 1):
+        mid[e] = (times[e] + times[e + 1]) / 2.0
+    xw = np.empty(n + n_tok)
+    ww = np.empty(n + n_tok, np.int64)
+    dw = np.empty((1, n + n_tok))
+    for i in range(n):
+        xw[i] = arrival[i]
+        ww[i] = idx[i]
+        dw[0, i] = 1.0
+    for a in range(n_tok):
+        xw[n + a] = ft[tk[a]]
+        ww[n + a] = idx[tk[a]]
+        dw[0, n + a] = -1.0
+    cw = _running(T, ww, xw, dw)
+    posw = np.searchsorted(np.sort(xw), mid, side="right")
+    B = np.empty((m - 1 if m else 0, T), np.bool_)
+    for t in range(T):
+        for e in range(m - 1):
+            B[e, t] = cw[0, t, posw[e]] > 0.5
+    return times, S.T, B.T
+
+
+def _running(T, who, x, vals):
+    """``cs[v, t, j]`` = the running sum of ``vals[v]`` over tenant t's knots among the first j of ``x``'s stable
+    order: the cumulative sums of :func:`_knot_sums`' (tenant x knot) matrix, the same additions (+0.0 for
+    another tenant's knot)."""
+    order = np.argsort(x, kind="mergesort")
+    K = x.shape[0]
+    V = vals.shape[0]
+    cs = np.zeros((V, T, K + 1))
+    for v in range(V):
+        for t in range(T):
+            acc = 0.0
+            for j in range(K):
+                o = order[j]
+                acc = acc + (vals[v, o] if who[o] == t else 0.0)
+                cs[v, t, j + 1] = acc
+    return cs
+
+
+_CORE: list = []
+
+
+def _curves_core():
+    """:func:`_curves` compiled by numba (machine code cached on disk), or None without numba."""
+    if not _CORE:
+        try:
+            import numba
+        except ImportError:       # pragma: no cover - numba is a dependency; the numpy path stays the reference
+            _CORE.append(None)
+        else:
+            jit = numba.njit(cache=True, nogil=True)
+            g = globals()
+            g["_running"] = jit(_running)
+            _CORE.append(jit(_curves))
+    return _CORE[0]
+
+
+def warm_compiled() -> None:
+    """Compile the tenant metrics' loops in this process, or load them from numba's disk cache (a campaign calls
+    it before its worker processes start, as :func:`portbench.sim.engine.simulate.warm_compiled`)."""
+    z = np.zeros(2)
+    tenant_fairness(np.array(["a", "b"]), z, np.array([0.5, 1.0]), np.array([1.0, 2.0]), z + 1, z + 3, z + 3, 4.0)
+
+
+@functools.lru_cache(maxsize=64)
+def _pairs(T: int) -> tuple[np.ndarray, np.ndarray]:
+    """``numpy.triu_indices(T, 1)``, kept (read-only) for the next run with T tenants."""
+    fi, gi = np.triu_indices(T, 1)
+    fi.flags.writeable = gi.flags.writeable = False
+    return fi, gi
 
 
 def tenant_fairness(tenant: np.ndarray, arrival: np.ndarray, first_token: np.ndarray, finish: np.ndarray,
                     prompt: np.ndarray | None, output: np.ndarray, generated: np.ndarray, horizon_s: float,
-                    weights: tuple[float, float] = TENANT_WEIGHTS) -> tuple[float, float]:
+                    weights: tuple[float, float] = TENANT_WEIGHTS, index=None) -> tuple[float, float]:
     """``(tenant_service_gap, tenant_jain)`` of one run's admitted requests (module docstring);
-    ``(nan, nan)`` with fewer than two tenants."""
+    ``(nan, nan)`` with fewer than two tenants. ``index``: ``numpy.unique(tenant, return_inverse=True)`` when
+    the caller has it."""
     nan = float("nan")
     if tenant.size == 0:
         return nan, nan
-    index = np.unique(tenant, return_inverse=True)
+    if index is None:
+        index = np.unique(tenant, return_inverse=True)
     if index[0].size < 2 or (index[0] == NO_TENANT).all():
         return nan, nan
-    names, times, S, B = service_curves(tenant, arrival, first_token, finish, prompt, output, generated,
-                                        horizon_s, weights, tenant_index=index)
+    core = _curves_core()
+    if core is None:
+        names, times, S, B = service_curves(tenant, arrival, first_token, finish, prompt, output, generated,
+                                            horizon_s, weights, tenant_index=index)
+    else:                  # the same curves, compiled (tests/test_metrics.py holds the two equal, bit for bit)
+        names, idx = index
+        f8 = np.ascontiguousarray
+        times, S, B = core(names.size, f8(np.asarray(idx).reshape(-1), np.int64), f8(arrival, float),
+                           f8(first_token, float), f8(finish, float),
+                           np.zeros(np.shape(output)[0]) if prompt is None else f8(prompt, float),
+                           f8(output, float), f8(generated, float), float(horizon_s),
+                           float(weights[0]), float(weights[1]))
     if times.size < 2:
         return nan, nan
     # Jain over tenants of the service rate while backlogged
@@ -454,7 +642,7 @@ def tenant_fairness(tenant: np.ndarray, arrival: np.ndarray, first_token: np.nda
         jain = nan
     # service gap over common backlogged stretches, all tenant pairs at once
     T = names.size
-    fi, gi = np.triu_indices(T, 1)
+    fi, gi = _pairs(T)
     ever = B.any(axis=1)
     keep = ever[fi] & ever[gi]
     fi, gi = fi[keep], gi[keep]

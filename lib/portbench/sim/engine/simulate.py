@@ -14,6 +14,7 @@ from ..profiles import DEFAULT_PROFILE, get_profile
 from ..request import FINISHED, NOT_ARRIVED, REJECTED, WAITING, Request, requests_from_window
 from ..schedulers import get_scheduler
 from . import columns, compiled
+from .columns import service_times as _service_s
 from .contract import is_plugin
 from .core import Engine
 
@@ -28,25 +29,113 @@ def queue_stats(intervals, t_end: float) -> tuple[float, float]:
     if len(intervals) == 0 or not t_end > 0:
         return 0.0, 0.0
     a = np.asarray(intervals, dtype=float)
-    st = np.clip(a[:, 0], 0.0, t_end)
-    en = np.clip(a[:, 1], 0.0, t_end)
-    keep = en > st
-    st, en = st[keep], en[keep]
-    if not len(st):
+    return _queue_stats(a[:, 0], a[:, 1], t_end)
+
+
+def _queue_stats(start: np.ndarray, end: np.ndarray, t_end: float) -> tuple[float, float]:
+    """:func:`queue_stats` of the intervals' start and end times (float arrays)."""
+    if not start.shape[0] or not t_end > 0:
         return 0.0, 0.0
-    t = np.concatenate([st, en])
-    d = np.concatenate([np.ones(len(st)), -np.ones(len(en))])
-    order = np.lexsort((d, t))                 # at equal times the ends (-1) first
-    t, d = t[order], d[order]
-    level = np.cumsum(d)
-    dur = np.diff(np.append(t, t_end))
-    levels = np.concatenate([[0.0], level])
-    durs = np.concatenate([[t[0]], dur])
+    core = _queue_core()
+    if core is not None:        # the same numbers, compiled (tests/test_compiled_core.py holds them equal)
+        m, levels, durs, p95 = core(np.ascontiguousarray(start, float), np.ascontiguousarray(end, float), float(t_end))
+        if not m:
+            return 0.0, 0.0
+        return float(np.sum(levels * durs) / t_end), float(p95)
+    st = np.clip(start, 0.0, t_end)
+    en = np.clip(end, 0.0, t_end)
+    keep = en > st
+    if not keep.all():
+        st, en = st[keep], en[keep]
+    m = st.shape[0]
+    if not m:
+        return 0.0, 0.0
+    # the times in order, at equal times the ends (-1) first: a stable sort of (ends, starts)
+    t = np.concatenate([en, st])
+    order = np.argsort(t, kind="stable")
+    t = t[order]
+    levels = np.concatenate([[0.0], np.cumsum(np.where(order < m, -1.0, 1.0))])
+    durs = np.diff(np.concatenate([[0.0], t, [t_end]]))
     mean = float(np.sum(levels * durs) / t_end)
     o = np.argsort(levels, kind="stable")
     cum = np.cumsum(durs[o])
-    p95 = float(levels[o][np.searchsorted(cum, 0.95 * t_end, side="left").clip(0, len(o) - 1)])
+    p95 = float(levels[o[np.searchsorted(cum, 0.95 * t_end, side="left").clip(0, len(o) - 1)]])
     return mean, p95
+
+
+def _queue_levels(start, end, t_end):
+    """``(intervals kept, levels, durations, p95)`` of :func:`_queue_stats` as loops (compiled by numba): the
+    same operations in the same order; the mean's sum stays numpy's."""
+    n = start.shape[0]
+    ts = np.empty(2 * n)
+    m = 0
+    for i in range(n):            # np.clip, then the intervals of positive length
+        a = start[i]
+        a = a if (a > 0.0 or np.isnan(a)) else 0.0
+        a = a if (a < t_end or np.isnan(a)) else t_end
+        b = end[i]
+        b = b if (b > 0.0 or np.isnan(b)) else 0.0
+        b = b if (b < t_end or np.isnan(b)) else t_end
+        if b > a:
+            ts[m] = b             # ends first
+            ts[n + m] = a
+            m += 1
+    t = np.concatenate((ts[:m], ts[n:n + m]))
+    order = np.argsort(t, kind="mergesort")
+    levels = np.empty(2 * m + 1)
+    durs = np.empty(2 * m + 1)
+    levels[0] = 0.0
+    acc = 0.0
+    prev = 0.0
+    for k in range(2 * m):
+        acc = acc + (-1.0 if order[k] < m else 1.0)
+        levels[k + 1] = acc
+        tk = t[order[k]]
+        durs[k] = tk - prev
+        prev = tk
+    durs[2 * m] = t_end - prev
+    p95 = 0.0
+    if m:
+        # levels are whole numbers in [0, m] (an interval ends after it starts): a stable counting sort is numpy's
+        # stable argsort
+        for k in range(2 * m + 1):
+            if not 0.0 <= levels[k] <= m:      # pragma: no cover - cannot happen; numpy's sort then
+                raise ValueError("queue level out of range")
+        count = np.zeros(m + 2, np.int64)
+        for k in range(2 * m + 1):
+            count[int(levels[k]) + 1] += 1
+        for v in range(1, m + 2):
+            count[v] += count[v - 1]
+        o = np.empty(2 * m + 1, np.int64)
+        for k in range(2 * m + 1):
+            lv = int(levels[k])
+            o[count[lv]] = k
+            count[lv] += 1
+        goal = 0.95 * t_end
+        cum = 0.0
+        pick = 2 * m
+        for k in range(2 * m + 1):
+            cum = cum + durs[o[k]]
+            if cum >= goal:
+                pick = k
+                break
+        p95 = levels[o[pick]]
+    return m, levels, durs, p95
+
+
+_QUEUE_CORE: list = []
+
+
+def _queue_core():
+    """:func:`_queue_levels` compiled by numba (machine code cached on disk), or None without numba."""
+    if not _QUEUE_CORE:
+        try:
+            import numba
+        except ImportError:       # pragma: no cover - numba is a dependency; the numpy path stays the reference
+            _QUEUE_CORE.append(None)
+        else:
+            _QUEUE_CORE.append(numba.njit(cache=True, nogil=True)(_queue_levels))
+    return _QUEUE_CORE[0]
 
 
 @dataclass
@@ -148,7 +237,9 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
              check_invariants: bool = False, check_contract: bool | None = None) -> SimResult:
     """Simulate one window under one scheduler on one replica.
 
-    ``window_df``: the window table (``arrival_s, prompt_tokens, output_tokens, tenant``);
+    ``window_df``: the window table (``arrival_s, prompt_tokens, output_tokens, tenant``), or a
+    :class:`~portbench.sim.engine.columns.Window` of it (runs on the same window share its set-up: the same
+    records);
     ``scheduler``: a registered name or a :class:`~portbench.sim.schedulers.BaseScheduler` instance;
     ``profile``: a :class:`~portbench.sim.profiles.Profile` (or anything with its fields);
     ``horizon_s``: end of the observation (``inf`` = run until every request finished);
@@ -205,10 +296,13 @@ def simulate(window_df, scheduler, profile, *, horizon_s: float, seed: int, slo=
             if fast is not None:
                 cols = fast.columns
                 res = _result_compiled(fast.engine, compiled.run(fast.engine, window_df, cols), cols.prompt,
-                                       cols.arrival, fast.trace_output, fast.refused, fast.tenant, profile, H)
+                                       cols.arrival, fast.trace_output, fast.refused, fast.tenant, profile, H,
+                                       service=fast.service_s)
                 res.counters["seed_used"] = rng.used
                 res.core = "compiled"
                 return res
+    if isinstance(window_df, columns.Window):
+        window_df = window_df.df
     reqs, ctx = requests_from_window(window_df, profile, rng, slo,
                                      max_model_len=int(getattr(profile, "max_model_len", 0) or 0))
     sched.reset(ctx)
@@ -242,14 +336,8 @@ def warm_compiled() -> float:
     df = pl.DataFrame({"arrival_s": [0.0, 0.5], "prompt_tokens": [100, 200], "output_tokens": [5, 7],
                        "tenant": ["a", "b"]})
     simulate(df, "fcfs", get_profile(DEFAULT_PROFILE), horizon_s=100.0, seed=0, engine={"core": "compiled"})
+    _queue_stats(np.zeros(1), np.ones(1), 2.0)      # the queue statistics' compiled loops
     return time.perf_counter() - t0
-
-
-def _service_s(eng: Engine, profile, pro: np.ndarray, out: np.ndarray) -> np.ndarray:
-    n = pro.shape[0]
-    svc = (profile.isolated_service_s(pro, out, eng.B if eng.mode.chunked else None) if hasattr(profile, "prefill_s")
-           else profile.isolated_service_s(pro, out)) if n else np.zeros(0)
-    return np.asarray(svc, dtype=float).reshape(n)
 
 
 def _counters(eng: Engine, H: float, arrived: int, completed: int, unfinished: int, rejected: int, refused: int,
@@ -281,10 +369,11 @@ ITERATION_SCHEMA = [("start_s", pl.Float64), ("end_s", pl.Float64), ("n_iteratio
 
 
 def _result_compiled(eng: Engine, o: compiled.Outcome, pro: np.ndarray, arrival: np.ndarray, trace_out: np.ndarray,
-                     refused_m: np.ndarray, tenant: pl.Series, profile, H: float) -> SimResult:
+                     refused_m: np.ndarray, tenant: pl.Series, profile, H: float,
+                     service: np.ndarray | None = None) -> SimResult:
     """:func:`_result` from the compiled core's arrays (:class:`compiled.Outcome`) and the requests' prompt,
     arrival, trace output, refused and tenant columns, built in one go: the same records, counters and step
-    log."""
+    log. ``service``: the requests' isolated service times when already known (:class:`columns.Window`)."""
     n = pro.shape[0]
     st = o.state
     arrived_m = st != NOT_ARRIVED
@@ -295,13 +384,10 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, pro: np.ndarray, arrival:
     unfinished = arrived - completed - rejected
     out = o.output_tokens
     t_obs = H if np.isfinite(H) else float(eng.end_time)
-    wait_m = st == WAITING
-    waits = np.empty((o.wq_s.shape[0] + int(wait_m.sum()), 2))
-    waits[:o.wq_s.shape[0], 0] = o.wq_s
-    waits[:o.wq_s.shape[0], 1] = o.wq_e
-    waits[o.wq_s.shape[0]:, 0] = o.waiting_since[wait_m]
-    waits[o.wq_s.shape[0]:, 1] = t_obs
-    q_mean, q_p95 = queue_stats(waits, t_obs)
+    wait_m = st == WAITING       # the waiting intervals that ended, then the requests still waiting
+    ws = o.waiting_since[wait_m]
+    q_mean, q_p95 = _queue_stats(np.concatenate([o.wq_s, ws]), np.concatenate([o.wq_e, np.full(ws.shape[0], t_obs)]),
+                                 t_obs)
     records = {
         "req_id": np.arange(n, dtype=np.int64),
         "arrival_s": arrival,
@@ -313,7 +399,7 @@ def _result_compiled(eng: Engine, o: compiled.Outcome, pro: np.ndarray, arrival:
         "preemptions": o.preemptions,
         "rejected": rej_m,
         "tenant": tenant,
-        "service_s": _service_s(eng, profile, pro, out),
+        "service_s": _service_s(eng, profile, pro, out) if service is None else service,
         "refused": refused_m,
         "trace_output_tokens": trace_out,
         "admitted_s": o.admitted_s,

@@ -12,7 +12,7 @@ from ...core import io as fileio
 from ...core.config import SimulationConfig
 from ...sim import metrics, profiles, regions
 from ...sim import schedulers as scheduler_registry
-from ...sim.engine import simulate
+from ...sim.engine import columns, simulate
 
 # Packages whose source code is part of the model fingerprint (a code change invalidates shards).
 MODEL_MODULES = ("sim",)
@@ -104,6 +104,7 @@ class SimEngine(Engine):
         # computed once per shard, not per run: every scheduler x replicate of a shard runs on the same scaled
         # window table and simulation section (checked by identity; the objects are held, so ids stay unique)
         self._marks: tuple = (None, (0.0, 0.0))      # (scaled table, its utilisation marks)
+        self._window: tuple = (None, None)           # (scaled table, its columns.Window: the runs' shared set-up)
         self._options: tuple = (None, {})            # (simulation section, {scheduler: options})
 
     def __getstate__(self):
@@ -172,13 +173,20 @@ class SimEngine(Engine):
             self._marks = (scaled_df, regions.utilisation_marks(scaled_df))
         return self._marks[1]
 
+    def _prepared(self, scaled_df) -> columns.Window:
+        if self._window[0] is not scaled_df:
+            self._window = (scaled_df, columns.Window(scaled_df))
+        return self._window[1]
+
     def run(self, scaled_df, scheduler: str, seed: int, horizon_s: float, sim: SimulationConfig) -> RunResult:
         t1, t2 = self._utilisation_marks(scaled_df)
-        res = simulate(scaled_df, self._scheduler(sim, scheduler), self.profile(sim), horizon_s=horizon_s, seed=seed,
+        win = self._prepared(scaled_df)     # the window's set-up, shared by every run of the shard
+        res = simulate(win, self._scheduler(sim, scheduler), self.profile(sim), horizon_s=horizon_s, seed=seed,
                        slo=sim.edf_slo_dict, engine=sim.engine, hash_block_tokens=self.hash_block_size,
                        work_marks=(t1, t2) if t2 > t1 else ())
         cols = res.record_arrays()      # the records' columns (the compiled core builds no DataFrame here)
-        values = metrics.compute(cols, horizon_s, sim.slo_dicts)
+        tindex = win.tenant_index() if win.base() is not None else None   # the records' tenants, indexed once
+        values = metrics.compute(cols, horizon_s, sim.slo_dicts, tenant_index=tindex)
         counters = dict(res.counters)
         w = counters.get("work_at") or []
         if len(w) == 2:

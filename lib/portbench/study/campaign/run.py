@@ -28,6 +28,7 @@ from ...sim import settings as sim_settings
 from ...sim.engine import compiled as compiled_core
 from ...sim.engine.simulate import warm_compiled
 from ...sim.metrics import NO_TENANT
+from ...sim.metrics import warm_compiled as warm_metrics
 from .engines import Engine, SimEngine
 from .executors import (
     COUNTER_COLUMNS,
@@ -145,6 +146,7 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
         if (executor == "dask" or workers > 1) and isinstance(engine, SimEngine) \
                 and cfg.simulation.engine.core != "reference" and compiled_core.unsupported_here() is None:
             warm_compiled()    # compiled (or loaded from the disk cache) once, before the workers start
+            warm_metrics()
         ex = _Executor(executor, workers, ctx, cfg.campaign.dask_address)
         try:
             if need_cap:
