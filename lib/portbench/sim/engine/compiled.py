@@ -276,26 +276,27 @@ def _fpop(fk, fid, fcv, S):
     _fsift_down(fk, fid, fcv, 0, n)
 
 
-def _iless(F, by_arrival, a, b):
-    """Index heaps' order: (arrival, id) of requests ``a`` < ``b`` (vtc), or the number ``a`` < ``b`` (ranks)."""
-    if by_arrival:
-        return F[ARR, a] < F[ARR, b] or (F[ARR, a] == F[ARR, b] and a < b)
-    return a < b
+def _iless(F, a, b):
+    """Index heaps' order: (arrival, id) of requests ``a`` < ``b`` (vtc; ``F``: the float fields), or the
+    number ``a`` < ``b`` (``F`` None: the static ranks; compiled without the other branch)."""
+    if F is None:
+        return a < b
+    return F[ARR, a] < F[ARR, b] or (F[ARR, a] == F[ARR, b] and a < b)
 
 
-def _isift_up(h, base, j, x, F, by_arrival):
+def _isift_up(h, base, j, x, F):
     """Put ``x`` in the heap ``h[base:base + j + 1]`` whose last slot ``j`` is free."""
     while j > 0:
         p = (j - 1) >> 1
         y = h[base + p]
-        if not _iless(F, by_arrival, x, y):
+        if not _iless(F, x, y):
             break
         h[base + j] = y
         j = p
     h[base + j] = x
 
 
-def _isift_down(h, base, n, F, by_arrival):
+def _isift_down(h, base, n, F):
     """The heap ``h[base:base + n + 1]`` less its top, in ``h[base:base + n]``."""
     last = h[base + n]
     j = 0
@@ -304,9 +305,9 @@ def _isift_down(h, base, n, F, by_arrival):
         if left >= n:
             break
         m = left
-        if left + 1 < n and _iless(F, by_arrival, h[base + left + 1], h[base + left]):
+        if left + 1 < n and _iless(F, h[base + left + 1], h[base + left]):
             m = left + 1
-        if not _iless(F, by_arrival, h[base + m], last):
+        if not _iless(F, h[base + m], last):
             break
         h[base + j] = h[base + m]
         j = m
@@ -314,16 +315,16 @@ def _isift_down(h, base, n, F, by_arrival):
         h[base + j] = last
 
 
-def _wpush(wheap, S, F, k):
+def _wpush(wheap, S, k):
     j = S[NWAIT]
     S[NWAIT] = j + 1
-    _isift_up(wheap, 0, j, k, F, False)
+    _isift_up(wheap, 0, j, k, None)
 
 
-def _wpop(wheap, S, F):
+def _wpop(wheap, S):
     n = S[NWAIT] - 1
     S[NWAIT] = n
-    _isift_down(wheap, 0, n, F, False)
+    _isift_down(wheap, 0, n, None)
 
 
 def _list_remove(lst, S, idx, x):
@@ -558,7 +559,7 @@ def _enqueue(r, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi):
     its tenant's heap (vtc), ltr's queue by (waiting since, id) and heap by (score, id), or the sorted waiting
     list of the preemptive policies."""
     if pol == POL_STATIC:
-        _wpush(wheap, S, F, R[RANK, r])
+        _wpush(wheap, S, R[RANK, r])
         return
     S[NWAIT] += 1
     if pol == POL_VTC:
@@ -578,14 +579,14 @@ def _vtc_push(th, toff, tw, R, F, r):
     u = R[TEN, r]
     j = tw[u]
     tw[u] = j + 1
-    _isift_up(th, toff[u], j, r, F, True)
+    _isift_up(th, toff[u], j, r, F)
 
 
 def _vtc_pop(th, toff, tw, F, u):
     """vtc: tenant ``u``'s earliest waiting request leaves its heap (admitted)."""
     n = tw[u] - 1
     tw[u] = n
-    _isift_down(th, toff[u], n, F, True)
+    _isift_down(th, toff[u], n, F)
 
 
 def _ltr_valid(Qi, a, R):
@@ -1311,17 +1312,22 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
         if hid[a] + 1 > nhe:
             nhe = hid[a] + 1
     fcap = 2 * n + 16
-    ws = np.zeros(N_S + 4 * nt + 11 * n + (2 * n + 2) + (2 * n + 1) + (ntn + 1 if ntn > 0 else 1)
+    ws = np.empty(N_S + 4 * nt + 11 * n + (2 * n + 2) + (2 * n + 1) + (ntn + 1 if ntn > 0 else 1)
                   + (n if pol == POL_VTC else 1) + 4 * lq + bs + 3 * nhe + 3 * fcap + (n + 1), np.int64)
-    wsf = np.zeros(2 + 2 * lq, np.float64)
+    wsf = np.empty(2 + 2 * lq, np.float64)
     S_out = ws[:N_S]                   # returned
     SF_out = wsf[:2]
     S, o = _part(ws, 0, N_S)
     SF, of = _part(wsf, 0, 2)
+    S[:] = 0
+    SF[:] = 0.0
     tc, o = _part(ws, o, nt)           # vtc: the tenants' counters
     tw, o = _part(ws, o, nt)           # vtc: waiting requests per tenant
     thead, o = _part(ws, o, nt)        # vtc: each tenant's earliest waiting request
     tin, o = _part(ws, o, nt)          # vtc: decoding requests per tenant
+    tc[:] = 0
+    tw[:] = 0
+    tin[:] = 0
     last_left = -1
     qtok = C[C_Q]
     paused, o = _part(ws, o, n)
@@ -1335,6 +1341,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
     resumed, o = _part(ws, o, n)
     # vtc: each tenant's waiting requests, a heap by (arrival, id) in th[toff[u]:toff[u] + tw[u]]
     toff, o = _part(ws, o, ntn + 1 if ntn > 0 else 1)
+    toff[:] = 0
     if pol == POL_VTC:
         for r in range(n):
             toff[R[TEN, r] + 1] += 1
@@ -1353,6 +1360,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
     S[LRUH] = -1
     S[LRUT] = -1
     cnt, o = _part(ws, o, bs)
+    cnt[:] = 0
     ref, o = _part(ws, o, nhe)
     lprev, o = _part(ws, o, nhe)
     lnext, o = _part(ws, o, nhe)
@@ -1410,7 +1418,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                 if pol >= POL_LAS:          # its key is frozen while it waits (it generates nothing)
                     F[KEY, r] = _key_of(r, R, F, S, pol, qtok, mb, mbl)
                 if pol == POL_STATIC:       # (the call with fewer arrays: each call counts their references)
-                    _wpush(wheap, S, F, R[RANK, r])
+                    _wpush(wheap, S, R[RANK, r])
                 else:
                     _enqueue(r, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
             S[CURSOR] = c
@@ -1528,7 +1536,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                             skl[a] = run[i + 1 + a]
                         _evict(v, now, R, F, S, cnt, run, pre, hoff, hid, ref, lprev, lnext, bs, eb, SF, C, Fc)
                         if pol == POL_STATIC:
-                            _wpush(wheap, S, F, R[RANK, v])
+                            _wpush(wheap, S, R[RANK, v])
                         else:
                             _enqueue(v, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
                         for a in range(nskip):                 # _skip
@@ -1545,7 +1553,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                         continue
                 _evict(v, now, R, F, S, cnt, run, pre, hoff, hid, ref, lprev, lnext, bs, eb, SF, C, Fc)
                 if pol == POL_STATIC:
-                    _wpush(wheap, S, F, R[RANK, v])
+                    _wpush(wheap, S, R[RANK, v])
                 else:
                     _enqueue(v, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi)
             if S[NSKIP] and S[NCOH] == 0:
@@ -1667,7 +1675,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                     if need > free:
                         break
                 if pol == POL_STATIC:
-                    _wpop(wheap, S, F)
+                    _wpop(wheap, S)
                 else:
                     if pol == POL_LTR:
                         if src:
