@@ -32,6 +32,10 @@ reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and 
 loop is compiled, and :func:`run` returns its arrays (:class:`Outcome`), from which ``simulate`` builds the
 records, counters and step log in one go (the :class:`Request` objects are not written back).
 
+The helpers take borrowed views of the loop's arrays (:func:`_borrowed_intrinsic`: without numba's reference
+counting, which made every helper call pay two atomic operations per array argument), views of the caller's
+arguments and of one integer and one float work buffer that the returned ``S`` and ``SF`` keep alive.
+
 Every operation of the reference is reproduced in the same order with the same floating-point
 arithmetic (iteration times, the closed-form decode runs, first/last k), so the records and counters
 are identical, not close (``tests/test_compiled_core.py``). Compiled once per process and cached on
