@@ -331,3 +331,28 @@ def test_a_shared_window_gives_every_run_the_records_of_its_own_table():
     got = simulate(Window(mapping), "las", p, horizon_s=8.0, seed=1, engine={"core": "auto"})
     assert_identical(simulate(mapping, "las", p, horizon_s=8.0, seed=1, engine={"core": "auto"}), got, "mapping",
                      cores=("compiled", "compiled"))
+
+
+def test_loop_returns_arrays_that_own_their_memory(monkeypatch):
+    """The loop's helpers take borrowed views (``compiled._borrowed``: no reference counting per call); what the
+    loop returns (S, SF: views of its work buffers; the queue intervals, the step log) keeps its memory alive."""
+    real = compiled.kernel()
+    got = []
+
+    def recording(*args):
+        got.append(real(*args))
+        return got[-1]
+
+    monkeypatch.setattr(compiled, "kernel", lambda: recording)
+    rng = np.random.default_rng(3)
+    n = 40
+    df = pl.DataFrame({"arrival_s": np.sort(rng.uniform(0, 3, n)), "prompt_tokens": rng.integers(10, 900, n),
+                       "output_tokens": rng.integers(1, 200, n)})
+    p = small_profile(60, 8, 256)
+    for policy in ("fcfs", "las"):
+        ref, cc = both(df, policy, p, horizon_s=30.0, seed=1, slo=SLO, record_iterations=True)
+        assert_identical(ref, cc, policy)
+    assert len(got) == 2
+    for out in got:
+        for x in out[2:]:
+            assert isinstance(x, np.ndarray) and x.base is not None      # a numba-owned array, not a borrowed one

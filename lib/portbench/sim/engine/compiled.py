@@ -32,6 +32,10 @@ reference engine's own (:class:`~portbench.sim.engine.core.Engine` is built and 
 loop is compiled, and :func:`run` returns its arrays (:class:`Outcome`), from which ``simulate`` builds the
 records, counters and step log in one go (the :class:`Request` objects are not written back).
 
+The helpers take borrowed views of the loop's arrays (:func:`_borrowed_intrinsic`: without numba's reference
+counting, which made every helper call pay two atomic operations per array argument), views of the caller's
+arguments and of one integer and one float work buffer that the returned ``S`` and ``SF`` keep alive.
+
 Every operation of the reference is reproduced in the same order with the same floating-point
 arithmetic (iteration times, the closed-form decode runs, first/last k), so the records and counters
 are identical, not close (``tests/test_compiled_core.py``). Compiled once per process and cached on
@@ -128,14 +132,50 @@ def kernel():
         import numba
         jit = numba.njit(cache=True, nogil=True)
         g = globals()
+        g["_borrowed"] = _borrowed_intrinsic()
         for f in _HELPERS:
             g[f.__name__] = jit(f)
         _KERNEL = jit(_loop)
     return _KERNEL
 
 
+def _borrowed_intrinsic():
+    """The compiled :func:`_borrowed`: the same array without its reference-counted owner (a null meminfo).
+    numba counts references on every array a compiled function takes (an atomic increment on entry and a
+    decrement on return for each one it cannot prove unneeded): with some 20 arrays per helper call that was
+    about a third of the loop's time. A borrowed view's counting is a no-op; whoever owns the memory keeps
+    it alive (the caller of the loop its arguments, the loop's returned S and SF its work buffers)."""
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def _borrowed_view(typingctx, a):
+        if not isinstance(a, types.Array):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+            ary.meminfo = cgutils.get_null_value(ary.meminfo.type)
+            ary.parent = cgutils.get_null_value(ary.parent.type)
+            return ary._getvalue()
+
+        return a(a), codegen
+
+    return _borrowed_view
+
+
 # ---------------------------------------------------------------------------------------------------
 # helpers (compiled by kernel(); plain Python otherwise)
+
+def _borrowed(a):
+    """``a`` without reference counting (compiled: :func:`_borrowed_intrinsic`; plain Python: ``a``)."""
+    return a
+
+
+def _part(buf, o, m):
+    """The borrowed view ``buf[o:o + m]`` and the next offset."""
+    return _borrowed(buf[o:o + m]), o + m
+
 
 def decode_run_s(k, a, g):
     return k * a + g * k * (k - 1) / 2
@@ -205,6 +245,17 @@ def _fsift_down(fk, fid, fcv, j, n):
         j = m
 
 
+def _fsift_up(fk, fid, fcv, j):
+    while j > 0:
+        p = (j - 1) >> 1
+        if not _heap_less(fk, fid, fcv, j, p):
+            break
+        fk[j], fk[p] = fk[p], fk[j]
+        fid[j], fid[p] = fid[p], fid[j]
+        fcv[j], fcv[p] = fcv[p], fcv[j]
+        j = p
+
+
 def _fpush(fk, fid, fcv, S, R, k, i, v):
     """Push (k, id, cver) on the completion heap; when full, drop the stale entries first."""
     n = S[NF]
@@ -217,16 +268,8 @@ def _fpush(fk, fid, fcv, S, R, k, i, v):
         for a in range(m // 2 - 1, -1, -1):
             _fsift_down(fk, fid, fcv, a, m)
         n = m
-    j = n
-    fk[j], fid[j], fcv[j] = k, i, v
-    while j > 0:
-        p = (j - 1) >> 1
-        if not _heap_less(fk, fid, fcv, j, p):
-            break
-        fk[j], fk[p] = fk[p], fk[j]
-        fid[j], fid[p] = fid[p], fid[j]
-        fcv[j], fcv[p] = fcv[p], fcv[j]
-        j = p
+    fk[n], fid[n], fcv[n] = k, i, v
+    _fsift_up(fk, fid, fcv, n)
     S[NF] = n + 1
 
 
@@ -237,36 +280,55 @@ def _fpop(fk, fid, fcv, S):
     _fsift_down(fk, fid, fcv, 0, n)
 
 
-def _wpush(wheap, S, k):
-    j = S[NWAIT]
-    S[NWAIT] = j + 1
+def _iless(F, a, b):
+    """Index heaps' order: (arrival, id) of requests ``a`` < ``b`` (vtc; ``F``: the float fields), or the
+    number ``a`` < ``b`` (``F`` None: the static ranks; compiled without the other branch)."""
+    if F is None:
+        return a < b
+    return F[ARR, a] < F[ARR, b] or (F[ARR, a] == F[ARR, b] and a < b)
+
+
+def _isift_up(h, base, j, x, F):
+    """Put ``x`` in the heap ``h[base:base + j + 1]`` whose last slot ``j`` is free."""
     while j > 0:
         p = (j - 1) >> 1
-        if wheap[p] <= k:
+        y = h[base + p]
+        if not _iless(F, x, y):
             break
-        wheap[j] = wheap[p]
+        h[base + j] = y
         j = p
-    wheap[j] = k
+    h[base + j] = x
 
 
-def _wpop(wheap, S):
-    n = S[NWAIT] - 1
-    S[NWAIT] = n
-    last = wheap[n]
+def _isift_down(h, base, n, F):
+    """The heap ``h[base:base + n + 1]`` less its top, in ``h[base:base + n]``."""
+    last = h[base + n]
     j = 0
     while True:
         left = 2 * j + 1
         if left >= n:
             break
         m = left
-        if left + 1 < n and wheap[left + 1] < wheap[left]:
+        if left + 1 < n and _iless(F, h[base + left + 1], h[base + left]):
             m = left + 1
-        if wheap[m] >= last:
+        if not _iless(F, h[base + m], last):
             break
-        wheap[j] = wheap[m]
+        h[base + j] = h[base + m]
         j = m
     if n > 0:
-        wheap[j] = last
+        h[base + j] = last
+
+
+def _wpush(wheap, S, k):
+    j = S[NWAIT]
+    S[NWAIT] = j + 1
+    _isift_up(wheap, 0, j, k, None)
+
+
+def _wpop(wheap, S):
+    n = S[NWAIT] - 1
+    S[NWAIT] = n
+    _isift_down(wheap, 0, n, None)
 
 
 def _list_remove(lst, S, idx, x):
@@ -515,48 +577,20 @@ def _enqueue(r, pol, starve, R, F, S, wheap, W, tw, th, toff, Qi, Qf, Hs, Hi):
         _w_insert(W, S, R, F, r)
 
 
-def _vtc_before(F, a, b):
-    """(arrival, id) of ``a`` < that of ``b``."""
-    return F[ARR, a] < F[ARR, b] or (F[ARR, a] == F[ARR, b] and a < b)
-
-
 def _vtc_push(th, toff, tw, R, F, r):
     """vtc: ``r`` into its tenant's heap of waiting requests by (arrival, id) (``th[toff[u]:toff[u] + tw[u]]``; a
     request waits at most once at a time, so each tenant's part holds its requests)."""
     u = R[TEN, r]
-    base = toff[u]
     j = tw[u]
     tw[u] = j + 1
-    while j > 0:
-        p = (j - 1) >> 1
-        y = th[base + p]
-        if _vtc_before(F, y, r):
-            break
-        th[base + j] = y
-        j = p
-    th[base + j] = r
+    _isift_up(th, toff[u], j, r, F)
 
 
 def _vtc_pop(th, toff, tw, F, u):
     """vtc: tenant ``u``'s earliest waiting request leaves its heap (admitted)."""
-    base = toff[u]
     n = tw[u] - 1
     tw[u] = n
-    last = th[base + n]
-    j = 0
-    while True:
-        left = 2 * j + 1
-        if left >= n:
-            break
-        m = left
-        if left + 1 < n and _vtc_before(F, th[base + left + 1], th[base + left]):
-            m = left + 1
-        if not _vtc_before(F, th[base + m], last):
-            break
-        th[base + j] = th[base + m]
-        j = m
-    if n > 0:
-        th[base + j] = last
+    _isift_down(th, toff[u], n, F)
 
 
 def _ltr_valid(Qi, a, R):
@@ -605,16 +639,8 @@ def _h_push(Hs, Hi, S, R, F, r):
         for a in range(m // 2 - 1, -1, -1):
             _fsift_down(Hs, Hi[0], Hi[1], a, m)
         n = m
-    j = n
-    Hs[j], Hi[0, j], Hi[1, j] = F[KEY, r], r, R[WV, r]
-    while j > 0:
-        p = (j - 1) >> 1
-        if not _heap_less(Hs, Hi[0], Hi[1], j, p):
-            break
-        Hs[j], Hs[p] = Hs[p], Hs[j]
-        Hi[0, j], Hi[0, p] = Hi[0, p], Hi[0, j]
-        Hi[1, j], Hi[1, p] = Hi[1, p], Hi[1, j]
-        j = p
+    Hs[n], Hi[0, n], Hi[1, n] = F[KEY, r], r, R[WV, r]
+    _fsift_up(Hs, Hi[0], Hi[1], n)
     S[NHK] = n + 1
 
 
@@ -670,6 +696,22 @@ def _key_of(r, R, F, S, pol, q, mb, mbl):
     if pol == POL_RR:
         return F[TAU, r]
     return float(_mlfq_level(r, g, R, mb, mbl))
+
+
+def _refresh_keys(run, nrun, R, F, clock, pol, q, mb, mbl):
+    """The decode cohort's keys (:func:`_key_of` of each member in ``run[:nrun]``; the others' keys are frozen)."""
+    for a in range(nrun):
+        r = run[a]
+        if R[INC, r]:
+            g = R[GB, r] + clock
+            if pol == POL_LAS:
+                F[KEY, r] = float(g // q)
+            elif pol == POL_SRPT:
+                F[KEY, r] = float(R[OO, r] - g)
+            elif pol == POL_RR:
+                F[KEY, r] = F[TAU, r]
+            else:
+                F[KEY, r] = float(_mlfq_level(r, g, R, mb, mbl))
 
 
 def _tokens_to_level(r, g, level, R, pol, q, mb, mbl):
@@ -1259,59 +1301,87 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
     pol, starve, starve_s = C[C_POL], C[C_STARVE], Fc[7]
     v1, chunked = C[C_V1], C[C_CHUNKED]
     ntn, w_prompt, w_out = C[C_NTEN], C[C_WP], C[C_WO]
-    tc = np.zeros(ntn if ntn > 0 else 1, np.int64)      # vtc: the tenants' counters
-    tw = np.zeros(ntn if ntn > 0 else 1, np.int64)      # vtc: waiting requests per tenant
-    thead = np.empty(ntn if ntn > 0 else 1, np.int64)   # vtc: each tenant's earliest waiting request
-    tin = np.zeros(ntn if ntn > 0 else 1, np.int64)     # vtc: decoding requests per tenant
-    last_left = -1
-    qtok = C[C_Q]
-    paused = np.empty(n, np.int64)
-    ro = np.empty(n, np.int64)        # preemptive policies: the residents in the last plan's rank order
-    W = np.empty(2 * n + 2, np.int64)  # preemptive policies: the waiting requests, sorted (W[S[WH]:S[WE]])
-    wk = np.empty(2 * n + 1, np.int64)  # a ranked plan's walk
-    pend = np.empty(n, np.int64)
-    cands = np.empty(n, np.int64)
-    placed = np.empty(n, np.int64)
-    disp = np.empty(n, np.int64)
-    resumed = np.empty(n, np.int64)
-    # vtc: each tenant's waiting requests, a heap by (arrival, id) in th[toff[u]:toff[u] + tw[u]]
-    toff = np.zeros(ntn + 1 if ntn > 0 else 1, np.int64)
-    if pol == POL_VTC:
-        for r in range(n):
-            toff[R[TEN, r] + 1] += 1
-        for u in range(ntn):
-            toff[u + 1] += toff[u]
-    th = np.empty(n if pol == POL_VTC else 1, np.int64)
-    # ltr: the waiting requests by (waiting since, id) (starvation guard) and by (score, id)
+    # the arrays the helpers take are borrowed views (no reference counting on each call: :func:`_borrowed`) of
+    # the arguments (the caller holds them) and of one integer and one float buffer, which the returned S and SF
+    # (views of them) keep alive to the end
+    R, F, C, Fc, order, arr_t = _borrowed(R), _borrowed(F), _borrowed(C), _borrowed(Fc), _borrowed(order), \
+        _borrowed(arr_t)
+    suffix, by_rank, hoff, hid = _borrowed(suffix), _borrowed(by_rank), _borrowed(hoff), _borrowed(hid)
+    marks, work_at, mb, mbl = _borrowed(marks), _borrowed(work_at), _borrowed(mb), _borrowed(mbl)
+    nt = ntn if ntn > 0 else 1
     lq = 2 * n + 2 if pol == POL_LTR else 1
-    Qi = np.empty((2, lq), np.int64)
-    Qf = np.empty(lq, np.float64)
-    Hs = np.empty(lq, np.float64)
-    Hi = np.empty((2, lq), np.int64)
-    ckv = Fc[3]
-    INF = math.inf
-    S = np.zeros(N_S, np.int64)
-    SF = np.zeros(2, np.float64)
-    S[LRUH] = -1
-    S[LRUT] = -1
-    cnt = np.zeros(bs, np.int64)
     nh = hid.shape[0]
     nhe = 1
     for a in range(nh):
         if hid[a] + 1 > nhe:
             nhe = hid[a] + 1
-    ref = np.full(nhe, -1, np.int64)
-    lprev = np.full(nhe, -1, np.int64)
-    lnext = np.full(nhe, -1, np.int64)
     fcap = 2 * n + 16
-    fk = np.empty(fcap, np.int64)
-    fid = np.empty(fcap, np.int64)
-    fcv = np.empty(fcap, np.int64)
-    run = np.empty(n, np.int64)       # residents in running (admission) order
-    pre = np.empty(n, np.int64)       # residents in prefill
-    skl = np.empty(n, np.int64)       # residents skipped in this step
-    wheap = np.empty(n + 1, np.int64)
-    adds = np.empty(n, np.int64)
+    ws = np.empty(N_S + 4 * nt + 11 * n + (2 * n + 2) + (2 * n + 1) + (ntn + 1 if ntn > 0 else 1)
+                  + (n if pol == POL_VTC else 1) + 4 * lq + bs + 3 * nhe + 3 * fcap + (n + 1), np.int64)
+    wsf = np.empty(2 + 2 * lq, np.float64)
+    S_out = ws[:N_S]                   # returned
+    SF_out = wsf[:2]
+    S, o = _part(ws, 0, N_S)
+    SF, of = _part(wsf, 0, 2)
+    S[:] = 0
+    SF[:] = 0.0
+    tc, o = _part(ws, o, nt)           # vtc: the tenants' counters
+    tw, o = _part(ws, o, nt)           # vtc: waiting requests per tenant
+    thead, o = _part(ws, o, nt)        # vtc: each tenant's earliest waiting request
+    tin, o = _part(ws, o, nt)          # vtc: decoding requests per tenant
+    tc[:] = 0
+    tw[:] = 0
+    tin[:] = 0
+    last_left = -1
+    qtok = C[C_Q]
+    paused, o = _part(ws, o, n)
+    ro, o = _part(ws, o, n)            # preemptive policies: the residents in the last plan's rank order
+    W, o = _part(ws, o, 2 * n + 2)     # preemptive policies: the waiting requests, sorted (W[S[WH]:S[WE]])
+    wk, o = _part(ws, o, 2 * n + 1)    # a ranked plan's walk
+    pend, o = _part(ws, o, n)
+    cands, o = _part(ws, o, n)
+    placed, o = _part(ws, o, n)
+    disp, o = _part(ws, o, n)
+    resumed, o = _part(ws, o, n)
+    # vtc: each tenant's waiting requests, a heap by (arrival, id) in th[toff[u]:toff[u] + tw[u]]
+    toff, o = _part(ws, o, ntn + 1 if ntn > 0 else 1)
+    toff[:] = 0
+    if pol == POL_VTC:
+        for r in range(n):
+            toff[R[TEN, r] + 1] += 1
+        for u in range(ntn):
+            toff[u + 1] += toff[u]
+    th, o = _part(ws, o, n if pol == POL_VTC else 1)
+    # ltr: the waiting requests by (waiting since, id) (starvation guard) and by (score, id)
+    Qi, o = _part(ws, o, 2 * lq)
+    Qi = Qi.reshape((2, lq))
+    Hi, o = _part(ws, o, 2 * lq)
+    Hi = Hi.reshape((2, lq))
+    Qf, of = _part(wsf, of, lq)
+    Hs, of = _part(wsf, of, lq)
+    ckv = Fc[3]
+    INF = math.inf
+    S[LRUH] = -1
+    S[LRUT] = -1
+    cnt, o = _part(ws, o, bs)
+    cnt[:] = 0
+    ref, o = _part(ws, o, nhe)
+    lprev, o = _part(ws, o, nhe)
+    lnext, o = _part(ws, o, nhe)
+    for a in range(nhe):
+        ref[a] = -1
+        lprev[a] = -1
+        lnext[a] = -1
+    fk, o = _part(ws, o, fcap)
+    fid, o = _part(ws, o, fcap)
+    fcv, o = _part(ws, o, fcap)
+    run, o = _part(ws, o, n)           # residents in running (admission) order
+    pre, o = _part(ws, o, n)           # residents in prefill
+    skl, o = _part(ws, o, n)           # residents skipped in this step
+    wheap, o = _part(ws, o, n + 1)
+    adds, o = _part(ws, o, n)
+    if o != ws.shape[0]:                   # pragma: no cover - the parts fill the buffer exactly
+        raise AssertionError("the work buffer's parts do not add up")
     wq_s = np.empty(2 * n + 16, np.float64)
     wq_e = np.empty(2 * n + 16, np.float64)
     nwq = 0
@@ -1380,10 +1450,7 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             # (priority, id) fresh: only the cohort's keys move (a request's key changes only as it generates;
             # one that completes its prefill joins the cohort or finishes), the others' were set when they last
             # generated or arrived
-            for a in range(S[NRUN]):
-                r = run[a]
-                if R[INC, r]:
-                    F[KEY, r] = _key_of(r, R, F, S, pol, qtok, mb, mbl)
+            _refresh_keys(run, S[NRUN], R, F, S[CLOCK], pol, qtok, mb, mbl)
             if v1:
                 ranked = S[NWAIT] > 0 or S[NPAUSED] > 0 or S[NEED] + S[OTHER] > cap
             else:
@@ -1980,15 +2047,17 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
         if R[INC, r]:
             R[GEN, r] = R[GB, r] + clock
     S[NWQ] = nwq
-    return status, end_time, S, SF, wq_s[:nwq].copy(), wq_e[:nwq].copy(), tr_f[:ntr].copy(), tr_i[:ntr].copy()
+    return status, end_time, S_out, SF_out, wq_s[:nwq].copy(), wq_e[:nwq].copy(), tr_f[:ntr].copy(), \
+        tr_i[:ntr].copy()
 
 
-_HELPERS = (decode_run_s, last_k_within, first_k_reaching, iteration_time, _heap_less, _fsift_down, _fpush, _fpop,
-            _wpush, _wpop, _list_remove, _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit,
-            _pc_take, _pc_register, _pc_release, _pc_reconcile, _note_marks, _release_finish, _evict, _chunks, _requeue,
-            _vtc_heads, _enqueue, _vtc_before, _vtc_push, _vtc_pop, _ltr_valid, _q_push, _h_push,
-            _h_pop, _ltr_next, _key_after, _generated, _mlfq_level, _key_of, _tokens_to_level, _kless,
-            _bisect, _w_insert, _resort, _keep_order, _admit_need, _admit, _plan_ranked, _admit_need_v0, _plan_v0_preemptive)
+_HELPERS = (_part, _fsift_up, _iless, _isift_up, _isift_down, _refresh_keys, decode_run_s, last_k_within,
+            first_k_reaching, iteration_time, _heap_less, _fsift_down, _fpush, _fpop, _wpush, _wpop, _list_remove,
+            _join, _leave, _advance, _lru_remove, _lru_append, _pc_ref, _pc_hit, _pc_take, _pc_register, _pc_release,
+            _pc_reconcile, _note_marks, _release_finish, _evict, _chunks, _requeue, _vtc_heads, _enqueue, _vtc_push,
+            _vtc_pop, _ltr_valid, _q_push, _h_push, _h_pop, _ltr_next, _key_after, _generated, _mlfq_level, _key_of,
+            _tokens_to_level, _kless, _bisect, _w_insert, _resort, _keep_order, _admit_need, _admit, _plan_ranked,
+            _admit_need_v0, _plan_v0_preemptive)
 
 
 def dense_hash_ids(lens: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
