@@ -337,7 +337,7 @@ def test_step_grid_shapes_schedule_and_fit():
         p, b, c, a = s.model_inputs()
         t = true["c0_s"] + true["c_prefill_s"] * p + true["c_decode_s"] * b + true["c_kv_s"] * c + true["c_attn_s"] * a
         for k in range(9):
-            rows.append({"shape": s.name, "kind": s.kind, "step_wall_s": t * (1 + 0.01 * (k - 4)), "as_planned": True,
+            rows.append({"shape": s.name, "kind": s.kind, "step_s": t * (1 + 0.01 * (k - 4)), "as_planned": True,
                          "prefill_tokens": p, "decode_seqs": b, "context_tokens": c, "attention_pairs": a,
                          "round": 0, "reference": False})
     tab = steps.shape_table(pl.DataFrame(rows))
@@ -401,7 +401,7 @@ def test_preregistration_names_the_deciding_engine():
 def test_repeat_cv_from_every_shape_per_round():
     from portbench.validation import steps
     speed = {0: 1.0, 1: 1.1, 2: 0.9}          # the machine's speed per round; one outlier step does not move it
-    rows = pl.DataFrame([{"shape": sh, "round": r, "step_wall_s": base * f * (5.0 if (sh, r, k) == ("x", 2, 0) else 1.0)}
+    rows = pl.DataFrame([{"shape": sh, "round": r, "step_s": base * f * (5.0 if (sh, r, k) == ("x", 2, 0) else 1.0)}
                          for sh, base in (("x", 1e-3), ("y", 4e-3), ("z", 9e-3)) for r, f in speed.items()
                          for k in range(3)])
     r = steps.repeat_cv(rows)

@@ -9,8 +9,7 @@ validate`` / ``make validate``; on a CUDA GPU also notebook 08: the replay when 
 Pipeline of :func:`run` (one engine instance for every policy but ``sarathi``, which runs on an
 instance of its own with its budget; every step's module says more):
 
-1. The fixed-shape step grid (:mod:`.steps`) on an in-process engine: no case's window runs (its repeat noise,
-   :func:`.steps.repeat_cv`, is recorded; it is not the deciding engine's). Cases (:mod:`.prereg`, :mod:`.cases`):
+1. Cases (:mod:`.prereg`, :mod:`.cases`):
    the pre-registered confirmatory family -- the analysis' most dramatic significant-and-practical reversal whose
    policies the deciding engine (the virtual one: every built-in policy) runs, a stable control
    (replayed on the reversal's sources), up to three reversals drawn at random (seeded, stratified by
@@ -25,7 +24,9 @@ instance of its own with its budget; every step's module says more):
    ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
    (KV blocks, block size, budget, ``max_num_seqs``, ``max_model_len``) are read back from its
    own init record (:class:`.resim.EngineSettings`). Windows are transformed the same way for both
-   sides (:func:`.resim.prepare_window`: first N requests, token scale, vLLM's context limit).
+   sides (:func:`.resim.prepare_window`: first N requests, token scale, vLLM's context limit). On this engine,
+   before any replay, the fixed-shape step grid (:mod:`.steps`: the replays' engine and clock; no case's window
+   runs; its repeat noise, :func:`.steps.repeat_cv`, is recorded -- it is not the deciding engine's).
 3. Warm-up: one window's requests queued at t = 0, replayed and discarded (first steps of a fresh
    engine are slow); its completion rate sizes the saturation runs.
 4. Calibration and capacity, per source, as the campaign defines capacity (``regions.saturation``):
@@ -66,8 +67,8 @@ never cut (it runs before the wall-clock replays, :func:`run_family`); any wall-
 pairs too: the wall-clock engine is exploratory -- whose estimate and the reserve exceed the time left is cut,
 with its reason (``budget.replays_cut``).
 
-Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written after the step grid -- fixed shapes, no case's window -- and before the
-family's runs and any replay;
+Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written before the family's runs, the step grid
+and any replay;
 its SHA-256 in the summary), ``summary.json`` (the headline: engine, settings_match, preregistration,
 verdicts, step_fit, MAPE, fit R², capacities, wall time), ``report.json`` (everything), and tables
 ``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``, ``verdicts`` (one row
@@ -75,8 +76,8 @@ per case x source: both steps' effects and intervals, the confirmatory tests), `
 ``window_errors``, ``capacity``, ``virtual_requests`` (the whole-run prediction's; an analysis where vLLM cannot
 be imported reuses it), ``virtual_runs`` / ``virtual_resim_runs`` (the family at the campaign's settings, from
 ``raw/family_virtual.parquet`` / ``raw/family_resim.parquet``) (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
-cost model fitted to the step grid), the step logs ``iterations*.jsonl`` (``_grid``: the step grid;
-``_sarathi``: sarathi's own instance).
+cost model fitted to the step grid), the step logs ``iterations*.jsonl`` (``iterations.jsonl``: the
+shared engine's, the step grid's steps included (phase ``grid``); ``_sarathi``: sarathi's own instance).
 """
 
 from __future__ import annotations
@@ -185,22 +186,18 @@ def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = F
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
-    # the wall-clock engine's fixed-shape step grid first (no case's window runs; vLLM's in-process engine cannot
-    # start in a process that has run the virtual engine) ...
-    grid = _outside_event_loop(measure_step_grid, cfg.validation, the_plan, out, progress=progress)
-    # ... the confirmatory family, written and hashed before any case's run (prereg.py; plan() sized it with the
+    # the confirmatory family, written and hashed before any case's run (prereg.py; plan() sized it with the
     # deciding virtual engine's noise: none) ...
     sha = prereg.write(out / PREREGISTRATION, the_plan.preregistration)
-    _log(progress, f"pre-registration written: {out / PREREGISTRATION} (SHA-256 {sha[:16]}...), after the step grid "
-                   "(fixed shapes on an in-process engine; no case's window ran) and before the confirmatory family's "
-                   "runs on the virtual engine and any wall-clock replay")
+    _log(progress, f"pre-registration written: {out / PREREGISTRATION} (SHA-256 {sha[:16]}...), before the "
+                   "confirmatory family's runs on the virtual engine and any wall-clock replay")
     # ... decided on the virtual vLLM engine at the campaign's own settings (family.py): never cut ...
     fam = run_family(cfg, the_plan, out, progress=progress)
     # ... then the wall-clock engine's replays (exploratory, sized to the time left) ...
     inputs = {"params_fingerprint": params_fingerprint(cfg.tree),
               "reversals_sha256": _sha(reversals_path(cfg.paths)) if reversals is None else "given"}
     R = _outside_event_loop(_run, cfg.data, cfg.predictors, cfg.simulation, cfg.validation, int(cfg.campaign.workers),
-                            the_plan, out, inputs, progress=progress, origin=origin, prereg_sha=sha, grid=grid,
+                            the_plan, out, inputs, progress=progress, origin=origin, prereg_sha=sha,
                             family_s=float(fam["wall_s"]))
     # ... and the analysis of what ran (from the raw files)
     summary = analyze(cfg, t_start=R.origin, manifest=_manifest(the_plan))
@@ -277,27 +274,26 @@ def _reserve(n_replays: int) -> float:
     return RESERVE_BASE_S + RESERVE_PER_REPLAY_S * n_replays
 
 
-def measure_step_grid(v: ValidationConfig, the_plan: Plan, out: Path, *,
+def measure_step_grid(v: ValidationConfig, the_plan: Plan, out: Path, eng: replay.Replayer, *,
                       progress: bool = True) -> tuple[pl.DataFrame, dict]:
-    """The fixed-shape step grid (:mod:`.steps`) on an in-process engine of its own: its rows (also
-    ``raw/step_grid.parquet``) and what ran (shapes, rounds, steps, wall time)."""
-    e = the_plan.engine
+    """The fixed-shape step grid (:mod:`.steps`) on the replays' engine ``eng`` (before any replay): its rows (also
+    ``raw/step_grid.parquet``) and what ran (shapes, rounds, steps, wall time, its span on the monotonic clock)."""
     g = v.step_grid
     sp = the_plan.spec
     shapes = steps.grid(g, kv_tokens=int(sp.num_gpu_blocks) * int(sp.block_size)
-                        if sp is not None and sp.num_gpu_blocks and sp.block_size else None)
+                        if sp is not None and sp.num_gpu_blocks and sp.block_size else None,
+                        prefix_caching=bool(sp is None or sp.enable_prefix_caching))
     rounds = int(g.reduced_rounds if the_plan.reduced else g.rounds)
-    _log(progress, f"step grid: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
-    t = time.perf_counter()
-    grid_log = out / "iterations_grid.jsonl"
-    grid_log.unlink(missing_ok=True)
-    vocab = int(replay.model_config(e.model_config)["vocab_size"])
-    rows, startup = steps.measure(the_plan.spec, shapes, rounds=rounds, steps_per_shape=int(g.steps_per_shape),
-                                  seed=int(v.seed), log_path=grid_log, vocab=vocab)
+    _log(progress, f"step grid: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (the replays' "
+                   "engine, before any replay)")
+    t, t0 = time.perf_counter(), time.monotonic()
+    vocab = int(replay.model_config(the_plan.engine.model_config)["vocab_size"])
+    rows = steps.measure(eng, shapes, rounds=rounds, steps_per_shape=int(g.steps_per_shape), seed=int(v.seed),
+                         vocab=vocab)
     (out / "raw").mkdir(parents=True, exist_ok=True)
     rows.write_parquet(out / "raw" / "step_grid.parquet")
     info = {"shapes": len(shapes), "rounds": rounds, "steps_per_shape": int(g.steps_per_shape),
-            "steps": rows.height, "wall_s": time.perf_counter() - t, "startup_s": startup,
+            "steps": rows.height, "wall_s": time.perf_counter() - t, "t0": t0, "t1": time.monotonic(),
             "repeat_noise": steps.repeat_cv(rows)}
     _log(progress, f"step grid: {rows.height} steps in {info['wall_s']:.0f} s; repeat noise (relative SD over the "
                    f"rounds of the machine's speed, every shape counted) {info['repeat_noise']['cv']:.3f}")
@@ -315,11 +311,10 @@ def _virtual_reserve(v: ValidationConfig, the_plan: Plan) -> float:
     return VIRTUAL_BASE_S + VIRTUAL_RUN_S * n_below
 
 
-def _clear_step_logs(out: Path, log_path: Path, *, keep_grid: bool) -> None:
-    """Remove the step logs of an earlier run (``keep_grid``: the step grid's, written before this run, stays)."""
+def _clear_step_logs(out: Path, log_path: Path) -> None:
+    """Remove the step logs of an earlier run."""
     for f in [log_path, *out.glob("iterations_*.jsonl")]:
-        if f.name != "iterations_grid.jsonl" or not keep_grid:
-            f.unlink(missing_ok=True)
+        f.unlink(missing_ok=True)
 
 
 def _calibrate(logged: pl.DataFrame, phases: list[dict], base, out: Path, *, name: str, device: str | None,
@@ -448,7 +443,7 @@ def _replay_on_own_instance(R: _Run, deferred: list[tuple], sspec: replay.Engine
 
 def _run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, v: ValidationConfig, workers: int,
          the_plan: Plan, out: Path, inputs: dict, *, progress: bool, origin: float | None = None,
-         prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None, family_s: float = 0.0) -> _Run:
+         prereg_sha: str = "", family_s: float = 0.0) -> _Run:
     """The validation's replays (module docstring), their raw files under ``out`` for :func:`analyze`; returns the
     run's state (its origin, budget and phases). Sized to the budget, which counts from the process start:
     the saturation backlog (the campaign's size unless :data:`SATURATION_SHARE` of the time left cannot
@@ -480,7 +475,7 @@ def _run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, v: Vali
                                  manifest=man, workers=workers)
     vocab = int(replay.model_config(e.model_config)["vocab_size"])
     log_path = out / "iterations.jsonl"
-    _clear_step_logs(out, log_path, keep_grid=grid is not None)
+    _clear_step_logs(out, log_path)
     status = the_plan.status
     spec = the_plan.spec
     base = base_profile(sim)
@@ -490,12 +485,9 @@ def _run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, v: Vali
     prereg_path = out / PREREGISTRATION
     pw = the_plan.preregistration["power"]
     R.log(f"pre-registration {prereg_path} (SHA-256 {prereg_sha[:16]}...): written "
-          f"{'after the step grid (fixed shapes; no case window) and ' if grid is not None else ''}before the "
-          "confirmatory family's runs on the virtual engine and before any wall-clock replay; "
+          "before the confirmatory family's runs on the virtual engine and before any wall-clock replay; "
           f"{n_req} confirmatory cases, {the_plan.preregistration['windows_per_source']} windows per source "
           f"(power calculation with noise CV {pw.get('noise_cv', float('nan')):.3f}: {pw.get('noise_cv_source', '?')})")
-    # the step grid: measured before the pre-registration (run()); measured here when called without it
-    _, step_info = grid if grid is not None else measure_step_grid(v, the_plan, out, progress=progress)
     R.log(f"starting vLLM ({status.distribution} {status.version}, {the_plan.device}, model {e.model_config}); "
           f"budget {budget:.0f} s from the process start")
     with replay.Replayer(spec, log_path) as eng:
@@ -505,6 +497,10 @@ def _run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, v: Vali
         hash_tokens = {s: resim.scaled_hash_block(windows.hash_block_size(man, {"source": s}), es) for s in srcs_all}
         R.log(f"engine up in {startup_s:.0f} s: {es.num_blocks} KV blocks x {es.block_size} tokens, budget "
               f"{es.max_num_batched_tokens} tokens, max_num_seqs {es.max_num_seqs}, max_model_len {es.max_model_len}")
+        # 2b. the fixed-shape step grid on this engine, before any replay (its steps: phase "grid")
+        _, step_info = measure_step_grid(v, the_plan, out, eng, progress=progress)
+        R.phases.append({"phase": "grid", "tag": "step-grid", "policy": "grid", "t0": step_info["t0"],
+                         "t1": step_info["t1"], "origin": None, "instance": "shared"})
         prepared: dict[str, tuple[pl.DataFrame, dict]] = {}
 
         def prep(wid: str):
@@ -730,9 +726,9 @@ def _run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, v: Vali
     # the raw measurements: everything analyze() needs, so that the analysis can be redone from files
     raw = out / "raw"
     _write_raw_tables(raw, R, man, bursts, sat_records)
-    replays_s = sum(ph["t1"] - ph["t0"] for ph in R.phases if ph["phase"] not in ("warmup", "saturation"))
+    replays_s = sum(ph["t1"] - ph["t0"] for ph in R.phases if ph["phase"] not in ("warmup", "saturation", "grid"))
     # the rest of engine_total: importing vLLM, the calibration fit, bookkeeping and the engine's shutdown
-    other_s = engine_s - startup_s - warmup_s - saturation_s - replays_s
+    other_s = engine_s - startup_s - float(step_info["wall_s"]) - warmup_s - saturation_s - replays_s
     _write_json(raw / "run.json", {
         "engine_settings": es.to_dict(), "status": dataclasses.asdict(status), "device": the_plan.device,
         "reduced": the_plan.reduced, "budget_s": budget, "windows": the_plan.windows, "window_seed": int(v.window_seed),
@@ -743,7 +739,7 @@ def _run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, v: Vali
                             "windows_per_source_run": k_use},
         "step_grid": step_info, "hash_block_tokens": hash_tokens,
         "capacity": cap_rows, "startup_s": startup_s, "replay_wall_s": engine_s,
-        "wall_s": {"before_engine": before_engine_s - float(step_info["wall_s"]) - family_s,
+        "wall_s": {"before_engine": before_engine_s - family_s,
                    "step_grid": float(step_info["wall_s"]), "virtual_family": family_s,
                    "engine_startup": startup_s, "warmup": warmup_s,
                    "saturation": saturation_s, "replays": replays_s, "engine_other": other_s,
