@@ -54,6 +54,10 @@ from ..sim.profiles.costmodel import attention_pairs
 
 MIXED_DECODE_CONTEXT = None   # mixed steps decode at the grid's smallest decode context
 TARGET_SHAPE_ERROR = 0.05      # per-shape median error target (issue: <= 5 %)
+# decode steps of a new batch left untimed: the first few decode steps after a batch's prefill run slower than the
+# ones after them (measured on the replays' engine, alternating with replay-like request streams), and most of the
+# replays' decode steps follow others of the same batch
+DECODE_SETTLE_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -83,12 +87,12 @@ class Shape:
 
 def grid(g, kv_tokens: int | None = None, prefix_caching: bool = True) -> list[Shape]:
     """The shapes of ``validation.step_grid`` (the first is the reference shape). ``kv_tokens``: the engine's KV
-    cache in tokens; a decode shape whose batch cannot hold its context there -- ``B x (C + 1 + steps_per_shape)``
+    cache in tokens; a decode shape whose batch cannot hold its context there -- ``B x (C + 1 + DECODE_SETTLE_STEPS + steps_per_shape)``
     tokens -- is left out (the grid's product of batches and contexts pairs long contexts with small batches only:
     the shapes the replays visit, a few sequences with thousands of tokens each). Without ``prefix_caching`` (the
     engine's) the prefill shapes after a cached context are left out: that engine cannot run them."""
     fits = (lambda b, c: True) if not kv_tokens else (
-        lambda b, c: int(b) * (int(c) + 1 + int(g.steps_per_shape)) <= int(kv_tokens))
+        lambda b, c: int(b) * (int(c) + 1 + DECODE_SETTLE_STEPS + int(g.steps_per_shape)) <= int(kv_tokens))
     out = [Shape("decode", b, c) for b in g.decode_batches for c in g.decode_contexts if b > 0 and fits(b, c)]
     out += [Shape("prefill", prefill_tokens=p, cached_context=cc) for p in g.prefill_tokens for cc in g.cached_contexts
             if p > 0 and (prefix_caching or not cc)]
@@ -116,10 +120,6 @@ def schedule(shapes: Sequence[Shape], rounds: int, seed: int) -> list[tuple[int,
 
 POLL_S = 0.02          # how often the driver reads the engine's step log while a decode batch runs
 SHAPE_TIMEOUT_S = 60.0  # the most one shape's state may take to build (a shape the engine never runs is left out)
-# decode steps of a new batch left untimed: the first few decode steps after a batch's prefill run slower than the
-# ones after them (measured on the replays' engine, alternating with replay-like request streams), and most of the
-# replays' decode steps follow others of the same batch
-DECODE_SETTLE_STEPS = 4
 
 
 class _Driver:
@@ -132,14 +132,22 @@ class _Driver:
         self.n = 0
         self.fh = open(log_path)   # noqa: SIM115 - closed by close()
         self.log: list[dict] = []  # every step row the engine logged, in order
+        self.partial = ""          # the start of a line the engine was still writing
 
     def close(self) -> None:
         self.fh.close()
 
     def _read(self) -> int:
-        """Read the step rows logged since the last call; returns the number of rows read so far."""
-        for line in self.fh:
-            d = json.loads(line)
+        """Read the step rows logged since the last call (a line the engine is still writing waits for the next
+        call); returns the number of rows read so far."""
+        while True:
+            line = self.fh.readline()
+            if not line:
+                break
+            self.partial += line
+            if not self.partial.endswith("\n"):
+                break
+            d, self.partial = json.loads(self.partial), ""
             if d.get("event") is None and (d.get("prefill_tokens") or d.get("decode_seqs")):
                 self.log.append(d)
         return len(self.log)
@@ -166,14 +174,17 @@ class _Driver:
 
     async def _decode_batch(self, b: int, c: int, until_steps: int) -> tuple[list[str], list[asyncio.Task], int]:
         """b requests of c-token prompts, running until the engine has logged ``until_steps`` decode-only steps of
-        the b sequences; returns their ids, tasks and the log index from which those steps count."""
+        the b sequences, or has begun to preempt them (a batch at the KV cache's limit: its growing contexts no
+        longer fit); returns their ids, tasks and the log index from which their steps count."""
         start = self._read()
         sent = [self._send(self._tokens(c), max(1, self.mml - c - 1)) for _ in range(b)]
         t = time.monotonic()
         while time.monotonic() - t < SHAPE_TIMEOUT_S and not all(x.done() for _, x in sent):
             await asyncio.sleep(POLL_S)
             self._read()
-            if sum(1 for d in self.log[start:] if d["prefill_tokens"] == 0 and d["decode_seqs"] == b) >= until_steps:
+            new = self.log[start:]
+            if (sum(1 for d in new if d["prefill_tokens"] == 0 and d["decode_seqs"] == b) >= until_steps
+                    or any(d.get("preempted") for d in new)):
                 break
         return [i for i, _ in sent], [x for _, x in sent], start
 
@@ -196,9 +207,14 @@ class _Driver:
                                                          DECODE_SETTLE_STEPS + k + 1)
             await self._end(ids, tasks)
             self._read()
-            idx = [start + j for j, d in enumerate(self.log[start:])
-                   if d["prefill_tokens"] == 0 and d["decode_seqs"] == s.decode_batch]
-            return idx[DECODE_SETTLE_STEPS:DECODE_SETTLE_STEPS + k]
+            idx = []
+            for j, d in enumerate(self.log[start:]):
+                if d.get("preempted"):
+                    break
+                if d["prefill_tokens"] == 0 and d["decode_seqs"] == s.decode_batch:
+                    idx.append(start + j)
+            # the settled steps; a batch the engine began to preempt early gives what it ran
+            return idx[min(DECODE_SETTLE_STEPS, max(0, len(idx) - k)):][:k]
         if s.kind == "prefill":
             prefix = self._tokens(s.cached_context)
             if s.cached_context:
