@@ -51,6 +51,8 @@ from scipy import stats as sst
 from ..core.errors import PortbenchError
 from ..sim.profiles import Profile
 from ..sim.profiles.costmodel import attention_pairs
+from .policies import request_id
+from .replay import read_iteration_log, with_step_time
 
 MIXED_DECODE_CONTEXT = None   # mixed steps decode at the grid's smallest decode context
 TARGET_SHAPE_ERROR = 0.05      # per-shape median error target (issue: <= 5 %)
@@ -161,7 +163,6 @@ class _Driver:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        from .policies import request_id
         self.n += 1
         rid = request_id("fcfs", "grid", self.n)
         sp = SamplingParams(max_tokens=int(max_tokens), ignore_eos=True, temperature=0.0, detokenize=False,
@@ -243,8 +244,6 @@ def measure(r, shapes: Sequence[Shape], *, rounds: int, steps_per_shape: int, se
     vLLM's ``AsyncLLM``, its engine core in a process of its own, this process its client. A step's time is what the
     replays' steps are measured by (:func:`.replay.with_step_time`: the engine's logged step plus its loop's gap to
     the next step). Returns one row per timed step."""
-    from .replay import read_iteration_log, with_step_time
-
     log_path = r.iteration_log
     if log_path is None or not r.spec.record_iterations:
         raise PortbenchError("the step grid needs an engine that logs its steps (Replayer with an iteration log)")
