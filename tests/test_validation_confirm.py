@@ -320,12 +320,7 @@ def test_step_grid_shapes_schedule_and_fit():
     dec = {(s.decode_batch, s.decode_context) for s in held if s.kind == "decode"}
     assert (1, 8192) in dec and (4, 2048) in dec and (64, 256) in dec
     assert (4, 8192) not in dec and (16, 2048) not in dec and (64, 2048) not in dec
-    assert all(b * (c + 1 + steps.DECODE_SETTLE_STEPS + g.steps_per_shape) <= 20_224 for b, c in dec)
-    assert held[0] == shapes[0]
-    # an engine without prefix caching cannot run a prefill after a cached context: those shapes are left out
-    plain = steps.grid(g, kv_tokens=20_224, prefix_caching=False)
-    assert {s.cached_context for s in plain if s.kind == "prefill"} == {0}
-    assert [s for s in held if s.kind != "prefill"] == [s for s in plain if s.kind != "prefill"]
+    assert all(b * (c + 1 + g.steps_per_shape) <= 20_224 for b, c in dec) and held[0] == shapes[0]
     assert shapes[-2].model_inputs() == (128, 16, 16 * 65 + 128, 128 * 129 // 2)
     assert shapes[-1].name == "mixed B=2 C=2048 + P=256" and shapes[-1].model_inputs()[2] == 2 * 2049 + 256
     from portbench.core.errors import ParameterError
@@ -342,7 +337,7 @@ def test_step_grid_shapes_schedule_and_fit():
         p, b, c, a = s.model_inputs()
         t = true["c0_s"] + true["c_prefill_s"] * p + true["c_decode_s"] * b + true["c_kv_s"] * c + true["c_attn_s"] * a
         for k in range(9):
-            rows.append({"shape": s.name, "kind": s.kind, "step_s": t * (1 + 0.01 * (k - 4)), "as_planned": True,
+            rows.append({"shape": s.name, "kind": s.kind, "step_wall_s": t * (1 + 0.01 * (k - 4)), "as_planned": True,
                          "prefill_tokens": p, "decode_seqs": b, "context_tokens": c, "attention_pairs": a,
                          "round": 0, "reference": False})
     tab = steps.shape_table(pl.DataFrame(rows))
@@ -352,27 +347,6 @@ def test_step_grid_shapes_schedule_and_fit():
         assert summ["coefficients"][k] == pytest.approx(v, rel=1e-3)
     assert summ["max_abs_rel_err"] < 1e-6 and summ["r2"] == pytest.approx(1.0)
     assert prof.c_attn_s == pytest.approx(true["c_attn_s"], rel=1e-3) and prof.floor_s == 0
-
-
-def test_step_grid_driver_reads_the_engine_log_line_by_line(tmp_path):
-    """The step grid's client reads the engine's step log while the engine writes it: a line still being written
-    waits for the next read (not a parse error), the init record and empty steps are not steps."""
-    from portbench.validation import steps
-    log = tmp_path / "it.jsonl"
-    log.write_text('{"event": "init", "num_blocks": 8}\n{"prefill_tokens": 0, "decode_seqs": 0}\n')
-    drv = steps._Driver(None, vocab=100, seed=0, log_path=log, max_model_len=64, budget=32)
-    try:
-        assert drv._read() == 0
-        row = '{"prefill_tokens": 0, "decode_seqs": 2, "iteration_s": 0.01}\n'
-        with open(log, "a") as f:
-            f.write(row[:20])
-            f.flush()
-            assert drv._read() == 0
-            f.write(row[20:] + row)
-            f.flush()
-        assert drv._read() == 2 and drv.log[0]["decode_seqs"] == 2
-    finally:
-        drv.close()
 
 
 def test_median_ci_order_statistics():
@@ -427,7 +401,7 @@ def test_preregistration_names_the_deciding_engine():
 def test_repeat_cv_from_every_shape_per_round():
     from portbench.validation import steps
     speed = {0: 1.0, 1: 1.1, 2: 0.9}          # the machine's speed per round; one outlier step does not move it
-    rows = pl.DataFrame([{"shape": sh, "round": r, "step_s": base * f * (5.0 if (sh, r, k) == ("x", 2, 0) else 1.0)}
+    rows = pl.DataFrame([{"shape": sh, "round": r, "step_wall_s": base * f * (5.0 if (sh, r, k) == ("x", 2, 0) else 1.0)}
                          for sh, base in (("x", 1e-3), ("y", 4e-3), ("z", 9e-3)) for r, f in speed.items()
                          for k in range(3)])
     r = steps.repeat_cv(rows)

@@ -197,7 +197,7 @@ def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
                  if isinstance(noise, (int, float)) and math.isfinite(noise) else "")
     cut_txt = ("" if n_run in (None, pr["windows_per_source"]) else
                f"; the wall-clock engine replayed {n_run} per source: the time budget cut the rest")
-    lines = [f"**Pre-registered before the family's runs, the step grid (fixed shapes; no case's window) and "
+    lines = [f"**Pre-registered after the step grid (fixed shapes; no case's window) and before the family's runs and "
              f"every replay** (`{Path(pr['path']).name}`, SHA-256 `{pr['sha256'][:16]}…`, "
              f"verified when the verdicts were computed): {pr['n_cases']} cases, {pr['windows_per_source']} windows per "
              f"source from the power calculation{noise_txt} (target power "

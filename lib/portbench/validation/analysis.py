@@ -466,7 +466,7 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
     base = base_profile(sim)
     logged = _label_phases(replay.iteration_rows(out / "iterations.jsonl"), phases)
     calib_steps = verdict.calibration_sample(logged.filter(pl.col("phase") == "saturation"), seed=int(cfg.validation.seed))
-    all_steps = logged.filter(~pl.col("phase").is_in(["warmup", "grid"]))
+    all_steps = logged.filter(pl.col("phase") != "warmup")
     insample = verdict.fit_engine_profile(all_steps, base, f"vllm_{run_info['model_config']}_{device}_all_steps",
                                           floor=_floor(device))
     insample_path = profiles.save_profile(insample, out / "engine_profile.json")
@@ -744,8 +744,7 @@ def step_fit_section(out: Path, base, name: str) -> dict:
     grid_max = {k: float(g.select(per_sequence_context(g)).max().item()) for (k,), g in tab.group_by(["kind"])}
     return {**summ, "profile": str(path), "formula": prof.formula(), "drift": steps.drift(rows),
             "grid_max_context": grid_max,
-            "time": "the engine's logged step + its loop's gap to the next step (replay.with_step_time), on AsyncLLM as "
-                    "the replays run it",
+            "time": "wall time of LLMEngine.step() (in-process engine)",
             "per_shape": table.select("shape", "kind", "steps", "median_s", "lo_s", "hi_s", "cv", "predicted_s",
                                       "rel_err", "rel_err_lo", "rel_err_hi", "loo_rel_err").to_dicts(),
             "_profile": prof}

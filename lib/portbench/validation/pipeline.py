@@ -10,7 +10,8 @@ Pipeline of :func:`run` (one engine instance for every policy but ``sarathi``, w
 instance of its own with its budget; the wall-clock engine's steps are :mod:`.wallclock`'s; every step's module
 says more):
 
-1. Cases (:mod:`.prereg`, :mod:`.cases`):
+1. The fixed-shape step grid (:mod:`.steps`) on an in-process engine: no case's window runs (its repeat noise,
+   :func:`.steps.repeat_cv`, is recorded; it is not the deciding engine's). Cases (:mod:`.prereg`, :mod:`.cases`):
    the pre-registered confirmatory family -- the analysis' most dramatic significant-and-practical reversal whose
    policies the deciding engine (the virtual one: every built-in policy) runs, a stable control
    (replayed on the reversal's sources), up to three reversals drawn at random (seeded, stratified by
@@ -25,9 +26,7 @@ says more):
    ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
    (KV blocks, block size, budget, ``max_num_seqs``, ``max_model_len``) are read back from its
    own init record (:class:`.resim.EngineSettings`). Windows are transformed the same way for both
-   sides (:func:`.resim.prepare_window`: first N requests, token scale, vLLM's context limit). On this engine,
-   before any replay, the fixed-shape step grid (:mod:`.steps`: the replays' engine and clock; no case's window
-   runs; its repeat noise, :func:`.steps.repeat_cv`, is recorded -- it is not the deciding engine's).
+   sides (:func:`.resim.prepare_window`: first N requests, token scale, vLLM's context limit).
 3. Warm-up: one window's requests queued at t = 0, replayed and discarded (first steps of a fresh
    engine are slow); its completion rate sizes the saturation runs.
 4. Calibration and capacity, per source, as the campaign defines capacity (``regions.saturation``):
@@ -68,8 +67,8 @@ never cut (it runs before the wall-clock replays, :func:`run_family`); any wall-
 pairs too: the wall-clock engine is exploratory -- whose estimate and the reserve exceed the time left is cut,
 with its reason (``budget.replays_cut``).
 
-Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written before the family's runs, the step grid
-and any replay;
+Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written after the step grid -- fixed shapes, no case's window -- and before the
+family's runs and any replay;
 its SHA-256 in the summary), ``summary.json`` (the headline: engine, settings_match, preregistration,
 verdicts, step_fit, MAPE, fit R², capacities, wall time), ``report.json`` (everything), and tables
 ``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``, ``verdicts`` (one row
@@ -77,8 +76,8 @@ per case x source: both steps' effects and intervals, the confirmatory tests), `
 ``window_errors``, ``capacity``, ``virtual_requests`` (the whole-run prediction's; an analysis where vLLM cannot
 be imported reuses it), ``virtual_runs`` / ``virtual_resim_runs`` (the family at the campaign's settings, from
 ``raw/family_virtual.parquet`` / ``raw/family_resim.parquet``) (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
-cost model fitted to the step grid), the step logs ``iterations*.jsonl`` (``iterations.jsonl``: the
-shared engine's, the step grid's steps included (phase ``grid``); ``_sarathi``: sarathi's own instance).
+cost model fitted to the step grid), the step logs ``iterations*.jsonl`` (``_grid``: the step grid;
+``_sarathi``: sarathi's own instance).
 """
 
 from __future__ import annotations
@@ -108,7 +107,7 @@ from .common import (
     summary_path,
 )
 from .planning import Plan, plan
-from .wallclock import plan_manifest, run_replays
+from .wallclock import plan_manifest, measure_step_grid, run_replays
 
 
 def skipped_report(pl_: Plan) -> dict:
@@ -151,18 +150,22 @@ def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = F
         if progress:
             print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
         return report
-    # the confirmatory family, written and hashed before any case's run (prereg.py; plan() sized it with the
+    # the wall-clock engine's fixed-shape step grid first (no case's window runs; vLLM's in-process engine cannot
+    # start in a process that has run the virtual engine) ...
+    grid = _outside_event_loop(measure_step_grid, cfg.validation, the_plan, out, progress=progress)
+    # ... the confirmatory family, written and hashed before any case's run (prereg.py; plan() sized it with the
     # deciding virtual engine's noise: none) ...
     sha = prereg.write(out / PREREGISTRATION, the_plan.preregistration)
-    _log(progress, f"pre-registration written: {out / PREREGISTRATION} (SHA-256 {sha[:16]}...), before the "
-                   "confirmatory family's runs on the virtual engine and any wall-clock replay")
+    _log(progress, f"pre-registration written: {out / PREREGISTRATION} (SHA-256 {sha[:16]}...), after the step grid "
+                   "(fixed shapes on an in-process engine; no case's window ran) and before the confirmatory family's "
+                   "runs on the virtual engine and any wall-clock replay")
     # ... decided on the virtual vLLM engine at the campaign's own settings (family.py): never cut ...
     fam = run_family(cfg, the_plan, out, progress=progress)
     # ... then the wall-clock engine's replays (exploratory, sized to the time left) ...
     inputs = {"params_fingerprint": params_fingerprint(cfg.tree),
               "reversals_sha256": _sha(reversals_path(cfg.paths)) if reversals is None else "given"}
     R = _outside_event_loop(run_replays, cfg.data, cfg.predictors, cfg.simulation, cfg.validation, int(cfg.campaign.workers),
-                            the_plan, out, inputs, progress=progress, origin=origin, prereg_sha=sha,
+                            the_plan, out, inputs, progress=progress, origin=origin, prereg_sha=sha, grid=grid,
                             family_s=float(fam["wall_s"]))
     # ... and the analysis of what ran (from the raw files)
     summary = analyze(cfg, t_start=R.origin, manifest=plan_manifest(the_plan))

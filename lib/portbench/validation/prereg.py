@@ -1,4 +1,4 @@
-"""The pre-registered confirmatory family: written, and hashed, before any case's run (and before the step grid: fixed shapes, no case window).
+"""The pre-registered confirmatory family: written, and hashed, after the step grid (fixed shapes, no case window) and before any case's run.
 
 :func:`build` fixes, from the analysis' reversal table and the campaign's runs alone:
 

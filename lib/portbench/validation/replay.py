@@ -612,13 +612,6 @@ class Replayer:
                 else:
                     os.environ[k] = v
 
-    def run(self, coro):
-        """Run ``coro`` on the engine's event loop (a driver other than :meth:`replay`: the step grid,
-        :mod:`.steps`) and return its result."""
-        if self.engine is None or self._loop is None:
-            raise PortbenchError("Replayer.run outside its `with` block")
-        return self._loop.run_until_complete(coro)
-
     def replay(self, requests: Sequence[ReplayRequest], *, horizon_s: float, policy: str = "fcfs",
                rejected: Sequence[int] = (), window_df: pl.DataFrame | None = None, tag: str = "w",
                service_s=None, stop_when: tuple[int, int] | None = None) -> pl.DataFrame:

@@ -8,23 +8,14 @@ validation measures shapes, not runs:
   context C per sequence, the pairs the KV cache holds: long contexts with small batches, as replays run them), prefill-only steps (P new tokens after Cc tokens already in the prefix
   cache) and mixed steps (B decodes at the smallest decode context, or at the context a ``[B, P, C]`` triple
   names, + a P-token prompt chunk).
-* **Measurement** (:func:`measure`, needs vLLM): on the replays' own engine, before any replay -- vLLM's
-  ``AsyncLLM`` with its engine core in a process of its own and this process as its client
-  (:class:`.replay.Replayer`) -- and by the replays' clock: the engine's own step record (:mod:`.engine_scheduler`:
-  ``schedule()`` to the end of ``update_from_output()``) plus its loop's gap to the next step
-  (:func:`.replay.with_step_time`). An in-process ``LLMEngine.step()`` is not that engine: on a small CPU the
-  engine core's step there runs alone, while behind ``AsyncLLM`` it shares the cores with its own output and socket
-  threads and with the client's output handling, which preempt it every step -- the same decode shape measured
-  both ways in one session, alternating, took markedly longer behind ``AsyncLLM``, most for the cheap decode steps,
-  and a table measured in process under-predicted the replays' own decode steps. Per shape the client builds the
-  engine state by sending requests as the replay's client does (``FINAL_ONLY`` outputs): a decode batch of B
-  requests with C-token prompts runs until the step log shows the timed steps, after :data:`DECODE_SETTLE_STEPS`
-  untimed ones (then it is aborted); a prefill step
-  is a 1-token request of P new tokens after a Cc-token prefix cached by an earlier request (prefix caching on; an
-  engine without it runs no such shape); a mixed step is such a request sent while a decode batch runs. The shape
-  each timed step really had comes from the scheduler's own record. ``rounds`` interleaved rounds visit the shapes
-  in a seeded random order, the **reference shape** (the first decode shape) before each round and after every
-  third shape, so that drift of the machine's speed shows (``drift``: the reference's per-round medians).
+* **Measurement** (:func:`measure`, needs vLLM): an **in-process** engine (``LLMEngine`` with
+  ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no process hop in the timing), the same settings as the replay
+  engine, prefix caching on. Per shape the engine state is built (requests prefilled until the batch
+  decodes; a prefix prefilled and cached), then ``steps_per_shape`` steps are timed around
+  ``LLMEngine.step()``; the shape each step really had comes from the scheduler's own record
+  (:mod:`.engine_scheduler`). ``rounds`` interleaved rounds visit the shapes in a seeded random order,
+  the **reference shape** (the first decode shape) before each round and after every third shape, so that
+  drift of the machine's speed shows (``drift``: the reference's per-round medians).
 * **Fit** (:func:`fit`): non-negative least squares (relative errors) of the cost model ``c0 + c_p P + c_d B + c_kv C +
   c_attn A`` (A = attention pairs of the prompt chunks, ``profiles.costmodel.attention_pairs``) to the
   per-shape medians -- the attention coefficient is estimated, not inherited. Per shape: the median
@@ -36,9 +27,9 @@ validation measures shapes, not runs:
 from __future__ import annotations
 
 import dataclasses
-import asyncio
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -48,18 +39,12 @@ import polars as pl
 from scipy import optimize
 from scipy import stats as sst
 
-from ..core.errors import PortbenchError
 from ..sim.profiles import Profile
 from ..sim.profiles.costmodel import attention_pairs
-from .policies import request_id
-from .replay import read_iteration_log, with_step_time
+from .replay import ITERATION_LOG_ENV
 
 MIXED_DECODE_CONTEXT = None   # mixed steps decode at the grid's smallest decode context
 TARGET_SHAPE_ERROR = 0.05      # per-shape median error target (issue: <= 5 %)
-# decode steps of a new batch left untimed: the first few decode steps after a batch's prefill run slower than the
-# ones after them (measured on the replays' engine, alternating with replay-like request streams), and most of the
-# replays' decode steps follow others of the same batch
-DECODE_SETTLE_STEPS = 4
 
 
 @dataclass(frozen=True)
@@ -87,17 +72,16 @@ class Shape:
         return p, b, ctx, int(attention_pairs(p, cc)) if p else 0
 
 
-def grid(g, kv_tokens: int | None = None, prefix_caching: bool = True) -> list[Shape]:
+def grid(g, kv_tokens: int | None = None) -> list[Shape]:
     """The shapes of ``validation.step_grid`` (the first is the reference shape). ``kv_tokens``: the engine's KV
-    cache in tokens; a decode shape whose batch cannot hold its context there -- ``B x (C + 1 + DECODE_SETTLE_STEPS + steps_per_shape)``
+    cache in tokens; a decode shape whose batch cannot hold its context there -- ``B x (C + 1 + steps_per_shape)``
     tokens -- is left out (the grid's product of batches and contexts pairs long contexts with small batches only:
-    the shapes the replays visit, a few sequences with thousands of tokens each). Without ``prefix_caching`` (the
-    engine's) the prefill shapes after a cached context are left out: that engine cannot run them."""
+    the shapes the replays visit, a few sequences with thousands of tokens each)."""
     fits = (lambda b, c: True) if not kv_tokens else (
-        lambda b, c: int(b) * (int(c) + 1 + DECODE_SETTLE_STEPS + int(g.steps_per_shape)) <= int(kv_tokens))
+        lambda b, c: int(b) * (int(c) + 1 + int(g.steps_per_shape)) <= int(kv_tokens))
     out = [Shape("decode", b, c) for b in g.decode_batches for c in g.decode_contexts if b > 0 and fits(b, c)]
     out += [Shape("prefill", prefill_tokens=p, cached_context=cc) for p in g.prefill_tokens for cc in g.cached_contexts
-            if p > 0 and (prefix_caching or not cc)]
+            if p > 0]
     cm = min(g.decode_contexts)
     out += [Shape("mixed", int(x[0]), int(x[2]) if len(x) > 2 else cm, int(x[1])) for x in g.mixed
             if fits(x[0], x[2] if len(x) > 2 else cm)]
@@ -120,148 +104,136 @@ def schedule(shapes: Sequence[Shape], rounds: int, seed: int) -> list[tuple[int,
 
 # --------------------------------------------------------------------------- measurement (vLLM)
 
-POLL_S = 0.02          # how often the driver reads the engine's step log while a decode batch runs
-SHAPE_TIMEOUT_S = 60.0  # the most one shape's state may take to build (a shape the engine never runs is left out)
-
 
 class _Driver:
-    """Builds each shape's state in the replays' engine (``AsyncLLM``, :class:`.replay.Replayer`) by sending requests
-    as a client does, and reads the steps' times from the engine's own step log (:mod:`.engine_scheduler`)."""
+    """Builds each shape's state in an in-process ``LLMEngine`` and times its steps."""
 
-    def __init__(self, r, vocab: int, seed: int, log_path, max_model_len: int, budget: int):
-        self.r, self.vocab, self.mml, self.budget = r, int(vocab), int(max_model_len), int(budget)
+    def __init__(self, engine, vocab: int, block_size: int, seed: int, log_reader):
+        self.e, self.vocab, self.bs = engine, int(vocab), int(block_size)
         self.rng = np.random.default_rng(seed)
         self.n = 0
-        self.fh = open(log_path)   # noqa: SIM115 - closed by close()
-        self.log: list[dict] = []  # every step row the engine logged, in order
-        self.partial = ""          # the start of a line the engine was still writing
-
-    def close(self) -> None:
-        self.fh.close()
-
-    def _read(self) -> int:
-        """Read the step rows logged since the last call (a line the engine is still writing waits for the next
-        call); returns the number of rows read so far."""
-        while True:
-            line = self.fh.readline()
-            if not line:
-                break
-            self.partial += line
-            if not self.partial.endswith("\n"):
-                break
-            d, self.partial = json.loads(self.partial), ""
-            if d.get("event") is None and (d.get("prefill_tokens") or d.get("decode_seqs")):
-                self.log.append(d)
-        return len(self.log)
+        self.read_log = log_reader
 
     def _tokens(self, n: int) -> list[int]:
         return [int(x) for x in self.rng.integers(10, self.vocab, size=int(n))]
 
-    def _send(self, tokens: list[int], max_tokens: int) -> tuple[str, asyncio.Task]:
-        """One request as the replay's client sends it (FINAL_ONLY: no per-token work in the client)."""
+    def _add(self, tokens: list[int], max_tokens: int) -> str:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
         self.n += 1
-        rid = request_id("fcfs", "grid", self.n)
-        sp = SamplingParams(max_tokens=int(max_tokens), ignore_eos=True, temperature=0.0, detokenize=False,
-                            output_kind=RequestOutputKind.FINAL_ONLY)
+        rid = f"grid-{self.n}"
+        sp = SamplingParams(max_tokens=int(max_tokens), ignore_eos=True, temperature=0.0, detokenize=False)
+        self.e.add_request(rid, TokensPrompt(prompt_token_ids=tokens), sp)
+        return rid
 
-        async def go():
-            async for _ in self.r.engine.generate(TokensPrompt(prompt_token_ids=tokens), sp, request_id=rid):
-                pass
-        return rid, asyncio.ensure_future(go())
+    def _step(self) -> tuple[float, dict | None]:
+        t = time.perf_counter()
+        self.e.step()
+        dt = time.perf_counter() - t
+        return dt, self.read_log()
 
-    async def _decode_batch(self, b: int, c: int, until_steps: int) -> tuple[list[str], list[asyncio.Task], int]:
-        """b requests of c-token prompts, running until the engine has logged ``until_steps`` decode-only steps of
-        the b sequences, or has begun to preempt them (a batch at the KV cache's limit: its growing contexts no
-        longer fit); returns their ids, tasks and the log index from which their steps count."""
-        start = self._read()
-        sent = [self._send(self._tokens(c), max(1, self.mml - c - 1)) for _ in range(b)]
-        t = time.monotonic()
-        while time.monotonic() - t < SHAPE_TIMEOUT_S and not all(x.done() for _, x in sent):
-            await asyncio.sleep(POLL_S)
-            self._read()
-            new = self.log[start:]
-            if (sum(1 for d in new if d["prefill_tokens"] == 0 and d["decode_seqs"] == b) >= until_steps
-                    or any(d.get("preempted") for d in new)):
+    def _drain(self, ids: list[str]) -> None:
+        if ids:
+            self.e.abort_request(ids)
+        for _ in range(1000):
+            if not self.e.has_unfinished_requests():
+                return
+            self.e.step()
+
+    def _decode_batch(self, b: int, c: int, extra: int) -> list[str]:
+        """b requests of c-token prompts, stepped until every one decodes."""
+        ids = [self._add(self._tokens(c), 10_000) for _ in range(b)]
+        for _ in range(10_000):
+            _, rec = self._step()
+            if rec and rec.get("prefill_tokens", 1) == 0 and rec.get("decode_seqs") == b:
                 break
-        return [i for i, _ in sent], [x for _, x in sent], start
+        return ids
 
-    async def _end(self, ids: list[str], tasks: list[asyncio.Task]) -> None:
-        await self.r.engine.abort(ids)
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _one_step_request(self, tokens: list[int]) -> int:
-        """Send a 1-token request and wait for it; returns the log index of its first scheduled step."""
-        start = self._read()
-        _, task = self._send(tokens, 1)
-        await task
-        self._read()
-        return next((start + j for j, d in enumerate(self.log[start:]) if d["prefill_tokens"] > 0), -1)
-
-    async def measure(self, s: Shape, k: int) -> list[int]:
-        """The log indices of ``k`` steps of shape ``s`` (fewer when the engine did not run it)."""
+    def measure(self, s: Shape, k: int) -> list[dict]:
+        rows = []
         if s.kind == "decode":
-            ids, tasks, start = await self._decode_batch(s.decode_batch, s.decode_context,
-                                                         DECODE_SETTLE_STEPS + k + 1)
-            await self._end(ids, tasks)
-            self._read()
-            idx = []
-            for j, d in enumerate(self.log[start:]):
-                if d.get("preempted"):
-                    break
-                if d["prefill_tokens"] == 0 and d["decode_seqs"] == s.decode_batch:
-                    idx.append(start + j)
-            # the settled steps; a batch the engine began to preempt early gives what it ran
-            return idx[min(DECODE_SETTLE_STEPS, max(0, len(idx) - k)):][:k]
-        if s.kind == "prefill":
+            ids = self._decode_batch(s.decode_batch, s.decode_context, k)
+            for _ in range(k):
+                dt, rec = self._step()
+                rows.append(_row(s, dt, rec))
+            self._drain(ids)
+        elif s.kind == "prefill":
             prefix = self._tokens(s.cached_context)
             if s.cached_context:
-                await self._one_step_request(prefix)
-            idx = [await self._one_step_request(prefix + self._tokens(s.prefill_tokens)) for _ in range(k)]
-            return [i for i in idx if i >= 0]
-        ids, tasks, _ = await self._decode_batch(s.decode_batch, s.decode_context, 2)
-        idx = [await self._one_step_request(self._tokens(s.prefill_tokens)) for _ in range(k)]
-        await self._end(ids, tasks)
-        self._read()
-        return [i for i in idx if i >= 0 and self.log[i]["decode_seqs"] == s.decode_batch]
+                self._add(prefix, 1)
+                self._drain([])
+            for _ in range(k):
+                self._add(prefix + self._tokens(s.prefill_tokens), 1)
+                dt, rec = self._step()
+                rows.append(_row(s, dt, rec))
+                self._drain([])
+        else:
+            ids = self._decode_batch(s.decode_batch, s.decode_context, k)
+            for _ in range(k):
+                self._add(self._tokens(s.prefill_tokens), 1)
+                dt, rec = self._step()
+                rows.append(_row(s, dt, rec))
+            self._drain(ids)
+        return rows
 
 
-def _row(s: Shape, rec: dict) -> dict:
+def _row(s: Shape, dt: float, rec: dict | None) -> dict:
     p, b, c, a = s.model_inputs()
-    return {"shape": s.name, "kind": s.kind, "step_s": float(rec["step_s"]), "iteration_s": float(rec["iteration_s"]),
-            "gap_s": rec.get("gap_s"), "cpu_s": float(rec.get("cpu_s", math.nan)),
-            "prefill_tokens": int(rec["prefill_tokens"]), "decode_seqs": int(rec["decode_seqs"]),
-            "context_tokens": int(rec["context_tokens"]), "attention_pairs": a,
-            "planned_prefill": p, "planned_decode": b,
-            "as_planned": int(rec["prefill_tokens"]) == p and int(rec["decode_seqs"]) == b}
+    rec = rec or {}
+    return {"shape": s.name, "kind": s.kind, "step_wall_s": dt, "iteration_s": rec.get("iteration_s", math.nan),
+            "prefill_tokens": int(rec.get("prefill_tokens", p)), "decode_seqs": int(rec.get("decode_seqs", b)),
+            "context_tokens": int(rec.get("context_tokens", c)), "attention_pairs": a,
+            "planned_prefill": p, "planned_decode": b, "as_planned": bool(rec) and
+            int(rec.get("prefill_tokens", -1)) == p and int(rec.get("decode_seqs", -1)) == b}
 
 
-def measure(r, shapes: Sequence[Shape], *, rounds: int, steps_per_shape: int, seed: int, vocab: int) -> pl.DataFrame:
-    """Time the grid on the replays' running engine ``r`` (an open :class:`.replay.Replayer` that logs its steps):
-    vLLM's ``AsyncLLM``, its engine core in a process of its own, this process its client. A step's time is what the
-    replays' steps are measured by (:func:`.replay.with_step_time`: the engine's logged step plus its loop's gap to
-    the next step). Returns one row per timed step."""
-    log_path = r.iteration_log
-    if log_path is None or not r.spec.record_iterations:
-        raise PortbenchError("the step grid needs an engine that logs its steps (Replayer with an iteration log)")
-    inits, _ = read_iteration_log(log_path)
-    init = inits[-1] if inits else {}
-    drv = _Driver(r, vocab, seed, log_path, int(init.get("max_model_len") or r.spec.resolved_max_model_len()),
-                  int(init.get("max_num_batched_tokens") or r.spec.max_batched_tokens or 0))
+def measure(spec, shapes: Sequence[Shape], *, rounds: int, steps_per_shape: int, seed: int, log_path,
+            vocab: int) -> tuple[pl.DataFrame, float]:
+    """Time the grid on an in-process engine built from ``spec`` (:class:`.replay.EngineSpec`; prefix
+    caching forced on). Returns (one row per timed step, engine start-up seconds)."""
+    saved = {k: os.environ.get(k) for k in spec.env}
+    os.environ.update({k: str(v) for k, v in spec.env.items()})   # before torch is imported (its thread pool)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ[ITERATION_LOG_ENV] = str(log_path)
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    if "OMP_NUM_THREADS" in spec.env:
+        torch.set_num_threads(int(spec.env["OMP_NUM_THREADS"]))
+    kw = {**dataclasses.replace(spec, enable_prefix_caching=True).engine_kwargs()}
+    t = time.perf_counter()
+    engine = LLMEngine.from_engine_args(EngineArgs(**kw))
+    startup = time.perf_counter() - t
+    fh = open(log_path)   # noqa: SIM115 - closed below
+
+    def last_record():
+        rec = None
+        for line in fh:
+            d = json.loads(line)
+            if d.get("event") != "init":
+                rec = d
+        return rec
+
     try:
-        timed = []
-        for rnd, i in schedule(shapes, rounds, seed):
-            for j in r.run(drv.measure(shapes[i], steps_per_shape)):
-                timed.append((j, rnd, i))
+        threads = torch.get_num_threads()
+        drv = _Driver(engine, vocab, spec.block_size or 32, seed, last_record)
+        drv._drain([])
+        rows = []
+        for r, i in schedule(shapes, rounds, seed):
+            for row in drv.measure(shapes[i], steps_per_shape):
+                rows.append({**row, "round": r, "reference": i == 0, "torch_threads": threads})
     finally:
-        drv.close()
-    _, logged = read_iteration_log(log_path)
-    st = with_step_time(logged).to_dicts()
-    return pl.DataFrame([{**_row(shapes[i], st[j]), "round": rnd, "reference": i == 0}
-                         for j, rnd, i in timed if j < len(st)])
+        fh.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        os.environ.pop(ITERATION_LOG_ENV, None)
+        engine.engine_core.shutdown()
+        del engine
+    return pl.DataFrame(rows), startup
 
 
 # --------------------------------------------------------------------------- analysis (no vLLM)
@@ -282,7 +254,7 @@ def median_ci(x, level: float = 0.95) -> tuple[float, float, float]:
     return med, float(x[lo_k]), float(x[hi_k])
 
 
-def shape_table(rows: pl.DataFrame, time_column: str = "step_s") -> pl.DataFrame:
+def shape_table(rows: pl.DataFrame, time_column: str = "step_wall_s") -> pl.DataFrame:
     """Per shape: the model inputs (medians of what the scheduler recorded), the median step time and its
     95 % interval, the number of steps and their CV."""
     out = []
@@ -350,7 +322,7 @@ def fit(table: pl.DataFrame, base: Profile, name: str) -> tuple[Profile, pl.Data
     return prof, out, summ
 
 
-def drift(rows: pl.DataFrame, time_column: str = "step_s") -> dict:
+def drift(rows: pl.DataFrame, time_column: str = "step_wall_s") -> dict:
     """The reference shape's median per round and their spread (max/min - 1): the machine's speed drift
     over the measurement."""
     ref = rows.filter(pl.col("reference"))
@@ -360,7 +332,7 @@ def drift(rows: pl.DataFrame, time_column: str = "step_s") -> dict:
     return {"per_round_median_s": med, "spread": float(max(med) / min(med) - 1) if med and min(med) > 0 else math.nan}
 
 
-def repeat_cv(rows: pl.DataFrame, time_column: str = "step_s") -> dict:
+def repeat_cv(rows: pl.DataFrame, time_column: str = "step_wall_s") -> dict:
     """The engine's measured repeat noise: per round the machine's speed -- the median over shapes of the
     shape's median step time in that round over its median in all rounds -- and the relative standard deviation
     of those speeds over the rounds (the same work timed at different moments, as two replays of one window are;

@@ -97,26 +97,27 @@ def _reserve(n_replays: int) -> float:
     return RESERVE_BASE_S + RESERVE_PER_REPLAY_S * n_replays
 
 
-def measure_step_grid(v: ValidationConfig, the_plan: Plan, out: Path, eng: replay.Replayer, *,
+def measure_step_grid(v: ValidationConfig, the_plan: Plan, out: Path, *,
                       progress: bool = True) -> tuple[pl.DataFrame, dict]:
-    """The fixed-shape step grid (:mod:`.steps`) on the replays' engine ``eng`` (before any replay): its rows (also
-    ``raw/step_grid.parquet``) and what ran (shapes, rounds, steps, wall time, its span on the monotonic clock)."""
+    """The fixed-shape step grid (:mod:`.steps`) on an in-process engine of its own: its rows (also
+    ``raw/step_grid.parquet``) and what ran (shapes, rounds, steps, wall time)."""
+    e = the_plan.engine
     g = v.step_grid
     sp = the_plan.spec
     shapes = steps.grid(g, kv_tokens=int(sp.num_gpu_blocks) * int(sp.block_size)
-                        if sp is not None and sp.num_gpu_blocks and sp.block_size else None,
-                        prefix_caching=bool(sp is None or sp.enable_prefix_caching))
+                        if sp is not None and sp.num_gpu_blocks and sp.block_size else None)
     rounds = int(g.reduced_rounds if the_plan.reduced else g.rounds)
-    _log(progress, f"step grid: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (the replays' "
-                   "engine, before any replay)")
-    t, t0 = time.perf_counter(), time.monotonic()
-    vocab = int(replay.model_config(the_plan.engine.model_config)["vocab_size"])
-    rows = steps.measure(eng, shapes, rounds=rounds, steps_per_shape=int(g.steps_per_shape), seed=int(v.seed),
-                         vocab=vocab)
+    _log(progress, f"step grid: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
+    t = time.perf_counter()
+    grid_log = out / "iterations_grid.jsonl"
+    grid_log.unlink(missing_ok=True)
+    vocab = int(replay.model_config(e.model_config)["vocab_size"])
+    rows, startup = steps.measure(the_plan.spec, shapes, rounds=rounds, steps_per_shape=int(g.steps_per_shape),
+                                  seed=int(v.seed), log_path=grid_log, vocab=vocab)
     (out / "raw").mkdir(parents=True, exist_ok=True)
     rows.write_parquet(out / "raw" / "step_grid.parquet")
     info = {"shapes": len(shapes), "rounds": rounds, "steps_per_shape": int(g.steps_per_shape),
-            "steps": rows.height, "wall_s": time.perf_counter() - t, "t0": t0, "t1": time.monotonic(),
+            "steps": rows.height, "wall_s": time.perf_counter() - t, "startup_s": startup,
             "repeat_noise": steps.repeat_cv(rows)}
     _log(progress, f"step grid: {rows.height} steps in {info['wall_s']:.0f} s; repeat noise (relative SD over the "
                    f"rounds of the machine's speed, every shape counted) {info['repeat_noise']['cv']:.3f}")
@@ -134,10 +135,11 @@ def _virtual_reserve(v: ValidationConfig, the_plan: Plan) -> float:
     return VIRTUAL_BASE_S + VIRTUAL_RUN_S * n_below
 
 
-def _clear_step_logs(out: Path, log_path: Path) -> None:
-    """Remove the step logs of an earlier run."""
+def _clear_step_logs(out: Path, log_path: Path, *, keep_grid: bool) -> None:
+    """Remove the step logs of an earlier run (``keep_grid``: the step grid's, written before this run, stays)."""
     for f in [log_path, *out.glob("iterations_*.jsonl")]:
-        f.unlink(missing_ok=True)
+        if f.name != "iterations_grid.jsonl" or not keep_grid:
+            f.unlink(missing_ok=True)
 
 
 def _calibrate(logged: pl.DataFrame, phases: list[dict], base, out: Path, *, name: str, device: str | None,
@@ -587,13 +589,14 @@ def _replay_cases(E: _Engine, C: _Capacity, v: ValidationConfig, the_plan: Plan,
     return _Replayed(done_cases, skipped, skipped_why, k_use, k_plan, n_fid, deferred)
 
 
-def _log_start(R: _Run, the_plan: Plan, prereg_path: Path, prereg_sha: str) -> None:
+def _log_start(R: _Run, the_plan: Plan, prereg_path: Path, prereg_sha: str, *, after_grid: bool) -> None:
     """The plan's messages and the pre-registration's line."""
     for m in the_plan.messages:
         R.log(m)
     pre = the_plan.preregistration or {}
     pw = pre["power"]
-    R.log(f"pre-registration {prereg_path} (SHA-256 {prereg_sha[:16]}...): written before the "
+    R.log(f"pre-registration {prereg_path} (SHA-256 {prereg_sha[:16]}...): written "
+          f"{'after the step grid (fixed shapes; no case window) and ' if after_grid else ''}before the "
           "confirmatory family's runs on the virtual engine and before any wall-clock replay; "
           f"{len(the_plan.confirmatory)} confirmatory cases, {pre['windows_per_source']} windows per source "
           f"(power calculation with noise CV {pw.get('noise_cv', float('nan')):.3f}: {pw.get('noise_cv_source', '?')})")
@@ -601,7 +604,7 @@ def _log_start(R: _Run, the_plan: Plan, prereg_path: Path, prereg_sha: str) -> N
 
 def run_replays(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, v: ValidationConfig, workers: int,
          the_plan: Plan, out: Path, inputs: dict, *, progress: bool, origin: float | None = None,
-         prereg_sha: str = "", family_s: float = 0.0) -> _Run:
+         prereg_sha: str = "", grid: tuple[pl.DataFrame, dict] | None = None, family_s: float = 0.0) -> _Run:
     """The validation's replays (module docstring), their raw files under ``out`` for :func:`analyze`; returns the
     run's state (its origin, budget and phases). Sized to the budget, which counts from the process start:
     the saturation backlog (the campaign's size unless :data:`SATURATION_SHARE` of the time left cannot
@@ -623,21 +626,19 @@ def run_replays(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, 
     R.virtual_s = _virtual_reserve(v, the_plan)
     vocab = int(replay.model_config(e.model_config)["vocab_size"])
     log_path = out / "iterations.jsonl"
-    _clear_step_logs(out, log_path)
+    _clear_step_logs(out, log_path, keep_grid=grid is not None)
     spec = the_plan.spec
     base = base_profile(sim)
     before_engine_s = R.elapsed()
     prereg_path = out / PREREGISTRATION
-    _log_start(R, the_plan, prereg_path, prereg_sha)
+    _log_start(R, the_plan, prereg_path, prereg_sha, after_grid=grid is not None)
+    # the step grid: measured before the pre-registration (run()); measured here when called without it
+    _, step_info = grid if grid is not None else measure_step_grid(v, the_plan, out, progress=progress)
     R.log(f"starting vLLM ({the_plan.status.distribution} {the_plan.status.version}, {the_plan.device}, model "
           f"{e.model_config}); budget {budget:.0f} s from the process start")
     with replay.Replayer(spec, log_path) as eng:
         startup_s = eng.startup_s
         E = _engine_up(R, eng, log_path, sim, I, the_plan, vocab)
-        # the fixed-shape step grid on this engine, before any replay (its steps: phase "grid")
-        _, step_info = measure_step_grid(v, the_plan, out, eng, progress=progress)
-        R.phases.append({"phase": "grid", "tag": "step-grid", "policy": "grid", "t0": step_info["t0"],
-                         "t1": step_info["t1"], "origin": None, "instance": "shared"})
         C = _warm_up(E, the_plan, v)
         t = time.perf_counter()
         for s in I.required:
@@ -662,9 +663,9 @@ def run_replays(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, 
     # the raw measurements: everything analyze() needs, so that the analysis can be redone from files
     raw = out / "raw"
     _write_raw_tables(raw, R, I.man, C.bursts, C.sat_records)
-    replays_s = sum(ph["t1"] - ph["t0"] for ph in R.phases if ph["phase"] not in ("warmup", "saturation", "grid"))
+    replays_s = sum(ph["t1"] - ph["t0"] for ph in R.phases if ph["phase"] not in ("warmup", "saturation"))
     # the rest of engine_total: importing vLLM, the calibration fit, bookkeeping and the engine's shutdown
-    other_s = engine_s - startup_s - float(step_info["wall_s"]) - C.warmup_s - C.saturation_s - replays_s
+    other_s = engine_s - startup_s - C.warmup_s - C.saturation_s - replays_s
     _write_json(raw / "run.json", {
         "engine_settings": E.es.to_dict(), "status": dataclasses.asdict(the_plan.status), "device": the_plan.device,
         "reduced": the_plan.reduced, "budget_s": budget, "windows": the_plan.windows, "window_seed": int(v.window_seed),
@@ -675,7 +676,7 @@ def run_replays(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, 
                             "windows_per_source_run": done.k_use},
         "step_grid": step_info, "hash_block_tokens": E.hash_tokens,
         "capacity": C.rows, "startup_s": startup_s, "replay_wall_s": engine_s,
-        "wall_s": {"before_engine": before_engine_s - family_s,
+        "wall_s": {"before_engine": before_engine_s - float(step_info["wall_s"]) - family_s,
                    "step_grid": float(step_info["wall_s"]), "virtual_family": family_s,
                    "engine_startup": startup_s, "warmup": C.warmup_s,
                    "saturation": C.saturation_s, "replays": replays_s, "engine_other": other_s,
