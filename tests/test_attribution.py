@@ -499,3 +499,10 @@ def test_dropping_the_identity_player_keeps_the_other_shapley_values():
     full = sh.shapley(v)
     np.testing.assert_allclose(sh.shapley(d.subgame(v)), full[[0, 1, 3, 4]])
     assert np.allclose(full[2], 0)
+
+
+def test_cost_durations_read_at_a_readable_unit():
+    """The cost paragraph's durations: the full design at the current speed is minutes, not "0.0 h"."""
+    from portbench.present.attribution_text import duration
+
+    assert duration(45) == "45 s" and duration(560) == "9.3 min" and duration(7560) == "2.1 h"

@@ -294,10 +294,17 @@ def cost_markdown(sec: Mapping, campaign_rate: float | None = None) -> str:
            f"bootstrap).{check} The full design — the five properties as separate players ({fz['subsets']} subsets, "
            f"{fz['window_hybrids']} window-hybrids), every window ({fz['windows']}), every region ({len(fz['regions'])}) "
            f"and the study's replicates ({fz['replicates']}) for these {fz['pairs']} pair(s) — is {fz['runs']:,} runs, "
-           f"{fz['simulated_runs']:,} simulated: about {c['full_cpu_h'] / w:.1f} h on {w} core(s) at this design's "
-           "rate (an upper bound: the regions it adds are lighter per run, and replicates of a policy that draws no "
-           "random number are copied, not simulated)")
-    if campaign_rate:
-        txt += (f", {fz['simulated_runs'] / campaign_rate / w / 3600:.1f} h at the campaign's all-region rate of "
+           f"{fz['simulated_runs']:,} simulated: "
+           + ("this run (its wall time above)" if fz["runs"] == dz["runs"] else
+              f"about {duration(c['full_cpu_h'] * 3600 / w)} on {w} core(s) at this design's rate (an upper bound: "
+              "the regions it adds are lighter per run, and replicates of a policy that draws no random number are "
+              "copied, not simulated)"))
+    if campaign_rate and fz["runs"] != dz["runs"]:
+        txt += (f", {duration(fz['simulated_runs'] / campaign_rate / w)} at the campaign's all-region rate of "
                 f"{campaign_rate:.0f} runs per CPU-second")
     return txt + "."
+
+
+def duration(s: float) -> str:
+    """Seconds in words at a readable unit: ``45 s``, ``9.3 min``, ``2.1 h``."""
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 3600 else f"{s / 3600:.1f} h"
