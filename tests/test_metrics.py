@@ -366,3 +366,24 @@ def test_compiled_tenant_curves_and_tenant_index_give_the_same_bits():
             metrics._CORE[0] = core
         assert list(got) == list(ref) == list(with_index)
         assert _bits(list(got.values())) == _bits(list(ref.values())) == _bits(list(with_index.values())), k
+
+
+def test_metrics_and_the_reference_core_never_import_numba():
+    """metrics.NUMBA_LOADED: a process that computes metrics (tenant fairness included) and runs the reference core
+    stays free of numba/llvmlite -- vLLM's in-process engine (the validation's step grid) cannot start where llvmlite
+    is loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np, polars as pl\n"
+            "from portbench.sim import metrics, profiles\n"
+            "from portbench.sim.engine import simulate\n"
+            "df = pl.DataFrame({'request_id': [0, 1, 2], 'arrival_s': [0.0, 0.1, 0.2], 'prompt_tokens': [10, 20, 30],"
+            " 'output_tokens': [5, 6, 7], 'tenant': ['a', 'b', 'a']})\n"
+            "r = simulate(df, 'vtc', profiles.get_profile('a100_40gb_llama3_1_8b'), horizon_s=10.0, seed=0,"
+            " engine={'core': 'reference'})\n"
+            "m = metrics.compute(r.record_arrays(), 10.0, {'s': {'ttft_s': 1.0, 'tpot_s': 0.1}})\n"
+            "assert r.counters['queue_mean'] == r.counters['queue_mean']\n"
+            "print(sorted(k for k in sys.modules if k.split('.')[0] in ('numba', 'llvmlite')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

@@ -48,6 +48,7 @@ Definitions (all requests arriving after the horizon are outside the observation
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Iterable
 from typing import Callable, Mapping, NamedTuple
 
@@ -570,6 +571,12 @@ def _running(T, who, x, vals):
 
 
 _CORE: list = []
+NUMBA_LOADED = """The compiled loops of the metrics and the queue statistics run only in a process where numba is already
+loaded (the compiled engine core loads it; a campaign's workers and ``warm_compiled`` do): they never import numba
+themselves, so a process that only computes metrics or runs the reference core stays free of numba and llvmlite --
+vLLM 0.32's in-process engine cannot start in a process where llvmlite is loaded (its kernel rebinding walks every
+module's attributes and trips over llvmlite's library wrapper), which the validation's step grid needs. Both paths
+give the same numbers, bit for bit (tests)."""
 
 
 def _curves_core():
@@ -590,6 +597,7 @@ def _curves_core():
 def warm_compiled() -> None:
     """Compile the tenant metrics' loops in this process, or load them from numba's disk cache (a campaign calls
     it before its worker processes start, as :func:`portbench.sim.engine.simulate.warm_compiled`)."""
+    _curves_core()
     z = np.zeros(2)
     tenant_fairness(np.array(["a", "b"]), z, np.array([0.5, 1.0]), np.array([1.0, 2.0]), z + 1, z + 3, z + 3, 4.0)
 
@@ -615,7 +623,7 @@ def tenant_fairness(tenant: np.ndarray, arrival: np.ndarray, first_token: np.nda
         index = np.unique(tenant, return_inverse=True)
     if index[0].size < 2 or (index[0] == NO_TENANT).all():
         return nan, nan
-    core = _curves_core()
+    core = _curves_core() if "numba" in sys.modules else None    # never the one to import numba (NUMBA_LOADED)
     if core is None:
         names, times, S, B = service_curves(tenant, arrival, first_token, finish, prompt, output, generated,
                                             horizon_s, weights, tenant_index=index)

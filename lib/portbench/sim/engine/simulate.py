@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ def _queue_stats(start: np.ndarray, end: np.ndarray, t_end: float) -> tuple[floa
     """:func:`queue_stats` of the intervals' start and end times (float arrays)."""
     if not start.shape[0] or not t_end > 0:
         return 0.0, 0.0
-    core = _queue_core()
+    core = _queue_core() if "numba" in sys.modules else None    # never the one to import numba (metrics.NUMBA_LOADED)
     if core is not None:        # the same numbers, compiled (tests/test_compiled_core.py holds them equal)
         m, levels, durs, p95 = core(np.ascontiguousarray(start, float), np.ascontiguousarray(end, float), float(t_end))
         if not m:
