@@ -480,6 +480,37 @@ def test_speed_factor_is_measured_over_tabled_time():
     assert math.isnan(predict.speed_factor(st_.head(0), prof))
 
 
+def test_speed_variation_is_measured_over_tabled_time_per_piece_of_the_replay():
+    from portbench.sim import profiles
+    from portbench.validation import predict
+    prof = profiles.get_profile("a100_40gb_llama3_1_8b")
+    n = 40
+    st_ = pl.DataFrame({"t_start": np.arange(n) * 0.05, "prefill_tokens": [0] * n, "decode_seqs": [4] * n,
+                        "context_tokens": [400] * n, "attention_pairs": [0] * n})
+    tab = float(prof.iteration_time(0, 4, 400))
+    speed = np.where(np.arange(n) < 20, 0.8, 1.2)        # the first second at 0.8, the second at 1.2
+    st_ = st_.with_columns(pl.Series("step_s", tab * speed))
+    v = predict.speed_variation(st_, prof, bin_s=0.5)
+    assert v.tolist() == pytest.approx([0.8, 0.8, 1.2, 1.2])
+    assert predict.speed_variation(st_.head(0), prof).size == 0
+
+
+def test_sensitivity_is_the_scaled_prediction_against_the_unscaled_one():
+    from portbench.validation import predict, verdict
+
+    def reqs(scale: float, src: str = "azure") -> pl.DataFrame:
+        return pl.DataFrame({"source": [src] * 3, "window_id": ["w"] * 3, "region": ["moderate"] * 3,
+                             "scheduler": ["fcfs"] * 3, "req_id": [0, 1, 2], "arrival_s": [0.0, 1.0, 2.0],
+                             "first_token_s": [0.1 * scale, 1.0 + 0.2 * scale, 2.0 + 0.1 * scale],
+                             "finish_s": [0.5 * scale, 1.0 + 1.0 * scale, float("nan")],
+                             "output_tokens": [5, 9, 3], "rejected": [False, False, False]})
+    head = reqs(1.0)
+    got = predict.sensitivity(head, {"steps_x1.05": reqs(1.1), "steps_x0.95": head}, list(verdict.KEY))
+    assert got["steps_x1.05"]["e2e"] == pytest.approx(0.1) and got["steps_x1.05"]["requests"] == 2   # unfinished out
+    assert got["steps_x1.05"]["factor"] == 1.05 and got["steps_x1.05"]["by_source"]["azure"]["ttft"] == pytest.approx(0.1)
+    assert got["steps_x0.95"]["e2e"] == 0.0
+
+
 # --------------------------------------------------------------------------- the family at the campaign's settings
 
 

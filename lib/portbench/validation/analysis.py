@@ -115,6 +115,8 @@ def virtual_section(sim: SimulationConfig, out: Path, *, es: resim.EngineSetting
                                                                              else speed_default))
                 d = (frontend_s or {}).get(s, 0.0)
                 runs["engine_input_frontend"] = (sent.with_columns(pl.col("arrival_s") + d), profile)
+                for name, fac in predict.SENSITIVITY.items():     # the prediction's sensitivity to its step times
+                    runs[name] = (sent, predict.scaled_profile(profile, fac))
         for variant, (df, prof) in runs.items():
             v = predict.predict(df, sched, seed, horizon, e_, prof, sim, hash_block_tokens=trace_hb.get(s)).requests
             if variant != "trace":      # latencies from the client's send, as the engine's are
@@ -301,6 +303,11 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
     below_ph = {(f"{w}.{r}", p) for _, w, r, p in below_keys}
     shapes = step_table_on_replays(logged, phases, below_ph, profile, speed_of, grid_max or {})
     sp = np.array([x for x in table.filter(~pl.col("saturated"))["speed"].to_list() if x is not None and math.isfinite(x)])
+    below_t = table.filter(~pl.col("saturated")).select(*verdict.KEY)
+    head_below_pred = pred.filter(pl.col("variant") == head).join(below_t, on=list(verdict.KEY), how="semi")
+    sens = predict.sensitivity(head_below_pred, {n: pred.filter(pl.col("variant") == n).join(
+        below_t, on=list(verdict.KEY), how="semi") for n in predict.SENSITIVITY}, list(verdict.KEY))
+    within = _speed_within(logged, phases, below_ph, profile)
     head_below = mape["below_saturation"]
     out = {"available": True, "engine": predict.ENGINE_NAME, "profile": profile_name, "prediction": head,
            "variants": {v: predict.VARIANTS[v] for v in variants},
@@ -323,7 +330,12 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
            "step_table_on_engine_schedule_no_speed": pooled(exact_raw),
            "machine_speed": {"median": float(np.median(sp)) if sp.size else math.nan,
                              "min": float(sp.min()) if sp.size else math.nan,
-                             "max": float(sp.max()) if sp.size else math.nan},
+                             "max": float(sp.max()) if sp.size else math.nan,
+                             "within_replay": within},
+           "sensitivity": {**sens, "explanation": (
+               "the prediction rerun with every step time of the table x factor, against the unscaled prediction on "
+               "the same requests (replays below saturation): the whole-run error a uniform step-time error of that "
+               "size causes by itself")},
            "frontend_delay_s": frontend_s or {},
            "step_table_on_replays": shapes,
            "virtual_vs_simulator_same_profile": {x: same[x]["mape"] for x in verdict.LATENCIES},
@@ -334,6 +346,31 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
                          "sides; prediction = vLLM's V1 scheduler stepped in a virtual clock by the step grid's cost "
                          "model under the engine's settings, given the arrivals as the replay's client sent them"}
     return out, table
+
+
+def _speed_within(logged: pl.DataFrame, phases: list[dict], below: set, profile) -> dict:
+    """How much the machine's speed changed *during* the replays below saturation (``below``: their (tag, policy)):
+    :func:`.predict.speed_variation` per replay (measured / tabled step time per :data:`.predict.SPEED_BIN_S` of
+    its steps), pooled: the quantiles 10/50/90 % and the relative standard deviation (SD / mean) within a replay
+    (median over the replays)."""
+    t = logged["t_start"].to_numpy()
+    parts, cvs = [], []
+    for ph in phases:
+        if ph.get("instance") == "own" or (ph["tag"], ph["policy"]) not in below:
+            continue
+        v = predict.speed_variation(logged.filter(pl.Series((t >= ph["t0"]) & (t <= ph["t1"]))), profile)
+        if v.size:
+            parts.append(v)
+            if v.size > 1:
+                cvs.append(float(np.std(v) / np.mean(v)))
+    if not parts:
+        return {"pieces": 0}
+    x = np.concatenate(parts)
+    return {"bin_s": predict.SPEED_BIN_S, "pieces": int(x.size), "replays": len(parts),
+            "q10": float(np.quantile(x, 0.1)), "median": float(np.median(x)), "q90": float(np.quantile(x, 0.9)),
+            "relative_sd_median": float(np.median(cvs)) if cvs else math.nan,
+            "how": f"measured / tabled step time per {predict.SPEED_BIN_S:g} s of a replay's steps (1 = the step "
+                   "grid's speed); relative SD = SD / mean within one replay, median over the replays"}
 
 
 def _simulator_capacities(sim: SimulationConfig, bursts: pl.DataFrame, es: resim.EngineSettings, calib, trace_hb: dict,

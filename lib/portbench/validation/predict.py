@@ -93,6 +93,13 @@ VARIANTS = {
 }
 PREDICTION = "engine_input"
 
+# The prediction's sensitivity to its step times: the prediction rerun with every step time of the table x these
+# factors (same input, same schedule rules). Its disagreement with the unscaled prediction is the whole-run error that
+# a uniform step-time error of that size causes by itself -- what the table's per-shape precision and the machine's
+# speed changes (:func:`speed_variation`) are worth in whole-run MAPE on these windows (:func:`sensitivity`).
+SENSITIVITY = {"steps_x1.05": 1.05, "steps_x0.95": 0.95}
+SPEED_BIN_S = 0.5    # the machine's speed within a replay: measured / tabled step time per this much of its steps
+
 
 def engine_input(window_df: pl.DataFrame, records: pl.DataFrame) -> pl.DataFrame:
     """``window_df`` (sorted by request id) with ``arrival_s`` replaced by the time the replay's client sent each
@@ -196,3 +203,42 @@ def mape(a: np.ndarray, ref: np.ndarray) -> float:
     a, ref = np.asarray(a, float), np.asarray(ref, float)
     m = np.isfinite(a) & np.isfinite(ref) & (ref > 0)
     return float(np.mean(np.abs(a[m] - ref[m]) / ref[m])) if m.any() else math.nan
+
+
+def sensitivity(head: pl.DataFrame, scaled: dict[str, pl.DataFrame], keys: list[str]) -> dict:
+    """Per-request MAPE of TTFT, TPOT and E2E of each step-time-scaled prediction (``scaled``: name ->
+    its requests, :data:`SENSITIVITY`) against the unscaled prediction ``head`` on the same requests (matched by
+    ``keys`` + ``req_id``), overall and per ``source``: the whole-run error a uniform step-time error of that
+    factor causes by itself."""
+    from . import verdict
+
+    out: dict = {}
+    for name, df in scaled.items():
+        m = verdict.matched_latencies(head, df, keys)
+        if m.height == 0:
+            continue
+        f = verdict.fidelity(m)
+        out[name] = {"factor": SENSITIVITY.get(name, math.nan),
+                     **{x: f[x]["mape"] for x in verdict.LATENCIES}, "requests": f["e2e"]["n"],
+                     "by_source": {s: {x: verdict.fidelity(g)[x]["mape"] for x in verdict.LATENCIES}
+                                   for (s,), g in m.group_by(["source"], maintain_order=True)}
+                     if "source" in m.columns else {}}
+    return out
+
+
+def speed_variation(steps: pl.DataFrame, profile: Profile, bin_s: float = SPEED_BIN_S) -> np.ndarray:
+    """The machine's speed within one replay: its recorded steps (``t_start``, ``step_s`` and the shape columns) cut
+    into consecutive ``bin_s`` pieces of time; per piece the measured / tabled time of its steps (1 = as fast as the
+    step grid). The spread of these over a replay is how much the machine's speed changes while it runs -- a
+    change no table measured before the replay can know."""
+    if steps.height == 0:
+        return np.array([])
+    t = steps["t_start"].to_numpy().astype(float)
+    a = steps["attention_pairs"].fill_null(0).to_numpy() if "attention_pairs" in steps.columns else 0
+    tab = np.atleast_1d(profile.iteration_time(steps["prefill_tokens"].to_numpy(), steps["decode_seqs"].to_numpy(),
+                                               steps["context_tokens"].to_numpy(), a)).astype(float)
+    b = np.floor((t - t.min()) / float(bin_s)).astype(np.int64)
+    meas = np.bincount(b, weights=steps["step_s"].to_numpy().astype(float))
+    pred = np.bincount(b, weights=tab)
+    ok = pred > 0
+    return meas[ok] / pred[ok]
