@@ -511,6 +511,34 @@ def test_sensitivity_is_the_scaled_prediction_against_the_unscaled_one():
     assert got["steps_x0.95"]["e2e"] == 0.0
 
 
+def test_speed_band_is_the_quantiles_of_the_grids_visit_speeds():
+    from portbench.validation import steps
+    rows = []
+    for shape, base in (("a", 0.004), ("b", 0.010)):
+        for rnd, f in enumerate((0.8, 1.0, 1.0, 1.0, 1.25)):      # the same speed states met by both shapes
+            rows += [{"shape": shape, "round": rnd, "step_wall_s": base * f}] * 3
+    band = steps.speed_band(pl.DataFrame(rows), (0.0, 1.0))
+    assert band["lo"] == pytest.approx(0.8) and band["hi"] == pytest.approx(1.25) and band["visits"] == 10
+    one_round = pl.DataFrame([r for r in rows if r["round"] == 0])
+    assert math.isnan(steps.speed_band(one_round)["lo"])
+
+
+def test_band_coverage_counts_the_engine_between_the_two_predictions():
+    from portbench.validation import predict, verdict
+
+    def reqs(e2e: list[float]) -> pl.DataFrame:
+        n = len(e2e)
+        return pl.DataFrame({"source": ["azure"] * n, "window_id": ["w"] * n, "region": ["moderate"] * n,
+                             "scheduler": ["fcfs"] * n, "req_id": list(range(n)), "arrival_s": [0.0] * n,
+                             "first_token_s": [x / 2 for x in e2e], "finish_s": e2e, "output_tokens": [3] * n,
+                             "rejected": [False] * n})
+    eng = reqs([1.0, 1.0, 1.0, 2.0])
+    lo, hi = reqs([0.9, 1.1, 0.5, 1.0]), reqs([1.1, 1.3, 0.8, 1.5])
+    cov = predict.band_coverage(verdict.matched_latencies(eng, lo), verdict.matched_latencies(eng, hi))
+    assert cov["requests"] == 4 and cov["e2e"] == pytest.approx(0.25) and cov["e2e_above"] == pytest.approx(0.5)
+    assert cov["by_source"]["azure"]["e2e"] == pytest.approx(0.25)
+
+
 # --------------------------------------------------------------------------- the family at the campaign's settings
 
 

@@ -70,12 +70,15 @@ def replay_speed(logged: pl.DataFrame, phases: list[dict], profile) -> dict[tupl
 
 def virtual_section(sim: SimulationConfig, out: Path, *, es: resim.EngineSettings, es_of: dict, profile, wins: pl.DataFrame,
                     replay_keys: list[tuple], trace_hb: dict, rec_by_key: dict | None = None,
-                    speed_of: dict | None = None, frontend_s: dict | None = None) -> dict | None:
+                    speed_of: dict | None = None, frontend_s: dict | None = None,
+                    band: tuple[float, float] | None = None) -> dict | None:
     """The whole-run prediction (:mod:`.predict`): the virtual vLLM engine under the wall-clock engine's settings as
     it ran them (sarathi's included) and ``profile`` (the step grid's) on every replay, in the variants of
     :data:`.predict.VARIANTS` (``engine_input*`` need the replay's records ``rec_by_key``; ``_speed`` its machine
     speed ``speed_of[(tag, policy)]``, the median of the others where it has none; ``_frontend`` the hand-off delay
-    per source ``frontend_s``); its requests with the simulator's on the same profile and the trace's arrivals
+    per source ``frontend_s``; the sensitivity runs :data:`.predict.SENSITIVITY` and the speed band ``band``: the
+    step grid's speed quantiles, :data:`.predict.BAND`); its requests with the simulator's on the same profile and
+    the trace's arrivals
     (``pred``: column ``variant``; ``resim_same_profile``). Without vLLM here: the table a previous analysis
     stored (``virtual_requests.parquet``), else None. (The confirmatory family ran on the virtual engine at the
     campaign's settings before the replays: :func:`run_family`.)"""
@@ -117,6 +120,9 @@ def virtual_section(sim: SimulationConfig, out: Path, *, es: resim.EngineSetting
                 runs["engine_input_frontend"] = (sent.with_columns(pl.col("arrival_s") + d), profile)
                 for name, fac in predict.SENSITIVITY.items():     # the prediction's sensitivity to its step times
                     runs[name] = (sent, predict.scaled_profile(profile, fac))
+                for name, fac in zip(predict.BAND, band or ()):    # the grid's speed band: a prediction interval
+                    if math.isfinite(fac):
+                        runs[name] = (sent, predict.scaled_profile(profile, fac))
         for variant, (df, prof) in runs.items():
             v = predict.predict(df, sched, seed, horizon, e_, prof, sim, hash_block_tokens=trace_hb.get(s)).requests
             if variant != "trace":      # latencies from the client's send, as the engine's are
@@ -211,14 +217,18 @@ def step_table_on_replays(logged: pl.DataFrame, phases: list[dict], below: set, 
 
 def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataFrame, phases: list[dict],
                       rec_by_key: dict, profile, profile_name: str, speed_of: dict | None = None,
-                      frontend_s: dict | None = None, grid_max: dict | None = None) -> tuple[dict, pl.DataFrame]:
+                      frontend_s: dict | None = None, grid_max: dict | None = None,
+                      band: dict | None = None) -> tuple[dict, pl.DataFrame]:
     """``summary.json`` ``whole_run_prediction`` and the per-replay table (``virtual_replays.parquet``): the virtual
     vLLM engine + the measured step table (:func:`virtual_section`, :data:`.predict.VARIANTS`) against the
     wall-clock replays -- per-request MAPE of TTFT, TPOT and E2E of the prediction (``engine_input``) and of the
     former one (``trace``), below saturation, saturated and overall, per source; a replay is saturated by a
     measured quantity (:func:`.predict.saturated`: offered load >= the engine's measured capacity, or the engine's
     queue grew); the E2E error budget by cause below saturation (:func:`.predict.error_budget`), overall and per
-    source; the step table on the shapes the replays visited (:func:`step_table_on_replays`)."""
+    source; the step table on the shapes the replays visited (:func:`step_table_on_replays`); what a step-time
+    error is worth (``sensitivity``), how much the machine's speed moved within the replays
+    (``machine_speed.within_replay``) and the coverage of the step grid's speed band (``band``:
+    :func:`.steps.speed_band`)."""
     if virt is None or virt["pred"].height == 0:
         return ({"available": False, "why": "no virtual vLLM engine in this environment and none stored, or no "
                                             "replay"}, pl.DataFrame())
@@ -308,6 +318,10 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
     sens = predict.sensitivity(head_below_pred, {n: pred.filter(pl.col("variant") == n).join(
         below_t, on=list(verdict.KEY), how="semi") for n in predict.SENSITIVITY}, list(verdict.KEY))
     within = _speed_within(logged, phases, below_ph, profile)
+    eng_below = eng.filter(~pl.col("saturated")).drop("saturated")
+    lo_hi = [verdict.matched_latencies(eng_below, pred.filter(pl.col("variant") == n).drop("variant"))
+             for n in predict.BAND]
+    coverage = predict.band_coverage(*lo_hi) if all(x.height for x in lo_hi) else {"requests": 0}
     head_below = mape["below_saturation"]
     out = {"available": True, "engine": predict.ENGINE_NAME, "profile": profile_name, "prediction": head,
            "variants": {v: predict.VARIANTS[v] for v in variants},
@@ -332,6 +346,11 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
                              "min": float(sp.min()) if sp.size else math.nan,
                              "max": float(sp.max()) if sp.size else math.nan,
                              "within_replay": within},
+           "speed_band": {**(band or {}), "coverage": coverage,
+                          "explanation": "the prediction rerun with the step table x the step grid's measured speed "
+                                         "quantiles (measured before any replay): a prediction interval for the "
+                                         "machine's speed; coverage = the share of the engine's requests below "
+                                         "saturation whose latency lies between the two (and above the slow end)"},
            "sensitivity": {**sens, "explanation": (
                "the prediction rerun with every step time of the table x factor, against the unscaled prediction on "
                "the same requests (replays below saturation): the whole-run error a uniform step-time error of that "
@@ -557,7 +576,9 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
     frontend_s = {s_: predict.frontend_delay(g) for (s_,), g in eng_all.group_by(["source"], maintain_order=True)}
     virt = virtual_section(sim, out, es=es, es_of=es_of, profile=wprof, wins=wins,
                            replay_keys=list(keys.iter_rows()), trace_hb=trace_hb, rec_by_key=rec_by_key,
-                           speed_of=speed_grid, frontend_s=frontend_s)
+                           speed_of=speed_grid, frontend_s=frontend_s,
+                           band=(step_fit["speed_band"]["lo"], step_fit["speed_band"]["hi"])
+                           if step_fit.get("speed_band") else None)
     fam = family_section(cfg.data, cfg.predictors, cfg.simulation, cfg.campaign, out, conf, doc, man)
     by_engine = {"wall_clock": rows}
     if fam is not None and fam[0].height:
@@ -578,7 +599,8 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
     grid_max = step_fit.get("grid_max_context") or {}
     whole_run, virtual_replays = whole_run_section(
         virt, eng_req, logged, phases, rec_by_key, wprof, "step grid" if grid_prof is not None
-        else "calibration (no step grid)", speed_of=speed_grid, frontend_s=frontend_s, grid_max=grid_max)
+        else "calibration (no step grid)", speed_of=speed_grid, frontend_s=frontend_s, grid_max=grid_max,
+        band=step_fit.get("speed_band"))
     verdicts = verdict_rows_table(rows)
     win_err = verdict.window_error_table(matched["prediction"]).join(
         verdict.window_error_table(matched["speed_corrected"]).select(
@@ -780,6 +802,7 @@ def step_fit_section(out: Path, base, name: str) -> dict:
     table.write_parquet(out / "step_grid.parquet")
     grid_max = {k: float(g.select(per_sequence_context(g)).max().item()) for (k,), g in tab.group_by(["kind"])}
     return {**summ, "profile": str(path), "formula": prof.formula(), "drift": steps.drift(rows),
+            "speed_band": steps.speed_band(rows),
             "grid_max_context": grid_max,
             "time": "wall time of LLMEngine.step() (in-process engine)",
             "per_shape": table.select("shape", "kind", "steps", "median_s", "lo_s", "hi_s", "cv", "predicted_s",

@@ -98,6 +98,10 @@ PREDICTION = "engine_input"
 # a uniform step-time error of that size causes by itself -- what the table's per-shape precision and the machine's
 # speed changes (:func:`speed_variation`) are worth in whole-run MAPE on these windows (:func:`sensitivity`).
 SENSITIVITY = {"steps_x1.05": 1.05, "steps_x0.95": 0.95}
+# The prediction interval of the machine's speed: the prediction rerun with the step table x the step grid's measured
+# speed quantiles (:func:`.steps.speed_band`, before any replay); a request is covered when the engine's latency
+# lies between the two (:func:`band_coverage`).
+BAND = ("speed_band_lo", "speed_band_hi")
 SPEED_BIN_S = 0.5    # the machine's speed within a replay: measured / tabled step time per this much of its steps
 
 
@@ -242,3 +246,28 @@ def speed_variation(steps: pl.DataFrame, profile: Profile, bin_s: float = SPEED_
     pred = np.bincount(b, weights=tab)
     ok = pred > 0
     return meas[ok] / pred[ok]
+
+
+def band_coverage(lo: pl.DataFrame, hi: pl.DataFrame) -> dict:
+    """The share of requests whose engine latency lies inside the prediction's speed band: ``lo``/``hi`` are
+    :func:`.verdict.matched_latencies` of the engine against the prediction at the band's two speeds (same
+    requests); per TTFT, TPOT and E2E the share with min(lo, hi) <= engine <= max(lo, hi), and the share above
+    (the engine slower than the slow end), overall and per ``source``."""
+    from . import verdict
+
+    keys = [c for c in (*verdict.KEY, "req_id") if c in lo.columns]
+    m = lo.join(hi.select(*keys, *[pl.col(f"{x}_sim").alias(f"{x}_hi") for x in verdict.LATENCIES]), on=keys)
+
+    def shares(d: pl.DataFrame) -> dict:
+        out: dict = {"requests": d.height}
+        for x in verdict.LATENCIES:
+            e, a, b = (d[c].to_numpy().astype(float) for c in (x, f"{x}_sim", f"{x}_hi"))
+            ok = np.isfinite(e) & np.isfinite(a) & np.isfinite(b)
+            lo_, hi_ = np.minimum(a[ok], b[ok]), np.maximum(a[ok], b[ok])
+            out[x] = float(np.mean((e[ok] >= lo_) & (e[ok] <= hi_))) if ok.any() else math.nan
+            out[f"{x}_above"] = float(np.mean(e[ok] > hi_)) if ok.any() else math.nan
+        return out
+    if m.height == 0:
+        return {"requests": 0}
+    return {**shares(m), "by_source": {s: shares(g) for (s,), g in m.group_by(["source"], maintain_order=True)}
+            if "source" in m.columns else {}}

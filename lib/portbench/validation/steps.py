@@ -332,6 +332,27 @@ def drift(rows: pl.DataFrame, time_column: str = "step_wall_s") -> dict:
     return {"per_round_median_s": med, "spread": float(max(med) / min(med) - 1) if med and min(med) > 0 else math.nan}
 
 
+def speed_band(rows: pl.DataFrame, quantiles: tuple[float, float] = (0.1, 0.9),
+               time_column: str = "step_wall_s") -> dict:
+    """The machine's speed states as the step grid met them: per visit of a shape (its steps in one round) the
+    visit's median step time over the shape's median over all rounds; ``lo``/``hi`` = the ``quantiles`` of those
+    ratios over every visit (the reference shape's included). Measured before any replay, so a band of the
+    prediction scaled by them (:data:`.predict.BAND`) is a prediction interval for the machine's speed, not a fit
+    to the replays. NaN bounds without two rounds."""
+    how = (f"quantiles {quantiles[0]:g} / {quantiles[1]:g} over the step grid's shape visits (one shape's steps in one "
+           "round) of the visit's median step time / the shape's median over all rounds")
+    if rows.height == 0 or rows["round"].n_unique() < 2:
+        return {"lo": math.nan, "hi": math.nan, "visits": 0, "how": how}
+    per = rows.group_by(["shape", "round"]).agg(pl.col(time_column).median().alias("m"))
+    per = per.join(per.group_by("shape").agg(pl.col("m").median().alias("all")), on="shape")
+    r = (per["m"] / per["all"]).to_numpy().astype(float)
+    r = r[np.isfinite(r) & (r > 0)]
+    if r.size < 2:
+        return {"lo": math.nan, "hi": math.nan, "visits": int(r.size), "how": how}
+    return {"lo": float(np.quantile(r, quantiles[0])), "hi": float(np.quantile(r, quantiles[1])),
+            "visits": int(r.size), "quantiles": list(quantiles), "how": how}
+
+
 def repeat_cv(rows: pl.DataFrame, time_column: str = "step_wall_s") -> dict:
     """The engine's measured repeat noise: per round the machine's speed -- the median over shapes of the
     shape's median step time in that round over its median in all rounds -- and the relative standard deviation
