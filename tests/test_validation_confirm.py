@@ -566,3 +566,18 @@ def test_family_agreement_with_the_campaigns_replicate_0():
                          {**key, "scheduler": "b", "e2e_mean": 3.5, "ttft_p90": 1.0}])
     assert family.agreement(resim, camp) == {"compared": 2, "identical": 1}
     assert family.agreement(resim, pl.DataFrame()) == {"compared": 0, "identical": 0}
+
+
+def test_resolution_words_come_from_the_summary():
+    from portbench.present import validation_report as report
+    assert report.resolution_markdown({}) == ""
+    w = {"available": True,
+         "machine_speed": {"within_replay": {"bin_s": 0.5, "pieces": 12, "replays": 2, "q10": 0.81, "median": 0.97,
+                                             "q90": 1.19, "relative_sd_median": 0.123}},
+         "sensitivity": {"steps_x1.05": {"factor": 1.05, "e2e": 0.111, "by_source": {"azure": {"e2e": 0.078}}},
+                         "explanation": "..."},
+         "speed_band": {"lo": 0.9, "hi": 1.17, "coverage": {"requests": 600, "e2e": 0.607, "e2e_above": 0.148,
+                                                             "ttft": 0.55, "tpot": 0.57, "by_source": {}}}}
+    text = report.resolution_markdown({"whole_run_prediction": w})
+    assert "0.81x-1.19x" in text and "12.3%" in text and "x1.05: E2E 11.1% (azure 7.8%)" in text
+    assert "60.7% of the 600 requests" in text and "14.8% were slower" in text

@@ -285,6 +285,41 @@ def whole_run_markdown(s: dict) -> str:
             f"vLLM's scheduler vs the simulator on the same step table: {_pct(w['virtual_vs_simulator_same_profile']['e2e'])}.")
 
 
+def resolution_markdown(s: dict) -> str:
+    """What this machine lets a step-time prediction reach, in words (``summary.json`` ``whole_run_prediction``:
+    ``machine_speed.within_replay``, ``sensitivity``, ``speed_band``): how much the machine's speed moved during the
+    replays, what a uniform 5 % step-time error alone costs in whole-run E2E MAPE, and how many requests the step
+    grid's speed band holds. Empty when the summary predates these keys."""
+    w = (s or {}).get("whole_run_prediction") or {}
+    within = (w.get("machine_speed") or {}).get("within_replay") or {}
+    sens = {k: v for k, v in (w.get("sensitivity") or {}).items() if isinstance(v, dict)}
+    band = w.get("speed_band") or {}
+    if not w.get("available") or not (within.get("pieces") or sens):
+        return ""
+    parts = []
+    if within.get("pieces"):
+        parts.append(f"**The machine's speed during the replays** (measured / tabled step time per "
+                     f"{within['bin_s']:g} s of a replay's steps, {within['pieces']} pieces of {within['replays']} "
+                     f"replays below saturation): 10-90 % range {within['q10']:.2f}x-{within['q90']:.2f}x, median "
+                     f"{within['median']:.2f}x; within one replay it moves with a relative SD of "
+                     f"{_pct(within['relative_sd_median'])} (median over the replays).")
+    if sens:
+        one = "; ".join(f"x{v['factor']:g}: E2E {_pct(v['e2e'])} ("
+                        + ", ".join(f"{src} {_pct(x['e2e'])}" for src, x in v.get("by_source", {}).items()) + ")"
+                        for v in sens.values())
+        parts.append(f"**What a step-time error is worth**: the prediction rerun with every step time of the table "
+                     f"scaled, against itself on the same requests -- {one}. A *uniform* 5 % error of every step "
+                     f"alone moves the whole-run E2E by about that much: queueing in the bursts amplifies it.")
+    cov = band.get("coverage") or {}
+    if cov.get("requests"):
+        by = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in cov.get("by_source", {}).items())
+        parts.append(f"**The step grid's speed band** (the prediction at the grid's 10 % and 90 % visit speeds, "
+                     f"{band['lo']:.2f}x and {band['hi']:.2f}x, measured before any replay) holds the engine's E2E of "
+                     f"{_pct(cov['e2e'])} of the {cov['requests']} requests ({by}); {_pct(cov['e2e_above'])} were "
+                     f"slower than its slow end (TTFT inside: {_pct(cov['ttft'])}, TPOT: {_pct(cov['tpot'])}).")
+    return "\n\n".join(parts)
+
+
 def whole_run_table(s: dict) -> pl.DataFrame:
     """Per source and scope (below saturation, saturated, all): the whole-run prediction's E2E MAPE after (the
     client's send order) and before (the trace order), with the error budget's causes below saturation."""
