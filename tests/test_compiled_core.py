@@ -287,7 +287,7 @@ def test_compiled_queue_statistics_equal_numpys_bit_for_bit():
     import importlib
 
     sim_mod = importlib.import_module("portbench.sim.engine.simulate")
-    core = sim_mod._queue_core()
+    core = sim_mod.QUEUE_LOOP(may_import=True)
     assert core is not None
     rng = np.random.default_rng(3)
     for k in range(400):
@@ -296,12 +296,12 @@ def test_compiled_queue_statistics_equal_numpys_bit_for_bit():
         en = st + np.round(rng.uniform(-1, 6, m), int(rng.integers(0, 3)))
         t_end = float(rng.choice([10.0, 5.5, 0.7]))
         got = sim_mod._queue_stats(st, en, t_end)
-        sim_mod._QUEUE_CORE[0] = None
+        sim_mod.QUEUE_LOOP.off = True
         try:
             ref = sim_mod._queue_stats(st, en, t_end)
             ref2 = sim_mod.queue_stats(np.column_stack([st, en]) if m else [], t_end)
         finally:
-            sim_mod._QUEUE_CORE[0] = core
+            sim_mod.QUEUE_LOOP.off = False
         bits = [np.asarray(x, float).view(np.int64).tolist() for x in (got, ref, ref2)]
         assert bits[0] == bits[1] == bits[2], k
 

@@ -336,7 +336,7 @@ def test_compiled_tenant_curves_and_tenant_index_give_the_same_bits():
     runs (ties, requests without a first token, unfinished ones, ones that drained past the horizon, one tenant
     only); and a tenant index computed once for the window (``compute(..., tenant_index=...)``, as the campaign
     passes it) gives the metrics computed from the tenant column."""
-    core = metrics._curves_core()
+    core = metrics.CURVES_LOOP(may_import=True)
     assert core is not None          # numba is a dependency: the compiled path is the one the campaign takes
     rng = np.random.default_rng(5)
     slo = {"a": {"ttft_s": 1.0, "tpot_s": 0.05}}
@@ -359,17 +359,17 @@ def test_compiled_tenant_curves_and_tenant_index_give_the_same_bits():
         got = metrics.compute(df, h, slo)
         index = np.unique(df["tenant"].cast(str).to_numpy(), return_inverse=True)
         with_index = metrics.compute(df, h, slo, tenant_index=index)
-        metrics._CORE[0] = None                               # the numpy service curves
+        metrics.CURVES_LOOP.off = True                        # the numpy service curves
         try:
             ref = metrics.compute(df, h, slo)
         finally:
-            metrics._CORE[0] = core
+            metrics.CURVES_LOOP.off = False
         assert list(got) == list(ref) == list(with_index)
         assert _bits(list(got.values())) == _bits(list(ref.values())) == _bits(list(with_index.values())), k
 
 
 def test_metrics_and_the_reference_core_never_import_numba():
-    """metrics.NUMBA_LOADED: a process that computes metrics (tenant fairness included) and runs the reference core
+    """loops.NUMBA_LOADED: a process that computes metrics (tenant fairness included) and runs the reference core
     stays free of numba/llvmlite -- vLLM's in-process engine (the validation's step grid) cannot start where llvmlite
     is loaded."""
     import subprocess

@@ -48,7 +48,6 @@ Definitions (all requests arriving after the horizon are outside the observation
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Iterable
 from typing import Callable, Mapping, NamedTuple
 
@@ -56,6 +55,7 @@ import numpy as np
 
 from ..core import config
 from ..core.errors import DataError, ParameterError, check_choices
+from .loops import LazyLoop
 
 
 SCALES = ("ratio", "proportion", "count")
@@ -449,7 +449,7 @@ def _knot_sums(T: int, who: np.ndarray, x: np.ndarray, values: list[np.ndarray],
 
 def _curves(T, idx, arrival, first_token, finish, prompt, output, generated, h, wp, wo):
     """:func:`service_curves`' ``(times, S, B)`` by the same floating-point operations in the same order, as
-    loops (compiled by numba: :func:`_curves_core`): the knots' running sums are the rows of the (tenant x
+    loops (compiled by numba: :data:`CURVES_LOOP`): the knots' running sums are the rows of the (tenant x
     knot) matrix that :func:`_knot_sums` sums, added in the same sequence."""
     n = arrival.shape[0]
     inf = np.inf
@@ -570,34 +570,13 @@ def _running(T, who, x, vals):
     return cs
 
 
-_CORE: list = []
-NUMBA_LOADED = """The compiled loops of the metrics and the queue statistics run only in a process where numba is already
-loaded (the compiled engine core loads it; a campaign's workers and ``warm_compiled`` do): they never import numba
-themselves, so a process that only computes metrics or runs the reference core stays free of numba and llvmlite --
-vLLM 0.32's in-process engine cannot start in a process where llvmlite is loaded (its kernel rebinding walks every
-module's attributes and trips over llvmlite's library wrapper), which the validation's step grid needs. Both paths
-give the same numbers, bit for bit (tests)."""
-
-
-def _curves_core():
-    """:func:`_curves` compiled by numba (machine code cached on disk), or None without numba."""
-    if not _CORE:
-        try:
-            import numba
-        except ImportError:       # pragma: no cover - numba is a dependency; the numpy path stays the reference
-            _CORE.append(None)
-        else:
-            jit = numba.njit(cache=True, nogil=True)
-            g = globals()
-            g["_running"] = jit(_running)
-            _CORE.append(jit(_curves))
-    return _CORE[0]
+CURVES_LOOP = LazyLoop(_curves, helpers=("_running",))    # :func:`_curves` compiled by numba, or None (loops)
 
 
 def warm_compiled() -> None:
     """Compile the tenant metrics' loops in this process, or load them from numba's disk cache (a campaign calls
     it before its worker processes start, as :func:`portbench.sim.engine.simulate.warm_compiled`)."""
-    _curves_core()
+    CURVES_LOOP(may_import=True)
     z = np.zeros(2)
     tenant_fairness(np.array(["a", "b"]), z, np.array([0.5, 1.0]), np.array([1.0, 2.0]), z + 1, z + 3, z + 3, 4.0)
 
@@ -623,7 +602,7 @@ def tenant_fairness(tenant: np.ndarray, arrival: np.ndarray, first_token: np.nda
         index = np.unique(tenant, return_inverse=True)
     if index[0].size < 2 or (index[0] == NO_TENANT).all():
         return nan, nan
-    core = _curves_core() if "numba" in sys.modules else None    # never the one to import numba (NUMBA_LOADED)
+    core = CURVES_LOOP()    # None where numba is not loaded (loops.NUMBA_LOADED): then numpy
     if core is None:
         names, times, S, B = service_curves(tenant, arrival, first_token, finish, prompt, output, generated,
                                             horizon_s, weights, tenant_index=index)

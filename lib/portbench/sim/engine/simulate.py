@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 
@@ -11,6 +10,7 @@ import polars as pl
 
 from ...core.config import EngineConfig
 from ...core.errors import ConservationError, ParameterError
+from ..loops import LazyLoop
 from ..profiles import DEFAULT_PROFILE, get_profile
 from ..request import FINISHED, NOT_ARRIVED, REJECTED, WAITING, Request, requests_from_window
 from ..schedulers import get_scheduler
@@ -37,7 +37,7 @@ def _queue_stats(start: np.ndarray, end: np.ndarray, t_end: float) -> tuple[floa
     """:func:`queue_stats` of the intervals' start and end times (float arrays)."""
     if not start.shape[0] or not t_end > 0:
         return 0.0, 0.0
-    core = _queue_core() if "numba" in sys.modules else None    # never the one to import numba (metrics.NUMBA_LOADED)
+    core = QUEUE_LOOP()     # None where numba is not loaded (loops.NUMBA_LOADED): then numpy
     if core is not None:        # the same numbers, compiled (tests/test_compiled_core.py holds them equal)
         m, levels, durs, p95 = core(np.ascontiguousarray(start, float), np.ascontiguousarray(end, float), float(t_end))
         if not m:
@@ -124,19 +124,7 @@ def _queue_levels(start, end, t_end):
     return m, levels, durs, p95
 
 
-_QUEUE_CORE: list = []
-
-
-def _queue_core():
-    """:func:`_queue_levels` compiled by numba (machine code cached on disk), or None without numba."""
-    if not _QUEUE_CORE:
-        try:
-            import numba
-        except ImportError:       # pragma: no cover - numba is a dependency; the numpy path stays the reference
-            _QUEUE_CORE.append(None)
-        else:
-            _QUEUE_CORE.append(numba.njit(cache=True, nogil=True)(_queue_levels))
-    return _QUEUE_CORE[0]
+QUEUE_LOOP = LazyLoop(_queue_levels)     # :func:`_queue_levels` compiled by numba, or None (loops.LazyLoop)
 
 
 @dataclass
@@ -337,6 +325,7 @@ def warm_compiled() -> float:
     df = pl.DataFrame({"arrival_s": [0.0, 0.5], "prompt_tokens": [100, 200], "output_tokens": [5, 7],
                        "tenant": ["a", "b"]})
     simulate(df, "fcfs", get_profile(DEFAULT_PROFILE), horizon_s=100.0, seed=0, engine={"core": "compiled"})
+    QUEUE_LOOP(may_import=True)
     _queue_stats(np.zeros(1), np.ones(1), 2.0)      # the queue statistics' compiled loops
     return time.perf_counter() - t0
 
