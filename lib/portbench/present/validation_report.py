@@ -346,13 +346,15 @@ def repeatability_markdown(s: dict) -> str:
     m, p = r["mape"], r["prediction_same_requests"]["mape"]
     per = "; ".join(f"{src} {_pct(v['e2e'])} ({v['requests']} requests)" for src, v in r["mape_by_source"].items())
     per_p = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in r["prediction_same_requests"]["mape_by_source"].items())
+    bias = "; ".join(f"{src} {_pct(v['e2e_bias'])}" for src, v in r["mape_by_source"].items())
     sp = [(x.get("speed_first"), x.get("speed_repeat")) for x in r["per_replay"]]
     speeds = "; ".join(f"{a:.2f}x -> {b:.2f}x" for a, b in sp
                        if isinstance(a, float) and isinstance(b, float) and math.isfinite(a) and math.isfinite(b))
     return (f"**How well the engine reproduces itself.** {r['replays']} fidelity replays were run a second time right "
             f"after the first, same engine, same input. On the {r['requests']} requests completed in both, the repeat "
             f"differs from the first replay by E2E MAPE **{_pct(m['e2e'])}** (per source: {per}), TTFT "
-            f"{_pct(m['ttft'])}, TPOT {_pct(m['tpot'])}; the repeat's E2E is {_pct(m['e2e_bias'])} longer on average. "
+            f"{_pct(m['ttft'])}, TPOT {_pct(m['tpot'])}; mean repeat / first E2E - 1: {_pct(m['e2e_bias'])} (per source: "
+            f"{bias}). "
             f"Machine speed against the step table, first -> repeat: {speeds or 'n/a'}. The whole-run prediction on "
             f"the same requests, against the first replay: E2E MAPE **{_pct(p['e2e'])}** ({per_p}). Approximate floor "
             f"of a deterministic prediction (repeat MAPE / sqrt 2): {_pct(r['floor_e2e_approx'])}: "
