@@ -378,6 +378,12 @@ def test_a_short_validation_end_to_end(env, tmp_params):
     b = saved["budget"]
     assert b["saturation_backlog"] == 60 and b["windows_per_source"] == 1 and b["counted_from"] == "process start"
     assert b["replays_cut"] and all(c["why"] for c in b["replays_cut"])
+    # the repeat replay (the engine's run-to-run floor) counts in the budget too: cut here, with its reason, and the
+    # summary says why there is no floor
+    assert any(c["replay"].startswith("repeat:") for c in b["replays_cut"]) and b["repeat_windows"] == 1
+    rp = wr["repeatability"]
+    assert not rp["available"] and "cut" in rp["why"] and rp["what"]
+    assert saved["targets"]["e2e_floor"]["available"] is False
     w = saved["wall_s"]
     assert w["total"] >= w["before_engine"] + w["engine_startup"] + w["replays"] + w["analysis"]
     res = validation.read_results(P)

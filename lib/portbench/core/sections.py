@@ -751,6 +751,7 @@ class ValidationConfig:
     fidelity_region: str = "moderate"
     fidelity_windows: int = 2
     reduced_fidelity_windows: int = 1
+    repeat_windows: int = 1    # per source, its first fidelity windows replayed a second time (0: none)
     saturation_requests: int | None = None   # None: the campaign's backlog size (validation.capacity.backlog_size)
     interleave: bool = True
     equivalence_margin: float = 0.05
@@ -769,7 +770,7 @@ class ValidationConfig:
             _int(f"validation.{key}", getattr(self, key), 1, "a positive integer")
         if self.saturation_requests is not None:
             _int("validation.saturation_requests", self.saturation_requests, 1, "null or a positive integer")
-        for key in ("fidelity_windows", "reduced_fidelity_windows"):
+        for key in ("fidelity_windows", "reduced_fidelity_windows", "repeat_windows"):
             _int(f"validation.{key}", getattr(self, key), 0, "a non-negative integer")
         for key in ("time_budget_s", "reduced_time_budget_s"):
             v = getattr(self, key)

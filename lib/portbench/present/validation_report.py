@@ -368,3 +368,37 @@ def step_fit_table(s: dict) -> pl.DataFrame:
     """``step_fit``'s per-shape rows."""
     rows = ((s or {}).get("step_fit") or {}).get("per_shape") or []
     return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
+def repeatability_markdown(s: dict) -> str:
+    """The wall-clock engine's run-to-run floor (two replays of the same input back to back) beside the whole-run
+    prediction on the same requests and the E2E target, in words (``summary.json``
+    ``whole_run_prediction.repeatability``, ``targets.e2e_floor``)."""
+    r = ((s or {}).get("whole_run_prediction") or {}).get("repeatability") or {}
+    if not r.get("available"):
+        return f"No repeat replay: {r.get('why', 'this summary was written before the repeat replays existed')}."
+    f = ((s or {}).get("targets") or {}).get("e2e_floor") or {}
+    m, p = r["mape"], r["prediction_same_requests"]["mape"]
+    per = "; ".join(f"{src} {_pct(v['e2e'])} ({v['requests']} requests)" for src, v in r["mape_by_source"].items())
+    per_p = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in r["prediction_same_requests"]["mape_by_source"].items())
+    bias = "; ".join(f"{src} {_pct(v['e2e_bias'])}" for src, v in r["mape_by_source"].items())
+    sp = [(x.get("speed_first"), x.get("speed_repeat")) for x in r["per_replay"]]
+    speeds = "; ".join(f"{a:.2f}x -> {b:.2f}x" for a, b in sp
+                       if isinstance(a, float) and isinstance(b, float) and math.isfinite(a) and math.isfinite(b))
+    return (f"**How well the engine reproduces itself.** {r['replays']} fidelity replays were run a second time right "
+            f"after the first, same engine, same input. On the {r['requests']} requests completed in both, the repeat "
+            f"differs from the first replay by E2E MAPE **{_pct(m['e2e'])}** (per source: {per}), TTFT "
+            f"{_pct(m['ttft'])}, TPOT {_pct(m['tpot'])}; mean repeat / first E2E - 1: {_pct(m['e2e_bias'])} (per source: "
+            f"{bias}). "
+            f"Machine speed against the step table, first -> repeat: {speeds or 'n/a'}. The whole-run prediction on "
+            f"the same requests, against the first replay: E2E MAPE **{_pct(p['e2e'])}** ({per_p}). Approximate floor "
+            f"of a deterministic prediction (repeat MAPE / sqrt 2): {_pct(r['floor_e2e_approx'])}: "
+            f"{f.get('phrase', 'n/a')}.\n\n{r['what']}")
+
+
+def repeatability_table(s: dict) -> pl.DataFrame:
+    """Per repeated replay: requests completed in both replays, the repeat's MAPE against the first replay, its E2E
+    bias, the prediction's E2E MAPE on the same requests, both replays' machine speeds and wall seconds."""
+    r = ((s or {}).get("whole_run_prediction") or {}).get("repeatability") or {}
+    rows = r.get("per_replay") or []
+    return pl.DataFrame(rows) if rows else pl.DataFrame()

@@ -21,7 +21,7 @@ from ..data import windows
 from ..data.predictors import PREDICTION_COLUMNS
 from ..sim import metrics, profiles, regions
 from ..study.analysis import cube as analysis_cube
-from . import capacity, confirm, matching, predict, prereg, replay, resim, steps, verdict
+from . import capacity, confirm, matching, predict, prereg, repeat, replay, resim, steps, verdict
 from .common import (FAMILY_TABLES, LABEL_CPU, LABEL_GPU, TARGETS, _case_from_dict, _coefs, _floor, _label_phases, _seed,
                      _write_json, base_profile, out_dir, summary_path)
 from .planning import campaign_window_values
@@ -516,11 +516,13 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
     eng_all = pl.read_parquet(raw / "engine_requests.parquet")
     wins = pl.read_parquet(raw / "windows.parquet")
     bursts = pl.read_parquet(raw / "bursts.parquet")
-    phases = run_info["phases"]
+    phases_all = run_info["phases"]
+    phases = [ph for ph in phases_all if ph["phase"] != repeat.PHASE]     # the repeat replays: apart (repeat.py)
     device = run_info["device"]
     calib = profiles.get_profile(run_info["calibration_profile"])
     base = base_profile(sim)
-    logged = _label_phases(replay.iteration_rows(out / "iterations.jsonl"), phases)
+    logged_all = _label_phases(replay.iteration_rows(out / "iterations.jsonl"), phases_all)
+    logged = logged_all.filter(pl.col("phase") != repeat.PHASE)
     calib_steps = verdict.calibration_sample(logged.filter(pl.col("phase") == "saturation"), seed=int(cfg.validation.seed))
     all_steps = logged.filter(pl.col("phase") != "warmup")
     insample = verdict.fit_engine_profile(all_steps, base, f"vllm_{run_info['model_config']}_{device}_all_steps",
@@ -601,6 +603,15 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
         virt, eng_req, logged, phases, rec_by_key, wprof, "step grid" if grid_prof is not None
         else "calibration (no step grid)", speed_of=speed_grid, frontend_s=frontend_s, grid_max=grid_max,
         band=step_fit.get("speed_band"))
+    # the engine's run-to-run floor: the repeat replays against their first replays (repeat.py)
+    rep_raw = raw / repeat.RAW_FILE
+    head_pred = (virt["pred"].filter(pl.col("variant") == whole_run.get("prediction", predict.PREDICTION))
+                 if virt and virt["pred"].height and "variant" in virt["pred"].columns else None)
+    whole_run["repeatability"], rep_table = repeat.section(
+        eng_all, pl.read_parquet(rep_raw) if rep_raw.is_file() else None, prediction=head_pred, logged=logged_all,
+        phases=phases_all, profile=wprof, info=run_info.get("repeats"), cut=run_info.get("budget", {}).get("replays_cut"))
+    if not rep_table.height:
+        (out / f"{repeat.TABLE}.parquet").unlink(missing_ok=True)
     verdicts = verdict_rows_table(rows)
     win_err = verdict.window_error_table(matched["prediction"]).join(
         verdict.window_error_table(matched["speed_corrected"]).select(
@@ -613,7 +624,7 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
                      "verdicts": verdicts, "window_errors": win_err,
                      "matched_requests": matched["prediction"], "step_time_share": shares,
                      "matched_requests_speed_corrected": matched["speed_corrected"],
-                     "capacity": pl.DataFrame(cap_rows), "virtual_replays": virtual_replays,
+                     "capacity": pl.DataFrame(cap_rows), "virtual_replays": virtual_replays, repeat.TABLE: rep_table,
                      **({"virtual_requests": pl.concat([virt["pred"].with_columns(pl.lit("virtual").alias("side")),
                                                         virt["resim_same_profile"].with_columns(
                                                             pl.lit("simulator").alias("side"))], how="diagonal_relaxed")
@@ -659,7 +670,8 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
         "targets": {**TARGETS, "e2e_met": bool(pred_b["e2e"]["mape"] <= TARGETS["e2e_mape"]),
                     "ttft_met": bool(pred_b["ttft"]["mape"] <= TARGETS["ttft_mape"]),
                     "e2e_met_speed_corrected": bool(corr_b["e2e"]["mape"] <= TARGETS["e2e_mape"]),
-                    "ttft_met_speed_corrected": bool(corr_b["ttft"]["mape"] <= TARGETS["ttft_mape"])},
+                    "ttft_met_speed_corrected": bool(corr_b["ttft"]["mape"] <= TARGETS["ttft_mape"]),
+                    "e2e_floor": repeat.e2e_floor(whole_run["repeatability"], TARGETS["e2e_mape"])},
         "settings_match": match,
         "preregistration": {"path": pr["path"], "sha256": pr["sha256"], "verified": True,
                             "cases": [confirm.case_label(c) for c in conf], "n_cases": len(conf),

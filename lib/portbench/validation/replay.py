@@ -612,6 +612,13 @@ class Replayer:
                 else:
                     os.environ[k] = v
 
+    def reset_prefix_cache(self) -> bool:
+        """Empty vLLM's prefix cache between replays (``AsyncLLM.reset_prefix_cache``; no request may be running):
+        the next replay finds none of the blocks the earlier ones left. True when vLLM reset it."""
+        if self.engine is None or self._loop is None:
+            raise PortbenchError("Replayer.reset_prefix_cache outside its `with` block")
+        return bool(self._loop.run_until_complete(self.engine.reset_prefix_cache()))
+
     def replay(self, requests: Sequence[ReplayRequest], *, horizon_s: float, policy: str = "fcfs",
                rejected: Sequence[int] = (), window_df: pl.DataFrame | None = None, tag: str = "w",
                service_s=None, stop_when: tuple[int, int] | None = None) -> pl.DataFrame:

@@ -24,7 +24,8 @@ def read_results(cfg: Config) -> dict:
     summary = json.loads(p.read_text())
     res["summary"] = summary
     for name in ("engine_runs", "sim_runs", "sim_runs_insample", "engine_requests", "iterations", "verdicts",
-                 "window_errors", "matched_requests", "capacity", "step_grid", "virtual_replays"):
+                 "window_errors", "matched_requests", "capacity", "step_grid", "virtual_replays",
+                 "repeat_requests"):
         f = out / f"{name}.parquet"
         if f.is_file():
             res[name] = pl.read_parquet(f)

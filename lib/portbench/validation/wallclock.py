@@ -34,6 +34,7 @@ from ..study import campaign
 from . import (
     capacity,
     cases,
+    repeat,
     replay,
     resim,
     steps,
@@ -75,6 +76,8 @@ class _Run:
         self.plan, self.out, self.progress = the_plan, out, progress
         self.origin, self.budget = origin, budget        # perf_counter() at the process start; seconds
         self.records: dict[tuple, pl.DataFrame] = {}     # KEY -> engine records
+        self.repeats: dict[tuple, pl.DataFrame] = {}     # KEY -> the repeat replay's records (kept apart: repeat.py)
+        self.repeat_info: list[dict] = []                 # what each repeat replay ran (raw/run.json "repeats")
         self.scaled: dict[tuple, tuple[pl.DataFrame, float, float]] = {}   # (wid, region) -> (df, horizon, rho)
         self.phases: list[dict] = []                      # {"phase", "t0", "t1", ...} on the monotonic clock
         self.est_ratio: list[float] = []                  # measured / estimated replay wall time
@@ -170,22 +173,32 @@ def _own_instance_fit(R: _Run, deferred: list[tuple], startup_s: float, estimate
     return fit_
 
 
-def _write_raw_tables(raw: Path, R: _Run, man: dict, bursts: dict[str, pl.DataFrame],
-                      sat_records: dict[str, pl.DataFrame]) -> None:
-    """The raw measurements analyze() reads (with ``run.json``): the replays' requests (keyed), the scaled windows,
-    the saturation backlogs and their requests."""
+def _keyed(R: _Run, records: dict[tuple, pl.DataFrame]) -> pl.DataFrame:
+    """``records`` (KEY -> a replay's records) in one table with the KEY columns and the replay's horizon."""
     keyed = []
-    win_rows = []
-    for key, rec in sorted(R.records.items()):
+    for key, rec in sorted(records.items()):
         sc, horizon, rho = R.scaled[(key[1], key[2])]
         lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(horizon).alias("horizon_s")]
         keyed.append(rec.with_columns(*lit))
+    return pl.concat(keyed, how="vertical")
+
+
+def _write_raw_tables(raw: Path, R: _Run, man: dict, bursts: dict[str, pl.DataFrame],
+                      sat_records: dict[str, pl.DataFrame]) -> None:
+    """The raw measurements analyze() reads (with ``run.json``): the replays' requests (keyed), the repeat replays'
+    (apart, the same columns; none: the file of an earlier run is removed), the scaled windows, the saturation
+    backlogs and their requests."""
+    win_rows = []
     for (wid, region), (sc, horizon, rho) in sorted(R.scaled.items()):
         win_rows.append(sc.with_row_index("req_id").with_columns(
             pl.col("req_id").cast(pl.Int64), pl.lit(_source_of(man, wid)).alias("source"), pl.lit(wid).alias("window_id"),
             pl.lit(region).alias("region"), pl.lit(rho).alias("rho"), pl.lit(horizon).alias("horizon_s")))
     raw.mkdir(parents=True, exist_ok=True)
-    pl.concat(keyed, how="vertical").write_parquet(raw / "engine_requests.parquet")
+    _keyed(R, R.records).write_parquet(raw / "engine_requests.parquet")
+    if R.repeats:
+        _keyed(R, R.repeats).write_parquet(raw / repeat.RAW_FILE)
+    else:
+        (raw / repeat.RAW_FILE).unlink(missing_ok=True)
     pl.concat(win_rows, how="diagonal_relaxed").write_parquet(raw / "windows.parquet")
     pl.concat([b.with_columns(pl.lit(s).alias("source")) for s, b in bursts.items()],
               how="diagonal_relaxed").write_parquet(raw / "bursts.parquet")   # block_hashes where a source has them
@@ -331,11 +344,14 @@ class _Engine:
                                        for wid in sorted(t for t in tables if _source_of(man, t) == s)])
         return self.pools[s]
 
-    def replay_one(self, df, policy, horizon, tag, phase, prio=None, *, source, engine=None, as_policy=None):
+    def replay_one(self, df, policy, horizon, tag, phase, prio=None, *, source, engine=None, as_policy=None,
+                   seed_tag=None):
         """One replay on ``engine`` (default: the shared one); ``as_policy``: the policy the engine runs it
-        as (sarathi: fcfs on its own instance), recorded under ``policy``."""
+        as (sarathi: fcfs on its own instance), recorded under ``policy``; ``seed_tag``: the tag its prompts' token
+        ids are seeded from (default ``tag``; a repeat replay: its first replay's)."""
         engine = engine or self.eng
-        reqs, rej = replay.build_requests(df, vocab_size=self.vocab, seed=_seed(self.sim, tag, "prompt-tokens", ""),
+        reqs, rej = replay.build_requests(df, vocab_size=self.vocab,
+                                          seed=_seed(self.sim, seed_tag or tag, "prompt-tokens", ""),
                                           priorities=prio, max_model_len=self.es.max_model_len,
                                           hash_block_tokens=self.hash_tokens.get(source))
         t_a = time.monotonic()
@@ -505,6 +521,34 @@ def _replay(E: _Engine, C: _Capacity, the_plan: Plan, calib, deferred: list[tupl
     R.records[key] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
 
 
+def _repeat(E: _Engine, calib, s: str, wid: str, region: str) -> None:
+    """The repeat replay of source s's fidelity window wid (:mod:`.repeat`): the same scaled window, policy (fcfs),
+    priorities, prompts' seed and horizon as its first replay, right after it on the same engine, with vLLM's
+    prefix cache emptied first when it is on (so that it finds none of the blocks its first replay left); kept
+    apart (``R.repeats``, phase :data:`.repeat.PHASE`). Cut (``R.cut``) when the first replay's measured time and
+    the reserve exceed the time left; nothing when the first replay did not run."""
+    R, sim = E.R, E.sim
+    key, tag = (s, wid, region, "fcfs"), f"{wid}.{region}"
+    first = [ph for ph in R.phases if ph["tag"] == tag and ph["policy"] == "fcfs" and ph["phase"] == "fidelity"]
+    if key not in R.records or not first:
+        return
+    took = first[-1]["t1"] - first[-1]["t0"]
+    if took + _reserve(len(R.records) + 1) + R.virtual_s > R.left():
+        R.cut.append({"replay": f"{repeat.PHASE}: fcfs on {wid} at {region}", "estimated_s": took, "left_s": R.left(),
+                      "why": "its first replay's measured time and the reserve exceed the time left"})
+        return
+    sc, horizon, rho = R.scaled[(wid, region)]
+    prio = replay.request_priorities("fcfs", sc, _seed(sim, wid, "fcfs", region), schedulers.options_for(sim, "fcfs"),
+                                     profile=calib, slo=sim.edf_slo_dict)
+    reset = bool(E.es.prefix_caching) and E.eng.reset_prefix_cache()
+    rec = E.replay_one(sc, "fcfs", horizon, repeat.tag(wid, region), repeat.PHASE, prio, source=s, seed_tag=tag)
+    R.repeats[key] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
+    R.repeat_info.append({**dict(zip(verdict.KEY, key)), "tag": repeat.tag(wid, region), "first_s": took,
+                          "repeat_s": R.phases[-1]["t1"] - R.phases[-1]["t0"],
+                          "prefix_caching": bool(E.es.prefix_caching), "prefix_cache_reset": bool(reset)})
+    R.log(f"repeat of {tag} (fcfs): {R.phases[-1]['t1'] - R.phases[-1]['t0']:.1f} s (first replay {took:.1f} s)")
+
+
 def _case_todo(the_plan: Plan, interleave: bool, c: cases.Case, k: int) -> list[tuple]:
     """The wall-clock replays of case c on k windows per source: none when a policy of the pair is not one
     the wall-clock engine runs (mlfq, rr, vtc: the virtual engine alone judges such a case); the policy order
@@ -541,7 +585,14 @@ def _replay_cases(E: _Engine, C: _Capacity, v: ValidationConfig, the_plan: Plan,
     skipped_why = {"time": 0, "family": 0, "predictions": 0}
     fid_region = v.fidelity_region
     fid_rho = float(sim.region_loads[fid_region])
+    n_rep = int(v.repeat_windows)
     deferred: list[tuple] = []
+
+    def repeats_s(todo: list[tuple]) -> float:
+        """Estimated seconds of the repeat replays of the fidelity replays in ``todo`` (repeat.py)."""
+        rep_ = {(t[0], t[1]) for t in todo if t[2] == fid_region and t[4] == "fcfs"
+                and t[1] in the_plan.windows[t[0]][:n_rep] and (t[0], t[1], t[2], t[4]) not in R.repeats}
+        return sum(_estimate(E, C, s, wid, fid_region, fid_rho) for s, wid in rep_)
 
     def required_todo(k: int, nf: int) -> list[tuple]:
         fid = [(s, wid, fid_region, fid_rho, "fcfs") for s in I.required for wid in the_plan.windows[s][:nf]]
@@ -552,13 +603,16 @@ def _replay_cases(E: _Engine, C: _Capacity, v: ValidationConfig, the_plan: Plan,
 
     # the windows of the required cases: as many of the chosen ones as the time left holds (>= 1)
     k_plan = max(len(w) for w in the_plan.windows.values())
-    k_use = _windows_that_fit(R, k_plan, n_fid_plan, required_todo, lambda todo: _need_s(E, C, todo))
+    k_use = _windows_that_fit(R, k_plan, n_fid_plan, required_todo,
+                              lambda todo: _need_s(E, C, todo) + repeats_s(todo))
     n_fid = min(n_fid_plan, k_use)
     if k_use < k_plan:
         R.log(f"the time left ({R.left():.0f} s) holds the required replays on {k_use} of the {k_plan} windows "
               "per source")
     for s, wid, region, rho, sched in required_todo(0, n_fid):
         do(s, wid, region, rho, sched, "fidelity")
+        if wid in the_plan.windows[s][:n_rep]:     # the engine's run-to-run floor: the same replay again
+            _repeat(E, calib, s, wid, region)
     for i, c in enumerate(the_cases):
         todo = _case_todo(the_plan, v.interleave, c, k_use)
         if i >= n_req:     # exploratory: while the time budget allows
@@ -670,7 +724,7 @@ def run_replays(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, 
         "engine_settings": E.es.to_dict(), "status": dataclasses.asdict(the_plan.status), "device": the_plan.device,
         "reduced": the_plan.reduced, "budget_s": budget, "windows": the_plan.windows, "window_seed": int(v.window_seed),
         "cases": [c.to_dict() for c in done.done_cases], "cases_skipped": done.skipped, "phases": R.phases,
-        "confirmatory_cases": I.n_req, "own_instance_settings": own_settings,
+        "confirmatory_cases": I.n_req, "own_instance_settings": own_settings, "repeats": R.repeat_info,
         "preregistration": {"path": str(prereg_path), "sha256": prereg_sha,
                             "windows_per_source": int(the_plan.preregistration["windows_per_source"]),
                             "windows_per_source_run": done.k_use},
@@ -685,7 +739,8 @@ def run_replays(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, 
                    "saturation_backlog_target": C.target, "saturation_backlog_why": C.note,
                    "warmup_rate_rps": C.pilot_rps, "windows_per_source": done.k_use,
                    "windows_per_source_planned": done.k_plan,
-                   "fidelity_windows": done.n_fid, "cases_replayed": len(done.done_cases),
+                   "fidelity_windows": done.n_fid, "repeat_windows": int(v.repeat_windows),
+                   "cases_replayed": len(done.done_cases),
                    "replays_cut": R.cut, "virtual_reserve_s": R.virtual_s,
                    "cases_skipped": {k: x for k, x in done.skipped_why.items() if k != "family"},
                    "predictions": "attached" if I.with_predictions else "not frozen for this environment: cases "
