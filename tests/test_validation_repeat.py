@@ -112,12 +112,11 @@ def _stand_in(sim, left_s: float, prefix_caching: bool = True):
     def replay_one(df, policy, horizon, tag, phase, prio=None, *, source, seed_tag=None):
         calls.append({"policy": policy, "horizon": horizon, "tag": tag, "phase": phase, "seed_tag": seed_tag,
                       "same_window": df.equals(sc), "prio": prio})
-        R.phases.append({"phase": phase, "tag": tag, "policy": policy, "t0": 3.0, "t1": 5.5})
+        R.phases.append({"phase": phase, "tag": tag, "policy": policy, "t0": 3.0, "t1": 5.5,
+                         "prefix_cache_reset": prefix_caching})     # as _Engine.replay_one records it
         return _records("azure", "azure-1").drop("rho")
 
-    eng = SimpleNamespace(reset_prefix_cache=lambda: calls.append("reset") or True)
-    E = SimpleNamespace(R=R, sim=sim, es=SimpleNamespace(prefix_caching=prefix_caching), eng=eng,
-                        replay_one=replay_one)
+    E = SimpleNamespace(R=R, sim=sim, es=SimpleNamespace(prefix_caching=prefix_caching), replay_one=replay_one)
     return wallclock, R, E, calls
 
 
@@ -125,8 +124,7 @@ def test_the_repeat_replays_the_same_input_apart_from_the_records(tmp_params):
     sim = tmp_params().simulation
     wallclock, R, E, calls = _stand_in(sim, left_s=1e6)
     wallclock._repeat(E, None, "azure", "azure-1", "moderate")
-    assert calls[0] == "reset"           # the prefix cache emptied before the repeat
-    c = calls[1]
+    c = calls[0]
     assert c["tag"] == repeat.tag("azure-1", "moderate") and c["phase"] == repeat.PHASE
     assert c["seed_tag"] == "azure-1.moderate" and c["same_window"] and c["horizon"] == 30.0 and c["policy"] == "fcfs"
     assert list(R.repeats) == [("azure", "azure-1", "moderate", "fcfs")] and len(R.records) == 1
@@ -134,7 +132,38 @@ def test_the_repeat_replays_the_same_input_apart_from_the_records(tmp_params):
     # without prefix caching nothing to empty
     wallclock, R, E, calls = _stand_in(sim, left_s=1e6, prefix_caching=False)
     wallclock._repeat(E, None, "azure", "azure-1", "moderate")
-    assert "reset" not in calls and R.repeat_info[0]["prefix_cache_reset"] is False
+    assert R.repeat_info[0]["prefix_cache_reset"] is False
+
+
+def test_every_replay_starts_with_an_empty_prefix_cache(tmp_params):
+    """_Engine.replay_one empties vLLM's prefix cache before each replay when prefix caching is on (the simulator's
+    and the prediction's runs of a window start empty; Mooncake's prompts share blocks across windows, and a repeat
+    has its first replay's prompts), and records it in the replay's phase."""
+    from portbench.validation import wallclock
+    sim = tmp_params().simulation
+    calls: list = []
+
+    class Eng:
+        last_t0 = 0.0
+
+        def reset_prefix_cache(self):
+            calls.append("reset")
+            return True
+
+        def replay(self, reqs, **kw):
+            calls.append(("replay", kw["tag"]))
+            return _records("azure", "azure-1")
+
+    R = wallclock._Run(None, None, False, 0.0, 1e9)
+    sc = _records("azure", "azure-1").select("arrival_s", "output_tokens").with_columns(pl.lit(64).alias("prompt_tokens"))
+    for caching, want in ((True, ["reset", ("replay", "a"), "reset", ("replay", "b")]),
+                          (False, [("replay", "a"), ("replay", "b")])):
+        calls.clear()
+        E = wallclock._Engine(eng=Eng(), es=SimpleNamespace(prefix_caching=caching, max_model_len=4096),
+                              log_path=None, sim=sim, inputs=None, vocab=1000, hash_tokens={}, R=R)
+        for tag in ("a", "b"):
+            E.replay_one(sc, "fcfs", 30.0, tag, "fidelity", source="azure")
+        assert calls == want and R.phases[-1]["prefix_cache_reset"] is caching
 
 
 def test_the_repeat_is_cut_when_the_time_left_cannot_hold_it(tmp_params):

@@ -4,7 +4,7 @@
 Each source's first fidelity window(s) (``validation.repeat_windows``) is replayed a second time right after its
 first replay (:func:`portbench.validation.wallclock._repeat`): the same engine, the same scaled window and
 scheduled arrivals, the same policy (fcfs), priorities, prompts and horizon, vLLM's prefix cache emptied before it
-when prefix caching is on. Its records are kept apart (``raw/`` :data:`RAW_FILE`, steps in the phase
+as before every replay. Its records are kept apart (``raw/`` :data:`RAW_FILE`, steps in the phase
 :data:`PHASE`), so nothing else in the analysis sees it. :func:`section` compares the two replays request by
 request -- MAPE of TTFT, TPOT and E2E with the first replay as the reference, :func:`.predict.mape`'s definition
 -- per source and overall, with both replays' machine speeds (:func:`.predict.speed_factor` against the step
@@ -28,7 +28,7 @@ TABLE = "repeat_requests"                          # per request: both replays' 
 EXPLANATION = (
     "Two wall-clock replays of the same input back to back on the same engine: the same scaled window and scheduled "
     "arrivals, policy fcfs, seeds and horizon, the second right after the first (vLLM's prefix cache emptied before "
-    "it when prefix caching is on). Their per-request disagreement (MAPE of the repeat against the first replay) "
+    "each). Their per-request disagreement (MAPE of the repeat against the first replay) "
     "is the engine's run-to-run floor on this machine: a deterministic predictor's error against one replay "
     "cannot be expected below the replays' disagreement with each other; when the two replays' deviations from "
     "their common expectation are independent and alike, a perfect predictor's error is roughly the repeat MAPE / "

@@ -354,10 +354,16 @@ class _Engine:
                                           seed=_seed(self.sim, seed_tag or tag, "prompt-tokens", ""),
                                           priorities=prio, max_model_len=self.es.max_model_len,
                                           hash_block_tokens=self.hash_tokens.get(source))
+        # every replay starts with vLLM's prefix cache empty, as the simulator's and the prediction's runs of a window
+        # do: Mooncake's prompts share blocks across windows (their token ids are a function of the trace's block
+        # hashes) and a repeat replay has its first replay's prompts, so a warm cache would hand a replay the blocks
+        # of the runs before it -- and the second policy of a case the first one's
+        reset = bool(self.es.prefix_caching) and engine.reset_prefix_cache()
         t_a = time.monotonic()
         rec = engine.replay(reqs, horizon_s=horizon, policy=as_policy or policy, rejected=rej, window_df=df, tag=tag)
         self.R.phases.append({"phase": phase, "tag": tag, "policy": policy, "t0": t_a, "t1": time.monotonic(),
-                              "origin": engine.last_t0, "instance": "own" if engine is not self.eng else "shared"})
+                              "origin": engine.last_t0, "instance": "own" if engine is not self.eng else "shared",
+                              "prefix_cache_reset": reset})
         return rec
 
 
@@ -524,7 +530,8 @@ def _replay(E: _Engine, C: _Capacity, the_plan: Plan, calib, deferred: list[tupl
 def _repeat(E: _Engine, calib, s: str, wid: str, region: str) -> None:
     """The repeat replay of source s's fidelity window wid (:mod:`.repeat`): the same scaled window, policy (fcfs),
     priorities, prompts' seed and horizon as its first replay, right after it on the same engine, with vLLM's
-    prefix cache emptied first when it is on (so that it finds none of the blocks its first replay left); kept
+    prefix cache emptied first as before every replay (:meth:`_Engine.replay_one`: it finds none of the blocks its
+    first replay left); kept
     apart (``R.repeats``, phase :data:`.repeat.PHASE`). Cut (``R.cut``) when the first replay's measured time and
     the reserve exceed the time left; nothing when the first replay did not run."""
     R, sim = E.R, E.sim
@@ -540,8 +547,8 @@ def _repeat(E: _Engine, calib, s: str, wid: str, region: str) -> None:
     sc, horizon, rho = R.scaled[(wid, region)]
     prio = replay.request_priorities("fcfs", sc, _seed(sim, wid, "fcfs", region), schedulers.options_for(sim, "fcfs"),
                                      profile=calib, slo=sim.edf_slo_dict)
-    reset = bool(E.es.prefix_caching) and E.eng.reset_prefix_cache()
     rec = E.replay_one(sc, "fcfs", horizon, repeat.tag(wid, region), repeat.PHASE, prio, source=s, seed_tag=tag)
+    reset = bool(R.phases[-1].get("prefix_cache_reset"))
     R.repeats[key] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
     R.repeat_info.append({**dict(zip(verdict.KEY, key)), "tag": repeat.tag(wid, region), "first_s": took,
                           "repeat_s": R.phases[-1]["t1"] - R.phases[-1]["t0"],
