@@ -45,6 +45,26 @@ def test_a_ten_percent_slower_repeat_is_a_ten_percent_mape():
     assert repeat.e2e_floor(rep, 0.10)["target_below_floor"] is False
 
 
+def test_a_window_sent_in_another_order_is_reported_and_left_out_of_the_floor():
+    first = pl.concat([_records("azure", "azure-1"), _records("mooncake", "mooncake-2")])
+    # mooncake's repeat: the client sent requests 0 and 1 in swapped order (a burst), and the engine ran it 30 % slower
+    moon = _records("mooncake", "mooncake-2", slower=1.3).with_columns(
+        pl.when(pl.col("req_id") == 0).then(0.6).otherwise(pl.col("arrival_s")).alias("arrival_s"))
+    repeats = pl.concat([_records("azure", "azure-1", slower=1.1), moon])
+    rep, _ = repeat.section(first, repeats)
+    row = {r["source"]: r for r in rep["per_replay"]}
+    assert row["azure"]["same_input"] and not row["mooncake"]["same_input"]
+    assert row["mooncake"]["send_order_changed"] == pytest.approx(2 / 5)
+    assert rep["same_input"]["sources"] == ["azure"] and rep["same_input"]["e2e"] == pytest.approx(0.1)
+    assert rep["floor_e2e_approx"] == pytest.approx(0.1 / math.sqrt(2))     # azure's alone
+    assert rep["mape"]["e2e"] > 0.1                                        # the pooled disagreement counts both
+    floor = repeat.e2e_floor(rep, 0.05)
+    assert floor["sources"] == ["azure"] and "azure" in floor["phrase"]
+    from portbench.present import validation_report as report
+    text = report.repeatability_markdown({"whole_run_prediction": {"repeatability": rep}, "targets": {"e2e_floor": floor}})
+    assert "same order twice on azure" in text and "mooncake (40.0% of its requests" in text
+
+
 def test_requests_missing_on_one_side_are_left_out_and_sources_split():
     # the first replays: every replay of the run (a case replay besides the fidelity ones); the repeats: two
     first = pl.concat([_records("azure", "azure-1"), _records("mooncake", "mooncake-2"),

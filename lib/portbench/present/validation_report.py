@@ -391,9 +391,22 @@ def repeatability_markdown(s: dict) -> str:
             f"{_pct(m['ttft'])}, TPOT {_pct(m['tpot'])}; mean repeat / first E2E - 1: {_pct(m['e2e_bias'])} (per source: "
             f"{bias}). "
             f"Machine speed against the step table, first -> repeat: {speeds or 'n/a'}. The whole-run prediction on "
-            f"the same requests, against the first replay: E2E MAPE **{_pct(p['e2e'])}** ({per_p}). Approximate floor "
-            f"of a deterministic prediction (repeat MAPE / sqrt 2): {_pct(r['floor_e2e_approx'])}: "
+            f"the same requests, against the first replay: E2E MAPE **{_pct(p['e2e'])}** ({per_p}). "
+            f"{_input_words(r)}Approximate floor of a deterministic prediction (repeat MAPE / sqrt 2 over the windows "
+            f"whose two replays got the same input): {_pct(r['floor_e2e_approx'])}: "
             f"{f.get('phrase', 'n/a')}.\n\n{r['what']}")
+
+
+def _input_words(r: dict) -> str:
+    """Which repeated windows got the same input twice (the client's send order), in a sentence."""
+    rows = [x for x in r.get("per_replay") or [] if "same_input" in x]
+    if not rows:
+        return ""
+    other = [f"{x['source']} ({_pct(x['send_order_changed'])} of its requests sent in another order: simultaneous "
+             "arrivals)" for x in rows if not x["same_input"]]
+    same = [x["source"] for x in rows if x["same_input"]]
+    return (f"The client sent the same requests in the same order twice on {', '.join(same) or 'no source'}"
+            + (f"; not on {', '.join(other)}, which the floor leaves out. " if other else ". "))
 
 
 def repeatability_table(s: dict) -> pl.DataFrame:
