@@ -174,9 +174,16 @@ def _served_out_of_turn(rec) -> list[tuple[int, int]]:
 
 
 def test_fcfs_serves_simultaneous_arrivals_in_arrival_order(replays):
-    # simultaneous arrivals reach the engine in some order: FCFS is the order vLLM stamped them in
+    # simultaneous arrivals reach the engine in request-id order (the client's one release clock): FCFS is the
+    # order vLLM stamped them in
     for name in ("simultaneous", "overtake", "displace"):
         assert _served_out_of_turn(replays["records"]["fcfs"][name]) == [], name
+    for pol, by_window in replays["records"].items():
+        if "simultaneous" not in by_window:
+            continue
+        sim = by_window["simultaneous"]
+        assert sim.sort("arrival_s")["req_id"].to_list() == list(range(6)), pol      # the client's send order
+        assert sim.sort("queued_s")["req_id"].to_list() == list(range(6)), pol       # the order vLLM got them in
     rec = replays["records"]["fcfs"]["simultaneous"].sort("scheduled_s")
     ft = rec["first_token_s"].to_numpy()
     assert np.all(np.diff(ft) > 0), ft       # one sequence at a time: strictly increasing

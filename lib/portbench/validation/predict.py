@@ -110,8 +110,9 @@ def engine_input(window_df: pl.DataFrame, records: pl.DataFrame) -> pl.DataFrame
     request (``records``: the wall-clock engine's records, ``arrival_s`` = the client's send time relative to the
     replay's origin, by ``req_id``; a request the client never sent keeps its scheduled arrival). This is the
     input stream the engine received -- recorded before the engine acted on it. Simultaneous arrivals (Mooncake's
-    bursts of up to ~11 requests at one timestamp) reach the engine in the order the client's event loop sent
-    them, not in request-id order; under FCFS that order decides which request's prompt runs first."""
+    bursts of up to ~11 requests at one timestamp) reach the engine in the order the client sent them (request-id
+    order since the client releases every request from one clock: :func:`.replay._replay`; before, its event
+    loop's order); under FCFS that order decides which request's prompt runs first."""
     sent = dict(zip(records["req_id"].to_list(), records["arrival_s"].to_list()))
     arr = window_df["arrival_s"].to_list()
     new = [float(sent[i]) if i in sent and sent[i] is not None and math.isfinite(sent[i]) else float(a)

@@ -679,12 +679,22 @@ async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, R
     t0_mono = time.monotonic() + 0.05
     t0_wall = time.time() + (t0_mono - time.monotonic())
 
-    async def one(r: ReplayRequest) -> None:
-        tr = traces[r.req_id]
-        try:
+    # one clock releases the requests in (arrival, req_id) order: simultaneous arrivals (a burst at one timestamp) are
+    # sent in request-id order every time -- one sleeping timer per request left their order to the event loop's
+    # timer jitter, so two replays of one window sent a burst in different orders (repeat.same_input)
+    gates = {r.req_id: asyncio.Event() for r in requests}
+
+    async def release() -> None:
+        for r in sorted(requests, key=lambda x: (x.arrival_s, x.req_id)):
             delay = t0_mono + r.arrival_s - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            gates[r.req_id].set()     # the waiting tasks resume in the order their gates open (FIFO)
+
+    async def one(r: ReplayRequest) -> None:
+        tr = traces[r.req_id]
+        try:
+            await gates[r.req_id].wait()
             for m in r.after:
                 await events[tuple(m)].wait()
             # FINAL_ONLY: one output per request (at the end, or at the abort), so the client does no
@@ -721,6 +731,7 @@ async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, R
 
     end_s = float(horizon_s)
     tasks = [asyncio.ensure_future(one(r)) for r in requests]
+    clock = asyncio.ensure_future(release())
     if tasks:
         all_done = asyncio.ensure_future(asyncio.wait(tasks))
         stop = asyncio.ensure_future(events[tuple(stop_when)].wait()) if stop_when else None
@@ -732,6 +743,10 @@ async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, R
         for f in (all_done, stop):
             if f is not None and not f.done():
                 f.cancel()
+        clock.cancel()     # the observation ended: a request not released by now is not sent
+        for r, t in zip(requests, tasks):
+            if not gates[r.req_id].is_set() and not t.done():
+                t.cancel()
         pending = [t for t in tasks if not t.done()]
         if pending:
             # the observation ends: abort what is still running; AsyncLLM then hands each generator a
@@ -743,6 +758,9 @@ async def _replay(engine, requests: Sequence[ReplayRequest], traces: dict[int, R
             for t in left:               # not sent yet (or no final output): cancel
                 t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    if not clock.done():
+        clock.cancel()
+    await asyncio.gather(clock, return_exceptions=True)
     for tr in traces.values():
         if tr.status in ("pending", "cancelled") and math.isnan(tr.submit_mono):
             tr.status = "not_sent"
