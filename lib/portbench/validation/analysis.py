@@ -23,6 +23,7 @@ from ..sim import metrics, profiles, regions
 from ..study.analysis import cube as analysis_cube
 from . import capacity, confirm, matching, predict, prereg, repeat, replay, resim, steps, verdict
 from .common import (FAMILY_TABLES, LABEL_CPU, LABEL_GPU, TARGETS, _case_from_dict, _coefs, _floor, _label_phases, _seed,
+                     steps_of,
                      _write_json, base_profile, out_dir, summary_path)
 from .planning import campaign_window_values
 
@@ -58,14 +59,8 @@ VIRTUAL_TABLES = ("virtual_requests",)
 def replay_speed(logged: pl.DataFrame, phases: list[dict], profile) -> dict[tuple, float]:
     """Per replay (tag, policy) of the shared instance: its machine speed against ``profile``
     (:func:`.predict.speed_factor` over the steps logged between its start and end)."""
-    t = logged["t_start"].to_numpy()
-    out = {}
-    for ph in phases:
-        if ph.get("instance") == "own":
-            continue
-        m = (t >= ph["t0"]) & (t <= ph["t1"])
-        out[(ph["tag"], ph["policy"])] = predict.speed_factor(logged.filter(pl.Series(m)), profile)
-    return out
+    return {(ph["tag"], ph["policy"]): predict.speed_factor(steps_of(logged, ph), profile)
+            for ph in phases if ph.get("instance") != "own"}
 
 
 def virtual_section(sim: SimulationConfig, out: Path, *, es: resim.EngineSettings, es_of: dict, profile, wins: pl.DataFrame,
@@ -180,16 +175,15 @@ def step_table_on_replays(logged: pl.DataFrame, phases: list[dict], below: set, 
     tabled time with each replay's machine speed divided out (1 = the table is right for these shapes), the
     steps, and whether the bin lies beyond the grid's measured range (``grid_max``: the largest context tokens the
     grid measured per kind) -- the shapes on which the table extrapolates."""
-    t = logged["t_start"].to_numpy()
     parts = []
     for ph in phases:
         key = (ph["tag"], ph["policy"])
         if ph.get("instance") == "own" or key not in below:
             continue
         f = speed_of.get(key, math.nan)
-        m = (t >= ph["t0"]) & (t <= ph["t1"])
-        if m.any() and math.isfinite(f):
-            parts.append(logged.filter(pl.Series(m)).with_columns(pl.lit(f).alias("speed")))
+        st_ph = steps_of(logged, ph)
+        if st_ph.height and math.isfinite(f):
+            parts.append(st_ph.with_columns(pl.lit(f).alias("speed")))
     if not parts:
         return []
     st = pl.concat(parts, how="diagonal_relaxed")
@@ -284,7 +278,7 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
     below_keys = {tuple(r[:4]) for r in table.filter(~pl.col("saturated")).select(*verdict.KEY).iter_rows()}
     exact: dict[str, list] = {}
     exact_raw: dict[str, list] = {}
-    for key in below_keys:
+    for key in sorted(below_keys):     # a fixed order: the pooled mean does not depend on string hashing
         s_, wid, region, sched = key
         org = origins.get((f"{wid}.{region}", sched))
         if org is None or key not in rec_by_key:
@@ -372,12 +366,11 @@ def _speed_within(logged: pl.DataFrame, phases: list[dict], below: set, profile)
     :func:`.predict.speed_variation` per replay (measured / tabled step time per :data:`.predict.SPEED_BIN_S` of
     its steps), pooled: the quantiles 10/50/90 % and the relative standard deviation (SD / mean) within a replay
     (median over the replays)."""
-    t = logged["t_start"].to_numpy()
     parts, cvs = [], []
     for ph in phases:
         if ph.get("instance") == "own" or (ph["tag"], ph["policy"]) not in below:
             continue
-        v = predict.speed_variation(logged.filter(pl.Series((t >= ph["t0"]) & (t <= ph["t1"]))), profile)
+        v = predict.speed_variation(steps_of(logged, ph), profile)
         if v.size:
             parts.append(v)
             if v.size > 1:

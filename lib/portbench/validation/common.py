@@ -191,6 +191,12 @@ def _label_phases(steps: pl.DataFrame, phases: list[dict]) -> pl.DataFrame:
     return steps.with_columns(pl.Series("phase", lab.tolist(), dtype=pl.Utf8))
 
 
+def steps_of(logged: pl.DataFrame, ph: dict) -> pl.DataFrame:
+    """The steps of ``logged`` (the step log's rows) that started during the phase ``ph`` (its ``t0``..``t1`` on the
+    monotonic clock): one replay's steps."""
+    return logged.filter((pl.col("t_start") >= ph["t0"]) & (pl.col("t_start") <= ph["t1"]))
+
+
 def _phase_steps(steps: pl.DataFrame, phases: list[dict], which: set[str]) -> pl.DataFrame:
     return _label_phases(steps, phases).filter(pl.col("phase").is_in(sorted(which)))
 

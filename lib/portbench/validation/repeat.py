@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 
 from . import predict, verdict
+from .common import steps_of
 
 PHASE = "repeat"                                   # the repeat replays' phase in raw/run.json (apart from "fidelity")
 RAW_FILE = "engine_repeat_requests.parquet"        # raw/: their records, the columns of raw/engine_requests.parquet
@@ -80,9 +81,7 @@ def _speed(logged: pl.DataFrame, phases: list[dict], tag_: str, phase: str, prof
     ph = [p for p in phases if p["tag"] == tag_ and p["phase"] == phase and p.get("instance") != "own"]
     if not ph:
         return math.nan, math.nan
-    t0, t1 = ph[-1]["t0"], ph[-1]["t1"]
-    steps = logged.filter((pl.col("t_start") >= t0) & (pl.col("t_start") <= t1))
-    return predict.speed_factor(steps, profile), float(t1 - t0)
+    return predict.speed_factor(steps_of(logged, ph[-1]), profile), float(ph[-1]["t1"] - ph[-1]["t0"])
 
 
 def same_input(first: pl.DataFrame, repeat_rec: pl.DataFrame) -> dict:
