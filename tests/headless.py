@@ -34,6 +34,7 @@ class PageReport:
     errors: list[str] = field(default_factory=list)     # console errors, exceptions, failed loads
     images: list[dict] = field(default_factory=list)    # [{src, ok}]
     title: str = ""
+    value: object = None                                # what the ``evaluate`` expression returned (JSON)
 
     @property
     def broken_images(self) -> list[str]:
@@ -84,9 +85,10 @@ def _errors(events: list[dict]) -> list[str]:
 
 
 def open_page(page: Path, screenshot: Path | None = None, width: int = 1280, height: int = 900,
-              max_height: int = 3000) -> PageReport:
+              max_height: int = 3000, evaluate: str | None = None) -> PageReport:
     """Load ``page`` (a file) in a fresh headless Chromium; report what went wrong; save a PNG of the page
-    (its first ``max_height`` pixels)."""
+    (its first ``max_height`` pixels); ``evaluate``: a JavaScript expression whose value (made into JSON in the page)
+    is returned as ``value``."""
     exe = browser()
     if exe is None:
         raise RuntimeError("no Chromium on PATH: `make browser` installs Debian's chromium")
@@ -108,11 +110,16 @@ def open_page(page: Path, screenshot: Path | None = None, width: int = 1280, hei
             s = _Session(ws_url)
             for domain in ("Page", "Runtime", "Log", "Network"):
                 s.call(f"{domain}.enable")
+            # the viewport exactly width x height (the window's own size leaves less to the page)
+            s.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
             s.call("Page.navigate", url=url)
             s.wait_for("Page.loadEventFired")
             report = PageReport(url=url)
             report.images = json.loads(s.call("Runtime.evaluate", expression=_IMAGES_JS)["result"]["value"])
             report.title = s.call("Runtime.evaluate", expression="document.title")["result"]["value"]
+            if evaluate is not None:
+                got = s.call("Runtime.evaluate", expression=f"JSON.stringify({evaluate})")["result"]
+                report.value = json.loads(got["value"]) if "value" in got else None
             if screenshot is not None:
                 size = s.call("Page.getLayoutMetrics")["cssContentSize"]
                 clip = {"x": 0, "y": 0, "width": width, "height": min(float(size["height"]), max_height), "scale": 1}

@@ -215,8 +215,8 @@ def headline_markdown(summary: Mapping) -> str:
     both = (fw["same_order"]["share"] + fw["reversal"]["share"]) if fw else None
     return (f"**Of the scheduler orders that are clearly there on two sources "
             f"({', '.join(labels.get(s, s) for s in h.get('sources', []))}), {ports_text.conc(cs)} keep their order "
-            f"when the workload source changes, against {ports_text.conc(cr)} when only the load changes** — but "
-            + (f"only {ports_text.pct(both)} of the {fw['total']:,} cross-source comparisons are clear on both sides."
+            f"when the workload source changes, against {ports_text.conc(cr)} when only the load changes**; "
+            + (f"{ports_text.pct(both)} of the {fw['total']:,} cross-source comparisons are clear on both sides."
                if both is not None else "the four-way table is not in this summary."))
 
 
