@@ -162,3 +162,92 @@ def test_every_committed_figure_is_indexed_and_every_indexed_figure_exists(root)
     assert not missing, f"indexed figures whose files are missing: {missing}"
     ignored_listed = _git(root, "check-ignore", "--no-index", *sorted(listed), ok=(0, 1)) if listed else []
     assert not ignored_listed, f"indexed figures in a folder git ignores: {ignored_listed}"
+
+
+# --------------------------------------------------------------------------------------------
+# The schedulers' palette and the bump chart's labels (issue #41 item 3)
+# --------------------------------------------------------------------------------------------
+
+BUILT_IN = ("fcfs", "sarathi", "sjf_prompt", "sjf_oracle", "srpt_oracle", "sjf_predicted", "ltr", "mlfq", "las", "rr",
+            "edf", "vtc", "random")
+
+
+def _lab(rgb):
+    from matplotlib.colors import to_rgb
+    import numpy as np
+
+    c = np.array(to_rgb(rgb))
+    c = np.where(c > 0.04045, ((c + 0.055) / 1.055) ** 2.4, c / 12.92)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ c
+    xyz /= np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_palette_tells_the_thirteen_schedulers_apart_and_keeps_families_together():
+    import numpy as np
+
+    sty = figures.scheduler_styles(BUILT_IN)
+    # every scheduler its own (colour, marker, line) and no two colours closer than a visible step (CIE Lab)
+    assert len({(tuple(np.round(s["color"], 3)), s["marker"], str(s["linestyle"])) for s in sty.values()}) == 13
+    dist = {(a, b): float(np.linalg.norm(_lab(sty[a]["color"]) - _lab(sty[b]["color"])))
+            for a in BUILT_IN for b in BUILT_IN if a < b}
+    close = {k: round(v, 1) for k, v in dist.items() if v < 10}
+    assert not close, f"schedulers drawn in colours too alike: {close}"
+    # members of a family differ by lightness and marker, not hue: same family, same hue angle within a few degrees
+    for fam, (_, members) in figures.SCHEDULER_FAMILIES.items():
+        here = [m for m in members if m in sty]
+        hues = [float(np.degrees(np.arctan2(*_lab(sty[m]["color"])[[2, 1]]))) for m in here]
+        assert max(hues) - min(hues) < 20, (fam, hues)
+        assert len({sty[m]["marker"] for m in here}) == len(here)
+    # a plug-in gets the reserved colour, far from every built-in, and two plug-ins differ by marker
+    mine = figures.scheduler_styles([*BUILT_IN, "aging_sjf", "lpf"])
+    assert mine["aging_sjf"]["color"] == mine["lpf"]["color"] and mine["aging_sjf"]["marker"] != mine["lpf"]["marker"]
+    nearest = min(float(np.linalg.norm(_lab(mine["aging_sjf"]["color"]) - _lab(sty[b]["color"]))) for b in BUILT_IN)
+    assert nearest > 25, f"the plug-in colour is {nearest:.0f} Lab units from a built-in's"
+    assert figures.scheduler_order(["aging_sjf", "random", "fcfs", "las"]) == ["fcfs", "las", "random", "aging_sjf"]
+
+
+def test_bump_chart_labels_do_not_overlap_even_when_every_scheduler_ties(tmp_path):
+    """The real bump chart, on planted rankings where the end ranks crowd (all 13 tied in the last region on one
+    metric, six tied at the top on another): no two end labels overlap and every label stays inside its axes."""
+    from types import SimpleNamespace
+
+    import polars as pl
+
+    from portbench.present import plots_analysis
+
+    regions, metrics = ["light", "severe"], ["ttft_p90", "tpot_p90"]
+    rows = []
+    for m in metrics:
+        for i, k in enumerate(BUILT_IN):
+            end = 7.0 if m == "ttft_p90" else (3.5 if i < 6 else i + 1.0)
+            rows += [("azure", m, "light", k, float(i + 1)), ("azure", m, "severe", k, end)]
+    rankings = pl.DataFrame(rows, schema=["source", "metric", "region", "scheduler", "rank"], orient="row")
+
+    class FakeAnalysis(SimpleNamespace):
+        def __getitem__(self, key):
+            return {"rankings": rankings}[key]
+
+    A = FakeAnalysis(labels={"azure": "Azure"}, summary={
+        "parameters": {"regions": regions, "schedulers": list(BUILT_IN), "metrics": metrics, "ties": "significance",
+                       "tie_correction": "fdr_bh", "alpha": 0.05},
+        "data": {"rho": {"light": 0.3, "severe": 2.0}}})
+    (fig,) = plots_analysis.bump_charts(SimpleNamespace(figures_dir=tmp_path), A, metrics=metrics)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        labels = [t for t in ax.texts if t.get_text() in BUILT_IN]
+        if not labels:
+            continue
+        assert len(labels) == 13
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        inside = ax.get_window_extent(renderer)
+        for i, a in enumerate(boxes):
+            assert inside.y0 <= a.y0 and a.y1 <= inside.y1, f"{labels[i].get_text()} leaves the axes"
+            for j in range(i):
+                assert not a.overlaps(boxes[j]), f"{labels[i].get_text()} overlaps {labels[j].get_text()}"
+        colours = {t.get_text(): t.get_color() for t in labels}
+        assert colours["fcfs"] != colours["random"] and colours["las"] != colours["rr"]
+    assert fig._suptitle is not None and fig._suptitle.get_text()
+    plt.close(fig)

@@ -8,8 +8,10 @@ notebook that made it and a one-line description (:mod:`portbench.core.figindex`
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
+import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import seaborn as sns
 
@@ -35,6 +37,74 @@ def style() -> None:
         "pdf.fonttype": 42,  # editable text in the PDF
     })
     _STYLED = True
+
+
+# --------------------------------------------------------------------------------------------
+# One palette for the schedulers, used by every figure that draws one line or mark per scheduler: each family
+# (what its decisions rest on) has a hue, its members differ by lightness and marker, and a scheduler that is none of
+# the built-ins (a user's plug-in) gets the reserved colour, which no built-in uses.
+# --------------------------------------------------------------------------------------------
+
+SCHEDULER_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    # family: (hue, members, darkest first)
+    "arrival order": ("#1f5fa8", ("fcfs", "sarathi")),
+    "prompt / true length": ("#2e8b3a", ("sjf_prompt", "sjf_oracle", "srpt_oracle", "edf_oracle")),
+    "predicted length": ("#d9760b", ("sjf_predicted", "ltr", "edf", "sjf_noisy_oracle", "ltr_noisy_oracle",
+                                     "edf_noisy_oracle")),
+    "attained service": ("#6a3d9a", ("mlfq", "las", "rr")),
+    "tenant fairness": ("#8c564b", ("vtc",)),
+    "baseline": ("#6b6b6b", ("random",)),
+}
+PLUGIN_COLOR = "#e7298a"     # reserved for schedulers that are not built in (a user's plug-in): no built-in is pink
+PLUGIN_MARKERS = ("*", "P", "X", "h")
+_MEMBER_MARKERS = ("o", "s", "^", "D", "v", "p")
+_MEMBER_LIGHTNESS = (0.0, 0.42, -0.45, 0.22, -0.25, 0.55)   # 0 = the hue; > 0 towards white, < 0 towards black
+_MEMBER_LINES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 1)))
+
+
+def _lighten(color: str, amount: float) -> tuple[float, float, float]:
+    """``color`` moved ``amount`` of the way towards white (``amount`` < 0: towards black)."""
+    r, g, b = mcolors.to_rgb(color)
+    if amount < 0:
+        return (r * (1 + amount), g * (1 + amount), b * (1 + amount))
+    return (r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount)
+
+
+def scheduler_family(name: str) -> str | None:
+    """The built-in family of a scheduler, or None for one that is not built in (a plug-in)."""
+    return next((f for f, (_, members) in SCHEDULER_FAMILIES.items() if name in members), None)
+
+
+def scheduler_style(name: str, plugins: Iterable[str] = ()) -> dict:
+    """``{color, marker, family}`` of a scheduler: its family's hue at its member's lightness and marker; a
+    scheduler outside the built-in families (a plug-in) the reserved :data:`PLUGIN_COLOR`, its marker by its place
+    in ``plugins`` (the plug-ins of the figure, in order)."""
+    fam = scheduler_family(name)
+    if fam is None:
+        plugins = list(plugins)
+        k = plugins.index(name) if name in plugins else 0
+        return {"color": _lighten(PLUGIN_COLOR, 0.35 * (k // len(PLUGIN_MARKERS))), "marker": PLUGIN_MARKERS[
+            k % len(PLUGIN_MARKERS)], "linestyle": "-", "family": "your plug-in"}
+    hue, members = SCHEDULER_FAMILIES[fam]
+    i = members.index(name)
+    return {"color": _lighten(hue, _MEMBER_LIGHTNESS[i % len(_MEMBER_LIGHTNESS)]),
+            "marker": _MEMBER_MARKERS[i % len(_MEMBER_MARKERS)], "linestyle": _MEMBER_LINES[i % len(_MEMBER_LINES)],
+            "family": fam}
+
+
+def scheduler_order(names: Iterable[str]) -> list[str]:
+    """The schedulers in the palette's order (family by family, members in order, plug-ins last): legends read by
+    family."""
+    names = list(names)
+    rank = {m: (i, j) for i, (_, (_, members)) in enumerate(SCHEDULER_FAMILIES.items()) for j, m in enumerate(members)}
+    return sorted(names, key=lambda n: rank.get(n, (len(SCHEDULER_FAMILIES), names.index(n))))
+
+
+def scheduler_styles(names: Iterable[str]) -> dict[str, dict]:
+    """:func:`scheduler_style` of every scheduler of a figure (the plug-ins numbered in the order given)."""
+    names = list(names)
+    plugins = [n for n in names if scheduler_family(n) is None]
+    return {n: scheduler_style(n, plugins) for n in names}
 
 
 def figure(*args, **kwargs):

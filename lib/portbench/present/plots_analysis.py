@@ -304,7 +304,7 @@ def cross_region_w_heatmap(paths: PathsConfig, A, close: bool = False):
                  "with 95% bootstrap CI", close)
 
 
-BUMP_LABEL_GAP = 0.5    # end labels of a bump chart at least this many ranks apart (7.5 pt text at ~0.45 rank)
+BUMP_LABEL_GAP = 0.72   # end labels of a bump chart at least this many ranks apart (8 pt text at ~0.4 rank)
 
 
 def _spread(ys, gap: float) -> list[float]:
@@ -333,16 +333,14 @@ def bump_charts(paths: PathsConfig, A, metrics=None, close: bool = False) -> lis
     K = A.summary["parameters"]["schedulers"]
     allm = A.summary["parameters"]["metrics"]
     metrics = [m for m in (list(metrics or ()) or allm[:4]) if m in allm] or allm[:4]
-    import seaborn as sns
     from matplotlib.lines import Line2D
 
-    palette = dict(zip(K, sns.color_palette("husl", len(K))))
-    styles = ["-", "--", ":", "-."]
+    sty = figures.scheduler_styles(K)
     figs = []
     for s in A.labels:
         ncol = 2 if len(metrics) > 1 else 1
         nrow = int(np.ceil(len(metrics) / ncol))
-        fig, axes = figures.figure(nrow, ncol, figsize=(7.2 * ncol, 4.6 * nrow), squeeze=False)
+        fig, axes = figures.figure(nrow, ncol, figsize=(7.6 * ncol, 5.4 * nrow), squeeze=False)
         for k, m in enumerate(metrics):
             ax = axes.flat[k]
             g = rk.filter((pl.col("source") == s) & (pl.col("metric") == m))
@@ -351,26 +349,29 @@ def bump_charts(paths: PathsConfig, A, metrics=None, close: bool = False) -> lis
             end = []
             for i, sc in enumerate(K):
                 yv = [ranks.get((r, sc), np.nan) for r in R]
-                ax.plot(x, yv, styles[i % 4], marker="o", ms=4, lw=1.6, color=palette[sc])
+                st = sty[sc]
+                ax.plot(x, yv, ls=st["linestyle"], marker=st["marker"], ms=4.5, lw=1.7, color=st["color"])
                 if np.isfinite(yv[-1]):
                     end.append((yv[-1], i, sc))
             end.sort()
-            for (yv, _, sc), y_label in zip(end, _spread([e[0] for e in end], BUMP_LABEL_GAP)):
-                ax.text(x[-1] + 0.12, y_label, sc, fontsize=7.5, va="center", color=palette[sc])
-                if abs(y_label - yv) > 1e-9:     # a thin leader from the end point to its moved label
-                    ax.plot([x[-1] + 0.02, x[-1] + 0.1], [yv, y_label], lw=0.5, color=palette[sc])
+            at = _spread([e[0] for e in end], BUMP_LABEL_GAP)
+            for (yv, _, sc), y_label in zip(end, at):
+                ax.text(x[-1] + 0.16, y_label, sc, fontsize=8, va="center", color=sty[sc]["color"], fontweight="bold")
+                ax.plot([x[-1] + 0.02, x[-1] + 0.14], [yv, y_label], lw=0.6, color=sty[sc]["color"])
             ax.set_xticks(x, _region_ticks(A), fontsize=8)
-            ax.set_xlim(-0.2, len(R) - 1 + max(0.6, 0.22 * (len(R) - 1)))   # room for the end labels
-            ax.set_ylim(len(K) + 0.7, 0.3)
+            ax.set_xlim(-0.2, len(R) - 1 + max(0.75, 0.26 * (len(R) - 1)))   # room for the end labels
+            ax.set_ylim(max([len(K) + 0.7] + [y + 0.4 for y in at]), min([0.3] + [y - 0.4 for y in at]))
             ax.set_yticks(range(1, len(K) + 1))
             ax.set_ylabel("rank (1 = best)" if k % ncol == 0 else "")
             ax.set_xlabel("operating region (offered load ρ)")
             ax.set_title(an.metric_label(m))
         for ax in axes.flat[len(metrics):]:
             ax.set_visible(False)
-        handles = [Line2D([], [], color=palette[sc], ls=styles[i % 4], marker="o", ms=4) for i, sc in enumerate(K)]
-        fig.legend(handles, K, loc="lower center", ncol=min(len(K), 7), frameon=False, bbox_to_anchor=(0.5, 0.0),
-                   fontsize=8)
+        order = figures.scheduler_order(K)
+        handles = [Line2D([], [], color=sty[sc]["color"], ls=sty[sc]["linestyle"], marker=sty[sc]["marker"], ms=4.5)
+                   for sc in order]
+        fig.legend(handles, order, loc="lower center", ncol=min(len(K), 7), frameon=False, bbox_to_anchor=(0.5, 0.0),
+                   fontsize=8.5)
         fig.suptitle(f"{A.labels[s]}: scheduler ranks across operating regions")
         fig.tight_layout(rect=(0, 0.07, 1, 1))
         figs.append(_save(paths, fig, "05", f"bump_{s}", f"bump chart: rank of every scheduler in each operating region "
