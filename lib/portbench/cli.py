@@ -147,7 +147,7 @@ def cmd_attribute(args):
         except DataError as e:
             print(f"[portbench] summary.json not rewritten: {e}", file=sys.stderr)
     if not args.no_figures:
-        plots_attribution.make_all(cfg.paths, A, close=True)
+        plots_attribution.make_all(cfg.paths, A, close=True, names=cfg.display_names)
         tables = windows.load_windows(cfg.data, plots_attribution.example_sources(A), manifest=manifest)
         plots_attribution.hybrid_definitions(cfg.paths, **plots_attribution.example_pair(A, tables), close=True)
     sec = A.summary

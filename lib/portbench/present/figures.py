@@ -58,7 +58,7 @@ SCHEDULER_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
 PLUGIN_COLOR = "#e7298a"     # reserved for schedulers that are not built in (a user's plug-in): no built-in is pink
 PLUGIN_MARKERS = ("*", "P", "X", "h")
 _MEMBER_MARKERS = ("o", "s", "^", "D", "v", "p")
-_MEMBER_LIGHTNESS = (0.0, 0.42, -0.45, 0.22, -0.25, 0.55)   # 0 = the hue; > 0 towards white, < 0 towards black
+_MEMBER_LIGHTNESS = (0.0, 0.32, -0.45, 0.18, -0.25, 0.45)   # 0 = the hue; > 0 towards white, < 0 towards black
 _MEMBER_LINES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 1)))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 
+import matplotlib.colors as mcolors
 import numpy as np
 import polars as pl
 
@@ -758,7 +759,11 @@ def cd_diagrams(paths: PathsConfig, A, close: bool = False):
             sig.loc[a, b] = sig.loc[b, a] = p
         f = fr.filter(sel).row(0, named=True)
         n_lines = len(ax.lines)
-        sp.critical_difference_diagram(ranks, sig, ax=ax, alpha=alpha, label_props={"fontsize": 8})
+        sty = figures.scheduler_styles(list(ranks.index))
+        sp.critical_difference_diagram(ranks, sig, ax=ax, alpha=alpha,
+                                       label_props={"fontsize": 8.5, "fontweight": "bold"},
+                                       color_palette={k: mcolors.to_hex(sty[k]["color"]) for k in ranks.index},
+                                       elbow_props={"linewidth": 1.2}, crossbar_props={"linewidth": 2.2, "color": "0.2"})
         _order_crossbars(ax.lines[n_lines:])
         ax.set_title(f"{A.labels[s]} · {r} · {m}: Friedman χ² = {f['statistic']:.1f}, adj. p = {f['p_adj']:.2g}, "
                      f"{f['n_windows']} windows; bars join schedulers not different (Nemenyi, α = {alpha})",
@@ -766,6 +771,7 @@ def cd_diagrams(paths: PathsConfig, A, close: bool = False):
     axes[-1, 0].set_xlabel("average rank over windows (1 = best)")
     if not conds:
         axes[0, 0].text(0.5, 0.5, "no condition selected", ha="center", transform=axes[0, 0].transAxes)
+    fig.suptitle("Which schedulers the windows tell apart: critical-difference diagrams", fontsize=11)
     fig.tight_layout()
     return _save(paths, fig, "07", "cd_diagrams", "critical-difference diagrams (average per-window ranks, Nemenyi "
                  "post-hoc) for " + "; ".join("/".join(c) for c in conds), close)

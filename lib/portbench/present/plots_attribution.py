@@ -27,8 +27,12 @@ def _save(paths: PathsConfig, fig, name: str, shows: str, close: bool = False):
     return fig
 
 
-def pair_title(pr: dict) -> str:
-    """``"Azure → BurstGPT (stand-in)"`` (hybrids are A's windows with B's properties)."""
+def pair_title(pr: dict, names: Mapping[str, str] | None = None) -> str:
+    """``"Azure → Azure code"``, from the sources' display names (``names``: ``cfg.display_names``; without them
+    the summary's labels) (hybrids are A's windows with B's properties)."""
+    if names:
+        return (f"{label(pr['source_a'], pr['provenance_a'], names)} → "
+                f"{label(pr['source_b'], pr['provenance_b'], names)}")
     return f"{pr['label_a']} → {pr['label_b']}"
 
 
@@ -109,7 +113,7 @@ def game_players(sec) -> list[str]:
     return list(sec["design"].get("players_in_game") or sec["design"]["players"])
 
 
-def shapley_bars(paths: PathsConfig, A: at.Attribution, close: bool = False):
+def shapley_bars(paths: PathsConfig, A: at.Attribution, close: bool = False, names: Mapping[str, str] | None = None):
     """Per source pair: for every region x metric (and pooled over them), the Shapley values of the players
     stacked (distance units; they add up to the A -> B distance), with the sum of the single swaps as a
     marker (away from the bar's end when the properties interact) and the total's bootstrap CI."""
@@ -150,15 +154,17 @@ def shapley_bars(paths: PathsConfig, A: at.Attribution, close: bool = False):
         ax.invert_yaxis()
         ax.axvline(0, color="k", lw=0.6)
         ax.set_xlabel(f"ranking distance from A ({dist}; Shapley values stacked)")
-        ax.set_title(pair_title(pr), fontsize=10)
+        ax.set_title(pair_title(pr, names), fontsize=10)
     axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("Which property of a workload moves the ranking: Shapley values of the ranking distance between two "
+                 "sources (A's windows given B's properties)", fontsize=11)
     fig.tight_layout()
     return _save(paths, fig, "shapley_bars", "Shapley decomposition of the ranking distance between each source pair "
                  "over the swapped properties, per region x metric and pooled (bars add up to the A -> B distance; "
                  "error bar: its 95% bootstrap CI; diamond: the sum of the single swaps)", close)
 
 
-def share_heatmap(paths: PathsConfig, A: at.Attribution, close: bool = False):
+def share_heatmap(paths: PathsConfig, A: at.Attribution, close: bool = False, names: Mapping[str, str] | None = None):
     """Shapley shares (phi / A -> B distance) of every player by condition (region / metric), one panel per
     source pair; cells annotated with the share and its 95% bootstrap CI."""
     import seaborn as sns
@@ -184,14 +190,16 @@ def share_heatmap(paths: PathsConfig, A: at.Attribution, close: bool = False):
                     xticklabels=players, yticklabels=[f"{r} / {m}" for r, m in conds.iter_rows()],
                     cbar_kws={"label": "Shapley share of the A → B distance"})
         ax.grid(False)
-        ax.set_title(pair_title(pr), fontsize=10)
+        ax.set_title(pair_title(pr, names), fontsize=10)
         ax.tick_params(axis="x", rotation=20)
+    fig.suptitle("Share of each property in the ranking distance between two sources, per region / metric",
+                 fontsize=11)
     fig.tight_layout()
     return _save(paths, fig, "share_heatmap", "Shapley share of each property (column) in the ranking distance between "
                  "the two sources, per region / metric (row), with 95% bootstrap CIs", close)
 
 
-def hybrid_paths(paths: PathsConfig, A: at.Attribution, close: bool = False):
+def hybrid_paths(paths: PathsConfig, A: at.Attribution, close: bool = False, names: Mapping[str, str] | None = None):
     """Every hybrid's mean distance to A's ranking (x) and to B's (y), per source pair: the single swaps,
     the pairs of swaps ... on the way from A (0, d) to B (d, 0); subsets that differ only in ``load`` (the
     identity) are one point."""
@@ -215,16 +223,18 @@ def hybrid_paths(paths: PathsConfig, A: at.Attribution, close: bool = False):
         d = pr["disagreement"]["value"] or 0.0
         ax.plot([0, d], [d, 0], color="0.6", lw=0.8, ls=":")
         ax.set(xlabel="distance to A's ranking (mean over conditions)", ylabel="distance to B's ranking",
-               title=pair_title(pr))
+               title=pair_title(pr, names))
         fig.colorbar(sc, ax=ax, label="players swapped (count)", ticks=range(k + 1))
+    fig.suptitle("From A's ranking to B's: every hybrid's distance to both, by the number of properties swapped",
+                 fontsize=11)
     fig.tight_layout()
     return _save(paths, fig, "hybrid_paths", "every hybrid's ranking distance to A's and to B's ranking (mean over "
                  "regions x metrics), coloured by the number of swapped properties", close)
 
 
-def make_all(paths: PathsConfig, A: at.Attribution, close: bool = True) -> list:
+def make_all(paths: PathsConfig, A: at.Attribution, close: bool = True, names: Mapping[str, str] | None = None) -> list:
     """The attribution's summary figures (not the hybrid definitions, which need window tables)."""
-    return [shapley_bars(paths, A, close), share_heatmap(paths, A, close), hybrid_paths(paths, A, close)]
+    return [shapley_bars(paths, A, close, names), share_heatmap(paths, A, close, names), hybrid_paths(paths, A, close, names)]
 
 
 def example_sources(A: at.Attribution) -> list[str]:
@@ -233,11 +243,11 @@ def example_sources(A: at.Attribution) -> list[str]:
     return [pr["source_a"], pr["source_b"]]
 
 
-def example_pair(A: at.Attribution, tables: Mapping[str, pl.DataFrame]) -> dict:
+def example_pair(A: at.Attribution, tables: Mapping[str, pl.DataFrame], names: Mapping[str, str] | None = None) -> dict:
     """The first pair's first window pair, for :func:`hybrid_definitions`; ``tables``: the verified window tables
     of :func:`example_sources` (``portbench.data.windows.load_windows``)."""
     pair, pr = next(iter(A.summary["pairs"].items()))
     wa, wb = pr["windows"][0]
     load = A["load"].filter(pl.col("pair") == pair) if "load" in A.tables else None
-    return {"a_df": tables[wa], "b_df": tables[wb], "a_label": label(pr["source_a"], pr["provenance_a"]),
-            "b_label": label(pr["source_b"], pr["provenance_b"]), "window_a": wa, "window_b": wb, "load": load}
+    return {"a_df": tables[wa], "b_df": tables[wb], "a_label": label(pr["source_a"], pr["provenance_a"], names),
+            "b_label": label(pr["source_b"], pr["provenance_b"], names), "window_a": wa, "window_b": wb, "load": load}

@@ -21,7 +21,7 @@ from ..sim.profiles import calibration
 from ..study.campaign import tables
 from ..study.honest import ranked_count
 from . import figures
-from .figures import figure
+from .figures import figure, scheduler_order, scheduler_styles
 
 
 def plot_calibration(figures_dir: str | Path, profiles: list[str] | None = None,
@@ -138,16 +138,19 @@ def plot_load_curves(runs, labels: Mapping | None = None, metrics: Sequence[str]
     fig, axes = figure(len(metrics), len(srcs), figsize=(4.3 * len(srcs), 3.0 * len(metrics)), squeeze=False,
                        sharex=True, sharey="row")
     rho_ticks = runs.select(["region", "rho"]).unique().sort("rho")
+    sty = scheduler_styles(schedulers)
     for j, s in enumerate(srcs):
         for i, m in enumerate(metrics):
             ax = axes[i][j]
-            for k, sched in enumerate(schedulers):
+            for sched in scheduler_order(schedulers):
                 c = curves.filter((curves["source"] == s) & (curves["scheduler"] == sched)).sort("rho")
                 if c.height == 0:
                     continue
                 x = c["rho"].to_numpy()
-                ax.plot(x, c[f"{m}_median"].to_numpy(), marker="o", ms=3.5, lw=1.4, color=f"C{k}", label=sched)
-                ax.fill_between(x, c[f"{m}_q25"].to_numpy(), c[f"{m}_q75"].to_numpy(), color=f"C{k}", alpha=0.12,
+                st = sty[sched]
+                ax.plot(x, c[f"{m}_median"].to_numpy(), marker=st["marker"], ls=st["linestyle"], ms=3.5, lw=1.4,
+                        color=st["color"], label=sched)
+                ax.fill_between(x, c[f"{m}_q25"].to_numpy(), c[f"{m}_q75"].to_numpy(), color=st["color"], alpha=0.12,
                                 lw=0)
             if m in LOG_METRICS:
                 _plain_log_axis(ax)
