@@ -38,7 +38,7 @@ NO_PLOTTING = ("portbench.validation",)    # besides the layers: the validation 
 # Top-level names that may be imported inside a function (optional, or heavy and needed by few calls).
 OPTIONAL_HEAVY = ("vllm", "distributed", "dask", "papermill", "pooch", "torch", "scikit_posthocs", "pandas",
                   "pyarrow", "IPython", "matplotlib", "seaborn", "transformers", "sklearn", "psutil", "numba",
-                  "nbconvert", "nbformat", "jinja2", "mistune",   # the last four: the results site only (~4 s to import)
+                  "nbconvert", "nbformat", "jinja2", "mistune", "mkdocs",   # the last five: the results site only
                   "scipy", "statsmodels", "lightgbm")   # required, but ~0.5-2 s each: not imported by the campaign's workers
 # (module, function) whose import_module call takes a run-time name: the scheduler modules and plug-ins
 # a campaign names (user code, not the package's).

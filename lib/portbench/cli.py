@@ -183,7 +183,8 @@ def cmd_site(args):
     cfg = _params(args)
     build = Path(cfg.paths.build_dir)
     index = site.build(args.out or build / "report", notebooks_dir=args.notebooks or build / "notebooks",
-                       figures_dir=cfg.paths.figures_dir, summary_path=Path(cfg.paths.results_dir) / "summary.json")
+                       figures_dir=cfg.paths.figures_dir, summary_path=Path(cfg.paths.results_dir) / "summary.json",
+                       docs_dir=cfg.paths.root / "docs", mkdocs_file=cfg.paths.root / "mkdocs.yml")
     print(f"results site: {index} (every figure: {index.parent / 'figures.html'})")
 
 

@@ -28,9 +28,12 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import yaml
+
 from ..core import figindex
 from ..core import io as fileio
 from ..core.errors import DataError
+from ..core.paramfile import project_root
 from . import ports_text, report
 
 SITE_RECORD = ".portbench-site"
@@ -56,7 +59,7 @@ _CSS = """
 .md-grid { max-width: 1440px; }
 .md-typeset .verdict { font-size: 1.25em; line-height: 1.45; margin: 0.4em 0 0.8em; }
 .md-typeset figure { display: block; width: 100%; margin: 0.6em 0 1.4em; max-width: 100%; }
-.md-typeset figure img, .md-typeset .full img { width: 100%; height: auto; }
+.md-typeset figure img { display: block; margin: 0 auto; width: auto; height: auto; max-width: 100%; max-height: 86vh; }
 .md-typeset figcaption { font-size: 0.8em; max-width: none; }
 .md-typeset .sheet { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 1.2em; }
 .md-typeset .sheet figure { margin: 0; border: 1px solid #ddd; padding: 6px; width: auto; }
@@ -302,12 +305,12 @@ def build(out_dir: str | Path, *, notebooks_dir: str | Path, figures_dir: str | 
           title: str = "portbench results", docs_dir: str | Path | None = None,
           mkdocs_file: str | Path | None = None) -> Path:
     """Write the site into ``out_dir`` (replacing the files of an earlier build, nothing else); returns the index
-    page's path. ``docs_dir`` and ``mkdocs_file`` default to the project's ``docs/`` and ``mkdocs.yml``."""
-    import yaml
+    page's path. ``docs_dir`` and ``mkdocs_file`` default to the project's ``docs/`` and ``mkdocs.yml`` (the change
+    log: the project's ``CHANGELOG.md``)."""
     from mkdocs.commands.build import build as mkdocs_build
     from mkdocs.config import load_config
 
-    root = Path(__file__).resolve().parents[3]
+    root = project_root()
     out_dir, summary_path = Path(out_dir), Path(summary_path)
     docs_dir = Path(docs_dir) if docs_dir is not None else root / "docs"
     mkdocs_file = Path(mkdocs_file) if mkdocs_file is not None else root / "mkdocs.yml"
