@@ -251,3 +251,25 @@ def test_bump_chart_labels_do_not_overlap_even_when_every_scheduler_ties(tmp_pat
         assert colours["fcfs"] != colours["random"] and colours["las"] != colours["rr"]
     assert fig._suptitle is not None and fig._suptitle.get_text()
     plt.close(fig)
+
+
+def test_every_plotting_function_gives_its_figure_a_title(root):
+    """Static check over present/plots_*.py: a function that makes a figure (``figure(…)`` / ``figures.figure(…)``)
+    titles it (``suptitle``, ``set_title`` or ``title=``), so that no figure reaches the site untitled."""
+    import ast
+
+    untitled = []
+    for path in sorted((root / "lib" / "portbench" / "present").glob("plots_*.py")):
+        src = path.read_text()
+        for node in ast.walk(ast.parse(src)):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            calls = [c for c in ast.walk(node) if isinstance(c, ast.Call)]
+            makes = any((isinstance(c.func, ast.Attribute) and c.func.attr == "figure"
+                         and isinstance(c.func.value, ast.Name) and c.func.value.id == "figures")
+                        or (isinstance(c.func, ast.Name) and c.func.id == "figure") for c in calls)
+            titled = any((isinstance(c.func, ast.Attribute) and c.func.attr in ("suptitle", "set_title"))
+                         or any(k.arg == "title" for k in c.keywords) for c in calls)
+            if makes and not titled:
+                untitled.append(f"{path.name}:{node.name}")
+    assert not untitled, f"figures made without a title: {untitled}"
