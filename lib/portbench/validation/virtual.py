@@ -300,7 +300,8 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
         if log_steps:
             used = s.num_blocks - int(sched.kv_cache_manager.block_pool.get_num_free_blocks())
             steps.append((now, t1, 1, P, B, C, used, len(sched.running), len(sched.waiting),
-                          len(out.preempted_req_ids or ()), ",".join(f"{live[r]}:{k}" for r, k in sched_tok.items())))
+                          len(out.preempted_req_ids or ()),
+                          ",".join(f"{i}:{k}" for i, k in sorted((live[r], int(k)) for r, k in sched_tok.items()))))
         ids = list(sched_tok)
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=[[1] if r in produced else [] for r in ids])

@@ -35,6 +35,7 @@ blocks.
 
 from __future__ import annotations
 
+import heapq
 import logging
 from typing import Callable, Iterator
 
@@ -203,7 +204,9 @@ class Online:
 class PolicyDriver:
     """One policy of one engine inside vLLM's scheduler (module docstring). ``mode``: ``driven`` (the waiting
     queue, the running list and preemption are the policy's), ``static`` (vLLM's priority queue with the
-    policy's static key as each request's priority) or ``fcfs`` (priority 0: vLLM's own FCFS rules)."""
+    policy's static key as each request's priority), ``native`` (the vLLM-native variant of a preemptive policy:
+    the policy's key as vLLM priority, recomputed before every step; vLLM decides the rest) or ``fcfs``
+    (priority 0: vLLM's own FCFS rules)."""
 
     def __init__(self, sched, opts: PolicyOptions, mode: str, now: Callable[[], float]) -> None:
         self.s = sched
@@ -263,7 +266,9 @@ class PolicyDriver:
         m.state = WAITING
         m.waiting_since = m.arrival_s
         self.pol.on_arrival(m, now)
-        if self.mode == "static" or (self.ordered and getattr(self.pol, "vllm_static", False)):
+        if self.mode == "native":
+            v.priority = (self.pol.priority(m, now), m.id)
+        elif self.mode == "static" or (self.ordered and getattr(self.pol, "vllm_static", False)):
             # vLLM's heap and its own victim choice: (priority, arrival, id) -- ltr: its score picks vLLM's victims
             v.priority = (self.pol.static_key(m), m.id)
         elif self.preemptive:
@@ -322,6 +327,9 @@ class PolicyDriver:
 
     # --- before / after vLLM's schedule()
     def before(self) -> None:
+        if self.mode == "native":
+            self._rekey()
+            return
         if self.mode != "driven":
             return
         if self.preemptive:
@@ -338,6 +346,19 @@ class PolicyDriver:
         if self.paused:
             self.s.running.extend(self.paused)
             self.paused = []
+    def _rekey(self) -> None:
+        """The vLLM-native variant: every live request's priority is the policy's key now (a minimal vLLM patch:
+        recompute, re-heapify the waiting queue; vLLM's own admission and preemption do the rest)."""
+        now = self.now
+        for v in (*self.s.running, *self.s.waiting, *self.s.kv_holding_waiting):
+            m = self.m(v)
+            m.generated = int(v.num_output_tokens)
+            v.priority = (self.pol.priority(m, now), m.id)
+        for q in (self.s.waiting, self.s.kv_holding_waiting):
+            heap = getattr(q, "_heap", None)
+            if heap is not None:
+                heapq.heapify(heap)
+
     # --- the ranked plan (sim: Batching._plan_ranked)
     def _plan(self) -> None:
         s, pol, now = self.s, self.pol, self.now

@@ -17,7 +17,12 @@ Keys: the simulator's options of the policy (``portbench schedulers``; e.g. ``qu
   by ``vllm_xargs: {"slo": "<name>"}``;
 * ``profile`` (mlfq): the simulator's cost profile whose prefill/decode ratio places a request's skip-join level
   (default :data:`portbench.sim.profiles.DEFAULT_PROFILE`);
-* ``seed`` (random): the seed of the random order (default 0).
+* ``seed`` (random): the seed of the random order (default 0);
+* ``native`` (las, mlfq, rr, srpt_oracle; default false): the *vLLM-native variant* -- the policy expressed only
+  through vLLM's own mechanisms, as a minimal vLLM patch would: each request's priority is the policy's key,
+  recomputed before every step (the waiting heap re-heapified), and vLLM's own scheduler does the rest (its
+  admission, its preemption when memory runs out, its victim: the worst priority). No ranked plan, no pausing,
+  no preemption for rank. The default (false) runs the ranked plan the simulator ranks (docs/vllm.md).
 
 A request's tenant (vtc) is ``vllm_xargs: {"tenant": "<name>"}`` (vLLM 0.32 passes neither the OpenAI ``user``
 field nor HTTP headers to the scheduler; ``vllm_xargs`` reaches it as ``SamplingParams.extra_args``); without one,
@@ -53,7 +58,9 @@ DEPLOYABLE = tuple(p for p in CLASSES if p not in ORACLE) + tuple(SETTINGS)
 DRIVEN = ("las", "srpt_oracle", "mlfq", "rr", "vtc", "ltr")
 STATIC = ("sjf_prompt", "sjf_oracle", "sjf_predicted", "edf", "random")   # a static priority per request
 PREDICTED = ("sjf_predicted", "ltr", "edf")
-PACKAGE_KEYS = {"predictor": PREDICTED, "slo_classes": ("edf",), "profile": ("mlfq",), "seed": ("random",)}
+PREEMPTIVE = ("las", "mlfq", "rr", "srpt_oracle")     # the ranked plan's policies
+PACKAGE_KEYS = {"predictor": PREDICTED, "slo_classes": ("edf",), "profile": ("mlfq",), "seed": ("random",),
+                "native": PREEMPTIVE}
 WHERE = ("vLLM's additional_config key \"portbench\" (vllm serve ... --additional-config "
          "'{\"portbench\": {...}}')")
 
@@ -78,6 +85,7 @@ class PolicyOptions:
     slo_classes: dict = field(default_factory=dict)
     profile: str | None = None
     seed: int = 0
+    native: bool = False
 
 
 def policy_of(name: str) -> str:
@@ -144,8 +152,11 @@ def parse(policy: str, raw: Any) -> PolicyOptions:
     seed = raw.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise PolicyOptionsError(f"portbench option 'seed' of {policy} = {seed!r}: expected an integer >= 0")
+    native = raw.get("native", False)
+    if not isinstance(native, bool):
+        raise PolicyOptionsError(f"portbench option 'native' of {policy} = {native!r}: expected true or false")
     return PolicyOptions(policy, sim, str(pred) if pred is not None else None, slo, classes,
-                         str(prof) if prof is not None else None, int(seed))
+                         str(prof) if prof is not None else None, int(seed), native)
 
 
 def class_path(policy: str, *, async_scheduling: bool = False) -> str:

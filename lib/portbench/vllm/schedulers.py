@@ -51,8 +51,8 @@ class _PolicyCore(Scheduler):
         raw = extra.get(opts_mod.OPTIONS_KEY) if isinstance(extra, dict) else None
         self.pb_options = opts_mod.parse(self.pb_policy, raw)
         self.pb_now: float | None = None      # the virtual engine's clock; None: time.time()
-        mode = ("fcfs" if self.pb_policy == "fcfs" else "driven" if self.pb_policy in opts_mod.DRIVEN
-                else "static")
+        mode = ("fcfs" if self.pb_policy == "fcfs" else "native" if self.pb_options.native
+                else "driven" if self.pb_policy in opts_mod.DRIVEN else "static")
         self.pb_driver = PolicyDriver(self, self.pb_options, mode, self.pb_clock)
         if mode == "driven":
             self.waiting = self.pb_driver.queue
