@@ -139,9 +139,10 @@ validate-reduced:  ## the reduced CPU validation of `make all` (sized to validat
 		echo "[portbench]   make setup-vllm   (vLLM's CPU build, ~3 min, 4.3 GB), then make all (reduced) or make validate (full)"; \
 	fi
 
-test-vllm: $(VLLM_STAMP)  ## replay harness, a short validation and the conformance check on vLLM's CPU build (tiny model, dummy weights)
+test-vllm: $(VLLM_STAMP)  ## replay harness, a short validation, the conformance check, the exported scheduler classes and a real `vllm serve --scheduler-cls portbench.vllm.<Class>` on vLLM's CPU build (tiny model, dummy weights)
 	mkdir -p $(BUILD)/vllm-cache
-	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_harness.py tests/test_conformance.py
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_harness.py tests/test_conformance.py \
+		tests/test_vllm_export.py tests/test_vllm_server.py
 
 # gpu-validate: with an NVIDIA GPU (nvidia-smi works) notebook 08 runs in .venv-gpu (CUDA vllm==0.32.0 +
 # portbench, constraints-vllm-gpu.txt; vLLM's numpy pin cannot share the main lock); without one it
