@@ -122,9 +122,12 @@ validate: $(VLLM_STAMP)  ## full real-engine validation on vLLM's CPU build (siz
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli validate --params $(PARAMS)
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli vllm-virtual --params $(PARAMS) --budget 240
 
-conform: $(VLLM_STAMP)  ## the simulator vs vLLM's own V1 scheduler, step for step, every policy on real windows at three loads (CONFORM_WINDOWS per real source, default 1)
+# CONFORM_WINDOWS: a number of windows per real source (default 1) or window ids (CONFORM_WINDOWS="mooncake-25
+# azure-17"); CONFORM_ARGS: more options (e.g. --set engine.prefix_caching=off, --requests 40)
+CONFORM_WINDOW_ARGS = $(if $(filter-out 0 1 2 3 4 5 6 7 8 9 10,$(CONFORM_WINDOWS)),--window $(CONFORM_WINDOWS),--windows $(CONFORM_WINDOWS))
+conform: $(VLLM_STAMP)  ## the simulator vs vLLM's own V1 scheduler, step for step, every policy on real windows at three loads (CONFORM_WINDOWS: per real source, default 1, or window ids; CONFORM_ARGS)
 	mkdir -p $(BUILD)/vllm-cache
-	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli conform --params $(PARAMS) --windows $(CONFORM_WINDOWS)
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli conform --params $(PARAMS) $(CONFORM_WINDOW_ARGS) $(CONFORM_ARGS)
 
 validate-reduced:  ## the reduced CPU validation of `make all` (sized to validation.reduced_time_budget_s = 330 s from the process start) when .venv-vllm exists
 	@if [ -f $(VLLM_STAMP) ]; then \
@@ -136,9 +139,10 @@ validate-reduced:  ## the reduced CPU validation of `make all` (sized to validat
 		echo "[portbench]   make setup-vllm   (vLLM's CPU build, ~3 min, 4.3 GB), then make all (reduced) or make validate (full)"; \
 	fi
 
-test-vllm: $(VLLM_STAMP)  ## replay harness, a short validation and the conformance check on vLLM's CPU build (tiny model, dummy weights)
+test-vllm: $(VLLM_STAMP)  ## replay harness, a short validation, the conformance check, the exported scheduler classes and a real `vllm serve --scheduler-cls portbench.vllm.<Class>` on vLLM's CPU build (tiny model, dummy weights)
 	mkdir -p $(BUILD)/vllm-cache
-	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_harness.py tests/test_conformance.py
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_harness.py tests/test_conformance.py \
+		tests/test_vllm_export.py tests/test_vllm_server.py
 
 # gpu-validate: with an NVIDIA GPU (nvidia-smi works) notebook 08 runs in .venv-gpu (CUDA vllm==0.32.0 +
 # portbench, constraints-vllm-gpu.txt; vLLM's numpy pin cannot share the main lock); without one it

@@ -2,7 +2,7 @@
 
 The virtual engine (:mod:`portbench.validation.virtual`) steps vLLM's real ``Scheduler`` (its KV-cache
 manager, priority queue and preemption) in a virtual clock with the simulator's cost model; every policy
-runs on it through the simulator's own policy objects (:mod:`portbench.validation.policy_driver`). These
+runs on it as its exported class (:mod:`portbench.vllm`: the simulator's own policy objects inside vLLM). These
 tests fail when a change to the simulator, to the policy driver or a vLLM upgrade breaks the equality:
 
 * every one of the study's policies on an overloaded synthetic window with a small KV cache (hundreds of
@@ -179,3 +179,78 @@ def test_prefix_caching_on_needs_hashes_and_the_setting():
     assert not vc.prefix_caching_on(SimpleNamespace(hash_block_size=None), hashed, sim)
     off = params.load("papermill_params/default.yaml", params.undot({"engine.prefix_caching": "off"})).simulation
     assert not vc.prefix_caching_on(eng, hashed, off)
+
+
+def _row(policy, region, first, identical=True):
+    return {"source": "mooncake", "window_id": "mooncake-25", "region": region, "policy": policy, "requests": 10,
+            "finished_sim": 10, "finished_vllm": 10, "steps_sim": 50, "steps_vllm": 50,
+            "steps_identical": 50 if first is None else 49, "first_divergence": first,
+            "records_identical": identical, "preemptions_sim": 1, "preemptions_vllm": 1, "ttft_rel_max": 0.0,
+            "ttft_rel_sum": 0.0, "ttft_n": 10, "e2e_rel_max": 7e-5, "e2e_rel_sum": 1e-4, "e2e_n": 10,
+            "mean_e2e_sim": 1.0, "mean_e2e_vllm": 1.0, "vllm_steps_per_s": 100.0}
+
+
+def test_summary_of_diverging_cases_with_ints_floats_and_ids():
+    """`portbench conform` crashed at its summary when one case's divergence had an int where another's had a float
+    (polars could not infer one schema): the summary is built with an explicit schema."""
+    from portbench.validation import conformance
+
+    rows = [_row("fcfs", "light", None),
+            _row("fcfs", "near_saturation", {"step": 6618, "column": "context_tokens", "simulator": 156240.0,
+                                              "vllm": 156288.0}, identical=False),
+            _row("fcfs", "severe", {"step": 12, "column": "steps", "simulator": 50, "vllm": 51}, identical=False),
+            _row("vtc", "severe", {"step": 3, "column": "scheduled", "simulator": "1:2034,4:1", "vllm": "1:2035"},
+                 identical=False),
+            _row("vtc", "light", None)]
+    s = conformance.summarise(rows)
+    assert s["fcfs"]["cases"] == 3 and s["fcfs"]["cases_bit_identical"] == 1 and not s["fcfs"]["bit_identical"]
+    assert s["fcfs"]["first_divergence"]["region"] == "near_saturation"
+    assert s["fcfs"]["first_divergence"]["simulator"] == 156240.0
+    assert s["vtc"]["first_divergence"]["vllm"] == "1:2035" and s["vtc"]["cases_bit_identical"] == 1
+    assert conformance.summarise([_row("las", "light", None)])["las"]["bit_identical"]
+
+
+# --------------------------------------------------------------------------- mutations: the check must catch them
+
+def _reversed_fcfs_tie_break(monkeypatch):
+    """The simulator's FCFS with its tie-breaks reversed: among equal arrival times the *last* request is admitted
+    first and the *last* in running order is preempted (vLLM: the first, both times)."""
+    from portbench.sim.schedulers import fifo
+
+    monkeypatch.setattr(fifo.FCFS, "priority", lambda self, r, now: (r.arrival_s, -r.id))
+    monkeypatch.setattr(fifo.FCFS, "victim", lambda self, c, now: max(reversed(c), key=fifo._arrival))
+
+
+def _rr_extra_reserved_block(monkeypatch):
+    """The vLLM side's ranked plan reserves one block more per request than the simulator's rule."""
+    from portbench.vllm import driver
+
+    monkeypatch.setattr(driver, "_cdiv", lambda a, b: -(-int(a) // int(b)) + 1)
+
+
+MUTANTS = {  # name -> (mutation, policy, cases: (window seed, arrival grid, KV blocks))
+    "reversed_fcfs_tie_break": (_reversed_fcfs_tie_break, "fcfs", [(2, 3.0, 2000), (3, 3.0, 2000), (4, 3.0, 1500),
+                                                                    (5, 2.0, 2500)]),
+    "rr_extra_reserved_block": (_rr_extra_reserved_block, "rr", [(1, None, 2000), (2, None, 1500), (3, 3.0, 2000),
+                                                                 (4, None, 2500)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_conformance_catches_planted_mutations(name, small_profile, monkeypatch):
+    """A planted error in a tie-break or in the ranked plan's block accounting fails several conformance cases
+    (the check can say "differs"); the same cases pass unmutated."""
+    mutate, policy, cases = MUTANTS[name]
+
+    def diverges():
+        out = []
+        for seed, grid, blocks in cases:
+            prof = dataclasses.replace(small_profile, kv_capacity_blocks=blocks)
+            _, _, c = _both(_window(grid=grid, seed=seed), policy, prof)
+            out.append(c["first_divergence"] is not None or not c["records_identical"])
+        return out
+
+    assert not any(diverges()), name          # unmutated: every case bit-identical
+    mutate(monkeypatch)
+    caught = diverges()
+    assert sum(caught) >= 3, (name, caught)

@@ -220,7 +220,7 @@ def cmd_conform(args):
 
     s = conformance.run(cfg, windows_per_source=args.windows, regions=tuple(args.regions),
                         schedulers=args.schedulers or None, requests_per_window=args.requests,
-                        sources=args.sources or None)
+                        sources=args.sources or None, window_ids=args.window or None, native=args.native)
     for pol, r in s["policies"].items():
         state = "bit-identical" if r["bit_identical"] else (
             f"first divergence {r['first_divergence']['window_id']} {r['first_divergence']['region']} step "
@@ -228,6 +228,13 @@ def cmd_conform(args):
         print(f"{pol:13s} {r['cases']:3d} cases {r['requests']:6d} requests  steps identical "
               f"{100 * r['steps_identical_share']:6.2f}%  E2E rel. diff mean {r['e2e_rel_mean']:.2e} max "
               f"{r['e2e_rel_max']:.2e}  {state}")
+    for pol, r in (s.get("native") or {}).get("policies", {}).items():
+        print(f"native {pol:13s} {r['cases']:3d} cases  mean E2E native vs ranked {100 * r['e2e_rel_diff_mean']:+.1f}% "
+              f"(min {100 * r['e2e_rel_diff_min']:+.1f}%, max {100 * r['e2e_rel_diff_max']:+.1f}%)  preemptions "
+              f"{r['preemptions_native']} vs {r['preemptions_ranked']}")
+    if s.get("native"):
+        print(f"native: the preemptive policies' order by mean E2E differs in {s['native']['orders_differ']} of "
+              f"{len(s['native']['orders'])} (window, region)")
     print(f"wall {s['wall_s']:.0f} s (simulator {s['simulator_s']:.0f} s, vLLM {s['vllm_s']:.0f} s, "
           f"{s['vllm_steps_per_s']:.0f} vLLM steps/s)")
     return 0 if all(r["bit_identical"] for r in s["policies"].values()) else 1
@@ -347,6 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     co.add_argument("--schedulers", nargs="*", default=None, help="policies (default: the study's)")
     co.add_argument("--requests", type=int, default=None, help="only each window's first N requests (a quick check)")
     co.add_argument("--sources", nargs="*", default=None, help="real sources (default: every real source)")
+    co.add_argument("--window", nargs="+", default=None, metavar="ID",
+                    help="named windows instead of the first --windows per source (e.g. --window mooncake-25 azure-17)")
+    co.add_argument("--native", action="store_true",
+                    help="also run las/mlfq/rr/srpt_oracle as their vLLM-native variants (priority recomputed each "
+                         "step, vLLM's own preemption) and report the E2E and order differences")
     st = add("site", cmd_site, "the results site: executed notebooks as HTML, an index page with the headline "
              "findings and every figure, and a contact sheet of all figures (make report)")
     st.add_argument("--out", default=None, help="folder of the site (default: <build>/report, build/report for the "

@@ -7,7 +7,8 @@ capacity, region, horizon, profile, engine settings, seed and policy options) is
   campaign path are tested against this path by the simulator's own tests), and
 * the virtual vLLM engine (:mod:`.virtual`: vLLM's scheduler, stub model, the same cost model),
 
-and compared: every step (start time, prompt tokens, decodes, context tokens, KV blocks in use) and
+and compared: every step (start time, prompt tokens, decodes, context tokens, KV blocks in use, and which requests
+ran with how many tokens each: ``scheduled``, "row:tokens" by row) and
 every request (first-token and finish time, tokens generated, preemptions). :func:`summarise` turns
 the comparisons into ``data/results/conformance/summary.json``: per policy the requests and steps
 compared, the share of steps identical, the first divergence (where and what), and the per-request
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,12 +32,14 @@ from ..study.campaign.engines import SimEngine, scheduler_options
 from ..core import io as fileio
 from ..core import outputs
 from ..core.config import Config, EngineConfig, PathsConfig
+from ..core.errors import ParameterError
 from ..data import windows as windows_mod
 from ..study.campaign.plan import make_plan, run_seed
 from ..study.campaign.run import run_tables
+from ..vllm.options import PREEMPTIVE
 from . import policies, virtual
 
-STEP_COMPARE = ("start_s", "prefill_tokens", "decode_seqs", "context_tokens", "kv_blocks_used")
+STEP_COMPARE = ("start_s", "prefill_tokens", "decode_seqs", "context_tokens", "kv_blocks_used", "scheduled")
 REGIONS = ("light", "near_saturation", "severe")
 
 
@@ -61,14 +65,17 @@ def compare(sim_res, virt_res) -> dict:
     same = np.ones(n, dtype=bool)
     first = None
     for c in STEP_COMPARE:
+        if c not in si.columns or c not in vs.columns:
+            continue
         x, y = si[c].to_numpy()[:n], vs[c].to_numpy()[:n]
         eq = x == y
         same &= eq
         bad = np.nonzero(~eq)[0]
         if len(bad) and (first is None or bad[0] < first["step"]):
-            first = {"step": int(bad[0]), "column": c, "simulator": float(x[bad[0]]), "vllm": float(y[bad[0]])}
+            conv = str if c == "scheduled" else float      # "row:tokens,..." of the step's requests, by row
+            first = {"step": int(bad[0]), "column": c, "simulator": conv(x[bad[0]]), "vllm": conv(y[bad[0]])}
     if si.height != vs.height and first is None:
-        first = {"step": n, "column": "steps", "simulator": si.height, "vllm": vs.height}
+        first = {"step": n, "column": "steps", "simulator": float(si.height), "vllm": float(vs.height)}
     a, b = sim_res.requests, virt_res.requests
     arr = a["arrival_s"].to_numpy()
     ttft_a, ttft_b = a["first_token_s"].to_numpy() - arr, b["first_token_s"].to_numpy() - arr
@@ -87,8 +94,10 @@ def compare(sim_res, virt_res) -> dict:
 
 
 def run_case(window_df: pl.DataFrame, case: Case, capacity_rps: float, sim_cfg, engine: SimEngine,
-             hash_block_tokens: int | None) -> tuple[dict, float, float]:
-    """Both sides of one case; returns (comparison, simulator seconds, vLLM seconds)."""
+             hash_block_tokens: int | None, native: bool = False) -> tuple[dict, float, float]:
+    """Both sides of one case; returns (comparison, simulator seconds, vLLM seconds). ``native``: a preemptive
+    policy also runs as its vLLM-native variant (:mod:`portbench.vllm.options`: priority recomputed before each
+    step, vLLM's own preemption): ``mean_e2e_native``, ``completed_native``, ``preemptions_native``."""
     scaled, horizon = engine.prepare(window_df, case.rho, capacity_rps, sim_cfg)
     prof = engine.profile(sim_cfg)
     opts = scheduler_options(sim_cfg, case.policy)
@@ -106,17 +115,37 @@ def run_case(window_df: pl.DataFrame, case: Case, capacity_rps: float, sim_cfg, 
     t2 = time.perf_counter()
     out = compare(s, v)
     out["vllm_steps_per_s"] = v.counters["steps"] / max(t2 - t1, 1e-9)
-    return out, t1 - t0, t2 - t1
+    if native and case.policy in PREEMPTIVE:
+        n = virtual.run(scaled, case.policy, prof, horizon_s=horizon, seed=seed, slo=sim_cfg.edf_slo_dict,
+                        options={**opts, "native": True}, prefix_caching=pc,
+                        hash_block_tokens=hash_block_tokens if pc else None, log_steps=False)
+        e2e = (n.requests["finish_s"] - n.requests["arrival_s"]).to_numpy()
+        out["mean_e2e_native"] = float(np.nanmean(e2e)) if np.isfinite(e2e).any() else None
+        out["completed_native"] = int(n.counters["completed"])
+        out["completed_vllm"] = int(v.counters["completed"])
+        out["preemptions_native"] = int(n.counters["preemptions"])
+    return out, t1 - t0, time.perf_counter() - t1
+
+
+SUMMARY_SCHEMA = {"source": pl.Utf8, "window_id": pl.Utf8, "region": pl.Utf8, "policy": pl.Utf8,
+                  "requests": pl.Int64, "steps_sim": pl.Int64, "steps_identical": pl.Int64, "ttft_n": pl.Int64,
+                  "e2e_n": pl.Int64, "ttft_rel_max": pl.Float64, "ttft_rel_sum": pl.Float64, "e2e_rel_max": pl.Float64,
+                  "e2e_rel_sum": pl.Float64, "preemptions_sim": pl.Int64, "preemptions_vllm": pl.Int64,
+                  "vllm_steps_per_s": pl.Float64, "records_identical": pl.Boolean}
 
 
 def summarise(rows: list[dict]) -> dict:
     """Per policy (and overall): requests and steps compared, share of steps identical, the first
-    divergence, per-request TTFT/E2E differences (max and mean relative)."""
-    df = pl.DataFrame(rows)
+    divergence, per-request TTFT/E2E differences (max and mean relative). The frame has an explicit schema
+    (:data:`SUMMARY_SCHEMA`); a divergence (a dict whose values may be ints, floats or request lists) stays out of it."""
+    df = pl.DataFrame([{k: r.get(k) for k in SUMMARY_SCHEMA} for r in rows], schema=SUMMARY_SCHEMA, orient="row")
+    df = df.with_columns(pl.Series("diverges", [r["first_divergence"] is not None for r in rows], dtype=pl.Boolean),
+                         pl.Series("row", list(range(len(rows))), dtype=pl.Int64))
     out = {}
     for pol in sorted(df["policy"].unique().to_list()):
         d = df.filter(pl.col("policy") == pol)
-        div = [r for r in d.iter_rows(named=True) if r["first_divergence"] is not None]
+        div = [{**r, "first_divergence": rows[r["row"]]["first_divergence"]} for r in d.iter_rows(named=True)
+               if r["diverges"]]
         first = None
         if div:
             r0 = min(div, key=lambda r: (r["source"], r["window_id"], r["region"]))
@@ -127,7 +156,7 @@ def summarise(rows: list[dict]) -> dict:
             "cases": d.height, "requests": int(d["requests"].sum()), "steps": steps,
             "steps_identical_share": float(d["steps_identical"].sum() / steps) if steps else 1.0,
             "cases_bit_identical": sum(1 for r in d.iter_rows(named=True)
-                                       if r["records_identical"] and r["first_divergence"] is None),
+                                       if r["records_identical"] and not r["diverges"]),
             "first_divergence": first,
             "ttft_rel_max": float(d["ttft_rel_max"].max()), "ttft_rel_mean": float(d["ttft_rel_sum"].sum() / n_t) if n_t else 0.0,
             "e2e_rel_max": float(d["e2e_rel_max"].max()), "e2e_rel_mean": float(d["e2e_rel_sum"].sum() / n_e) if n_e else 0.0,
@@ -138,9 +167,39 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
+def native_summary(rows: list[dict]) -> dict:
+    """The vLLM-native variants beside the ranked plan (rows of :func:`run` with ``native=True``): per policy the
+    mean relative difference of mean E2E (native vs ranked, over cases), and per (window, region) whether the order
+    of the preemptive policies by mean E2E differs (pairs reversed of those compared)."""
+    rs = [r for r in rows if r.get("mean_e2e_native") is not None and r.get("mean_e2e_vllm")]
+    out: dict[str, Any] = {"policies": {}, "orders": []}
+    for pol in sorted({r["policy"] for r in rs}):
+        d = [(r["mean_e2e_native"] - r["mean_e2e_vllm"]) / r["mean_e2e_vllm"] for r in rs if r["policy"] == pol]
+        out["policies"][pol] = {"cases": len(d), "e2e_rel_diff_mean": float(np.mean(d)),
+                                "e2e_rel_diff_min": float(np.min(d)), "e2e_rel_diff_max": float(np.max(d)),
+                                "completed_ranked": sum(r["completed_vllm"] for r in rs if r["policy"] == pol),
+                                "completed_native": sum(r["completed_native"] for r in rs if r["policy"] == pol),
+                                "preemptions_ranked": sum(r["preemptions_vllm"] for r in rs if r["policy"] == pol),
+                                "preemptions_native": sum(r["preemptions_native"] for r in rs if r["policy"] == pol)}
+    for key in sorted({(r["window_id"], r["region"]) for r in rs}):
+        by = {r["policy"]: r for r in rs if (r["window_id"], r["region"]) == key}
+        pols = sorted(by)
+        ranked = sorted(pols, key=lambda p: by[p]["mean_e2e_vllm"])
+        native = sorted(pols, key=lambda p: by[p]["mean_e2e_native"])
+        pairs = [(a, b) for i, a in enumerate(pols) for b in pols[i + 1:]]
+        flips = [f"{a}/{b}" for a, b in pairs if (by[a]["mean_e2e_vllm"] < by[b]["mean_e2e_vllm"])
+                 != (by[a]["mean_e2e_native"] < by[b]["mean_e2e_native"])]
+        out["orders"].append({"window_id": key[0], "region": key[1], "ranked": ranked, "native": native,
+                              "pairs": len(pairs), "pairs_reversed": flips})
+    out["orders_differ"] = sum(1 for o in out["orders"] if o["pairs_reversed"])
+    return out
+
+
 def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers=None, sources=None,
-        requests_per_window: int | None = None, out_dir=None, progress: bool = True) -> dict:
-    """Conformance of every policy on the real sources' first ``windows_per_source`` windows in ``regions``
+        requests_per_window: int | None = None, out_dir=None, progress: bool = True, window_ids=None,
+        native: bool = False) -> dict:
+    """Conformance of every policy on the real sources' first ``windows_per_source`` windows in ``regions``, or on
+    the windows named by ``window_ids`` (e.g. ``["mooncake-25", "azure-17"]``; any real window of the plan)
     (``requests_per_window``: only each window's first requests -- a quick check; capacity from the whole
     window); writes ``{results_dir}/conformance/summary.json`` (and ``cases.parquet``) and returns the summary."""
     sim_cfg = cfg.simulation
@@ -150,7 +209,14 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
     real = [w for w in plan.windows if w.provenance == "real" and (sources is None or w.source in sources)]
     chosen: list = []
     per: dict[str, int] = {}
-    for w in real:
+    if window_ids:
+        by_id = {w.id: w for w in real}
+        unknown = [i for i in window_ids if i not in by_id]
+        if unknown:
+            raise ParameterError("--window", unknown[0], "a real window of the plan, e.g. "
+                                 + ", ".join(sorted(by_id)[:4]) + f" ({len(by_id)} in all: the window manifest lists them)")
+        chosen = [by_id[i] for i in dict.fromkeys(window_ids)]
+    for w in ([] if window_ids else real):
         if per.get(w.source, 0) < windows_per_source:
             per[w.source] = per.get(w.source, 0) + 1
             chosen.append(w)
@@ -172,7 +238,7 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
                 case = Case(w.source, w.id, region, float(loads[region]), pol)
                 if policies.virtual_mode(pol) == "excluded":
                     continue
-                res, a, b = run_case(df, case, cap, sim_cfg, eng, w.block_size)
+                res, a, b = run_case(df, case, cap, sim_cfg, eng, w.block_size, native=native)
                 t_sim += a
                 t_vllm += b
                 rows.append({"source": w.source, "window_id": w.id, "region": region, "policy": pol, **res})
@@ -184,6 +250,7 @@ def run(cfg: Config, *, windows_per_source: int = 2, regions=REGIONS, schedulers
                "requests_per_window": requests_per_window,
                "profile": str(sim_cfg.profile), "engine": EngineConfig.of(sim_cfg.engine).as_dict(),
                "policies": summarise(rows), "wall_s": time.perf_counter() - t_start,
+               **({"native": native_summary(rows)} if native else {}),
                "simulator_s": t_sim, "vllm_s": t_vllm,
                "vllm_steps_per_s": float(sum(r["steps_vllm"] for r in rows) / t_vllm) if t_vllm else None}
     out = out_folder(cfg.paths, out_dir, "conformance")

@@ -24,7 +24,7 @@ the windows of every policy can be interleaved on the same engine:
 
 Everything else (MLFQ, RR, VTC, sarathi) is ``excluded`` from the wall-clock replay's shared engine with the
 reason (:func:`engine_policy`). The virtual engine (:mod:`.virtual`) runs every built-in policy
-(:func:`virtual_mode`): the dynamic ones through the simulator's own policy objects (:mod:`.policy_driver`).
+(:func:`virtual_mode`): through the exported classes (:mod:`portbench.vllm`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ DYNAMIC_KEYS: dict[str, Callable[[int, int, dict], int]] = {
 }
 QUANTUM_OPTIONS = {"las": ("quantum_tokens",), "mlfq": ("quantum_tokens",), "rr": ("quantum_tokens",)}
 # Policies the virtual engine (validation/virtual.py) runs through the simulator's own policy object
-# (policy_driver.PolicyDriver); the wall-clock replay's shared engine runs only what engine_policy() says.
+# (portbench.vllm.driver.PolicyDriver); the wall-clock replay's shared engine runs only what engine_policy() says.
 DRIVEN = ("las", "srpt_oracle", "mlfq", "rr", "vtc", "ltr")
 
 

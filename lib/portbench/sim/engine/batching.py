@@ -14,9 +14,11 @@ from .state import EngineState
 class Batching(EngineState):
     """Mixin of :class:`~portbench.sim.engine.core.Engine`: which requests form the next iteration."""
 
-    def _chunks(self, budget: int, now: float) -> int:
+    def _chunks(self, budget: int, now: float, frozen: Request | None = None) -> int:
         """Chunked prefill: give the residents' ongoing prefills their chunks (policy order; under V1
-        at most one prompt is ever part-way, so the order does not matter there)."""
+        at most one prompt is ever part-way, so the order does not matter there). ``frozen``: a prefill whose
+        chunk vLLM fixed before its allocation failed -- it keeps that chunk while vLLM preempts for it (a
+        preempted decoder's token goes back to the budget, not into the chunk)."""
         pre = self.prefilling
         if len(pre) > 1:
             S = self.sched
@@ -28,7 +30,7 @@ class Batching(EngineState):
                 r.chunk = 0
                 continue
             left = r.prefill_target - r.prefilled
-            c = left if left < b else b
+            c = r.chunk if r is frozen else left if left < b else b
             r.chunk = c
             b -= c
         return b
@@ -58,9 +60,10 @@ class Batching(EngineState):
         budget = self.B
         preempted = False
         extra = 0
+        frozen = None     # the prefill whose allocation failed: vLLM keeps its chunk while preempting for it
         while True:
             if chunked:
-                budget = self._chunks(max(0, self.B - len(self.cohort)), now)
+                budget = self._chunks(max(0, self.B - len(self.cohort)), now, frozen)
                 if per_chunk:
                     extra = self._chunk_blocks()
             total = self.need_now + self.other_blocks + extra + self.cache_adj
@@ -72,6 +75,8 @@ class Batching(EngineState):
             preempted = True
             if per_chunk and not self.skipped:
                 i = self._first_misfit(residents, total - cap)
+                if residents[i] is not v and residents[i].chunk and residents[i].id not in self.cohort:
+                    frozen = residents[i]
                 if residents[i] is v:
                     # vLLM: the request whose blocks do not fit is itself the victim -- it is preempted and
                     # scheduling of the running requests stops: those after it keep their KV, get no token

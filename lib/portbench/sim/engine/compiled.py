@@ -1249,8 +1249,9 @@ def _plan_v0_preemptive(now, C, Fc, SF, R, F, S, cnt, fk, fid, fcv, run, pre, pa
     return pf_tokens
 
 
-def _chunks(budget, R, F, S, pre, tc, pol):
-    """:meth:`Batching._chunks` (prefills in (priority, id) order; skipped ones get no chunk)."""
+def _chunks(budget, R, F, S, pre, tc, pol, frz):
+    """:meth:`Batching._chunks` (prefills in (priority, id) order; skipped ones get no chunk; ``frz`` keeps its
+    chunk: vLLM fixed it before its allocation failed)."""
     n = S[NPRE]
     if n > 1:
         for a in range(1, n):
@@ -1266,7 +1267,10 @@ def _chunks(budget, R, F, S, pre, tc, pol):
             R[CHK, r] = 0
             continue
         left = R[TGT, r] - R[PREF, r]
-        c = left if left < budget else budget
+        if r == frz:
+            c = R[CHK, r]
+        else:
+            c = left if left < budget else budget
         R[CHK, r] = c
         budget -= c
     return budget
@@ -1489,10 +1493,11 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
             preempted = False
             extra = 0
             total = 0
+            frz = -1      # the prefill whose allocation failed: vLLM keeps its chunk while preempting for it
             while True:
                 if chunked:
                     b0 = B - S[NCOH]
-                    budget = _chunks(b0 if b0 > 0 else 0, R, F, S, pre, tc, pol)
+                    budget = _chunks(b0 if b0 > 0 else 0, R, F, S, pre, tc, pol, frz)
                     if v1:
                         extra = 0
                         for a in range(S[NPRE]):
@@ -1534,6 +1539,8 @@ def _loop(C, Fc, H, R, F, order, arr_t, suffix, by_rank, hoff, hid, marks, work_
                             i = a + 1
                             break
                         later += adds[a]
+                    if run[i] != v and R[CHK, run[i]] and not R[INC, run[i]]:
+                        frz = run[i]
                     if run[i] == v:
                         nskip = nr - i - 1
                         for a in range(nskip):

@@ -86,6 +86,8 @@ class Engine(CohortMemory, PrefixCache, Queues, Batching, Iterations):
         self.naive = naive
         self.check = check
         self.trace = [] if record_iterations else None
+        # naive + trace (the conformance reference): each step's scheduled requests "id:tokens,..." (by id)
+        self.trace_batch: list[str] | None = [] if (record_iterations and naive) else None
         self.bs = bs = int(getattr(profile, "block_size", 16))
         self.cap = int(profile.kv_capacity_blocks)
         # the batching mode, chosen once: V1 chunks every policy's prompts; V0 only those that chunk by

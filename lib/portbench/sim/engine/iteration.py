@@ -46,6 +46,9 @@ class Iterations(EngineState):
             self._k = 1
             if self.trace is not None:
                 self.trace.append((now, now + dt, 1, pf_tokens, nd, ctx, used))
+                if self.trace_batch is not None:
+                    ids = [(r.id, r.chunk) for r in pf] + ([(i, 1) for i in self.cohort] if nd else [])
+                    self.trace_batch.append(",".join(f"{i}:{k}" for i, k in sorted(ids)))
             return dt
         if not self.cohort:
             raise RuntimeError(f"simulator made no progress at t={now}: {len(self.res)} residents, "
@@ -67,6 +70,8 @@ class Iterations(EngineState):
             self._a0, self._inc = a, 0.0
             if self.trace is not None:
                 self.trace.append((now, now + a, 1, 0, n, C, self.used))
+                if self.trace_batch is not None:
+                    self.trace_batch.append(",".join(f"{i}:1" for i in sorted(self.cohort)))
             return a
         k = self._k_complete()
         # the ranked plan (preemptive, V1) counts every resident's own blocks (no prefix-cache sharing)

@@ -457,4 +457,6 @@ def _result(eng: Engine, reqs: list[Request], profile, H: float) -> SimResult:
     iters = None
     if eng.trace is not None:
         iters = pl.DataFrame(eng.trace, schema=ITERATION_SCHEMA, orient="row")
+        if eng.trace_batch is not None and len(eng.trace_batch) == iters.height:
+            iters = iters.with_columns(pl.Series("scheduled", eng.trace_batch, dtype=pl.Utf8))
     return SimResult(requests=records, counters=counters, iterations=iters, scheduler=eng.sched.name)

@@ -30,6 +30,7 @@ class EngineState:
     naive: bool
     check: bool
     trace: list[tuple] | None
+    trace_batch: list[str] | None
     bs: int                           # KV block size (tokens)
     cap: int                          # KV capacity (blocks)
     mode: BatchingMode                # V1Batching or V0Batching (engine.batching), chosen once

@@ -12,15 +12,19 @@ from .base import get_scheduler
 VLLM_STATIC_PRIORITY = ("sjf_prompt", "sjf_oracle", "sjf_predicted", "edf", "ltr", "random")  # classes with vllm_static
 
 
-def static_priority(name: str, window_df, seed: int, *, profile=None, slo=None, **options) -> np.ndarray:
+def static_priority(name: str, window_df, seed: int, *, profile=None, slo=None, max_model_len: int | None = None,
+                    **options) -> np.ndarray:
     """vLLM priorities (int64, lower = served first; one per window row) that reproduce the
     simulator's admission order of ``name`` for the same ``seed``: the dense rank of the
     scheduler's static key (ties by row = arrival order). ``ltr`` exports its score (vLLM has no
-    starvation protection); ``edf`` needs ``slo`` (or option ``slo``).
+    starvation protection); ``edf`` needs ``slo`` (or option ``slo``). The requests are built as the
+    simulator builds them, outputs clipped to ``max_model_len`` (None: the profile's; sjf_oracle ranks the
+    clipped output, as the simulator does).
     """
     check_choice("name", name, VLLM_STATIC_PRIORITY)
     sched = get_scheduler(name, **options)
-    reqs, ctx = requests_from_window(window_df, profile, np.random.default_rng(seed), slo)
+    mml = int(max_model_len if max_model_len is not None else (getattr(profile, "max_model_len", 0) or 0))
+    reqs, ctx = requests_from_window(window_df, profile, np.random.default_rng(seed), slo, max_model_len=mml)
     sched.reset(ctx)
     keys = [(sched.static_key(r), r.id) for r in reqs]
     order = sorted(range(len(reqs)), key=lambda i: keys[i])
