@@ -41,7 +41,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import polars as pl
@@ -58,7 +58,7 @@ HEADER = ("# The pre-registration of the real-engine verdicts (issue #38; docs/v
           "# `python -m portbench.validation.plan freeze --why '...'` -- do not edit by hand: the run refuses a file\n"
           "# whose seal does not match, or code whose source hash differs from code_version.source_sha256.\n")
 
-DEFAULT_RULES = {
+DEFAULT_RULES: dict[str, Any] = {
     "alpha": 0.05,
     "delta": 0.05,
     "tost_margin_log": 0.1,
@@ -79,7 +79,7 @@ DEFAULT_RULES = {
     "verdict": "per side a one-sided exact sign-flip test over windows on paired log-ratios; holds / reverses when "
                "every side decides (intersection-union), Holm over the <= 4 cases, the two directions split",
 }
-SIGMA_R_ASSUMED = {"value": 0.2, "measured": False, "date": "2026-12-03",
+SIGMA_R_ASSUMED: dict[str, Any] = {"value": 0.2, "measured": False, "date": "2026-12-03",
                    "source": "assumed: the upper end of log(repeat / first) of the stored repeat replays at moderate "
                              "load, 0.05-0.20 (issue #38); replace with the A/A pairs' sigma_r of a real run"}
 
@@ -196,7 +196,7 @@ def pick_draw(candidates: Sequence[Mapping], prediction: Callable[[Mapping], Map
     campaign's sign and size (>= ``delta``), and the reasons the ones before it were passed over."""
     from .verdict import not_testable_reason
 
-    passed = []
+    passed: list[dict] = []
     for c in candidates:
         pred = dict(prediction(c))
         why = not_testable_reason(c, pred, delta)
@@ -221,10 +221,10 @@ def _body_bytes(doc: Mapping) -> bytes:
 def build(root: Path, rev: pl.DataFrame, ports: pl.DataFrame | None, *, why: str, previous: Mapping | None = None,
           sigma_r: Mapping | None = None, today: str | None = None, sims: int = 1000) -> dict:
     """The plan document (without its seal) from the analysis' tables."""
-    rules = dict(DEFAULT_RULES)
+    rules: dict[str, Any] = dict(DEFAULT_RULES)
     if previous:
         rules.update({k: v for k, v in (previous.get("rules") or {}).items() if k in DEFAULT_RULES})
-    sr = dict(sigma_r or (previous or {}).get("sigma_r") or SIGMA_R_ASSUMED)
+    sr: dict[str, Any] = dict(sigma_r or (previous or {}).get("sigma_r") or SIGMA_R_ASSUMED)
     key = key_case(rev)
     ctrl = control_case(rev, key)
     chosen = [c for c in (key, ctrl) if c is not None]
