@@ -292,3 +292,21 @@ def test_plan_freeze_and_refusals(tmp_path):
     doc2 = plan.build(tmp_path, _rev_table(), None, why="sigma_r measured", previous=doc, today="2026-12-07", sims=100,
                       sigma_r=plan.measured_sigma(0.08, 40, "2026-12-07", "test"))
     assert [c["what"] for c in doc2["changes"]] == ["frozen", "refrozen"] and doc2["sigma_r"]["measured"]
+
+
+def test_summary_core_has_the_issue_keys():
+    cases = [("key", "sarathi", "rr", {"azure": 1, "mooncake": -1},
+              {"azure": {"rr": 0.3}, "mooncake": {"sarathi": 0.3}}),
+             ("planted", "fcfs", "delay_shortest", {"azure": 1, "mooncake": 1},
+              {"azure": {"delay_shortest": 0.3}, "mooncake": {"delay_shortest": 0.3}})]
+    tab = _run(cases)
+    ents = [entry("key", "sarathi", "rr", {"azure": 1, "mooncake": -1}),
+            {**entry("planted", "fcfs", "delay_shortest", {"azure": 1, "mooncake": 1}), "role": "planted"}]
+    res = verdict.case_verdicts(ents, tab, {}, sigma_r=0.15, r=4)
+    s = verdict.summary_core(res, verdict.aa_check(tab, {"key": "e2e_mean", "planted": "e2e_mean"}),
+                             {"sha256": "x", "code_version": {"source_sha256": "y"}}, None)
+    assert verdict.check_summary(s) == []
+    assert [c["id"] for c in s["cases"]] == ["key"] and s["planted"]["detected"] is True
+    assert s["cases"][0]["verdict"] == "holds"     # rr slower on azure, sarathi slower on mooncake: as predicted
+    assert verdict.check_summary({"cases": [{"verdict": "confirmed"}]})[0].startswith("summary: no")
+    assert any("not one of" in x for x in verdict.check_summary({"cases": [{"verdict": "confirmed"}]}))
