@@ -24,7 +24,6 @@ from ..study.campaign import run_seed
 from . import (
     cases,
     confirm,
-    policies,
     replay,
     resim,
 )
@@ -102,7 +101,6 @@ def engine_spec(v: ValidationConfig, sim: SimulationConfig, device: str) -> repl
                              dtype=e.dtype, enforce_eager=e.enforce_eager,
                              gpu_memory_utilization=e.gpu_memory_utilization, seed=int(v.seed),
                              enable_prefix_caching=e.prefix_caching != "off",
-                             policy_options=policy_options(sim, e.token_scale),
                              env=dict(replay.CPU_ENGINE_ENV) if device == "cpu" else {})
 
 
@@ -118,13 +116,6 @@ def sarathi_spec(sim: SimulationConfig, spec: replay.EngineSpec, token_scale: fl
     ``max_num_seqs``: with token counts scaled, 512 x 1/8 = 64 < 256; the budget actually run is what
     ``settings_match`` reports and what the re-simulation uses)."""
     return dataclasses.replace(spec, max_batched_tokens=max(sarathi_budget(sim, token_scale), int(spec.max_num_seqs or 0)))
-
-
-def policy_options(sim: SimulationConfig, token_scale: float) -> dict:
-    """Options of the engine-side dynamic policies (the simulator's, token quanta scaled)."""
-    return {name: {k: val for k, val in resim.scaled_options(name, dict(schedulers.options_for(sim, name)),
-                                                             token_scale).items()
-                   if k in policies.QUANTUM_OPTIONS.get(name, ())} for name in policies.DYNAMIC_KEYS}
 
 
 def _write_json(path: Path, obj: Any) -> Path:

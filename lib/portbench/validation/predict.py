@@ -272,3 +272,69 @@ def band_coverage(lo: pl.DataFrame, hi: pl.DataFrame) -> dict:
         return {"requests": 0}
     return {**shares(m), "by_source": {s: shares(g) for (s,), g in m.group_by(["source"], maintain_order=True)}
             if "source" in m.columns else {}}
+
+
+# --------------------------------------------------------------------------- the engine-scale prediction of a case
+
+
+def engine_capacity(pool: pl.DataFrame, step_table: Profile, es: resim.EngineSettings, sim: SimulationConfig, *,
+                    backlog: int, seed: int) -> dict:
+    """The engine's capacity of a source at its own scale, as the campaign defines capacity (a backlog of
+    ``backlog`` requests drawn from ``pool`` -- the source's windows as the engine runs them -- at t = 0 under fcfs;
+    :func:`.capacity.saturation_throughput`), predicted by the virtual engine with the engine's step table and
+    settings: deterministic, no wall-clock run. The load of every replay is rescaled with it, so the engine and its
+    prediction see the same offered load."""
+    from . import capacity
+
+    burst = capacity.backlog_workload(pool, backlog, seed)
+    res = predict(burst, "fcfs", seed, math.inf, es, step_table, sim)
+    return capacity.saturation_throughput(res.requests)
+
+
+def side_windows(windows: list[pl.DataFrame], es: resim.EngineSettings, rho: float, capacity_rps: float,
+                 horizon_factor: float) -> list[tuple[pl.DataFrame, float]]:
+    """The windows of one side as the engine replays them: prepared (:func:`.resim.prepare_window`: first N
+    requests, token scale, context limit), rescaled to ``rho`` x the engine's capacity, with their horizons."""
+    from ..sim import regions
+
+    out = []
+    for w in windows:
+        df, _ = resim.prepare_window(w, es)
+        sc = regions.rescale(df, rho, capacity_rps)
+        out.append((sc, float(regions.horizon_s(sc, horizon_factor))))
+    return out
+
+
+def predict_case(case, step_table: Profile, settings: resim.EngineSettings, *, sim: SimulationConfig,
+                 windows: dict[str, list[tuple[pl.DataFrame, float]]], seeds: dict[str, list[int]] | None = None,
+                 hash_block_tokens: dict[str, int | None] | None = None) -> dict[str, dict]:
+    """Each side's predicted log-effect of ``case`` on the wall-clock engine: the virtual engine (vLLM's scheduler
+    with the project's policy classes) with the engine's own step table and settings (token scale, budget -- a
+    policy's own, sarathi's, through :func:`.resim.sim_settings` --, ``max_num_seqs``, block size, context) runs
+    both policies on the side's windows as the engine replays them (``windows``: source -> [(rescaled window,
+    horizon)], :func:`side_windows`).
+
+    ``case``: anything with ``a``, ``b``, ``metric`` (the pair's policies and the metric). Per source: the per-window
+    ``log(metric_b / metric_a)`` (the engine's paired log-ratio, same sign convention), their mean
+    (``log_effect``), and ``better``: which policy the prediction finds better on the mean (by the metric's
+    direction; None at an exact tie). ``seeds``: per source the windows' seeds (default 0, 1, ...)."""
+    out: dict[str, dict] = {}
+    higher = metrics.direction(case.metric) == "higher"
+    for src, wins in windows.items():
+        logs, va, vb = [], [], []
+        for j, (df, horizon) in enumerate(wins):
+            seed = (seeds or {}).get(src, list(range(len(wins))))[j]
+            hb = (hash_block_tokens or {}).get(src)
+            ma = run_metrics(predict(df, case.a, seed, horizon, settings, step_table, sim, hb).requests, horizon, sim)
+            mb = run_metrics(predict(df, case.b, seed, horizon, settings, step_table, sim, hb).requests, horizon, sim)
+            a, b = float(ma[case.metric]), float(mb[case.metric])
+            va.append(a)
+            vb.append(b)
+            logs.append(math.log(b / a) if a > 0 and b > 0 else math.nan)
+        x = np.asarray(logs, float)
+        mean = float(np.nanmean(x)) if np.isfinite(x).any() else math.nan
+        better = None if not math.isfinite(mean) or mean == 0 else (
+            case.b if (mean > 0) == higher else case.a)
+        out[src] = {"log_effect": mean, "per_window": logs, "metric_a": va, "metric_b": vb, "windows": len(wins),
+                    "better": better, "sd": float(np.nanstd(x, ddof=1)) if np.isfinite(x).sum() > 1 else math.nan}
+    return out
