@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from portbench.core.errors import PortbenchError
 from portbench.sim import metrics
-from portbench.validation import capacity, cases, policies, replay, resim, verdict
+from portbench.validation import capacity, cases, fidelity, policies, replay, resim
 
 SOURCES = ("azure", "burstgpt", "bailian")
 
@@ -292,18 +292,18 @@ def test_iteration_rows_and_the_fitted_profile(tmp_path):
     assert rows.height == 200 and replay.iteration_rows(tmp_path / "missing.jsonl").height == 0
     # a busy step's time runs to the next step's start; an idle gap is replaced by the median busy gap
     assert rows["step_s"].to_numpy() == pytest.approx(rows["iteration_s"].to_numpy() + gap, abs=1e-9)
-    prof = verdict.fit_engine_profile(rows, profiles.get_profile(profiles.DEFAULT_PROFILE), "engine", floor="none")
+    prof = fidelity.fit_engine_profile(rows, profiles.get_profile(profiles.DEFAULT_PROFILE), "engine", floor="none")
     assert prof.coefficients == pytest.approx(true, rel=1e-5, abs=1e-10)
-    assert verdict.fit_r2(rows, prof)["r2"] == pytest.approx(1.0)
-    assert verdict.profile_fit_table(rows, prof)["median_abs_rel_err"].max() < 1e-5
+    assert fidelity.fit_r2(rows, prof)["r2"] == pytest.approx(1.0)
+    assert fidelity.profile_fit_table(rows, prof)["median_abs_rel_err"].max() < 1e-5
 
 
 def test_calibration_sample_gives_every_batch_size_room():
     # 2,000 full-batch steps (40 decodes) and 30 small ones (3 decodes): the sample keeps every small step
     steps = pl.DataFrame({"decode_seqs": [40] * 2000 + [3] * 30, "t_start": np.arange(2030.0)})
-    cs = verdict.calibration_sample(steps, per_bin=100, seed=1)
+    cs = fidelity.calibration_sample(steps, per_bin=100, seed=1)
     assert cs.filter(pl.col("decode_seqs") == 3).height == 30 and cs.filter(pl.col("decode_seqs") == 40).height == 100
-    assert cs["t_start"].is_sorted() and cs.equals(verdict.calibration_sample(steps, per_bin=100, seed=1))
+    assert cs["t_start"].is_sorted() and cs.equals(fidelity.calibration_sample(steps, per_bin=100, seed=1))
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -317,14 +317,14 @@ def test_fidelity_on_hand_computed_requests():
                              "rho": 0.5})
     eng = rec([0.5, 2.0, 2.5], [1.5, 4.0, float("nan")])
     sim = rec([0.25, 1.5, 2.5], [1.25, 3.5, 3.0])
-    m = verdict.matched_latencies(eng, sim)
+    m = fidelity.matched_latencies(eng, sim)
     assert m.height == 2                                         # request 2 unfinished on the engine
-    f = verdict.fidelity(m)
+    f = fidelity.fidelity(m)
     assert f["ttft"]["mape"] == pytest.approx(np.mean([0.25 / 0.5, 0.5 / 1.0]))
     assert f["e2e"]["mape"] == pytest.approx(np.mean([0.25 / 1.5, 0.5 / 3.0]))
     assert f["e2e"]["median_abs_err_s"] == pytest.approx(np.median([0.25, 0.5]))
     assert f["tpot"]["mape"] == pytest.approx(0.0) and f["e2e"]["n"] == 2
-    w = verdict.window_error_table(m).row(0, named=True)
+    w = fidelity.window_error_table(m).row(0, named=True)
     assert w["ttft_engine"] == pytest.approx(0.75) and w["ttft_sim"] == pytest.approx(0.375)
     assert w["ttft_rel_err"] == pytest.approx(-0.5) and w["n_matched"] == 2
 
@@ -333,9 +333,9 @@ def test_step_time_share_separates_the_cost_model_from_the_schedule():
     # two steps of 1 s (predicted 0.5 s each) inside a request's life (arrival 0, finish 2.5)
     steps = pl.DataFrame({"t_start": [100.5, 101.5, 103.0], "step_s": [1.0, 1.0, 1.0], "predicted_s": [0.5, 0.5, 0.5]})
     eng = pl.DataFrame({"req_id": [0], "arrival_s": [0.0], "finish_s": [2.5], "rejected": [False]})
-    sh = verdict.step_time_share(eng, steps, origin=100.0).row(0, named=True)
+    sh = fidelity.step_time_share(eng, steps, origin=100.0).row(0, named=True)
     assert sh["steps_measured_s"] == 2.0 and sh["steps_predicted_s"] == 1.0 and sh["e2e_if_schedule_exact"] == 1.5
-    assert verdict.step_time_share(eng, steps, 100.0, factor=2.0)["e2e_if_schedule_exact"][0] == 2.5
+    assert fidelity.step_time_share(eng, steps, 100.0, factor=2.0)["e2e_if_schedule_exact"][0] == 2.5
 
 
 # --------------------------------------------------------------------------- capacity and re-simulation settings

@@ -18,7 +18,7 @@ from ..core.errors import ParameterError
 from ..core.provenance import label
 from ..sim import metrics
 from ..validation.cases import Case
-from ..validation.verdict import window_values
+from ..validation.fidelity import window_values
 from . import figures
 
 

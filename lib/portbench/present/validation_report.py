@@ -127,7 +127,7 @@ def error_sources_markdown(s: dict) -> str:
             f"{sf.get('max', float('nan')):.2f}x the calibration's speed from replay to replay (median "
             f"{sf.get('median', float('nan')):.2f}x): the CPU is shared, and a step's wall time is its compute divided "
             "by the share of a core the process gets. The cost model fits the calibration steps with R² "
-            f"{s['profile_fit_r2']:.2f} (a sample with every batch size represented, verdict.calibration_sample); "
+            f"{s['profile_fit_r2']:.2f} (a sample with every batch size represented, fidelity.calibration_sample); "
             "the variance it leaves is mostly this noise, so sums over many steps — E2E — are predicted better "
             "than single steps — TTFT, TPOT.\n"
             f"* **Frontend.** vLLM's scheduler sees a request {1e3 * ing.get('median', float('nan')):.1f} ms "

@@ -21,7 +21,7 @@ from ..data import windows
 from ..data.predictors import PREDICTION_COLUMNS
 from ..sim import metrics, profiles, regions
 from ..study.analysis import cube as analysis_cube
-from . import capacity, confirm, matching, predict, prereg, repeat, replay, resim, steps, verdict
+from . import capacity, confirm, fidelity, matching, predict, prereg, repeat, replay, resim, steps
 from .common import (FAMILY_TABLES, LABEL_CPU, LABEL_GPU, TARGETS, _case_from_dict, _coefs, _floor, _label_phases, _seed,
                      steps_of,
                      _write_json, base_profile, out_dir, summary_path)
@@ -99,7 +99,7 @@ def virtual_section(sim: SimulationConfig, out: Path, *, es: resim.EngineSetting
         sc, horizon, rho = w.select(cols), float(w["horizon_s"][0]), float(w["rho"][0])
         e_ = es_of.get(sched, es)
         seed = _seed(sim, wid, sched, region)
-        lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(rho).alias("rho")]
+        lit = [pl.lit(x).alias(k) for k, x in zip(fidelity.KEY, key)] + [pl.lit(rho).alias("rho")]
         rec = (rec_by_key or {}).get(key)
         # every replay gets the prediction; the replays below nominal saturation (rho < 1, where the error budget
         # is taken) also the former input and the two diagnostic variants (they cost ~0.1-0.3 s each)
@@ -239,29 +239,29 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
             continue
         rho = float(rr["rho"][0])
         g = predict.queue_growth(rec)
-        row = {**dict(zip(verdict.KEY, key)), "rho": rho, "queue_growth": g, "saturated": predict.saturated(rho, g),
+        row = {**dict(zip(fidelity.KEY, key)), "rho": rho, "queue_growth": g, "saturated": predict.saturated(rho, g),
                "speed": speed_of.get((f"{wid}.{region}", sched), math.nan)}
         for v in variants:
-            m = verdict.matched_latencies(rr, pred.filter(pl.col("variant") == v, pl.col("window_id") == wid,
+            m = fidelity.matched_latencies(rr, pred.filter(pl.col("variant") == v, pl.col("window_id") == wid,
                                                           pl.col("region") == region, pl.col("scheduler") == sched))
-            row[f"e2e_mape_{v}"] = verdict.fidelity(m)["e2e"]["mape"] if m.height else math.nan
+            row[f"e2e_mape_{v}"] = fidelity.fidelity(m)["e2e"]["mape"] if m.height else math.nan
         rows.append(row)
-    table = pl.DataFrame(rows).sort(list(verdict.KEY)) if rows else pl.DataFrame()
+    table = pl.DataFrame(rows).sort(list(fidelity.KEY)) if rows else pl.DataFrame()
     if table.height == 0:
         return {"available": False, "why": "no replay matched the prediction"}, table
-    sat = table.select(*verdict.KEY, "saturated")
-    eng = eng_req.join(sat, on=list(verdict.KEY), how="inner")
+    sat = table.select(*fidelity.KEY, "saturated")
+    eng = eng_req.join(sat, on=list(fidelity.KEY), how="inner")
 
     def scope(which: str, variant: str) -> tuple[dict, dict]:
         e = (eng if which == "all" else eng.filter(pl.col("rho") < 1.0) if which == "rho_below_1"
              else eng.filter(pl.col("saturated") == (which == "saturated")))
-        m = verdict.matched_latencies(e.drop("saturated"), pred.filter(pl.col("variant") == variant).drop("variant"))
+        m = fidelity.matched_latencies(e.drop("saturated"), pred.filter(pl.col("variant") == variant).drop("variant"))
         if m.height == 0:
-            return {x: math.nan for x in verdict.LATENCIES} | {"requests": 0}, {}
-        f = verdict.fidelity(m)
-        per = {s: {x: verdict.fidelity(gg)[x]["mape"] for x in verdict.LATENCIES} | {"requests": gg.height}
+            return {x: math.nan for x in fidelity.LATENCIES} | {"requests": 0}, {}
+        f = fidelity.fidelity(m)
+        per = {s: {x: fidelity.fidelity(gg)[x]["mape"] for x in fidelity.LATENCIES} | {"requests": gg.height}
                for (s,), gg in m.group_by(["source"], maintain_order=True)}
-        return {x: f[x]["mape"] for x in verdict.LATENCIES} | {"requests": f["e2e"]["n"]}, per
+        return {x: f[x]["mape"] for x in fidelity.LATENCIES} | {"requests": f["e2e"]["n"]}, per
 
     mape, mape_by_source = {}, {}
     for which in ("below_saturation", "saturated", "all", "rho_below_1"):
@@ -275,7 +275,7 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
         logged["prefill_tokens"].to_numpy(), logged["decode_seqs"].to_numpy(), logged["context_tokens"].to_numpy(),
         a)).astype(float)))
     origins = {(ph["tag"], ph["policy"]): ph.get("origin") for ph in phases if ph.get("instance") != "own"}
-    below_keys = {tuple(r[:4]) for r in table.filter(~pl.col("saturated")).select(*verdict.KEY).iter_rows()}
+    below_keys = {tuple(r[:4]) for r in table.filter(~pl.col("saturated")).select(*fidelity.KEY).iter_rows()}
     exact: dict[str, list] = {}
     exact_raw: dict[str, list] = {}
     for key in sorted(below_keys):     # a fixed order: the pooled mean does not depend on string hashing
@@ -285,7 +285,7 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
             continue
         f = speed_of.get((f"{wid}.{region}", sched), math.nan)
         for dest, fac in ((exact, f if math.isfinite(f) else 1.0), (exact_raw, 1.0)):
-            sh = verdict.step_time_share(rec_by_key[key], steps_p, org, fac).filter(pl.col("e2e") > 0)
+            sh = fidelity.step_time_share(rec_by_key[key], steps_p, org, fac).filter(pl.col("e2e") > 0)
             dest.setdefault(s_, []).append(((sh["e2e_if_schedule_exact"] - sh["e2e"]).abs() / sh["e2e"]).to_numpy())
 
     def pooled(d: dict, srcs=None) -> float:
@@ -297,23 +297,23 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
         stages = {}
         for v in variants:     # pooled over the requests, as the headline (replays weighted by their requests)
             e = eng.filter(~pl.col("saturated") & (pl.col("source").is_in(srcs) if srcs else pl.lit(True)))
-            m = verdict.matched_latencies(e.drop("saturated"), pred.filter(pl.col("variant") == v).drop("variant"))
-            stages[v] = verdict.fidelity(m)["e2e"]["mape"] if m.height else math.nan
+            m = fidelity.matched_latencies(e.drop("saturated"), pred.filter(pl.col("variant") == v).drop("variant"))
+            stages[v] = fidelity.fidelity(m)["e2e"]["mape"] if m.height else math.nan
         return {**predict.error_budget(stages, pooled(exact, srcs)), "replays": t.height}
 
     srcs = sorted(table["source"].unique().to_list())
-    same = verdict.fidelity(verdict.matched_latencies(virt["resim_same_profile"],
+    same = fidelity.fidelity(fidelity.matched_latencies(virt["resim_same_profile"],
                                                       pred.filter(pl.col("variant") == "trace").drop("variant")))
     below_ph = {(f"{w}.{r}", p) for _, w, r, p in below_keys}
     shapes = step_table_on_replays(logged, phases, below_ph, profile, speed_of, grid_max or {})
     sp = np.array([x for x in table.filter(~pl.col("saturated"))["speed"].to_list() if x is not None and math.isfinite(x)])
-    below_t = table.filter(~pl.col("saturated")).select(*verdict.KEY)
-    head_below_pred = pred.filter(pl.col("variant") == head).join(below_t, on=list(verdict.KEY), how="semi")
+    below_t = table.filter(~pl.col("saturated")).select(*fidelity.KEY)
+    head_below_pred = pred.filter(pl.col("variant") == head).join(below_t, on=list(fidelity.KEY), how="semi")
     sens = predict.sensitivity(head_below_pred, {n: pred.filter(pl.col("variant") == n).join(
-        below_t, on=list(verdict.KEY), how="semi") for n in predict.SENSITIVITY}, list(verdict.KEY))
+        below_t, on=list(fidelity.KEY), how="semi") for n in predict.SENSITIVITY}, list(fidelity.KEY))
     within = _speed_within(logged, phases, below_ph, profile)
     eng_below = eng.filter(~pl.col("saturated")).drop("saturated")
-    lo_hi = [verdict.matched_latencies(eng_below, pred.filter(pl.col("variant") == n).drop("variant"))
+    lo_hi = [fidelity.matched_latencies(eng_below, pred.filter(pl.col("variant") == n).drop("variant"))
              for n in predict.BAND]
     coverage = predict.band_coverage(*lo_hi) if all(x.height for x in lo_hi) else {"requests": 0}
     head_below = mape["below_saturation"]
@@ -351,7 +351,7 @@ def whole_run_section(virt: dict | None, eng_req: pl.DataFrame, logged: pl.DataF
                "size causes by itself")},
            "frontend_delay_s": frontend_s or {},
            "step_table_on_replays": shapes,
-           "virtual_vs_simulator_same_profile": {x: same[x]["mape"] for x in verdict.LATENCIES},
+           "virtual_vs_simulator_same_profile": {x: same[x]["mape"] for x in fidelity.LATENCIES},
            "attention_pairs_logged": bool("attention_pairs" in logged.columns
                                           and logged["attention_pairs"].null_count() < logged.height),
            "virtual_wall_s": virt["wall_s"], "virtual_source": virt["source"],
@@ -413,7 +413,7 @@ def _resimulate(sim: SimulationConfig, keys: pl.DataFrame, eng_all: pl.DataFrame
     eng_req, horizons, rec_by_key = [], {}, {}
     for key in keys.iter_rows():
         s, wid, region, sched = key
-        flt = [pl.col(c) == x for c, x in zip(verdict.KEY, key)]
+        flt = [pl.col(c) == x for c, x in zip(fidelity.KEY, key)]
         rec = eng_all.filter(*flt)
         w = wins.filter(pl.col("window_id") == wid, pl.col("region") == region).sort("req_id")
         horizon, rho = float(w["horizon_s"][0]), float(w["rho"][0])
@@ -421,8 +421,8 @@ def _resimulate(sim: SimulationConfig, keys: pl.DataFrame, eng_all: pl.DataFrame
         sc = w.select([c for c in ("arrival_s", "prompt_tokens", "output_tokens", "tenant", "block_hashes",
                                    *PREDICTION_COLUMNS) if c in w.columns])
         horizons[key] = horizon
-        rec_by_key[key] = rec.drop(*verdict.KEY, "horizon_s")
-        lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(rho).alias("rho")]
+        rec_by_key[key] = rec.drop(*fidelity.KEY, "horizon_s")
+        lit = [pl.lit(x).alias(k) for k, x in zip(fidelity.KEY, key)] + [pl.lit(rho).alias("rho")]
         eng_req.append(rec_by_key[key].with_columns(*lit))
         seed = _seed(sim, wid, sched, region)
         f = speed.get((f"{wid}.{region}", sched), 1.0)
@@ -439,7 +439,7 @@ def _resimulate(sim: SimulationConfig, keys: pl.DataFrame, eng_all: pl.DataFrame
             if variant == "speed_corrected":    # latencies from the same client arrival as the engine's
                 r = r.with_columns(pl.Series("arrival_s", arr_engine))
             vals = metrics.compute(r, horizon, sim.slo_dicts)
-            sim_rows[variant].append({**dict(zip(verdict.KEY, key)), "rho": rho, "horizon_s": horizon,
+            sim_rows[variant].append({**dict(zip(fidelity.KEY, key)), "rho": rho, "horizon_s": horizon,
                                       "speed_factor": f, "preemptions": int(res.counters["preemptions"]), **vals})
             sim_req[variant].append(r.with_columns(*lit))
     return sim_req, sim_rows, eng_req, horizons, rec_by_key
@@ -458,11 +458,11 @@ def _error_sources(rec_by_key: dict, wins: pl.DataFrame, phases: list[dict], spe
             continue
         rho = float(wins.filter(pl.col("window_id") == wid, pl.col("region") == region)["rho"][0])
         f = speed.get((f"{wid}.{region}", sched), 1.0)
-        a = verdict.step_time_share(rec, residuals, org)
-        b = verdict.step_time_share(rec, residuals, org, f).select("req_id", pl.col("e2e_if_schedule_exact")
+        a = fidelity.step_time_share(rec, residuals, org)
+        b = fidelity.step_time_share(rec, residuals, org, f).select("req_id", pl.col("e2e_if_schedule_exact")
                                                                      .alias("e2e_if_schedule_exact_speed_corrected"))
         share_rows.append(a.join(b, on="req_id").with_columns(
-            *[pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)], pl.lit(rho).alias("rho")))
+            *[pl.lit(x).alias(k) for k, x in zip(fidelity.KEY, key)], pl.lit(rho).alias("rho")))
     shares = pl.concat(share_rows) if share_rows else pl.DataFrame()
 
     def _mape(df, col):
@@ -486,12 +486,12 @@ def _fidelity(eng_req: pl.DataFrame, sim_req: dict[str, list], variants: dict) -
     every load, by region, by scheduler)."""
     fid, matched = {}, {}
     for variant in variants:
-        m = verdict.matched_latencies(eng_req, pl.concat(sim_req[variant], how="diagonal_relaxed"))
+        m = fidelity.matched_latencies(eng_req, pl.concat(sim_req[variant], how="diagonal_relaxed"))
         matched[variant] = m
-        fid[variant] = {"below_saturation": verdict.fidelity(m.filter(pl.col("rho") < 1.0)),
-                        "all_loads": verdict.fidelity(m),
-                        "by_region": {r: verdict.fidelity(g) for (r,), g in m.group_by(["region"], maintain_order=True)},
-                        "by_scheduler": {p: verdict.fidelity(g) for (p,), g in m.group_by(["scheduler"], maintain_order=True)}}
+        fid[variant] = {"below_saturation": fidelity.fidelity(m.filter(pl.col("rho") < 1.0)),
+                        "all_loads": fidelity.fidelity(m),
+                        "by_region": {r: fidelity.fidelity(g) for (r,), g in m.group_by(["region"], maintain_order=True)},
+                        "by_scheduler": {p: fidelity.fidelity(g) for (p,), g in m.group_by(["scheduler"], maintain_order=True)}}
     return fid, matched
 
 
@@ -516,13 +516,13 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
     base = base_profile(sim)
     logged_all = _label_phases(replay.iteration_rows(out / "iterations.jsonl"), phases_all)
     logged = logged_all.filter(pl.col("phase") != repeat.PHASE)
-    calib_steps = verdict.calibration_sample(logged.filter(pl.col("phase") == "saturation"), seed=int(cfg.validation.seed))
+    calib_steps = fidelity.calibration_sample(logged.filter(pl.col("phase") == "saturation"), seed=int(cfg.validation.seed))
     all_steps = logged.filter(pl.col("phase") != "warmup")
-    insample = verdict.fit_engine_profile(all_steps, base, f"vllm_{run_info['model_config']}_{device}_all_steps",
+    insample = fidelity.fit_engine_profile(all_steps, base, f"vllm_{run_info['model_config']}_{device}_all_steps",
                                           floor=_floor(device))
     insample_path = profiles.save_profile(insample, out / "engine_profile.json")
-    calib_fit, insample_fit = verdict.fit_r2(calib_steps, calib), verdict.fit_r2(all_steps, insample)
-    calib_on_all = verdict.fit_r2(all_steps, calib)
+    calib_fit, insample_fit = fidelity.fit_r2(calib_steps, calib), fidelity.fit_r2(all_steps, insample)
+    calib_on_all = fidelity.fit_r2(all_steps, calib)
     speed = _speed_factors(logged, phases, calib)
     residuals = logged.with_columns(pl.Series("predicted_s", np.atleast_1d(calib.iteration_time(
         logged["prefill_tokens"].to_numpy(), logged["decode_seqs"].to_numpy(), logged["context_tokens"].to_numpy()))))
@@ -536,7 +536,7 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
         if run_info.get("own_instance_settings", {}).get("sarathi") else {}
     sim_caps = _simulator_capacities(sim, bursts, es, calib, trace_hb, cap_rows)
 
-    keys = eng_all.select(*verdict.KEY).unique(maintain_order=True).sort(list(verdict.KEY))
+    keys = eng_all.select(*fidelity.KEY).unique(maintain_order=True).sort(list(fidelity.KEY))
     step_fit = step_fit_section(out, base, f"vllm_{run_info['model_config']}_{device}_step_grid")
     grid_prof = step_fit.pop("_profile", None)
     variants = {k: v for k, v in RESIM_VARIANTS.items() if k != "step_grid" or grid_prof is not None}
@@ -544,7 +544,7 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
     sim_req, sim_rows, eng_req_parts, horizons, rec_by_key = _resimulate(
         sim, keys, eng_all, wins, variants, profiles_of, speed, es, es_of, trace_hb)
     shares, error_sources = _error_sources(rec_by_key, wins, phases, speed, residuals)
-    engine_runs = verdict.engine_metric_rows(rec_by_key, horizons, sim.slo_dicts)
+    engine_runs = fidelity.engine_metric_rows(rec_by_key, horizons, sim.slo_dicts)
     engine_runs = engine_runs.join(wins.select("window_id", "region", "rho").unique(maintain_order=True),
                                    on=["window_id", "region"], maintain_order="left")
     eng_req = pl.concat(eng_req_parts, how="vertical")
@@ -606,10 +606,10 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
     if not rep_table.height:
         (out / f"{repeat.TABLE}.parquet").unlink(missing_ok=True)
     verdicts = verdict_rows_table(rows)
-    win_err = verdict.window_error_table(matched["prediction"]).join(
-        verdict.window_error_table(matched["speed_corrected"]).select(
-            *verdict.KEY, *[pl.col(f"{x}_mape").alias(f"{x}_mape_speed_corrected") for x in verdict.LATENCIES]),
-        on=list(verdict.KEY), how="left")
+    win_err = fidelity.window_error_table(matched["prediction"]).join(
+        fidelity.window_error_table(matched["speed_corrected"]).select(
+            *fidelity.KEY, *[pl.col(f"{x}_mape").alias(f"{x}_mape_speed_corrected") for x in fidelity.LATENCIES]),
+        on=list(fidelity.KEY), how="left")
     for name, df in {"engine_runs": engine_runs, "engine_requests": eng_req, "iterations": residuals,
                      "sim_runs": sim_runs, "sim_runs_speed_corrected": pl.DataFrame(sim_rows["speed_corrected"]),
                      "sim_runs_all_steps_profile": pl.DataFrame(sim_rows["all_steps_profile"]),
@@ -652,12 +652,12 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
         "window_seed": run_info["window_seed"], "windows": run_info["windows"],
         "windows_replayed": int(eng_req.select("source", "window_id").unique().height),
         "replays": int(keys.height),
-        "mape": {x: pred_b[x]["mape"] for x in verdict.LATENCIES},
+        "mape": {x: pred_b[x]["mape"] for x in fidelity.LATENCIES},
         "mape_definition": ("per request, |sim - engine| / engine, over the requests completed on both sides in the "
                             f"replays below saturation (rho < 1; {pred_b['e2e']['n']} requests); simulator = "
                             "re-simulation on the calibration profile (a prediction: fitted before any replay)"),
-        "mape_speed_corrected": {x: corr_b[x]["mape"] for x in verdict.LATENCIES},
-        "mape_all_loads": {x: fid["prediction"]["all_loads"][x]["mape"] for x in verdict.LATENCIES},
+        "mape_speed_corrected": {x: corr_b[x]["mape"] for x in fidelity.LATENCIES},
+        "mape_all_loads": {x: fid["prediction"]["all_loads"][x]["mape"] for x in fidelity.LATENCIES},
         "resim_variants": RESIM_VARIANTS,
         "fidelity": fid,
         "targets": {**TARGETS, "e2e_met": bool(pred_b["e2e"]["mape"] <= TARGETS["e2e_mape"]),
@@ -703,7 +703,7 @@ def analyze(cfg: Config, *, t_start: float | None = None, manifest: dict | None 
                           "confirmatory": doc["confirmed_when"],
                           "exploratory": "the same effect sizes and intervals, no significance language"},
         "step_fit": step_fit,
-        "mape_step_grid": ({x: fid["step_grid"]["below_saturation"][x]["mape"] for x in verdict.LATENCIES}
+        "mape_step_grid": ({x: fid["step_grid"]["below_saturation"][x]["mape"] for x in fidelity.LATENCIES}
                            if "step_grid" in fid else None),
         "cases_skipped": run_info["cases_skipped"],
         "profile_fit_r2": calib_fit["r2"],

@@ -42,7 +42,7 @@ says more):
 6. Re-simulation of every replay (:func:`.resim.simulate`: same window, seed, horizon, engine
    settings) on the calibration profile -- a prediction, the profile was fitted before any replay --
    and, as a diagnostic, on a profile refitted to every step of the run.
-7. Fidelity (:func:`.verdict.fidelity`: per-request TTFT/TPOT/E2E MAPE, median absolute error,
+7. Fidelity (:func:`.fidelity.fidelity`: per-request TTFT/TPOT/E2E MAPE, median absolute error,
    correlation; per window x policy means) and the two-step verdicts (:mod:`.confirm`: does the finding
    survive the engine's settings in re-simulation; does the engine reproduce the re-simulation -- TOST
    on effect sizes; the pre-registered family confirmed by one-sided tests, intersection-union, Holm).

@@ -215,17 +215,17 @@ def sensitivity(head: pl.DataFrame, scaled: dict[str, pl.DataFrame], keys: list[
     its requests, :data:`SENSITIVITY`) against the unscaled prediction ``head`` on the same requests (matched by
     ``keys`` + ``req_id``), overall and per ``source``: the whole-run error a uniform step-time error of that
     factor causes by itself."""
-    from . import verdict
+    from . import fidelity
 
     out: dict = {}
     for name, df in scaled.items():
-        m = verdict.matched_latencies(head, df, keys)
+        m = fidelity.matched_latencies(head, df, keys)
         if m.height == 0:
             continue
-        f = verdict.fidelity(m)
+        f = fidelity.fidelity(m)
         out[name] = {"factor": SENSITIVITY.get(name, math.nan),
-                     **{x: f[x]["mape"] for x in verdict.LATENCIES}, "requests": f["e2e"]["n"],
-                     "by_source": {s: {x: verdict.fidelity(g)[x]["mape"] for x in verdict.LATENCIES}
+                     **{x: f[x]["mape"] for x in fidelity.LATENCIES}, "requests": f["e2e"]["n"],
+                     "by_source": {s: {x: fidelity.fidelity(g)[x]["mape"] for x in fidelity.LATENCIES}
                                    for (s,), g in m.group_by(["source"], maintain_order=True)}
                      if "source" in m.columns else {}}
     return out
@@ -251,17 +251,17 @@ def speed_variation(steps: pl.DataFrame, profile: Profile, bin_s: float = SPEED_
 
 def band_coverage(lo: pl.DataFrame, hi: pl.DataFrame) -> dict:
     """The share of requests whose engine latency lies inside the prediction's speed band: ``lo``/``hi`` are
-    :func:`.verdict.matched_latencies` of the engine against the prediction at the band's two speeds (same
+    :func:`.fidelity.matched_latencies` of the engine against the prediction at the band's two speeds (same
     requests); per TTFT, TPOT and E2E the share with min(lo, hi) <= engine <= max(lo, hi), and the share above
     (the engine slower than the slow end), overall and per ``source``."""
-    from . import verdict
+    from . import fidelity
 
-    keys = [c for c in (*verdict.KEY, "req_id") if c in lo.columns]
-    m = lo.join(hi.select(*keys, *[pl.col(f"{x}_sim").alias(f"{x}_hi") for x in verdict.LATENCIES]), on=keys)
+    keys = [c for c in (*fidelity.KEY, "req_id") if c in lo.columns]
+    m = lo.join(hi.select(*keys, *[pl.col(f"{x}_sim").alias(f"{x}_hi") for x in fidelity.LATENCIES]), on=keys)
 
     def shares(d: pl.DataFrame) -> dict:
         out: dict = {"requests": d.height}
-        for x in verdict.LATENCIES:
+        for x in fidelity.LATENCIES:
             e, a, b = (d[c].to_numpy().astype(float) for c in (x, f"{x}_sim", f"{x}_hi"))
             ok = np.isfinite(e) & np.isfinite(a) & np.isfinite(b)
             lo_, hi_ = np.minimum(a[ok], b[ok]), np.maximum(a[ok], b[ok])

@@ -19,7 +19,7 @@ import math
 import numpy as np
 import polars as pl
 
-from . import predict, verdict
+from . import fidelity, predict
 from .common import steps_of
 
 PHASE = "repeat"                                   # the repeat replays' phase in raw/run.json (apart from "fidelity")
@@ -48,22 +48,22 @@ def pairs(first: pl.DataFrame, repeats: pl.DataFrame, prediction: pl.DataFrame |
     of the first replay (``<x>``), of the repeat (``<x>_repeat``) and of the prediction (``<x>_prediction``: the
     whole-run prediction's records of the same replays, null where it did not complete the request or is
     absent)."""
-    lat = list(verdict.LATENCIES)
-    m = verdict.matched_latencies(first, repeats).rename({f"{x}_sim": f"{x}_repeat" for x in lat})
+    lat = list(fidelity.LATENCIES)
+    m = fidelity.matched_latencies(first, repeats).rename({f"{x}_sim": f"{x}_repeat" for x in lat})
     if prediction is not None and prediction.height and m.height:
-        p = verdict.matched_latencies(first, prediction).select(
-            *verdict.KEY, "req_id", *[pl.col(f"{x}_sim").alias(f"{x}_prediction") for x in lat])
-        m = m.join(p, on=[*verdict.KEY, "req_id"], how="left")
+        p = fidelity.matched_latencies(first, prediction).select(
+            *fidelity.KEY, "req_id", *[pl.col(f"{x}_sim").alias(f"{x}_prediction") for x in lat])
+        m = m.join(p, on=[*fidelity.KEY, "req_id"], how="left")
     else:
         m = m.with_columns(*[pl.lit(None, dtype=pl.Float64).alias(f"{x}_prediction") for x in lat])
-    return m.sort([*verdict.KEY, "req_id"])
+    return m.sort([*fidelity.KEY, "req_id"])
 
 
 def _mape(m: pl.DataFrame, side: str) -> dict:
     """MAPE of ``<x>_<side>`` against ``<x>`` (the first replay) for TTFT, TPOT, E2E, and the requests counted
     (E2E's)."""
     out = {x: predict.mape(m[f"{x}_{side}"].cast(pl.Float64).to_numpy(), m[x].cast(pl.Float64).to_numpy())
-           for x in verdict.LATENCIES}
+           for x in fidelity.LATENCIES}
     e, ref = (m[c].cast(pl.Float64).to_numpy() for c in (f"e2e_{side}", "e2e"))
     return out | {"requests": int((np.isfinite(e) & np.isfinite(ref) & (ref > 0)).sum())}
 
@@ -119,20 +119,20 @@ def section(first: pl.DataFrame, repeats: pl.DataFrame | None, *, prediction: pl
                if why_cut else "no repeat replay ran (validation.repeat_windows is 0, or a run before the repeats)")
         return {"available": False, "why": why, "what": EXPLANATION}, pl.DataFrame()
     m = pairs(first, repeats, prediction)
-    keys = repeats.select(*verdict.KEY).unique().sort(list(verdict.KEY)).rows()
+    keys = repeats.select(*fidelity.KEY).unique().sort(list(fidelity.KEY)).rows()
     by_source = {s: {**_mape(g, "repeat"), "e2e_bias": _bias(g)}
                  for (s,), g in m.group_by(["source"], maintain_order=True)}
     pred_by_source = {s: _mape(g, "prediction") for (s,), g in m.group_by(["source"], maintain_order=True)}
-    info_of = {tuple(d[k] for k in verdict.KEY): d for d in (info or [])}
+    info_of = {tuple(d[k] for k in fidelity.KEY): d for d in (info or [])}
     rows = []
     for key in keys:
         s, wid, region, sched = key
-        g = m.filter(*[pl.col(c) == x for c, x in zip(verdict.KEY, key)])
-        row: dict = {**dict(zip(verdict.KEY, key)), "requests": g.height}
+        g = m.filter(*[pl.col(c) == x for c, x in zip(fidelity.KEY, key)])
+        row: dict = {**dict(zip(fidelity.KEY, key)), "requests": g.height}
         row |= {f"{x}_mape": v for x, v in _mape(g, "repeat").items() if x != "requests"}
         row |= {"e2e_bias": _bias(g), "e2e_mape_prediction": _mape(g, "prediction")["e2e"]}
-        inp = same_input(first.filter(*[pl.col(c) == x for c, x in zip(verdict.KEY, key)]),
-                         repeats.filter(*[pl.col(c) == x for c, x in zip(verdict.KEY, key)]))
+        inp = same_input(first.filter(*[pl.col(c) == x for c, x in zip(fidelity.KEY, key)]),
+                         repeats.filter(*[pl.col(c) == x for c, x in zip(fidelity.KEY, key)]))
         row |= {"same_input": inp["same"], "send_order_changed": inp["send_order_changed"],
                 "send_diff_ms_median": inp.get("send_diff_ms_median", math.nan)}
         if logged is not None and phases is not None and profile is not None:
@@ -143,8 +143,8 @@ def section(first: pl.DataFrame, repeats: pl.DataFrame | None, *, prediction: pl
         rows.append(row)
     overall = {**_mape(m, "repeat"), "e2e_bias": _bias(m)}
     # the floor only from the windows whose two replays got the same input (the same send order)
-    same_keys = [tuple(r[c] for c in verdict.KEY) for r in rows if r["same_input"]]
-    ms = m.join(pl.DataFrame(same_keys, schema=list(verdict.KEY), orient="row"), on=list(verdict.KEY), how="semi") \
+    same_keys = [tuple(r[c] for c in fidelity.KEY) for r in rows if r["same_input"]]
+    ms = m.join(pl.DataFrame(same_keys, schema=list(fidelity.KEY), orient="row"), on=list(fidelity.KEY), how="semi") \
         if same_keys else m.head(0)
     same = {**_mape(ms, "repeat"), "prediction_e2e": _mape(ms, "prediction")["e2e"],
             "sources": sorted({k[0] for k in same_keys})}

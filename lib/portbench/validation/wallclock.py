@@ -34,11 +34,11 @@ from ..study import campaign
 from . import (
     capacity,
     cases,
+    fidelity,
     repeat,
     replay,
     resim,
     steps,
-    verdict,
 )
 from .common import (
     OWN_INSTANCE_S,
@@ -149,10 +149,10 @@ def _calibrate(logged: pl.DataFrame, phases: list[dict], base, out: Path, *, nam
                seed: int) -> tuple[pl.DataFrame, Any, Path, dict]:
     """The calibration profile: the cost model fitted to a sample of the saturation runs' steps (``logged``, labelled
     by ``phases``), saved as ``engine_profile_calibration.json``; its steps, the profile, its path and its fit (R²)."""
-    calib_steps = verdict.calibration_sample(_phase_steps(logged, phases, {"saturation"}), seed=seed)
-    calib = verdict.fit_engine_profile(calib_steps, base, name, floor=_floor(device))
+    calib_steps = fidelity.calibration_sample(_phase_steps(logged, phases, {"saturation"}), seed=seed)
+    calib = fidelity.fit_engine_profile(calib_steps, base, name, floor=_floor(device))
     calib_path = profiles.save_profile(calib, out / "engine_profile_calibration.json")
-    return calib_steps, calib, calib_path, verdict.fit_r2(calib_steps, calib)
+    return calib_steps, calib, calib_path, fidelity.fit_r2(calib_steps, calib)
 
 
 def _own_instance_fit(R: _Run, deferred: list[tuple], startup_s: float, estimate: Callable[..., float]) -> list[tuple]:
@@ -178,7 +178,7 @@ def _keyed(R: _Run, records: dict[tuple, pl.DataFrame]) -> pl.DataFrame:
     keyed = []
     for key, rec in sorted(records.items()):
         sc, horizon, rho = R.scaled[(key[1], key[2])]
-        lit = [pl.lit(x).alias(k) for k, x in zip(verdict.KEY, key)] + [pl.lit(horizon).alias("horizon_s")]
+        lit = [pl.lit(x).alias(k) for k, x in zip(fidelity.KEY, key)] + [pl.lit(horizon).alias("horizon_s")]
         keyed.append(rec.with_columns(*lit))
     return pl.concat(keyed, how="vertical")
 
@@ -550,7 +550,7 @@ def _repeat(E: _Engine, calib, s: str, wid: str, region: str) -> None:
     rec = E.replay_one(sc, "fcfs", horizon, repeat.tag(wid, region), repeat.PHASE, prio, source=s, seed_tag=tag)
     reset = bool(R.phases[-1].get("prefix_cache_reset"))
     R.repeats[key] = rec.with_columns(pl.lit(float(rho)).alias("rho"))
-    R.repeat_info.append({**dict(zip(verdict.KEY, key)), "tag": repeat.tag(wid, region), "first_s": took,
+    R.repeat_info.append({**dict(zip(fidelity.KEY, key)), "tag": repeat.tag(wid, region), "first_s": took,
                           "repeat_s": R.phases[-1]["t1"] - R.phases[-1]["t0"],
                           "prefix_caching": bool(E.es.prefix_caching), "prefix_cache_reset": bool(reset)})
     R.log(f"repeat of {tag} (fcfs): {R.phases[-1]['t1'] - R.phases[-1]['t0']:.1f} s (first replay {took:.1f} s)")

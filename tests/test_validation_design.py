@@ -1,0 +1,214 @@
+"""The paired design and the real-engine verdicts on synthetic replays (no engine, no wall-clock margins)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from portbench.validation import design, verdict
+
+
+def _windows(n: int) -> tuple[str, ...]:
+    return tuple(f"w{i:02d}" for i in range(n))
+
+
+def synthetic(specs: pl.DataFrame, log_effect: dict[str, float], sigma_r: float, *, seed: int = 0,
+              order_effect: float = 0.0, metric: str = "e2e_mean", tau: float = 0.0) -> pl.DataFrame:
+    """A per-replay table as the engine would write it: per window a level, per policy a log-offset
+    (``log_effect[policy]``, higher = slower), per replay log-normal noise ``sigma_r``; the second replay of a
+    pair slower by ``order_effect`` (log); ``tau``: the policies' effect varies over windows."""
+    rng = np.random.default_rng(seed)
+    keys = specs.select("case", "source", "window").unique().sort(["case", "source", "window"]).rows()
+    level = {k: float(rng.uniform(1.0, 5.0)) for k in keys}
+    wiggle = {k: float(rng.normal(0.0, tau)) for k in keys}
+    vals = []
+    for row in specs.iter_rows(named=True):
+        k = (row["case"], row["source"], row["window"])
+        off = log_effect.get(row["policy"], 0.0)
+        off = off * (1.0 + wiggle[k]) if off else 0.0
+        vals.append(level[k] * math.exp(off + order_effect * row["position"] + sigma_r * rng.standard_normal()))
+    return specs.with_columns(pl.Series(metric, vals), pl.col("order").alias("replay_index"),
+                              pl.lit(1.0).alias("machine_speed"))
+
+
+def entry(cid: str, a: str, b: str, signs: dict[str, int], role: str = "primary", metric: str = "e2e_mean") -> dict:
+    return {"id": cid, "role": role, "a": a, "b": b, "metric": metric, "region": "moderate",
+            "sources": list(signs), "campaign_sign": signs}
+
+
+# --------------------------------------------------------------------------- the design
+
+
+def test_specs_abba_aa_share_and_determinism():
+    side = design.Side("key", "azure", "sarathi", "rr", _windows(8), 4)
+    s = design.replay_specs([side], seed=3)
+    assert s.columns == list(design.SPEC_COLUMNS)
+    assert s["order"].to_list() == list(range(s.height)) and s.height == 2 * 8 * 4
+    pairs = s.group_by("pair").agg(pl.col("slot").sort(), pl.col("position").sort(), pl.col("window").n_unique(),
+                                   pl.col("is_aa").first())
+    assert all(x == ["a", "b"] for x in pairs["slot"].to_list())
+    assert all(x == [0, 1] for x in pairs["position"].to_list())
+    assert pairs["window"].max() == 1
+    assert pairs["is_aa"].sum() == 8                          # 25 % of 32 pairs
+    ab = s.filter(~pl.col("is_aa"))
+    assert set(ab.filter(pl.col("slot") == "a")["policy"]) == {"sarathi"}
+    assert set(ab.filter(pl.col("slot") == "b")["policy"]) == {"rr"}
+    aa = s.filter(pl.col("is_aa")).group_by("pair").agg(pl.col("policy").n_unique())
+    assert aa["policy"].max() == 1                            # an A/A pair runs one policy twice
+    # every window keeps at least one a/b pair; a window's replays run together
+    assert ab["window"].n_unique() == 8
+    runs = s["window"].to_list()
+    assert sum(1 for i in range(1, len(runs)) if runs[i] != runs[i - 1]) == 7
+    # ABBA: within a window the first slots alternate ab, ba, ba, ab (or its mirror)
+    for _, g in s.filter(pl.col("position") == 0).group_by("window"):
+        first = g.sort("order")["slot"].to_list()
+        assert first in (["a", "b", "b", "a"], ["b", "a", "a", "b"])
+    assert s.equals(design.replay_specs([side], seed=3))
+    assert not s.equals(design.replay_specs([side], seed=4))
+
+
+def test_aa_counts_spread():
+    assert design.aa_counts(8, 4) == [1] * 8
+    c = design.aa_counts(8, 2)
+    assert sum(c) == 4 and max(c) == 1
+    assert design.aa_counts(3, 1) == [0, 0, 0]               # never all pairs of a window
+
+
+# --------------------------------------------------------------------------- the test
+
+
+def test_sign_flip_hand_computed():
+    assert verdict.sign_flip_p([1, 2, 3], 1) == pytest.approx(1 / 8)
+    assert verdict.sign_flip_p([1, -2, 3], 1) == pytest.approx(3 / 8)   # sums 6, 4, 2 of the 8 are >= 2
+    assert verdict.sign_flip_p([1, 2, 3], -1) == pytest.approx(1.0)
+    assert verdict.sign_flip_p([], 1) == 1.0 and verdict.sign_flip_p([1.0], 0) == 1.0
+    x = np.arange(1, 21, dtype=float)                          # 20 windows: the seeded sample's floor
+    assert verdict.sign_flip_p(x, 1) == pytest.approx(1 / verdict.MC_DRAWS)
+
+
+def test_oriented_effects():
+    # e2e: lower is better, so a = 1 s vs b = 2 s is a better by log 2
+    assert verdict.oriented([1.0], [2.0], "e2e_mean")[0] == pytest.approx(math.log(2))
+    # a proportion where higher is better: an absolute difference
+    assert verdict.oriented([0.9], [0.7], "slo_medium")[0] == pytest.approx(0.2)
+
+
+def _run(cases: list[tuple[str, str, str, dict, dict]], k=10, r=4, sigma=0.15, seed=0, **kw):
+    sides = [design.Side(cid, src, a, b, _windows(k), r) for cid, a, b, signs, _ in cases for src in signs]
+    specs = design.replay_specs(sides, seed=seed)
+    tabs = []
+    for cid, _a, _b, signs, eff in cases:
+        for src in signs:
+            tabs.append(synthetic(specs.filter((pl.col("case") == cid) & (pl.col("source") == src)),
+                                  eff[src], sigma, seed=seed + len(tabs), **kw))
+    return pl.concat(tabs)
+
+
+def test_planted_reversal_detected_and_planted_null_not():
+    # delay_shortest is 30 % slower than fcfs on both sources; a null pair differs by nothing
+    cases = [("planted", "fcfs", "delay_shortest", {"azure": 1, "mooncake": 1},
+              {"azure": {"delay_shortest": 0.3}, "mooncake": {"delay_shortest": 0.3}}),
+             ("null", "fcfs", "sjf", {"azure": 1, "mooncake": 1}, {"azure": {}, "mooncake": {}})]
+    tab = _run(cases)
+    ents = [entry(c[0], c[1], c[2], c[3]) for c in cases]
+    res = verdict.case_verdicts(ents, tab, {}, sigma_r=0.15, r=4)
+    by = {x["id"]: x for x in res}
+    assert by["planted"]["verdict"] == "holds"
+    assert by["planted"]["effect"]["azure"] == pytest.approx(0.3, abs=0.1)
+    assert by["null"]["verdict"] == "undetermined" and "resolves" in by["null"]["reason"]
+    assert verdict.planted(res)["detected"] is True
+
+
+def test_reversal_predicted_but_engine_shows_the_opposite():
+    # predicted: a better on azure, b better on mooncake; the engine shows the opposite on both
+    cases = [("key", "sarathi", "rr", {"azure": 1, "mooncake": -1},
+              {"azure": {"sarathi": 0.35}, "mooncake": {"rr": 0.35}})]
+    tab = _run(cases)
+    res = verdict.case_verdicts([entry("key", "sarathi", "rr", {"azure": 1, "mooncake": -1})], tab, {},
+                                sigma_r=0.15, r=4)
+    assert res[0]["verdict"] == "reverses"
+    assert res[0]["effect"]["azure"] < 0 < res[0]["effect"]["mooncake"]
+    # the same engine data, with the engine-scale prediction saying the order flips: the prediction holds
+    res = verdict.case_verdicts([entry("key", "sarathi", "rr", {"azure": 1, "mooncake": -1})], tab,
+                                {"key": {"azure": -0.3, "mooncake": 0.3}}, sigma_r=0.15, r=4)
+    assert res[0]["verdict"] == "holds"
+    assert res[0]["sides"][0]["tost"]["verdict"] in ("equivalent", "inconclusive")
+
+
+def test_not_testable_reason_classes():
+    e = entry("d1", "fcfs", "las", {"azure": 1, "burstgpt": -1}, role="draw")
+    assert verdict.not_testable_reason(e, {}, 0.05) == verdict.REASONS["no_data"]
+    assert verdict.not_testable_reason(e, {"azure": -0.2, "burstgpt": -0.2}, 0.05) == verdict.REASONS["flips"]
+    assert verdict.not_testable_reason(e, {"azure": 0.01, "burstgpt": -0.2}, 0.05) == verdict.REASONS["below_delta"]
+    assert verdict.not_testable_reason(e, {"azure": 0.2, "burstgpt": -0.2}, 0.05) is None
+    primary = entry("key", "fcfs", "las", {"azure": 1, "burstgpt": -1})
+    assert verdict.not_testable_reason(primary, {"azure": -0.2, "burstgpt": -0.2}, 0.05) is None
+    # a primary case without replays: no data
+    res = verdict.case_verdicts([primary], pl.DataFrame(), {}, sigma_r=0.1, r=4)
+    assert res[0]["verdict"] == "not testable" and res[0]["reason"] == "no data"
+
+
+def test_aa_false_reversal_rate_exact_size():
+    # under the null every sign pattern of the windows' A/A effects is equally likely: the share of the 2^k
+    # patterns on which the two-sided test declares an order is the procedure's false-reversal rate, <= alpha
+    x = np.array([0.11, 0.32, 0.05, 0.27, 0.18, 0.09, 0.41, 0.23])
+    pats = verdict.sign_flip_matrix(x.size)
+    declared = [min(1.0, 2 * min(verdict.sign_flip_p(s * x, 1), verdict.sign_flip_p(s * x, -1))) < verdict.ALPHA
+                for s in pats]
+    assert 0 < np.mean(declared) <= verdict.ALPHA
+
+
+def test_aa_false_reversal_rate_at_most_alpha_on_null_data():
+    # 200 null cases x 2 sides, 8 windows x 4 pairs (8 A/A pairs per side), sigma_r 0.15, a real order effect;
+    # the empirical rate within two binomial standard errors of alpha (its exact size is above)
+    cases = [(f"n{i}", "fcfs", "las", {"azure": 1, "mooncake": 1}, {"azure": {}, "mooncake": {}})
+             for i in range(200)]
+    tab = _run(cases, k=8, r=4, sigma=0.15, seed=11, order_effect=0.1)
+    aa = verdict.aa_check(tab, {c[0]: "e2e_mean" for c in cases})
+    n = aa["sides_tested"]
+    assert n == 400 and aa["pairs"] == 200 * 2 * 8
+    assert aa["false_reversal_rate"] <= verdict.ALPHA + 2 * math.sqrt(verdict.ALPHA * (1 - verdict.ALPHA) / n)
+    assert aa["sigma_r"] == pytest.approx(0.15 * math.sqrt(1 + 0.1 ** 2 / (2 * 0.15 ** 2)), rel=0.1)
+    # the order effect (the second replay 10 % slower) is seen: the first replay is better by about 0.1
+    lo, hi = aa["order_effect"]["ci"]
+    assert lo > 0 and aa["order_effect"]["mean"] == pytest.approx(0.1, abs=0.02)
+
+
+def test_aa_check_finds_a_planted_slot_effect():
+    # an instrument that can fail: a harness that always runs slot a faster (by 30 %) is caught by the A/A pairs
+    cases = [(f"n{i}", "fcfs", "las", {"azure": 1}, {"azure": {}}) for i in range(20)]
+    sides = [design.Side(c[0], "azure", "fcfs", "las", _windows(8), 4) for c in cases]
+    specs = design.replay_specs(sides, seed=5)
+    tab = synthetic(specs, {}, 0.05, seed=5)
+    tab = tab.with_columns(pl.when(pl.col("slot") == "a").then(pl.col("e2e_mean") * 0.7)
+                           .otherwise(pl.col("e2e_mean")).alias("e2e_mean"))
+    assert verdict.aa_check(tab, {c[0]: "e2e_mean" for c in cases})["false_reversal_rate"] > 0.5
+
+
+def test_holm_over_cases():
+    # two strong cases and two nulls: the strong ones decide after Holm, the nulls do not
+    cases = [(f"s{i}", "fcfs", "delay_shortest", {"azure": 1, "mooncake": 1},
+              {"azure": {"delay_shortest": 0.4}, "mooncake": {"delay_shortest": 0.4}}) for i in range(2)]
+    cases += [(f"n{i}", "fcfs", "las", {"azure": 1, "mooncake": 1}, {"azure": {}, "mooncake": {}}) for i in range(2)]
+    tab = _run(cases, seed=2)
+    res = verdict.case_verdicts([entry(c[0], c[1], c[2], c[3]) for c in cases], tab, {}, sigma_r=0.15, r=4)
+    assert [x["verdict"] for x in res] == ["holds", "holds", "undetermined", "undetermined"]
+    assert all(x["p_holm"] >= 2 / 2 ** 10 for x in res)
+
+
+# --------------------------------------------------------------------------- power
+
+
+def test_power_grows_with_effect_and_windows():
+    assert design.min_windows(4, 0.05) == 8                      # 2^-8 < 0.05 / 8 <= 2^-7
+    assert design.power(0.0, 8, 4, 0.1, sims=400) <= 0.05
+    lo = design.power(0.1, 8, 4, 0.1, sims=400)
+    hi = design.power(0.3, 8, 4, 0.1, sims=400)
+    assert lo < hi and hi > 0.9
+    assert design.resolvable_effect(7, 4, 0.1, sims=200) == math.inf
+    assert design.resolvable_effect(12, 4, 0.1, sims=200) < design.resolvable_effect(8, 4, 0.1, sims=200)
+    s = design.size(0.1, sims=300)
+    assert s["target_reached"] and s["k"] >= 8 and s["resolvable_effect"] <= design.TARGET_EFFECT + 0.01
