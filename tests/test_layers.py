@@ -386,7 +386,8 @@ WHOLE_CONFIG_DRIVERS = frozenset({
     "portbench.study.analysis.results:load", "portbench.study.analysis.results:write_summary",
     "portbench.study.attribution:attribute", "portbench.study.attribution.runs:run",
     "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
-    "portbench.validation.planning:plan", "portbench.validation.pipeline:run", "portbench.validation.pipeline:run_family",
+    "portbench.validation.planning:plan", "portbench.validation.pipeline:run", "portbench.validation.pipeline:pilot",
+    "portbench.validation.pipeline:execute", "portbench.validation.pipeline:analyze", "portbench.validation.gpu:run",
     "portbench.validation.results:read_results", "portbench.validation.analysis:analyze",
     "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # portbench conform / vllm-virtual
     "portbench.bench:main", "portbench.bench:_bench_campaign", "portbench.bench:_campaign_once",

@@ -25,47 +25,15 @@ SOURCES = ("azure", "burstgpt", "bailian")
 def test_engine_policies_cover_every_scheduler():
     from portbench.sim import schedulers
 
-    # the 13 of the study (the comparison variants edf_oracle / *_noisy_oracle are not replayed)
-    modes = {n: replay.engine_policy(n).mode for n in schedulers.names("all")}
-    assert modes["fcfs"] == "fcfs" and modes["sarathi"] == "excluded"
+    # every built-in policy runs inside vLLM's scheduler, one policy per engine instance (validation.engine)
+    modes = {n: policies.engine_policy(n).mode for n in schedulers.names("all")}
+    assert modes["fcfs"] == "fcfs" and modes["sarathi"] == "budget"
     assert {n for n, m in modes.items() if m == "priority"} == set(schedulers.VLLM_STATIC_PRIORITY)
-    assert {n for n, m in modes.items() if m == "dynamic"} == set(policies.DYNAMIC_KEYS) == {"las", "srpt_oracle"}
-    excluded = {n for n, m in modes.items() if m == "excluded"}
-    assert excluded == {"sarathi", "mlfq", "rr", "vtc"} and all(policies.EXCLUDED_REASON[n] for n in excluded)
-    # every policy but the excluded runs on the one engine; the request id carries the policy
-    rid = policies.request_id("las", "azure-03.overload", 17)
-    assert policies.policy_of(rid) == "las" and policies.policy_of("plain-id") == ""
+    assert {n for n, m in modes.items() if m == "class"} == set(policies.DRIVEN) - set(schedulers.VLLM_STATIC_PRIORITY)
+    assert "excluded" not in modes.values() and policies.engine_policy("my_plugin").mode == "excluded"
+    assert policies.engine_policy(policies.PLANTED).mode == "priority"
     with pytest.raises(ValueError):
         policies.request_id("a/b", "t", 0)
-
-
-def test_dynamic_keys_are_the_simulators():
-    from portbench.sim import schedulers
-
-    las, srpt = schedulers.get_scheduler("las", quantum_tokens=4), schedulers.get_scheduler("srpt_oracle")
-    opts = {"las": {"quantum_tokens": 4}}
-    for gen, out in [(0, 10), (3, 10), (4, 10), (9, 10)]:
-        r = SimpleNamespace(generated=gen, output_tokens=out, arrival_s=0.0)
-        assert policies.dynamic_key("las", gen, out, opts) == las.priority(r, 0.0)[0]
-        assert policies.dynamic_key("srpt_oracle", gen, out, opts) == srpt.priority(r, 0.0)[0]
-    assert policies.dynamic_key("fcfs", 1, 2) is None
-
-
-def test_displacement_walks_the_ranking_like_the_simulator():
-    L = policies.Live
-    # 10 blocks; two running requests (keys 1 and 5, 4 blocks each), a waiting one (key 2) needing 4 blocks:
-    # it fits beside the better-ranked running one only if the worst is preempted
-    live = [L((1,), 4, True), L((5,), 4, True), L((2,), 4, False)]
-    assert policies.displace(live, total_blocks=10, slots=8) == [1]
-    # it fits without preemption when there is room
-    assert policies.displace(live, total_blocks=12, slots=8) == []
-    # a waiting request that cannot fit even after every worse request left blocks admission (HOL): no victim
-    assert policies.displace([L((1,), 8, True), L((5,), 1, True), L((2,), 4, False)], 10, 8) == []
-    # a waiting request ranked below every running one never displaces anyone
-    assert policies.displace([L((1,), 6, True), L((2,), 4, True), L((9,), 6, False)], 10, 8) == []
-    # slots bind too; several victims come worst first
-    live = [L((1,), 1, True), L((7,), 1, True), L((8,), 1, True), L((2,), 1, False), L((3,), 1, False)]
-    assert policies.displace(live, total_blocks=100, slots=3) == [2, 1]
 
 
 def test_priority_ranks_keep_the_order_and_share_ties():
@@ -471,7 +439,7 @@ def test_one_engine_for_every_policy(tmp_params):
     assert kw["enable_prefix_caching"] is (c.prefix_caching != "off")   # matched to the campaign (auto)
     assert (kw["num_gpu_blocks_override"], kw["block_size"], kw["max_num_batched_tokens"], kw["max_num_seqs"],
             kw["max_model_len"]) == (c.kv_blocks, c.block_size, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len)
-    assert spec.env == {"OMP_NUM_THREADS": "1"} and spec.policy_options["las"]["quantum_tokens"] == 4
+    assert spec.env == {"OMP_NUM_THREADS": "1"}
     gpu = validation.engine_spec(P.validation, P.simulation, "cuda").engine_kwargs()
     from portbench.sim import profiles
     prof = profiles.get_profile(P.simulation.profile)

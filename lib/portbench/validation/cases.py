@@ -37,7 +37,7 @@ import numpy as np
 import polars as pl
 
 from ..core.errors import DataError
-from . import policies, replay
+from . import policies
 
 REQUIRED = ("a", "b", "source_1", "source_2", "region", "metric", "diff_1", "diff_2", "rel_1", "rel_2",
             "reversal", "significant", "practical")
@@ -144,9 +144,9 @@ OWN_INSTANCE = {"sarathi": "FCFS on its own engine instance whose token budget i
 
 
 def engine_runnable(name: str) -> bool:
-    """Whether the validation can run ``name``: on the shared engine (``replay.runnable``) or on an instance
+    """Whether the validation can run ``name``: inside vLLM (``policies.runnable``) or on an instance
     of its own (:data:`OWN_INSTANCE`)."""
-    return bool(replay.runnable(name) or name in OWN_INSTANCE)
+    return bool(policies.runnable(name) or name in OWN_INSTANCE)
 
 
 def virtual_runnable(name: str) -> bool:
@@ -282,7 +282,7 @@ def select_cases(rev: pl.DataFrame, region_loads: Mapping[str, float] | None = N
     whose two policies are ``eligible`` (default: the wall-clock engine's, :func:`engine_runnable`)."""
     rev = check_reversals(rev)
     names = sorted(set(schedulers or []) | set(rev["a"].to_list()) | set(rev["b"].to_list()))
-    excluded = {n: replay.engine_policy(n).note for n in names if not eligible(n)}
+    excluded = {n: policies.engine_policy(n).note for n in names if not eligible(n)}
     msgs = []
     revs = reversal_cases(rev, region_loads, eligible)
     key = revs[0] if revs else None

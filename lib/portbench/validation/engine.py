@@ -318,13 +318,14 @@ def spec_dict(s: Any) -> dict:
 @dataclass(frozen=True)
 class Window:
     """A window as the engine replays it for one case: rescaled to the case's load, its horizon, the seeds of its
-    prompts and priorities, the engine tokens per block hash (prefix caching; None: off)."""
+    prompts and priorities, the engine tokens per block hash (prefix caching; None: off) and the trace's."""
 
     df: pl.DataFrame
     horizon_s: float
     prompt_seed: int
     priority_seed: int
     hash_block_tokens: int | None = None
+    trace_hash_block: int | None = None
 
 
 def run(specs: Sequence[Any], windows: Callable[[dict], Window], settings: Settings, *,

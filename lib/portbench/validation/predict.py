@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Mapping
 
 import numpy as np
 import polars as pl
@@ -278,7 +279,7 @@ def band_coverage(lo: pl.DataFrame, hi: pl.DataFrame) -> dict:
 
 
 def engine_capacity(pool: pl.DataFrame, step_table: Profile, es: resim.EngineSettings, sim: SimulationConfig, *,
-                    backlog: int, seed: int) -> dict:
+                    backlog: int, seed: int, hash_block_tokens: int | None = None) -> dict:
     """The engine's capacity of a source at its own scale, as the campaign defines capacity (a backlog of
     ``backlog`` requests drawn from ``pool`` -- the source's windows as the engine runs them -- at t = 0 under fcfs;
     :func:`.capacity.saturation_throughput`), predicted by the virtual engine with the engine's step table and
@@ -287,7 +288,7 @@ def engine_capacity(pool: pl.DataFrame, step_table: Profile, es: resim.EngineSet
     from . import capacity
 
     burst = capacity.backlog_workload(pool, backlog, seed)
-    res = predict(burst, "fcfs", seed, math.inf, es, step_table, sim)
+    res = predict(burst, "fcfs", seed, math.inf, es, step_table, sim, hash_block_tokens)
     return capacity.saturation_throughput(res.requests)
 
 
@@ -308,33 +309,34 @@ def side_windows(windows: list[pl.DataFrame], es: resim.EngineSettings, rho: flo
 def predict_case(case, step_table: Profile, settings: resim.EngineSettings, *, sim: SimulationConfig,
                  windows: dict[str, list[tuple[pl.DataFrame, float]]], seeds: dict[str, list[int]] | None = None,
                  hash_block_tokens: dict[str, int | None] | None = None) -> dict[str, dict]:
-    """Each side's predicted log-effect of ``case`` on the wall-clock engine: the virtual engine (vLLM's scheduler
-    with the project's policy classes) with the engine's own step table and settings (token scale, budget -- a
-    policy's own, sarathi's, through :func:`.resim.sim_settings` --, ``max_num_seqs``, block size, context) runs
-    both policies on the side's windows as the engine replays them (``windows``: source -> [(rescaled window,
-    horizon)], :func:`side_windows`).
+    """Each side's predicted effect of ``case`` on the wall-clock engine: the virtual engine (vLLM's scheduler with
+    the project's policy classes) with the engine's own step table and settings (token scale, budget -- a policy's
+    own, sarathi's, through :func:`.resim.sim_settings` --, ``max_num_seqs``, block size, context) runs both
+    policies on the side's windows as the engine replays them (``windows``: source -> [(rescaled window, horizon)],
+    :func:`.stages.inputs`).
 
-    ``case``: anything with ``a``, ``b``, ``metric`` (the pair's policies and the metric). Per source: the per-window
-    ``log(metric_b / metric_a)`` (the engine's paired log-ratio, same sign convention), their mean
-    (``log_effect``), and ``better``: which policy the prediction finds better on the mean (by the metric's
-    direction; None at an exact tie). ``seeds``: per source the windows' seeds (default 0, 1, ...)."""
+    ``case``: a plan entry (a mapping) or any object with ``a``, ``b``, ``metric``. Per source: ``per_window`` -- the window's effect of ``a`` over
+    ``b`` on the verdict's scale (:func:`.verdict.oriented`: positive = a better; a log-ratio for a ratio metric, a
+    difference for a proportion), ``effect`` their mean (what :func:`.verdict.case_verdicts` takes as the side's
+    prediction), ``better`` (the policy the prediction finds better; None at an exact tie), the metric's values.
+    ``seeds``: per source the windows' seeds (default 0, 1, ...); ``hash_block_tokens``: per source the trace's
+    tokens per block hash (prefix caching as the engine runs it)."""
+    from .verdict import oriented
+
+    a, b, metric = (case[k] if isinstance(case, Mapping) else getattr(case, k) for k in ("a", "b", "metric"))
     out: dict[str, dict] = {}
-    higher = metrics.direction(case.metric) == "higher"
     for src, wins in windows.items():
-        logs, va, vb = [], [], []
+        va, vb = [], []
         for j, (df, horizon) in enumerate(wins):
             seed = (seeds or {}).get(src, list(range(len(wins))))[j]
             hb = (hash_block_tokens or {}).get(src)
-            ma = run_metrics(predict(df, case.a, seed, horizon, settings, step_table, sim, hb).requests, horizon, sim)
-            mb = run_metrics(predict(df, case.b, seed, horizon, settings, step_table, sim, hb).requests, horizon, sim)
-            a, b = float(ma[case.metric]), float(mb[case.metric])
-            va.append(a)
-            vb.append(b)
-            logs.append(math.log(b / a) if a > 0 and b > 0 else math.nan)
-        x = np.asarray(logs, float)
-        mean = float(np.nanmean(x)) if np.isfinite(x).any() else math.nan
-        better = None if not math.isfinite(mean) or mean == 0 else (
-            case.b if (mean > 0) == higher else case.a)
-        out[src] = {"log_effect": mean, "per_window": logs, "metric_a": va, "metric_b": vb, "windows": len(wins),
-                    "better": better, "sd": float(np.nanstd(x, ddof=1)) if np.isfinite(x).sum() > 1 else math.nan}
+            for pol, vals in ((a, va), (b, vb)):
+                res = predict(df, pol, seed, horizon, settings, step_table, sim, hb)
+                vals.append(float(run_metrics(res.requests, horizon, sim)[metric]))
+        x = oriented(va, vb, metric)
+        ok = np.isfinite(x)
+        mean = float(x[ok].mean()) if ok.any() else math.nan
+        better = None if not math.isfinite(mean) or mean == 0 else (a if mean > 0 else b)
+        out[src] = {"effect": mean, "per_window": x.tolist(), "metric_a": va, "metric_b": vb, "windows": len(wins),
+                    "better": better, "sd": float(x[ok].std(ddof=1)) if ok.sum() > 1 else math.nan}
     return out

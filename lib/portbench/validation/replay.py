@@ -155,10 +155,6 @@ def engine_status(device: str = "auto", expected: str | None = None) -> EngineSt
 
 # --------------------------------------------------------------------------- policies and requests
 
-# How each scheduler runs in the engine: see :mod:`.policies` (one engine instance for every policy).
-EnginePolicy, engine_policy, runnable = policies.EnginePolicy, policies.engine_policy, policies.runnable
-
-
 def static_priority_names() -> tuple[str, ...]:
     """Schedulers vLLM runs through ``scheduling_policy="priority"`` (``schedulers.VLLM_STATIC_PRIORITY``)."""
     return tuple(schedulers.VLLM_STATIC_PRIORITY)
@@ -210,12 +206,12 @@ def static_keys(scheduler: str, window_df: pl.DataFrame, seed: int, options: Map
 
 def request_priorities(scheduler: str, window_df: pl.DataFrame, seed: int, options: Mapping | None = None, *,
                        profile=None, slo: Mapping | None = None) -> np.ndarray | None:
-    """The ``priority`` each request is sent with: None (all 0) for fcfs and dynamic policies (the
-    engine-side scheduler keys those), the static rank for a static-priority policy."""
-    pol = engine_policy(scheduler)
+    """The ``priority`` each request is sent with: None (all 0) for every policy but a static-priority one, whose
+    static rank it is (the engine's other policies decide inside vLLM's scheduler)."""
+    pol = policies.engine_policy(scheduler)
     if pol.mode == "excluded":
         raise EngineUnavailable(f"scheduler {scheduler!r} cannot run in vLLM: {pol.note}")
-    if pol.mode != "priority":
+    if pol.mode != "priority" or scheduler == policies.PLANTED:
         return None
     return priority_ranks(static_keys(scheduler, window_df, seed, options, profile=profile, slo=slo))
 

@@ -25,7 +25,7 @@ from ..core.config import SimulationConfig, StepGridConfig
 from ..sim import regions, schedulers
 from ..sim.profiles import Profile
 from ..study.campaign.plan import run_seed
-from . import capacity, engine, predict, replay, resim, steps
+from . import capacity, engine, policies, predict, replay, resim, steps
 
 PROMPTS = "prompt-tokens"     # what a window's prompt seed is drawn for (the same prompts for every policy)
 
@@ -40,6 +40,7 @@ def step_table(settings: engine.Settings, g: StepGridConfig, base: Profile, out:
     shapes = steps.grid(g, kv_tokens=settings.kv_tokens)
     t = time.perf_counter()
     log(f"step table: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
+    out.mkdir(parents=True, exist_ok=True)
     grid_log = out / "iterations_grid.jsonl"
     grid_log.unlink(missing_ok=True)
     vocab = int(replay.model_config(settings.model)["vocab_size"])
@@ -85,21 +86,30 @@ def seed_of(sim: SimulationConfig, wid: str, what: str, region: str) -> int:
 
 def inputs(cases: Sequence[Any], tables: Mapping[str, pl.DataFrame], windows: Mapping[str, Sequence[str]],
            source_of: Callable[[str], str], table: Profile, settings: engine.Settings, sim: SimulationConfig, *,
-           backlog: int, log: Callable[[str], None] = print) -> Inputs:
-    """Capacities and windows (class docstring). ``cases``: objects with ``name``, ``region``, ``sources`` (the
+           backlog: int, hash_blocks: Mapping[str, int | None] | None = None, max_horizon_s: float | None = None,
+           min_requests: int = 20, log: Callable[[str], None] = print) -> Inputs:
+    """Capacities and windows (class docstring). ``cases``: the plan's entries (``id``, ``region``, ``sources``; the
     case's windows: ``windows[source]``); ``tables``: window id -> the frozen window table; ``backlog``: requests of
-    each capacity run (the campaign's size, :func:`.capacity.backlog_size`; smaller in a reduced run)."""
+    each capacity run (the campaign's size, :func:`.capacity.backlog_size`; smaller in a reduced run);
+    ``hash_blocks``: per source the trace's tokens per block hash (the manifest's; prefix caching where the engine
+    has it on and the scaled size is whole KV blocks, :func:`.resim.scaled_hash_block`); ``max_horizon_s``: a
+    replay's observation is kept to about this many seconds -- a window rescaled to the case's load keeps the
+    requests that arrive in the first ``max_horizon_s / horizon_factor`` seconds, at least ``min_requests`` of
+    them (None: whole windows)."""
+    cases = [_case(c) for c in cases]
     es = settings.resim()
     srcs = sorted({s for c in cases for s in c.sources})
     prepared = {wid: resim.prepare_window(tables[wid], es)[0] for s in srcs for wid in windows[s]}
     caps: dict[str, dict] = {}
     for s in srcs:
         pool_ids = sorted(w for w in tables if source_of(w) == s)
-        pool = pl.concat([resim.prepare_window(tables[w], es)[0].select("arrival_s", "prompt_tokens",
-                                                                         "output_tokens") for w in pool_ids])
+        hb = resim.scaled_hash_block((hash_blocks or {}).get(s), es)
+        cols = ["arrival_s", "prompt_tokens", "output_tokens", *(["block_hashes"] if hb else [])]
+        pool = pl.concat([resim.prepare_window(tables[w], es)[0].select(cols) for w in pool_ids])
         t = time.perf_counter()
         caps[s] = predict.engine_capacity(pool, table, es, sim, backlog=backlog,
-                                          seed=seed_of(sim, s, "saturation", "burst"))
+                                          seed=seed_of(sim, s, "saturation", "burst"),
+                                          hash_block_tokens=(hash_blocks or {}).get(s))
         log(f"capacity of {s} at the engine's scale (virtual engine, step table, {backlog} requests): "
             f"{caps[s]['capacity_rps']:.2f} req/s ({time.perf_counter() - t:.0f} s)")
     wins: dict[tuple[str, str, str], engine.Window] = {}
@@ -107,11 +117,24 @@ def inputs(cases: Sequence[Any], tables: Mapping[str, pl.DataFrame], windows: Ma
         rho = float(sim.region_loads[c.region])
         for s in c.sources:
             for wid in windows[s]:
-                sc = regions.rescale(prepared[wid], rho, caps[s]["capacity_rps"])
-                wins[(c.name, s, wid)] = engine.Window(sc, float(regions.horizon_s(sc, sim.horizon_factor)),
-                                                       seed_of(sim, wid, PROMPTS, c.region),
-                                                       seed_of(sim, wid, "priority", c.region))
+                sc = cut(regions.rescale(prepared[wid], rho, caps[s]["capacity_rps"]), max_horizon_s,
+                         sim.horizon_factor, min_requests)
+                wins[(c.name, s, wid)] = engine.Window(
+                    sc, float(regions.horizon_s(sc, sim.horizon_factor)), seed_of(sim, wid, PROMPTS, c.region),
+                    seed_of(sim, wid, "priority", c.region), resim.scaled_hash_block((hash_blocks or {}).get(s), es),
+                    (hash_blocks or {}).get(s))
     return Inputs(caps, wins)
+
+
+def cut(scaled: pl.DataFrame, max_horizon_s: float | None, horizon_factor: float, min_requests: int) -> pl.DataFrame:
+    """The first requests of a rescaled window that arrive within ``max_horizon_s / horizon_factor`` seconds of
+    its first arrival (at least ``min_requests``; all with None): the observation of its replay then lasts about
+    ``max_horizon_s``."""
+    if max_horizon_s is None:
+        return scaled
+    a = scaled["arrival_s"]
+    n = int((a <= float(a.min()) + float(max_horizon_s) / float(horizon_factor)).sum())
+    return scaled.head(max(n, int(min_requests)))
 
 
 def policy_options(sim: SimulationConfig, policy: str, token_scale: float) -> dict:
@@ -123,16 +146,38 @@ def policy_options(sim: SimulationConfig, policy: str, token_scale: float) -> di
 
 def predictions(cases: Sequence[Any], inp: Inputs, windows: Mapping[str, Sequence[str]], table: Profile,
                 settings: engine.Settings, sim: SimulationConfig) -> dict[str, dict]:
-    """Per case (``name``, ``a``, ``b``, ``metric``, ``sources``) the per-side predicted log-effect on this engine
-    (:func:`.predict.predict_case`) on the case's windows as the engine replays them."""
+    """Per case (a plan entry: ``id``, ``a``, ``b``, ``metric``, ``sources``) the per-side predicted effect on this
+    engine (:func:`.predict.predict_case`) on the case's windows as the engine replays them. A case with a policy the
+    virtual engine cannot run (the planted ``delay_shortest``) has no prediction: its known order is the test."""
     es = settings.resim()
     out = {}
-    for c in cases:
+    for c in map(_case, cases):
+        if not all(policies.virtual_mode(p) != "excluded" for p in (c.a, c.b)):
+            continue
         wins = {s: [(inp.windows[(c.name, s, w)].df, inp.windows[(c.name, s, w)].horizon_s) for w in windows[s]]
                 for s in c.sources}
         seeds = {s: [inp.windows[(c.name, s, w)].priority_seed for w in windows[s]] for s in c.sources}
-        out[c.name] = predict.predict_case(c, table, es, sim=sim, windows=wins, seeds=seeds)
+        hb = {s: inp.windows[(c.name, s, windows[s][0])].trace_hash_block for s in c.sources if windows[s]}
+        out[c.name] = predict.predict_case(c, table, es, sim=sim, windows=wins, seeds=seeds, hash_block_tokens=hb)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    name: str
+    a: str
+    b: str
+    metric: str
+    region: str
+    sources: tuple[str, ...]
+
+
+def _case(e: Any) -> _Case:
+    """A plan entry (mapping: ``id``, ``a``, ``b``, ``metric``, ``region``, ``sources``) as the stages read it."""
+    if isinstance(e, _Case):
+        return e
+    g = (lambda k: e[k]) if isinstance(e, Mapping) else (lambda k: getattr(e, k))
+    return _Case(str(g("id")), str(g("a")), str(g("b")), str(g("metric")), str(g("region")), tuple(g("sources")))
 
 
 def replays(specs: Sequence[Any], inp: Inputs, settings: engine.Settings, table: Profile | None,
