@@ -155,7 +155,7 @@ def test_aa_false_reversal_rate_exact_size():
     # under the null every sign pattern of the windows' A/A effects is equally likely: the share of the 2^k
     # patterns on which the two-sided test declares an order is the procedure's false-reversal rate, <= alpha
     x = np.array([0.11, 0.32, 0.05, 0.27, 0.18, 0.09, 0.41, 0.23])
-    pats = verdict.sign_flip_matrix(x.size)
+    pats = design.sign_flip_matrix(x.size)
     declared = [min(1.0, 2 * min(verdict.sign_flip_p(s * x, 1), verdict.sign_flip_p(s * x, -1))) < verdict.ALPHA
                 for s in pats]
     assert 0 < np.mean(declared) <= verdict.ALPHA

@@ -25,16 +25,14 @@ The steps' own modules (:mod:`.cases`, :mod:`.prereg`, :mod:`.confirm`, :mod:`.r
 
 from __future__ import annotations
 
-from . import (capacity, cases, confirm, design, fidelity, matching, planning, policies, predict, prereg, replay,
-               resim, steps, verdict)
-from .analysis import analyze
-from .common import LABEL_CPU, LABEL_GPU, TARGETS, engine_spec, how_to_enable, out_dir, summary_path, validate
-from .pipeline import run, run_family
-from .planning import Plan, choose_windows
+from . import capacity, design, fidelity, matching, policies, predict, replay, resim, steps, verdict
+from .common import LABEL_CPU, LABEL_GPU, engine_spec, how_to_enable, out_dir, summary_path, validate
+from .design import choose_windows
+from .pipeline import analyze, run
 from .results import read_results
 
 __all__ = [
-    "capacity", "cases", "confirm", "matching", "policies", "predict", "prereg", "replay", "resim", "steps", "verdict", "design", "fidelity",
-    "analyze", "LABEL_CPU", "LABEL_GPU", "TARGETS", "engine_spec", "how_to_enable", "out_dir", "summary_path",
-    "validate", "read_results", "run", "run_family", "Plan", "choose_windows", "planning",
+    "capacity", "matching", "policies", "predict", "replay", "resim", "steps", "verdict", "design", "fidelity",
+    "analyze", "LABEL_CPU", "LABEL_GPU", "engine_spec", "how_to_enable", "out_dir", "summary_path",
+    "validate", "read_results", "run", "choose_windows",
 ]

@@ -55,6 +55,8 @@ resolvable effect of a design is :func:`resolvable_effect`.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -83,6 +85,18 @@ class Side:
     b: str
     windows: tuple[str, ...]
     r: int
+
+
+def choose_windows(manifest: dict, sources, k: int, seed: int) -> dict[str, list[str]]:
+    """``k`` window ids per source, drawn at random without replacement (seeded by ``seed`` and the source's
+    name: the first ``k`` of a seeded permutation, so fewer windows are the first of more), in the drawn order."""
+    out = {}
+    for s in sources:
+        ids = [w["id"] for w in manifest["windows"] if w["source"] == s]
+        salt = int.from_bytes(hashlib.sha256(s.encode()).digest()[:4], "big")
+        rng = np.random.default_rng([int(seed), salt])
+        out[s] = [ids[i] for i in rng.permutation(len(ids))[:k]] if ids else []
+    return out
 
 
 def aa_counts(k: int, r: int, share: float = AA_SHARE, seed: int = 0) -> list[int]:
@@ -158,6 +172,11 @@ def ab_pairs(k: int, r: int) -> float:
     return (k * r - sum(aa_counts(k, r))) / k
 
 
+def sign_flip_matrix(k: int) -> np.ndarray:
+    """All 2^k sign patterns (rows) of the exact sign-flip test (:func:`.verdict.sign_flip_p`)."""
+    return np.array(list(itertools.product((1.0, -1.0), repeat=k)))
+
+
 def min_windows(m: int, alpha: float) -> int:
     """The fewest windows at which the exact one-sided sign-flip test can decide at Holm's strictest level
     with the two directions split: 2^-k < alpha / (2 m)."""
@@ -170,8 +189,6 @@ def power(effect: float, k: int, r: int, sigma_r: float, *, tau: float = 0.0, m:
     effect = ``effect`` + N(0, tau^2) (the true effect's spread over windows) + N(0, 2 sigma_r^2 / r_ab) (the
     mean of its r_ab a/b pairs, each the difference of two replays with noise sigma_r); the one-sided exact
     sign-flip test at Holm's strictest level alpha / (2 m) (the two directions split)."""
-    from .verdict import sign_flip_matrix
-
     if k < 1 or k > 16:
         raise ParameterError("validation design", k, "1 to 16 windows per side for the power calculation")
     rab = ab_pairs(k, r)

@@ -1,4 +1,4 @@
-"""vLLM's V1 scheduler with portbench's iteration records and dynamic policies (runs in vLLM's engine process).
+"""vLLM's V1 scheduler with portbench's iteration records and driven policies (runs in vLLM's engine process).
 
 Selected through ``AsyncEngineArgs(scheduler_cls="portbench.validation.engine_scheduler.PortbenchScheduler",
 scheduling_policy="priority")``. vLLM warns that the scheduler interface is not public; this class
@@ -11,16 +11,8 @@ a request's block ids) and the ``Request`` fields ``priority``, ``arrival_time``
 policy is configured in process (:meth:`PortbenchScheduler.pb_configure`): static policies keep vLLM's
 priority queue; every policy vLLM lacks (``policies.DRIVEN``) runs through the simulator's own policy
 object (:class:`.policy_driver.PolicyDriver`: the waiting queue, the running list, ``_preempt_request``)
--- the rules the conformance tests hold bit-identical to the simulator. In the wall-clock replay (one
-engine shared by every policy, request ids naming the policy) the older per-request keys below apply.
-
-**Decisions (wall-clock replay).** Requests of static policies (fcfs, priority) are scheduled by vLLM's own code,
-unchanged. Before each step, requests whose id names a dynamic policy
-(:data:`portbench.validation.policies.DYNAMIC_KEYS`) get their priority recomputed; the waiting
-heap is re-heapified, the running list sorted by (priority, arrival) (token-budget order), and
-the running requests :func:`~portbench.validation.policies.displace` returns are preempted
-(recompute). Options of the dynamic policies (e.g. LAS's quantum) come as JSON in
-``$PORTBENCH_VLLM_POLICY_OPTIONS``.
+-- the rules the conformance tests hold bit-identical to the simulator. On the wall-clock engine (one policy per engine
+instance, :mod:`.engine`) static policies keep vLLM's own queue, their priorities sent with the requests.
 
 **Records** (one JSON line per step with something scheduled, appended to ``$PORTBENCH_VLLM_ITERATION_LOG``;
 the first line of each engine is ``{"event": "init", ...}`` with the engine's resolved settings:
@@ -34,13 +26,11 @@ KV blocks, block size, token budget, max_num_seqs, max_model_len):
   ``update_from_output()``), ``iteration_s`` (to its end: when vLLM stamps the step's tokens),
   ``cpu_s`` (this process's CPU time over the same span: wall − CPU = time the OS gave to others),
   ``waiting`` / ``running`` (queue lengths after scheduling), ``free_blocks``, ``preempted``
-  (requests preempted in this step, by vLLM or by a dynamic policy), ``displaced`` (of those, by a
-  dynamic policy), ``busy_after`` (requests left after the step: the next step follows at once).
+  (requests preempted in this step, by vLLM or by a driven policy), ``busy_after`` (requests left after the step: the next step follows at once).
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import os
 import time
@@ -50,24 +40,16 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from . import policies
 
 LOG_ENV = "PORTBENCH_VLLM_ITERATION_LOG"
-OPTIONS_ENV = "PORTBENCH_VLLM_POLICY_OPTIONS"
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-int(a) // int(b))
 
 
 class PortbenchScheduler(Scheduler):
-    """vLLM's scheduler + per-step records + engine-side dynamic policies (module docstring)."""
+    """vLLM's scheduler + per-step records + the driven policies of the virtual engine (module docstring)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         path = os.environ.get(LOG_ENV)
         self._pb_log = open(path, "a", buffering=1) if path else None  # noqa: SIM115 - closed in shutdown
         self._pb_pending = None
-        self._pb_options = json.loads(os.environ.get(OPTIONS_ENV) or "{}")
-        self._pb_policy: dict[str, str] = {}
-        self._pb_displaced = 0
         self._pb_preempted: list[str] = []
         self.pb_driver = None
         self.pb_now = 0.0           # the virtual engine's clock (the policies' `now`)
@@ -87,7 +69,6 @@ class PortbenchScheduler(Scheduler):
         policies); static ones keep vLLM's own queue (their priorities come with the requests)."""
         from .policy_driver import PolicyDriver
 
-        self._pb_options = {policy: dict(options)}
         if policy in policies.DRIVEN:
             self.pb_driver = PolicyDriver(self, policy, options, window, seed, profile, slo, row_of)
             self.waiting = self.pb_driver.queue
@@ -104,76 +85,19 @@ class PortbenchScheduler(Scheduler):
         out, self._pb_preempted = self._pb_preempted, []
         return out
 
-    # ----------------------------------------------------------------- dynamic policies
-
     def add_request(self, request) -> None:
         if self.pb_driver is not None:
             self.pb_driver.now = self.pb_now
             super().add_request(request)
             self.pb_driver.on_arrival(request)
             return
-        pol = policies.policy_of(request.request_id)
-        if pol in policies.DYNAMIC_KEYS:
-            self._pb_policy[request.request_id] = pol
-            request.priority = self._pb_key(request, pol)
         super().add_request(request)
-
-    def _pb_key(self, r, pol: str) -> int:
-        return policies.dynamic_key(pol, r.num_output_tokens, r.max_tokens, self._pb_options)
-
-    def _pb_blocks_held(self, r) -> int:
-        groups = self.kv_cache_manager.coordinator.get_blocks(r.request_id)
-        return len(groups[0]) if groups else 0
-
-    def _pb_rekey(self) -> None:
-        if not self._pb_policy:
-            return
-        live = [r for r in (*self.running, *self.waiting) if r.request_id in self._pb_policy]
-        if not live:
-            return
-        for r in live:
-            r.priority = self._pb_key(r, self._pb_policy[r.request_id])
-        heap = getattr(self.waiting, "_heap", None)
-        if heap is not None:
-            heapq.heapify(heap)
-        self.running.sort(key=lambda r: (r.priority, r.arrival_time))
-        if not self.waiting:
-            return
-        bs = int(self.block_size)
-        running, waiting = list(self.running), list(self.waiting)
-        free = int(self.kv_cache_manager.block_pool.get_num_free_blocks())
-        held = [self._pb_blocks_held(r) for r in running]
-        total = free + sum(held)
-        items = []
-        for r, h in zip(running, held):
-            nxt = r.num_computed_tokens + max(1, r.num_tokens - r.num_computed_tokens)
-            items.append(policies.Live((r.priority, r.arrival_time, r.request_id),
-                                       max(h, _cdiv(min(nxt, self.max_model_len), bs)), True))
-        for r in waiting:
-            items.append(policies.Live((r.priority, r.arrival_time, r.request_id),
-                                       _cdiv(min(r.num_tokens, self.max_model_len), bs), False))
-        victims = policies.displace(items, total, int(self.max_num_running_reqs))
-        now = time.monotonic()
-        for i in victims:
-            r = running[i]
-            if r.request_id not in self._pb_policy:   # only requests of a dynamic policy are displaced
-                continue
-            self.running.remove(r)
-            self._preempt_request(r, now)
-            self._pb_displaced += 1
-        if victims and heap is not None:
-            heapq.heapify(heap)
-
-    def _free_request(self, request, *args, **kwargs):
-        self._pb_policy.pop(request.request_id, None)
-        return super()._free_request(request, *args, **kwargs)
 
     # ----------------------------------------------------------------- records
 
     def schedule(self, *args, **kwargs):
         t = time.monotonic()
         c = time.process_time()
-        self._pb_displaced = 0
         if self.pb_driver is not None:
             self.pb_driver.now = self.pb_now
             self.pb_driver.before()
@@ -182,7 +106,6 @@ class PortbenchScheduler(Scheduler):
             finally:
                 self.pb_driver.after()
         else:
-            self._pb_rekey()
             out = super().schedule(*args, **kwargs)
         if self._pb_log is not None and out.num_scheduled_tokens:
             prefill = decode = context = pairs = 0
@@ -202,7 +125,7 @@ class PortbenchScheduler(Scheduler):
                                 "context_tokens": context, "attention_pairs": pairs,
                                 "num_reqs": len(out.num_scheduled_tokens),
                                 "waiting": len(self.waiting), "running": len(self.running),
-                                "preempted": len(out.preempted_req_ids or ()), "displaced": self._pb_displaced}
+                                "preempted": len(out.preempted_req_ids or ())}
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):

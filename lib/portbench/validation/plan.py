@@ -28,7 +28,7 @@ Frozen from the analysis' own tables before any engine runs, and committed:
 * **seal** -- the SHA-256 of everything above it.
 
 :func:`check` refuses (DataError, one message) when the file was edited after it was frozen or the code
-differs from the frozen one; ``python -m portbench.validation.plan freeze --why "..."`` (re)freezes it,
+differs from the frozen one; ``python -m portbench.validation plan freeze --why "..."`` (re)freezes it,
 ``... check`` checks it, ``... show`` prints the cases.
 """
 
@@ -55,7 +55,7 @@ CODE_PATHS = ("lib/portbench/validation", "lib/portbench/vllm", "lib/portbench/s
 SEAL_MARK = "seal: "
 ROLES = ("key", "control", "draw_same", "draw_reversed", "planted")
 HEADER = ("# The pre-registration of the real-engine verdicts (issue #38; docs/validation.md). Written by\n"
-          "# `python -m portbench.validation.plan freeze --why '...'` -- do not edit by hand: the run refuses a file\n"
+          "# `python -m portbench.validation plan freeze --why '...'` -- do not edit by hand: the run refuses a file\n"
           "# whose seal does not match, or code whose source hash differs from code_version.source_sha256.\n")
 
 DEFAULT_RULES: dict[str, Any] = {
@@ -264,12 +264,12 @@ def read(root: Path) -> tuple[dict, str, str]:
     missing or malformed."""
     path = plan_path(root)
     if not path.is_file():
-        raise DataError(path, "no validation plan: freeze one with `python -m portbench.validation.plan freeze "
+        raise DataError(path, "no validation plan: freeze one with `python -m portbench.validation plan freeze "
                               "--why 'first freeze'` after the analysis (make analyze) and commit it")
     data = path.read_bytes()
     i = data.rfind(b"\n" + SEAL_MARK.encode())
     if i < 0:
-        raise DataError(path, f"no `{SEAL_MARK.strip()}` line: refreeze it (python -m portbench.validation.plan freeze)")
+        raise DataError(path, f"no `{SEAL_MARK.strip()}` line: refreeze it (python -m portbench.validation plan freeze)")
     body, recorded = data[:i + 1], data[i + 1 + len(SEAL_MARK):].decode().strip()
     try:
         doc = yaml.safe_load(body)
@@ -287,12 +287,12 @@ def check(root: Path) -> dict:
     path = plan_path(root)
     if recorded != now:
         raise DataError(path, f"edited after it was frozen (seal {recorded[:12]}..., content {now[:12]}...): "
-                              "refreeze it with `python -m portbench.validation.plan freeze --why '...'` and commit it")
+                              "refreeze it with `python -m portbench.validation plan freeze --why '...'` and commit it")
     code = source_sha256(root, doc["code_version"].get("source_paths", CODE_PATHS))
     if code != doc["code_version"]["source_sha256"]:
         raise DataError(path, f"the code differs from the frozen one (source SHA-256 {code[:12]}... now, "
                               f"{doc['code_version']['source_sha256'][:12]}... frozen, under "
-                              f"{', '.join(CODE_PATHS)}): refreeze with `python -m portbench.validation.plan freeze "
+                              f"{', '.join(CODE_PATHS)}): refreeze with `python -m portbench.validation plan freeze "
                               "--why '...'` saying what changed, and commit it")
     return {"doc": doc, "sha256": recorded,
             "code_version": {"git_commit_at_freeze": doc["code_version"].get("git_commit_at_freeze"),
@@ -322,7 +322,7 @@ def _tables(results: Path) -> tuple[pl.DataFrame, pl.DataFrame | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m portbench.validation.plan",
+    ap = argparse.ArgumentParser(prog="python -m portbench.validation plan",
                                  description="Freeze, check or show the real-engine validation's pre-registration.")
     ap.add_argument("action", choices=("freeze", "check", "show"))
     ap.add_argument("--root", default=".", help="the repository root (default: .)")
@@ -361,5 +361,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Mapping
 
 import numpy as np
 import polars as pl
@@ -272,3 +273,70 @@ def band_coverage(lo: pl.DataFrame, hi: pl.DataFrame) -> dict:
         return {"requests": 0}
     return {**shares(m), "by_source": {s: shares(g) for (s,), g in m.group_by(["source"], maintain_order=True)}
             if "source" in m.columns else {}}
+
+
+# --------------------------------------------------------------------------- the engine-scale prediction of a case
+
+
+def engine_capacity(pool: pl.DataFrame, step_table: Profile, es: resim.EngineSettings, sim: SimulationConfig, *,
+                    backlog: int, seed: int, hash_block_tokens: int | None = None) -> dict:
+    """The engine's capacity of a source at its own scale, as the campaign defines capacity (a backlog of
+    ``backlog`` requests drawn from ``pool`` -- the source's windows as the engine runs them -- at t = 0 under fcfs;
+    :func:`.capacity.saturation_throughput`), predicted by the virtual engine with the engine's step table and
+    settings: deterministic, no wall-clock run. The load of every replay is rescaled with it, so the engine and its
+    prediction see the same offered load."""
+    from . import capacity
+
+    burst = capacity.backlog_workload(pool, backlog, seed)
+    res = predict(burst, "fcfs", seed, math.inf, es, step_table, sim, hash_block_tokens)
+    return capacity.saturation_throughput(res.requests)
+
+
+def side_windows(windows: list[pl.DataFrame], es: resim.EngineSettings, rho: float, capacity_rps: float,
+                 horizon_factor: float) -> list[tuple[pl.DataFrame, float]]:
+    """The windows of one side as the engine replays them: prepared (:func:`.resim.prepare_window`: first N
+    requests, token scale, context limit), rescaled to ``rho`` x the engine's capacity, with their horizons."""
+    from ..sim import regions
+
+    out = []
+    for w in windows:
+        df, _ = resim.prepare_window(w, es)
+        sc = regions.rescale(df, rho, capacity_rps)
+        out.append((sc, float(regions.horizon_s(sc, horizon_factor))))
+    return out
+
+
+def predict_case(case, step_table: Profile, settings: resim.EngineSettings, *, sim: SimulationConfig,
+                 windows: dict[str, list[tuple[pl.DataFrame, float]]], seeds: dict[str, list[int]] | None = None,
+                 hash_block_tokens: dict[str, int | None] | None = None) -> dict[str, dict]:
+    """Each side's predicted effect of ``case`` on the wall-clock engine: the virtual engine (vLLM's scheduler with
+    the project's policy classes) with the engine's own step table and settings (token scale, budget -- a policy's
+    own, sarathi's, through :func:`.resim.sim_settings` --, ``max_num_seqs``, block size, context) runs both
+    policies on the side's windows as the engine replays them (``windows``: source -> [(rescaled window, horizon)],
+    :func:`.stages.inputs`).
+
+    ``case``: a plan entry (a mapping) or any object with ``a``, ``b``, ``metric``. Per source: ``per_window`` -- the window's effect of ``a`` over
+    ``b`` on the verdict's scale (:func:`.verdict.oriented`: positive = a better; a log-ratio for a ratio metric, a
+    difference for a proportion), ``effect`` their mean (what :func:`.verdict.case_verdicts` takes as the side's
+    prediction), ``better`` (the policy the prediction finds better; None at an exact tie), the metric's values.
+    ``seeds``: per source the windows' seeds (default 0, 1, ...); ``hash_block_tokens``: per source the trace's
+    tokens per block hash (prefix caching as the engine runs it)."""
+    from .verdict import oriented
+
+    a, b, metric = (case[k] if isinstance(case, Mapping) else getattr(case, k) for k in ("a", "b", "metric"))
+    out: dict[str, dict] = {}
+    for src, wins in windows.items():
+        va, vb = [], []
+        for j, (df, horizon) in enumerate(wins):
+            seed = (seeds or {}).get(src, list(range(len(wins))))[j]
+            hb = (hash_block_tokens or {}).get(src)
+            for pol, vals in ((a, va), (b, vb)):
+                res = predict(df, pol, seed, horizon, settings, step_table, sim, hb)
+                vals.append(float(run_metrics(res.requests, horizon, sim)[metric]))
+        x = oriented(va, vb, metric)
+        ok = np.isfinite(x)
+        mean = float(x[ok].mean()) if ok.any() else math.nan
+        better = None if not math.isfinite(mean) or mean == 0 else (a if mean > 0 else b)
+        out[src] = {"effect": mean, "per_window": x.tolist(), "metric_a": va, "metric_b": vb, "windows": len(wins),
+                    "better": better, "sd": float(x[ok].std(ddof=1)) if ok.sum() > 1 else math.nan}
+    return out

@@ -2,7 +2,7 @@
 ``whole_run_prediction.repeatability``, ``targets.e2e_floor``).
 
 Each source's first fidelity window(s) (``validation.repeat_windows``) is replayed a second time right after its
-first replay (:func:`portbench.validation.wallclock._repeat`): the same engine, the same scaled window and
+first replay: the same engine, the same scaled window and
 scheduled arrivals, the same policy (fcfs), priorities, prompts and horizon, vLLM's prefix cache emptied before it
 as before every replay. Its records are kept apart (``raw/`` :data:`RAW_FILE`, steps in the phase
 :data:`PHASE`), so nothing else in the analysis sees it. :func:`section` compares the two replays request by

@@ -137,7 +137,7 @@ def sim_settings(s: EngineSettings, profile: Profile, scheduler: str, sim: Simul
 def engine_policy_options(s: EngineSettings, sim: SimulationConfig) -> dict:
     """Options of the engine-side dynamic policies (same values as :func:`sim_settings` gives the simulator)."""
     return {name: {k: v for k, v in scaled_options(name, dict(schedulers.options_for(sim, name)), s.token_scale).items()
-                   if k in policies.QUANTUM_OPTIONS.get(name, ())} for name in policies.DYNAMIC_KEYS}
+                   if k in policies.QUANTUM_OPTIONS.get(name, ())} for name in policies.QUANTUM_OPTIONS}
 
 
 def scaled_hash_block(hash_block_tokens: int | None, s: EngineSettings) -> int | None:

@@ -32,7 +32,6 @@ window-level metrics) and, per case, the plan's entry (:mod:`.plan`) and the eng
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Sequence
@@ -43,6 +42,7 @@ from scipy import stats as sst
 
 from ..sim import metrics
 from ..study import stats
+from . import design
 
 ALPHA = 0.05
 TOST_MARGIN = 0.1          # on the log scale: the engine's effect within +-0.1 of the prediction (about 10 %)
@@ -116,16 +116,10 @@ def sign_flip_p(x, sign: int, seed: int = 0) -> float:
     obs = float(sign * x.sum())
     tol = 1e-12 * max(1.0, float(np.abs(x).sum()))
     if k <= EXACT_MAX_WINDOWS:
-        s = np.array(list(itertools.product((1.0, -1.0), repeat=k)))
-        return float(np.mean(sign * (s @ x) >= obs - tol))
+        return float(np.mean(sign * (design.sign_flip_matrix(k) @ x) >= obs - tol))
     rng = np.random.default_rng(seed)
     s = rng.choice((1.0, -1.0), size=(MC_DRAWS - 1, k))
     return float((1 + np.sum(sign * (s @ x) >= obs - tol)) / MC_DRAWS)
-
-
-def sign_flip_matrix(k: int) -> np.ndarray:
-    """All 2^k sign patterns (rows), for vectorised power simulations."""
-    return np.array(list(itertools.product((1.0, -1.0), repeat=k)))
 
 
 def mean_ci(x, level: float = 0.95) -> tuple[float, float, float]:
@@ -234,8 +228,6 @@ def case_verdicts(entries: Sequence[Mapping], table: pl.DataFrame, predictions: 
     """Every case's verdict (module docstring). ``entries``: the plan's cases (``id, role, a, b, metric, region,
     sources, campaign_sign`` per source); ``predictions[id][source]``: the engine-scale effect on the
     verdict's scale; ``delta``: the practical size on that scale (log(1.05) by default)."""
-    from . import design
-
     rows: list[dict] = []
     for e in entries:
         pred = dict(predictions.get(e["id"], {}))
