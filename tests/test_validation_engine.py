@@ -110,3 +110,41 @@ def test_the_old_per_request_key_path_is_gone():
     hits = [f"{p.relative_to(LIB)}:{i}" for p in LIB.rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
             if old.search(line)]
     assert hits == []
+
+
+class _StandIn:
+    """A stand-in for a started engine instance: records what the replay saw."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def reset_prefix_cache(self) -> bool:
+        self.calls.append("reset")
+        return True
+
+    def replay(self, reqs, *, horizon_s, policy, rejected, window_df, tag):
+        import gc
+
+        self.calls.append(f"replay gc_enabled={gc.isenabled()} frozen={gc.get_freeze_count() > 0}")
+        n = len(reqs)
+        return pl.DataFrame({"req_id": list(range(n)), "arrival_s": [0.0] * n, "first_token_s": [0.1] * n,
+                             "finish_s": [0.2] * n, "prompt_tokens": [4] * n, "output_tokens": [2] * n,
+                             "generated_tokens": [2] * n, "preemptions": [0] * n, "rejected": [False] * n,
+                             "tenant": ["t"] * n})
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_every_replay_starts_with_an_empty_prefix_cache_and_the_gc_frozen(tmp_path, caching):
+    import gc
+
+    S = _settings(prefix_caching=caching)
+    E = engine.Engine(S, {}, out=tmp_path, vocab=1000)
+    fake = _StandIn()
+    inst = engine.Instance("fcfs@engine", engine.placement("fcfs", {}, S), fake, tmp_path / "none.jsonl")
+    df = pl.DataFrame({"arrival_s": [0.0, 0.5], "prompt_tokens": [4, 4], "output_tokens": [2, 2]})
+    for _ in range(2):
+        got = E.replay(inst, df, 10.0, tag="t", prompt_seed=1, prio=None)
+        assert got["prefix_cache_reset"] is caching and got["gc_frozen"]
+    want = (["reset"] if caching else []) + ["replay gc_enabled=False frozen=True"]
+    assert fake.calls == want * 2
+    assert gc.isenabled() and gc.get_freeze_count() == 0      # as it was after each replay

@@ -55,6 +55,7 @@ PLANTED = policies.PLANTED
 SPEC_COLUMNS = ("case", "source", "window", "policy", "pair", "position", "is_aa", "slot")
 STATIC = (*schedulers.VLLM_STATIC_PRIORITY, PLANTED)
 RECORDING_SCHEDULER = replay.ENGINE_SCHEDULER
+REPLAY_OVERHEAD_S = 3.0    # a replay beyond its horizon: its requests built, the cache emptied, its records
 
 
 @dataclass(frozen=True)
@@ -339,7 +340,8 @@ def run(specs: Sequence[Any], windows: Callable[[dict], Window], settings: Setti
     ``step_table``: the engine's step table (each replay's speed); ``slo``: the SLO metrics' definitions;
     ``profile``, ``edf_slo``: what the static keys sent with the requests need without ``portbench.vllm`` (ltr's
     cost model, edf's SLO); ``warmup(policy)``: each instance's warm-up window (default: its first spec's);
-    ``deadline`` (``time.monotonic()``): specs not started by then are not run (their rows say so); ``twins``
+    ``deadline`` (``time.monotonic()``): a spec whose horizon (+ :data:`REPLAY_OVERHEAD_S`) would end after it is
+    not run (no row: no data); ``twins``
     False: an A/A pair's two replays on one instance (a GPU that cannot hold a twin).
 
     Returns (one row per replay that ran: :data:`SPEC_COLUMNS`, ``order``, the run's columns, every metric), (the
@@ -359,10 +361,10 @@ def run(specs: Sequence[Any], windows: Callable[[dict], Window], settings: Setti
             log(f"warm-up of {inst.key}: {wdf.height} requests in {took:.0f} s (discarded)")
         for i, d in enumerate(sp):
             base = {**{k: d[k] for k in SPEC_COLUMNS}, "order": int(d.get("order", i)), "replay_index": len(rows)}
-            if deadline is not None and time.monotonic() > deadline:
+            w = windows(d)
+            if deadline is not None and time.monotonic() + w.horizon_s + REPLAY_OVERHEAD_S > deadline:
                 cut += 1
                 continue
-            w = windows(d)
             pol = d["policy"]
             twin = bool(d["is_aa"]) and d["slot"] == "b" and pol in twin_of
             inst = E.of(pol, twin)

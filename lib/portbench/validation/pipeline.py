@@ -45,7 +45,7 @@ from ..core.config import Config
 from ..core.errors import PortbenchError
 from ..data import windows as windows_mod
 from ..study.campaign.run import run_tables
-from . import design, engine, replay, stages
+from . import design, engine, predict, replay, stages
 from .common import base_profile, out_dir, summary_path
 
 MODES = ("full", "long", "reduced")
@@ -53,6 +53,7 @@ HORIZON_FULL_S = 10.0      # a replay's observation in `make validate` (the wind
                            # `make validate-long`: whole windows
 REDUCED_K, REDUCED_R = 2, 2
 LONG_BUDGET_S = 3 * 3600.0   # `make validate-long`: whole windows
+RESERVE_S = 120.0            # of the budget, after the last replay: the fidelity report, the summary, the shutdown
 
 
 def _log(progress: bool) -> Callable[[str], None]:
@@ -94,13 +95,18 @@ class Run:
 
 
 def _from_plan(doc: Mapping, pre: Mapping, mode: str) -> Run:
+    """The run of ``mode`` from the checked plan: ``reduced`` (``make all``) replays only the planted case on its
+    first source, on ``REDUCED_K`` windows x ``REDUCED_R`` pairs, and predicts the primary cases (no draw)."""
     k, r = int(doc["design"]["k"]), int(doc["design"]["r"])
+    planted = dict(doc["planted"]) if doc.get("planted") else None
+    cands = {kk: [dict(x) for x in v] for kk, v in (doc.get("draw_candidates") or {}).items()}
     if mode == "reduced":
-        k, r = min(k, REDUCED_K), min(r, REDUCED_R)
-    return Run([dict(e) for e in doc.get("cases") or []], dict(doc["planted"]) if doc.get("planted") else None,
-               {kk: [dict(x) for x in v] for kk, v in (doc.get("draw_candidates") or {}).items()}, k, r,
-               dict(doc.get("rules") or {}), {"sha256": pre["sha256"], "code_version": pre["code_version"]},
-               dict(doc.get("sigma_r") or {}))
+        k, r, cands = min(k, REDUCED_K), min(r, REDUCED_R), {}
+        if planted is not None:
+            planted = {**planted, "sources": planted["sources"][:1],
+                       "campaign_sign": {s: planted["campaign_sign"][s] for s in planted["sources"][:1]}}
+    return Run([dict(e) for e in doc.get("cases") or []], planted, cands, k, r, dict(doc.get("rules") or {}),
+               {"sha256": pre["sha256"], "code_version": pre["code_version"]}, dict(doc.get("sigma_r") or {}))
 
 
 def run(cfg: Config, *, mode: str = "full", progress: bool = True) -> dict:
@@ -131,7 +137,7 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
     v, sim = cfg.validation, cfg.simulation
     budget = float(budget_s if budget_s is not None else
                    {"full": v.time_budget_s, "long": LONG_BUDGET_S}.get(mode, v.reduced_time_budget_s))
-    deadline = t_start + budget
+    deadline = t_start + budget - (RESERVE_S if mode in ("full", "long") else RESERVE_S / 4)   # the replays' end
     base = base_profile(sim)
     S = settings or engine.settings_for(v.engine(device), base, device=device, seed=int(v.seed))
     horizon_cap = (None if mode == "long" else HORIZON_FULL_S) if max_horizon_s == -1.0 else max_horizon_s
@@ -171,13 +177,17 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
     log("predictions at the engine's scale: " + "; ".join(
         f"{cid}: " + ", ".join(f"{s} {x:+.3f}" for s, x in e.items()) for cid, e in eff.items()))
     # 4. the design
+    replayed = [] if mode == "reduced" else entries        # the reduced run replays the planted case alone
     sides = [design.Side(e["id"], s, e["a"], e["b"], tuple(wins[s]), R.r)
-             for e in [*entries, *([R.planted] if R.planted else [])] for s in e["sources"]]
+             for e in [*replayed, *([R.planted] if R.planted else [])] for s in e["sources"]]
     specs = design.replay_specs(sides, int(R.rules.get("design_seed", 0)))
     log(f"design: {len(sides)} sides x {R.k} windows x {R.r} pairs = {specs.height} replays")
     # 5. the replays
     twin = (mode != "reduced") if twins is None else twins
-    tab, _ = stages.replays(specs, inp, S, table, sim, out, deadline=deadline, twins=twin, log=log)
+    tab, rec = stages.replays(specs, inp, S, table, sim, out, deadline=deadline, twins=twin, log=log)
+    # the fidelity report (absolute latency, no pass mark): while the time budget allows
+    fid = predict.fidelity_report(tab, rec, inp.window, table, S.resim(), sim, deadline=t_start + budget - 15.0) \
+        if tab.height else {}
     # 6. the verdicts (from what the run wrote: analyze() redoes them from the files)
     info = {"mode": mode, "device": device, "vllm": status_line(), "settings": S.to_dict(),
             "entries": entries, "planted": R.planted, "rules": R.rules, "sigma_r_planned": R.sigma_r,
@@ -187,7 +197,8 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
                        "twins": twin, "budget_s": budget},
             "capacity": inp.capacity, "windows": wins, "step_table": {
                 k_: step_info[k_] for k_ in ("shapes", "rounds", "steps", "wall_s", "startup_s", "fit", "repeat_noise")},
-            "loadavg_start": list(load0), "loadavg_end": list(os.getloadavg()), "wall_s": time.monotonic() - t_start}
+            "fidelity": fid, "loadavg_start": list(load0), "loadavg_end": list(os.getloadavg()),
+            "wall_s": time.monotonic() - t_start}
     _write_json(out / "raw" / "run.json", info)
     specs.write_parquet(out / "raw" / "specs.parquet")
     summary = verdicts(info, tab)
@@ -226,7 +237,7 @@ def verdicts(info: Mapping, tab: pl.DataFrame) -> dict:
         "draws": info["draws"], "predictions": info["predictions"], "sigma_r_planned": info["sigma_r_planned"],
         "design": {**info["design"], "replays_run": tab.height},
         "capacity_rps": {s: c["capacity_rps"] for s, c in info["capacity"].items()},
-        "step_table": info["step_table"],
+        "step_table": info["step_table"], "fidelity_report": info.get("fidelity", {}),
         "machine": {"loadavg_start": info["loadavg_start"], "loadavg_end": info["loadavg_end"],
                     "machine_speed": _quantiles(tab, "machine_speed")},
         "wall_s": info["wall_s"]}
