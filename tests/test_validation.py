@@ -488,7 +488,7 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
     res = validation.read_results(P)
     assert "did not run" in validation_report.results_markdown(res)
     # with a reversal table the plan still shows the cases and what would run
-    the_plan = validation.plan(P, cases.planted_reversals(SOURCES))
+    the_plan = validation.planning.plan(P, cases.planted_reversals(SOURCES))
     assert not the_plan.runnable and [c.kind for c in the_plan.cases[:2]] == ["reversal", "control"]
     reps = the_plan.replays()
     assert {"fcfs", "priority", "dynamic"} <= set(reps["engine_mode"].to_list()) <= {"fcfs", "priority", "dynamic",
@@ -504,7 +504,7 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
     # the windows' manifest is read once, by the plan, and handed on (the family, the replays, the analysis)
     ids = {w["id"] for w in the_plan.manifest["windows"]}
     assert all(set(w) <= ids for w in the_plan.windows.values()) and "manifest" not in the_plan.to_dict()
-    assert validation.plan(P, cases.planted_reversals(SOURCES), reduced=True).windows["azure"] == \
+    assert validation.planning.plan(P, cases.planted_reversals(SOURCES), reduced=True).windows["azure"] == \
         the_plan.windows["azure"][:P.validation.reduced_windows_per_source]
 
 

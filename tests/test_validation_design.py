@@ -212,3 +212,101 @@ def test_power_grows_with_effect_and_windows():
     assert design.resolvable_effect(12, 4, 0.1, sims=200) < design.resolvable_effect(8, 4, 0.1, sims=200)
     s = design.size(0.1, sims=300)
     assert s["target_reached"] and s["k"] >= 8 and s["resolvable_effect"] <= design.TARGET_EFFECT + 0.01
+
+
+# --------------------------------------------------------------------------- the pre-registration
+
+
+def _rev_table() -> pl.DataFrame:
+    """A reversal table with known answers: (sarathi, rr) the strongest reversal on azure/mooncake, (fcfs, rr)
+    a weaker one, (sjf, random) the strongest same-order comparison there, (fcfs, las) a same-order one on
+    azure/burstgpt, and a stronger reversal on a secondary metric (not headline: not the key)."""
+    rows = []
+
+    def add(a, b, s1, s2, d1, d2, e1, e2, metric="ttft_p90", region="overload", headline=True, sig=True):
+        rows.append({"panel": "headline", "a": a, "b": b, "source_1": s1, "source_2": s2, "region": region,
+                     "metric": metric, "headline": headline, "diff_1": d1, "diff_2": d2, "rel_1": e1, "rel_2": e2,
+                     "effect_1": e1, "effect_2": e2, "strength": min(e1, e2) / 0.05,
+                     "reversal": bool(np.sign(d1) != np.sign(d2)), "significant": sig,
+                     "practical": min(e1, e2) >= 0.05})
+
+    add("sarathi", "rr", "azure", "mooncake", 1.0, -2.0, 0.6, 0.9)
+    add("fcfs", "rr", "azure", "mooncake", 1.0, -1.0, 0.2, 0.3)
+    add("fcfs", "vtc", "azure", "mooncake", 1.0, -1.0, 0.9, 0.95, metric="max_slowdown", headline=False)
+    add("random", "sjf", "azure", "mooncake", -1.0, -1.0, 0.5, 0.7)
+    add("fcfs", "las", "azure", "mooncake", -1.0, -1.0, 0.1, 0.2, region="moderate")
+    add("fcfs", "las", "azure", "burstgpt", 1.0, 1.0, 0.3, 0.3)
+    add("las", "rr", "burstgpt", "mooncake", 1.0, -1.0, 0.2, 0.25)
+    add("sjf", "rr", "azure", "burstgpt", 1.0, 1.0, 0.02, 0.3, sig=False)
+    return pl.DataFrame(rows)
+
+
+def test_plan_selects_by_strength():
+    from portbench.validation import plan
+
+    rev = _rev_table()
+    key = plan.key_case(rev)
+    assert (key["a"], key["b"], key["metric"]) == ("sarathi", "rr", "ttft_p90")
+    assert key["selection"]["strength"] == pytest.approx(12.0)
+    assert key["campaign_sign"] == {"azure": 1, "mooncake": -1}
+    ctrl = plan.control_case(rev, key)
+    assert (ctrl["a"], ctrl["b"]) == ("random", "sjf") and ctrl["campaign_sign"] == {"azure": -1, "mooncake": -1}
+    draws = plan.draw_candidates(rev, None, [key, ctrl], seed=38, n=5)
+    same = {(d["a"], d["b"], d["region"]) for d in draws["draw_same"]}
+    assert same == {("fcfs", "las", "moderate"), ("fcfs", "las", "overload")}       # not the control, not sig=False
+    assert {(d["a"], d["b"]) for d in draws["draw_reversed"]} == {("fcfs", "rr"), ("las", "rr")}
+    assert draws == plan.draw_candidates(rev, None, [key, ctrl], seed=38, n=5)
+    # the first candidate whose prediction keeps sign and size is registered
+    first, passed = plan.pick_draw(draws["draw_reversed"],
+                                   lambda c: {s: (0.0 if c["a"] == draws["draw_reversed"][0]["a"] else 0.2 * sg)
+                                              for s, sg in c["campaign_sign"].items()}, 0.05)
+    assert first is not None and first["a"] != draws["draw_reversed"][0]["a"]
+    assert passed[0]["reason"] == verdict.REASONS["flips"]
+
+
+def test_plan_freeze_and_refusals(tmp_path):
+    from portbench.core.errors import DataError
+    from portbench.validation import plan
+
+    code = tmp_path / "lib" / "portbench" / "validation"
+    code.mkdir(parents=True)
+    (code / "x.py").write_text("A = 1\n")
+    doc = plan.build(tmp_path, _rev_table(), None, why="first freeze", today="2026-12-06", sims=100)
+    assert doc["sigma_r"]["measured"] is False and doc["design"]["k"] >= design.min_windows(doc["design"]["cases"], 0.05)
+    assert doc["changes"] == [{"date": "2026-12-06", "what": "frozen", "why": "first freeze"}]
+    seal = plan.write(tmp_path, doc)
+    info = plan.check(tmp_path)
+    assert info["sha256"] == seal and info["doc"]["cases"][0]["id"] == "key"
+    assert plan.write(tmp_path, doc) == seal                                   # same inputs, same bytes
+    # the code changes: refused
+    (code / "x.py").write_text("A = 2\n")
+    with pytest.raises(DataError, match="code differs"):
+        plan.check(tmp_path)
+    (code / "x.py").write_text("A = 1\n")
+    # the file is edited by hand: refused
+    p = plan.plan_path(tmp_path)
+    p.write_text(p.read_text().replace("alpha: 0.05", "alpha: 0.1"))
+    with pytest.raises(DataError, match="edited after it was frozen"):
+        plan.check(tmp_path)
+    # a refreeze keeps the change log
+    doc2 = plan.build(tmp_path, _rev_table(), None, why="sigma_r measured", previous=doc, today="2026-12-07", sims=100,
+                      sigma_r=plan.measured_sigma(0.08, 40, "2026-12-07", "test"))
+    assert [c["what"] for c in doc2["changes"]] == ["frozen", "refrozen"] and doc2["sigma_r"]["measured"]
+
+
+def test_summary_core_has_the_issue_keys():
+    cases = [("key", "sarathi", "rr", {"azure": 1, "mooncake": -1},
+              {"azure": {"rr": 0.3}, "mooncake": {"sarathi": 0.3}}),
+             ("planted", "fcfs", "delay_shortest", {"azure": 1, "mooncake": 1},
+              {"azure": {"delay_shortest": 0.3}, "mooncake": {"delay_shortest": 0.3}})]
+    tab = _run(cases)
+    ents = [entry("key", "sarathi", "rr", {"azure": 1, "mooncake": -1}),
+            {**entry("planted", "fcfs", "delay_shortest", {"azure": 1, "mooncake": 1}), "role": "planted"}]
+    res = verdict.case_verdicts(ents, tab, {}, sigma_r=0.15, r=4)
+    s = verdict.summary_core(res, verdict.aa_check(tab, {"key": "e2e_mean", "planted": "e2e_mean"}),
+                             {"sha256": "x", "code_version": {"source_sha256": "y"}}, None)
+    assert verdict.check_summary(s) == []
+    assert [c["id"] for c in s["cases"]] == ["key"] and s["planted"]["detected"] is True
+    assert s["cases"][0]["verdict"] == "holds"     # rr slower on azure, sarathi slower on mooncake: as predicted
+    assert verdict.check_summary({"cases": [{"verdict": "confirmed"}]})[0].startswith("summary: no")
+    assert any("not one of" in x for x in verdict.check_summary({"cases": [{"verdict": "confirmed"}]}))

@@ -7,7 +7,9 @@ of a run's raw files) and :func:`read_results` (notebook 08 reads what the run w
 
 * :mod:`.common` -- constants (labels, error targets, the time budget's reserves), output paths, the engine's
   specification from the settings, small shared helpers;
-* :mod:`.planning` -- the plan: cases, the pre-registered family's power calculation, the windows;
+* :mod:`.plan` -- the pre-registration (validation_plan.yaml: cases by strength, sigma_r, design, code version);
+* :mod:`.design` -- the paired replay design (ABBA, A/A pairs) and its power; :mod:`.verdict` -- the order verdicts;
+* :mod:`.planning` -- what a run would do here: windows, the engine's time budget;
 * :mod:`.pipeline` -- the run: step grid, pre-registration, the family on the virtual engine, the wall-clock
   replays sized to the time budget (its docstring describes the pipeline and its outputs);
 * :mod:`.wallclock` -- the wall-clock engine's part of the run, step by step: the step grid, the inputs, the
@@ -23,14 +25,15 @@ The steps' own modules (:mod:`.cases`, :mod:`.prereg`, :mod:`.confirm`, :mod:`.r
 
 from __future__ import annotations
 
-from . import capacity, cases, confirm, design, fidelity, matching, policies, predict, prereg, replay, resim, steps, verdict
+from . import (capacity, cases, confirm, design, fidelity, matching, planning, policies, predict, prereg, replay,
+               resim, steps, verdict)
 from .common import LABEL_CPU, LABEL_GPU, TARGETS, engine_spec, how_to_enable, out_dir, summary_path, validate
 from .pipeline import analyze, run
-from .planning import Plan, choose_windows, plan
+from .planning import Plan, choose_windows
 from .results import read_results
 
 __all__ = [
     "capacity", "cases", "confirm", "matching", "policies", "predict", "prereg", "replay", "resim", "steps", "verdict", "design", "fidelity",
     "analyze", "LABEL_CPU", "LABEL_GPU", "TARGETS", "engine_spec", "how_to_enable", "out_dir", "summary_path",
-    "validate", "read_results", "run", "Plan", "choose_windows", "plan",
+    "validate", "read_results", "run", "Plan", "choose_windows", "planning",
 ]

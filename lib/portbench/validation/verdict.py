@@ -252,13 +252,17 @@ def case_verdicts(entries: Sequence[Mapping], table: pl.DataFrame, predictions: 
         rows.append({"entry": e, "sides": sides, "reason": reason, "prediction": pred,
                      "p_hold": max(sd.p_predicted for sd in sides) if sides else 1.0,
                      "p_rev": max(sd.p_opposite for sd in sides) if sides else 1.0})
-    tested = [i for i, row in enumerate(rows) if row["reason"] is None]
-    # the smaller of the two directions' p, doubled (two directions), Holm over the tested cases
+    # the smaller of the two directions' p, doubled (two directions), Holm over the tested cases of the family;
+    # the planted reversal is a check of the procedure, tested on its own (not in the family)
+    tested = [i for i, row in enumerate(rows) if row["reason"] is None and row["entry"].get("role") != "planted"]
     p_case = [min(1.0, 2 * min(rows[i]["p_hold"], rows[i]["p_rev"])) for i in tested]
     adj = stats.adjust_pvalues(np.asarray(p_case, float), "holm") if tested else np.array([])
-    out = []
     for j, i in enumerate(tested):
         rows[i]["p_holm"] = float(adj[j])
+    for row in rows:
+        if row["reason"] is None and row["entry"].get("role") == "planted":
+            row["p_holm"] = min(1.0, 2 * min(row["p_hold"], row["p_rev"]))
+    out = []
     for row in rows:
         e, sides = row["entry"], row["sides"]
         k = min((sd.windows for sd in sides), default=0)
@@ -270,13 +274,15 @@ def case_verdicts(entries: Sequence[Mapping], table: pl.DataFrame, predictions: 
                 verdict = "holds" if row["p_hold"] <= row["p_rev"] else "reverses"
             else:
                 verdict = "undetermined"
-        resolvable = (design.resolvable_effect(k, r or 1, sigma_r, m=max(len(tested), 1), alpha=alpha)
+        m = 1 if e.get("role") == "planted" else max(len(tested), 1)
+        resolvable = (design.resolvable_effect(k, r or 1, sigma_r, m=m, alpha=alpha)
                       if k >= 1 and math.isfinite(sigma_r) else math.nan)
         reason = row["reason"]
         if verdict == "undetermined":
-            reason = (f"no decision at alpha = {alpha} after Holm over {len(tested)} case(s); the run resolves a "
-                      f"paired effect of {resolvable:.3f} (log) with 80 % power" if math.isfinite(resolvable)
-                      else f"no decision at alpha = {alpha} after Holm over {len(tested)} case(s)")
+            reason = (f"no decision at alpha = {alpha} after Holm over {m} case(s); the run resolves a paired "
+                      f"effect of {resolvable:.3f} (log) with 80 % power" if math.isfinite(resolvable) else
+                      f"no decision at alpha = {alpha} after Holm over {m} case(s); with {k} windows the exact test "
+                      "cannot decide (or sigma_r is unknown)")
         out.append({
             "id": e["id"], "pair": [e["a"], e["b"]], "metric": e["metric"], "region": e["region"],
             "sources": list(e["sources"]), "selection": e.get("selection", {}),
@@ -335,3 +341,39 @@ def planted(results: Sequence[Mapping], case_id: str = "planted") -> dict:
             return {"detected": bool(r["verdict"] == "holds" and a_better), "verdict": r["verdict"],
                     "pair": r["pair"], "metric": r["metric"], "effect": r["effect"], "ci": r["ci"]}
     return {"detected": None, "reason": "the run has no planted case"}
+
+
+# --------------------------------------------------------------------------- summary.json
+
+
+SUMMARY_KEYS = ("cases", "aa", "planted", "preregistration", "conformance_at_campaign_settings")
+CASE_KEYS = ("pair", "metric", "region", "sources", "selection", "prediction", "k", "r", "effect", "ci", "verdict",
+             "reason")
+AA_KEYS = ("pairs", "sigma_r", "false_reversal_rate")
+
+
+def summary_core(results: Sequence[Mapping], aa: Mapping, preregistration: Mapping,
+                 conformance: Mapping | None) -> dict:
+    """The part of ``data/results/validation/summary.json`` a check reads (issue #38's key names): ``cases`` (the
+    family, planted left out), ``aa``, ``planted``, ``preregistration`` (``sha256``, ``code_version``),
+    ``conformance_at_campaign_settings`` (:func:`.family.conformance`; None where it did not run)."""
+    return {"cases": [dict(c) for c in results if c.get("id") != "planted"], "aa": dict(aa),
+            "planted": planted(results),
+            "preregistration": {"sha256": preregistration.get("sha256"),
+                                "code_version": preregistration.get("code_version")},
+            "conformance_at_campaign_settings": dict(conformance) if conformance is not None else
+            {"ran": False, "reason": "not run (needs vLLM and the campaign's runs)"}}
+
+
+def check_summary(s: Mapping) -> list[str]:
+    """What a summary lacks of the key contract (empty when complete)."""
+    out = [f"summary: no `{k}`" for k in SUMMARY_KEYS if k not in s]
+    for i, c in enumerate(s.get("cases") or []):
+        out += [f"cases[{i}]: no `{k}`" for k in CASE_KEYS if k not in c]
+        if c.get("verdict") not in VERDICTS:
+            out.append(f"cases[{i}]: verdict {c.get('verdict')!r} not one of {', '.join(VERDICTS)}")
+    out += [f"aa: no `{k}`" for k in AA_KEYS if k not in (s.get("aa") or {})]
+    if "detected" not in (s.get("planted") or {}):
+        out.append("planted: no `detected`")
+    out += [f"preregistration: no `{k}`" for k in ("sha256", "code_version") if k not in (s.get("preregistration") or {})]
+    return out
