@@ -62,17 +62,17 @@ def test_planted_table_selects_the_runnable_reversal_and_the_control():
     # key reversal, control, then the further reversals (one per source pair of each runnable pair)
     assert kinds[:2] == ["reversal", "control"] and set(kinds[2:]) == {"reversal"}
     key, ctrl = sel.cases[:2]
-    # fcfs vs vtc has the larger effect but vtc cannot run in the engine; srpt_oracle (dynamic) can
-    assert (key.a, key.b) == ("fcfs", "srpt_oracle") and key.rho == 1.2
-    assert key.min_rel == pytest.approx(0.50)
+    # every built-in policy runs inside vLLM (one per engine instance): fcfs vs vtc, the larger effect, is the key
+    assert (key.a, key.b) == ("fcfs", "vtc") and key.rho == 1.2
+    assert key.min_rel == pytest.approx(0.80)
     assert np.sign(key.sides[0].diff) != np.sign(key.sides[1].diff)
     # the control is stable on the key reversal's sources, where it is replayed
     assert (ctrl.a, ctrl.b) == ("random", "sjf_oracle") and set(ctrl.sources) == set(key.sources)
     assert (ctrl.region, ctrl.metric) == (key.region, key.metric)
-    assert "vtc" in sel.excluded and "srpt_oracle" not in sel.excluded
+    assert not sel.excluded
     further = sel.cases[2:]
     assert [c.min_rel for c in further] == sorted([c.min_rel for c in further], reverse=True)
-    assert {(c.a, c.b) for c in further} == {("fcfs", "srpt_oracle"), ("fcfs", "sjf_prompt")}
+    assert {(c.a, c.b) for c in further} == {("fcfs", "vtc"), ("fcfs", "srpt_oracle"), ("fcfs", "sjf_prompt")}
     t = sel.table()
     assert set(t["better"].to_list()) >= {"fcfs", "srpt_oracle", "sjf_oracle"}
 
@@ -141,9 +141,9 @@ def test_control_needs_the_same_significant_order_on_every_source():
 
 
 def test_selection_explains_an_empty_result():
-    rev = pl.DataFrame([_row("fcfs", "mlfq", "azure", "burstgpt", 1.0, -1.0, 0.5, 0.5)])
+    rev = pl.DataFrame([_row("fcfs", "my_plugin", "azure", "burstgpt", 1.0, -1.0, 0.5, 0.5)])
     sel = cases.select_cases(rev)
-    assert sel.cases == [] and "mlfq" in sel.excluded
+    assert sel.cases == [] and "my_plugin" in sel.excluded
     assert any("excluded policy" in m for m in sel.messages)
     with pytest.raises(Exception, match="missing columns"):
         cases.check_reversals(rev.drop("rel_1"))
@@ -426,25 +426,18 @@ def test_engine_status_explains_why_not(monkeypatch):
     assert replay.engine_status(expected="0.31.0").reason != s.reason
 
 
-def test_one_engine_for_every_policy(tmp_params):
+def test_the_planning_engine_spec_is_the_engines(tmp_params):
+    """common.engine_spec (what the plan reports) is the wall-clock engine's own spec (engine.settings_for)."""
     from portbench import validation
+    from portbench.sim import profiles
+    from portbench.validation import engine
 
     P = tmp_params()
-    spec = validation.engine_spec(P.validation, P.simulation, "cpu")
-    kw = spec.engine_kwargs()
-    c = P.validation.cpu
+    kw = validation.engine_spec(P.validation, P.simulation, "cpu").engine_kwargs()
+    S = engine.settings_for(P.validation.cpu, profiles.get_profile(P.simulation.profile), device="cpu")
+    assert kw == S.spec().engine_kwargs()
     assert kw["scheduling_policy"] == "priority" and kw["enable_chunked_prefill"] is True
-    assert kw["scheduler_cls"] == replay.ENGINE_SCHEDULER and kw["disable_log_stats"] is False
-    assert kw["load_format"] == "dummy" and kw["skip_tokenizer_init"]
-    assert kw["enable_prefix_caching"] is (c.prefix_caching != "off")   # matched to the campaign (auto)
-    assert (kw["num_gpu_blocks_override"], kw["block_size"], kw["max_num_batched_tokens"], kw["max_num_seqs"],
-            kw["max_model_len"]) == (c.kv_blocks, c.block_size, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len)
-    assert spec.env == {"OMP_NUM_THREADS": "1"}
-    gpu = validation.engine_spec(P.validation, P.simulation, "cuda").engine_kwargs()
-    from portbench.sim import profiles
-    prof = profiles.get_profile(P.simulation.profile)
-    assert gpu["num_gpu_blocks_override"] == prof.kv_capacity_blocks and gpu["block_size"] == 16
-    assert validation.engine_spec(P.validation, P.simulation, "cuda").env == {}
+    assert kw["load_format"] == "dummy" and kw["skip_tokenizer_init"] and kw["disable_log_stats"] is False
 
 
 def test_model_configs_are_real_architectures():
@@ -479,10 +472,8 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
 
     monkeypatch.setattr(replay, "installed_vllm", lambda: (None, None))
     P = tmp_params()
-    report = validation.run(P, progress=False)                   # no analysis, no vLLM: never raises
+    report = validation.run(P, progress=False)                   # no plan needed, no vLLM: never raises
     assert report["ran"] is False and "not importable" in report["skipped_because"]
-    saved = json.loads((validation.out_dir(P.paths) / "report.json").read_text())
-    assert saved["ran"] is False and any("reversal table" in m for m in saved["plan"]["messages"])
     summary = json.loads(validation.summary_path(P.paths).read_text())
     assert summary["ran"] is False and "make setup-vllm" in summary["how_to_enable"]
     res = validation.read_results(P)
@@ -491,8 +482,8 @@ def test_run_without_vllm_reports_the_skip_and_the_plan(tmp_params, monkeypatch)
     the_plan = validation.planning.plan(P, cases.planted_reversals(SOURCES))
     assert not the_plan.runnable and [c.kind for c in the_plan.cases[:2]] == ["reversal", "control"]
     reps = the_plan.replays()
-    assert {"fcfs", "priority", "dynamic"} <= set(reps["engine_mode"].to_list()) <= {"fcfs", "priority", "dynamic",
-                                                                                    "excluded"}
+    assert {"fcfs", "priority", "class"} <= set(reps["engine_mode"].to_list()) <= {"fcfs", "priority", "class",
+                                                                                 "budget", "excluded"}
     # the family may hold a policy only the virtual engine runs (it decides the family); the exploratory cases are
     # the wall-clock engine's, so none of theirs is excluded there
     assert reps.filter(pl.col("engine_mode") == "excluded")["required"].all()

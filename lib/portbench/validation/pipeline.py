@@ -46,7 +46,7 @@ from ..core.errors import PortbenchError
 from ..data import windows as windows_mod
 from ..study.campaign.run import run_tables
 from . import design, engine, predict, replay, stages
-from .common import base_profile, out_dir, summary_path
+from .common import base_profile, how_to_enable, out_dir, summary_path
 
 MODES = ("full", "long", "reduced")
 HORIZON_FULL_S = 10.0      # a replay's observation in `make validate` (the window's first requests, >= 20);
@@ -119,7 +119,7 @@ def run(cfg: Config, *, mode: str = "full", progress: bool = True) -> dict:
     out = out_dir(cfg.paths)
     status = replay.engine_status("cpu", cfg.validation.vllm_version)
     if not status.ok:
-        s = {"ran": False, "skipped_because": status.reason}
+        s = {"ran": False, "skipped_because": status.reason, "how_to_enable": how_to_enable()}
         _write_json(summary_path(cfg.paths), s)
         _log(progress)(f"skipped: {status.reason}")
         return s
@@ -185,6 +185,8 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
     # 5. the replays
     twin = (mode != "reduced") if twins is None else twins
     tab, rec = stages.replays(specs, inp, S, table, sim, out, deadline=deadline, twins=twin, log=log)
+    # conformance at the campaign's settings (virtual engine vs simulator: an agreement rate, not a verdict)
+    conf = _conformance(cfg, entries, wins, man, log) if mode in ("full", "long") else None
     # the fidelity report (absolute latency, no pass mark): while the time budget allows
     fid = predict.fidelity_report(tab, rec, inp.window, table, S.resim(), sim, deadline=t_start + budget - 15.0) \
         if tab.height else {}
@@ -197,7 +199,7 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
                        "twins": twin, "budget_s": budget},
             "capacity": inp.capacity, "windows": wins, "step_table": {
                 k_: step_info[k_] for k_ in ("shapes", "rounds", "steps", "wall_s", "startup_s", "fit", "repeat_noise")},
-            "fidelity": fid, "loadavg_start": list(load0), "loadavg_end": list(os.getloadavg()),
+            "fidelity": fid, "conformance": conf, "loadavg_start": list(load0), "loadavg_end": list(os.getloadavg()),
             "wall_s": time.monotonic() - t_start}
     _write_json(out / "raw" / "run.json", info)
     specs.write_parquet(out / "raw" / "specs.parquet")
@@ -226,14 +228,13 @@ def verdicts(info: Mapping, tab: pl.DataFrame) -> dict:
                                     r=int(info["design"]["r"]))
     aa = verdict.aa_check(tab, {e["id"]: e["metric"] for e in every})
     device = info["device"]
+    core = verdict.summary_core(results, aa, info["preregistration"], info.get("conformance"))
     return {
-        "ran": True, "mode": info["mode"],
+        **core, "ran": True, "mode": info["mode"],
         "label": ("on a real engine (vLLM CPU build, tiny model): the order under the CPU engine's cost structure; the "
                   "A100 claim stays the simulator's" if device == "cpu" else
                   "on a real engine (vLLM on a CUDA GPU): the order under that GPU's cost structure"),
         "engine": {"device": device, "vllm": info["vllm"], "settings": info["settings"]},
-        "preregistration": info["preregistration"],
-        "cases": [c for c in results if c["id"] != "planted"], "planted": verdict.planted(results), "aa": aa,
         "draws": info["draws"], "predictions": info["predictions"], "sigma_r_planned": info["sigma_r_planned"],
         "design": {**info["design"], "replays_run": tab.height},
         "capacity_rps": {s: c["capacity_rps"] for s, c in info["capacity"].items()},
@@ -254,6 +255,19 @@ def analyze(cfg: Config) -> dict:
     summary = verdicts(json.loads(f.read_text()), pl.read_parquet(t))
     _write_json(summary_path(cfg.paths), summary)
     return summary
+
+
+def _conformance(cfg: Config, entries: list[dict], wins: Mapping, man: Mapping, log) -> dict | None:
+    """:func:`.family.conformance` of the cases on their windows (None where vLLM's scheduler cannot run here)."""
+    from . import family
+
+    try:
+        v, s, info = family.run(cfg.data, cfg.predictors, cfg.simulation, cfg.campaign, entries, wins,
+                                manifest=dict(man), log=log)
+    except ImportError as e:
+        log(f"conformance at the campaign's settings not run: {e}")
+        return None
+    return family.conformance(entries, v, s, info)
 
 
 def status_line() -> str:
@@ -303,7 +317,7 @@ def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure", "mooncake"), regi
         S, True), hash_blocks={s: windows_mod.hash_block_size(man, {"source": s}) for s in sources},
         max_horizon_s=max_horizon_s, log=log)
     # the planted pairs reuse the pilot's windows: same case key
-    rows = []
+    rows: list[dict] = []
     rng = np.random.default_rng(int(v.seed) + 38)
     for s in sources:
         for w in wins[s]:

@@ -326,7 +326,8 @@ def predict_case(case, step_table: Profile, settings: resim.EngineSettings, *, s
     a, b, metric = (case[k] if isinstance(case, Mapping) else getattr(case, k) for k in ("a", "b", "metric"))
     out: dict[str, dict] = {}
     for src, wins in windows.items():
-        va, vb = [], []
+        va: list[float] = []
+        vb: list[float] = []
         for j, (df, horizon) in enumerate(wins):
             seed = (seeds or {}).get(src, list(range(len(wins))))[j]
             hb = (hash_block_tokens or {}).get(src)
