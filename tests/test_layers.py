@@ -414,6 +414,7 @@ LOAD_MANIFEST_SITES = frozenset({
     "portbench.study.honest:run_transfer", "portbench.bench:_bench_campaign",
     "portbench.validation.planning:plan", "portbench.validation.analysis:analyze",
     "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # conform / vllm-virtual
+    "portbench.validation.pipeline:execute", "portbench.validation.pipeline:pilot",   # validate (a run), its A/A pilot
 })
 
 WHOLE, MANIFEST_CALLS = settings_reach.scan()

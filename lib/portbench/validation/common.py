@@ -21,6 +21,7 @@ from ..core.config import (
 from ..core.errors import ParameterError, PortbenchError
 from ..sim import profiles, schedulers
 from ..study.campaign import run_seed
+from .engine import settings_for
 from . import (
     cases,
     confirm,
@@ -92,8 +93,6 @@ def base_profile(sim: SimulationConfig):
 def engine_spec(v: ValidationConfig, sim: SimulationConfig, device: str) -> replay.EngineSpec:
     """The engine of this run on ``device`` (``cpu``: ``validation.cpu``; ``cuda``: ``validation.gpu``): the wall-clock
     engine's own settings, every one explicit (:func:`.engine.settings_for`)."""
-    from .engine import settings_for
-
     return settings_for(v.engine(device), base_profile(sim), device=device, seed=int(v.seed)).spec()
 
 

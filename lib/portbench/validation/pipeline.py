@@ -31,6 +31,7 @@ Outputs under ``{results_dir}/validation/``: ``summary.json``, ``raw/`` (``step_
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import math
 import os
@@ -38,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import polars as pl
 
 from ..core import io
@@ -45,7 +47,8 @@ from ..core.config import Config
 from ..core.errors import PortbenchError
 from ..data import windows as windows_mod
 from ..study.campaign.run import run_tables
-from . import design, engine, predict, replay, stages
+from . import design, engine, family, predict, replay, stages, verdict
+from . import plan as plan_mod
 from .common import base_profile, how_to_enable, out_dir, summary_path
 
 MODES = ("full", "long", "reduced")
@@ -112,8 +115,6 @@ def _from_plan(doc: Mapping, pre: Mapping, mode: str) -> Run:
 def run(cfg: Config, *, mode: str = "full", progress: bool = True) -> dict:
     """The validation (module docstring) on the CPU engine; ``summary.json``. A missing vLLM is a "skipped" summary,
     never an error; a plan that does not check is an error (one message)."""
-    from . import plan as plan_mod
-
     if mode not in MODES:
         raise PortbenchError(f"validation mode {mode!r}: one of {', '.join(MODES)}")
     out = out_dir(cfg.paths)
@@ -166,10 +167,8 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
     eff = {cid: {s: p["effect"] for s, p in side.items()} for cid, side in preds.items()}
     delta = math.log1p(float(R.rules.get("delta", 0.05)))
     registered, passed_over = [], {}
-    from .plan import pick_draw
-
     for kind, cands in sorted(R.candidates.items()):
-        got, passed = pick_draw(cands, lambda c: eff.get(c["id"], {}), delta)
+        got, passed = plan_mod.pick_draw(cands, lambda c: eff.get(c["id"], {}), delta)
         passed_over[kind] = passed
         if got is not None:
             registered.append({k_: x for k_, x in got.items() if k_ != "prediction"})
@@ -186,7 +185,8 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
     twin = (mode != "reduced") if twins is None else twins
     tab, rec = stages.replays(specs, inp, S, table, sim, out, deadline=deadline, twins=twin, log=log)
     # conformance at the campaign's settings (virtual engine vs simulator: an agreement rate, not a verdict)
-    conf = _conformance(cfg, entries, wins, man, log) if mode in ("full", "long") else None
+    conf = _conformance(cfg.data, cfg.predictors, sim, cfg.campaign, entries, wins, man, log) \
+        if mode in ("full", "long") else None
     # the fidelity report (absolute latency, no pass mark): while the time budget allows
     fid = predict.fidelity_report(tab, rec, inp.window, table, S.resim(), sim, deadline=t_start + budget - 15.0) \
         if tab.height else {}
@@ -217,8 +217,6 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
 def verdicts(info: Mapping, tab: pl.DataFrame) -> dict:
     """The summary (``summary.json``) from a run's record (``raw/run.json``) and its per-replay table: every case's
     verdict (:func:`.verdict.case_verdicts`), the A/A check, the planted reversal."""
-    from . import verdict
-
     rules = info["rules"]
     planted = [info["planted"]] if info.get("planted") else []
     every = [*info["entries"], *planted]
@@ -257,13 +255,11 @@ def analyze(cfg: Config) -> dict:
     return summary
 
 
-def _conformance(cfg: Config, entries: list[dict], wins: Mapping, man: Mapping, log) -> dict | None:
+def _conformance(data, predictors, sim, campaign, entries: list[dict], wins: Mapping, man: Mapping,
+                 log) -> dict | None:
     """:func:`.family.conformance` of the cases on their windows (None where vLLM's scheduler cannot run here)."""
-    from . import family
-
     try:
-        v, s, info = family.run(cfg.data, cfg.predictors, cfg.simulation, cfg.campaign, entries, wins,
-                                manifest=dict(man), log=log)
+        v, s, info = family.run(data, predictors, sim, campaign, entries, wins, manifest=dict(man), log=log)
     except ImportError as e:
         log(f"conformance at the campaign's settings not run: {e}")
         return None
@@ -292,12 +288,6 @@ def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure", "mooncake"), regi
     planted pair (fcfs vs ``delay_shortest``) per window, at ``region``'s load with the engine's settings. Writes
     ``raw/pilot.parquet`` and ``pilot.json`` under the validation folder: per source and metric sigma_r = SD of the
     A/A log-ratios / sqrt(2) (:func:`.verdict.aa_check`'s definition), with the date and the machine's load."""
-    import datetime as dt
-
-    import numpy as np
-
-    from .verdict import pair_effects
-
     log = _log(progress)
     out = out_dir(cfg.paths) / "pilot"
     v, sim = cfg.validation, cfg.simulation
@@ -339,8 +329,8 @@ def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure", "mooncake"), regi
                                                                               for s, c in inp.capacity.items()},
                            "sigma_r": {}, "planted": {}, "machine_speed": _quantiles(tab, "machine_speed")}
     for m in metrics_:
-        aa = pair_effects(tab, m, aa=True)
-        pe = pair_effects(tab, m, aa=False)
+        aa = verdict.pair_effects(tab, m, aa=True)
+        pe = verdict.pair_effects(tab, m, aa=False)
         res["sigma_r"][m] = {s: stages.finite(float(g["d"].std()) / math.sqrt(2)) for (s,), g in
                              aa.group_by(["source"], maintain_order=True)}
         res["sigma_r"][m]["pooled"] = stages.finite(float(aa["d"].std()) / math.sqrt(2)) if aa.height > 1 else None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Mapping
 
 import numpy as np
@@ -34,7 +35,10 @@ import polars as pl
 from ..core.config import SimulationConfig
 from ..sim import metrics
 from ..sim.profiles import Profile
-from . import resim
+from ..sim import regions
+from . import capacity, policies, resim
+from . import fidelity as fid
+from .verdict import oriented
 
 ENGINE_NAME = "virtual vLLM (vLLM's V1 scheduler, measured step table)"
 
@@ -285,8 +289,6 @@ def engine_capacity(pool: pl.DataFrame, step_table: Profile, es: resim.EngineSet
     :func:`.capacity.saturation_throughput`), predicted by the virtual engine with the engine's step table and
     settings: deterministic, no wall-clock run. The load of every replay is rescaled with it, so the engine and its
     prediction see the same offered load."""
-    from . import capacity
-
     burst = capacity.backlog_workload(pool, backlog, seed)
     res = predict(burst, "fcfs", seed, math.inf, es, step_table, sim, hash_block_tokens)
     return capacity.saturation_throughput(res.requests)
@@ -296,8 +298,6 @@ def side_windows(windows: list[pl.DataFrame], es: resim.EngineSettings, rho: flo
                  horizon_factor: float) -> list[tuple[pl.DataFrame, float]]:
     """The windows of one side as the engine replays them: prepared (:func:`.resim.prepare_window`: first N
     requests, token scale, context limit), rescaled to ``rho`` x the engine's capacity, with their horizons."""
-    from ..sim import regions
-
     out = []
     for w in windows:
         df, _ = resim.prepare_window(w, es)
@@ -321,8 +321,6 @@ def predict_case(case, step_table: Profile, settings: resim.EngineSettings, *, s
     prediction), ``better`` (the policy the prediction finds better; None at an exact tie), the metric's values.
     ``seeds``: per source the windows' seeds (default 0, 1, ...); ``hash_block_tokens``: per source the trace's
     tokens per block hash (prefix caching as the engine runs it)."""
-    from .verdict import oriented
-
     a, b, metric = (case[k] if isinstance(case, Mapping) else getattr(case, k) for k in ("a", "b", "metric"))
     out: dict[str, dict] = {}
     for src, wins in windows.items():
@@ -360,17 +358,12 @@ def fidelity_report(tab: pl.DataFrame, records: pl.DataFrame, windows_of, step_t
     ``tab``/``records``: the run's per-replay table and per-request records; ``windows_of(row)``: the replay's
     window as the engine ran it (:class:`.engine.Window`); ``deadline`` (monotonic): replays not predicted by then
     are left out (counted)."""
-    import time as _time
-
-    from . import fidelity as fid
-    from . import policies
-
     keys = ["replay_index"]
     pred, eng, left_out = [], [], 0
     for row in tab.iter_rows(named=True):
         if policies.virtual_mode(row["policy"]) == "excluded":
             continue
-        if deadline is not None and _time.monotonic() > deadline:
+        if deadline is not None and time.monotonic() > deadline:
             left_out += 1
             continue
         w = windows_of(row)

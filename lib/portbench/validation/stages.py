@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import polars as pl
 
 from ..core.config import SimulationConfig, StepGridConfig
-from ..sim import regions, schedulers
+from ..sim import profiles, regions, schedulers
 from ..sim.profiles import Profile
 from ..study.campaign.plan import run_seed
 from . import capacity, engine, policies, predict, replay, resim, steps
@@ -35,8 +35,6 @@ def step_table(settings: engine.Settings, g: StepGridConfig, base: Profile, out:
     """The engine's step table: the step grid (``g``; decode shapes the KV cache cannot hold left out) timed on an
     in-process engine with ``settings`` and fitted (:func:`.steps.fit`). Writes ``raw/step_grid.parquet`` and
     ``engine_profile_step_grid.json`` under ``out``; returns the profile (limits: the engine's) and what ran."""
-    from ..sim import profiles
-
     shapes = steps.grid(g, kv_tokens=settings.kv_tokens)
     t = time.perf_counter()
     log(f"step table: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
