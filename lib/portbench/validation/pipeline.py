@@ -279,15 +279,18 @@ def _quantiles(tab: pl.DataFrame, col: str) -> dict:
             "q90": stages.finite(x.quantile(0.9))} if x.len() else {}
 
 
-def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure", "mooncake"), region: str = "overload", k: int = 4,
+def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure",), region: str = "overload", k: int = 6,
           r: int = 2, max_horizon_s: float | None = HORIZON_FULL_S, metrics_: tuple[str, ...] = ("ttft_p90", "e2e_mean",
                                                                                           "tpot_p90"),
-          progress: bool = True) -> dict:
+          step_grid: Path | None = None, progress: bool = True) -> dict:
     """The A/A pilot that gives the plan its sigma_r (``portbench validate --pilot``): on each source, ``k`` windows x
     ``r`` A/A pairs of fcfs (its two replays on two instances, as an a/b pair's are) in ABBA slot order, and one
     planted pair (fcfs vs ``delay_shortest``) per window, at ``region``'s load with the engine's settings. Writes
     ``raw/pilot.parquet`` and ``pilot.json`` under the validation folder: per source and metric sigma_r = SD of the
-    A/A log-ratios / sqrt(2) (:func:`.verdict.aa_check`'s definition), with the date and the machine's load."""
+    A/A log-ratios / sqrt(2) (:func:`.verdict.aa_check`'s definition), with the date and the machine's load.
+    ``step_grid``: an earlier run's ``raw/step_grid.parquet`` to fit the step table from instead of measuring it.
+    (Mooncake is not a default source: at token scale 1 the CPU engine serves it at ~0.04 req/s, so one overload
+    replay of its first 20 requests lasts ~10 min.)"""
     log = _log(progress)
     out = out_dir(cfg.paths) / "pilot"
     v, sim = cfg.validation, cfg.simulation
@@ -295,8 +298,12 @@ def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure", "mooncake"), regi
     S = engine.settings_for(v.engine("cpu"), base, device="cpu", seed=int(v.seed))
     load0 = os.getloadavg()
     t0 = time.monotonic()
-    table, step_info = stages.step_table(S, v.step_grid, base, out, rounds=int(v.step_grid.reduced_rounds),
-                                         seed=int(v.seed), log=log)
+    if step_grid is not None:
+        table = stages.table_from(pl.read_parquet(step_grid), S, base)
+        log(f"step table fitted from {step_grid}")
+    else:
+        table, _ = stages.step_table(S, v.step_grid, base, out, rounds=int(v.step_grid.reduced_rounds),
+                                     seed=int(v.seed), log=log)
     man = windows_mod.load_manifest(cfg.data.paths)
     wins = choose_windows(man, sources, k, int(v.window_seed))
     tables = windows_mod.load_windows(cfg.data, sources=list(sources), manifest=man)

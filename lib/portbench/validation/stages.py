@@ -185,7 +185,7 @@ def replays(specs: Sequence[Any], inp: Inputs, settings: engine.Settings, table:
     both also written under ``out/raw`` (``replays.parquet``, ``replay_requests.parquet``)."""
     vocab = int(replay.model_config(settings.model)["vocab_size"])
     tab, rec = engine.run(specs, inp.window, settings, options=lambda p: policy_options(sim, p, settings.token_scale),
-                          out=out, vocab=vocab, step_table=table, slo=sim.slo_dicts, edf_slo=sim.edf_slo_dict, log=log, deadline=deadline,
+                          out=out, vocab=vocab, step_table=table, slo=sim.slo_dicts, log=log, deadline=deadline,
                           twins=twins)
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)

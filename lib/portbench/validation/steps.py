@@ -13,7 +13,7 @@ validation measures shapes, not runs:
   engine, prefix caching on. Per shape the engine state is built (requests prefilled until the batch
   decodes; a prefix prefilled and cached), then ``steps_per_shape`` steps are timed around
   ``LLMEngine.step()``; the shape each step really had comes from the scheduler's own record
-  (:mod:`.engine_scheduler`). ``rounds`` interleaved rounds visit the shapes in a seeded random order,
+  (:class:`portbench.vllm.StepRecords`). ``rounds`` interleaved rounds visit the shapes in a seeded random order,
   the **reference shape** (the first decode shape) before each round and after every third shape, so that
   drift of the machine's speed shows (``drift``: the reference's per-round medians).
 * **Fit** (:func:`fit`): non-negative least squares (relative errors) of the cost model ``c0 + c_p P + c_d B + c_kv C +
