@@ -2,7 +2,7 @@
 
 The virtual engine (:mod:`portbench.validation.virtual`) steps vLLM's real ``Scheduler`` (its KV-cache
 manager, priority queue and preemption) in a virtual clock with the simulator's cost model; every policy
-runs on it through the simulator's own policy objects (:mod:`portbench.validation.policy_driver`). These
+runs on it as its exported class (:mod:`portbench.vllm`: the simulator's own policy objects inside vLLM). These
 tests fail when a change to the simulator, to the policy driver or a vLLM upgrade breaks the equality:
 
 * every one of the study's policies on an overloaded synthetic window with a small KV cache (hundreds of

@@ -330,25 +330,18 @@ def test_engine_status_explains_why_not(monkeypatch):
     assert replay.engine_status(expected="0.31.0").reason != s.reason
 
 
-def test_one_engine_for_every_policy(tmp_params):
+def test_the_planning_engine_spec_is_the_engines(tmp_params):
+    """common.engine_spec (what the plan reports) is the wall-clock engine's own spec (engine.settings_for)."""
     from portbench import validation
+    from portbench.sim import profiles
+    from portbench.validation import engine
 
     P = tmp_params()
-    spec = validation.engine_spec(P.validation, P.simulation, "cpu")
-    kw = spec.engine_kwargs()
-    c = P.validation.cpu
+    kw = validation.engine_spec(P.validation, P.simulation, "cpu").engine_kwargs()
+    S = engine.settings_for(P.validation.cpu, profiles.get_profile(P.simulation.profile), device="cpu")
+    assert kw == S.spec().engine_kwargs()
     assert kw["scheduling_policy"] == "priority" and kw["enable_chunked_prefill"] is True
-    assert kw["scheduler_cls"] == replay.ENGINE_SCHEDULER and kw["disable_log_stats"] is False
-    assert kw["load_format"] == "dummy" and kw["skip_tokenizer_init"]
-    assert kw["enable_prefix_caching"] is (c.prefix_caching != "off")   # matched to the campaign (auto)
-    assert (kw["num_gpu_blocks_override"], kw["block_size"], kw["max_num_batched_tokens"], kw["max_num_seqs"],
-            kw["max_model_len"]) == (c.kv_blocks, c.block_size, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len)
-    assert spec.env == {"OMP_NUM_THREADS": "1"}
-    gpu = validation.engine_spec(P.validation, P.simulation, "cuda").engine_kwargs()
-    from portbench.sim import profiles
-    prof = profiles.get_profile(P.simulation.profile)
-    assert gpu["num_gpu_blocks_override"] == prof.kv_capacity_blocks and gpu["block_size"] == 16
-    assert validation.engine_spec(P.validation, P.simulation, "cuda").env == {}
+    assert kw["load_format"] == "dummy" and kw["skip_tokenizer_init"] and kw["disable_log_stats"] is False
 
 
 def test_model_configs_are_real_architectures():
@@ -383,7 +376,7 @@ def test_run_without_vllm_reports_the_skip(tmp_params, monkeypatch):
 
     monkeypatch.setattr(replay, "installed_vllm", lambda: (None, None))
     P = tmp_params()
-    report = validation.run(P, progress=False)                   # no vLLM: never raises
+    report = validation.run(P, progress=False)                   # no plan needed, no vLLM: never raises
     assert report["ran"] is False and "not importable" in report["skipped_because"]
     summary = json.loads(validation.summary_path(P.paths).read_text())
     assert summary["ran"] is False

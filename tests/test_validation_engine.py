@@ -4,7 +4,6 @@ and that the old per-request key path is gone. Hand-computed cases; no engine st
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 
 from portbench.core.errors import ParameterError
 from portbench.sim import profiles
-from portbench.validation import design, engine, gpu, replay, stages
+from portbench.validation import design, engine, gpu, stages
 
 LIB = Path(__file__).resolve().parents[1] / "lib" / "portbench"
 
@@ -28,23 +27,20 @@ def _settings(**kw):
 
 def test_the_planted_policy_runs_as_its_own_scheduler_class():
     p = engine.placement(engine.PLANTED, {}, _settings())
-    assert p.scheduler_cls == engine.PLANTED_SCHEDULER and not p.static and p.budget is None
-    # the class sets the priority inside vLLM: nothing is sent with the requests
-    df = pl.DataFrame({"arrival_s": [0.0, 0.0], "prompt_tokens": [5, 50], "output_tokens": [1, 1]})
-    assert engine.priorities(engine.PLANTED, df, 0) is None
+    assert p.scheduler_cls == engine.PLANTED_SCHEDULER and p.budget is None and p.options == {}
 
 
-def test_every_study_policy_has_one_place_and_sarathi_its_budget():
+def test_every_study_policy_runs_as_its_class_and_sarathi_with_its_budget():
+    from portbench.sim import schedulers
+
     S = _settings()
-    with_classes = importlib.util.find_spec("portbench.vllm") is not None
-    p = engine.placement("sarathi", {"prefill_token_budget": 512}, S)
-    assert p.budget == 512                                           # an engine-wide setting: its own instance
-    if with_classes:
-        assert engine.placement("las", {"quantum_tokens": 32}, S).scheduler_cls.startswith("portbench.vllm.")
-    else:
-        assert engine.placement("sjf_prompt", {}, S).static
-        with pytest.raises(replay.EngineUnavailable):
-            engine.placement("las", {"quantum_tokens": 32}, S)
+    p = engine.placement("sarathi", {"prefill_token_budget": 512, "chunked_prefill": True}, S)
+    assert p.budget == 512 and p.scheduler_cls == "portbench.vllm.FCFS"     # an engine-wide setting: its instance
+    las = engine.placement("las", {"quantum_tokens": 32}, S)
+    assert las.scheduler_cls == "portbench.vllm.LAS" and las.options == {"portbench": {"quantum_tokens": 32}}
+    for name in ("fcfs", "sjf_prompt", "sjf_oracle", "rr", "mlfq", "srpt_oracle", "random"):
+        assert engine.placement(name, dict(schedulers.SCHEDULERS[name].option_defaults()), S).scheduler_cls \
+            .startswith("portbench.vllm.")
 
 
 def test_the_engine_reads_the_designs_specs():
@@ -110,3 +106,41 @@ def test_the_old_per_request_key_path_is_gone():
     hits = [f"{p.relative_to(LIB)}:{i}" for p in LIB.rglob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
             if old.search(line)]
     assert hits == []
+
+
+class _StandIn:
+    """A stand-in for a started engine instance: records what the replay saw."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def reset_prefix_cache(self) -> bool:
+        self.calls.append("reset")
+        return True
+
+    def replay(self, reqs, *, horizon_s, policy, rejected, window_df, tag):
+        import gc
+
+        self.calls.append(f"replay gc_enabled={gc.isenabled()} frozen={gc.get_freeze_count() > 0}")
+        n = len(reqs)
+        return pl.DataFrame({"req_id": list(range(n)), "arrival_s": [0.0] * n, "first_token_s": [0.1] * n,
+                             "finish_s": [0.2] * n, "prompt_tokens": [4] * n, "output_tokens": [2] * n,
+                             "generated_tokens": [2] * n, "preemptions": [0] * n, "rejected": [False] * n,
+                             "tenant": ["t"] * n})
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_every_replay_starts_with_an_empty_prefix_cache_and_the_gc_frozen(tmp_path, caching):
+    import gc
+
+    S = _settings(prefix_caching=caching)
+    E = engine.Engine(S, {}, out=tmp_path, vocab=1000)
+    fake = _StandIn()
+    inst = engine.Instance("fcfs@engine", engine.placement("fcfs", {}, S), fake, tmp_path / "none.jsonl")
+    df = pl.DataFrame({"arrival_s": [0.0, 0.5], "prompt_tokens": [4, 4], "output_tokens": [2, 2]})
+    for _ in range(2):
+        got = E.replay(inst, df, 10.0, tag="t", prompt_seed=1)
+        assert got["prefix_cache_reset"] is caching and got["gc_frozen"]
+    want = (["reset"] if caching else []) + ["replay gc_enabled=False frozen=True"]
+    assert fake.calls == want * 2
+    assert gc.isenabled() and gc.get_freeze_count() == 0      # as it was after each replay

@@ -101,26 +101,39 @@ def replays(env, tmp_path_factory):
 
     from portbench.validation import replay
 
+    import dataclasses
+
+    from portbench import vllm as pbv
+
     log = tmp_path_factory.mktemp("vllm") / "iterations.jsonl"
     out = {"records": {}, "log": log}
     t = time.perf_counter()
-    with replay.Replayer(_spec(), log) as r:
-        for name, df in WINDOWS.items():
-            for pol in ("fcfs", "sjf_prompt"):
-                prio = replay.request_priorities(pol, df, 0)
-                reqs, rej = replay.build_requests(df, vocab_size=1000, seed=7, priorities=prio,
-                                                  max_model_len=MAX_MODEL_LEN)
+    # one engine instance per policy, each its scheduler class (portbench.vllm), one step log; fcfs's last (LONG)
+    for pol in ("sjf_prompt", "fcfs"):
+        spec = dataclasses.replace(_spec(), extra={"scheduler_cls": pbv.engine_args(pol)["scheduler_cls"]})
+        with replay.Replayer(spec, log) as r:
+            for name, df in WINDOWS.items():
+                reqs, rej = replay.build_requests(df, vocab_size=1000, seed=7, max_model_len=MAX_MODEL_LEN)
                 assert not rej
                 out["records"].setdefault(pol, {})[name] = r.replay(_gated(reqs, name), horizon_s=HORIZON_S,
                                                                    policy=pol, tag=f"{name}")
-        reqs, _ = replay.build_requests(LONG, vocab_size=1000, seed=8, max_model_len=MAX_MODEL_LEN)
-        out["before_long"] = time.monotonic()
-        out["long"] = r.replay(_gated(reqs, "long"), horizon_s=HORIZON_S, policy="fcfs", tag="long",
-                               stop_when=LONG_STOP)
-        out["long_horizon_s"] = r.last_horizon_s
-        out["startup_s"] = r.startup_s
+            if pol == "fcfs":
+                out["startup_s"] = r.startup_s
+                out["long"], out["long_horizon_s"], out["before_long"] = _long(r)
     print(f"\n[vllm harness] engine start {out['startup_s']:.1f} s, every replay {time.perf_counter() - t:.1f} s")
     return out
+
+
+def _long(r):
+    """LONG on the started instance ``r``: its records, where its observation ended, when it started."""
+    import time
+
+    from portbench.validation import replay
+
+    reqs, _ = replay.build_requests(LONG, vocab_size=1000, seed=8, max_model_len=MAX_MODEL_LEN)
+    before = time.monotonic()
+    rec = r.replay(_gated(reqs, "long"), horizon_s=HORIZON_S, policy="fcfs", tag="long", stop_when=LONG_STOP)
+    return rec, r.last_horizon_s, before
 
 
 def _all_records(replays):
@@ -194,10 +207,9 @@ def test_priority_policy_serves_the_short_prompt_before_the_queued_ones(replays)
         assert row[0]["scheduled_s"] < row[q]["queued_s"] < row[SHORT]["queued_s"] < fin0
         assert row[q]["first_token_s"] > fin0, "they really queued behind request 0"
         assert row[SHORT]["first_token_s"] < row[q]["first_token_s"], (SHORT, q)
-    # and the priorities were sjf_prompt's order: shorter prompt = smaller number
-    pr = pri.sort("prompt_tokens")["priority"].to_numpy()
-    assert np.all(np.diff(pr) > 0)
-    # the same window under FCFS (priority 0 for all on the same engine): the short prompt waits its turn
+    # the class gave the priorities inside vLLM: the client sent none
+    assert (pri["priority"] == 0).all()
+    # the same window under FCFS (its own instance, its class): the short prompt waits its turn
     fc = replays["records"]["fcfs"]["overtake"]
     f = {r["req_id"]: r for r in fc.to_dicts()}
     assert all(f[q]["engine_arrival_s"] < f[SHORT]["engine_arrival_s"] for q in QUEUED)
@@ -257,10 +269,10 @@ def test_steps_are_recorded_and_a_profile_is_fitted(replays, tmp_path):
     from portbench.validation import fidelity, replay
 
     inits, _ = replay.read_iteration_log(replays["log"])
-    assert len(inits) == 1
-    init = inits[0]
-    assert (init["num_blocks"], init["block_size"], init["max_num_seqs"], init["max_model_len"],
-            init["max_num_batched_tokens"], init["policy"]) == (256, 32, 1, MAX_MODEL_LEN, 512, "priority")
+    assert [i["portbench_policy"] for i in inits] == ["sjf_prompt", "fcfs"]       # one instance per policy
+    for init in inits:
+        assert (init["num_blocks"], init["block_size"], init["max_num_seqs"], init["max_model_len"],
+                init["max_num_batched_tokens"], init["policy"]) == (256, 32, 1, MAX_MODEL_LEN, 512, "priority")
     it = replay.iteration_rows(replays["log"])
     before = it.filter(pl.col("t_start") < replays["before_long"])       # every window but LONG
     windows = [(pol, name) for pol, name, _ in _all_records(replays)]

@@ -1,26 +1,22 @@
-"""Real-engine validation: the simulator against a real vLLM engine (CUDA GPU, or vLLM's CPU build).
+"""Real-engine validation: does an order the simulator predicts hold under a real engine's clock (vLLM's CPU build
+here, a CUDA GPU where there is one)? One module per question:
 
-The package's entry points, re-exported here: :func:`validate` (parameter checks, called by ``params.load``),
-:func:`plan` (what would run and whether it can run here -- never starts an engine), :func:`run` (``portbench
-validate`` / ``make validate``; a "skipped" report where vLLM or a GPU is missing), :func:`analyze` (the analysis
-of a run's raw files) and :func:`read_results` (notebook 08 reads what the run wrote). By job:
-
-* :mod:`.common` -- constants (labels, error targets, the time budget's reserves), output paths, the engine's
-  specification from the settings, small shared helpers;
-* :mod:`.plan` -- the pre-registration (validation_plan.yaml: cases by strength, sigma_r, design, code version);
-* :mod:`.design` -- the paired replay design (ABBA, A/A pairs) and its power; :mod:`.verdict` -- the order verdicts;
-* :mod:`.planning` -- what a run would do here: windows, the engine's time budget;
-* :mod:`.pipeline` -- the run: step grid, pre-registration, the family on the virtual engine, the wall-clock
-  replays sized to the time budget (its docstring describes the pipeline and its outputs);
-* :mod:`.wallclock` -- the wall-clock engine's part of the run, step by step: the step grid, the inputs, the
-  engine's start, warm-up, saturation runs and calibration, the replays, their raw files;
-* :mod:`.analysis` -- re-simulation, fidelity, verdicts and the summary's sections, from the raw files;
-* :mod:`.results` -- what notebook 08 reads back (:func:`read_results`). Its prose, tables and figures are the
-  presentation's (:mod:`portbench.present.validation_report`, :mod:`portbench.present.plots_validation`): this
-  package imports nothing of ``present/``.
-
-The steps' own modules (:mod:`.cases`, :mod:`.prereg`, :mod:`.confirm`, :mod:`.replay`, :mod:`.resim`,
-:mod:`.verdict`, :mod:`.predict`, :mod:`.steps` ...) say more.
+* :mod:`.plan` -- the pre-registration ``papermill_params/validation_plan.yaml``: cases chosen by the analysis'
+  strength, sigma_r and the design it sizes, code version, change log, seal (``python -m portbench.validation plan
+  freeze|check|show``);
+* :mod:`.engine` (with :mod:`.stages`, :mod:`.replay`, :mod:`.steps`, :mod:`.capacity`, :mod:`.predict`,
+  :mod:`.planted`) -- the wall-clock engine: every policy as its ``portbench.vllm`` class, the step table, the
+  engine-scale prediction, the replays;
+* :mod:`.design` -- the paired design (k windows x r pairs, seeded ABBA, 25 % A/A) and its power;
+* :mod:`.verdict` -- the order verdicts (sign-flip test per side, Holm, TOST against the prediction, the A/A check,
+  the planted reversal) and summary.json's key contract;
+* :mod:`.fidelity` (with :mod:`.repeat`) -- absolute latency, a separate report without a pass mark;
+* :mod:`.family` -- conformance at the campaign's settings (virtual engine: an agreement rate, not a verdict);
+  :mod:`.conformance` -- vLLM's scheduler against the simulator step by step;
+* :mod:`.pipeline` -- the run (:func:`run`, :func:`analyze`), :mod:`.gpu` -- ``make gpu-validate``;
+  :mod:`.results` -- what notebook 08 reads back (:func:`read_results`); its prose and figures are
+  :mod:`portbench.present.validation_report` and :mod:`portbench.present.plots_validation` (this package imports
+  nothing of ``present/``).
 """
 
 from __future__ import annotations

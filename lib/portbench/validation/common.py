@@ -21,6 +21,7 @@ from ..core.errors import ParameterError, PortbenchError
 from ..sim import profiles, schedulers
 from ..study.campaign import run_seed
 from . import replay, resim
+from .engine import settings_for
 
 LABEL_CPU = ("real vLLM engine, CPU backend, tiny model — the scheduling and memory mechanics are vLLM's, "
              "the timings are a CPU's")
@@ -65,18 +66,9 @@ def base_profile(sim: SimulationConfig):
 
 
 def engine_spec(v: ValidationConfig, sim: SimulationConfig, device: str) -> replay.EngineSpec:
-    """The engine of this run on ``device`` (``cpu``: ``validation.cpu``; ``cuda``: ``validation.gpu``)."""
-    e = v.engine(device)
-    prof = base_profile(sim)
-    kb = e.kv_blocks
-    blocks = prof.kv_capacity_blocks if kb == "profile" else (None if kb == "engine" else int(kb))
-    block_size = e.block_size or (int(prof.block_size) if kb == "profile" else None)
-    return replay.EngineSpec(model=e.model_config, max_num_seqs=e.max_num_seqs, max_batched_tokens=e.max_num_batched_tokens,
-                             num_gpu_blocks=blocks, block_size=block_size, max_model_len=e.max_model_len,
-                             dtype=e.dtype, enforce_eager=e.enforce_eager,
-                             gpu_memory_utilization=e.gpu_memory_utilization, seed=int(v.seed),
-                             enable_prefix_caching=e.prefix_caching != "off",
-                             env=dict(replay.CPU_ENGINE_ENV) if device == "cpu" else {})
+    """The engine of this run on ``device`` (``cpu``: ``validation.cpu``; ``cuda``: ``validation.gpu``): the wall-clock
+    engine's own settings, every one explicit (:func:`.engine.settings_for`)."""
+    return settings_for(v.engine(device), base_profile(sim), device=device, seed=int(v.seed)).spec()
 
 
 def sarathi_budget(sim: SimulationConfig, token_scale: float) -> int:
@@ -94,7 +86,7 @@ def _write_json(path: Path, obj: Any) -> Path:
 
 def how_to_enable() -> str:
     return ("CPU engine: `make setup-vllm` (builds .venv-vllm: vLLM's CPU build, ~3 min, 4.3 GB), then "
-            "`make validate` (full, <= 20 min) or `make all` (reduced); CUDA GPU: `make gpu-validate`.")
+            "`make validate` (full, <= 45 min) or `make all` (reduced); CUDA GPU: `make gpu-validate`.")
 
 
 def _log(progress: bool, msg: str) -> None:

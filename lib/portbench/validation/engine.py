@@ -1,9 +1,9 @@
 """The wall-clock engine: a list of replay specs run, in their order, on vLLM's real engine (its CPU build here, CUDA
 vLLM on a GPU), one table row per replay.
 
-**Instances.** Every policy runs inside vLLM's scheduler (:func:`placement`): fcfs and the static-priority policies
-through vLLM's own ``scheduling_policy="priority"`` queue (a request's priority is its rank under the policy's
-static key), the policies vLLM lacks as the project's scheduler classes (``portbench.vllm``), never through
+**Instances.** Every policy runs inside vLLM's scheduler as the project's scheduler class (:func:`placement`,
+``portbench.vllm``: fcfs and the static-priority policies on vLLM's ``priority`` queue with the priority the class
+gives each request at arrival, the policies vLLM lacks through the simulator's own policy object), never through
 per-request keys. One policy per engine instance: an instance is started for each (policy, token budget) of the
 specs -- an engine-wide setting such as sarathi's budget is just the budget of its instance --, and a *twin* for
 the second replay of an A/A pair (a policy against itself), so that an A/A pair crosses two instances exactly as an
@@ -49,12 +49,14 @@ from ..core.config import VllmEngineConfig
 from ..core.errors import ParameterError, PortbenchError
 from ..sim import metrics, schedulers
 from ..sim.profiles import Profile
+from .. import vllm as pbv
 from . import policies, replay, resim
 
 PLANTED = policies.PLANTED
 SPEC_COLUMNS = ("case", "source", "window", "policy", "pair", "position", "is_aa", "slot")
 STATIC = (*schedulers.VLLM_STATIC_PRIORITY, PLANTED)
 RECORDING_SCHEDULER = replay.ENGINE_SCHEDULER
+REPLAY_OVERHEAD_S = 3.0    # a replay beyond its horizon: its requests built, the cache emptied, its records
 
 
 @dataclass(frozen=True)
@@ -136,14 +138,13 @@ def settings_for(e: VllmEngineConfig, profile: Profile, *, device: str, seed: in
 
 @dataclass(frozen=True)
 class Placement:
-    """How one policy runs on the engine: its instance's scheduler class and options, its token budget
-    (None: the engine's), and whether its requests carry static priorities."""
+    """How one policy runs on the engine: its instance's scheduler class and options (vLLM's ``additional_config``),
+    its token budget (None: the engine's)."""
 
     policy: str
     scheduler_cls: str
     options: dict
     budget: int | None
-    static: bool
 
 
 PLANTED_SCHEDULER = "portbench.validation.planted.DelayShortest"
@@ -151,38 +152,19 @@ PLANTED_SCHEDULER = "portbench.validation.planted.DelayShortest"
 
 def placement(policy: str, options: Mapping | None, settings: Settings) -> Placement:
     """Where ``policy`` runs (module docstring): ``delay_shortest`` as :class:`.planted.DelayShortest`; every study
-    policy as its ``portbench.vllm`` scheduler class (:func:`portbench.vllm.engine_args`: the class, its options,
-    sarathi's budget -- ``options`` carry the simulator's options with token-valued ones already scaled). Without
-    that package, fcfs and the static-priority policies run on the recording scheduler with their priorities sent
-    with the requests, and any other policy is refused."""
-    opts = dict(options or {})
+    policy as its ``portbench.vllm`` scheduler class (:func:`portbench.vllm.engine_args`: the class, its options in
+    ``additional_config``, sarathi's budget -- ``options`` carry the simulator's options with token-valued ones
+    already scaled). The classes decide every priority themselves: nothing is sent with the requests."""
     if policy == PLANTED:
-        return Placement(policy, PLANTED_SCHEDULER, {}, None, False)
-    try:
-        from .. import vllm as pbv  # type: ignore[attr-defined]   # the project's scheduler classes (issue 37)
-    except ImportError:
-        pbv = None
-    if pbv is not None:
-        args = pbv.engine_args(policy, {k: v for k, v in opts.items() if k != "slo"} if policy != "edf" else opts)
-        budget = args.pop("max_num_batched_tokens", None)
-        return Placement(policy, str(args["scheduler_cls"]), dict(args.get("additional_config") or {}),
-                         int(budget) if budget else None, False)
-    mode = policies.engine_policy(policy).mode
-    if mode in ("fcfs", "priority", "budget"):
-        budget = opts.get("prefill_token_budget") if mode == "budget" else None
-        return Placement(policy, RECORDING_SCHEDULER, {}, int(budget) if budget else None, mode == "priority")
-    raise replay.EngineUnavailable(
-        f"policy {policy!r} runs on the wall-clock engine only as its portbench.vllm scheduler class, which this "
-        "checkout lacks")
-
-
-def priorities(policy: str, window_df: pl.DataFrame, seed: int, options: Mapping | None = None, *,
-               profile: Profile | None = None, slo: Mapping | None = None) -> np.ndarray | None:
-    """The ``priority`` each request is sent with (lower = first): None (all 0) for fcfs and the classes that
-    decide for themselves (every ``portbench.vllm`` class, ``delay_shortest``); the policy's static rank otherwise."""
-    if policy in schedulers.VLLM_STATIC_PRIORITY:
-        return replay.priority_ranks(replay.static_keys(policy, window_df, seed, options, profile=profile, slo=slo))
-    return None
+        return Placement(policy, PLANTED_SCHEDULER, {}, None)
+    opts = dict(options or {})
+    base = pbv.options.policy_of(policy) if policy in pbv.options.SETTINGS else policy
+    allowed = (set(schedulers.SCHEDULERS[base].option_defaults()) - {"prefill_token_budget", "chunked_prefill"}) \
+        | set(pbv.options.SETTINGS.get(policy, ("", {}))[1].values())     # what the class reads; sarathi's budget
+    args = pbv.engine_args(policy, {k: v for k, v in opts.items() if k in allowed or k == "slo"})
+    budget = args.pop("max_num_batched_tokens", None)
+    return Placement(policy, str(args["scheduler_cls"]), dict(args.get("additional_config") or {}),
+                     int(budget) if budget else None)
 
 
 def speed(steps: pl.DataFrame, table: Profile | None) -> float:
@@ -265,10 +247,10 @@ class Engine:
         return inits[-1] if inits else {}
 
     def replay(self, inst: Instance, df: pl.DataFrame, horizon_s: float, *, tag: str, prompt_seed: int,
-               prio: np.ndarray | None, hash_block_tokens: int | None = None) -> dict[str, Any]:
+               hash_block_tokens: int | None = None) -> dict[str, Any]:
         """One replay on ``inst`` (module docstring); returns its records and what was logged of it."""
         r = inst.replayer
-        reqs, rej = replay.build_requests(df, vocab_size=self.vocab, seed=prompt_seed, priorities=prio,
+        reqs, rej = replay.build_requests(df, vocab_size=self.vocab, seed=prompt_seed,
                                           max_model_len=self.settings.max_model_len,
                                           hash_block_tokens=hash_block_tokens)
         reset = bool(self.settings.prefix_caching) and r.reset_prefix_cache()
@@ -291,10 +273,9 @@ class Engine:
     def warm_up(self, inst: Instance, df: pl.DataFrame, *, seed: int) -> float:
         """The instance's warm-up: ``df`` queued at t = 0 under the instance's policy, discarded; its seconds."""
         backlog = df.with_columns(pl.lit(0.0).alias("arrival_s"))
-        prio = priorities(inst.place.policy, backlog, seed) if inst.place.static else None
         t = time.perf_counter()
         self.replay(inst, backlog, 3600.0, tag=f"warmup-{inst.key.replace('@', '_').replace('#', '_')}",
-                    prompt_seed=seed, prio=prio)
+                    prompt_seed=seed)
         inst.warmed = True
         return time.perf_counter() - t
 
@@ -330,16 +311,15 @@ class Window:
 
 def run(specs: Sequence[Any], windows: Callable[[dict], Window], settings: Settings, *,
         options: Callable[[str], Mapping] = lambda p: {}, out: Path, vocab: int, step_table: Profile | None = None,
-        profile: Profile | None = None, slo: Mapping | None = None, edf_slo: Mapping | None = None,
-        warmup: Callable[[str], pl.DataFrame] | None = None, keep_records: bool = True,
+        slo: Mapping | None = None, warmup: Callable[[str], pl.DataFrame] | None = None, keep_records: bool = True,
         log: Callable[[str], None] = print, deadline: float | None = None,
         twins: bool = True) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Run ``specs`` (a sequence of specs or :func:`.design.replay_specs`' frame) in their order (module docstring). ``windows(spec)``: the :class:`Window` of a spec;
     ``options(policy)``: the policy's options (the simulator's, token-valued ones already scaled);
     ``step_table``: the engine's step table (each replay's speed); ``slo``: the SLO metrics' definitions;
-    ``profile``, ``edf_slo``: what the static keys sent with the requests need without ``portbench.vllm`` (ltr's
-    cost model, edf's SLO); ``warmup(policy)``: each instance's warm-up window (default: its first spec's);
-    ``deadline`` (``time.monotonic()``): specs not started by then are not run (their rows say so); ``twins``
+    ``warmup(policy)``: each instance's warm-up window (default: its first spec's);
+    ``deadline`` (``time.monotonic()``): a spec whose horizon (+ :data:`REPLAY_OVERHEAD_S`) would end after it is
+    not run (no row: no data); ``twins``
     False: an A/A pair's two replays on one instance (a GPU that cannot hold a twin).
 
     Returns (one row per replay that ran: :data:`SPEC_COLUMNS`, ``order``, the run's columns, every metric), (the
@@ -359,16 +339,14 @@ def run(specs: Sequence[Any], windows: Callable[[dict], Window], settings: Setti
             log(f"warm-up of {inst.key}: {wdf.height} requests in {took:.0f} s (discarded)")
         for i, d in enumerate(sp):
             base = {**{k: d[k] for k in SPEC_COLUMNS}, "order": int(d.get("order", i)), "replay_index": len(rows)}
-            if deadline is not None and time.monotonic() > deadline:
+            w = windows(d)
+            if deadline is not None and time.monotonic() + w.horizon_s + REPLAY_OVERHEAD_S > deadline:
                 cut += 1
                 continue
-            w = windows(d)
             pol = d["policy"]
             twin = bool(d["is_aa"]) and d["slot"] == "b" and pol in twin_of
             inst = E.of(pol, twin)
-            prio = priorities(pol, w.df, w.priority_seed, options(pol), profile=profile, slo=edf_slo) \
-                if inst.place.static else None
-            got = E.replay(inst, w.df, w.horizon_s, tag=f"r{i}", prompt_seed=w.prompt_seed, prio=prio,
+            got = E.replay(inst, w.df, w.horizon_s, tag=f"r{i}", prompt_seed=w.prompt_seed,
                            hash_block_tokens=w.hash_block_tokens)
             rec = got.pop("records")
             m = window_metrics(rec, w.horizon_s, slo)

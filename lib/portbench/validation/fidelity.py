@@ -164,7 +164,7 @@ def fit_engine_profile(iterations: pl.DataFrame, base, name: str, *, time_column
                        floor: str = "auto"):
     """Cost-model profile fitted to the engine's measured steps (``profiles.fit_profile``).
 
-    Rows: one per engine step (:mod:`.engine_scheduler`): ``prefill_tokens``, ``decode_seqs``,
+    Rows: one per engine step (:class:`portbench.vllm.StepRecords`): ``prefill_tokens``, ``decode_seqs``,
     ``context_tokens`` and the measured ``time_column`` (``step_s``: the step plus vLLM's loop work
     until the next one, :func:`.replay.iteration_rows`). Memory fields come from ``base`` (the
     re-simulation replaces them with the engine's: :func:`.resim.sim_settings`). Unweighted least

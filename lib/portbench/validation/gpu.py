@@ -26,9 +26,10 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ..core.config import Config
+from ..core.config import Config, SimulationConfig, ValidationConfig
 from ..core.errors import PortbenchError
 from . import engine, replay
+from . import plan as plan_mod
 from .common import base_profile, out_dir, summary_path
 from .pipeline import Run, _from_plan, _write_json, execute, repo_root
 
@@ -40,11 +41,10 @@ DRY_BUDGET_S = 1800.0      # the dry run's budget: a loaded 2-core machine (neve
 DRY_HORIZON_S = 3.0        # the dry run's replays: their first ~3 s
 
 
-def gpu_settings(cfg: Config, *, dry_run: bool) -> engine.Settings:
+def gpu_settings(v: ValidationConfig, sim: SimulationConfig, *, dry_run: bool) -> engine.Settings:
     """The GPU run's settings: the campaign's, explicit (module docstring); the dry run's: the same with the tiny
     model on the CPU build (its attention wants blocks of 32)."""
-    v = cfg.validation
-    base = base_profile(cfg.simulation)
+    base = base_profile(sim)
     if dry_run:
         e = dataclasses.replace(v.gpu, model_config=DRY_MODEL, block_size=32, dtype="float32", enforce_eager=True,
                                 section="validation.gpu (dry run)")
@@ -70,8 +70,6 @@ def run(cfg: Config, *, dry_run: bool = False, device_budget_s: float = 600.0, p
         progress: bool = True) -> dict:
     """The GPU run (module docstring); ``summary.json`` and the raw files under ``data/results/validation``.
     ``plan``: the cases to run instead of the committed plan's (tests)."""
-    from . import plan as plan_mod
-
     t0 = time.monotonic()
     status = replay.engine_status("cpu" if dry_run else "cuda", cfg.validation.vllm_version)
     if not status.ok:
@@ -84,7 +82,7 @@ def run(cfg: Config, *, dry_run: bool = False, device_budget_s: float = 600.0, p
     R = primary(plan)
     if len(R.entries) < 2:
         raise PortbenchError("the plan has fewer than two primary cases: nothing for the GPU run to decide")
-    S = gpu_settings(cfg, dry_run=dry_run)
+    S = gpu_settings(cfg.validation, cfg.simulation, dry_run=dry_run)
     budget = DRY_BUDGET_S if dry_run else float(device_budget_s)
     policies_ = {p for e in R.entries for p in (e["a"], e["b"])}
     sides = sum(len(e["sources"]) for e in R.entries)

@@ -31,6 +31,7 @@ Outputs under ``{results_dir}/validation/``: ``summary.json``, ``raw/`` (``step_
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import math
 import os
@@ -38,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import polars as pl
 
 from ..core import io
@@ -45,14 +47,16 @@ from ..core.config import Config
 from ..core.errors import PortbenchError
 from ..data import windows as windows_mod
 from ..study.campaign.run import run_tables
-from . import design, engine, replay, stages
-from .common import base_profile, out_dir, summary_path
+from . import design, engine, family, predict, replay, stages, verdict
+from . import plan as plan_mod
+from .common import base_profile, how_to_enable, out_dir, summary_path
 
 MODES = ("full", "long", "reduced")
 HORIZON_FULL_S = 10.0      # a replay's observation in `make validate` (the window's first requests, >= 20);
                            # `make validate-long`: whole windows
 REDUCED_K, REDUCED_R = 2, 2
 LONG_BUDGET_S = 3 * 3600.0   # `make validate-long`: whole windows
+RESERVE_S = 120.0            # of the budget, after the last replay: the fidelity report, the summary, the shutdown
 
 
 def _log(progress: bool) -> Callable[[str], None]:
@@ -93,26 +97,29 @@ class Run:
 
 
 def _from_plan(doc: Mapping, pre: Mapping, mode: str) -> Run:
+    """The run of ``mode`` from the checked plan: ``reduced`` (``make all``) replays only the planted case on its
+    first source, on ``REDUCED_K`` windows x ``REDUCED_R`` pairs, and predicts the primary cases (no draw)."""
     k, r = int(doc["design"]["k"]), int(doc["design"]["r"])
+    planted = dict(doc["planted"]) if doc.get("planted") else None
+    cands = {kk: [dict(x) for x in v] for kk, v in (doc.get("draw_candidates") or {}).items()}
     if mode == "reduced":
-        k, r = min(k, REDUCED_K), min(r, REDUCED_R)
-    return Run([dict(e) for e in doc.get("cases") or []], dict(doc["planted"]) if doc.get("planted") else None,
-               {kk: [dict(x) for x in v] for kk, v in (doc.get("draw_candidates") or {}).items()}, k, r,
-               dict(doc.get("rules") or {}), {"sha256": pre["sha256"], "code_version": pre["code_version"]},
-               dict(doc.get("sigma_r") or {}))
+        k, r, cands = min(k, REDUCED_K), min(r, REDUCED_R), {}
+        if planted is not None:
+            planted = {**planted, "sources": planted["sources"][:1],
+                       "campaign_sign": {s: planted["campaign_sign"][s] for s in planted["sources"][:1]}}
+    return Run([dict(e) for e in doc.get("cases") or []], planted, cands, k, r, dict(doc.get("rules") or {}),
+               {"sha256": pre["sha256"], "code_version": pre["code_version"]}, dict(doc.get("sigma_r") or {}))
 
 
 def run(cfg: Config, *, mode: str = "full", progress: bool = True) -> dict:
     """The validation (module docstring) on the CPU engine; ``summary.json``. A missing vLLM is a "skipped" summary,
     never an error; a plan that does not check is an error (one message)."""
-    from . import plan as plan_mod
-
     if mode not in MODES:
         raise PortbenchError(f"validation mode {mode!r}: one of {', '.join(MODES)}")
     out = out_dir(cfg.paths)
     status = replay.engine_status("cpu", cfg.validation.vllm_version)
     if not status.ok:
-        s = {"ran": False, "skipped_because": status.reason}
+        s = {"ran": False, "skipped_because": status.reason, "how_to_enable": how_to_enable()}
         _write_json(summary_path(cfg.paths), s)
         _log(progress)(f"skipped: {status.reason}")
         return s
@@ -130,7 +137,7 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
     v, sim = cfg.validation, cfg.simulation
     budget = float(budget_s if budget_s is not None else
                    {"full": v.time_budget_s, "long": LONG_BUDGET_S}.get(mode, v.reduced_time_budget_s))
-    deadline = t_start + budget
+    deadline = t_start + budget - (RESERVE_S if mode in ("full", "long") else RESERVE_S / 4)   # the replays' end
     base = base_profile(sim)
     S = settings or engine.settings_for(v.engine(device), base, device=device, seed=int(v.seed))
     horizon_cap = (None if mode == "long" else HORIZON_FULL_S) if max_horizon_s == -1.0 else max_horizon_s
@@ -159,10 +166,8 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
     eff = {cid: {s: p["effect"] for s, p in side.items()} for cid, side in preds.items()}
     delta = math.log1p(float(R.rules.get("delta", 0.05)))
     registered, passed_over = [], {}
-    from .plan import pick_draw
-
     for kind, cands in sorted(R.candidates.items()):
-        got, passed = pick_draw(cands, lambda c: eff.get(c["id"], {}), delta)
+        got, passed = plan_mod.pick_draw(cands, lambda c: eff.get(c["id"], {}), delta)
         passed_over[kind] = passed
         if got is not None:
             registered.append({k_: x for k_, x in got.items() if k_ != "prediction"})
@@ -170,13 +175,20 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
     log("predictions at the engine's scale: " + "; ".join(
         f"{cid}: " + ", ".join(f"{s} {x:+.3f}" for s, x in e.items()) for cid, e in eff.items()))
     # 4. the design
+    replayed = [] if mode == "reduced" else entries        # the reduced run replays the planted case alone
     sides = [design.Side(e["id"], s, e["a"], e["b"], tuple(wins[s]), R.r)
-             for e in [*entries, *([R.planted] if R.planted else [])] for s in e["sources"]]
+             for e in [*replayed, *([R.planted] if R.planted else [])] for s in e["sources"]]
     specs = design.replay_specs(sides, int(R.rules.get("design_seed", 0)))
     log(f"design: {len(sides)} sides x {R.k} windows x {R.r} pairs = {specs.height} replays")
     # 5. the replays
     twin = (mode != "reduced") if twins is None else twins
-    tab, _ = stages.replays(specs, inp, S, table, sim, out, deadline=deadline, twins=twin, log=log)
+    tab, rec = stages.replays(specs, inp, S, table, sim, out, deadline=deadline, twins=twin, log=log)
+    # conformance at the campaign's settings (virtual engine vs simulator: an agreement rate, not a verdict)
+    conf = _conformance(cfg.data, cfg.predictors, sim, cfg.campaign, entries, wins, man, log) \
+        if mode in ("full", "long") else None
+    # the fidelity report (absolute latency, no pass mark): while the time budget allows
+    fid = predict.fidelity_report(tab, rec, inp.window, table, S.resim(), sim, deadline=t_start + budget - 15.0) \
+        if tab.height else {}
     # 6. the verdicts (from what the run wrote: analyze() redoes them from the files)
     info = {"mode": mode, "device": device, "vllm": status_line(), "settings": S.to_dict(),
             "entries": entries, "planted": R.planted, "rules": R.rules, "sigma_r_planned": R.sigma_r,
@@ -186,7 +198,8 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
                        "twins": twin, "budget_s": budget},
             "capacity": inp.capacity, "windows": wins, "step_table": {
                 k_: step_info[k_] for k_ in ("shapes", "rounds", "steps", "wall_s", "startup_s", "fit", "repeat_noise")},
-            "loadavg_start": list(load0), "loadavg_end": list(os.getloadavg()), "wall_s": time.monotonic() - t_start}
+            "fidelity": fid, "conformance": conf, "loadavg_start": list(load0), "loadavg_end": list(os.getloadavg()),
+            "wall_s": time.monotonic() - t_start}
     _write_json(out / "raw" / "run.json", info)
     specs.write_parquet(out / "raw" / "specs.parquet")
     summary = verdicts(info, tab)
@@ -203,8 +216,6 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
 def verdicts(info: Mapping, tab: pl.DataFrame) -> dict:
     """The summary (``summary.json``) from a run's record (``raw/run.json``) and its per-replay table: every case's
     verdict (:func:`.verdict.case_verdicts`), the A/A check, the planted reversal."""
-    from . import verdict
-
     rules = info["rules"]
     planted = [info["planted"]] if info.get("planted") else []
     every = [*info["entries"], *planted]
@@ -214,18 +225,17 @@ def verdicts(info: Mapping, tab: pl.DataFrame) -> dict:
                                     r=int(info["design"]["r"]))
     aa = verdict.aa_check(tab, {e["id"]: e["metric"] for e in every})
     device = info["device"]
+    core = verdict.summary_core(results, aa, info["preregistration"], info.get("conformance"))
     return {
-        "ran": True, "mode": info["mode"],
+        **core, "ran": True, "mode": info["mode"],
         "label": ("on a real engine (vLLM CPU build, tiny model): the order under the CPU engine's cost structure; the "
                   "A100 claim stays the simulator's" if device == "cpu" else
                   "on a real engine (vLLM on a CUDA GPU): the order under that GPU's cost structure"),
         "engine": {"device": device, "vllm": info["vllm"], "settings": info["settings"]},
-        "preregistration": info["preregistration"],
-        "cases": [c for c in results if c["id"] != "planted"], "planted": verdict.planted(results), "aa": aa,
         "draws": info["draws"], "predictions": info["predictions"], "sigma_r_planned": info["sigma_r_planned"],
         "design": {**info["design"], "replays_run": tab.height},
         "capacity_rps": {s: c["capacity_rps"] for s, c in info["capacity"].items()},
-        "step_table": info["step_table"],
+        "step_table": info["step_table"], "fidelity_report": info.get("fidelity", {}),
         "machine": {"loadavg_start": info["loadavg_start"], "loadavg_end": info["loadavg_end"],
                     "machine_speed": _quantiles(tab, "machine_speed")},
         "wall_s": info["wall_s"]}
@@ -244,6 +254,17 @@ def analyze(cfg: Config) -> dict:
     return summary
 
 
+def _conformance(data, predictors, sim, campaign, entries: list[dict], wins: Mapping, man: Mapping,
+                 log) -> dict | None:
+    """:func:`.family.conformance` of the cases on their windows (None where vLLM's scheduler cannot run here)."""
+    try:
+        v, s, info = family.run(data, predictors, sim, campaign, entries, wins, manifest=dict(man), log=log)
+    except ImportError as e:
+        log(f"conformance at the campaign's settings not run: {e}")
+        return None
+    return family.conformance(entries, v, s, info)
+
+
 def status_line() -> str:
     dist, ver = replay.installed_vllm()
     return f"{dist} {ver}"
@@ -257,21 +278,18 @@ def _quantiles(tab: pl.DataFrame, col: str) -> dict:
             "q90": stages.finite(x.quantile(0.9))} if x.len() else {}
 
 
-def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure", "mooncake"), region: str = "overload", k: int = 4,
+def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure",), region: str = "overload", k: int = 6,
           r: int = 2, max_horizon_s: float | None = HORIZON_FULL_S, metrics_: tuple[str, ...] = ("ttft_p90", "e2e_mean",
                                                                                           "tpot_p90"),
-          progress: bool = True) -> dict:
+          step_grid: Path | None = None, progress: bool = True) -> dict:
     """The A/A pilot that gives the plan its sigma_r (``portbench validate --pilot``): on each source, ``k`` windows x
     ``r`` A/A pairs of fcfs (its two replays on two instances, as an a/b pair's are) in ABBA slot order, and one
     planted pair (fcfs vs ``delay_shortest``) per window, at ``region``'s load with the engine's settings. Writes
     ``raw/pilot.parquet`` and ``pilot.json`` under the validation folder: per source and metric sigma_r = SD of the
-    A/A log-ratios / sqrt(2) (:func:`.verdict.aa_check`'s definition), with the date and the machine's load."""
-    import datetime as dt
-
-    import numpy as np
-
-    from .verdict import pair_effects
-
+    A/A log-ratios / sqrt(2) (:func:`.verdict.aa_check`'s definition), with the date and the machine's load.
+    ``step_grid``: an earlier run's ``raw/step_grid.parquet`` to fit the step table from instead of measuring it.
+    (Mooncake is not a default source: at token scale 1 the CPU engine serves it at ~0.04 req/s, so one overload
+    replay of its first 20 requests lasts ~10 min.)"""
     log = _log(progress)
     out = out_dir(cfg.paths) / "pilot"
     v, sim = cfg.validation, cfg.simulation
@@ -279,8 +297,12 @@ def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure", "mooncake"), regi
     S = engine.settings_for(v.engine("cpu"), base, device="cpu", seed=int(v.seed))
     load0 = os.getloadavg()
     t0 = time.monotonic()
-    table, step_info = stages.step_table(S, v.step_grid, base, out, rounds=int(v.step_grid.reduced_rounds),
-                                         seed=int(v.seed), log=log)
+    if step_grid is not None:
+        table = stages.table_from(pl.read_parquet(step_grid), S, base)
+        log(f"step table fitted from {step_grid}")
+    else:
+        table, _ = stages.step_table(S, v.step_grid, base, out, rounds=int(v.step_grid.reduced_rounds),
+                                     seed=int(v.seed), log=log)
     man = windows_mod.load_manifest(cfg.data.paths)
     wins = choose_windows(man, sources, k, int(v.window_seed))
     tables = windows_mod.load_windows(cfg.data, sources=list(sources), manifest=man)
@@ -291,7 +313,7 @@ def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure", "mooncake"), regi
         S, True), hash_blocks={s: windows_mod.hash_block_size(man, {"source": s}) for s in sources},
         max_horizon_s=max_horizon_s, log=log)
     # the planted pairs reuse the pilot's windows: same case key
-    rows = []
+    rows: list[dict] = []
     rng = np.random.default_rng(int(v.seed) + 38)
     for s in sources:
         for w in wins[s]:
@@ -313,8 +335,8 @@ def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure", "mooncake"), regi
                                                                               for s, c in inp.capacity.items()},
                            "sigma_r": {}, "planted": {}, "machine_speed": _quantiles(tab, "machine_speed")}
     for m in metrics_:
-        aa = pair_effects(tab, m, aa=True)
-        pe = pair_effects(tab, m, aa=False)
+        aa = verdict.pair_effects(tab, m, aa=True)
+        pe = verdict.pair_effects(tab, m, aa=False)
         res["sigma_r"][m] = {s: stages.finite(float(g["d"].std()) / math.sqrt(2)) for (s,), g in
                              aa.group_by(["source"], maintain_order=True)}
         res["sigma_r"][m]["pooled"] = stages.finite(float(aa["d"].std()) / math.sqrt(2)) if aa.height > 1 else None

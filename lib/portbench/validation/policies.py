@@ -10,8 +10,7 @@ Every policy runs inside vLLM's scheduler, one policy per engine instance (the w
   (:func:`portbench.sim.schedulers.static_priority`, same seed as the simulation);
 * ``sarathi`` -- fcfs on an engine of its own with Sarathi-Serve's token budget (an engine-wide setting);
 * the policies vLLM lacks (:data:`DRIVEN`: las, srpt_oracle, mlfq, rr, vtc) -- the simulator's own policy
-  object inside vLLM's scheduler (:mod:`.policy_driver`; on the wall-clock engine as the project's
-  ``portbench.vllm`` scheduler class).
+  object inside vLLM's scheduler: the project's ``portbench.vllm`` scheduler classes.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ PLANTED = "delay_shortest"
 # token-valued options of the policies vLLM lacks (scaled with the tokens)
 QUANTUM_OPTIONS = {"las": ("quantum_tokens",), "mlfq": ("quantum_tokens",), "rr": ("quantum_tokens",)}
 # Policies the virtual engine (validation/virtual.py) runs through the simulator's own policy object
-# (policy_driver.PolicyDriver).
+# (portbench.vllm.driver.PolicyDriver).
 DRIVEN = ("las", "srpt_oracle", "mlfq", "rr", "vtc", "ltr")
 
 
@@ -69,7 +68,7 @@ def engine_policy(name: str) -> EnginePolicy:
         return EnginePolicy(name, "budget", "fcfs on an engine instance of its own with Sarathi-Serve's token budget")
     if name in DRIVEN:
         return EnginePolicy(name, "class", "the simulator's policy object inside vLLM's scheduler "
-                            "(policy_driver; the portbench.vllm scheduler class on the wall-clock engine)")
+                            "(its portbench.vllm scheduler class)")
     return EnginePolicy(name, "excluded", "not one of the study's built-in policies (plug-ins run on the simulator)")
 
 

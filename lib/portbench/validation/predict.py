@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Mapping
 
 import numpy as np
@@ -34,7 +35,10 @@ import polars as pl
 from ..core.config import SimulationConfig
 from ..sim import metrics
 from ..sim.profiles import Profile
-from . import resim
+from ..sim import regions
+from . import capacity, policies, resim
+from . import fidelity as fid
+from .verdict import oriented
 
 ENGINE_NAME = "virtual vLLM (vLLM's V1 scheduler, measured step table)"
 
@@ -285,8 +289,6 @@ def engine_capacity(pool: pl.DataFrame, step_table: Profile, es: resim.EngineSet
     :func:`.capacity.saturation_throughput`), predicted by the virtual engine with the engine's step table and
     settings: deterministic, no wall-clock run. The load of every replay is rescaled with it, so the engine and its
     prediction see the same offered load."""
-    from . import capacity
-
     burst = capacity.backlog_workload(pool, backlog, seed)
     res = predict(burst, "fcfs", seed, math.inf, es, step_table, sim, hash_block_tokens)
     return capacity.saturation_throughput(res.requests)
@@ -296,8 +298,6 @@ def side_windows(windows: list[pl.DataFrame], es: resim.EngineSettings, rho: flo
                  horizon_factor: float) -> list[tuple[pl.DataFrame, float]]:
     """The windows of one side as the engine replays them: prepared (:func:`.resim.prepare_window`: first N
     requests, token scale, context limit), rescaled to ``rho`` x the engine's capacity, with their horizons."""
-    from ..sim import regions
-
     out = []
     for w in windows:
         df, _ = resim.prepare_window(w, es)
@@ -321,12 +321,11 @@ def predict_case(case, step_table: Profile, settings: resim.EngineSettings, *, s
     prediction), ``better`` (the policy the prediction finds better; None at an exact tie), the metric's values.
     ``seeds``: per source the windows' seeds (default 0, 1, ...); ``hash_block_tokens``: per source the trace's
     tokens per block hash (prefix caching as the engine runs it)."""
-    from .verdict import oriented
-
     a, b, metric = (case[k] if isinstance(case, Mapping) else getattr(case, k) for k in ("a", "b", "metric"))
     out: dict[str, dict] = {}
     for src, wins in windows.items():
-        va, vb = [], []
+        va: list[float] = []
+        vb: list[float] = []
         for j, (df, horizon) in enumerate(wins):
             seed = (seeds or {}).get(src, list(range(len(wins))))[j]
             hb = (hash_block_tokens or {}).get(src)
@@ -339,4 +338,63 @@ def predict_case(case, step_table: Profile, settings: resim.EngineSettings, *, s
         better = None if not math.isfinite(mean) or mean == 0 else (a if mean > 0 else b)
         out[src] = {"effect": mean, "per_window": x.tolist(), "metric_a": va, "metric_b": vb, "windows": len(wins),
                     "better": better, "sd": float(x[ok].std(ddof=1)) if ok.sum() > 1 else math.nan}
+    return out
+
+
+# --------------------------------------------------------------------------- the fidelity report (absolute latency)
+
+
+def fidelity_report(tab: pl.DataFrame, records: pl.DataFrame, windows_of, step_table: Profile,
+                    settings: resim.EngineSettings, sim: SimulationConfig, *, deadline: float | None = None) -> dict:
+    """How close the simulator's absolute latencies are on this machine -- a report, without a pass mark (a shared
+    machine's speed moves within a replay; the orders are the verdicts' question, not this one):
+
+    * ``whole_run``: every replay of a policy the virtual engine runs, predicted from its own input (the client's
+      send times, :func:`engine_input`) with the engine's step table and settings, request by request against the
+      engine (:func:`.fidelity.fidelity`: MAPE, bias, correlation of TTFT, TPOT, E2E), per source;
+    * ``repeat_floor``: the engine against itself -- per A/A pair (same window, same input, twice), the same
+      comparison between its two replays; a prediction cannot be expected closer than about this / sqrt(2).
+
+    ``tab``/``records``: the run's per-replay table and per-request records; ``windows_of(row)``: the replay's
+    window as the engine ran it (:class:`.engine.Window`); ``deadline`` (monotonic): replays not predicted by then
+    are left out (counted)."""
+    keys = ["replay_index"]
+    pred, eng, left_out = [], [], 0
+    for row in tab.iter_rows(named=True):
+        if policies.virtual_mode(row["policy"]) == "excluded":
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            left_out += 1
+            continue
+        w = windows_of(row)
+        rec = records.filter(pl.col("replay_index") == row["replay_index"]).sort("req_id")
+        res = predict(engine_input(w.df, rec), row["policy"], w.priority_seed, w.horizon_s, settings, step_table,
+                      sim, w.trace_hash_block)
+        pred.append(res.requests.with_columns(pl.lit(row["replay_index"]).alias("replay_index"),
+                                              pl.lit(row["source"]).alias("source")))
+        eng.append(rec.with_columns(pl.lit(row["source"]).alias("source")))
+    out: dict = {"what": "absolute latency: the virtual engine + the engine's step table against the wall-clock "
+                         "replays, request by request; no pass mark (orders are the verdicts' question)",
+                 "replays_predicted": len(pred), "left_out_for_time": left_out}
+    if pred:
+        m = fid.matched_latencies(pl.concat(eng, how="diagonal_relaxed"), pl.concat(pred, how="diagonal_relaxed"),
+                                  [*keys, "source"])
+        out["whole_run"] = {"all": fid.fidelity(m), "by_source": {s: fid.fidelity(g) for (s,), g in
+                                                                  m.group_by(["source"], maintain_order=True)}}
+    aa = tab.filter(pl.col("is_aa"))
+    pairs = []
+    for (_, src, _, _), g in aa.group_by(["case", "source", "window", "pair"], maintain_order=True):
+        if g.height != 2:
+            continue
+        first, second = g.sort("position")["replay_index"].to_list()
+        r1 = records.filter(pl.col("replay_index") == first).with_columns(pl.lit(0).alias("k"))
+        r2 = records.filter(pl.col("replay_index") == second).with_columns(pl.lit(0).alias("k"))
+        pairs.append(fid.matched_latencies(r1, r2, ["k"]).with_columns(pl.lit(src).alias("source")))
+    if pairs:
+        m = pl.concat(pairs, how="diagonal_relaxed")
+        f = fid.fidelity(m)
+        out["repeat_floor"] = {"pairs": len(pairs), "replay_vs_replay": f,
+                               "floor_e2e_mape": f["e2e"]["mape"] / math.sqrt(2) if f["e2e"]["n"] else math.nan,
+                               "how": "per A/A pair, its second replay against its first, request by request; the "
+                                      "floor of any prediction ~ that MAPE / sqrt(2)"}
     return out

