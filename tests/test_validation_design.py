@@ -310,3 +310,48 @@ def test_summary_core_has_the_issue_keys():
     assert s["cases"][0]["verdict"] == "holds"     # rr slower on azure, sarathi slower on mooncake: as predicted
     assert verdict.check_summary({"cases": [{"verdict": "confirmed"}]})[0].startswith("summary: no")
     assert any("not one of" in x for x in verdict.check_summary({"cases": [{"verdict": "confirmed"}]}))
+
+
+def test_report_leads_with_the_real_engine_and_never_confirms():
+    from portbench.present import validation_report as report
+
+    cases = [("key", "sarathi", "rr", {"azure": 1, "mooncake": -1},
+              {"azure": {"rr": 0.3}, "mooncake": {"sarathi": 0.3}})]
+    tab = _run(cases)
+    res = verdict.case_verdicts([entry("key", "sarathi", "rr", {"azure": 1, "mooncake": -1})], tab, {},
+                                sigma_r=0.15, r=4)
+    core = verdict.summary_core(res, verdict.aa_check(tab, {"key": "e2e_mean"}),
+                                {"sha256": "ab" * 32, "code_version": {"source_sha256": "cd" * 32}},
+                                {"ran": True, "sides": 2, "agreement_rate": 1.0, "window_agreement_rate": 0.9,
+                                 "windows": 20})
+    s = {"ran": True, "engine": {"device": "cpu"}, **core,
+         "fidelity_report": {"replays_predicted": 4, "whole_run": {"all": {"e2e": {"mape": 0.2, "n": 80},
+                                                                           "ttft": {"mape": 0.3, "n": 80}}}}}
+    lead = report.lead_markdown(s)
+    assert lead.startswith("- On a real engine (vLLM CPU build, tiny model), the order of sarathi vs rr")
+    assert "holds" in lead and "CPU engine's cost structure" in lead and "A100 claim stays the simulator's" in lead
+    text = report.results_markdown({"summary": s})
+    assert "confirmed" not in text and "agreement rate" in text and "20.0 %" in text
+    assert report.cases_table(s).height == 2
+
+
+def test_conformance_is_an_agreement_rate():
+    from portbench.validation import family
+
+    def runs(sign_azure: float) -> pl.DataFrame:
+        rows = []
+        for s, sg in (("azure", sign_azure), ("mooncake", -1.0)):
+            for w in range(4):
+                for k, v in (("sarathi", 1.0), ("rr", 1.0 + 0.2 * sg)):
+                    rows.append({"source": s, "window_id": f"{s}-{w}", "region": "overload", "scheduler": k,
+                                 "ttft_p90": v})
+        return pl.DataFrame(rows)
+
+    e = entry("key", "sarathi", "rr", {"azure": 1, "mooncake": -1}, metric="ttft_p90")
+    e["region"] = "overload"
+    same = family.conformance([e], runs(1.0), runs(1.0))
+    assert same["agreement_rate"] == 1.0 and same["window_agreement_rate"] == 1.0 and same["sides"] == 2
+    assert same["by_side"][0]["virtual_effect"] == pytest.approx(math.log(1.2))
+    half = family.conformance([e], runs(-1.0), runs(1.0))      # the virtual engine orders azure the other way
+    assert half["agreement_rate"] == 0.5 and half["window_agreement_rate"] == 0.5
+    assert "Not a confirmation" in half["what_it_shows"]
