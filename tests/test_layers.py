@@ -400,7 +400,7 @@ WHOLE_CONFIG_DRIVERS = frozenset({
     "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
     "portbench.validation.planning:plan", "portbench.validation.pipeline:run", "portbench.validation.pipeline:pilot",
     "portbench.validation.pipeline:execute", "portbench.validation.pipeline:analyze", "portbench.validation.gpu:run",
-    "portbench.validation.results:read_results", "portbench.validation.analysis:analyze",
+    "portbench.validation.results:read_results",
     "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # portbench conform / vllm-virtual
     "portbench.bench:main", "portbench.bench:_bench_campaign", "portbench.bench:_campaign_once",
     # derive the Config of a sub-campaign (with_overrides) and run it
@@ -424,7 +424,7 @@ LOAD_MANIFEST_SITES = frozenset({
     "portbench.data.windows:freeze", "portbench.data.windows:verify",
     "portbench.study.analysis.results:stage_manifest", "portbench.study.campaign.run:run",
     "portbench.study.honest:run_transfer", "portbench.bench:_bench_campaign",
-    "portbench.validation.planning:plan", "portbench.validation.analysis:analyze",
+    "portbench.validation.planning:plan",
     "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # conform / vllm-virtual
     "portbench.validation.pipeline:execute", "portbench.validation.pipeline:pilot",   # validate (a run), its A/A pilot
 })

@@ -25,15 +25,15 @@ The steps' own modules (:mod:`.cases`, :mod:`.prereg`, :mod:`.confirm`, :mod:`.r
 
 from __future__ import annotations
 
-from . import (capacity, cases, confirm, design, fidelity, matching, planning, policies, predict, prereg, replay,
-               resim, steps, verdict)
+from . import (capacity, cases, confirm, design, engine, fidelity, planning, policies, predict, prereg, replay, resim,
+               stages, steps, verdict)
 from .common import LABEL_CPU, LABEL_GPU, TARGETS, engine_spec, how_to_enable, out_dir, summary_path, validate
 from .pipeline import analyze, run
 from .planning import Plan, choose_windows
 from .results import read_results
 
 __all__ = [
-    "capacity", "cases", "confirm", "matching", "policies", "predict", "prereg", "replay", "resim", "steps", "verdict", "design", "fidelity",
+    "capacity", "cases", "confirm", "engine", "stages", "policies", "predict", "prereg", "replay", "resim", "steps", "verdict", "design", "fidelity",
     "analyze", "LABEL_CPU", "LABEL_GPU", "TARGETS", "engine_spec", "how_to_enable", "out_dir", "summary_path",
     "validate", "read_results", "run", "Plan", "choose_windows", "planning",
 ]
