@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "default study)")
     st.add_argument("--notebooks", default=None, help="folder of the executed notebooks (default: <build>/notebooks)")
     va = add("validate", cmd_validate, "replay the selected cases through vLLM (CPU build in .venv-vllm, or a CUDA GPU)")
-    va.add_argument("--reduced", action="store_true", help="the reduced run of `make all` (fewer windows, shorter budget)")
+    va.add_argument("--reduced", action="store_true", help="the reduced run of `make all`: the planted case alone (2 windows x 2 pairs) and the primary cases' predictions")
     va.add_argument("--long", action="store_true", help="whole windows (make validate-long; hours on a 2-core machine)")
     va.add_argument("--pilot", action="store_true", help="the A/A pilot that measures sigma_r for the plan")
     va.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-import polars as pl
 
 from ..core import io
 from ..core.config import (
@@ -77,8 +76,6 @@ def sarathi_budget(sim: SimulationConfig, token_scale: float) -> int:
     return int(opts["prefill_token_budget"])
 
 
-
-
 def _write_json(path: Path, obj: Any) -> Path:
     io.write_text(path, json.dumps(obj, indent=1, default=io.json_default) + "\n")
     return path
@@ -108,21 +105,6 @@ def params_fingerprint(tree: Mapping) -> str:
     part = {k: tree.get(k) for k in ("simulation", "validation", "analysis")}
     return hashlib.sha256(json.dumps(part, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-
-
-
-
-
-
-
-
-
-
-
-def steps_of(logged: pl.DataFrame, ph: dict) -> pl.DataFrame:
-    """The steps of ``logged`` (the step log's rows) that started during the phase ``ph`` (its ``t0``..``t1`` on the
-    monotonic clock): one replay's steps."""
-    return logged.filter((pl.col("t_start") >= ph["t0"]) & (pl.col("t_start") <= ph["t1"]))
 
 
 

@@ -55,7 +55,6 @@ resolvable effect of a design is :func:`resolvable_effect`.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 from dataclasses import dataclass
@@ -85,18 +84,6 @@ class Side:
     b: str
     windows: tuple[str, ...]
     r: int
-
-
-def choose_windows(manifest: dict, sources, k: int, seed: int) -> dict[str, list[str]]:
-    """``k`` window ids per source, drawn at random without replacement (seeded by ``seed`` and the source's
-    name: the first ``k`` of a seeded permutation, so fewer windows are the first of more), in the drawn order."""
-    out = {}
-    for s in sources:
-        ids = [w["id"] for w in manifest["windows"] if w["source"] == s]
-        salt = int.from_bytes(hashlib.sha256(s.encode()).digest()[:4], "big")
-        rng = np.random.default_rng([int(seed), salt])
-        out[s] = [ids[i] for i in rng.permutation(len(ids))[:k]] if ids else []
-    return out
 
 
 def aa_counts(k: int, r: int, share: float = AA_SHARE, seed: int = 0) -> list[int]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import json
 import math
 import os
@@ -78,8 +79,14 @@ def repo_root() -> Path:
 
 
 def choose_windows(manifest: Mapping, sources, k: int, seed: int) -> dict[str, list[str]]:
-    """``k`` window ids per source, the first ``k`` of a seeded permutation (so fewer windows are the first of more)."""
-    return design.choose_windows(dict(manifest), sources, k, seed)
+    """``k`` window ids per source, the first ``k`` of a permutation seeded by ``seed`` and the source's name (so
+    fewer windows are the first of more)."""
+    out = {}
+    for s in sources:
+        ids = [w["id"] for w in manifest["windows"] if w["source"] == s]
+        salt = int.from_bytes(hashlib.sha256(s.encode()).digest()[:4], "big")
+        out[s] = [ids[i] for i in np.random.default_rng([int(seed), salt]).permutation(len(ids))[:k]]
+    return out
 
 
 @dataclasses.dataclass

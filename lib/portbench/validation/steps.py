@@ -337,7 +337,7 @@ def speed_band(rows: pl.DataFrame, quantiles: tuple[float, float] = (0.1, 0.9),
     """The machine's speed states as the step grid met them: per visit of a shape (its steps in one round) the
     visit's median step time over the shape's median over all rounds; ``lo``/``hi`` = the ``quantiles`` of those
     ratios over every visit (the reference shape's included). Measured before any replay, so a band of the
-    prediction scaled by them (:data:`.predict.BAND`) is a prediction interval for the machine's speed, not a fit
+    prediction scaled by them is a prediction interval for the machine's speed, not a fit
     to the replays. NaN bounds without two rounds."""
     how = (f"quantiles {quantiles[0]:g} / {quantiles[1]:g} over the step grid's shape visits (one shape's steps in one "
            "round) of the visit's median step time / the shape's median over all rounds")
