@@ -184,8 +184,11 @@ def power(effect: float, k: int, r: int, sigma_r: float, *, tau: float = 0.0, m:
     w = effect + sd * rng.standard_normal((sides, sims, k))
     S = sign_flip_matrix(k)                               # (2^k, k)
     obs = w.sum(-1)                                       # (sides, sims)
-    perm = np.einsum("pk,qsk->qsp", S, w)                 # (sides, sims, 2^k)
-    p = np.mean(perm >= obs[..., None] - 1e-12, axis=-1)
+    p = np.empty_like(obs)
+    step = max(1, 2**20 // (sides * S.shape[0]))          # simulations per chunk: <= 8 MB of permutation sums
+    for i in range(0, sims, step):
+        perm = np.einsum("pk,qsk->qsp", S, w[:, i:i + step])   # (sides, chunk, 2^k)
+        p[:, i:i + step] = np.mean(perm >= obs[:, i:i + step, None] - 1e-12, axis=-1)
     return float(np.all(p < alpha / (2 * max(m, 1)), axis=0).mean())
 
 

@@ -237,7 +237,7 @@ def build(root: Path, rev: pl.DataFrame, ports: pl.DataFrame | None, *, why: str
     changes.append({"date": date, "what": "frozen" if not changes else "refrozen", "why": why})
     return {"rules": rules, "sigma_r": sr,
             "design": {"k": size["k"], "r": size["r"], "replays_per_side": size["replays_per_side"],
-                       "power": round(size["power"], 3), "effect_log": round(size["effect"], 4),
+                       "power": round(size["power"], 3), "target_reached": size["target_reached"], "effect_log": round(size["effect"], 4),
                        "resolvable_effect_log": size["resolvable_effect"], "cases": m,
                        "what": f"k windows x r pairs per side ({int(100 * rules['aa_share'])} % of pairs A/A), "
                                f"power for a {int(100 * rules['target_effect'])} % effect at Holm's strictest level "
@@ -304,6 +304,27 @@ def entries(doc: Mapping) -> list[dict]:
     return [dict(c) for c in doc.get("cases") or []]
 
 
+def pilot_sigma(path: Path, metrics: Sequence[str]) -> dict:
+    """A ``sigma_r`` block from the A/A pilot's file (``portbench validate --pilot``): the largest of its per-metric
+    values over ``metrics`` (the cases' metrics), with every value, its date and its machine note."""
+    import json
+
+    try:
+        d = json.loads(Path(path).read_text())
+        by = {m: float(v) for m, v in d["sigma_r"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(path, f"cannot read the pilot's sigma_r ({e}): expected its `sigma_r` per metric") from None
+    use = [m for m in metrics if m in by]
+    if not use:
+        raise DataError(path, f"no sigma_r for the cases' metrics {sorted(set(metrics))} (it has {sorted(by)})")
+    worst = max(use, key=lambda m: by[m])
+    note = (d.get("machine") or {}).get("note", "")
+    return {"value": round(by[worst], 4), "metric": worst, "by_metric": by, "measured": True,
+            "date": str(d.get("date")), "pairs": d.get("aa_pairs"),
+            "source": f"the A/A pilot ({Path(path).as_posix()}; {d.get('source')}, {d.get('region')}): the largest over "
+                      f"the cases' metrics" + (f"; its note: {note}" if note else "")}
+
+
 def measured_sigma(value: float, pairs: int, date: str, run: str) -> dict:
     """A ``sigma_r`` block from a run's A/A pairs (to refreeze with)."""
     return {"value": round(float(value), 4), "measured": True, "date": date, "pairs": int(pairs),
@@ -329,6 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--results", default="data/results", help="the results folder with analysis/ (default: data/results)")
     ap.add_argument("--why", default=None, help="freeze: why (first freeze, or what changed); goes into `changes`")
     ap.add_argument("--sigma-r", type=float, default=None, help="freeze: a measured sigma_r (with --sigma-date, --sigma-run)")
+    ap.add_argument("--sigma-pilot", default=None, help="freeze: the A/A pilot's file (portbench validate --pilot)")
     ap.add_argument("--sigma-pairs", type=int, default=0)
     ap.add_argument("--sigma-date", default=None)
     ap.add_argument("--sigma-run", default="")
@@ -342,6 +364,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             rev, ports = _tables(root / a.results)
             sr = (measured_sigma(a.sigma_r, a.sigma_pairs, a.sigma_date or dt.date.today().isoformat(), a.sigma_run)
                   if a.sigma_r is not None else None)
+            if a.sigma_pilot:
+                key = key_case(rev)
+                ctrl = control_case(rev, key)
+                sr = pilot_sigma(root / a.sigma_pilot, [c["metric"] for c in (key, ctrl) if c is not None])
             seal = write(root, build(root, rev, ports, why=a.why, previous=prev, sigma_r=sr))
             print(f"froze {PLAN_FILE} (seal {seal[:12]}...): commit it")
         else:
