@@ -355,3 +355,21 @@ def test_conformance_is_an_agreement_rate():
     half = family.conformance([e], runs(-1.0), runs(1.0))      # the virtual engine orders azure the other way
     assert half["agreement_rate"] == 0.5 and half["window_agreement_rate"] == 0.5
     assert "Not a confirmation" in half["what_it_shows"]
+
+
+def test_plan_sigma_from_the_pilot(tmp_path):
+    import json
+
+    from portbench.core.errors import DataError
+    from portbench.validation import plan
+
+    f = tmp_path / "pilot.json"
+    f.write_text(json.dumps({"date": "2026-12-06", "aa_pairs": 12, "source": "azure", "region": "overload",
+                             "sigma_r": {"ttft_p90": 0.3, "e2e_mean": 0.5, "tpot_p90": 0.2},
+                             "machine": {"note": "loaded"}}))
+    s = plan.pilot_sigma(f, ["ttft_p90", "tpot_p90"])
+    assert s["value"] == 0.3 and s["metric"] == "ttft_p90" and s["measured"] and "loaded" in s["source"]
+    with pytest.raises(DataError, match="no sigma_r for the cases' metrics"):
+        plan.pilot_sigma(f, ["slo_medium"])
+    with pytest.raises(DataError, match="cannot read"):
+        plan.pilot_sigma(tmp_path / "missing.json", ["ttft_p90"])
