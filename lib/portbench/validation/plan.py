@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
+import json
 import math
 import subprocess
 import sys
@@ -307,8 +308,6 @@ def entries(doc: Mapping) -> list[dict]:
 def pilot_sigma(path: Path, metrics: Sequence[str]) -> dict:
     """A ``sigma_r`` block from the A/A pilot's file (``portbench validate --pilot``): the largest of its per-metric
     values over ``metrics`` (the cases' metrics), with every value, its date and its machine note."""
-    import json
-
     try:
         d = json.loads(Path(path).read_text())
         by = {m: float(v) for m, v in d["sigma_r"].items()}
