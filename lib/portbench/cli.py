@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from . import __version__, bench, notebooks, params, validation
+from . import __version__, bench, notebooks, params
 from .core import plugins
 from .core.config import key_doc, parameter_docs
 from .core.errors import DataError, ParameterError, PortbenchError
@@ -190,27 +190,30 @@ def cmd_site(args):
 
 def cmd_validate(args):
     cfg = _params(args)
+    from .validation import pipeline
+
     if args.analyze_only:
-        s = validation.analyze(cfg)
+        s = pipeline.analyze(cfg)
+    elif args.pilot:
+        s = pipeline.pilot(cfg)
+        print(json.dumps({k: s[k] for k in ("date", "region", "sigma_r", "planted", "wall_s")}, indent=1, default=str))
+        return 0
+    elif args.device == "cuda":
+        from .validation import gpu
+        s = gpu.run(cfg, dry_run=args.dry_run, device_budget_s=args.device_budget)
     else:
-        s = validation.run(cfg, reduced=args.reduced)
+        s = pipeline.run(cfg, mode="reduced" if args.reduced else "long" if args.long else "full")
     if not s.get("ran", True):
-        return 1
-    print(json.dumps({k: s.get(k) for k in ("engine", "run", "windows_replayed", "replays", "mape",
-                                            "mape_speed_corrected", "profile_fit_r2", "capacity_rps", "wall_s")},
-                     indent=1, default=str))
-    for v in s.get("verdicts", []):         # the pre-registered family; every case: verdicts.parquet
-        if v["role"] == "confirmatory":
-            c = v["confirmatory"]
-            q = "order holds under" if v["kind"] == "control" else "survives"
-            print(f"{v['case']}: {q} the engine's settings: {v['survives_settings']['survives']}; engine vs "
-                  f"re-simulation: {v['engine_vs_resim']['verdict']}; Holm p {c['p_holm']:.3g} -> "
-                  f"{validation.confirm.outcome_words(v)}; verdict: {v['verdict']}")
-    print(validation.confirm.verdict_line(s["verdict_counts"]))
-    cc = s.get("confirmability") or {}
-    if cc and not cc["can_confirm"]:
-        why = "a smoke run; `make validate` is the confirmatory run" if s.get("run") == "reduced" else "too few windows"
-        print(f"this run cannot confirm any case ({why}): {cc['reason']}")
+        print(f"validation skipped: {s.get('skipped_because')}")
+        return 0 if args.reduced else 1
+    print(s["label"])
+    for c in [*s["cases"], s["planted"]]:
+        print(f"  {c.get('id', 'planted')}: {' vs '.join(c.get('pair') or [])} ({c.get('metric')}): {c.get('verdict')}"
+              + (f" -- {c['reason']}" if c.get("reason") else ""))
+    aa = s["aa"]
+    print(f"  A/A: {aa['pairs']} pairs, sigma_r {aa['sigma_r']}, false-reversal rate {aa['false_reversal_rate']}; "
+          f"planted reversal detected: {s['planted'].get('detected')}")
+    return 0
 
 
 def cmd_conform(args):
@@ -365,9 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "default study)")
     st.add_argument("--notebooks", default=None, help="folder of the executed notebooks (default: <build>/notebooks)")
     va = add("validate", cmd_validate, "replay the selected cases through vLLM (CPU build in .venv-vllm, or a CUDA GPU)")
-    va.add_argument("--reduced", action="store_true", help="the reduced run of `make all` (fewer windows, shorter budget)")
+    va.add_argument("--reduced", action="store_true", help="the reduced run of `make all`: the planted case alone (2 windows x 2 pairs) and the primary cases' predictions")
+    va.add_argument("--long", action="store_true", help="whole windows (make validate-long; hours on a 2-core machine)")
+    va.add_argument("--pilot", action="store_true", help="the A/A pilot that measures sigma_r for the plan")
+    va.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the GPU run (make gpu-validate), sized to --device-budget seconds of device time")
+    va.add_argument("--device-budget", type=float, default=600.0, help="seconds the GPU run may take (default 600)")
+    va.add_argument("--dry-run", action="store_true",
+                    help="with --device cuda: everything but the device, on vLLM's CPU build (tiny model)")
     va.add_argument("--analyze-only", action="store_true",
-                    help="redo the re-simulation, fidelity and verdicts from the last run's files (no engine)")
+                    help="the verdicts again from the last run's raw files (no engine; a GPU run's files too)")
     nb = add("notebooks", cmd_notebooks, "execute the numbered notebooks in order with papermill")
     nb.add_argument("--out", default=None, help="folder for the executed notebooks (default: build/notebooks for "
                     "the default study, build/<run name>/notebooks for any other parameter set)")

@@ -32,7 +32,7 @@ from .paramfile import (build_base, BUILD_DIR, BUILD_ENV, check_path_value, deep
     undot)
 from .sections import (AnalysisConfig, AnalysisInputs, ATTRIBUTION_DISTANCES, ATTRIBUTION_PROPERTIES, AttributionConfig,
     BailianStandinConfig, BATCHING_MODES, build, BurstGPTStandinConfig, CampaignConfig, COLUMN_ROLES, Config,
-    ConfirmatoryConfig, CORRECTIONS, CounterfactualConfig, CV_CHOICES, DataSettings, DEFAULT_RANKER, DEFAULT_REGRESSOR, DEVICES,
+    CORRECTIONS, CounterfactualConfig, CV_CHOICES, DataSettings, DEFAULT_RANKER, DEFAULT_REGRESSOR, DEVICES,
     EngineConfig, EXECUTORS, FAMILIES, GENERIC_FORMATS, KV_BLOCKS, PathsConfig, PlanSettings, PowerConfig, PredictorsConfig,
     PredictorTransferConfig, PREEMPTION_MODES, PREFIX_CACHING_MODES, RANKER_KEYS, RATE_CHOICES, REGRESSOR_KEYS,
     RequestRecordsConfig, REQUIRED_ROLES, SimulationConfig, SloConfig, SOURCE_KEYS, SOURCE_MODES,
@@ -48,7 +48,7 @@ def load(params_file: str | os.PathLike | None = None, overrides: dict | None = 
 __all__ = ["AnalysisConfig", "AnalysisInputs", "ATTRIBUTION_DISTANCES", "ATTRIBUTION_PROPERTIES", "AttributionConfig",
            "BailianStandinConfig", "BATCHING_MODES", "build", "build_base", "BUILD_DIR", "BUILD_ENV",
            "BurstGPTStandinConfig", "CampaignConfig", "check_path_value", "COLUMN_ROLES", "Config",
-           "ConfirmatoryConfig", "CORRECTIONS", "CounterfactualConfig", "CV_CHOICES", "DataSettings", "deep_merge",
+           "CORRECTIONS", "CounterfactualConfig", "CV_CHOICES", "DataSettings", "deep_merge",
            "DEFAULT_FILE", "DEFAULT_RANKER", "DEFAULT_REGRESSOR", "DEVICES", "DISPLAY_KEYS",
            "EngineConfig", "EXECUTORS", "FAMILIES", "frozen_record", "FROZEN_SECTIONS", "GENERIC_FORMATS",
            "ISOLATED_PATHS", "key_doc", "KV_BLOCKS", "label_follows_data", "load", "looks_like_file",

@@ -687,28 +687,6 @@ class VllmEngineConfig:
 
 
 @dataclass(frozen=True)
-class ConfirmatoryConfig:
-    """The pre-registered confirmatory family (``validation.confirmatory``)."""
-
-    extra_reversals: int = 3
-    draw_seed: int = 24
-    noise_cv: float = 0.05
-    min_windows: int = 6
-    power_simulations: int = 400
-
-    def __post_init__(self):
-        p = "validation.confirmatory"
-        _int(f"{p}.extra_reversals", self.extra_reversals, 0, "an integer in [0, 3]")
-        if self.extra_reversals > 3:
-            raise ParameterError(f"{p}.extra_reversals", self.extra_reversals, "an integer in [0, 3] (<= 5 cases)")
-        _int(f"{p}.draw_seed", self.draw_seed, 0, "a non-negative integer")
-        if not _is_num(self.noise_cv) or not 0 < self.noise_cv < 1:
-            raise ParameterError(f"{p}.noise_cv", self.noise_cv, "a relative standard deviation in (0, 1)")
-        for key in ("min_windows", "power_simulations"):
-            _int(f"{p}.{key}", getattr(self, key), 1, "a positive integer")
-
-
-@dataclass(frozen=True)
 class StepGridConfig:
     """The fixed-shape step timing grid (``validation.step_grid``; engine tokens)."""
 
@@ -755,7 +733,6 @@ class ValidationConfig:
     saturation_requests: int | None = None   # None: the campaign's backlog size (validation.capacity.backlog_size)
     interleave: bool = True
     equivalence_margin: float = 0.05
-    confirmatory: ConfirmatoryConfig = field(default_factory=lambda: ConfirmatoryConfig())
     step_grid: StepGridConfig = field(default_factory=lambda: StepGridConfig())
     cpu: VllmEngineConfig = field(default_factory=lambda: VllmEngineConfig(section="validation.cpu"))
     gpu: VllmEngineConfig = field(default_factory=VllmEngineConfig)
@@ -796,7 +773,7 @@ def _build_validation(V: Mapping) -> ValidationConfig:
         if sub is not None and not isinstance(sub, Mapping):
             raise ParameterError(section, sub, "a mapping (see papermill_params/default.yaml)")
         V[key] = VllmEngineConfig(section=section, **dict(sub or {}))
-    for key, cls in (("confirmatory", ConfirmatoryConfig), ("step_grid", StepGridConfig)):
+    for key, cls in (("step_grid", StepGridConfig),):
         sub = V.get(key)
         if sub is not None and not isinstance(sub, Mapping):
             raise ParameterError(f"validation.{key}", sub, "a mapping (see papermill_params/default.yaml)")

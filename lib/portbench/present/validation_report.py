@@ -1,417 +1,181 @@
-"""Notebook 08's prose and tables: the engine's status and the run's headline as markdown, the confirmatory family
-in plain words, the whole-run prediction and its error budget, and the tables of ``summary.json``'s sections (what
-:func:`portbench.validation.read_results` returns; the presentation of the validation, which writes no prose)."""
+"""Notebook 08's text from the real-engine validation's ``summary.json`` (:func:`portbench.validation.read_results`).
+
+It leads with what a real engine showed -- "on a real engine (vLLM CPU build, tiny model), the order ..." -- as the
+order under that engine's cost structure (the A100 claim stays the simulator's), and keeps apart what the virtual
+engine measures at the campaign's settings (an agreement rate: conformance, never a confirmation) and absolute
+latency (a separate fidelity report without a pass mark)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from pathlib import Path
+from typing import Mapping
 
 import polars as pl
 
-from ..sim import schedulers
-from ..validation import confirm, policies
-from ..validation.common import TARGETS, how_to_enable
-from ..validation.planning import Plan
+from ..validation.common import how_to_enable
+
+ENGINE_WORDS = {"cpu": "on a real engine (vLLM CPU build, tiny model)", "cuda": "on a real engine (vLLM on a CUDA GPU)"}
+COST_WORDS = {"cpu": "This is the order under the CPU engine's cost structure; the A100 claim stays the simulator's.",
+              "cuda": "This is the order under that GPU's cost structure."}
 
 
-def policy_table(names=None) -> pl.DataFrame:
-    """How each scheduler runs in the engine (mode and how), for every registered scheduler."""
-    if names is None:
-        names = list(schedulers.SCHEDULERS)
-    rows = [dataclasses.asdict(policies.engine_policy(n)) for n in names]
-    return pl.DataFrame(rows).rename({"name": "scheduler", "mode": "engine_mode", "note": "how / why not"})
-
-
-def status_markdown(the_plan: Plan, res: dict | None = None) -> str:
-    """One paragraph: can the replay run in *this* environment, and if not, exactly why (and,
-    when ``res`` (:func:`portbench.validation.read_results`) holds a run, that this is what is reported)."""
-    st = the_plan.status
-    if not st.ok and res and (res.get("summary") or {}).get("ran"):
-        s = res["summary"]
-        return (f"This environment has no vLLM ({st.reason}); it reports the **{s['run']}** validation that ran in "
-                f"`.venv-vllm` on {s['engine']} ({s['device']}; `make validate` / `make all`).")
-    if st.ok and the_plan.runnable:
-        where = f"GPU **{st.gpu_name}**" if st.device == "cuda" else "vLLM's **CPU build** (a tiny model)"
-        return (f"**The replay can run here**: {st.distribution} {st.version} (the tested version is {st.expected}) "
-                f"on {where}.")
-    if not st.ok:
-        return (f"**No vLLM in this environment: {st.reason}.** {how_to_enable()}")
-    return ("**Nothing to replay** — " + ("; ".join(the_plan.messages) or "no case") + ".")
+def _f(x, nd: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{nd}f}"
 
 
 def _pct(x) -> str:
-    return "n/a" if x is None or not isinstance(x, (int, float)) or not math.isfinite(x) else f"{100 * x:.1f}%"
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{100 * x:.1f} %"
 
 
-def results_markdown(res: dict) -> str:
-    """The headline of a validation run (what notebook 08 prints), from :func:`portbench.validation.read_results`."""
-    s = res.get("summary")
-    if not s:
-        return ("**No validation results yet.** " + how_to_enable())
-    if not s.get("ran"):
-        return f"**The validation did not run**: {s.get('skipped_because')}. {s.get('how_to_enable', how_to_enable())}"
-    m, mc = s["mape"], s.get("mape_speed_corrected", {})
-    es = s["engine_settings"]
-    counts = s.get("verdict_counts") or confirm.verdict_counts(s["verdicts"])
-    sm = s.get("settings_match") or {}
-    b = s.get("budget") or {}
-    lines = [f"**{s['label']}.**",
-             f"* Engine: {s['engine']} ({s['device']}), model `{s['model']['config']}` "
-             f"({s['model']['architecture']}, {s['model']['layers']} layers, hidden {s['model']['hidden']}, dummy weights); "
-             f"{es['num_blocks']} KV blocks x {es['block_size']} tokens, token budget {es['max_num_batched_tokens']}, "
-             f"max_model_len {es['max_model_len']}; token counts x {es['token_scale']:g} on both sides. "
-             f"Run: **{s['run']}**, {s['windows_replayed']} windows ({s['replays']} replays, windows drawn with seed "
-             f"{s['window_seed']}), {s['wall_s']['total']:.0f} s wall from the process start (budget "
-             f"{s['budget_s']:.0f} s); saturation backlog {b.get('saturation_backlog', '?')} requests per source; machine load "
-             f"average {s['machine']['loadavg_start'][0]:.1f} at the start, {s['machine']['loadavg_end'][0]:.1f} at the "
-             f"end on {s['machine']['cpus']} CPUs (the engine got {_pct(s['machine']['engine_cpu_share'])} of a core "
-             "while stepping).",
-             f"* Simulator error below saturation (per request, prediction from the calibration profile): TTFT "
-             f"{_pct(m['ttft'])}, TPOT {_pct(m['tpot'])}, E2E {_pct(m['e2e'])} MAPE (targets: E2E <= "
-             f"{_pct(TARGETS['e2e_mape'])}, TTFT <= {_pct(TARGETS['ttft_mape'])}: "
-             f"{'met' if s['targets']['e2e_met'] and s['targets']['ttft_met'] else 'not met'}); with each replay's "
-             f"measured machine speed and vLLM's ingestion delay given to the simulator: TTFT {_pct(mc.get('ttft'))}, "
-             f"TPOT {_pct(mc.get('tpot'))}, E2E {_pct(mc.get('e2e'))}.",
-             f"* Cost model fitted to {s['profile']['calibration']['fit']['steps']} calibration steps: R² "
-             f"{s['profile_fit_r2']:.2f} ({s['profile']['calibration']['formula']}).",
-             f"* Verdicts: {confirm.verdict_line(counts)} (the confirmatory family was pre-registered and is "
-             "tested with Holm; the exploratory cases carry effect sizes and intervals only)." + _cannot_confirm(s),
-             _family_line(s.get("virtual_family") or {}),
-             f"* Settings: the engine matches the campaign on "
-             f"{sum(v['match'] for v in sm.get('settings', {}).values())} of {len(sm.get('settings', {}))} settings "
-             f"(real-token equivalents); every source loses at most {_pct(sm.get('max_extra_lost_share'))} more requests "
-             f"than the campaign: {'yes' if sm.get('all_sources_ok') else 'no'}."]
-    for st in res.get("stale", []):
-        lines.append(f"* **Warning: {st}** — rerun `make validate` (or `make all`).")
-    return "\n".join(lines)
+def _order_words(c: Mapping, src: str) -> str:
+    e = (c.get("effect") or {}).get(src)
+    if e is None or not math.isfinite(float(e)):
+        return f"{src}: no data"
+    a, b = c["pair"]
+    lo, hi = (c.get("ci") or {}).get(src, [math.nan, math.nan])
+    who = a if e > 0 else b
+    return f"{src}: {who} better by {_f(abs(e))} (log; 95 % CI {_f(lo)} to {_f(hi)})"
 
 
-def _cannot_confirm(s: dict) -> str:
-    """A clause for the verdicts' bullet when the run's windows cannot confirm any case (:func:`confirmability`)."""
-    c = confirmability(s)
-    if not c or c["can_confirm"]:
-        return ""
-    return (f" **With {c['windows']} windows per source no case can be confirmed** (smallest Holm-adjusted p "
-            f"{c['min_p_holm']:.3g}, α = {c['alpha']:g}; {c['min_windows']} needed)"
-            + (": a smoke run; `make validate` is the confirmatory run." if s.get("run") == "reduced" else "."))
+def case_sentence(c: Mapping, device: str = "cpu") -> str:
+    """One sentence per case, leading with the engine."""
+    a, b = c["pair"]
+    v = c["verdict"]
+    what = {"holds": "holds: the order the simulator predicts for this engine",
+            "reverses": "reverses: the engine shows the opposite of the order the simulator predicts for it",
+            "undetermined": "is undetermined",
+            "not testable": "is not testable"}[v]
+    tail = f" ({c['reason']})" if c.get("reason") else ""
+    sides = "; ".join(_order_words(c, s) for s in c["sources"]) if v != "not testable" else ""
+    return (f"{ENGINE_WORDS.get(device, ENGINE_WORDS['cpu'])[0].upper()}{ENGINE_WORDS.get(device, ENGINE_WORDS['cpu'])[1:]}, "
+            f"the order of {a} vs {b} on {c['metric']} at {c['region']} ({', '.join(c['sources'])}; "
+            f"{c.get('id', '')}) {what}{tail}" + (f" -- {sides}." if sides else "."))
 
 
-def _family_line(f: dict) -> str:
-    """One bullet: the family's runs on the virtual engine at the campaign's settings (``virtual_family``)."""
-    if not f.get("runs"):
-        return f"* Confirmatory family on the virtual vLLM engine: not available ({f.get('why', 'not run')})."
-    m = f.get("resim_matches_campaign") or {}
-    return (f"* Confirmatory family decided on the virtual vLLM engine at the campaign's own settings: {f['runs']} runs "
-            f"on vLLM's scheduler and the same on the simulator in {f['wall_s']:.0f} s; the simulator's runs equal the "
-            f"campaign's replicate-0 runs in {m.get('identical', 0)} of {m.get('compared', 0)}.")
-
-
-def error_sources_markdown(s: dict) -> str:
-    """Where the simulator's error comes from (computed from the run's numbers)."""
+def lead_markdown(s: Mapping) -> str:
+    """The section's opening: every case's verdict in one sentence each, then what it is the order of."""
     if not s or not s.get("ran"):
-        return ""
-    es = s.get("error_sources", {})
-    m, mc = s["mape"]["e2e"], s.get("mape_speed_corrected", {}).get("e2e")
-    cm, cmc = es.get("e2e_mape_cost_model_only"), es.get("e2e_mape_cost_model_only_speed_corrected")
-    sf = s.get("speed_factor", {})
-    ing = s.get("ingest_delay_s", {})
-    return (f"* **Step times.** Had the simulator reproduced the engine's schedule exactly, predicting only the step "
-            f"times from the cost model would already give an E2E MAPE of {_pct(cm)} ({_pct(cmc)} with each replay's "
-            f"speed factor), against {_pct(m)} ({_pct(mc)}) for the simulator itself: the remaining "
-            f"{_pct((m - cm) if isinstance(m, float) and isinstance(cm, float) else None)} "
-            f"({_pct((mc - cmc) if isinstance(mc, float) and isinstance(cmc, float) else None)}) is the scheduling "
-            "model's share (batching, admission, preemption as the simulator models them).\n"
-            f"* **Machine load.** The engine's steps ran {sf.get('min', float('nan')):.2f}x to "
-            f"{sf.get('max', float('nan')):.2f}x the calibration's speed from replay to replay (median "
-            f"{sf.get('median', float('nan')):.2f}x): the CPU is shared, and a step's wall time is its compute divided "
-            "by the share of a core the process gets. The cost model fits the calibration steps with R² "
-            f"{s['profile_fit_r2']:.2f} (a sample with every batch size represented, verdict.calibration_sample); "
-            "the variance it leaves is mostly this noise, so sums over many steps — E2E — are predicted better "
-            "than single steps — TTFT, TPOT.\n"
-            f"* **Frontend.** vLLM's scheduler sees a request {1e3 * ing.get('median', float('nan')):.1f} ms "
-            f"(median; p90 {1e3 * ing.get('p90', float('nan')):.1f} ms) after the client sent it (input processing and "
-            "the hand-off to the engine process); the simulator has no such delay, which weighs on TTFTs of a few "
-            "steps.")
+        why = (s or {}).get("skipped_because") or "no run has written data/results/validation/summary.json"
+        return (f"**The real-engine validation did not run** ({why}). {how_to_enable()} Nothing below is a verdict "
+                "about a real engine.")
+    device = (s.get("engine") or {}).get("device", "cpu")
+    lines = [f"- {case_sentence(c, device)}" for c in s.get("cases", [])]
+    return "\n".join(lines + ["", COST_WORDS.get(device, COST_WORDS["cpu"])])
 
 
-def fidelity_table(s: dict) -> pl.DataFrame:
-    """Per re-simulation variant and latency: MAPE, median absolute error, correlation, requests."""
+def cases_table(s: Mapping) -> pl.DataFrame:
+    """One row per case and side: selection strength, engine-scale prediction, k, r, the engine's effect and CI,
+    the TOST against the prediction, tau, the verdict and its reason."""
     rows = []
-    for variant, f in (s.get("fidelity") or {}).items():
-        for scope in ("below_saturation", "all_loads"):
-            for x, v in f[scope].items():
-                rows.append({"resimulation": variant, "loads": scope, "latency": x.upper(), "requests": v["n"],
-                             "MAPE": v["mape"], "median_abs_err_ms": 1e3 * v["median_abs_err_s"],
-                             "pearson_r": v["pearson_r"], "spearman_r": v["spearman_r"], "bias": v["bias"]})
-    return pl.DataFrame(rows) if rows else pl.DataFrame()
+    for c in s.get("cases", []):
+        sides = {sd["source"]: sd for sd in c.get("sides", [])}
+        for src in c["sources"]:
+            pr = (c.get("prediction") or {}).get(src) or {}
+            sd = sides.get(src, {})
+            ci = (c.get("ci") or {}).get(src, [None, None])
+            rows.append({"case": c.get("id"), "pair": " vs ".join(c["pair"]), "metric": c["metric"],
+                         "region": c["region"], "source": src,
+                         "strength": (c.get("selection") or {}).get("strength"),
+                         "prediction": pr.get("effect"), "k": c.get("k"), "r": c.get("r"),
+                         "effect": (c.get("effect") or {}).get(src), "ci_low": ci[0], "ci_high": ci[1],
+                         "tost_vs_prediction": (sd.get("tost") or {}).get("verdict"), "tau": sd.get("tau"),
+                         "p_holm": c.get("p_holm"), "verdict": c["verdict"], "reason": c.get("reason") or ""})
+    schema = {"case": pl.Utf8, "pair": pl.Utf8, "metric": pl.Utf8, "region": pl.Utf8, "source": pl.Utf8,
+              "strength": pl.Float64, "prediction": pl.Float64, "k": pl.Int64, "r": pl.Int64, "effect": pl.Float64,
+              "ci_low": pl.Float64, "ci_high": pl.Float64, "tost_vs_prediction": pl.Utf8, "tau": pl.Float64,
+              "p_holm": pl.Float64, "verdict": pl.Utf8, "reason": pl.Utf8}
+    return pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)
 
 
-def _fmt_eff(e: dict) -> str:
-    m, lo, hi = e.get("mean"), e.get("lo"), e.get("hi")
-    if m is None or not isinstance(m, (int, float)) or not math.isfinite(m):
-        return "n/a"
-    ci = f" [{lo:+.3f}, {hi:+.3f}]" if isinstance(lo, (int, float)) and math.isfinite(lo) else ""
-    return f"{m:+.3f}{ci}"
+def checks_markdown(s: Mapping) -> str:
+    """The procedure checked on itself: the A/A pairs and the planted reversal."""
+    aa, pl_ = s.get("aa") or {}, s.get("planted") or {}
+    oe = aa.get("order_effect") or {}
+    det = pl_.get("detected")
+    return (f"**A/A pairs** ({aa.get('pairs', 0)} pairs, one policy against itself): replay-to-replay noise "
+            f"sigma_r = {_f(aa.get('sigma_r'))} (SD of the window-level log metric between two replays); the test "
+            f"declared an order on {_pct(aa.get('false_reversal_rate'))} of {aa.get('sides_tested', 0)} A/A sides "
+            f"(the false-reversal rate; alpha = 5 %); order effect (first vs second replay) {_f(oe.get('mean'))} "
+            f"(95 % CI {_f((oe.get('ci') or [None])[0])} to {_f((oe.get('ci') or [None, None])[1])}).\n\n"
+            f"**Planted reversal** ({' vs '.join(pl_.get('pair') or ['fcfs', 'delay_shortest'])}, known order: fcfs "
+            "better): " + ("detected." if det else "NOT detected -- the run could not see a known order, so its "
+                           "undetermined verdicts say little." if det is False else
+                           f"not run ({pl_.get('reason', 'no planted case')})."))
 
 
-def confirmability(s: dict) -> dict | None:
-    """``summary.json``'s ``confirmability`` (:func:`portbench.validation.confirm.confirmability`: can the family
-    confirm a case at all with the run's windows); for a summary written before that field, the same computed from
-    its pre-registration and verdicts. None without a pre-registered family."""
-    if not s or not s.get("ran") or "preregistration" not in s:
-        return None
-    if s.get("confirmability"):
-        return s["confirmability"]
-    pr = s["preregistration"]
-    n = confirm.tested_windows(s.get("verdicts") or [])
-    return confirm.confirmability(pr["windows_per_source"] if n is None else n, pr["n_cases"], pr["alpha"],
-                                  preregistered=pr["windows_per_source"])
+def preregistration_markdown(s: Mapping) -> str:
+    pre = s.get("preregistration") or {}
+    cv = pre.get("code_version") or {}
+    return (f"Pre-registered in `papermill_params/validation_plan.yaml` (seal {str(pre.get('sha256'))[:12]}..., "
+            f"code {str(cv.get('source_sha256'))[:12]}..., frozen at commit {str(cv.get('git_commit_at_freeze'))[:10]}): "
+            "the cases, their selection rules and the design were fixed before any replay; the run refuses a changed "
+            "file or changed code.")
 
 
-def confirmability_markdown(s: dict) -> str:
-    """One paragraph, only when the run cannot confirm any case whatever the engine measures (too few windows for
-    the exact tests and Holm): a reduced run is a smoke run, ``make validate`` the confirmatory one; a full run
-    names the windows it would need. Empty otherwise."""
-    c = confirmability(s)
-    if not c or c["can_confirm"]:
-        return ""
-    why = c["reason"][:1].upper() + c["reason"][1:]
-    if s.get("run") == "reduced":
-        return (f"**This run is a smoke run: it cannot confirm any case; `make validate` is the confirmatory run.** "
-                f"{why}.")
-    return (f"**This run cannot confirm any case.** {why}: raise `validation.windows_per_source` and "
-            f"`validation.confirmatory.min_windows` to at least {c['min_windows']}.")
+def design_table(doc: Mapping) -> pl.DataFrame:
+    """The frozen plan's cases with their selection strength (and the first draw candidates)."""
+    rows = []
+    cands = [x[0] for x in (doc.get("draw_candidates") or {}).values() if x]
+    for c in [*(doc.get("cases") or []), *cands, *([doc["planted"]] if doc.get("planted") else [])]:
+        rows.append({"case": c["id"], "pair": f"{c['a']} vs {c['b']}", "metric": c["metric"], "region": c["region"],
+                     "sources": " vs ".join(c["sources"]), "strength": (c.get("selection") or {}).get("strength"),
+                     "rule": (c.get("selection") or {}).get("rule", "")})
+    return pl.DataFrame(rows, schema={"case": pl.Utf8, "pair": pl.Utf8, "metric": pl.Utf8, "region": pl.Utf8,
+                                      "sources": pl.Utf8, "strength": pl.Float64, "rule": pl.Utf8}, orient="row")
 
 
-def confirmatory_markdown(s: dict, names: dict | None = None) -> str:
-    """Notebook 08's lead: the pre-registered family and its outcome, in plain words (from ``summary.json``)."""
-    if not s or not s.get("ran") or "preregistration" not in s:
-        return ""
-    pr, rows = s["preregistration"], [r for r in s["verdicts"] if r["role"] == "confirmatory"]
-    nm = lambda x: (names or {}).get(x, x)  # noqa: E731
-    n_run = pr.get("windows_per_source_run")
-    noise = pr.get("noise_cv")
-    noise_txt = (f", engine noise CV {noise:.3f} ({pr.get('noise_cv_source')})"
-                 if isinstance(noise, (int, float)) and math.isfinite(noise) else "")
-    cut_txt = ("" if n_run in (None, pr["windows_per_source"]) else
-               f"; the wall-clock engine replayed {n_run} per source: the time budget cut the rest")
-    lines = [f"**Pre-registered after the step grid (fixed shapes; no case's window) and before the family's runs and "
-             f"every replay** (`{Path(pr['path']).name}`, SHA-256 `{pr['sha256'][:16]}…`, "
-             f"verified when the verdicts were computed): {pr['n_cases']} cases, {pr['windows_per_source']} windows per "
-             f"source from the power calculation{noise_txt} (target power "
-             f"{'reached' if pr.get('target_reached') else 'not reached'}{cut_txt}), "
-             f"α = {pr['alpha']:g}, {pr['correction'].capitalize()} over the family. A case is confirmed when both "
-             f"one-sided tests in the simulated direction reject and its Holm-adjusted p is below α. "
-             f"**{sum(bool(r['confirmatory']['confirmed']) for r in rows)} of {len(rows)} confirmed.**", ""]
-    if smoke := confirmability_markdown(s):
-        lines[:0] = [smoke, ""]
-    dec = pr.get("decided_by") or {}
-    if dec:
-        lines[-2:-1] = [lines[-2] + f" The pre-registration names the engine that decides: the **{dec.get('engine')}** "
-                        f"engine ({dec.get('what')}); the others' verdicts are reported beside it."]
-    for r in rows:
-        sides = r["engine_vs_resim"]["sides"]
-        sim = "; ".join(f"{nm(src)}: {r['a'] if sg > 0 else r['b']} better" for src, sg in r["campaign_sign"].items())
-        surv = r["survives_settings"]
-        c = r["confirmatory"]
-        who = r.get("decided_by", "wall_clock")
-        ps = ", ".join(f"{x['p_one_sided']:.3g}" for x in c["sides"])
-        eng = "; ".join(f"{nm(sd['source'])} {_fmt_eff(sd['engine_effect'])} (re-simulation "
-                        f"{_fmt_eff(sd['resim_effect'])}, {sd['windows']} windows)" for sd in sides)
-        beside = "; ".join(f"{e.replace('_', '-')} engine: {v['verdict']}" for e, v in (r.get("by_engine") or {}).items()
-                           if e != who)
-        lines.append(
-            f"* **{r['kind']}: {r['a']} vs {r['b']}**, {r['metric']} at {r['region']} — the campaign: {sim}. "
-            + f"Decided on the **{who.replace('_', '-')}** engine"
-            + ("" if r.get("decided_as_preregistered", True) else " (not the pre-registered one: it had no runs)") + ". "
-            + (("Under its settings the re-simulation keeps the order (the control's question: does the order "
-                "hold). " if r["kind"] == "control" else "Under its settings the re-simulation keeps the finding. ")
-               if surv["survives"] else
-               ("Under its settings the re-simulation **no longer shows the order: not testable on this engine**"
-                if r["kind"] == "control" else
-                "Under its settings the re-simulation **no longer shows the finding: not testable on this engine**")
-               + ({True: " (the campaign's own runs of the same windows do show it: the engine's configuration "
-                         "removes it). ",
-                   False: " (nor do the campaign's own runs of the same windows). "}.get(
-                       (r.get("campaign_on_windows") or {}).get("survives"), ". ")))
-            + f"Effects (+: {r['a']} better) on the engine with 90 % intervals: {eng}. "
-            + f"One-sided p per source {ps}; intersection-union "
-              f"p {c['p_iut']:.3g}, Holm {c['p_holm']:.3g}: **{confirm.outcome_words(r)}**. "
-            + f"Engine vs re-simulation: **{r['engine_vs_resim']['verdict']}**; verdict: **{r['verdict']}**"
-            + (f" (beside it, {beside})." if beside else "."))
-    ec = s["verdict_counts"].get("exploratory", {})
-    if ec.get("cases"):
-        lines += ["", f"Exploratory ({ec['cases']} further cases, no significance claimed): "
-                  + ", ".join(f"{ec[v]} {v}" for v in confirm.VERDICTS if ec.get(v)) + "."]
-    return "\n".join(lines)
+def power_markdown(doc: Mapping) -> str:
+    d, sr = doc.get("design") or {}, doc.get("sigma_r") or {}
+    return (f"Design: k = {d.get('k')} windows x r = {d.get('r')} pairs per side ({d.get('replays_per_side')} replays), "
+            f"sized for a 25 % effect (log {d.get('effect_log')}) with power {d.get('power')} at Holm's strictest "
+            f"level over {d.get('cases')} cases, with sigma_r = {sr.get('value')} "
+            f"({'measured' if sr.get('measured') else 'assumed'}, {sr.get('date')}: {sr.get('source')}); it resolves "
+            f"a paired effect of {d.get('resolvable_effect_log')} (log) with 80 % power.")
 
 
-def whole_run_markdown(s: dict) -> str:
-    """The whole-run prediction (virtual vLLM engine + the measured step table) against the wall-clock replays,
-    below saturation and saturated, before and after, and its E2E error budget by cause, in words (from
-    ``summary.json`` ``whole_run_prediction``)."""
-    w = (s or {}).get("whole_run_prediction") or {}
-    if not w.get("available"):
-        return f"No whole-run prediction: {w.get('why', 'the validation has not run')}."
-    m = w["mape"]
-    if "error_budget_by_source" not in w:     # a summary written before the per-cause budget
-        return (f"**Whole-run prediction** ({w['engine']}, {w['profile']} profile) below saturation: E2E MAPE "
-                f"{_pct(m.get('e2e'))} (target <= {_pct(w['target_e2e_mape'])}). Rerun the analysis for the error "
-                "budget by cause.")
-    b = w["error_budget"]
-    per = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in w["mape_by_source"].items())
-    sat = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in (w.get("mape_saturated_by_source") or {}).items())
-    bef = w["before"]["below_saturation"]
-    bef_src = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in bef["by_source"].items())
-    r, ms = w["replays"], w["machine_speed"]
-    return (f"**Whole-run prediction** ({w['engine']}, {w['profile']} profile, the arrivals as the replay's client sent "
-            f"them) against the wall-clock replays. **Below saturation** ({r['below_saturation']} replays, "
-            f"{w['requests']} requests): E2E MAPE **{_pct(m['e2e'])}** (per source: {per}), TTFT {_pct(m['ttft'])}, TPOT "
-            f"{_pct(m['tpot'])}; target E2E <= {_pct(w['target_e2e_mape'])}: **{'met' if w['e2e_met'] else 'not met'}**. "
-            f"Before (the trace's arrival order): E2E {_pct(bef['overall']['e2e'])} ({bef_src}). **Saturated** "
-            f"({r['saturated']} replays, {r['nominal_below_but_queue_grew']} of them nominally below saturation whose "
-            f"queue grew): E2E {_pct(w['mape_saturated'].get('e2e'))} ({sat or 'none'}); all replays "
-            f"{_pct(w['mape_all'].get('e2e'))}. {w['saturation_rule'].capitalize()}.\n\n"
-            f"**Error budget of the E2E MAPE below saturation** (measured counterfactuals on the same requests): "
-            f"the order in which simultaneous arrivals reached the engine {_pct(b['arrival_order'])} (trace order "
-            f"{_pct(b['e2e_mape_trace_order'])} -> the client's send order {_pct(b['e2e_mape_prediction'])}); the "
-            f"machine's speed during each replay vs during the step grid {_pct(b['machine_speed'])} (speeds "
-            f"{ms['min']:.2f}x-{ms['max']:.2f}x, median {ms['median']:.2f}x; with it: {_pct(b['e2e_mape_with_machine_speed'])}); "
-            f"of that rest, the step table's per-shape error on the engine's own schedule {_pct(b['step_table_shapes'])} "
-            f"and the virtual schedule's divergence from the engine's {_pct(b['schedule_divergence'])}; the frontend's "
-            f"hand-off delay changes it by {_pct(b['frontend'])} (added: {_pct(b['e2e_mape_with_frontend'])}). "
-            f"vLLM's scheduler vs the simulator on the same step table: {_pct(w['virtual_vs_simulator_same_profile']['e2e'])}.")
+def conformance_markdown(s: Mapping) -> str:
+    """The virtual engine at the campaign's settings: an agreement rate, not a confirmation."""
+    c = s.get("conformance_at_campaign_settings") or {}
+    if not c.get("ran"):
+        return (f"**Conformance at the campaign's settings** (virtual vLLM engine): not run here "
+                f"({c.get('reason', 'no data')}).")
+    return (f"**Conformance at the campaign's settings** (vLLM's scheduler stepped with the simulator's own step "
+            f"times): the two policies come out in the simulator's order on {_pct(c.get('agreement_rate'))} of "
+            f"{c.get('sides')} case sides ({_pct(c.get('window_agreement_rate'))} of {c.get('windows')} windows). "
+            "This is an agreement rate between two implementations given one cost model; it cannot confirm or "
+            "refute an order under real timing.")
 
 
-def resolution_markdown(s: dict) -> str:
-    """What this machine lets a step-time prediction reach, in words (``summary.json`` ``whole_run_prediction``:
-    ``machine_speed.within_replay``, ``sensitivity``, ``speed_band``): how much the machine's speed moved during the
-    replays, what a uniform 5 % step-time error alone costs in whole-run E2E MAPE, and how many requests the step
-    grid's speed band holds. Empty when the summary predates these keys."""
-    w = (s or {}).get("whole_run_prediction") or {}
-    within = (w.get("machine_speed") or {}).get("within_replay") or {}
-    sens = {k: v for k, v in (w.get("sensitivity") or {}).items() if isinstance(v, dict)}
-    band = w.get("speed_band") or {}
-    if not w.get("available") or not (within.get("pieces") or sens):
-        return ""
+def fidelity_markdown(s: Mapping) -> str:
+    """Absolute latency (``fidelity_report``): a separate report, without a pass mark on a shared machine."""
+    f = s.get("fidelity_report") or {}
+    whole = (f.get("whole_run") or {}).get("all") or {}
+    floor = f.get("repeat_floor") or {}
+    if not whole and not floor:
+        return ("**Absolute latency** (how close the simulator's latencies are on this machine) is a separate "
+                "report; this run left no time for it.")
     parts = []
-    if within.get("pieces"):
-        parts.append(f"**The machine's speed during the replays** (measured / tabled step time per "
-                     f"{within['bin_s']:g} s of a replay's steps, {within['pieces']} pieces of {within['replays']} "
-                     f"replays below saturation): 10-90 % range {within['q10']:.2f}x-{within['q90']:.2f}x, median "
-                     f"{within['median']:.2f}x; within one replay it moves with a relative SD of "
-                     f"{_pct(within['relative_sd_median'])} (median over the replays).")
-    if sens:
-        one = "; ".join(f"x{v['factor']:g}: E2E {_pct(v['e2e'])} ("
-                        + ", ".join(f"{src} {_pct(x['e2e'])}" for src, x in v.get("by_source", {}).items()) + ")"
-                        for v in sens.values())
-        parts.append(f"**What a step-time error is worth**: the prediction rerun with every step time of the table "
-                     f"scaled, against itself on the same requests -- {one}. A *uniform* 5 % error of every step "
-                     f"alone moves the whole-run E2E by about that much: queueing in the bursts amplifies it.")
-    cov = band.get("coverage") or {}
-    if cov.get("requests"):
-        by = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in cov.get("by_source", {}).items())
-        parts.append(f"**The step grid's speed band** (the prediction at the grid's 10 % and 90 % visit speeds, "
-                     f"{band['lo']:.2f}x and {band['hi']:.2f}x, measured before any replay) holds the engine's E2E of "
-                     f"{_pct(cov['e2e'])} of the {cov['requests']} requests ({by}); {_pct(cov['e2e_above'])} were "
-                     f"slower than its slow end (TTFT inside: {_pct(cov['ttft'])}, TPOT: {_pct(cov['tpot'])}).")
+    if whole:
+        parts.append("the whole-run prediction (the virtual engine + the engine's step table, each replay from its "
+                     f"own input) is off by {_pct(whole.get('e2e', {}).get('mape'))} E2E MAPE, "
+                     f"{_pct(whole.get('ttft', {}).get('mape'))} TTFT MAPE over {whole.get('e2e', {}).get('n')} "
+                     f"requests of {f.get('replays_predicted')} replays")
+    if floor:
+        parts.append(f"two replays of one input (the {floor.get('pairs')} A/A pairs) disagree by "
+                     f"{_pct(floor.get('replay_vs_replay', {}).get('e2e', {}).get('mape'))} E2E MAPE, so no "
+                     f"prediction can get much below ~{_pct(floor.get('floor_e2e_mape'))} on this machine")
+    return ("**Absolute latency** (a separate report, no pass mark; orders are the verdicts' question): "
+            + "; ".join(parts) + ".")
+
+
+def results_markdown(res: Mapping) -> str:
+    """The whole section as Markdown (notebook 08 shows its parts with the tables between)."""
+    s = res.get("summary") or {}
+    parts = [lead_markdown(s)]
+    if s.get("ran"):
+        parts += [checks_markdown(s), preregistration_markdown(s), conformance_markdown(s), fidelity_markdown(s)]
+    if res.get("stale"):
+        parts.append("**Stale:** " + "; ".join(res["stale"]))
+    if res.get("plan_error"):
+        parts.append(f"**The pre-registration does not check:** {res['plan_error']}")
     return "\n\n".join(parts)
-
-
-def whole_run_table(s: dict) -> pl.DataFrame:
-    """Per source and scope (below saturation, saturated, all): the whole-run prediction's E2E MAPE after (the
-    client's send order) and before (the trace order), with the error budget's causes below saturation."""
-    w = (s or {}).get("whole_run_prediction") or {}
-    if not w.get("available") or "error_budget_by_source" not in w:
-        return pl.DataFrame()
-    rows = []
-    bud = {**w["error_budget_by_source"], "all sources": w["error_budget"]}
-    for src in [*w["error_budget_by_source"], "all sources"]:
-        after_b = w["mape"] if src == "all sources" else w["mape_by_source"].get(src, {})
-        before_b = (w["before"]["below_saturation"]["overall"] if src == "all sources"
-                    else w["before"]["below_saturation"]["by_source"].get(src, {}))
-        sat = w["mape_saturated"] if src == "all sources" else w["mape_saturated_by_source"].get(src, {})
-        al = w["mape_all"] if src == "all sources" else w["mape_all_by_source"].get(src, {})
-        b = bud[src]
-        rows.append({"source": src, "replays_below": b.get("replays"), "e2e_mape_below_after": after_b.get("e2e"),
-                     "e2e_mape_below_before": before_b.get("e2e"), "e2e_mape_saturated": sat.get("e2e"),
-                     "e2e_mape_all": al.get("e2e"), "arrival_order": b["arrival_order"],
-                     "machine_speed": b["machine_speed"], "step_table_shapes": b["step_table_shapes"],
-                     "schedule_divergence": b["schedule_divergence"], "frontend": b["frontend"],
-                     "with_machine_speed": b["e2e_mape_with_machine_speed"]})
-    return pl.DataFrame(rows)
-
-
-def step_shapes_table(s: dict) -> pl.DataFrame:
-    """``whole_run_prediction.step_table_on_replays``: the step table on the shapes the replays visited."""
-    rows = ((s or {}).get("whole_run_prediction") or {}).get("step_table_on_replays") or []
-    return pl.DataFrame(rows) if rows else pl.DataFrame()
-
-
-def settings_table(s: dict) -> pl.DataFrame:
-    """``settings_match`` as a table: one row per setting (real-token equivalents), then per source the
-    requests each side loses to its limits."""
-    sm = (s or {}).get("settings_match") or {}
-    rows = [{"what": k, "campaign": str(v["campaign"]), "engine": str(v["engine"]), "match": v["match"]}
-            for k, v in sm.get("settings", {}).items()]
-    rows += [{"what": f"lost requests: {src}", "campaign": f"{v['campaign']['lost_share']:.2%}",
-              "engine": f"{v['engine']['lost_share']:.2%}", "match": v["ok"]} for src, v in sm.get("sources", {}).items()]
-    rows += [{"what": f"prefix caching: {src}", "campaign": str(v["prefix_caching"]["campaign"]),
-              "engine": str(v["prefix_caching"]["engine"]), "match": v["prefix_caching"]["match"]}
-             for src, v in sm.get("sources", {}).items()]
-    return pl.DataFrame(rows) if rows else pl.DataFrame()
-
-
-def step_fit_table(s: dict) -> pl.DataFrame:
-    """``step_fit``'s per-shape rows."""
-    rows = ((s or {}).get("step_fit") or {}).get("per_shape") or []
-    return pl.DataFrame(rows) if rows else pl.DataFrame()
-
-
-def repeatability_markdown(s: dict) -> str:
-    """The wall-clock engine's run-to-run floor (two replays of the same input back to back) beside the whole-run
-    prediction on the same requests and the E2E target, in words (``summary.json``
-    ``whole_run_prediction.repeatability``, ``targets.e2e_floor``)."""
-    r = ((s or {}).get("whole_run_prediction") or {}).get("repeatability") or {}
-    if not r.get("available"):
-        return f"No repeat replay: {r.get('why', 'this summary was written before the repeat replays existed')}."
-    f = ((s or {}).get("targets") or {}).get("e2e_floor") or {}
-    m, p = r["mape"], r["prediction_same_requests"]["mape"]
-    per = "; ".join(f"{src} {_pct(v['e2e'])} ({v['requests']} requests)" for src, v in r["mape_by_source"].items())
-    per_p = "; ".join(f"{src} {_pct(v['e2e'])}" for src, v in r["prediction_same_requests"]["mape_by_source"].items())
-    bias = "; ".join(f"{src} {_pct(v['e2e_bias'])}" for src, v in r["mape_by_source"].items())
-    sp = [(x.get("speed_first"), x.get("speed_repeat")) for x in r["per_replay"]]
-    speeds = "; ".join(f"{a:.2f}x -> {b:.2f}x" for a, b in sp
-                       if isinstance(a, float) and isinstance(b, float) and math.isfinite(a) and math.isfinite(b))
-    return (f"**How well the engine reproduces itself.** {r['replays']} fidelity replays were run a second time right "
-            f"after the first, same engine, same input. On the {r['requests']} requests completed in both, the repeat "
-            f"differs from the first replay by E2E MAPE **{_pct(m['e2e'])}** (per source: {per}), TTFT "
-            f"{_pct(m['ttft'])}, TPOT {_pct(m['tpot'])}; mean repeat / first E2E - 1: {_pct(m['e2e_bias'])} (per source: "
-            f"{bias}). "
-            f"Machine speed against the step table, first -> repeat: {speeds or 'n/a'}. The whole-run prediction on "
-            f"the same requests, against the first replay: E2E MAPE **{_pct(p['e2e'])}** ({per_p}). "
-            f"{_input_words(r)}Approximate floor of a deterministic prediction (repeat MAPE / sqrt 2 over the windows "
-            f"whose two replays got the same input): {_pct(r['floor_e2e_approx'])}: "
-            f"{f.get('phrase', 'n/a')}.\n\n{r['what']}")
-
-
-def _input_words(r: dict) -> str:
-    """Which repeated windows got the same input twice (the client's send order), in a sentence."""
-    rows = [x for x in r.get("per_replay") or [] if "same_input" in x]
-    if not rows:
-        return ""
-    other = [f"{x['source']} ({_pct(x['send_order_changed'])} of its requests sent in another order: simultaneous "
-             "arrivals)" for x in rows if not x["same_input"]]
-    same = [x["source"] for x in rows if x["same_input"]]
-    return (f"The client sent the same requests in the same order twice on {', '.join(same) or 'no source'}"
-            + (f"; not on {', '.join(other)}, which the floor leaves out. " if other else ". "))
-
-
-def repeatability_table(s: dict) -> pl.DataFrame:
-    """Per repeated replay: requests completed in both replays, the repeat's MAPE against the first replay, its E2E
-    bias, the prediction's E2E MAPE on the same requests, both replays' machine speeds and wall seconds."""
-    r = ((s or {}).get("whole_run_prediction") or {}).get("repeatability") or {}
-    rows = r.get("per_replay") or []
-    return pl.DataFrame(rows) if rows else pl.DataFrame()

@@ -1,37 +1,31 @@
-"""Real-engine validation: the simulator against a real vLLM engine (CUDA GPU, or vLLM's CPU build).
+"""Real-engine validation: does an order the simulator predicts for a real engine hold under that engine's clock?
 
-The package's entry points, re-exported here: :func:`validate` (parameter checks, called by ``params.load``),
-:func:`plan` (what would run and whether it can run here -- never starts an engine), :func:`run` (``portbench
-validate`` / ``make validate``; a "skipped" report where vLLM or a GPU is missing), :func:`analyze` (the analysis
-of a run's raw files) and :func:`read_results` (notebook 08 reads what the run wrote). By job:
+Entry points: :func:`run` (``portbench validate`` / ``make validate``; a "skipped" summary where vLLM is missing),
+:func:`analyze` (the verdicts again from a run's raw files, a GPU run's too), :func:`validate` (parameter checks,
+called by ``params.load``), :func:`read_results` (notebook 08). One module per question:
 
-* :mod:`.common` -- constants (labels, error targets, the time budget's reserves), output paths, the engine's
-  specification from the settings, small shared helpers;
-* :mod:`.planning` -- the plan: cases, the pre-registered family's power calculation, the windows;
-* :mod:`.pipeline` -- the run: step grid, pre-registration, the family on the virtual engine, the wall-clock
-  replays sized to the time budget (its docstring describes the pipeline and its outputs);
-* :mod:`.wallclock` -- the wall-clock engine's part of the run, step by step: the step grid, the inputs, the
-  engine's start, warm-up, saturation runs and calibration, the replays, their raw files;
-* :mod:`.analysis` -- re-simulation, fidelity, verdicts and the summary's sections, from the raw files;
-* :mod:`.results` -- what notebook 08 reads back (:func:`read_results`). Its prose, tables and figures are the
-  presentation's (:mod:`portbench.present.validation_report`, :mod:`portbench.present.plots_validation`): this
-  package imports nothing of ``present/``.
-
-The steps' own modules (:mod:`.cases`, :mod:`.prereg`, :mod:`.confirm`, :mod:`.replay`, :mod:`.resim`,
-:mod:`.verdict`, :mod:`.predict`, :mod:`.steps` ...) say more.
+* :mod:`.plan` -- the pre-registration (``papermill_params/validation_plan.yaml``): which cases, frozen and checked;
+* :mod:`.engine` -- the wall-clock engine: replay specs on vLLM, one policy per engine instance (the project's
+  scheduler classes, :mod:`portbench.vllm`), the per-replay table; :mod:`.replay` its client, :mod:`.steps` its
+  step table, :mod:`.planted` the planted reversal's class;
+* :mod:`.predict` -- the simulator's prediction at the engine's scale (the virtual engine, :mod:`.virtual`, with the
+  engine's step table and settings) and the fidelity report (absolute latency, no pass mark);
+* :mod:`.design` -- the paired ABBA design with A/A pairs and its power;
+* :mod:`.verdict` -- holds / reverses / undetermined / not testable, the A/A check, the planted reversal;
+* :mod:`.pipeline` (with :mod:`.stages`; :mod:`.gpu` for a CUDA GPU) -- the run, stage by stage;
+* :mod:`.family` -- conformance at the campaign's settings (the virtual engine against the simulator: an agreement
+  rate, never a confirmation); :mod:`.conformance` -- the step-by-step check of the scheduler.
 """
 
 from __future__ import annotations
 
-from . import capacity, cases, confirm, matching, policies, predict, prereg, replay, resim, steps, verdict
-from .analysis import analyze
-from .common import LABEL_CPU, LABEL_GPU, TARGETS, engine_spec, how_to_enable, out_dir, summary_path, validate
-from .pipeline import run, run_family
-from .planning import Plan, choose_windows, plan
+from . import capacity, design, engine, fidelity, policies, predict, replay, resim, stages, steps, verdict
+from .common import LABEL_CPU, LABEL_GPU, engine_spec, how_to_enable, out_dir, summary_path, validate
+from .pipeline import analyze, choose_windows, run
 from .results import read_results
 
 __all__ = [
-    "capacity", "cases", "confirm", "matching", "policies", "predict", "prereg", "replay", "resim", "steps", "verdict",
-    "analyze", "LABEL_CPU", "LABEL_GPU", "TARGETS", "engine_spec", "how_to_enable", "out_dir", "summary_path",
-    "validate", "read_results", "run", "run_family", "Plan", "choose_windows", "plan",
+    "capacity", "engine", "stages", "policies", "predict", "replay", "resim", "steps", "verdict", "design", "fidelity",
+    "analyze", "LABEL_CPU", "LABEL_GPU", "engine_spec", "how_to_enable", "out_dir", "summary_path",
+    "validate", "read_results", "run", "choose_windows",
 ]

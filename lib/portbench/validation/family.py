@@ -1,21 +1,18 @@
-"""The confirmatory family on the virtual vLLM engine at the campaign's own settings (needs vLLM).
+"""Conformance at the campaign's settings: the plan's cases on the virtual vLLM engine (needs vLLM).
 
-The virtual vLLM engine (:mod:`.virtual`) has no model and no wall-clock cost, so it can run exactly
-what the campaign ran, where the finding exists: every pre-registered window of every case at the
-case's region, both policies, with the campaign's profile (cost model, KV cache, token budget, context
-limit), prefix caching as the campaign's ``engine.prefix_caching``, token counts unscaled, the window
-rescaled with **the campaign's capacity of that window** (the runs table's ``capacity_rps``) to the
-region's load, the campaign's horizon and replicate 0's seed; ``sarathi`` with its own budget as in
-the campaign. That is :class:`.virtual_campaign.VirtualEngine`, the ``vllm-virtual`` campaign backend.
+The virtual vLLM engine (:mod:`.virtual`) steps vLLM's real V1 scheduler in a virtual clock whose step times
+are **the simulator's own cost model** (the campaign's profile), every policy vLLM lacks running as the
+project's scheduler class; the windows, capacities, horizon and seeds are the campaign's replicate 0. So it
+can run exactly what the campaign ran: every case of the plan (:mod:`.plan`), each side on its source's
+windows at the case's region, both policies -- and on the simulator beside it (the re-simulation, which at the
+campaign's settings is the campaign's own run: ``resim_matches_campaign`` says how many agree).
 
-Each run is made twice from the same inputs: on vLLM's scheduler and on the simulator
-(:class:`~portbench.study.campaign.engines.SimEngine`: the re-simulation under the engine's settings,
-which at the campaign's settings is the campaign's own replicate-0 run -- ``resim_matches_campaign``
-says how many agree with the runs table, which they all do unless the campaign's files are older than
-the code). So the two verdicts of :mod:`.confirm` are asked where the finding exists: step 1 (does the
-finding survive the engine's settings) compares the campaign with these re-simulations, step 2 (does
-the engine reproduce the simulator) compares vLLM's scheduler with them, and the confirmatory tests run
-on the virtual engine's per-window values.
+What it measures is an **agreement rate** (:func:`conformance`): the share of the cases' sides on which the
+virtual engine orders the two policies as the simulator does (the sign of the mean per-window effect), and
+the share of windows. It shows that vLLM's scheduler, given the simulator's step times, schedules these cases
+so that the order comes out the same. It **cannot** confirm or refute a finding: the step times are the
+simulator's, so the order under a real clock is not asked -- that is the wall-clock engine's verdict
+(:mod:`.verdict`).
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import numpy as np
 import polars as pl
 
 from ..core.config import CampaignConfig, DataSettings, PathsConfig, PredictorsConfig, SimulationConfig
@@ -34,25 +32,24 @@ from ..study.campaign.engines import SimEngine
 from ..study.campaign.files import runs_path
 from ..study.campaign.plan import run_seed, window_refs
 from ..study.campaign.run import run_tables
-from .cases import Case
 
 KEY = ("source", "window_id", "region", "scheduler")
 CAMPAIGN_REL_TOL = 1e-9    # the campaign path sums closed-form decode runs in another order (virtual_campaign.REL_TOL)
 
 
-def todo(conf: Sequence[Case], windows: Mapping[str, Sequence[str]]) -> list[tuple[str, str, str, float, str]]:
-    """The family's runs, each once: ``(source, window_id, region, rho, scheduler)`` for every case, side,
-    pre-registered window of that side's source and policy of the pair, in case order."""
-    out: list[tuple[str, str, str, float, str]] = []
+def todo(entries: Sequence[Mapping], windows: Mapping[str, Sequence[str]]) -> list[tuple[str, str, str, str]]:
+    """The runs, each once: ``(source, window_id, region, scheduler)`` for every case (plan entry), side, window
+    of that side's source and policy of the pair, in case order."""
+    out: list[tuple[str, str, str, str]] = []
     seen: set[tuple] = set()
-    for c in conf:
-        for s in c.sources:
+    for c in entries:
+        for s in c["sources"]:
             for wid in windows.get(s, []):
-                for sched in c.schedulers:
-                    k = (s, wid, c.region, sched)
+                for sched in (c["a"], c["b"]):
+                    k = (s, wid, c["region"], sched)
                     if k not in seen:
                         seen.add(k)
-                        out.append((s, wid, c.region, float(c.rho if c.rho is not None else math.nan), sched))
+                        out.append(k)
     return out
 
 
@@ -77,9 +74,9 @@ def campaign_replicate0(paths: PathsConfig, keys: Sequence[tuple]) -> pl.DataFra
 
 
 def run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, campaign: CampaignConfig,
-        conf: Sequence[Case], windows: Mapping[str, Sequence[str]], *, manifest: Mapping,
+        entries: Sequence[Mapping], windows: Mapping[str, Sequence[str]], *, manifest: Mapping,
         log=None) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
-    """The family's runs on the virtual vLLM engine and on the simulator at the campaign's settings (module
+    """The cases' runs on the virtual vLLM engine and on the simulator at the campaign's settings (module
     docstring): two per-window metric tables (``KEY`` + ``rho``, ``horizon_s``, ``capacity_rps``, the metrics)
     and what ran (runs, wall seconds of each side, agreement with the campaign's replicate-0 runs). ``manifest``: the
     windows' manifest, loaded once by the stage (:attr:`portbench.validation.Plan.manifest`); ``data``: where the
@@ -89,7 +86,7 @@ def run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, campaign
 
     t0 = time.perf_counter()
     paths = data.paths
-    work = todo(conf, windows)
+    work = todo(entries, windows)
     caps = campaign_capacities(paths)
     man = manifest
     refs = {w.id: w for w in window_refs(man, list(data.sources), campaign)}
@@ -101,7 +98,7 @@ def run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, campaign
     rows_v, rows_s = [], []
     wall_v = wall_s = 0.0
     prepared: dict[tuple[str, str], tuple[pl.DataFrame, float]] = {}
-    for s, wid, region, _rho, sched in work:
+    for s, wid, region, sched in work:
         if wid not in refs or wid not in tables:
             raise DataError(Path(paths.windows_dir), f"window {wid} of the pre-registration is not in the campaign")
         es, ev = base_s.for_window(refs[wid]), base_v.for_window(refs[wid])
@@ -130,7 +127,7 @@ def run(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, campaign
                         + ", token counts unscaled, the campaign's capacity per window, replicate 0's seed",
             "resim_matches_campaign": agreement(sdf, campaign_replicate0(paths, [tuple(r[k] for k in KEY) for r in rows_s]))}
     if log:
-        log(f"confirmatory family on the virtual vLLM engine at the campaign's settings: {len(work)} runs "
+        log(f"conformance at the campaign's settings (virtual vLLM engine): {len(work)} runs "
             f"(+ the same on the simulator) in {info['wall_s']:.0f} s (vLLM's scheduler {wall_v:.0f} s, simulator "
             f"{wall_s:.0f} s)")
     return vdf, sdf, info
@@ -156,3 +153,52 @@ def agreement(resim: pl.DataFrame, campaign: pl.DataFrame) -> dict:
             ok = ok and ((a == b) or (a != a and b != b) or abs(a - b) <= CAMPAIGN_REL_TOL * max(abs(a), abs(b)))
         same += ok
     return {"compared": j.height, "identical": int(same)}
+
+
+def window_effects(runs: pl.DataFrame, source: str, region: str, metric: str, a: str, b: str) -> dict[str, float]:
+    """Per window, the oriented effect of ``a`` over ``b`` on ``metric`` (positive = a better; :func:`.verdict.oriented`:
+    a log-ratio, a difference for proportions)."""
+    from .verdict import oriented
+
+    if runs.height == 0 or metric not in runs.columns:
+        return {}
+    sub = runs.filter((pl.col("source") == source) & (pl.col("region") == region) & pl.col("scheduler").is_in([a, b]))
+    wide = sub.group_by(["window_id", "scheduler"]).agg(pl.col(metric).mean()).pivot(
+        on="scheduler", index="window_id", values=metric) if sub.height else pl.DataFrame()
+    if a not in wide.columns or b not in wide.columns:
+        return {}
+    wide = wide.drop_nulls([a, b]).sort("window_id")
+    d = oriented(wide[a].to_numpy(), wide[b].to_numpy(), metric)
+    return {w: float(x) for w, x in zip(wide["window_id"].to_list(), d) if math.isfinite(float(x))}
+
+
+def conformance(entries: Sequence[Mapping], virtual: pl.DataFrame, simulator: pl.DataFrame,
+                info: Mapping | None = None) -> dict:
+    """``summary.json["conformance_at_campaign_settings"]``: per case and side, the virtual engine's and the
+    simulator's mean effect and whether their signs agree; per window the same; the agreement rates
+    (module docstring: an agreement rate, never a confirmation)."""
+    rows, win_same, win_n = [], 0, 0
+    for c in entries:
+        for s in c["sources"]:
+            v = window_effects(virtual, s, c["region"], c["metric"], c["a"], c["b"])
+            m = window_effects(simulator, s, c["region"], c["metric"], c["a"], c["b"])
+            common = sorted(set(v) & set(m))
+            same_w = sum(1 for w in common if np.sign(v[w]) == np.sign(m[w]))
+            win_same += same_w
+            win_n += len(common)
+            mv = float(np.mean([v[w] for w in common])) if common else math.nan
+            ms = float(np.mean([m[w] for w in common])) if common else math.nan
+            rows.append({"case": c["id"], "pair": [c["a"], c["b"]], "metric": c["metric"], "region": c["region"],
+                         "source": s, "windows": len(common), "virtual_effect": mv, "simulator_effect": ms,
+                         "campaign_sign": int(c["campaign_sign"][s]) if "campaign_sign" in c else None,
+                         "same_sign": bool(common) and bool(np.sign(mv) == np.sign(ms)),
+                         "windows_same_sign": same_w})
+    sides = [r for r in rows if r["windows"]]
+    return {"ran": True, "sides": len(sides),
+            "agreement_rate": float(np.mean([r["same_sign"] for r in sides])) if sides else math.nan,
+            "window_agreement_rate": win_same / win_n if win_n else math.nan, "windows": win_n, "by_side": rows,
+            "resim_matches_campaign": (info or {}).get("resim_matches_campaign"),
+            "what_it_shows": "vLLM's V1 scheduler stepped with the simulator's own step times (the campaign's "
+                             "profile, windows, capacities and seeds) orders each case's policies as the simulator "
+                             "does: scheduling conformance. Not a confirmation: no real clock is involved; the "
+                             "order under real timing is the wall-clock engine's verdict (cases)"}

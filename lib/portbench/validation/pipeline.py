@@ -1,206 +1,357 @@
-"""The validation's run: the simulator against a real vLLM engine (CUDA GPU, or vLLM's CPU build).
+"""The validation's run (``portbench validate`` / ``make validate``): does the order the simulator predicts for a real
+engine hold under that engine's clock?
 
-Entry points: :func:`validate` (parameter checks, called by ``params.load``), :func:`plan` (what
-would run and whether it can run here -- never starts an engine), :func:`run` (``portbench
-validate`` / ``make validate``; on a CUDA GPU also notebook 08: the replay when possible, a
-"skipped" report otherwise -- it never raises because vLLM or a GPU is missing) and
-:func:`read_results` (notebook 08 in the main environment reads what the run wrote).
+Steps (each stage's module says more):
 
-Pipeline of :func:`run` (one engine instance for every policy but ``sarathi``, which runs on an
-instance of its own with its budget; the wall-clock engine's steps are :mod:`.wallclock`'s; every step's module
-says more):
+1. **Plan check** (:func:`.plan.check`): the committed pre-registration ``papermill_params/validation_plan.yaml``
+   -- its seal and the code's source hash -- or the run refuses (one message, nothing runs).
+2. **Step table** (:func:`.stages.step_table`): the engine's step time on fixed shapes, on an in-process engine with
+   the run's settings (:func:`.engine.settings_for`: every token-valued setting explicit, at the run's token scale).
+3. **Inputs and predictions** (:func:`.stages.inputs`, :func:`.stages.predictions`): per source the engine's capacity
+   at its own scale, the windows (``k`` per source, seeded) as the engine replays them, and per case the virtual
+   engine's prediction of each side's effect with the engine's step table and settings. The drawn cases are
+   registered now (:func:`.plan.pick_draw`: the first candidate whose prediction keeps the campaign's sign and size).
+4. **Design** (:func:`.design.replay_specs`): per side ``k`` windows x ``r`` pairs in seeded ABBA order, 25 % A/A; the
+   planted reversal (fcfs vs ``delay_shortest``) beside the cases.
+5. **Replays** (:func:`.stages.replays`, :mod:`.engine`): one engine instance per policy, all started and warmed
+   up first; cut at the time budget (a replay not run is no data).
+6. **Verdicts** (:mod:`.verdict`): per case holds / reverses / undetermined / not testable; the A/A check; the
+   planted reversal; ``summary.json``.
 
-1. The fixed-shape step grid (:mod:`.steps`) on an in-process engine: no case's window runs (its repeat noise,
-   :func:`.steps.repeat_cv`, is recorded; it is not the deciding engine's). Cases (:mod:`.prereg`, :mod:`.cases`):
-   the pre-registered confirmatory family -- the analysis' most dramatic significant-and-practical reversal whose
-   policies the deciding engine (the virtual one: every built-in policy) runs, a stable control
-   (replayed on the reversal's sources), up to three reversals drawn at random (seeded, stratified by
-   source pair), the number of windows from a power calculation (the deciding engine is deterministic: no
-   engine noise, :data:`VIRTUAL_NOISE`) -- written with its SHA-256 to ``preregistration.json`` before any
-   case runs, with the engine that decides (:data:`.confirm.DECIDING_ENGINE`). Then the family is decided
-   (:func:`run_family`, :mod:`.family`): every pre-registered window on the virtual vLLM engine and on the
-   simulator at the campaign's own settings -- never cut. Then every further reversal of a pair the wall-clock
-   engine runs (exploratory) while the time budget allows.
-   Windows: chosen at random per source with ``window_seed`` (recorded), the same windows for every case.
-2. Engine (:mod:`.replay`, :mod:`.engine_scheduler`, :mod:`.policies`): vLLM V1 batching,
-   ``scheduling_policy="priority"``, the recording/dynamic-policy scheduler; its resolved settings
-   (KV blocks, block size, budget, ``max_num_seqs``, ``max_model_len``) are read back from its
-   own init record (:class:`.resim.EngineSettings`). Windows are transformed the same way for both
-   sides (:func:`.resim.prepare_window`: first N requests, token scale, vLLM's context limit).
-3. Warm-up: one window's requests queued at t = 0, replayed and discarded (first steps of a fresh
-   engine are slow); its completion rate sizes the saturation runs.
-4. Calibration and capacity, per source, as the campaign defines capacity (``regions.saturation``):
-   a backlog of the campaign's size (``capacity.backlog_size``: 4,096 requests for ``max_num_seqs``
-   256; ``saturation_requests`` overrides) queued at t = 0 under fcfs; capacity = completions per
-   second from the 10 % completion quantile to the last admission (:func:`.capacity.saturation_throughput`,
-   the same function on the simulator's run of the same backlog); its steps fit the cost model
-   (``profiles.fit_profile`` -> the *calibration profile*, R², residuals).
-5. Replays at matched load: each window rescaled to the case's rho with the *engine's* capacity of
-   its source (``regions.rescale``; horizon ``regions.horizon_s``), every policy of a case on the
-   same engine, the policy order alternating from window to window; plus ``fidelity_windows``
-   fcfs replays per source at ``fidelity_region`` (below saturation: the error targets).
-6. Re-simulation of every replay (:func:`.resim.simulate`: same window, seed, horizon, engine
-   settings) on the calibration profile -- a prediction, the profile was fitted before any replay --
-   and, as a diagnostic, on a profile refitted to every step of the run.
-7. Fidelity (:func:`.verdict.fidelity`: per-request TTFT/TPOT/E2E MAPE, median absolute error,
-   correlation; per window x policy means) and the two-step verdicts (:mod:`.confirm`: does the finding
-   survive the engine's settings in re-simulation; does the engine reproduce the re-simulation -- TOST
-   on effect sizes; the pre-registered family confirmed by one-sided tests, intersection-union, Holm).
-8. The virtual vLLM engine: (a) the whole-run prediction (:mod:`.predict`, :func:`virtual_section`): vLLM's
-   scheduler stepped with the step grid's cost model under the wall-clock engine's settings, given the arrivals as
-   each replay's client sent them, every replay against the wall-clock replays, below saturation (measured:
-   :func:`.predict.saturated`) and saturated apart (``whole_run_prediction``: MAPE, the error budget by cause,
-   the step table on the replays' shapes; ``virtual_replays.parquet``); (b) the
-   engine that decides the confirmatory family, from the runs of step 1 at the campaign's settings
-   (:func:`family_section`; :func:`.confirm.combine`: ``decided_by``, ``by_engine``; ``virtual_family``).
+Modes: ``full`` (``make validate``: each window's requests that arrive in its first :data:`HORIZON_FULL_S` /
+horizon factor seconds at the case's load, at least 20, sized to ``validation.time_budget_s``), ``long`` (``make validate-long``: whole windows, ``validation.long_time_budget_s``),
+``reduced`` (``make all``: two windows per side, two pairs, the A/A pairs on one instance, every case's prediction,
+``validation.reduced_time_budget_s``). ``device="cuda"`` is :mod:`.gpu`'s.
 
-**Time budget** (``time_budget_s``; ``reduced_time_budget_s`` for ``make all``): counted from the start
-of the process, imports, planning and window tables included, to the written summary
-(``wall_s.total``). What is done is sized to it: the saturation backlog is the campaign's unless 30 % of
-the time left cannot hold it at the warm-up's rate (then smaller, never below ``capacity.MIN_REQUESTS``),
-and a saturation run still going at 1.5x that share is cut (its steady part then ends at its last
-admission all the same); the required cases use as many of the chosen windows as their estimated
-replays leave room for (at least one per source); further cases are added while they fit; a reserve
-is kept for the analysis (the virtual engine's runs included), the engine's shutdown and the interpreter's exit
-(which ``wall_s.total``, written before it, cannot include). The confirmatory family on the virtual engine is
-never cut (it runs before the wall-clock replays, :func:`run_family`); any wall-clock replay -- the family's
-pairs too: the wall-clock engine is exploratory -- whose estimate and the reserve exceed the time left is cut,
-with its reason (``budget.replays_cut``).
-
-Outputs under ``{results_dir}/validation/``: ``preregistration.json`` (written after the step grid -- fixed shapes, no case's window -- and before the
-family's runs and any replay;
-its SHA-256 in the summary), ``summary.json`` (the headline: engine, settings_match, preregistration,
-verdicts, step_fit, MAPE, fit R², capacities, wall time), ``report.json`` (everything), and tables
-``engine_runs``, ``sim_runs``, ``engine_requests``, ``sim_requests``, ``iterations``, ``verdicts`` (one row
-per case x source: both steps' effects and intervals, the confirmatory tests), ``step_grid`` (per shape),
-``window_errors``, ``capacity``, ``virtual_requests`` (the whole-run prediction's; an analysis where vLLM cannot
-be imported reuses it), ``virtual_runs`` / ``virtual_resim_runs`` (the family at the campaign's settings, from
-``raw/family_virtual.parquet`` / ``raw/family_resim.parquet``) (parquet), ``engine_profile*.json`` (``engine_profile_step_grid.json``: the
-cost model fitted to the step grid), the step logs ``iterations*.jsonl`` (``_grid``: the step grid;
-``_sarathi``: sarathi's own instance).
+Outputs under ``{results_dir}/validation/``: ``summary.json``, ``raw/`` (``step_grid.parquet``, ``replays.parquet``,
+``replay_requests.parquet``, ``run.json``: everything the analysis reads, so :func:`analyze` redoes it from files),
+``engine_profile_step_grid.json``, the instances' step logs ``iterations_*.jsonl``.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import math
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
+import numpy as np
 import polars as pl
 
 from ..core import io
 from ..core.config import Config
-from . import confirm, prereg
-from .analysis import analyze
-from .common import (
-    FAMILY_TABLES,
-    PREREGISTRATION,
-    _log,
-    _sha,
-    _write_json,
-    how_to_enable,
-    out_dir,
-    params_fingerprint,
-    reversals_path,
-    summary_path,
-)
-from .planning import Plan, plan
-from .wallclock import plan_manifest, measure_step_grid, run_replays
+from ..core.errors import PortbenchError
+from ..data import windows as windows_mod
+from ..study.campaign.run import run_tables
+from . import design, engine, family, predict, replay, stages, verdict
+from . import plan as plan_mod
+from .common import base_profile, how_to_enable, out_dir, summary_path
+
+MODES = ("full", "long", "reduced")
+HORIZON_FULL_S = 10.0      # a replay's observation in `make validate` (the window's first requests, >= 20);
+                           # `make validate-long`: whole windows
+REDUCED_K, REDUCED_R = 2, 2
+LONG_BUDGET_S = 3 * 3600.0   # `make validate-long`: whole windows
+RESERVE_S = 120.0            # of the budget, after the last replay: the fidelity report, the summary, the shutdown
 
 
-def skipped_report(pl_: Plan) -> dict:
-    why = pl_.status.reason if not pl_.status.ok else "; ".join(pl_.messages) or "nothing to replay"
-    return {"ran": False, "skipped_because": why, "plan": pl_.to_dict()}
+def _log(progress: bool) -> Callable[[str], None]:
+    t0 = time.monotonic()
 
-
-def process_age_s() -> float:
-    """Seconds since this process started (Linux: ``/proc/self/stat``; elsewhere: since this module was
-    imported)."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])     # field 22: starttime
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return time.perf_counter() - _IMPORTED
-
-
-_IMPORTED = time.perf_counter()
-
-
-def run(cfg: Config, reversals: pl.DataFrame | None = None, *, reduced: bool = False, progress: bool = True) -> dict:
-    """Run the validation when vLLM can run here; otherwise write and return a "skipped" report.
-
-    Returns the report (also ``report.json``; the headline is ``summary.json``). Never raises for a
-    missing GPU / vLLM / analysis: the rest of the pipeline does not depend on this stage. The time
-    budget counts from the start of the process (:func:`process_age_s`).
-    """
-    origin = time.perf_counter() - process_age_s()
-    out = out_dir(cfg.paths)
-    the_plan = plan(cfg, reversals, reduced=reduced)
-    _write_json(out / "plan.json", the_plan.to_dict())
-    if not the_plan.runnable:
-        report = skipped_report(the_plan)
-        _write_json(out / "report.json", report)
-        _write_json(summary_path(cfg.paths), {"ran": False, "skipped_because": report["skipped_because"],
-                                        "how_to_enable": how_to_enable()})
+    def log(msg: str) -> None:
         if progress:
-            print(f"[portbench] validation skipped: {report['skipped_because']}", flush=True)
-        return report
-    # the wall-clock engine's fixed-shape step grid first (no case's window runs; vLLM's in-process engine cannot
-    # start in a process that has run the virtual engine) ...
-    grid = _outside_event_loop(measure_step_grid, cfg.validation, the_plan, out, progress=progress)
-    # ... the confirmatory family, written and hashed before any case's run (prereg.py; plan() sized it with the
-    # deciding virtual engine's noise: none) ...
-    sha = prereg.write(out / PREREGISTRATION, the_plan.preregistration)
-    _log(progress, f"pre-registration written: {out / PREREGISTRATION} (SHA-256 {sha[:16]}...), after the step grid "
-                   "(fixed shapes on an in-process engine; no case's window ran) and before the confirmatory family's "
-                   "runs on the virtual engine and any wall-clock replay")
-    # ... decided on the virtual vLLM engine at the campaign's own settings (family.py): never cut ...
-    fam = run_family(cfg, the_plan, out, progress=progress)
-    # ... then the wall-clock engine's replays (exploratory, sized to the time left) ...
-    inputs = {"params_fingerprint": params_fingerprint(cfg.tree),
-              "reversals_sha256": _sha(reversals_path(cfg.paths)) if reversals is None else "given"}
-    R = _outside_event_loop(run_replays, cfg.data, cfg.predictors, cfg.simulation, cfg.validation, int(cfg.campaign.workers),
-                            the_plan, out, inputs, progress=progress, origin=origin, prereg_sha=sha, grid=grid,
-                            family_s=float(fam["wall_s"]))
-    # ... and the analysis of what ran (from the raw files)
-    summary = analyze(cfg, t_start=R.origin, manifest=plan_manifest(the_plan))
-    m = summary["mape"]
-    R.log(f"done in {summary['wall_s']['total']:.0f} s from the process start (budget {R.budget:.0f} s): MAPE below "
-          f"saturation TTFT {m['ttft']:.3f}, TPOT {m['tpot']:.3f}, E2E {m['e2e']:.3f}; "
-          + confirm.verdict_line(summary["verdict_counts"]))
-    report = {**summary, "plan": the_plan.to_dict(), "phases": R.phases}
-    _write_json(out / "report.json", report)
-    return report
+            print(f"[portbench] validation [{time.monotonic() - t0:6.0f} s] {msg}", flush=True)
+    return log
 
 
-def run_family(cfg: Config, the_plan: Plan, out: Path, *, progress: bool = True) -> dict:
-    """The pre-registered family on the virtual vLLM engine and the simulator at the campaign's own settings
-    (:mod:`.family`): ``raw/family_virtual.parquet``, ``raw/family_resim.parquet``, ``raw/family.json``."""
-    from . import family  # imports vLLM
-
-    doc = the_plan.preregistration or {}
-    v, r, info = family.run(cfg.data, cfg.predictors, cfg.simulation, cfg.campaign, the_plan.confirmatory,
-                            doc.get("windows") or the_plan.windows, manifest=plan_manifest(the_plan),
-                            log=lambda m: _log(progress, m))
-    raw = out / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for name, df in zip(FAMILY_TABLES, (v, r)):
-        io.atomic_write(raw / f"{name}.parquet", df.write_parquet)
-    _write_json(raw / "family.json", info)
-    return info
+def _write_json(path: Path, obj: Any) -> None:
+    io.write_text(path, json.dumps(obj, indent=1, default=io.json_default) + "\n")
 
 
-def _outside_event_loop(fn, *args, **kwargs):
-    """Call ``fn`` here, or in a worker thread when this thread already runs an asyncio loop (a Jupyter
-    kernel does): the replay drives vLLM's AsyncLLM on an event loop of its own."""
+def repo_root() -> Path:
+    """The checkout whose pre-registration the run checks (the package's own, where it is run from a checkout)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def choose_windows(manifest: Mapping, sources, k: int, seed: int) -> dict[str, list[str]]:
+    """``k`` window ids per source, the first ``k`` of a permutation seeded by ``seed`` and the source's name (so
+    fewer windows are the first of more)."""
+    out = {}
+    for s in sources:
+        ids = [w["id"] for w in manifest["windows"] if w["source"] == s]
+        salt = int.from_bytes(hashlib.sha256(s.encode()).digest()[:4], "big")
+        out[s] = [ids[i] for i in np.random.default_rng([int(seed), salt]).permutation(len(ids))[:k]]
+    return out
+
+
+@dataclasses.dataclass
+class Run:
+    """What one run is given: the plan (its entries, the planted case, the design), the settings and the windows."""
+
+    entries: list[dict]
+    planted: dict | None
+    candidates: dict[str, list[dict]]
+    k: int
+    r: int
+    rules: dict
+    preregistration: dict
+    sigma_r: dict
+
+
+def _from_plan(doc: Mapping, pre: Mapping, mode: str) -> Run:
+    """The run of ``mode`` from the checked plan: ``reduced`` (``make all``) replays only the planted case on its
+    first source, on ``REDUCED_K`` windows x ``REDUCED_R`` pairs, and predicts the primary cases (no draw)."""
+    k, r = int(doc["design"]["k"]), int(doc["design"]["r"])
+    planted = dict(doc["planted"]) if doc.get("planted") else None
+    cands = {kk: [dict(x) for x in v] for kk, v in (doc.get("draw_candidates") or {}).items()}
+    if mode == "reduced":
+        k, r, cands = min(k, REDUCED_K), min(r, REDUCED_R), {}
+        if planted is not None:
+            planted = {**planted, "sources": planted["sources"][:1],
+                       "campaign_sign": {s: planted["campaign_sign"][s] for s in planted["sources"][:1]}}
+    return Run([dict(e) for e in doc.get("cases") or []], planted, cands, k, r, dict(doc.get("rules") or {}),
+               {"sha256": pre["sha256"], "code_version": pre["code_version"]}, dict(doc.get("sigma_r") or {}))
+
+
+def run(cfg: Config, *, mode: str = "full", progress: bool = True) -> dict:
+    """The validation (module docstring) on the CPU engine; ``summary.json``. A missing vLLM is a "skipped" summary,
+    never an error; a plan that does not check is an error (one message)."""
+    if mode not in MODES:
+        raise PortbenchError(f"validation mode {mode!r}: one of {', '.join(MODES)}")
+    out = out_dir(cfg.paths)
+    status = replay.engine_status("cpu", cfg.validation.vllm_version)
+    if not status.ok:
+        s = {"ran": False, "skipped_because": status.reason, "how_to_enable": how_to_enable()}
+        _write_json(summary_path(cfg.paths), s)
+        _log(progress)(f"skipped: {status.reason}")
+        return s
+    pre = plan_mod.check(repo_root())
+    return execute(cfg, _from_plan(pre["doc"], pre, mode), mode=mode, out=out, device="cpu", progress=progress)
+
+
+def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress: bool = True,
+            settings: engine.Settings | None = None, budget_s: float | None = None,
+            max_horizon_s: float | None = -1.0, twins: bool | None = None) -> dict:
+    """Steps 2-6 of the module docstring for the plan ``R`` (tests call it with a plan of their own)."""
+
+    log = _log(progress)
+    t_start = time.monotonic()
+    v, sim = cfg.validation, cfg.simulation
+    budget = float(budget_s if budget_s is not None else
+                   {"full": v.time_budget_s, "long": LONG_BUDGET_S}.get(mode, v.reduced_time_budget_s))
+    deadline = t_start + budget - (RESERVE_S if mode in ("full", "long") else RESERVE_S / 4)   # the replays' end
+    base = base_profile(sim)
+    S = settings or engine.settings_for(v.engine(device), base, device=device, seed=int(v.seed))
+    horizon_cap = (None if mode == "long" else HORIZON_FULL_S) if max_horizon_s == -1.0 else max_horizon_s
+    (out / "raw").mkdir(parents=True, exist_ok=True)
+    load0 = os.getloadavg()
+    log(f"{mode} run on vLLM's {device} build: settings {S.to_dict()}; budget {budget:.0f} s")
+    # 2. the engine's step table
+    g = v.step_grid
+    table, step_info = stages.step_table(S, g, base, out, rounds=int(g.rounds if mode in ("full", "long") else g.reduced_rounds),
+                                         seed=int(v.seed), log=log)
+    # 3. windows, capacities, predictions; the draws registered on their predictions
+    man = windows_mod.load_manifest(cfg.data.paths)
+    cases = [*R.entries, *[c for v_ in R.candidates.values() for c in v_]] + ([R.planted] if R.planted else [])
+    srcs = sorted({s for c in cases for s in c["sources"]})
+    wins = choose_windows(man, srcs, R.k, int(v.window_seed))
+    tables = windows_mod.load_windows(cfg.data, sources=srcs, manifest=man)
+    pols = sorted({p for c in cases for p in (c["a"], c["b"])} - {engine.PLANTED})
+    tables = run_tables(cfg.data, cfg.predictors, sim, tables, pols, manifest=man,
+                        workers=int(cfg.campaign.workers))     # frozen predictions and tenants, as the campaign's
+    src_of = {w["id"]: w["source"] for w in man["windows"]}
+    inp = stages.inputs(cases, tables, wins, lambda w: src_of.get(w, ""), table, S, sim,
+                        backlog=stages.backlog_size(S, mode not in ("full", "long")),
+                        hash_blocks={s: windows_mod.hash_block_size(man, {"source": s}) for s in srcs},
+                        max_horizon_s=horizon_cap, log=log)
+    preds = stages.predictions(cases, inp, wins, table, S, sim)
+    eff = {cid: {s: p["effect"] for s, p in side.items()} for cid, side in preds.items()}
+    delta = math.log1p(float(R.rules.get("delta", 0.05)))
+    registered, passed_over = [], {}
+    for kind, cands in sorted(R.candidates.items()):
+        got, passed = plan_mod.pick_draw(cands, lambda c: eff.get(c["id"], {}), delta)
+        passed_over[kind] = passed
+        if got is not None:
+            registered.append({k_: x for k_, x in got.items() if k_ != "prediction"})
+    entries = [*R.entries, *registered]
+    log("predictions at the engine's scale: " + "; ".join(
+        f"{cid}: " + ", ".join(f"{s} {x:+.3f}" for s, x in e.items()) for cid, e in eff.items()))
+    # 4. the design
+    replayed = [] if mode == "reduced" else entries        # the reduced run replays the planted case alone
+    sides = [design.Side(e["id"], s, e["a"], e["b"], tuple(wins[s]), R.r)
+             for e in [*replayed, *([R.planted] if R.planted else [])] for s in e["sources"]]
+    specs = design.replay_specs(sides, int(R.rules.get("design_seed", 0)))
+    log(f"design: {len(sides)} sides x {R.k} windows x {R.r} pairs = {specs.height} replays")
+    # 5. the replays
+    twin = (mode != "reduced") if twins is None else twins
+    tab, rec = stages.replays(specs, inp, S, table, sim, out, deadline=deadline, twins=twin, log=log)
+    # conformance at the campaign's settings (virtual engine vs simulator: an agreement rate, not a verdict)
+    conf = _conformance(cfg.data, cfg.predictors, sim, cfg.campaign, entries, wins, man, log) \
+        if mode in ("full", "long") else None
+    # the fidelity report (absolute latency, no pass mark): while the time budget allows
+    fid = predict.fidelity_report(tab, rec, inp.window, table, S.resim(), sim, deadline=t_start + budget - 15.0) \
+        if tab.height else {}
+    # 6. the verdicts (from what the run wrote: analyze() redoes them from the files)
+    info = {"mode": mode, "device": device, "vllm": status_line(), "settings": S.to_dict(),
+            "entries": entries, "planted": R.planted, "rules": R.rules, "sigma_r_planned": R.sigma_r,
+            "preregistration": R.preregistration, "effects": eff, "predictions": preds,
+            "draws": {"registered": [e["id"] for e in registered], "passed_over": passed_over},
+            "design": {"k": R.k, "r": R.r, "replays_planned": specs.height, "max_horizon_s": horizon_cap,
+                       "twins": twin, "budget_s": budget},
+            "capacity": inp.capacity, "windows": wins, "step_table": {
+                k_: step_info[k_] for k_ in ("shapes", "rounds", "steps", "wall_s", "startup_s", "fit", "repeat_noise")},
+            "fidelity": fid, "conformance": conf, "loadavg_start": list(load0), "loadavg_end": list(os.getloadavg()),
+            "wall_s": time.monotonic() - t_start}
+    _write_json(out / "raw" / "run.json", info)
+    specs.write_parquet(out / "raw" / "specs.parquet")
+    summary = verdicts(info, tab)
+    _write_json(summary_path(cfg.paths), summary)
+    for c in [*summary["cases"], summary["planted"]]:
+        log(f"{c.get('id', 'planted')}: {c.get('pair')} ({c.get('metric')}): {c.get('verdict')}"
+            + (f" -- {c['reason']}" if c.get("reason") else ""))
+    aa = summary["aa"]
+    log(f"A/A: sigma_r {aa['sigma_r']:.3f} over {aa['pairs']} pairs, false-reversal rate {aa['false_reversal_rate']}; "
+        f"done in {info['wall_s']:.0f} s")
+    return summary
+
+
+def verdicts(info: Mapping, tab: pl.DataFrame) -> dict:
+    """The summary (``summary.json``) from a run's record (``raw/run.json``) and its per-replay table: every case's
+    verdict (:func:`.verdict.case_verdicts`), the A/A check, the planted reversal."""
+    rules = info["rules"]
+    planted = [info["planted"]] if info.get("planted") else []
+    every = [*info["entries"], *planted]
+    results = verdict.case_verdicts(every, tab, info["effects"], alpha=float(rules.get("alpha", 0.05)),
+                                    delta=math.log1p(float(rules.get("delta", 0.05))),
+                                    sigma_r=float((info.get("sigma_r_planned") or {}).get("value", math.nan)),
+                                    r=int(info["design"]["r"]))
+    aa = verdict.aa_check(tab, {e["id"]: e["metric"] for e in every})
+    device = info["device"]
+    core = verdict.summary_core(results, aa, info["preregistration"], info.get("conformance"))
+    return {
+        **core, "ran": True, "mode": info["mode"],
+        "label": ("on a real engine (vLLM CPU build, tiny model): the order under the CPU engine's cost structure; the "
+                  "A100 claim stays the simulator's" if device == "cpu" else
+                  "on a real engine (vLLM on a CUDA GPU): the order under that GPU's cost structure"),
+        "engine": {"device": device, "vllm": info["vllm"], "settings": info["settings"]},
+        "draws": info["draws"], "predictions": info["predictions"], "sigma_r_planned": info["sigma_r_planned"],
+        "design": {**info["design"], "replays_run": tab.height},
+        "capacity_rps": {s: c["capacity_rps"] for s, c in info["capacity"].items()},
+        "step_table": info["step_table"], "fidelity_report": info.get("fidelity", {}),
+        "machine": {"loadavg_start": info["loadavg_start"], "loadavg_end": info["loadavg_end"],
+                    "machine_speed": _quantiles(tab, "machine_speed")},
+        "wall_s": info["wall_s"]}
+
+
+def analyze(cfg: Config) -> dict:
+    """The summary again from the last run's raw files (``raw/run.json``, ``raw/replays.parquet``), no engine: a GPU
+    run's files are analysed on this machine so."""
+    raw = out_dir(cfg.paths) / "raw"
+    f, t = raw / "run.json", raw / "replays.parquet"
+    if not (f.is_file() and t.is_file()):
+        raise PortbenchError(f"no validation run to analyse under {raw} (run.json and replays.parquet): run `make "
+                             "validate` first, or copy a GPU run's validation folder there")
+    summary = verdicts(json.loads(f.read_text()), pl.read_parquet(t))
+    _write_json(summary_path(cfg.paths), summary)
+    return summary
+
+
+def _conformance(data, predictors, sim, campaign, entries: list[dict], wins: Mapping, man: Mapping,
+                 log) -> dict | None:
+    """:func:`.family.conformance` of the cases on their windows (None where vLLM's scheduler cannot run here)."""
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return fn(*args, **kwargs)
-    with ThreadPoolExecutor(1, thread_name_prefix="portbench-replay") as ex:
-        return ex.submit(fn, *args, **kwargs).result()
+        v, s, info = family.run(data, predictors, sim, campaign, entries, wins, manifest=dict(man), log=log)
+    except ImportError as e:
+        log(f"conformance at the campaign's settings not run: {e}")
+        return None
+    return family.conformance(entries, v, s, info)
+
+
+def status_line() -> str:
+    dist, ver = replay.installed_vllm()
+    return f"{dist} {ver}"
+
+
+def _quantiles(tab: pl.DataFrame, col: str) -> dict:
+    if col not in tab.columns or tab.height == 0:
+        return {}
+    x = tab[col].drop_nans().drop_nulls()
+    return {"median": stages.finite(x.median()), "q10": stages.finite(x.quantile(0.1)),
+            "q90": stages.finite(x.quantile(0.9))} if x.len() else {}
+
+
+def pilot(cfg: Config, *, sources: tuple[str, ...] = ("azure",), region: str = "overload", k: int = 6,
+          r: int = 2, max_horizon_s: float | None = HORIZON_FULL_S, metrics_: tuple[str, ...] = ("ttft_p90", "e2e_mean",
+                                                                                          "tpot_p90"),
+          step_grid: Path | None = None, progress: bool = True) -> dict:
+    """The A/A pilot that gives the plan its sigma_r (``portbench validate --pilot``): on each source, ``k`` windows x
+    ``r`` A/A pairs of fcfs (its two replays on two instances, as an a/b pair's are) in ABBA slot order, and one
+    planted pair (fcfs vs ``delay_shortest``) per window, at ``region``'s load with the engine's settings. Writes
+    ``raw/pilot.parquet`` and ``pilot.json`` under the validation folder: per source and metric sigma_r = SD of the
+    A/A log-ratios / sqrt(2) (:func:`.verdict.aa_check`'s definition), with the date and the machine's load.
+    ``step_grid``: an earlier run's ``raw/step_grid.parquet`` to fit the step table from instead of measuring it.
+    (Mooncake is not a default source: at token scale 1 the CPU engine serves it at ~0.04 req/s, so one overload
+    replay of its first 20 requests lasts ~10 min.)"""
+    log = _log(progress)
+    out = out_dir(cfg.paths) / "pilot"
+    v, sim = cfg.validation, cfg.simulation
+    base = base_profile(sim)
+    S = engine.settings_for(v.engine("cpu"), base, device="cpu", seed=int(v.seed))
+    load0 = os.getloadavg()
+    t0 = time.monotonic()
+    if step_grid is not None:
+        table = stages.table_from(pl.read_parquet(step_grid), S, base)
+        log(f"step table fitted from {step_grid}")
+    else:
+        table, _ = stages.step_table(S, v.step_grid, base, out, rounds=int(v.step_grid.reduced_rounds),
+                                     seed=int(v.seed), log=log)
+    man = windows_mod.load_manifest(cfg.data.paths)
+    wins = choose_windows(man, sources, k, int(v.window_seed))
+    tables = windows_mod.load_windows(cfg.data, sources=list(sources), manifest=man)
+    src_of = {w["id"]: w["source"] for w in man["windows"]}
+    cases = [{"id": f"pilot_{s}", "a": "fcfs", "b": "fcfs", "metric": metrics_[0], "region": region, "sources": [s]}
+             for s in sources]
+    inp = stages.inputs(cases, tables, wins, lambda w: src_of.get(w, ""), table, S, sim, backlog=stages.backlog_size(
+        S, True), hash_blocks={s: windows_mod.hash_block_size(man, {"source": s}) for s in sources},
+        max_horizon_s=max_horizon_s, log=log)
+    # the planted pairs reuse the pilot's windows: same case key
+    rows: list[dict] = []
+    rng = np.random.default_rng(int(v.seed) + 38)
+    for s in sources:
+        for w in wins[s]:
+            for s0, s1 in design.abba(r, bool(rng.integers(2))):
+                for pos, slot in enumerate((s0, s1)):
+                    rows.append({"case": f"pilot_{s}", "source": s, "window": w, "policy": "fcfs",
+                                 "pair": len(rows) // 2, "position": pos, "is_aa": True, "slot": slot})
+            first_b = bool(rng.integers(2))
+            for pos, slot in enumerate(("b", "a") if first_b else ("a", "b")):
+                rows.append({"case": f"pilot_{s}", "source": s, "window": w,
+                             "policy": "fcfs" if slot == "a" else engine.PLANTED, "pair": len(rows) // 2,
+                             "position": pos, "is_aa": False, "slot": slot})
+    specs = pl.DataFrame(rows).with_row_index("order").with_columns(pl.col("order").cast(pl.Int64))
+    tab, _ = stages.replays(specs, inp, S, table, sim, out, log=log)
+    res: dict[str, Any] = {"date": dt.date.today().isoformat(), "region": region, "rho": float(sim.region_loads[region]),
+                           "k": k, "r": r, "max_horizon_s": max_horizon_s, "settings": S.to_dict(),
+                           "loadavg_start": list(load0), "loadavg_end": list(os.getloadavg()),
+                           "wall_s": time.monotonic() - t0, "capacity_rps": {s: c["capacity_rps"]
+                                                                              for s, c in inp.capacity.items()},
+                           "sigma_r": {}, "planted": {}, "machine_speed": _quantiles(tab, "machine_speed")}
+    for m in metrics_:
+        aa = verdict.pair_effects(tab, m, aa=True)
+        pe = verdict.pair_effects(tab, m, aa=False)
+        res["sigma_r"][m] = {s: stages.finite(float(g["d"].std()) / math.sqrt(2)) for (s,), g in
+                             aa.group_by(["source"], maintain_order=True)}
+        res["sigma_r"][m]["pooled"] = stages.finite(float(aa["d"].std()) / math.sqrt(2)) if aa.height > 1 else None
+        res["planted"][m] = {s: {"mean": float(g["d"].mean()), "positive": int((g["d"] > 0).sum()), "pairs": g.height}
+                             for (s,), g in pe.group_by(["source"], maintain_order=True)}
+    res["aa_pairs"] = int(tab.filter(pl.col("is_aa")).height // 2)
+    res["definition"] = ("sigma_r = SD over A/A pairs of the oriented log-ratio (slot a over slot b) / sqrt(2); "
+                         "planted: mean oriented effect of fcfs (a) over delay_shortest (b), positive = fcfs better")
+    _write_json(out / "pilot.json", res)
+    log(f"pilot: sigma_r {res['sigma_r']}; planted {res['planted']}")
+    return res

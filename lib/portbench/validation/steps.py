@@ -13,7 +13,7 @@ validation measures shapes, not runs:
   engine, prefix caching on. Per shape the engine state is built (requests prefilled until the batch
   decodes; a prefix prefilled and cached), then ``steps_per_shape`` steps are timed around
   ``LLMEngine.step()``; the shape each step really had comes from the scheduler's own record
-  (:mod:`.engine_scheduler`). ``rounds`` interleaved rounds visit the shapes in a seeded random order,
+  (:class:`portbench.vllm.StepRecords`). ``rounds`` interleaved rounds visit the shapes in a seeded random order,
   the **reference shape** (the first decode shape) before each round and after every third shape, so that
   drift of the machine's speed shows (``drift``: the reference's per-round medians).
 * **Fit** (:func:`fit`): non-negative least squares (relative errors) of the cost model ``c0 + c_p P + c_d B + c_kv C +
@@ -337,7 +337,7 @@ def speed_band(rows: pl.DataFrame, quantiles: tuple[float, float] = (0.1, 0.9),
     """The machine's speed states as the step grid met them: per visit of a shape (its steps in one round) the
     visit's median step time over the shape's median over all rounds; ``lo``/``hi`` = the ``quantiles`` of those
     ratios over every visit (the reference shape's included). Measured before any replay, so a band of the
-    prediction scaled by them (:data:`.predict.BAND`) is a prediction interval for the machine's speed, not a fit
+    prediction scaled by them is a prediction interval for the machine's speed, not a fit
     to the replays. NaN bounds without two rounds."""
     how = (f"quantiles {quantiles[0]:g} / {quantiles[1]:g} over the step grid's shape visits (one shape's steps in one "
            "round) of the visit's median step time / the shape's median over all rounds")
@@ -360,7 +360,7 @@ def repeat_cv(rows: pl.DataFrame, time_column: str = "step_wall_s") -> dict:
     every shape counts, so one slow step of the small reference shape does not decide it; each shape's round
     medians are divided by their mean over the rounds). A whole run's
     latencies scale with the machine's speed during that run, so this is what the power calculation takes as
-    ``noise_cv`` (:func:`.prereg.power`). ``cv`` is NaN with fewer than two rounds."""
+    ``noise_cv``. ``cv`` is NaN with fewer than two rounds."""
     how = "relative SD over the step grid's rounds of the round's speed (median over shapes of round median / mean)"
     if rows.height == 0 or rows["round"].n_unique() < 2:
         return {"cv": math.nan, "rounds": int(rows["round"].n_unique()) if rows.height else 0, "how": how}

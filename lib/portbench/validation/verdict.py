@@ -1,223 +1,371 @@
-"""Simulator fidelity against the engine, the fitted profile, per-window values.
+"""The real-engine verdicts on orders: does the order predicted for the engine hold under its real clock?
 
-The verdicts (does a finding survive the engine's settings; does the engine reproduce the
-re-simulation; the pre-registered confirmatory family with Holm) are :mod:`.confirm`'s.
+Input: the per-replay table of the paired design (:mod:`.design`'s docstring: one row per replay, with
+``case, source, window, policy, pair, position, is_aa, slot, replay_index, machine_speed`` and the
+window-level metrics) and, per case, the plan's entry (:mod:`.plan`) and the engine-scale prediction.
 
-* **Simulator fidelity**: the same rescaled windows re-simulated with the same policies and the
-  engine's settings (:mod:`.resim`), compared request by request (requests completed on both sides)
-  for TTFT, TPOT and E2E: MAPE, median absolute error, correlation and bias
-  (:func:`fidelity`), per window x policy means (:func:`window_error_table`), and the share of the
-  E2E error the step-time prediction alone explains (:func:`step_time_share`).
+* **Paired log-ratio** (:func:`pair_effects`): per pair, the oriented effect of slot ``a`` over slot ``b``,
+  positive = ``a`` better: ``log(b / a)`` for a metric where lower is better (latencies), ``log(a / b)``
+  where higher is better; an absolute difference for a proportion (SLO attainment), whose log is not a
+  scale of its own. Pairs are clustered by window: the window's effect is the mean of its a/b pairs.
+* **Per side** (:func:`side_test`): one-sided exact sign-flip permutation test over the windows' effects
+  (all ``2^k`` sign patterns for ``k <= 16``, else a seeded sample of 2^16 that includes the observed one),
+  in the direction of the engine-scale prediction and in the opposite one; the mean effect with a 95 % t
+  interval over windows; the equivalence test (TOST, ``t`` over windows) of the engine's effect against the
+  prediction within +-:data:`TOST_MARGIN`; Kendall's tau of the two policies' order per window against the
+  predicted order (with two policies tau is +1 or -1 per window; its mean is reported).
+* **Per case** (:func:`case_verdicts`): *holds* when every side decides in the predicted direction,
+  *reverses* when every side decides in the opposite one; a side decides when its one-sided p, as the
+  case's largest (intersection-union), Holm-adjusted over the <= 4 cases and doubled for the two
+  directions, is below ``alpha``; *undetermined* otherwise, with the effect the run could resolve
+  (:func:`.design.resolvable_effect` at the run's own k, r and measured sigma_r); *not testable* with a
+  reason class: ``no data`` (a side with fewer than two windows of a/b pairs), ``the engine-scale
+  prediction flips the sign`` or ``the prediction falls below delta`` (a drawn case only: the two primary
+  cases are tested whatever the prediction says, against the prediction).
+* **The A/A check** (:func:`aa_check`): the A/A pairs (one policy twice, labelled by the ABBA slot they fill)
+  through the same per-side test: the share of sides on which the test declares an order where there is
+  none (the false-reversal rate; <= alpha on simulated null data, ``tests/test_validation_design.py``);
+  sigma_r = SD of the A/A pairs' log-ratios / sqrt(2); the order effect = mean of log(first / second).
+* **The planted reversal** (:func:`planted`): the case ``planted`` (fcfs vs ``delay_shortest``, known
+  order: fcfs better) is *detected* when its verdict is *holds* with fcfs predicted better.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
 import polars as pl
 from scipy import stats as sst
 
-from ..sim import metrics, profiles
+from ..sim import metrics
+from ..study import stats
+from . import design
 
-KEY = ("source", "window_id", "region", "scheduler")
-LATENCIES = ("ttft", "tpot", "e2e")
-
-
-def metric_direction(metric: str) -> str:
-    return metrics.direction(metric)
-
-
-def window_values(runs: pl.DataFrame, source: str, region: str, metric: str, a: str, b: str
-                  ) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Windows where both a and b were measured, and the metric of each (replicates averaged)."""
-    sub = (runs.filter((pl.col("source") == source) & (pl.col("region") == region)
-                       & pl.col("scheduler").is_in([a, b]))
-           .group_by(["window_id", "scheduler"]).agg(pl.col(metric).mean()))
-    wide = sub.pivot(on="scheduler", index="window_id", values=metric).sort("window_id")
-    if a not in wide.columns or b not in wide.columns:
-        return [], np.array([]), np.array([])
-    wide = wide.drop_nulls([a, b])
-    return wide["window_id"].to_list(), wide[a].to_numpy().astype(float), wide[b].to_numpy().astype(float)
+ALPHA = 0.05
+TOST_MARGIN = 0.1          # on the log scale: the engine's effect within +-0.1 of the prediction (about 10 %)
+EXACT_MAX_WINDOWS = 16
+MC_DRAWS = 2**16
+VERDICTS = ("holds", "reverses", "undetermined", "not testable")
+REASONS = {"no_data": "no data",
+           "flips": "the engine-scale prediction flips the sign",
+           "below_delta": "the prediction falls below delta"}
 
 
-# --------------------------------------------------------------------------- simulator fidelity
+def is_log(metric: str) -> bool:
+    """Log-ratios for ratio and count metrics; an absolute difference for proportions."""
+    return metrics.scale(metric) != "proportion"
 
 
-def latencies(records: pl.DataFrame) -> pl.DataFrame:
-    """Per-request TTFT, TPOT, E2E of completed (not rejected, finished) requests; TPOT =
-    (finish − first token) / (output − 1), vLLM's mean time per output token."""
-    r = records.filter(~pl.col("rejected") & pl.col("finish_s").is_not_nan())
-    return r.select(
-        "req_id",
-        (pl.col("first_token_s") - pl.col("arrival_s")).alias("ttft"),
-        pl.when(pl.col("output_tokens") > 1)
-        .then((pl.col("finish_s") - pl.col("first_token_s")) / (pl.col("output_tokens") - 1))
-        .otherwise(None).alias("tpot"),
-        (pl.col("finish_s") - pl.col("arrival_s")).alias("e2e"))
+def oriented(va, vb, metric: str) -> np.ndarray:
+    """Effect of ``a`` over ``b`` (positive = a better) from their values (module docstring)."""
+    va, vb = np.asarray(va, float), np.asarray(vb, float)
+    lower = metrics.direction(metric) == "lower"
+    if is_log(metric):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            d = np.log(vb) - np.log(va)
+    else:
+        d = vb - va
+    return -d if not lower else d
 
 
-def matched_latencies(engine_requests: pl.DataFrame, sim_requests: pl.DataFrame,
-                      keys: Sequence[str] = KEY) -> pl.DataFrame:
-    """Requests completed on both sides, matched by ``keys`` + ``req_id``: ``<x>`` (engine) and
-    ``<x>_sim`` for x in TTFT, TPOT, E2E, plus the ``keys`` (and ``rho`` when present)."""
-    extra = [c for c in ("rho",) if c in engine_requests.columns]
-    def lat(df):
-        cols = [*keys, *[c for c in extra if c in df.columns]]
-        r = df.filter(~pl.col("rejected") & pl.col("finish_s").is_not_nan())
-        return r.select(*cols, "req_id",
-                        (pl.col("first_token_s") - pl.col("arrival_s")).alias("ttft"),
-                        pl.when(pl.col("output_tokens") > 1)
-                        .then((pl.col("finish_s") - pl.col("first_token_s")) / (pl.col("output_tokens") - 1))
-                        .otherwise(None).alias("tpot"),
-                        (pl.col("finish_s") - pl.col("arrival_s")).alias("e2e"))
-    e = lat(engine_requests)
-    s = lat(sim_requests).drop([c for c in extra if c in sim_requests.columns])
-    return e.join(s, on=[*keys, "req_id"], suffix="_sim")
+def pair_effects(table: pl.DataFrame, metric: str, *, aa: bool = False) -> pl.DataFrame:
+    """Per pair (``case, source, window, pair``): the oriented effect ``d`` of slot a over slot b (A/A pairs
+    with ``aa``, a/b pairs otherwise), and ``order_d`` = the same of the first replay over the second."""
+    cols = ["case", "source", "window", "pair"]
+    empty = pl.DataFrame(schema={"case": pl.Utf8, "source": pl.Utf8, "window": pl.Utf8, "pair": pl.Int64,
+                                 "d": pl.Float64, "order_d": pl.Float64})
+    if table.height == 0 or metric not in table.columns:
+        return empty
+    sub = table.filter(pl.col("is_aa") == aa).select(*cols, "slot", "position", pl.col(metric).cast(pl.Float64))
+    a = sub.filter(pl.col("slot") == "a").select(*cols, pl.col(metric).alias("va"), pl.col("position").alias("pa"))
+    b = sub.filter(pl.col("slot") == "b").select(*cols, pl.col(metric).alias("vb"))
+    m = a.join(b, on=cols, how="inner").drop_nulls(["va", "vb"]).filter(pl.col("va").is_not_nan()
+                                                                         & pl.col("vb").is_not_nan())
+    if m.height == 0:
+        return empty
+    d = oriented(m["va"].to_numpy(), m["vb"].to_numpy(), metric)
+    first_a = m["pa"].to_numpy() == 0
+    # the first replay's effect over the second: = d when slot a ran first
+    order_d = np.where(first_a, d, -d)
+    return (m.select(cols).with_columns(pl.Series("d", d), pl.Series("order_d", order_d))
+            .filter(pl.col("d").is_finite()).sort(cols))
 
 
-def fidelity(matched: pl.DataFrame) -> dict:
-    """Per-request error of the simulator against the engine, for TTFT, TPOT and E2E:
-    ``mape`` (mean |sim − engine| / engine), ``median_abs_err_s``, ``pearson_r`` and ``spearman_r``
-    (correlation over requests), ``bias`` (mean sim/engine − 1), ``n`` (requests)."""
-    out = {}
-    for x in LATENCIES:
-        a = matched[x].to_numpy().astype(float) if matched.height else np.array([])
-        b = matched[f"{x}_sim"].to_numpy().astype(float) if matched.height else np.array([])
-        ok = np.isfinite(a) & np.isfinite(b) & (a > 0)
-        a, b = a[ok], b[ok]
-        n = int(a.size)
-        corr = lambda f: float(f(a, b)[0]) if n > 2 and np.std(a) > 0 and np.std(b) > 0 else math.nan  # noqa: E731
-        out[x] = {"n": n,
-                  "mape": float(np.mean(np.abs(b - a) / a)) if n else math.nan,
-                  "median_abs_err_s": float(np.median(np.abs(b - a))) if n else math.nan,
-                  "pearson_r": corr(sst.pearsonr), "spearman_r": corr(sst.spearmanr),
-                  "bias": float(np.mean(b / a - 1.0)) if n else math.nan}
+def window_effects(pairs: pl.DataFrame) -> pl.DataFrame:
+    """Per (case, source, window): mean of its pairs' ``d`` and their number."""
+    return (pairs.group_by(["case", "source", "window"]).agg(pl.col("d").mean(), pl.len().alias("pairs"))
+            .sort(["case", "source", "window"]))
+
+
+# --------------------------------------------------------------------------- the test
+
+
+def sign_flip_p(x, sign: int, seed: int = 0) -> float:
+    """p of the one-sided sign-flip permutation test of H1 "the values ``x`` lean to ``sign``" (+1: positive),
+    statistic = their sum: the share of the 2^k sign patterns (exact for k <= 16, else a seeded sample
+    that includes the observed pattern) whose sum is at least as far in ``sign``'s direction. 1 for no value
+    or ``sign`` 0; its floor is 1/2^k."""
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x)]
+    k = x.size
+    if k == 0 or sign == 0:
+        return 1.0
+    obs = float(sign * x.sum())
+    tol = 1e-12 * max(1.0, float(np.abs(x).sum()))
+    if k <= EXACT_MAX_WINDOWS:
+        return float(np.mean(sign * (design.sign_flip_matrix(k) @ x) >= obs - tol))
+    rng = np.random.default_rng(seed)
+    s = rng.choice((1.0, -1.0), size=(MC_DRAWS - 1, k))
+    return float((1 + np.sum(sign * (s @ x) >= obs - tol)) / MC_DRAWS)
+
+
+def mean_ci(x, level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and two-sided t interval (NaN bounds for fewer than two values)."""
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return math.nan, math.nan, math.nan
+    m = float(x.mean())
+    if x.size < 2:
+        return m, math.nan, math.nan
+    h = float(sst.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return m, m - h, m + h
+
+
+def tost(x, target: float, margin: float = TOST_MARGIN, alpha: float = ALPHA) -> dict:
+    """t-test TOST over windows: is the mean of ``x`` within ``target`` +- ``margin``? ``equivalent`` when both
+    one-sided tests reject at ``alpha`` (the 1 - 2 alpha interval lies inside), ``different`` when the interval
+    lies wholly outside, ``inconclusive`` otherwise or with fewer than two windows / no target."""
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x)]
+    m, lo, hi = mean_ci(x, 1 - 2 * alpha)
+    out = {"target": target, "margin": margin, "mean": m, "lo": lo, "hi": hi, "p": math.nan,
+           "verdict": "inconclusive"}
+    if x.size < 2 or not math.isfinite(target):
+        return out
+    se = float(x.std(ddof=1) / math.sqrt(x.size))
+    if se == 0:
+        p = 0.0 if abs(m - target) < margin else 1.0
+    else:
+        p = max(float(sst.t.sf((m - target + margin) / se, x.size - 1)),
+                float(sst.t.cdf((m - target - margin) / se, x.size - 1)))
+    out["p"] = p
+    out["verdict"] = ("equivalent" if p < alpha else
+                      "different" if (lo > target + margin or hi < target - margin) else "inconclusive")
     return out
 
 
-def window_error_table(matched: pl.DataFrame, keys: Sequence[str] = KEY) -> pl.DataFrame:
-    """Per window x policy: the mean TTFT, TPOT, E2E on each side, the relative error of the
-    simulator's mean and the per-request MAPE."""
-    if matched.height == 0:
-        return pl.DataFrame()
-    aggs = []
-    for x in LATENCIES:
-        aggs += [pl.col(x).mean().alias(f"{x}_engine"), pl.col(f"{x}_sim").mean().alias(f"{x}_sim"),
-                 ((pl.col(f"{x}_sim") - pl.col(x)).abs() / pl.col(x)).mean().alias(f"{x}_mape")]
-    extra = [c for c in ("rho",) if c in matched.columns]
-    t = matched.group_by([*keys, *extra]).agg(pl.len().alias("n_matched"), *aggs).sort(list(keys))
-    return t.with_columns(*[(pl.col(f"{x}_sim") / pl.col(f"{x}_engine") - 1).alias(f"{x}_rel_err") for x in LATENCIES])
+@dataclass
+class SideResult:
+    """The per-side statistics of one case."""
+
+    source: str
+    sign: int                  # the direction tested as "holds": the engine-scale prediction's sign
+    windows: int
+    pairs: int
+    effect: float              # mean over windows of the window's mean paired effect
+    ci: tuple[float, float]    # 95 % t interval over windows
+    p_predicted: float         # one-sided sign-flip p in the predicted direction
+    p_opposite: float
+    tau: float                 # mean Kendall tau (two policies: +1 / -1 per window) against the prediction
+    tost: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ci"] = list(self.ci)
+        return d
 
 
-def step_time_share(engine_requests: pl.DataFrame, steps: pl.DataFrame, origin: float, factor: float = 1.0
-                    ) -> pl.DataFrame:
-    """Where a replay's E2E error can come from, per completed request: the engine steps that
-    ended inside its lifetime, their measured time and the calibration profile's prediction
-    (``steps`` needs ``predicted_s``; x ``factor``). ``e2e_if_schedule_exact`` = the engine's E2E
-    with the measured step times replaced by predicted ones: the E2E a simulator with a perfect
-    schedule but this cost model would give, so its error is the cost model's share (machine load
-    included) and the rest of the simulator's error is the scheduling model's."""
-    ts = steps["t_start"].to_numpy() - origin
-    te = ts + steps["step_s"].to_numpy()
-    meas, pred = steps["step_s"].to_numpy(), steps["predicted_s"].to_numpy() * factor
-    r = engine_requests.filter(~pl.col("rejected") & pl.col("finish_s").is_not_nan())
+def side_test(w: np.ndarray, sign: int, prediction: float = math.nan, pairs: int = 0, source: str = "",
+              seed: int = 0) -> SideResult:
+    """One side's statistics from its windows' effects ``w`` (module docstring)."""
+    w = np.asarray(w, float)
+    w = w[np.isfinite(w)]
+    m, lo, hi = mean_ci(w)
+    tau = float(np.mean(np.sign(w) * sign)) if w.size and sign else math.nan
+    return SideResult(source=source, sign=int(sign), windows=int(w.size), pairs=int(pairs), effect=m, ci=(lo, hi),
+                      p_predicted=sign_flip_p(w, sign, seed), p_opposite=sign_flip_p(w, -sign, seed), tau=tau,
+                      tost=tost(w, prediction))
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def _sign(x: float | None) -> int:
+    return int(np.sign(x)) if x is not None and math.isfinite(float(x)) else 0
+
+
+def not_testable_reason(entry: Mapping, prediction: Mapping[str, float], delta: float) -> str | None:
+    """For a drawn case, the reason class it is not tested (:data:`REASONS`), from its engine-scale prediction
+    per side: a missing prediction is ``no data``; a sign other than the campaign's, ``flips``; a size below
+    ``delta`` (on the effect's own scale), ``below_delta``. The primary cases (``key``, ``control``,
+    ``planted``) are always tested: None."""
+    if entry.get("role") != "draw":
+        return None
+    for s in entry["sources"]:
+        p = prediction.get(s)
+        if p is None or not math.isfinite(float(p)):
+            return REASONS["no_data"]
+        if _sign(p) != int(entry["campaign_sign"][s]):
+            return REASONS["flips"]
+    for s in entry["sources"]:
+        if abs(float(prediction[s])) < delta:
+            return REASONS["below_delta"]
+    return None
+
+
+def tested_sign(entry: Mapping, prediction: Mapping[str, float], source: str) -> int:
+    """The direction a side is tested in: the engine-scale prediction's sign, else the campaign's."""
+    return _sign(prediction.get(source)) or int(entry["campaign_sign"][source])
+
+
+def case_verdicts(entries: Sequence[Mapping], table: pl.DataFrame, predictions: Mapping[str, Mapping[str, float]],
+                  *, alpha: float = ALPHA, delta: float = math.log1p(0.05), sigma_r: float = math.nan,
+                  r: int | None = None, seed: int = 0) -> list[dict]:
+    """Every case's verdict (module docstring). ``entries``: the plan's cases (``id, role, a, b, metric, region,
+    sources, campaign_sign`` per source); ``predictions[id][source]``: the engine-scale effect on the
+    verdict's scale; ``delta``: the practical size on that scale (log(1.05) by default)."""
+    rows: list[dict] = []
+    for e in entries:
+        pred = dict(predictions.get(e["id"], {}))
+        pe = pair_effects(table.filter(pl.col("case") == e["id"]) if table.height else table, e["metric"])
+        we = window_effects(pe)
+        sides = []
+        for s in e["sources"]:
+            g = we.filter(pl.col("source") == s)
+            sides.append(side_test(g["d"].to_numpy(), tested_sign(e, pred, s), pred.get(s, math.nan),
+                                   int(g["pairs"].sum()) if g.height else 0, s, seed))
+        reason = not_testable_reason(e, pred, delta)
+        if reason is None and any(sd.windows < 2 for sd in sides):
+            reason = REASONS["no_data"]
+        rows.append({"entry": e, "sides": sides, "reason": reason, "prediction": pred,
+                     "p_hold": max(sd.p_predicted for sd in sides) if sides else 1.0,
+                     "p_rev": max(sd.p_opposite for sd in sides) if sides else 1.0})
+    # the smaller of the two directions' p, doubled (two directions), Holm over the tested cases of the family;
+    # the planted reversal is a check of the procedure, tested on its own (not in the family)
+    tested = [i for i, row in enumerate(rows) if row["reason"] is None and row["entry"].get("role") != "planted"]
+    p_case = [min(1.0, 2 * min(rows[i]["p_hold"], rows[i]["p_rev"])) for i in tested]
+    adj = stats.adjust_pvalues(np.asarray(p_case, float), "holm") if tested else np.array([])
+    for j, i in enumerate(tested):
+        rows[i]["p_holm"] = float(adj[j])
+    for row in rows:
+        if row["reason"] is None and row["entry"].get("role") == "planted":
+            row["p_holm"] = min(1.0, 2 * min(row["p_hold"], row["p_rev"]))
     out = []
-    for req_id, a, f in zip(r["req_id"].to_list(), r["arrival_s"].to_list(), r["finish_s"].to_list()):
-        m = (te > a) & (te <= f + 1e-6)
-        out.append((req_id, f - a, float(meas[m].sum()), float(pred[m].sum())))
-    df = pl.DataFrame(out, schema=["req_id", "e2e", "steps_measured_s", "steps_predicted_s"], orient="row")
-    return df.with_columns((pl.col("e2e") - pl.col("steps_measured_s") + pl.col("steps_predicted_s"))
-                           .alias("e2e_if_schedule_exact"))
+    for row in rows:
+        e, sides = row["entry"], row["sides"]
+        k = min((sd.windows for sd in sides), default=0)
+        if row["reason"] is not None:
+            verdict, p_holm = "not testable", math.nan
+        else:
+            p_holm = row["p_holm"]
+            if p_holm < alpha:
+                verdict = "holds" if row["p_hold"] <= row["p_rev"] else "reverses"
+            else:
+                verdict = "undetermined"
+        m = 1 if e.get("role") == "planted" else max(len(tested), 1)
+        resolvable = (design.resolvable_effect(k, r or 1, sigma_r, m=m, alpha=alpha)
+                      if k >= 1 and math.isfinite(sigma_r) else math.nan)
+        reason = row["reason"]
+        if verdict == "undetermined":
+            reason = (f"no decision at alpha = {alpha} after Holm over {m} case(s); the run resolves a paired "
+                      f"effect of {resolvable:.3f} (log) with 80 % power" if math.isfinite(resolvable) else
+                      f"no decision at alpha = {alpha} after Holm over {m} case(s); with {k} windows the exact test "
+                      "cannot decide (or sigma_r is unknown)")
+        out.append({
+            "id": e["id"], "pair": [e["a"], e["b"]], "metric": e["metric"], "region": e["region"],
+            "sources": list(e["sources"]), "selection": e.get("selection", {}),
+            "prediction": {s: {"effect": row["prediction"].get(s), "campaign_sign": int(e["campaign_sign"][s]),
+                               "tested_sign": sd.sign} for s, sd in zip(e["sources"], sides)},
+            "k": k, "r": r, "effect": {sd.source: sd.effect for sd in sides},
+            "ci": {sd.source: list(sd.ci) for sd in sides}, "verdict": verdict, "reason": reason,
+            "p_holm": p_holm, "resolvable_effect": resolvable,
+            "scale": "log-ratio, positive = a better" if is_log(e["metric"]) else "difference, positive = a better",
+            "sides": [sd.to_dict() for sd in sides]})
+    return out
 
 
-# --------------------------------------------------------------------------- profile
+# --------------------------------------------------------------------------- A/A and planted
 
 
-CALIBRATION_BIN_SEQS = 8        # decode-batch bins of this many sequences ...
-CALIBRATION_STEPS_PER_BIN = 100  # ... each holding at most this many calibration steps
+def aa_check(table: pl.DataFrame, metric_of: Mapping[str, str], *, alpha: float = ALPHA, seed: int = 0) -> dict:
+    """The A/A pairs of every case (``metric_of[case]``: the case's metric): per side the sign-flip test of the
+    slot-labelled A/A log-ratios over windows, both directions at alpha / 2; ``false_reversal_rate`` = the
+    share of sides that declare an order (there is none); ``sigma_r`` = SD of the A/A log-ratios / sqrt(2),
+    pooled over the ratio metrics' cases; the order effect = mean log(first / second) with its 95 % interval."""
+    per, ds, orders = [], [], []
+    for case, metric in metric_of.items():
+        pe = pair_effects(table.filter(pl.col("case") == case) if table.height else table, metric, aa=True)
+        if pe.height == 0:
+            continue
+        if is_log(metric):
+            ds.append(pe["d"].to_numpy())
+            orders.append(pe["order_d"].to_numpy())
+        for (src,), g in window_effects(pe).group_by(["source"], maintain_order=True):
+            w = g["d"].to_numpy()
+            p = min(1.0, 2 * min(sign_flip_p(w, 1, seed), sign_flip_p(w, -1, seed)))
+            per.append({"case": case, "source": src, "windows": int(w.size), "pairs": int(g["pairs"].sum()),
+                        "p": p, "declared": bool(p < alpha)})
+    d = np.concatenate(ds) if ds else np.array([])
+    o = np.concatenate(orders) if orders else np.array([])
+    om, olo, ohi = mean_ci(o)
+    testable = [x for x in per if x["windows"] >= 2]
+    return {"pairs": int(sum(x["pairs"] for x in per)),
+            "sigma_r": float(d.std(ddof=1) / math.sqrt(2)) if d.size > 1 else math.nan,
+            "false_reversal_rate": (float(np.mean([x["declared"] for x in testable])) if testable else math.nan),
+            "sides_tested": len(testable), "order_effect": {"mean": om, "ci": [olo, ohi]},
+            "sides": per,
+            "definition": "A/A pairs (one policy twice) labelled by their ABBA slot through the per-side test at "
+                          f"alpha = {alpha} (two-sided); false_reversal_rate = share of sides declaring an order; "
+                          "sigma_r = SD of the A/A log-ratios / sqrt(2) (replay-to-replay SD of the window-level "
+                          "log metric); order_effect = mean log(first replay / second) of the A/A pairs"}
 
 
-def calibration_sample(steps: pl.DataFrame, *, per_bin: int = CALIBRATION_STEPS_PER_BIN,
-                       bin_seqs: int = CALIBRATION_BIN_SEQS, seed: int = 0) -> pl.DataFrame:
-    """The steps the cost model is fitted to: of the saturation runs' steps, at most ``per_bin`` per bin of
-    ``bin_seqs`` decode sequences (a seeded random subsample; bins with fewer keep all), in log order.
-
-    A backlog of the campaign's size (4,096 requests) keeps the batch full for most of its run, so ~95 % of
-    its steps have the full batch; an unweighted fit to all of them is the fit of the full batch, and
-    under-predicts the small batches that replays below saturation run (measured: steps of the fidelity
-    replays 1.41x their prediction, vs 1.04x with this sample). Equal room per batch size keeps the fit
-    unbiased across the range the replays visit (the former 300-request backlogs had this by their
-    ramp-up and drain)."""
-    if steps.height == 0:
-        return steps
-    b = (steps["decode_seqs"].to_numpy() // int(bin_seqs)).astype(np.int64)
-    rng = np.random.default_rng(seed)
-    keep = np.zeros(steps.height, bool)
-    for v in np.unique(b):
-        idx = np.flatnonzero(b == v)
-        keep[idx if idx.size <= per_bin else rng.choice(idx, int(per_bin), replace=False)] = True
-    return steps.filter(pl.Series(keep))
+def planted(results: Sequence[Mapping], case_id: str = "planted") -> dict:
+    """Whether the planted reversal (fcfs vs delay_shortest, fcfs better) was found: its verdict *holds* with
+    fcfs predicted better on every side. ``detected`` None when the run has no planted case."""
+    for r in results:
+        if r["id"] == case_id:
+            a_better = all(p["tested_sign"] == (1 if r["pair"][0] == "fcfs" else -1) for p in r["prediction"].values())
+            return {"detected": bool(r["verdict"] == "holds" and a_better), "verdict": r["verdict"],
+                    "pair": r["pair"], "metric": r["metric"], "effect": r["effect"], "ci": r["ci"]}
+    return {"detected": None, "reason": "the run has no planted case"}
 
 
-def fit_engine_profile(iterations: pl.DataFrame, base, name: str, *, time_column: str = "step_s",
-                       floor: str = "auto"):
-    """Cost-model profile fitted to the engine's measured steps (``profiles.fit_profile``).
-
-    Rows: one per engine step (:mod:`.engine_scheduler`): ``prefill_tokens``, ``decode_seqs``,
-    ``context_tokens`` and the measured ``time_column`` (``step_s``: the step plus vLLM's loop work
-    until the next one, :func:`.replay.iteration_rows`). Memory fields come from ``base`` (the
-    re-simulation replaces them with the engine's: :func:`.resim.sim_settings`). Unweighted least
-    squares: a latency is a *sum* of step times, so the fit must be unbiased for the mean step (a
-    relative fit tracks the typical step and under-predicts sums when a busy machine adds long
-    stalls to some steps). ``floor``: ``profiles.fit_profile``'s floor mode.
-    """
-    rows = iterations.filter(pl.col(time_column) > 0).select(
-        "prefill_tokens", "decode_seqs", "context_tokens", pl.col(time_column).alias("iteration_s"))
-    return profiles.fit_profile(rows, base, name, relative=False, floor=floor)
+# --------------------------------------------------------------------------- summary.json
 
 
-def fit_r2(iterations: pl.DataFrame, profile, *, time_column: str = "step_s") -> dict:
-    """R² (1 − SSE/SST, unweighted, seconds) and relative errors of ``profile`` on the steps;
-    ``residual_s`` per step for the residual plot."""
-    y = iterations[time_column].to_numpy().astype(float)
-    pred = np.atleast_1d(profile.iteration_time(iterations["prefill_tokens"].to_numpy(),
-                                                iterations["decode_seqs"].to_numpy(),
-                                                iterations["context_tokens"].to_numpy()))
-    sse = float(np.sum((y - pred) ** 2))
-    sst = float(np.sum((y - y.mean()) ** 2)) if y.size else math.nan
-    rel = np.abs(pred / y - 1)
-    return {"r2": 1 - sse / sst if sst > 0 else math.nan, "steps": int(y.size),
-            "median_abs_rel_err": float(np.median(rel)) if y.size else math.nan,
-            "sum_ratio": float(pred.sum() / y.sum()) if y.size else math.nan}
+SUMMARY_KEYS = ("cases", "aa", "planted", "preregistration", "conformance_at_campaign_settings")
+CASE_KEYS = ("pair", "metric", "region", "sources", "selection", "prediction", "k", "r", "effect", "ci", "verdict",
+             "reason")
+AA_KEYS = ("pairs", "sigma_r", "false_reversal_rate")
 
 
-def profile_fit_table(iterations: pl.DataFrame, profile, *, time_column: str = "step_s") -> pl.DataFrame:
-    """Measured vs predicted step time, by step kind (prefill / decode / mixed)."""
-    if iterations.height == 0:
-        return pl.DataFrame()
-    pred = profile.iteration_time(iterations["prefill_tokens"].to_numpy(), iterations["decode_seqs"].to_numpy(),
-                                  iterations["context_tokens"].to_numpy())
-    it = iterations.with_columns(pl.Series("predicted_s", np.atleast_1d(pred)),
-                                 kind=pl.when(pl.col("decode_seqs") == 0).then(pl.lit("prefill only"))
-                                 .when(pl.col("prefill_tokens") == 0).then(pl.lit("decode only"))
-                                 .otherwise(pl.lit("mixed")))
-    return (it.with_columns(rel_err=(pl.col("predicted_s") / pl.col(time_column) - 1).abs())
-            .group_by("kind").agg(steps=pl.len(), measured_mean_s=pl.col(time_column).mean(),
-                                  predicted_mean_s=pl.col("predicted_s").mean(),
-                                  median_abs_rel_err=pl.col("rel_err").median())
-            .sort("kind"))
+def summary_core(results: Sequence[Mapping], aa: Mapping, preregistration: Mapping,
+                 conformance: Mapping | None) -> dict:
+    """The part of ``data/results/validation/summary.json`` a check reads (issue #38's key names): ``cases`` (the
+    family, planted left out), ``aa``, ``planted``, ``preregistration`` (``sha256``, ``code_version``),
+    ``conformance_at_campaign_settings`` (:func:`.family.conformance`; None where it did not run)."""
+    return {"cases": [dict(c) for c in results if c.get("id") != "planted"], "aa": dict(aa),
+            "planted": planted(results),
+            "preregistration": {"sha256": preregistration.get("sha256"),
+                                "code_version": preregistration.get("code_version")},
+            "conformance_at_campaign_settings": dict(conformance) if conformance is not None else
+            {"ran": False, "reason": "not run (needs vLLM and the campaign's runs)"}}
 
 
-def engine_metric_rows(records_by_key: Mapping[tuple, pl.DataFrame], horizons: Mapping[tuple, float],
-                       slo_defs: Mapping) -> pl.DataFrame:
-    """One row per replayed (source, window_id, region, scheduler) with every metric
-    (``portbench.sim.metrics.compute`` on the replay's records — the same function as the campaign)."""
-    rows = []
-    for key, rec in records_by_key.items():
-        vals = metrics.compute(rec, horizons[key], slo_defs)
-        rows.append({**dict(zip(KEY, key)), "horizon_s": float(horizons[key]),
-                     "arrived": rec.height, "completed_n": int((rec["finish_s"] <= horizons[key]).sum()),
-                     "rejected": int(rec["rejected"].sum()), "preemptions": int(rec["preemptions"].sum()), **vals})
-    return pl.DataFrame(rows) if rows else pl.DataFrame()
+def check_summary(s: Mapping) -> list[str]:
+    """What a summary lacks of the key contract (empty when complete)."""
+    out = [f"summary: no `{k}`" for k in SUMMARY_KEYS if k not in s]
+    for i, c in enumerate(s.get("cases") or []):
+        out += [f"cases[{i}]: no `{k}`" for k in CASE_KEYS if k not in c]
+        if c.get("verdict") not in VERDICTS:
+            out.append(f"cases[{i}]: verdict {c.get('verdict')!r} not one of {', '.join(VERDICTS)}")
+    out += [f"aa: no `{k}`" for k in AA_KEYS if k not in (s.get("aa") or {})]
+    if "detected" not in (s.get("planted") or {}):
+        out.append("planted: no `detected`")
+    out += [f"preregistration: no `{k}`" for k in ("sha256", "code_version") if k not in (s.get("preregistration") or {})]
+    return out

@@ -354,7 +354,7 @@ class Batching(EngineState):
 
     def _plan_ranked(self, now: float):
         """The ranked plan of preemptive policies under V1 -- one rule, also run by vLLM's scheduler
-        (:mod:`portbench.validation.engine_scheduler`; the README's "preemptive policies on vLLM"):
+        (:mod:`portbench.vllm`; the README's "preemptive policies on vLLM"):
 
         1. *Rank* every live request (running, paused, waiting) by ``(priority, id)``.
         2. *Place* in rank order, each request reserving the KV blocks it needs this step: a decoder
