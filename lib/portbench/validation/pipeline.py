@@ -136,8 +136,9 @@ def run(cfg: Config, *, mode: str = "full", progress: bool = True) -> dict:
 
 def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress: bool = True,
             settings: engine.Settings | None = None, budget_s: float | None = None,
-            max_horizon_s: float | None = -1.0, twins: bool | None = None) -> dict:
-    """Steps 2-6 of the module docstring for the plan ``R`` (tests call it with a plan of their own)."""
+            max_horizon_s: float | None = -1.0, twins: bool | None = None, conformance: bool | None = None) -> dict:
+    """Steps 2-6 of the module docstring for the plan ``R`` (tests call it with a plan of their own); ``conformance``:
+    run the conformance at the campaign's settings (default: in full and long runs)."""
 
     log = _log(progress)
     t_start = time.monotonic()
@@ -192,7 +193,7 @@ def execute(cfg: Config, R: Run, *, mode: str, out: Path, device: str, progress:
     tab, rec = stages.replays(specs, inp, S, table, sim, out, deadline=deadline, twins=twin, log=log)
     # conformance at the campaign's settings (virtual engine vs simulator: an agreement rate, not a verdict)
     conf = _conformance(cfg.data, cfg.predictors, sim, cfg.campaign, entries, wins, man, log) \
-        if mode in ("full", "long") else None
+        if (mode in ("full", "long") if conformance is None else conformance) else None
     # the fidelity report (absolute latency, no pass mark): while the time budget allows
     fid = predict.fidelity_report(tab, rec, inp.window, table, S.resim(), sim, deadline=t_start + budget - 15.0) \
         if tab.height else {}
