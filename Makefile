@@ -45,7 +45,7 @@ all: $(STAMP)  ## run every notebook (01..10) in order into build/notebooks (oth
 	$(BIN)/portbench notebooks --params $(PARAMS) $(foreach n,$(PRE_VALIDATION),--only $(n))
 	@$(MAKE) --no-print-directory validate-reduced
 	$(BIN)/portbench notebooks --params $(PARAMS) $(foreach n,$(POST_VALIDATION),--only $(n))
-	@if [ "$(PARAMS)" = "papermill_params/default.yaml" ]; then $(BIN)/portbench report --params $(PARAMS) --readme README.md >/dev/null && echo "README results block updated"; fi
+	@if [ "$(PARAMS)" = "papermill_params/default.yaml" ]; then $(BIN)/portbench report --params $(PARAMS) --readme README.md >/dev/null; fi
 	@$(MAKE) --no-print-directory report
 
 report: $(STAMP)  ## the results site: executed notebooks as HTML, index with the headline findings and every figure, contact sheet (build/report/; other PARAMS: build/<name>/report/)

@@ -35,6 +35,9 @@ PROJECT_OUTPUTS = ("build", "data/results", "data/canonical", "data/windows", "f
 KEEP_NAMES = ("manifest*.json", "hybrids.json")
 
 _RECORDED: dict[str, set[str]] = {}     # marked folder -> relative paths recorded (this process)
+_PROTECTED: list[str] = []              # why this process may not write a file git tracks (empty: it may)
+_TRACKED: dict[str, set[Path]] = {}     # project root -> the files git tracks there (read once per process)
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 class OutputFolderError(Exception):
@@ -104,6 +107,39 @@ def claim(folder: str | os.PathLike, root: str | os.PathLike) -> Path:
     return folder
 
 
+def protect_tracked(reason: str) -> None:
+    """From now on this process writes no file git tracks in the project (the default study's committed manifest,
+    hybrids, figures, README): ``reason`` says why (e.g. it runs a study other than the default one). Sticky: a
+    process that loaded a study of its own never writes the default study's files, whatever it loads later."""
+    if reason not in _PROTECTED:
+        _PROTECTED.append(reason)
+
+
+def check_write(path: str | os.PathLike, hint: str = "") -> None:
+    """Refuse (:class:`~portbench.core.errors.ProtectedFileError`, one message naming the file, why and what to do) to
+    write ``path`` when it is a file git tracks in the project and :func:`protect_tracked` was called: a study of the
+    user's own never writes a tracked file of the default study. Called by ``io.atomic_write`` before every write."""
+    if not _PROTECTED:
+        return
+    p = Path(path).absolute()
+    root = PROJECT_ROOT
+    if not _is_within(p, root):
+        p = p.resolve()
+        if not _is_within(p, root):
+            return
+    key = str(root)
+    if key not in _TRACKED:
+        _TRACKED[key] = tracked_files(root) or set()
+    if p.resolve() not in _TRACKED[key]:
+        return
+    from .errors import ProtectedFileError
+
+    raise ProtectedFileError(
+        f"{p.relative_to(root) if _is_within(p, root) else p} is a file of the default study (tracked by git), and "
+        f"{_PROTECTED[0]}: a study of your own never writes the default study's files"
+        + (f". {hint}" if hint else "; its own files go under build/<run name>/ (see `portbench params --show paths`)"))
+
+
 def marked_root(path: str | os.PathLike) -> Path | None:
     """The nearest folder at or above ``path`` that carries the marker (None: none)."""
     p = Path(path).absolute()
@@ -160,7 +196,7 @@ def remove_recorded(folder: str | os.PathLike, files: Iterable[str | os.PathLike
         if rel not in _read_record(root):
             continue
         if tracked is None:
-            tracked = _tracked(root) or set()
+            tracked = tracked_files(root) or set()
         if p.resolve() in tracked:
             continue
         p.unlink()
@@ -178,7 +214,7 @@ def remove_recorded(folder: str | os.PathLike, files: Iterable[str | os.PathLike
 # --------------------------------------------------------------------------- make clean
 
 
-def _tracked(root: Path) -> set[Path] | None:
+def tracked_files(root: Path) -> set[Path] | None:
     """Files git tracks in ``root``'s repository (None: not a git checkout)."""
     try:
         out = subprocess.run(["git", "ls-files", "-z", "--full-name"], cwd=root, capture_output=True, check=True)
@@ -196,7 +232,7 @@ def _keep(p: Path) -> bool:
 def clean(folders: list[str], root: Path | None = None, out=sys.stdout) -> int:
     """Delete what portbench wrote in the marked folders at or below ``folders``; returns the files deleted."""
     root = Path(root or Path.cwd()).resolve()
-    tracked = _tracked(root)
+    tracked = tracked_files(root)
     removed = 0
     for name in folders:
         top = (root / name).resolve() if not Path(name).is_absolute() else Path(name).resolve()

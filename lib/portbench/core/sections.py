@@ -116,7 +116,7 @@ GENERIC_FORMATS = ("csv", "jsonl", "parquet")
 TIME_UNITS = ("s", "ms", "us", "datetime")
 COLUMN_ROLES = ("arrival", "prompt_tokens", "output_tokens", "tenant", "block_hashes")
 REQUIRED_ROLES = ("arrival", "prompt_tokens", "output_tokens")
-SOURCE_KEYS = ("mode", "file", "format", "columns", "time_unit", "block_size", "label")
+SOURCE_KEYS = ("mode", "file", "format", "columns", "time_unit", "block_size", "windows", "label")
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,9 @@ class SourceConfig:
     ``{arrival, prompt_tokens, output_tokens, tenant, block_hashes}`` -> the file's column names
     (None: the file is in an official format). ``time_unit``: the unit of the arrival column
     (``s | ms | us`` numbers, or ``datetime`` strings). ``block_size``: tokens per prompt-hash block
-    (with ``block_hashes``). ``label``: the display name in tables and figures (None: the name).
+    (with ``block_hashes``). ``windows``: how many windows of this source are frozen (None: ``windows.per_source``,
+    or for a file of the user's own as many as it holds, up to ``windows.per_source``: see
+    :func:`portbench.data.windows.window_count`). ``label``: the display name in tables and figures (None: the name).
     """
 
     name: str
@@ -140,6 +142,7 @@ class SourceConfig:
     columns: dict | None = None
     time_unit: str = "s"
     block_size: int | None = None
+    windows: int | None = None
     label: str | None = None
 
     def __post_init__(self):
@@ -179,6 +182,9 @@ class SourceConfig:
         if self.columns and self.columns.get("block_hashes") and b is None:
             raise ParameterError(f"{p}.block_size", b, "a positive integer (tokens per hash block) when "
                                  "columns.block_hashes is given")
+        if self.windows is not None:
+            _int(f"{p}.windows", self.windows, 1, "null (windows.per_source; a file of your own: as many as it holds, up "
+                 "to windows.per_source) or a positive integer")
         if self.label is not None and not (isinstance(self.label, str) and self.label.strip()):
             raise ParameterError(f"{p}.label", self.label, "null (the source name) or a non-empty display name")
 
@@ -199,15 +205,17 @@ _ROLE_TEXT = {"arrival": "each request's arrival time", "prompt_tokens": "prompt
 
 @dataclass(frozen=True)
 class WindowsConfig:
-    """Frozen windows: how many per source, requests per window, placement seed, seeded tenants."""
+    """Frozen windows: how many per source (and the fewest a source may have), requests per window, placement seed,
+    seeded tenants."""
 
     per_source: int = 40
     size: int = 200
     seed: int = 0
     tenants: int = 4
+    min_per_source: int = 10
 
     def __post_init__(self):
-        for key in ("per_source", "size"):
+        for key in ("per_source", "size", "min_per_source"):
             _int(f"windows.{key}", getattr(self, key), 1, "a positive integer")
         _int("windows.seed", self.seed)
         _int("windows.tenants", self.tenants, 1, "a positive integer")

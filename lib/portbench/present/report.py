@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..core import outputs
 from ..core.errors import DataError
 from . import numbers, ports_text, text
 
@@ -188,5 +189,8 @@ def update_readme(readme: str | Path, summary_path: str | Path) -> str:
         raise DataError(readme, f"expected the markers {START} and {END} around the results block")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{block}\n{END}{tail}")
+    new = f"{head}{START}\n{block}\n{END}{tail}"
+    if new != text:                      # written only when the block changed
+        outputs.check_write(readme)
+        readme.write_text(new)
     return block
