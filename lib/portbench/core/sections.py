@@ -541,13 +541,15 @@ class StudyPresetConfig:
 @dataclass(frozen=True)
 class PowerConfig:
     """Simulation-based power: minimal detectable effect of one side test at ``windows`` windows per
-    source with power ``target``."""
+    source (``auto``: the fewest windows a source of the run has) with power ``target``."""
 
-    windows: int = 40
+    windows: int | str = "auto"
     target: float = 0.8
 
     def __post_init__(self):
-        _int("analysis.power.windows", self.windows, 2, "an integer >= 2 (windows per source)")
+        if self.windows != "auto":
+            _int("analysis.power.windows", self.windows, 2, "auto (the windows each source has in this run) or an "
+                 "integer >= 2 (windows per source)")
         if not _is_num(self.target) or not 0 < self.target < 1:
             raise ParameterError("analysis.power.target", self.target, "a power strictly between 0 and 1")
 
