@@ -3,7 +3,8 @@
 An *output folder* (``paths.results_dir``, ``figures_dir``, ``windows_dir``, ``{data_dir}/canonical``, the build
 folder) carries a marker file, :data:`MARKER`. :func:`claim` makes a folder one: a new or empty folder is created
 and marked; a marked folder is used as it is; a non-empty folder without the marker is refused (it holds a user's
-files), except the project's own default folders (``build``, ``data/results`` ...), which are marked on first use.
+files), except the project's own default folders (``build`` and any folder inside it, ``data/results`` ...), which
+are marked on first use.
 The marker is also the record of what portbench wrote: :func:`record` (called by ``io.atomic_write`` after every
 write) appends the file's path, relative to the nearest marked folder above it, once.
 
@@ -57,6 +58,12 @@ def _is_within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+def _projects_own(folder: Path, root: Path) -> bool:
+    """One of the project's own output folders, or any folder inside its build folder (``build/smoke/`` ...: the
+    project's build folder is ignored by git and holds nothing but portbench's outputs)."""
+    return folder in _project_outputs(root) or _is_within(folder, (root / PROJECT_OUTPUTS[0]).resolve())
+
+
 def forbidden_reason(folder: Path, root: Path) -> str | None:
     """Why ``folder`` can never be an output folder (the file system root, the home folder, the project itself or
     a folder above it, a project source folder), else None."""
@@ -90,7 +97,7 @@ def claim(folder: str | os.PathLike, root: str | os.PathLike) -> Path:
         raise OutputFolderError(f"{folder} is a file, not a folder")
     inherited = marked_root(folder)       # inside a marked folder (build/<run>/results under build/): fine
     own = not folder.is_dir() or all(p.is_dir() and (p / MARKER).is_file() for p in folder.iterdir())
-    if not own and inherited is None and folder not in _project_outputs(root):
+    if not own and inherited is None and not _projects_own(folder, root):
         raise OutputFolderError(
             f"{folder} already holds files that portbench did not write (it has no {MARKER} marker), so portbench "
             "will not write or delete anything there. Give a new or empty folder (portbench creates and marks it); "
@@ -138,6 +145,15 @@ def check_write(path: str | os.PathLike, hint: str = "") -> None:
         f"{p.relative_to(root) if _is_within(p, root) else p} is a file of the default study (tracked by git), and "
         f"{_PROTECTED[0]}: a study of your own never writes the default study's files"
         + (f". {hint}" if hint else "; its own files go under build/<run name>/ (see `portbench params --show paths`)"))
+
+
+def copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Copy a file portbench uses into one of its output folders, recorded there (what ``make clean`` removes)."""
+    import shutil
+
+    check_write(dst)
+    shutil.copyfile(src, dst)
+    record(dst)
 
 
 def marked_root(path: str | os.PathLike) -> Path | None:

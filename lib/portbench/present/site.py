@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..core import figindex
+from ..core import figindex, outputs
 from ..core import io as fileio
 from . import report
 
@@ -92,7 +92,7 @@ def copy_figures(figures_dir: str | Path, out_dir: str | Path) -> list[dict]:
     for e in figindex.index(figures_dir, root=figures_dir):
         target = out_dir / e["file"]
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(figures_dir / e["file"], target)
+        outputs.copy(figures_dir / e["file"], target)
         out.append({**e, "png": Path(e["file"]).as_posix()})
     return out
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -14,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from ...core import io
+from ...core import io, outputs
 from ...core import plugins as plugin_loader
 from ...core.config import CampaignConfig, Config, DataSettings, PathsConfig, PredictorsConfig, SimulationConfig
 from ...core.errors import DataError, check_choice
@@ -267,7 +266,7 @@ def reuse_capacities(source: Config, target: Config) -> int:
     n = 0
     for f in src.glob("*.json"):
         if not (dst / f.name).is_file():
-            shutil.copyfile(f, dst / f.name)
+            outputs.copy(f, dst / f.name)
             n += 1
     return n
 
