@@ -248,6 +248,10 @@ def test_one_column_mapped_to_two_roles_is_an_error():
     ("s", 2000.0, "time_unit: ms or us"),          # milliseconds read as seconds: a request every 2,000 s
     ("ms", 0.01, "set time_unit: s"),              # 10 ms apart in seconds, read as milliseconds: 100,000 req/s
     ("s", 40_000.0, "spans"),                       # over a year
+    # the issue's two cases: an Azure-like trace (a request every 0.4 s) in seconds declared as ms (1,200 requests
+    # in 0.5 s), and one in ms declared as s (a request every 390 s: 5.4 days)
+    ("ms", 0.4, "set time_unit: s"),
+    ("s", 390.0, "over 5.4 days (one request every 390 s"),
 ])
 def test_an_implausible_rate_or_span_for_the_time_unit_is_a_warning(tmp_path, unit, step, match):
     """Case: a wrong time_unit was accepted (and gave the predictors a fake time-of-day feature)."""

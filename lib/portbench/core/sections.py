@@ -503,9 +503,23 @@ class CampaignConfig:
     dask_address: str | None = None
     windows_per_source: int | None = None
     request_records: RequestRecordsConfig | None = None
+    time_limit: dict | None = None     # {factor, floor_s}: a plug-in's run may take factor x the slowest built-in's
 
     def __post_init__(self):
         check_choice("campaign.executor", self.executor, EXECUTORS)
+        t = self.time_limit
+        if t is not None:
+            if not isinstance(t, Mapping) or set(t) - {"factor", "floor_s"}:
+                raise ParameterError("campaign.time_limit", t, "a mapping {factor, floor_s}")
+            for k in ("factor", "floor_s"):
+                if k in t and (not _is_num(t[k]) or not t[k] > 0):
+                    raise ParameterError(f"campaign.time_limit.{k}", t[k], "a positive number")
+
+    @property
+    def limit(self) -> tuple[float, float]:
+        """``(factor, floor_s)`` of a plug-in's per-run time limit (see :mod:`portbench.study.campaign.executors`)."""
+        t = dict(self.time_limit or {})
+        return float(t.get("factor", 20.0)), float(t.get("floor_s", 60.0))
         _int("campaign.workers", self.workers, 1, "a positive integer (worker processes)")
         a = self.dask_address
         if a is not None and not (isinstance(a, str) and a.strip()):
