@@ -3,6 +3,7 @@ crash or a silent wrong result. One test per case of the issue (the lost-files c
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import pickle
 import subprocess
@@ -344,6 +345,135 @@ def test_a_plugin_breaking_the_contract_is_refused_before_the_campaign(tmp_path,
         assert not list((tmp_path / "r" / "runs").glob("*.parquet")), "refused before any shard is written"
     finally:
         _unload(name)
+
+
+NUMPY_ORACLE_PLUGIN = """
+import numpy as np
+from portbench.sim.schedulers import BaseScheduler, register_scheduler
+
+@register_scheduler
+class NumpyLottery(BaseScheduler):
+    name = "np_lottery_oracle"
+    information = "oracle"
+
+    def priority(self, r, now):
+        return float(np.random.random()) * r.output_tokens
+"""
+
+RANDOM_PROMPT_PLUGIN = """
+import random
+from portbench.sim.schedulers import BaseScheduler, register_scheduler
+
+@register_scheduler
+class Noisy(BaseScheduler):
+    name = "noisy_prompt"
+    information = "prompt"
+
+    def priority(self, r, now):
+        return r.prompt_tokens * random.random()
+"""
+
+HANGING_PLUGIN = """
+from portbench.sim.schedulers import BaseScheduler, register_scheduler
+
+@register_scheduler
+class Stuck(BaseScheduler):
+    name = "stuck"
+    information = "prompt"
+
+    def priority(self, r, now):
+        while True:
+            pass
+"""
+
+
+def _plugin_cfg(tmp_path, code: str, name: str, **over):
+    f = tmp_path / f"{name}.py"
+    f.write_text(code)
+    o = {"paths": {"data_dir": str(tmp_path / "data"), "results_dir": str(tmp_path / "r"),
+                   "manifest": str(ROOT / "data" / "windows" / "manifest.json")},
+         "plugins": [str(f)], "simulation": {"schedulers": ["fcfs", name], "regions": ["light", "overload"],
+                                             "replicates": 1},
+         "campaign": {"windows_per_source": 2, "request_records": {"windows_per_source": 0}},
+         "sources": {"bailian": None, "burstgpt": None, "mooncake": None}}
+    return params.load(SMOKE, params.undot({**o, **over}))
+
+
+@pytest.mark.parametrize("code, name", [(NUMPY_ORACLE_PLUGIN, "np_lottery_oracle"),
+                                        (RANDOM_PROMPT_PLUGIN, "noisy_prompt")])
+def test_randomness_outside_the_runs_generator_is_named_as_such_whatever_the_information(tmp_path, shared_traces,
+                                                                                        code, name):
+    """Cases: a plug-in drawing from numpy's global generator while declaring information = "oracle" passed the
+    determinism check in 2 of 12 runs (only the first shard was run twice); a random one declaring "prompt" was
+    refused as reading the true output length (the wrong cause). Checked on the lightest and heaviest region of
+    3 windows of 2 sources, randomness before information: the message names randomness, never the output."""
+    try:
+        cfg = _plugin_cfg(tmp_path, code, name)
+        for _ in range(3):      # not a matter of luck: refused every time, for the right reason
+            with pytest.raises(RunFailed, match="same seed gave different results.*ctx.rng") as e:
+                campaign.run(cfg, workers=1, progress=False, verbose=False)
+            assert "output lengths are permuted" not in str(e.value)
+        assert not list((tmp_path / "r" / "runs").glob("*.parquet")), "refused before any shard is written"
+    finally:
+        _unload(name)
+
+
+def test_the_checked_shards_span_light_and_heavy_regions_three_windows_and_two_sources():
+    """The determinism check's shards: the lightest and heaviest region of >= 3 windows over >= 2 sources."""
+    from types import SimpleNamespace as N
+
+    from portbench.study.campaign.run import check_shards
+
+    shards = [N(window=N(id=f"{s}-{k}", source=s), rho=r) for s in ("a", "b") for k in range(5)
+              for r in (0.3, 0.6, 1.2)]
+    got = check_shards(shards)
+    assert {x.rho for x in got} == {0.3, 1.2}
+    assert len({x.window.id for x in got}) == 3 and {x.window.source for x in got} == {"a", "b"}
+    one = [N(window=N(id=f"a-{k}", source="a"), rho=r) for k in range(4) for r in (0.5, 0.9)]
+    assert len({x.window.id for x in check_shards(one)}) == 3
+
+
+def test_a_random_free_plugins_replicates_are_compared_across_the_campaign(tmp_path, shared_traces, monkeypatch):
+    """Case: replicates of a policy that never drew from the run's generator were copies, so randomness drawn
+    elsewhere could not show in them. With the pre-campaign check switched off, the campaign itself catches it."""
+    run_mod = importlib.import_module("portbench.study.campaign.run")
+
+    monkeypatch.setattr(run_mod, "check_plugins", lambda *a, **k: None)
+    try:
+        cfg = _plugin_cfg(tmp_path, NUMPY_ORACLE_PLUGIN, "np_lottery_oracle",
+                          simulation={"schedulers": ["fcfs", "np_lottery_oracle"], "regions": ["overload"],
+                                      "replicates": 2})
+        with pytest.raises(RunFailed, match="drew no random number from the run's generator, yet two of its runs"):
+            campaign.run(cfg, workers=1, progress=False, verbose=False)
+    finally:
+        _unload("np_lottery_oracle")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_hanging_plugin_is_stopped_at_its_time_limit_with_a_message(tmp_path, shared_traces, workers):
+    """Case: a plug-in in an infinite loop hung `portbench simulate` for ever with no output. Its run ends at the
+    time limit (here the floor, 2 s: the built-ins of a shard take milliseconds) in this process and in a pool
+    worker, with a message naming the scheduler, the window and the limit."""
+    from portbench.core.errors import PluginTimeoutError
+    run_mod = importlib.import_module("portbench.study.campaign.run")
+
+    try:
+        cfg = _plugin_cfg(tmp_path, HANGING_PLUGIN, "stuck", campaign={
+            "windows_per_source": 1, "request_records": {"windows_per_source": 0},
+            "time_limit": {"factor": 1, "floor_s": 2}})
+        if workers == 2:        # past the pre-campaign check: the limit in a pool worker
+            orig = run_mod.check_plugins
+            run_mod.check_plugins = lambda *a, **k: None
+        try:
+            with pytest.raises((PluginTimeoutError, RunFailed),
+                               match=r"scheduler 'stuck' \(a plug-in\) did not finish within its time limit of 2 s on "
+                                     r"window \S+ \(source \w+, region \w+\)"):
+                campaign.run(cfg, workers=workers, progress=False, verbose=False)
+        finally:
+            if workers == 2:
+                run_mod.check_plugins = orig
+    finally:
+        _unload("stuck")
 
 
 # --------------------------------------------------------------------------- large files: read in parts
