@@ -273,9 +273,9 @@ def test_the_plugins_hash_is_in_every_shard_fingerprint(tmp_path):
 
 
 def test_readme_example_is_the_tested_plugin():
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "byo.md").read_text()
     block = readme.split("## Your own scheduler", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    assert block == PLUGIN.read_text(), "README's example and tests/plugins/myschedulers.py differ"
+    assert block == PLUGIN.read_text(), "docs/byo.md's example and tests/plugins/myschedulers.py differ"
 
 
 def test_block_size_reaches_the_engine_through_the_window_ref():

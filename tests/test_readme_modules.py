@@ -1,5 +1,5 @@
-"""The README's module table ("The pipeline in `lib/portbench/`") names every module of the package,
-and names nothing that does not exist.
+"""The module table of the documentation ("The pipeline in `lib/portbench/`", docs/layout.md, linked from the
+README's layout) names every module of the package, and names nothing that does not exist.
 
 Table convention: the first column is the layer folder (``core/`` ...; empty = the row above's;
 ``top`` = ``lib/portbench/`` itself); the second names modules (``io.py``) or sub-packages (``engine/``)
@@ -15,10 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "lib" / "portbench"
 HEADING = "## The pipeline in `lib/portbench/`"
+PAGE = ROOT / "docs" / "layout.md"
 
 
 def _table_rows(readme: str) -> list[list[str]]:
-    assert HEADING in readme, f"README.md has no section {HEADING!r}"
+    assert HEADING in readme, f"{PAGE} has no section {HEADING!r}"
     section = readme.split(HEADING, 1)[1].split("\n## ", 1)[0]
     rows = [[c.strip() for c in line.strip().strip("|").split("|")]
             for line in section.splitlines() if line.startswith("|")]
@@ -62,14 +63,14 @@ def table_modules(readme: str, pkg: Path = PKG) -> tuple[set[Path], list[str]]:
 
 
 def test_readme_module_table_names_every_module():
-    covered, missing = table_modules((ROOT / "README.md").read_text())
+    covered, missing = table_modules(PAGE.read_text())
     absent = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if p not in covered)
-    assert not absent, f"modules missing from the README's module table ({HEADING}): {absent}"
-    assert not missing, f"README module table names what does not exist: {missing}"
+    assert not absent, f"modules missing from the module table of docs/layout.md ({HEADING}): {absent}"
+    assert not missing, f"the module table of docs/layout.md names what does not exist: {missing}"
 
 
 def test_table_check_fails_on_an_unlisted_or_stale_module():
-    readme = (ROOT / "README.md").read_text()
+    readme = PAGE.read_text()
     covered, _ = table_modules(readme)
     # a row dropped: its module is no longer covered
     assert PKG / "core" / "io.py" in covered

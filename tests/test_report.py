@@ -73,8 +73,35 @@ def test_update_readme_errors(summary_file, tmp_path):
 
 
 def test_project_readme_has_the_markers(root):
+    """The README holds the short blocks (what the study simulates, the headline sentence), docs/results.md the
+    full results block."""
     text = (root / "README.md").read_text()
-    assert text.count(report.START) == 1 and text.count(report.END) == 1
+    for name in ("study", "headline"):
+        start, end = report.markers(name)
+        assert text.count(start) == 1 and text.count(end) == 1, name
+    page = (root / "docs" / "results.md").read_text()
+    assert page.count(report.START) == 1 and page.count(report.END) == 1
+
+
+def test_update_readme_writes_every_block_and_the_results_page(summary_file, tmp_path):
+    path, s = summary_file
+    (tmp_path / "docs").mkdir()
+    readme, page = tmp_path / "README.md", tmp_path / "docs" / "results.md"
+    a, b = report.markers("study"), report.markers("headline")
+    readme.write_text(f"# t\n{a[0]}\nstale text\n{a[1]}\n\nmid\n\n{b[0]}\n{b[1]}\nend\n")
+    page.write_text(f"# Results\n\n{report.START}\nstale text\n{report.END}\n")
+    report.update_readme(readme, path)
+    text = readme.read_text()
+    assert "stale text" not in text and report.study_markdown(s) in text and report.headline_markdown(s) in text
+    assert "\n\nmid\n\n" in text and text.endswith("\nend\n")
+    assert report.results_markdown(s) in page.read_text()
+    assert f"{len(s['parameters']['schedulers'])} scheduling strategies" in report.study_markdown(s)
+    mtime = readme.stat().st_mtime_ns
+    report.update_readme(readme, path)
+    assert readme.stat().st_mtime_ns == mtime, "an unchanged block leaves the file alone"
+    readme.write_text(f"{a[0]}\n{a[0]}\n{a[1]}\n")
+    with pytest.raises(DataError, match="once each"):
+        report.update_readme(readme, path)
 
 
 def test_every_available_panel_gets_a_column(tmp_params, tmp_path):

@@ -191,7 +191,7 @@ def test_every_command_but_sweep_takes_params_set_and_plugin():
         flags = {o for a in p._actions for o in a.option_strings}
         assert "--plugin" in flags, name
         assert ({"--params", "--set"} <= flags) == (name != "sweep"), name
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "getting-started.md").read_text()
     assert "Every command but `sweep` takes `--params FILE`" in readme
 
 

@@ -1,7 +1,10 @@
-"""The README's results block, written from ``summary.json`` (``portbench report``; ``make all`` runs it).
+"""The generated blocks of the README and of ``docs/results.md``, written from ``summary.json`` (``portbench
+report --readme README.md``; ``make all`` runs it).
 
-Every number in the block is read from the summary the analysis wrote; the block sits between the
-markers ``<!-- results:start -->`` and ``<!-- results:end -->`` and nothing else in the README changes.
+Every number in a block is read from the summary the analysis wrote. A block sits between the markers
+``<!-- NAME:start -->`` and ``<!-- NAME:end -->``, one per name in :data:`BLOCKS` (``study``: what the study
+simulates; ``headline``: the headline in one sentence; ``results``: every headline number), and nothing else in
+the file changes. The README holds the short blocks, ``docs/results.md`` (beside it) the full ``results`` block.
 """
 
 from __future__ import annotations
@@ -178,19 +181,86 @@ def _panel_table(summary: Mapping, labels: Mapping) -> list[str]:
             row("… study preset", preset)]
 
 
+def study_markdown(summary: Mapping) -> str:
+    """What the study simulates, in one paragraph: schedulers, sources (real or stand-in), windows, regions, metrics."""
+    par, prov, data = summary["parameters"], summary["provenance"], summary["data"]
+    names = {s: v.get("name") or v["label"].removesuffix(" (stand-in)") for s, v in prov.items()}
+    real = [names[s] for s, v in prov.items() if v["provenance"] == "real"]
+    stand = [names[s] for s, v in prov.items() if v["provenance"] == "standin"]
+    rho = data.get("rho") or {}
+    loads = [rho[r] for r in par["regions"] if rho.get(r) is not None]
+    windows = sorted({v["n_windows"] for v in prov.values()})
+    per = (f"{windows[0]} windows of {par['window_size']:,} requests each" if len(windows) == 1 and par.get("window_size")
+           else ", ".join(f"{v['n_windows']} {names[s]}" for s, v in prov.items()) + " windows")
+    return (f"It simulates **{len(par['schedulers'])} scheduling strategies** ({', '.join(par['schedulers'])}) on "
+            f"**{sum(v['n_windows'] for v in prov.values()):,} frozen windows** of {len(prov)} public traces ({per}"
+            + (f"; real here: {', '.join(real)}" if real else "")
+            + (f"; labelled stand-ins: {', '.join(stand)}" if stand else "")
+            + f") in **{len(par['regions'])} operating regions**"
+            + (f" from ρ = {min(loads):g} to ρ = {max(loads):g}" if loads else "")
+            + f", scores every run on **{len(par['metrics'])} metrics** ({len(summary['headline_metrics'])} headline: "
+            f"{', '.join(summary['headline_metrics'])}) — {data['n_runs']:,} runs — and asks, for every pair of "
+            "schedulers, whether its order holds across sources, regions and metrics; the key reversals are replayed "
+            "through a real vLLM engine.")
+
+
+def headline_markdown(summary: Mapping) -> str:
+    """The headline in one sentence: what ports across sources beside across regions, and how many orders are
+    clear on both sides at all."""
+    h = summary.get("headline") or {}
+    if not h.get("concordance"):
+        return "The headline (what ports) is not in this summary: rerun the analysis (`make all`)."
+    labels = {s: v["label"] for s, v in (summary.get("provenance") or {}).items()}
+    cs, cr = h["concordance"]["across_sources"], h["concordance"]["across_regions"]
+    fw = (h.get("four_way") or {}).get("across_sources") or {}
+    both = (fw["same_order"]["share"] + fw["reversal"]["share"]) if fw else None
+    return (f"**Of the scheduler orders that are clearly there on two sources "
+            f"({', '.join(labels.get(s, s) for s in h.get('sources', []))}), {ports_text.conc(cs)} keep their order "
+            f"when the workload source changes, against {ports_text.conc(cr)} when only the load changes** — but "
+            + (f"only {ports_text.pct(both)} of the {fw['total']:,} cross-source comparisons are clear on both sides."
+               if both is not None else "the four-way table is not in this summary."))
+
+
+BLOCKS = {"study": study_markdown, "headline": headline_markdown, "results": results_markdown}
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def update_blocks(path: str | Path, summary: Mapping) -> dict[str, str]:
+    """Replace every generated block of :data:`BLOCKS` found in ``path``; returns ``{name: block}``; the file is
+    rewritten only when a block changed."""
+    path = Path(path)
+    text = new = path.read_text()
+    found: dict[str, str] = {}
+    for name, make in BLOCKS.items():
+        start, end = markers(name)
+        if start not in new and end not in new:
+            continue
+        if new.count(start) != 1 or new.count(end) != 1 or new.index(start) > new.index(end):
+            raise DataError(path, f"expected the markers {start} and {end} once each, in that order")
+        found[name] = block = make(summary)
+        head, rest = new.split(start, 1)
+        new = f"{head}{start}\n{block}\n{end}{rest.split(end, 1)[1]}"
+    if not found:
+        raise DataError(path, f"expected the markers {START} and {END} around the results block (or another "
+                              f"generated block: {', '.join(BLOCKS)})")
+    if new != text:
+        outputs.check_write(path)        # a study of the user's own never writes the default study's README
+        path.write_text(new)
+    return found
+
+
 def update_readme(readme: str | Path, summary_path: str | Path) -> str:
-    """Replace the README's results block with the block for ``summary_path``; returns the block."""
+    """Replace the README's generated blocks with those for ``summary_path``, and the full results block of
+    ``docs/results.md`` beside it when that page exists; returns the README's blocks, in file order."""
     summary_path, readme = Path(summary_path), Path(readme)
     if not summary_path.is_file():
         raise DataError(summary_path, "no analysis summary: run the notebooks (make all) or portbench analyze first")
-    block = results_markdown(json.loads(summary_path.read_text()))
-    text = readme.read_text()
-    if START not in text or END not in text or text.index(START) > text.index(END):
-        raise DataError(readme, f"expected the markers {START} and {END} around the results block")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{START}\n{block}\n{END}{tail}"
-    if new != text:                      # written only when the block changed
-        outputs.check_write(readme)
-        readme.write_text(new)
-    return block
+    summary = json.loads(summary_path.read_text())
+    found = update_blocks(readme, summary)
+    page = readme.parent / "docs" / "results.md"
+    if page.is_file():
+        update_blocks(page, summary)
+    return "\n".join(found.values())
