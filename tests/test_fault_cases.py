@@ -3,6 +3,7 @@ crash or a silent wrong result. One test per case of the issue (the lost-files c
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import pickle
@@ -512,3 +513,105 @@ def test_a_large_file_read_in_parts_gives_the_same_table_and_errors(tmp_path, mo
     else:
         assert isinstance(whole, DataError) and isinstance(parts, DataError), (whole, parts)
         assert whole.row == parts.row == row and __import__("re").search(match, str(parts)), str(parts)
+
+
+# --------------------------------------------------------------------------- bring your own, as written
+
+
+def _user_trace(tmp_path, rows: int) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    f = tmp_path / "t.csv"
+    f.write_text("ts,p,o\n" + "".join(f"{i * 0.4:.3f},{200 + i % 50},{20 + i % 7}\n" for i in range(rows)))
+    return f
+
+
+def _user_study(tmp_path, rows: int, **windows):
+    trace = _user_trace(tmp_path, rows)
+    o = {"sources": {"burstgpt": None, "bailian": None, "azure_code": None, "mooncake": None,
+                     "mine": {"file": str(trace), "columns": {"arrival": "ts", "prompt_tokens": "p", "output_tokens": "o"}}}}
+    if windows:
+        o["windows"] = windows
+    return params.load(SMOKE, o)
+
+
+def test_a_small_trace_gets_fewer_windows_and_a_too_small_one_a_one_line_error(tmp_path, capsys):
+    """Case: a 3,993-request trace stopped after 55 s with a papermill traceback (40 x 200 windows need 8,000
+    requests), and the suggested windows.per_source refroze every built-in source. Now: before any notebook, one
+    line naming the source, its requests and the windows it allows; the built-ins keep windows.per_source."""
+    cfg = _user_study(tmp_path, 3993)
+    preflight.check(cfg)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == ("[portbench] mine: t.csv has 3,993 records (at most): 19 windows of 200 (windows.per_source 40, "
+                    "at least 10)")
+    assert W.window_count("azure", cfg.sources["azure"], cfg.windows, 19366, own=False) == 40
+    small = _user_study(tmp_path / "s", 1500)
+    with pytest.raises(DataError, match=r"source 'mine' has 1,500 valid requests, which hold 7 window\(s\) of 200; "
+                                        r"a source needs at least 10 windows \(2,000 requests\)") as e:
+        preflight.check(small)
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(DataError, match=r"hold 19 windows of 200, not the 30 of sources.mine.windows = 30"):
+        W.window_count("mine", dataclasses.replace(cfg.sources["mine"], windows=30), cfg.windows, 3993, own=True)
+
+
+def test_a_users_manifest_beside_the_committed_files_is_refused(tmp_path):
+    """Case: the README's example put the user's manifest in data/windows/, so the attribution verified (and a
+    refreeze overwrote) the committed data/windows/hybrids.json."""
+    trace = _user_trace(tmp_path, 3000)
+    o = {"paths": {"manifest": "data/windows/manifest-mine.json"},
+         "sources": {"mine": {"file": str(trace), "columns": {"arrival": "ts", "prompt_tokens": "p", "output_tokens": "o"}}}}
+    with pytest.raises(ParameterError, match="paths.manifest.*not one holding the default study's committed files"):
+        params.load(SMOKE, o)
+
+
+def test_a_users_study_never_writes_a_tracked_file(tmp_path):
+    """Case: `portbench attribute --refreeze` in a user's run overwrote the tracked data/windows/hybrids.json. Every
+    write of a tracked file in a process that loaded a study of its own is refused, with one message (run in a
+    subprocess: the protection lasts for the process)."""
+    code = f"""
+import sys
+from portbench import params
+from portbench.core import io
+from portbench.core.errors import ProtectedFileError
+from portbench.data import hybrids
+params.load({SMOKE!r}, validate=False)        # smoke.yaml: a study other than the default one
+for write in (lambda: hybrids.write_frozen({str(ROOT / 'data/windows/hybrids.json')!r}, {{}}),
+              lambda: io.write_text({str(ROOT / 'README.md')!r}, 'x')):
+    try:
+        write()
+    except ProtectedFileError as e:
+        print("REFUSED", e)
+io.write_text({str(tmp_path / 'ok.txt')!r}, 'fine')
+"""
+    before = {p: (ROOT / p).read_bytes() for p in ("data/windows/hybrids.json", "README.md")}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("REFUSED")]
+    assert len(lines) == 2 and "data/windows/hybrids.json is a file of the default study" in lines[0]
+    assert "never refrozen by another study" in lines[0] and "README.md is a file of the default study" in lines[1]
+    assert {p: (ROOT / p).read_bytes() for p in before} == before and (tmp_path / "ok.txt").read_text() == "fine"
+
+
+class _FakeExecutionError(Exception):
+    def __init__(self, ename, evalue):
+        super().__init__(evalue)
+        self.ename, self.evalue = ename, evalue
+        self.traceback = ["\x1b[0;31mTraceback (most recent call last)\x1b[0m", "  File x, line 1", f"{ename}: {evalue}"]
+
+
+def test_a_notebooks_error_is_its_one_line_message_and_the_log(tmp_path):
+    """Case: on the main path (`make all PARAMS=...`) a project error arrived as 40-70 lines of Python and papermill
+    traceback with the right sentence last. A project error is its own message plus where the log is; an unexpected
+    one is named as such; the traceback (without colour codes) is in the log file."""
+    nb = ROOT / "notebooks" / "02_freeze_windows.ipynb"
+    e = notebooks.notebook_failure(_FakeExecutionError("DataError", "t.csv, row 7: zero tokens"), nb, tmp_path, ROOT)
+    assert isinstance(e, PortbenchError)
+    first, second = str(e).splitlines()
+    assert first == "02_freeze_windows.ipynb stopped: t.csv, row 7: zero tokens"
+    log = tmp_path / "logs" / "02_freeze_windows.log"
+    assert f"full log: {log}" in second and "Traceback (most recent call last)" in log.read_text()
+    assert "\x1b[" not in log.read_text()
+    e = notebooks.notebook_failure(_FakeExecutionError("KeyError", "'x'"), nb, tmp_path, ROOT)
+    assert "stopped on an unexpected error: KeyError: 'x'" in str(e) and "traceback is in the log" in str(e)
+    for name in ("PluginTimeoutError", "ProtectedFileError", "RunFailed", "IntegrityError", "SchedulerError",
+                 "UnknownSchedulerError", "ParameterError"):
+        assert name in notebooks._project_error_names()
