@@ -212,9 +212,9 @@ def test_the_readme_example_runs_through_make_all_and_writes_no_tracked_file(tmp
     build = tmp_path / "build"
     env = {**os.environ, "PORTBENCH_OFFLINE": "1", "PORTBENCH_DATA_MIRROR": str(shared_traces)}
     proc = subprocess.run(["make", "-o", ".venv/.installed", "all", f"PARAMS={sized}", f"BUILD={build}",
-                           f"VLLM_VENV={tmp_path / 'no-vllm'}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=3600)
-    out = proc.stdout + proc.stderr
+                           f"VLLM_VENV={tmp_path / 'no-vllm'}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=3600)     # one stream: the order is kept
+    out = proc.stdout
     assert proc.returncode == 0, out[-4000:]
     assert "Traceback" not in out and "KeyboardInterrupt caught in kernel" not in out, out[-4000:]
     assert "mytrace: my_trace.csv has 3,993 records (at most): 19 windows of 200" in out
