@@ -615,3 +615,23 @@ def test_a_notebooks_error_is_its_one_line_message_and_the_log(tmp_path):
     for name in ("PluginTimeoutError", "ProtectedFileError", "RunFailed", "IntegrityError", "SchedulerError",
                  "UnknownSchedulerError", "ParameterError"):
         assert name in notebooks._project_error_names()
+
+
+def test_power_and_texts_use_the_runs_own_window_count(tmp_params, tmp_path):
+    """Case: the user's report said "the 40 windows are worth ..." and gave a power figure at 40 windows the user
+    never set. With 12 windows per source, the MDE is at 12 windows (analysis.power.windows: auto) and the text
+    counts the run's windows."""
+    from portbench.present import ports_text
+
+    df = planted.make_runs(schedulers=("fcfs", "sjf_oracle", "las"), regions={"busy": 0.7}, metrics=("e2e_mean",),
+                           n_windows=12, replicates=1, noise_sd=0.05, replicate_sd=0.0, window_sd=0.3, seed=4)
+    path = planted.write_runs(tmp_path / "results", df)
+    P = tmp_params("papermill_params/default.yaml", **{"analysis.runs_file": str(path), "analysis.metrics": ["e2e_mean"],
+                                                      "analysis.headline_metrics": ["e2e_mean"], "analysis.bootstrap": 0})
+    assert P.analysis.power.windows == "auto"
+    A = analysis.compute(P.analysis_inputs)
+    assert A.summary["power"]["by_metric"]["e2e_mean"]["windows"] == 12
+    ew = {"a": {"windows": 12, "effective_windows": 5.2}, "b": {"windows": 12, "effective_windows": 7.9}}
+    assert ports_text._windows_worth(ew) == "the 12 windows are worth about 5, 8"
+    ew["b"]["windows"] = 40
+    assert ports_text._windows_worth(ew) == "the windows (12, 40) are worth about 5, 8"
