@@ -23,7 +23,7 @@ export PYTHONHASHSEED := 0
 NOTEBOOKS := $(sort $(wildcard notebooks/0*.ipynb notebooks/1*.ipynb))
 STAMP     := $(VENV)/.installed
 
-.PHONY: help setup all notebooks figures report browser lint test test-fast test-vllm sweep bench validate validate-long validate-reduced conform gpu-validate lab clean
+.PHONY: help setup all all-unlocked notebooks figures report browser lint test test-fast test-vllm sweep bench validate validate-long validate-reduced conform gpu-validate lab clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -41,11 +41,23 @@ setup: $(STAMP)  ## create .venv with pinned dependencies and the portbench CLI
 PRE_VALIDATION  := 01 02 03 04 05 06 07
 POST_VALIDATION := 08 09 10
 
+# One `make all` at a time per checkout: the run holds a lock on this Makefile (flock(1), util-linux; where flock is
+# missing the run goes on unlocked); a second one stops at once with a message instead of writing the same files.
+FLOCK := $(shell command -v flock 2>/dev/null)
+
 all: $(STAMP)  ## run every notebook (01..10) in order into build/notebooks (other PARAMS: build/<name>/) (+ the reduced vLLM CPU validation when .venv-vllm exists)
+ifeq ($(FLOCK),)
+	@$(MAKE) --no-print-directory all-unlocked
+else
+	@$(FLOCK) -n -E 75 $(firstword $(MAKEFILE_LIST)) $(MAKE) --no-print-directory all-unlocked; rc=$$?; \
+	if [ $$rc = 75 ]; then echo "[portbench] another 'make all' is running in this checkout ($(CURDIR)); wait for it to finish (or stop it), then run make all again"; fi; exit $$rc
+endif
+
+all-unlocked:
 	$(BIN)/portbench notebooks --params $(PARAMS) $(foreach n,$(PRE_VALIDATION),--only $(n))
 	@$(MAKE) --no-print-directory validate-reduced
 	$(BIN)/portbench notebooks --params $(PARAMS) $(foreach n,$(POST_VALIDATION),--only $(n))
-	@if [ "$(PARAMS)" = "papermill_params/default.yaml" ]; then $(BIN)/portbench report --params $(PARAMS) --readme README.md >/dev/null && echo "README results block updated"; fi
+	@if [ "$(PARAMS)" = "papermill_params/default.yaml" ]; then $(BIN)/portbench report --params $(PARAMS) --readme README.md >/dev/null; fi
 	@$(MAKE) --no-print-directory report
 
 report: $(STAMP)  ## the results site: executed notebooks as HTML, index with the headline findings and every figure, contact sheet (build/report/; other PARAMS: build/<name>/report/)

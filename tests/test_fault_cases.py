@@ -3,6 +3,8 @@ crash or a silent wrong result. One test per case of the issue (the lost-files c
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import inspect
 import pickle
 import subprocess
@@ -248,6 +250,10 @@ def test_one_column_mapped_to_two_roles_is_an_error():
     ("s", 2000.0, "time_unit: ms or us"),          # milliseconds read as seconds: a request every 2,000 s
     ("ms", 0.01, "set time_unit: s"),              # 10 ms apart in seconds, read as milliseconds: 100,000 req/s
     ("s", 40_000.0, "spans"),                       # over a year
+    # the issue's two cases: an Azure-like trace (a request every 0.4 s) in seconds declared as ms (1,200 requests
+    # in 0.5 s), and one in ms declared as s (a request every 390 s: 5.4 days)
+    ("ms", 0.4, "set time_unit: s"),
+    ("s", 390.0, "over 5.4 days (one request every 390 s"),
 ])
 def test_an_implausible_rate_or_span_for_the_time_unit_is_a_warning(tmp_path, unit, step, match):
     """Case: a wrong time_unit was accepted (and gave the predictors a fake time-of-day feature)."""
@@ -342,6 +348,135 @@ def test_a_plugin_breaking_the_contract_is_refused_before_the_campaign(tmp_path,
         _unload(name)
 
 
+NUMPY_ORACLE_PLUGIN = """
+import numpy as np
+from portbench.sim.schedulers import BaseScheduler, register_scheduler
+
+@register_scheduler
+class NumpyLottery(BaseScheduler):
+    name = "np_lottery_oracle"
+    information = "oracle"
+
+    def priority(self, r, now):
+        return float(np.random.random()) * r.output_tokens
+"""
+
+RANDOM_PROMPT_PLUGIN = """
+import random
+from portbench.sim.schedulers import BaseScheduler, register_scheduler
+
+@register_scheduler
+class Noisy(BaseScheduler):
+    name = "noisy_prompt"
+    information = "prompt"
+
+    def priority(self, r, now):
+        return r.prompt_tokens * random.random()
+"""
+
+HANGING_PLUGIN = """
+from portbench.sim.schedulers import BaseScheduler, register_scheduler
+
+@register_scheduler
+class Stuck(BaseScheduler):
+    name = "stuck"
+    information = "prompt"
+
+    def priority(self, r, now):
+        while True:
+            pass
+"""
+
+
+def _plugin_cfg(tmp_path, code: str, name: str, **over):
+    f = tmp_path / f"{name}.py"
+    f.write_text(code)
+    o = {"paths": {"data_dir": str(tmp_path / "data"), "results_dir": str(tmp_path / "r"),
+                   "manifest": str(ROOT / "data" / "windows" / "manifest.json")},
+         "plugins": [str(f)], "simulation": {"schedulers": ["fcfs", name], "regions": ["light", "overload"],
+                                             "replicates": 1},
+         "campaign": {"windows_per_source": 2, "request_records": {"windows_per_source": 0}},
+         "sources": {"bailian": None, "burstgpt": None, "mooncake": None}}
+    return params.load(SMOKE, params.undot({**o, **over}))
+
+
+@pytest.mark.parametrize("code, name", [(NUMPY_ORACLE_PLUGIN, "np_lottery_oracle"),
+                                        (RANDOM_PROMPT_PLUGIN, "noisy_prompt")])
+def test_randomness_outside_the_runs_generator_is_named_as_such_whatever_the_information(tmp_path, shared_traces,
+                                                                                        code, name):
+    """Cases: a plug-in drawing from numpy's global generator while declaring information = "oracle" passed the
+    determinism check in 2 of 12 runs (only the first shard was run twice); a random one declaring "prompt" was
+    refused as reading the true output length (the wrong cause). Checked on the lightest and heaviest region of
+    3 windows of 2 sources, randomness before information: the message names randomness, never the output."""
+    try:
+        cfg = _plugin_cfg(tmp_path, code, name)
+        for _ in range(3):      # not a matter of luck: refused every time, for the right reason
+            with pytest.raises(RunFailed, match="same seed gave different results.*ctx.rng") as e:
+                campaign.run(cfg, workers=1, progress=False, verbose=False)
+            assert "output lengths are permuted" not in str(e.value)
+        assert not list((tmp_path / "r" / "runs").glob("*.parquet")), "refused before any shard is written"
+    finally:
+        _unload(name)
+
+
+def test_the_checked_shards_span_light_and_heavy_regions_three_windows_and_two_sources():
+    """The determinism check's shards: the lightest and heaviest region of >= 3 windows over >= 2 sources."""
+    from types import SimpleNamespace as N
+
+    from portbench.study.campaign.run import check_shards
+
+    shards = [N(window=N(id=f"{s}-{k}", source=s), rho=r) for s in ("a", "b") for k in range(5)
+              for r in (0.3, 0.6, 1.2)]
+    got = check_shards(shards)
+    assert {x.rho for x in got} == {0.3, 1.2}
+    assert len({x.window.id for x in got}) == 3 and {x.window.source for x in got} == {"a", "b"}
+    one = [N(window=N(id=f"a-{k}", source="a"), rho=r) for k in range(4) for r in (0.5, 0.9)]
+    assert len({x.window.id for x in check_shards(one)}) == 3
+
+
+def test_a_random_free_plugins_replicates_are_compared_across_the_campaign(tmp_path, shared_traces, monkeypatch):
+    """Case: replicates of a policy that never drew from the run's generator were copies, so randomness drawn
+    elsewhere could not show in them. With the pre-campaign check switched off, the campaign itself catches it."""
+    run_mod = importlib.import_module("portbench.study.campaign.run")
+
+    monkeypatch.setattr(run_mod, "check_plugins", lambda *a, **k: None)
+    try:
+        cfg = _plugin_cfg(tmp_path, NUMPY_ORACLE_PLUGIN, "np_lottery_oracle",
+                          simulation={"schedulers": ["fcfs", "np_lottery_oracle"], "regions": ["overload"],
+                                      "replicates": 2})
+        with pytest.raises(RunFailed, match="drew no random number from the run's generator, yet two of its runs"):
+            campaign.run(cfg, workers=1, progress=False, verbose=False)
+    finally:
+        _unload("np_lottery_oracle")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_hanging_plugin_is_stopped_at_its_time_limit_with_a_message(tmp_path, shared_traces, workers):
+    """Case: a plug-in in an infinite loop hung `portbench simulate` for ever with no output. Its run ends at the
+    time limit (here the floor, 2 s: the built-ins of a shard take milliseconds) in this process and in a pool
+    worker, with a message naming the scheduler, the window and the limit."""
+    from portbench.core.errors import PluginTimeoutError
+    run_mod = importlib.import_module("portbench.study.campaign.run")
+
+    try:
+        cfg = _plugin_cfg(tmp_path, HANGING_PLUGIN, "stuck", campaign={
+            "windows_per_source": 1, "request_records": {"windows_per_source": 0},
+            "time_limit": {"factor": 1, "floor_s": 2}})
+        if workers == 2:        # past the pre-campaign check: the limit in a pool worker
+            orig = run_mod.check_plugins
+            run_mod.check_plugins = lambda *a, **k: None
+        try:
+            with pytest.raises((PluginTimeoutError, RunFailed),
+                               match=r"scheduler 'stuck' \(a plug-in\) did not finish within its time limit of 2 s on "
+                                     r"window \S+ \(source \w+, region \w+\)"):
+                campaign.run(cfg, workers=workers, progress=False, verbose=False)
+        finally:
+            if workers == 2:
+                run_mod.check_plugins = orig
+    finally:
+        _unload("stuck")
+
+
 # --------------------------------------------------------------------------- large files: read in parts
 
 
@@ -378,3 +513,125 @@ def test_a_large_file_read_in_parts_gives_the_same_table_and_errors(tmp_path, mo
     else:
         assert isinstance(whole, DataError) and isinstance(parts, DataError), (whole, parts)
         assert whole.row == parts.row == row and __import__("re").search(match, str(parts)), str(parts)
+
+
+# --------------------------------------------------------------------------- bring your own, as written
+
+
+def _user_trace(tmp_path, rows: int) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    f = tmp_path / "t.csv"
+    f.write_text("ts,p,o\n" + "".join(f"{i * 0.4:.3f},{200 + i % 50},{20 + i % 7}\n" for i in range(rows)))
+    return f
+
+
+def _user_study(tmp_path, rows: int, **windows):
+    trace = _user_trace(tmp_path, rows)
+    o = {"sources": {"burstgpt": None, "bailian": None, "azure_code": None, "mooncake": None,
+                     "mine": {"file": str(trace), "columns": {"arrival": "ts", "prompt_tokens": "p", "output_tokens": "o"}}}}
+    if windows:
+        o["windows"] = windows
+    return params.load(SMOKE, o)
+
+
+def test_a_small_trace_gets_fewer_windows_and_a_too_small_one_a_one_line_error(tmp_path, capsys):
+    """Case: a 3,993-request trace stopped after 55 s with a papermill traceback (40 x 200 windows need 8,000
+    requests), and the suggested windows.per_source refroze every built-in source. Now: before any notebook, one
+    line naming the source, its requests and the windows it allows; the built-ins keep windows.per_source."""
+    cfg = _user_study(tmp_path, 3993)
+    preflight.check(cfg)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == ("[portbench] mine: t.csv has 3,993 records (at most): 19 windows of 200 (windows.per_source 40, "
+                    "at least 10)")
+    assert W.window_count("azure", cfg.sources["azure"], cfg.windows, 19366, own=False) == 40
+    small = _user_study(tmp_path / "s", 1500)
+    with pytest.raises(DataError, match=r"source 'mine' has 1,500 valid requests, which hold 7 window\(s\) of 200; "
+                                        r"a source needs at least 10 windows \(2,000 requests\)") as e:
+        preflight.check(small)
+    assert len(str(e.value).splitlines()) == 1
+    with pytest.raises(DataError, match=r"hold 19 windows of 200, not the 30 of sources.mine.windows = 30"):
+        W.window_count("mine", dataclasses.replace(cfg.sources["mine"], windows=30), cfg.windows, 3993, own=True)
+
+
+def test_a_users_manifest_beside_the_committed_files_is_refused(tmp_path):
+    """Case: the README's example put the user's manifest in data/windows/, so the attribution verified (and a
+    refreeze overwrote) the committed data/windows/hybrids.json."""
+    trace = _user_trace(tmp_path, 3000)
+    o = {"paths": {"manifest": "data/windows/manifest-mine.json"},
+         "sources": {"mine": {"file": str(trace), "columns": {"arrival": "ts", "prompt_tokens": "p", "output_tokens": "o"}}}}
+    with pytest.raises(ParameterError, match="paths.manifest.*not one holding the default study's committed files"):
+        params.load(SMOKE, o)
+
+
+def test_a_users_study_never_writes_a_tracked_file(tmp_path):
+    """Case: `portbench attribute --refreeze` in a user's run overwrote the tracked data/windows/hybrids.json. Every
+    write of a tracked file in a process that loaded a study of its own is refused, with one message (run in a
+    subprocess: the protection lasts for the process)."""
+    code = f"""
+import sys
+from portbench import params
+from portbench.core import io
+from portbench.core.errors import ProtectedFileError
+from portbench.data import hybrids
+params.load({SMOKE!r}, validate=False)        # smoke.yaml: a study other than the default one
+for write in (lambda: hybrids.write_frozen({str(ROOT / 'data/windows/hybrids.json')!r}, {{}}),
+              lambda: io.write_text({str(ROOT / 'README.md')!r}, 'x')):
+    try:
+        write()
+    except ProtectedFileError as e:
+        print("REFUSED", e)
+io.write_text({str(tmp_path / 'ok.txt')!r}, 'fine')
+"""
+    before = {p: (ROOT / p).read_bytes() for p in ("data/windows/hybrids.json", "README.md")}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("REFUSED")]
+    assert len(lines) == 2 and "data/windows/hybrids.json is a file of the default study" in lines[0]
+    assert "never refrozen by another study" in lines[0] and "README.md is a file of the default study" in lines[1]
+    assert {p: (ROOT / p).read_bytes() for p in before} == before and (tmp_path / "ok.txt").read_text() == "fine"
+
+
+class _FakeExecutionError(Exception):
+    def __init__(self, ename, evalue):
+        super().__init__(evalue)
+        self.ename, self.evalue = ename, evalue
+        self.traceback = ["\x1b[0;31mTraceback (most recent call last)\x1b[0m", "  File x, line 1", f"{ename}: {evalue}"]
+
+
+def test_a_notebooks_error_is_its_one_line_message_and_the_log(tmp_path):
+    """Case: on the main path (`make all PARAMS=...`) a project error arrived as 40-70 lines of Python and papermill
+    traceback with the right sentence last. A project error is its own message plus where the log is; an unexpected
+    one is named as such; the traceback (without colour codes) is in the log file."""
+    nb = ROOT / "notebooks" / "02_freeze_windows.ipynb"
+    e = notebooks.notebook_failure(_FakeExecutionError("DataError", "t.csv, row 7: zero tokens"), nb, tmp_path, ROOT)
+    assert isinstance(e, PortbenchError)
+    first, second = str(e).splitlines()
+    assert first == "02_freeze_windows.ipynb stopped: t.csv, row 7: zero tokens"
+    log = tmp_path / "logs" / "02_freeze_windows.log"
+    assert f"full log: {log}" in second and "Traceback (most recent call last)" in log.read_text()
+    assert "\x1b[" not in log.read_text()
+    e = notebooks.notebook_failure(_FakeExecutionError("KeyError", "'x'"), nb, tmp_path, ROOT)
+    assert "stopped on an unexpected error: KeyError: 'x'" in str(e) and "traceback is in the log" in str(e)
+    for name in ("PluginTimeoutError", "ProtectedFileError", "RunFailed", "IntegrityError", "SchedulerError",
+                 "UnknownSchedulerError", "ParameterError"):
+        assert name in notebooks._project_error_names()
+
+
+def test_power_and_texts_use_the_runs_own_window_count(tmp_params, tmp_path):
+    """Case: the user's report said "the 40 windows are worth ..." and gave a power figure at 40 windows the user
+    never set. With 12 windows per source, the MDE is at 12 windows (analysis.power.windows: auto) and the text
+    counts the run's windows."""
+    from portbench.present import ports_text
+
+    df = planted.make_runs(schedulers=("fcfs", "sjf_oracle", "las"), regions={"busy": 0.7}, metrics=("e2e_mean",),
+                           n_windows=12, replicates=1, noise_sd=0.05, replicate_sd=0.0, window_sd=0.3, seed=4)
+    path = planted.write_runs(tmp_path / "results", df)
+    P = tmp_params("papermill_params/default.yaml", **{"analysis.runs_file": str(path), "analysis.metrics": ["e2e_mean"],
+                                                      "analysis.headline_metrics": ["e2e_mean"], "analysis.bootstrap": 0})
+    assert P.analysis.power.windows == "auto"
+    A = analysis.compute(P.analysis_inputs)
+    assert A.summary["power"]["by_metric"]["e2e_mean"]["windows"] == 12
+    ew = {"a": {"windows": 12, "effective_windows": 5.2}, "b": {"windows": 12, "effective_windows": 7.9}}
+    assert ports_text._windows_worth(ew) == "the 12 windows are worth about 5, 8"
+    ew["b"]["windows"] = 40
+    assert ports_text._windows_worth(ew) == "the windows (12, 40) are worth about 5, 8"

@@ -12,6 +12,7 @@ from pathlib import Path
 import nbformat
 import polars as pl
 import pytest
+import yaml
 
 from portbench import params
 from portbench.core import io
@@ -171,3 +172,64 @@ analysis: {{bootstrap: 20}}
     tenants = pl.read_parquet(tmp_path / "data" / "windows" / "windows.parquet")
     assert tenants.filter(pl.col("window_id").str.starts_with("myservice"))["tenant"].unique().sort().to_list() == \
         ["team-0", "team-1", "team-2"]
+
+
+def _readme_example() -> str:
+    """The parameter file of the README's "Does it port to my workload?" section, as written there."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Does it port to my workload?"):]
+    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def _tracked_state() -> tuple[str, str]:
+    """``git status`` of the tracked files and the diff of their content (what a run must not change)."""
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return git("status", "--porcelain", "--untracked-files=no"), git("diff", "HEAD", "--binary")
+
+
+@pytest.mark.slow
+def test_the_readme_example_runs_through_make_all_and_writes_no_tracked_file(tmp_path, shared_traces):
+    """The README's bring-your-own example, unchanged, on a 3,993-request trace (the issue's size: too small for 40
+    windows of 200), sized like smoke.yaml by a second file outside the repository that extends it: `make all`
+    runs every notebook; the trace gets 19 windows (the built-ins keep 40) with the one-line note before any
+    notebook; the study's manifest and hybrids live in its own build folder; `portbench freeze --refreeze` and
+    `portbench attribute --refreeze` on it rewrite only those; and no file git tracks changed (``git status``)."""
+    before = _tracked_state()
+    committed = {p: (ROOT / p).read_bytes() for p in ("data/windows/manifest.json", "data/windows/hybrids.json")}
+    # the user's trace: 3,993 real requests (the Azure code trace's first), in the example's columns and unit (ms)
+    raw = pl.read_csv(shared_traces / "azure2023" / "AzureLLMInferenceTrace_code.csv").head(3993)
+    t = raw["TIMESTAMP"].str.to_datetime("%Y-%m-%d %H:%M:%S%.f")
+    pl.DataFrame({"ts": ((t - t[0]).dt.total_microseconds() / 1000).round(3), "in_tok": raw["ContextTokens"],
+                  "out_tok": raw["GeneratedTokens"]}).write_csv(tmp_path / "my_trace.csv")
+    (tmp_path / "myschedulers.py").write_bytes(PLUGIN.read_bytes())
+    (tmp_path / "my_study.yaml").write_text(_readme_example())
+    smoke = yaml.safe_load((ROOT / "papermill_params" / "smoke.yaml").read_text())
+    smoke.pop("extends"), smoke.pop("paths")            # smoke's sizes, not its folders
+    smoke["simulation"]["schedulers"] += ["aging_sjf", "lpf"]
+    sized = tmp_path / "sized.yaml"
+    sized.write_text(yaml.safe_dump({"extends": "my_study.yaml", **smoke}, sort_keys=False))
+    build = tmp_path / "build"
+    env = {**os.environ, "PORTBENCH_OFFLINE": "1", "PORTBENCH_DATA_MIRROR": str(shared_traces)}
+    proc = subprocess.run(["make", "-o", ".venv/.installed", "all", f"PARAMS={sized}", f"BUILD={build}",
+                           f"VLLM_VENV={tmp_path / 'no-vllm'}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=3600)     # one stream: the order is kept
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:]
+    assert "Traceback" not in out and "KeyboardInterrupt caught in kernel" not in out, out[-4000:]
+    assert "mytrace: my_trace.csv has 3,993 records (at most): 19 windows of 200" in out
+    assert out.index("19 windows of 200") < out.index("01_ingest.ipynb ...")      # before any notebook
+    run = build / params.load(sized, validate=False).paths.run_name
+    manifest = json.loads((run / "windows" / "manifest.json").read_text())
+    counts = {s: sum(e["source"] == s for e in manifest["windows"]) for s in manifest["sources"]}
+    assert counts["mytrace"] == 19 and {n for s, n in counts.items() if s != "mytrace"} == {40}
+    assert (run / "windows" / "hybrids.json").is_file()
+    summary = json.loads((run / "results" / "summary.json").read_text())
+    assert summary["headline_panel"] == "user" and "mytrace" in summary["panels"]["user"]["sources"]
+    assert {"aging_sjf", "lpf"} <= set(summary["parameters"]["schedulers"])
+    for cmd in (["freeze", "--refreeze"], ["attribute", "--refreeze"]):
+        r = subprocess.run([str(ROOT / ".venv" / "bin" / "portbench"), *cmd, "--params", str(sized)], cwd=ROOT,
+                           env={**env, "PORTBENCH_BUILD": str(build)}, capture_output=True, text=True, timeout=1800)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert _tracked_state() == before, "a tracked file changed"
+    assert all((ROOT / p).read_bytes() == b for p, b in committed.items())

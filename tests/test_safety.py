@@ -250,3 +250,31 @@ def test_outputs_of_renumbered_notebooks_are_retired_never_a_users(tmp_path):
     assert set(figindex.read_index(figs)) == {"04_cross_workload/tau_forest"}
     assert "10_attribution/shapley_bars.png" not in (figs / outputs.MARKER).read_text()
     assert retire_stale(nb_dir, figs) == []
+
+
+def test_copies_portbench_makes_are_recorded_and_cleaned(tmp_path):
+    """Case: `make clean` left 3,313 files portbench wrote (the sub-campaigns' copied capacity records, the report's
+    figure copies) and called them the user's: copies go through outputs.copy, so they are recorded and removed."""
+    out = tmp_path / "build"
+    outputs.claim(out, tmp_path)
+    src = tmp_path / "fig.png"
+    src.write_bytes(b"png")
+    (out / "report" / "05_cross_region").mkdir(parents=True)      # the site's copy of a figure
+    outputs.copy(src, out / "report" / "05_cross_region" / "fig.png")
+    (out / "capacity").mkdir()
+    outputs.copy(src, out / "capacity" / "w.json")
+    assert outputs.clean([str(out)], root=tmp_path) == 2
+    assert not out.exists() and src.read_bytes() == b"png"
+
+
+def test_a_folder_inside_the_build_folder_is_never_refused(tmp_path):
+    """Case: a smoke run refused portbench's own build/smoke/ (a folder with files and no marker)."""
+    own = tmp_path / "build" / "smoke" / "data"
+    own.mkdir(parents=True)
+    (own / "old.parquet").write_bytes(b"x")
+    assert outputs.claim(own, tmp_path) == own.resolve()
+    elsewhere = tmp_path / "thesis"
+    elsewhere.mkdir()
+    (elsewhere / "thesis.tex").write_text("x")
+    with pytest.raises(outputs.OutputFolderError):
+        outputs.claim(elsewhere, tmp_path)

@@ -174,7 +174,11 @@ def cmd_report(args):
         raise PortbenchError(f"no results yet: {summary} does not exist; run the analysis first (`make all`, or "
                              "`portbench simulate` then `portbench analyze` with the same --params / --set)")
     if args.readme:
+        before = Path(args.readme).read_bytes() if Path(args.readme).is_file() else None
         print(report.update_readme(args.readme, summary))
+        changed = Path(args.readme).read_bytes() != before
+        print(f"[portbench] {args.readme}: results block {'updated' if changed else 'unchanged'}", file=sys.stderr,
+              flush=True)
     else:
         print(report.results_markdown(json.loads(summary.read_text())))
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from .core import figindex, io, outputs
-from .core.errors import ParameterError
+from .core.errors import ParameterError, PortbenchError
 from .data import preflight
 from .params import DEFAULT_FILE, load, project_root, read, undot
 
@@ -70,7 +70,49 @@ TERMINAL_ENV = "PORTBENCH_TERMINAL_PROGRESS"    # set for the kernels: long stag
 # errors only, so that the terminal shows the pipeline's progress and real problems. And the kernel's file
 # descriptor 2 is left alone (not copied into the notebook): progress drawn on sys.__stderr__ reaches the
 # terminal only, the notebook keeps the cells' own output.
-KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR", "--IPKernelApp.capture_fd_output=False"]
+# Level CRITICAL: ipykernel logs the interrupt that ends a kernel at shutdown as an ERROR ("KeyboardInterrupt caught
+# in kernel") after every successful notebook; a cell's error is in the executed notebook and its log file either way.
+KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL", "--IPKernelApp.capture_fd_output=False"]
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class NotebookFailed(PortbenchError):
+    """A notebook stopped: a project error (its own one-line message) or an unexpected one (its traceback in the log
+    file). Names the notebook and the log file."""
+
+
+def _project_error_names() -> set[str]:
+    """Names of every project error class (:class:`~portbench.core.errors.PortbenchError` and its subclasses, the
+    plug-in and campaign modules' included): an error of one of these in a notebook is a message, not a crash."""
+    from .core import plugins as _plugins  # noqa: F401 - registers its error classes
+    from .study.campaign import executors as _executors  # noqa: F401
+
+    names, todo = set(), [PortbenchError]
+    while todo:
+        c = todo.pop()
+        names.add(c.__name__)
+        todo += c.__subclasses__()
+    return names
+
+
+def _log_path(out: Path, nb: Path) -> Path:
+    return out / "logs" / f"{nb.stem}.log"
+
+
+def notebook_failure(err, nb: Path, out: Path, root: Path) -> NotebookFailed:
+    """The one-line message of a notebook that stopped with ``err`` (papermill's PapermillExecutionError): a project
+    error is its own message; anything else is named as unexpected. Either way the full traceback is written to
+    ``<out>/logs/<notebook>.log`` (next to the executed copy) and the message says where."""
+    ename, evalue = getattr(err, "ename", type(err).__name__), getattr(err, "evalue", str(err))
+    tb = "\n".join(getattr(err, "traceback", None) or [str(err)])
+    log = _log_path(out, nb)
+    io.write_text(log, ANSI.sub("", f"{nb.name}: {ename}: {evalue}\n\n{tb}\n"))
+    where = f"(full log: {_rel(log, root)}; executed notebook: {_rel(out / nb.name, root)})"
+    first = ANSI.sub("", str(evalue)).strip()
+    if ename in _project_error_names():
+        return NotebookFailed(f"{nb.name} stopped: {first}\n{where}")
+    return NotebookFailed(f"{nb.name} stopped on an unexpected error: {ename}: {first.splitlines()[0] if first else ''}"
+                          f"\n{where} -- the traceback is in the log; please report it")
 
 
 @contextlib.contextmanager
@@ -124,12 +166,18 @@ def run_notebooks(params_file=None, out=None, *, only=None, overrides=None,
             t0 = time.perf_counter()
             print(f"[portbench] {nb.name} ...", flush=True)
             outputs.record(out / nb.name)      # recorded first: papermill writes the copy even when the notebook fails
-            pm.execute_notebook(
-                str(nb), str(out / nb.name),
-                parameters={"params_file": params_file, "overrides": overrides},
-                cwd=str(root), kernel_name="python3", progress_bar=False, log_output=log_output,
-                extra_arguments=KERNEL_ARGS,
-            )
+            try:
+                pm.execute_notebook(
+                    str(nb), str(out / nb.name),
+                    parameters={"params_file": params_file, "overrides": overrides},
+                    cwd=str(root), kernel_name="python3", progress_bar=False, log_output=log_output,
+                    extra_arguments=KERNEL_ARGS,
+                )
+            except pm.PapermillExecutionError as e:
+                raise notebook_failure(e, nb, out, root) from None
+            except (RuntimeError, OSError, TimeoutError) as e:     # nbclient: the kernel died or did not answer
+                raise notebook_failure(e, nb, out, root) from None
+            _log_path(out, nb).unlink(missing_ok=True)       # a log of an earlier failure of this notebook
             print(f"[portbench] {nb.name} done in {time.perf_counter() - t0:.1f} s -> {_rel(out / nb.name, root)}",
                   flush=True)
             done.append(out / nb.name)

@@ -19,6 +19,7 @@ from .core.config import (  # noqa: F401
     OPEN_MAPS,
     SOURCE_MODES,
     Config,
+    PathsConfig,
     build,
     deep_merge,
     project_root,
@@ -37,12 +38,39 @@ def load(params_file: str | os.PathLike | None = None, overrides: dict | None = 
     check every name against its registry; ParameterError names the parameter and what is allowed. With
     ``validate`` and ``claim`` (a run that writes), the output folders are claimed (:func:`claim_outputs`)."""
     cfg = build(read(params_file, overrides))
+    if cfg.paths.run_name:
+        outputs.protect_tracked(f"run {cfg.paths.run_name!r} is not the default study")
+        check_own_folders(cfg.paths)
     plugins.load(cfg.plugins)
     if validate:
         validate_config(cfg)
         if claim:
             claim_outputs(cfg.paths)
     return cfg
+
+
+def check_own_folders(paths) -> None:
+    """A study of the user's own keeps its frozen files (manifest, hybrids, window cache) and its outputs in folders
+    of its own: a ``paths`` value other than default.yaml's that puts them beside the default study's committed files
+    (a folder holding files git tracks, such as ``data/windows/`` or ``figures/``) is a ParameterError."""
+    default = PathsConfig.from_tree(read(None))
+    root = Path(paths.root)
+    keys = {"manifest": Path(paths.manifest).parent, "results_dir": paths.results_dir,
+            "figures_dir": paths.figures_dir, "windows_dir": paths.windows_dir}
+    tracked = None
+    for key, folder in keys.items():
+        value = getattr(paths, key)
+        if value is None or Path(value) == Path(getattr(default, key)):
+            continue                     # the default study's own value: read (its frozen files), never written
+        if tracked is None:
+            tracked = outputs.tracked_files(root) or set()
+        folder = Path(folder).resolve()
+        held = sorted(p for p in tracked if p.parent == folder)
+        if held:
+            raise ParameterError(f"paths.{key}", str(value), "a folder of your own, not one holding the default "
+                                 f"study's committed files ({', '.join(p.name for p in held[:3])} in "
+                                 f"{folder.relative_to(root) if folder.is_relative_to(root) else folder}): leave "
+                                 f"paths.{key} out (your study's files go under build/<run name>/) or name a new folder")
 
 
 def claim_outputs(paths) -> None:

@@ -79,6 +79,16 @@ class IntegrityError(PortbenchError):
     """A frozen window or the manifest does not match its recorded hash."""
 
 
+class ProtectedFileError(PortbenchError):
+    """A study of the user's own tried to write a file of the default study that git tracks (its committed
+    manifest, hybrids, figures or the README): refused before anything is written (:mod:`portbench.core.outputs`)."""
+
+
+class PluginTimeoutError(PortbenchError):
+    """A scheduler ran past its per-run time limit on a window (a plug-in that hangs): names it, the window, the
+    region and the limit."""
+
+
 class ConservationError(PortbenchError, AssertionError):
     """A simulation lost or invented requests (arrived != completed + unfinished + rejected)."""
 

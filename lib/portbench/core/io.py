@@ -42,6 +42,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Non
     ``outputs.TEMP_SUFFIX`` (only such files are ever cleaned up as stale); a file written inside a marked output
     folder is recorded there (:func:`portbench.core.outputs.record`: what ``make clean`` may remove)."""
     path = Path(path)
+    outputs.check_write(path)        # a study of the user's own never writes a tracked file of the default study
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=outputs.TEMP_SUFFIX)
     os.close(fd)

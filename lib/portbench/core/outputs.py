@@ -3,7 +3,8 @@
 An *output folder* (``paths.results_dir``, ``figures_dir``, ``windows_dir``, ``{data_dir}/canonical``, the build
 folder) carries a marker file, :data:`MARKER`. :func:`claim` makes a folder one: a new or empty folder is created
 and marked; a marked folder is used as it is; a non-empty folder without the marker is refused (it holds a user's
-files), except the project's own default folders (``build``, ``data/results`` ...), which are marked on first use.
+files), except the project's own default folders (``build`` and any folder inside it, ``data/results`` ...), which
+are marked on first use.
 The marker is also the record of what portbench wrote: :func:`record` (called by ``io.atomic_write`` after every
 write) appends the file's path, relative to the nearest marked folder above it, once.
 
@@ -35,6 +36,9 @@ PROJECT_OUTPUTS = ("build", "data/results", "data/canonical", "data/windows", "f
 KEEP_NAMES = ("manifest*.json", "hybrids.json")
 
 _RECORDED: dict[str, set[str]] = {}     # marked folder -> relative paths recorded (this process)
+_PROTECTED: list[str] = []              # why this process may not write a file git tracks (empty: it may)
+_TRACKED: dict[str, set[Path]] = {}     # project root -> the files git tracks there (read once per process)
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 class OutputFolderError(Exception):
@@ -52,6 +56,12 @@ def _project_outputs(root: Path) -> list[Path]:
 
 def _is_within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
+
+
+def _projects_own(folder: Path, root: Path) -> bool:
+    """One of the project's own output folders, or any folder inside its build folder (``build/smoke/`` ...: the
+    project's build folder is ignored by git and holds nothing but portbench's outputs)."""
+    return folder in _project_outputs(root) or _is_within(folder, (root / PROJECT_OUTPUTS[0]).resolve())
 
 
 def forbidden_reason(folder: Path, root: Path) -> str | None:
@@ -87,7 +97,7 @@ def claim(folder: str | os.PathLike, root: str | os.PathLike) -> Path:
         raise OutputFolderError(f"{folder} is a file, not a folder")
     inherited = marked_root(folder)       # inside a marked folder (build/<run>/results under build/): fine
     own = not folder.is_dir() or all(p.is_dir() and (p / MARKER).is_file() for p in folder.iterdir())
-    if not own and inherited is None and folder not in _project_outputs(root):
+    if not own and inherited is None and not _projects_own(folder, root):
         raise OutputFolderError(
             f"{folder} already holds files that portbench did not write (it has no {MARKER} marker), so portbench "
             "will not write or delete anything there. Give a new or empty folder (portbench creates and marks it); "
@@ -102,6 +112,48 @@ def claim(folder: str | os.PathLike, root: str | os.PathLike) -> Path:
         raise OutputFolderError(f"cannot create or mark {folder} ({e.strerror or e}); give a folder you can write "
                                 "into") from None
     return folder
+
+
+def protect_tracked(reason: str) -> None:
+    """From now on this process writes no file git tracks in the project (the default study's committed manifest,
+    hybrids, figures, README): ``reason`` says why (e.g. it runs a study other than the default one). Sticky: a
+    process that loaded a study of its own never writes the default study's files, whatever it loads later."""
+    if reason not in _PROTECTED:
+        _PROTECTED.append(reason)
+
+
+def check_write(path: str | os.PathLike, hint: str = "") -> None:
+    """Refuse (:class:`~portbench.core.errors.ProtectedFileError`, one message naming the file, why and what to do) to
+    write ``path`` when it is a file git tracks in the project and :func:`protect_tracked` was called: a study of the
+    user's own never writes a tracked file of the default study. Called by ``io.atomic_write`` before every write."""
+    if not _PROTECTED:
+        return
+    p = Path(path).absolute()
+    root = PROJECT_ROOT
+    if not _is_within(p, root):
+        p = p.resolve()
+        if not _is_within(p, root):
+            return
+    key = str(root)
+    if key not in _TRACKED:
+        _TRACKED[key] = tracked_files(root) or set()
+    if p.resolve() not in _TRACKED[key]:
+        return
+    from .errors import ProtectedFileError
+
+    raise ProtectedFileError(
+        f"{p.relative_to(root) if _is_within(p, root) else p} is a file of the default study (tracked by git), and "
+        f"{_PROTECTED[0]}: a study of your own never writes the default study's files"
+        + (f". {hint}" if hint else "; its own files go under build/<run name>/ (see `portbench params --show paths`)"))
+
+
+def copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Copy a file portbench uses into one of its output folders, recorded there (what ``make clean`` removes)."""
+    import shutil
+
+    check_write(dst)
+    shutil.copyfile(src, dst)
+    record(dst)
 
 
 def marked_root(path: str | os.PathLike) -> Path | None:
@@ -160,7 +212,7 @@ def remove_recorded(folder: str | os.PathLike, files: Iterable[str | os.PathLike
         if rel not in _read_record(root):
             continue
         if tracked is None:
-            tracked = _tracked(root) or set()
+            tracked = tracked_files(root) or set()
         if p.resolve() in tracked:
             continue
         p.unlink()
@@ -178,7 +230,7 @@ def remove_recorded(folder: str | os.PathLike, files: Iterable[str | os.PathLike
 # --------------------------------------------------------------------------- make clean
 
 
-def _tracked(root: Path) -> set[Path] | None:
+def tracked_files(root: Path) -> set[Path] | None:
     """Files git tracks in ``root``'s repository (None: not a git checkout)."""
     try:
         out = subprocess.run(["git", "ls-files", "-z", "--full-name"], cwd=root, capture_output=True, check=True)
@@ -196,7 +248,7 @@ def _keep(p: Path) -> bool:
 def clean(folders: list[str], root: Path | None = None, out=sys.stdout) -> int:
     """Delete what portbench wrote in the marked folders at or below ``folders``; returns the files deleted."""
     root = Path(root or Path.cwd()).resolve()
-    tracked = _tracked(root)
+    tracked = tracked_files(root)
     removed = 0
     for name in folders:
         top = (root / name).resolve() if not Path(name).is_absolute() else Path(name).resolve()

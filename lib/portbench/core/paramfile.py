@@ -191,8 +191,10 @@ FROZEN_SECTIONS = ("windows", "sources", "standins")
 
 def frozen_record(P: Mapping) -> dict:
     """The parts of a parameter tree that decide the frozen windows: :data:`FROZEN_SECTIONS`, each source
-    without its display keys (a new label changes no window)."""
+    without its display keys (a new label changes no window), ``windows`` without ``min_per_source`` (a check)."""
     rec = {k: copy.deepcopy(P.get(k)) for k in FROZEN_SECTIONS if k in P}
+    if isinstance(rec.get("windows"), dict):      # a check on the windows, not their definition
+        rec["windows"].pop("min_per_source", None)
     if isinstance(rec.get("sources"), Mapping):
         rec["sources"] = {s: ({k: v for k, v in spec.items() if k not in DISPLAY_KEYS}
                               if isinstance(spec, Mapping) else spec) for s, spec in rec["sources"].items()}

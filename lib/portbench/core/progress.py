@@ -48,6 +48,11 @@ def completed(futures: Iterable[Future], bar: tqdm) -> Iterator[Future]:
         yield from done
 
 
+def terminal_progress() -> bool:
+    """True in the notebooks' kernels of ``make all`` (progress is drawn on the terminal, never in the notebook)."""
+    return bool(os.environ.get(TERMINAL_ENV)) and sys.__stderr__ is not None
+
+
 def note(msg: str) -> None:
     """One line of progress on :func:`stream` (``[portbench] msg``)."""
     print(f"[portbench] {msg}", file=stream(), flush=True)

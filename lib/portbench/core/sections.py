@@ -116,7 +116,7 @@ GENERIC_FORMATS = ("csv", "jsonl", "parquet")
 TIME_UNITS = ("s", "ms", "us", "datetime")
 COLUMN_ROLES = ("arrival", "prompt_tokens", "output_tokens", "tenant", "block_hashes")
 REQUIRED_ROLES = ("arrival", "prompt_tokens", "output_tokens")
-SOURCE_KEYS = ("mode", "file", "format", "columns", "time_unit", "block_size", "label")
+SOURCE_KEYS = ("mode", "file", "format", "columns", "time_unit", "block_size", "windows", "label")
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,9 @@ class SourceConfig:
     ``{arrival, prompt_tokens, output_tokens, tenant, block_hashes}`` -> the file's column names
     (None: the file is in an official format). ``time_unit``: the unit of the arrival column
     (``s | ms | us`` numbers, or ``datetime`` strings). ``block_size``: tokens per prompt-hash block
-    (with ``block_hashes``). ``label``: the display name in tables and figures (None: the name).
+    (with ``block_hashes``). ``windows``: how many windows of this source are frozen (None: ``windows.per_source``,
+    or for a file of the user's own as many as it holds, up to ``windows.per_source``: see
+    :func:`portbench.data.windows.window_count`). ``label``: the display name in tables and figures (None: the name).
     """
 
     name: str
@@ -140,6 +142,7 @@ class SourceConfig:
     columns: dict | None = None
     time_unit: str = "s"
     block_size: int | None = None
+    windows: int | None = None
     label: str | None = None
 
     def __post_init__(self):
@@ -179,6 +182,9 @@ class SourceConfig:
         if self.columns and self.columns.get("block_hashes") and b is None:
             raise ParameterError(f"{p}.block_size", b, "a positive integer (tokens per hash block) when "
                                  "columns.block_hashes is given")
+        if self.windows is not None:
+            _int(f"{p}.windows", self.windows, 1, "null (windows.per_source; a file of your own: as many as it holds, up "
+                 "to windows.per_source) or a positive integer")
         if self.label is not None and not (isinstance(self.label, str) and self.label.strip()):
             raise ParameterError(f"{p}.label", self.label, "null (the source name) or a non-empty display name")
 
@@ -199,15 +205,17 @@ _ROLE_TEXT = {"arrival": "each request's arrival time", "prompt_tokens": "prompt
 
 @dataclass(frozen=True)
 class WindowsConfig:
-    """Frozen windows: how many per source, requests per window, placement seed, seeded tenants."""
+    """Frozen windows: how many per source (and the fewest a source may have), requests per window, placement seed,
+    seeded tenants."""
 
     per_source: int = 40
     size: int = 200
     seed: int = 0
     tenants: int = 4
+    min_per_source: int = 10
 
     def __post_init__(self):
-        for key in ("per_source", "size"):
+        for key in ("per_source", "size", "min_per_source"):
             _int(f"windows.{key}", getattr(self, key), 1, "a positive integer")
         _int("windows.seed", self.seed)
         _int("windows.tenants", self.tenants, 1, "a positive integer")
@@ -495,9 +503,23 @@ class CampaignConfig:
     dask_address: str | None = None
     windows_per_source: int | None = None
     request_records: RequestRecordsConfig | None = None
+    time_limit: dict | None = None     # {factor, floor_s}: a plug-in's run may take factor x the slowest built-in's
 
     def __post_init__(self):
         check_choice("campaign.executor", self.executor, EXECUTORS)
+        t = self.time_limit
+        if t is not None:
+            if not isinstance(t, Mapping) or set(t) - {"factor", "floor_s"}:
+                raise ParameterError("campaign.time_limit", t, "a mapping {factor, floor_s}")
+            for k in ("factor", "floor_s"):
+                if k in t and (not _is_num(t[k]) or not t[k] > 0):
+                    raise ParameterError(f"campaign.time_limit.{k}", t[k], "a positive number")
+
+    @property
+    def limit(self) -> tuple[float, float]:
+        """``(factor, floor_s)`` of a plug-in's per-run time limit (see :mod:`portbench.study.campaign.executors`)."""
+        t = dict(self.time_limit or {})
+        return float(t.get("factor", 20.0)), float(t.get("floor_s", 60.0))
         _int("campaign.workers", self.workers, 1, "a positive integer (worker processes)")
         a = self.dask_address
         if a is not None and not (isinstance(a, str) and a.strip()):
@@ -533,13 +555,15 @@ class StudyPresetConfig:
 @dataclass(frozen=True)
 class PowerConfig:
     """Simulation-based power: minimal detectable effect of one side test at ``windows`` windows per
-    source with power ``target``."""
+    source (``auto``: the fewest windows a source of the run has) with power ``target``."""
 
-    windows: int = 40
+    windows: int | str = "auto"
     target: float = 0.8
 
     def __post_init__(self):
-        _int("analysis.power.windows", self.windows, 2, "an integer >= 2 (windows per source)")
+        if self.windows != "auto":
+            _int("analysis.power.windows", self.windows, 2, "auto (the windows each source has in this run) or an "
+                 "integer >= 2 (windows per source)")
         if not _is_num(self.target) or not 0 < self.target < 1:
             raise ParameterError("analysis.power.target", self.target, "a power strictly between 0 and 1")
 

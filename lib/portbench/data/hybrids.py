@@ -70,6 +70,7 @@ import numpy as np
 import polars as pl
 
 from ..core import io as fileio
+from ..core import outputs
 from ..core.errors import DataError, IntegrityError, ParameterError
 from .predictors import PREDICTION_COLUMNS
 from .window_table import HASH_COLUMN, as_window_table, columns_of, window_sha256, window_stats
@@ -231,7 +232,11 @@ def read_frozen(path) -> dict[str, str] | None:
 
 
 def write_frozen(path, shas: Mapping[str, str]) -> None:
-    """Write ``{hybrid id: sha256}`` (sorted, one per line) with the construction's name."""
+    """Write ``{hybrid id: sha256}`` (sorted, one per line) with the construction's name. A study of the user's own
+    never rewrites the default study's committed file (:func:`portbench.core.outputs.check_write`)."""
+    outputs.check_write(path, hint="Its windows are the default study's: their hybrids are verified against the "
+                        "committed file and never refrozen by another study (a study with windows of its own keeps "
+                        "its hybrids.json beside its own manifest, under build/<run name>/windows/)")
     fileio.write_text(path, json.dumps({"version": FROZEN_VERSION, "construction": CONSTRUCTION,
                                         "hybrids": dict(sorted(shas.items()))}, indent=1) + "\n")
 

@@ -3,8 +3,9 @@ be wrong. Each finding is a warning naming the parameter or column and the fix (
 unusual but right); :func:`check` returns them, the ingest prints them and keeps them in its report.
 
 * prompts much shorter than outputs on most rows: the two token columns may be swapped;
-* an arrival rate or span implausible for the declared ``time_unit`` (a trace in milliseconds read as seconds
-  spans years; one in seconds read as milliseconds has tens of thousands of requests per second);
+* an arrival rate or span implausible for the declared ``time_unit``, at both ends: a trace in milliseconds read as
+  seconds spreads thousands of requests over days or years (a request every few minutes); one in seconds read as
+  milliseconds puts thousands of requests into a few seconds (thousands per second);
 * quantised or repeated timestamps: many rows (:data:`REPEAT_GROUP`) share one arrival time, so windows of
   consecutive requests may span no time (a window whose arrivals all share one time is an error at freeze).
 """
@@ -16,8 +17,11 @@ import polars as pl
 
 SWAP_RATIO = 4.0          # prompt * SWAP_RATIO < output ...
 SWAP_SHARE = 0.5          # ... on more than this share of the rows
-MAX_RATE_RPS = 5_000.0    # mean arrivals per second above this: the unit is probably too small
-MIN_RATE_RPS = 1 / 600    # below one request per ten minutes on average (with many rows): the unit is too large
+MAX_RATE_RPS = 1_000.0    # mean arrivals per second above this: the unit is probably too small (the official traces:
+                          # 0.7-6 requests per second; seconds read as ms multiply the rate by 1,000)
+MIN_SPAN_S = 10.0         # ... or thousands of requests within a span of seconds
+MIN_RATE_RPS = 1 / 120    # below one request per two minutes on average (with many rows): the unit is too large
+                          # (ms read as s: an hour's trace spans weeks, a request every few minutes)
 MIN_ROWS_RATE = 1_000     # rate checks only on traces with at least this many rows
 MAX_SPAN_S = 366 * 86_400  # a trace spanning more than a year
 BLOCK = 1 << 22           # rows per block of the checks (memory bounded whatever the trace's size)
@@ -52,14 +56,14 @@ def check(body: pl.DataFrame | pl.LazyFrame, *, source: str, columns: dict, time
                    "if its values are milliseconds or microseconds, set time_unit: ms or us")
     if n >= MIN_ROWS_RATE and span > 0 and time_unit != "datetime":
         rate = (n - 1) / span
-        if rate > MAX_RATE_RPS:
-            out.append(f"{p}.time_unit: the arrival column {ac!r} read as {unit} gives {rate:,.0f} requests per second "
-                       "on average, far above any serving trace; if its values are seconds (or milliseconds), set "
-                       "time_unit: s (or ms)")
+        if rate > MAX_RATE_RPS or span < MIN_SPAN_S:
+            out.append(f"{p}.time_unit: the arrival column {ac!r} read as {unit} puts {n:,} requests in "
+                       f"{span:,.1f} s ({rate:,.0f} requests per second on average), far above any serving trace; if its "
+                       "values are seconds (or milliseconds), set time_unit: s (or ms)")
         elif rate < MIN_RATE_RPS:
-            out.append(f"{p}.time_unit: the arrival column {ac!r} read as {unit} gives one request every "
-                       f"{1 / rate:,.0f} s on average; if its values are milliseconds or microseconds, set "
-                       "time_unit: ms or us")
+            out.append(f"{p}.time_unit: the arrival column {ac!r} read as {unit} spreads {n:,} requests over "
+                       f"{span / 86_400:,.1f} days (one request every {1 / rate:,.0f} s on average); if its values are "
+                       "milliseconds or microseconds, set time_unit: ms or us")
     if n > 1:
         biggest, at, distinct = _longest_run(part["arrival_s"].to_numpy() for part in
                                              lazy.select("arrival_s").collect_batches(chunk_size=BLOCK))

@@ -11,8 +11,11 @@ with no real source and notebook 02 fail on 120 hash mismatches.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+import polars as pl
 
 from ..core.config import Config, PathsConfig, SourceConfig, StandinsConfig
 from ..core.errors import DataError
@@ -59,8 +62,49 @@ def _standin_evidence(standins: StandinsConfig, source: str) -> list[str]:
     return []
 
 
+def count_rows(path: Path) -> int:
+    """Records in a trace file without reading it as a table: a parquet file's row count from its metadata, else the
+    non-blank lines (less a CSV's header line). An upper bound of the valid requests (rows the source defines as
+    invalid are excluded later), so a trace too small by this count is too small."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+        if head == b"PAR1":
+            return int(pl.scan_parquet(path).select(pl.len()).collect().item())
+        f.seek(0)
+        lines, first, last = 0, None, b"\n"
+        while chunk := f.read(1 << 24):
+            if first is None:
+                first = chunk.lstrip()[:1]
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    lines += last != b"\n"
+    return max(0, lines - (0 if first == b"{" else 1))
+
+
+def window_budget(cfg: Config, out=None) -> None:
+    """Before any notebook: every file of the user's own holds the windows its study freezes
+    (:func:`portbench.data.windows.window_count` on the file's record count, an upper bound of its valid requests):
+    a one-line note per such source (its requests and windows), a :class:`DataError` naming the source, its request
+    count and the windows it allows when it holds fewer than ``windows.min_per_source``."""
+    out = out or sys.stderr
+    st = registry.store(cfg.paths)
+    for name, src in cfg.sources.items():
+        if src.mode == "standin" or not src.file or src.file in registry.OFFICIAL_FILES:
+            continue
+        try:
+            path = registry.locate(src.file, st, download=False)
+        except registry.MissingFileError:
+            continue                     # named by check()
+        n = count_rows(path)
+        got = windows.window_count(name, src, cfg.windows, n, own=True, file=str(path))
+        print(f"[portbench] {name}: {path.name} has {n:,} records (at most): {got} windows of {cfg.windows.size} "
+              f"(windows.per_source {cfg.windows.per_source}, at least {min(cfg.windows.min_per_source, cfg.windows.per_source)})",
+              file=out, flush=True)
+
+
 def check(cfg: Config) -> None:
-    """DataError (a message of at most ~12 lines) when :func:`missing_files` finds anything."""
+    """DataError (a message of at most ~12 lines) when :func:`missing_files` finds anything, or when a file of the
+    user's own is too small for its windows (:func:`window_budget`)."""
     st = registry.store(cfg.paths)
     for name, src in cfg.sources.items():    # a file of the user's own: its own message (not the data mirror's)
         if src.mode != "standin" and src.file and src.file not in registry.OFFICIAL_FILES:
@@ -70,6 +114,7 @@ def check(cfg: Config) -> None:
                 raise DataError(f"sources.{name}.file", registry.user_file_missing(src.file, st)) from None
     missing = missing_files(cfg.paths, cfg.sources, cfg.standins)
     if not missing:
+        window_budget(cfg)
         return
     if st.mirror is None:
         where = "no data mirror is set, and ../shared/traces (beside the project) does not exist"

@@ -102,6 +102,37 @@ def stride_starts(n_rows: int, n_windows: int, size: int, rng: np.random.Generat
     return edges[:-1] + offsets
 
 
+def window_count(source: str, spec: SourceConfig | None, w: WindowsConfig, valid: int | None, *, own: bool,
+                 file: str | None = None) -> int:
+    """How many windows of ``source`` are frozen: ``sources.<name>.windows`` when set, else for a file of the
+    user's own (``own``) as many as its ``valid`` requests hold, up to ``windows.per_source`` (a small trace gets fewer
+    windows; the built-in sources keep theirs), else ``windows.per_source``. The fewest allowed is
+    ``windows.min_per_source`` (or ``windows.per_source`` when that is smaller): fewer is a :class:`DataError` naming the
+    source, its request count and the windows it allows (``valid`` None: not known yet, not checked)."""
+    explicit = spec.windows if spec is not None else None
+    fits = None if valid is None else int(valid) // w.size
+    if explicit is not None:
+        want = int(explicit)
+    elif own and fits is not None:
+        want = min(w.per_source, fits)
+    else:
+        want = w.per_source
+    least = min(w.min_per_source, w.per_source)
+    where = file or source
+    if fits is not None and fits < max(least, 1):
+        raise DataError(where, f"source {source!r} has {valid:,} valid requests, which hold {fits} window(s) of "
+                        f"{w.size}; a source needs at least {least} windows ({least * w.size:,} requests): give a "
+                        "longer trace, or lower windows.min_per_source (fewer windows, less power) or windows.size "
+                        "(which refreezes every source's windows)")
+    if explicit is not None and explicit < least:
+        raise ParameterError(f"sources.{source}.windows", explicit, f"at least windows.min_per_source = {least}")
+    if fits is not None and want > fits:
+        what = f"sources.{source}.windows = {want}" if explicit is not None else f"windows.per_source = {want}"
+        raise DataError(where, f"source {source!r} has {valid:,} valid requests, which hold {fits} windows of {w.size}, "
+                        f"not the {want} of {what}: set sources.{source}.windows: {fits} (or fewer; at least {least})")
+    return want
+
+
 def window_ids(source: str, n_windows: int) -> list[str]:
     """``["azure-00", ..., "azure-39"]`` (at least two digits, more when needed)."""
     width = max(2, len(str(n_windows - 1)))
@@ -337,6 +368,10 @@ def _loud(msg: str) -> None:
     print(f"[portbench windows] WARNING: {msg}", file=sys.stderr, flush=True)
 
 
+def _note(msg: str) -> None:
+    print(f"[portbench windows] {msg}", file=sys.stderr, flush=True)
+
+
 def provenance_reason(mode: str | None, provenance: str | None, file: str | None, detail: str = "",
                       origin: str | None = registry.OFFICIAL) -> str:
     """Why a source has its provenance, in words that do not depend on the machine.
@@ -403,6 +438,7 @@ def _build_source(paths: PathsConfig, sources: Mapping[str, SourceConfig], stand
     """Windows of one source (the ``windows`` section ``w``), by its provenance; fills ``record`` (the manifest's
     sources entry)."""
     n, size = w.per_source, w.size
+    spec = sources.get(source)
     if info["provenance"] == "real":
         canonical = traces.scan_canonical(paths, sources, standins_cfg, source)
         block_size = registry.hash_block_size(sources[source])
@@ -410,14 +446,20 @@ def _build_source(paths: PathsConfig, sources: Mapping[str, SourceConfig], stand
         if hashes and block_size is None:
             raise ParameterError(f"sources.{source}.block_size", None, "the tokens per block of the trace's prompt "
                                  "block hashes (its windows carry them)")
+        valid = int(canonical.select(pl.len()).collect().item())
+        n = window_count(source, spec, w, valid, own=info.get("origin") == registry.USER, file=info.get("file"))
+        if n < w.per_source:
+            _note(f"{source}: {valid:,} valid requests hold {valid // size} windows of {size}: {n} windows frozen "
+                  f"(windows.per_source is {w.per_source}; the fewest allowed {min(w.min_per_source, w.per_source)})")
         cut = cut_windows(canonical, n, size, w.seed, source, w.tenants, hashes=hashes)
         fields = cut[0][0]["tenant_fields"] if cut else []
         record["tenants"] = _tenant_rule(fields, w.tenants)
-        record["valid_requests"] = int(canonical.select(pl.len()).collect().item())
+        record["valid_requests"] = valid
         if hashes:
             record["block_size"] = int(block_size)
         return cut
     built = []
+    n = window_count(source, spec, w, None, own=False)
     from . import standins   # scipy.stats: not imported by the campaign's workers
 
     for k, (meta, df) in enumerate(standins.build_windows(standins.inputs(paths, sources, standins_cfg, w), source, n, size)):

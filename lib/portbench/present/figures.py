@@ -127,6 +127,7 @@ def save(fig, name: str, figures_dir: str | Path, *, description: str, notebook:
     paths = {}
     for ext, metadata in (("png", PNG_METADATA), ("pdf", PDF_METADATA)):
         p = out / f"{name}.{ext}"
+        outputs.check_write(p)
         p.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(p, metadata=metadata)
         outputs.record(p)

@@ -159,6 +159,16 @@ def controls_sentences(summary: Mapping) -> list[str]:
     return [f"- {r}" for r in rows]
 
 
+def _windows_worth(ew: Mapping) -> str:
+    """"the 40 windows are worth about 12, 9, 20" (every source has 40), else "the windows (40, 40, 19) are worth
+    about 12, 9, 7" -- the counts of this run, never a fixed number."""
+    counts = [int(v["windows"]) for v in ew.values()]
+    worth = ", ".join(f"{v['effective_windows']:.0f}" for v in ew.values())
+    if len(set(counts)) == 1:
+        return f"the {counts[0]} windows are worth about {worth}"
+    return f"the windows ({', '.join(map(str, counts))}) are worth about {worth}"
+
+
 def what_ports_markdown(summary: Mapping) -> str:
     """The README's lead paragraph of results: the headline, its table and the controls."""
     h = summary.get("headline") or {}
@@ -180,8 +190,7 @@ def what_ports_markdown(summary: Mapping) -> str:
         lines += ["", "Windows are not independent draws: in trace order, FCFS's per-window values have a lag-1 "
                   "autocorrelation of " + ", ".join(f"{v['lag1_autocorrelation']:.2f} ({labels.get(s, s)})"
                                                     for s, v in ew.items())
-                  + "; as AR(1) series the 40 windows are worth about "
-                  + ", ".join(f"{v['effective_windows']:.0f}" for v in ew.values())
+                  + "; as AR(1) series " + _windows_worth(ew)
                   + " independent ones (medians over regions × headline metrics). " + both_intervals(summary)]
     sec = h.get("secondary") or {}
     if sec.get("tau_b"):

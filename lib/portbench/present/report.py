@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..core import outputs
 from ..core.errors import DataError
 from . import numbers, ports_text, text
 
@@ -246,6 +247,7 @@ def update_blocks(path: str | Path, summary: Mapping) -> dict[str, str]:
         raise DataError(path, f"expected the markers {START} and {END} around the results block (or another "
                               f"generated block: {', '.join(BLOCKS)})")
     if new != text:
+        outputs.check_write(path)        # a study of the user's own never writes the default study's README
         path.write_text(new)
     return found
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ...core import io
 from ...core.config import Config, DataSettings
 from ...data import trace_checks
 from ...data import traces as traces_mod
@@ -95,7 +96,7 @@ def run_jitter(cfg: Config, sources=None, *, manifest: Manifest, progress: bool 
                                 workers=sub.campaign.workers)
     campaign.reuse_capacities(cfg, sub)        # capacity is measured on a backlog: arrival times do not enter it
     res = campaign.run(sub, windows=[(r, given[r.id]) for r in refs], progress=progress, verbose=False)
-    (jitter_dir(cfg.paths.results_dir) / "sources.json").write_text(json.dumps(sources))
+    io.write_text(jitter_dir(cfg.paths.results_dir) / "sources.json", json.dumps(sources))
     return res.runs
 
 

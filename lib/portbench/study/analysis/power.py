@@ -1,5 +1,5 @@
 """Resolution and power of the paired side tests: can a test reach alpha with the windows given, and which
-effect would 40 windows per source detect?
+effect would the run's windows per source (``analysis.power.windows``: auto = the fewest a source has) detect?
 
 **Resolution.** The exact two-sided Wilcoxon signed-rank test over n non-zero differences cannot give a
 p-value below ``2 / 2^n`` (n = 5: 0.0625). When that floor is at or above alpha for a source, no side test
@@ -160,6 +160,8 @@ def mde(cube: Cube, cfg: dict, head: list[int], family_size: int, sources: list[
     power curves behind it."""
     sources = list(sources or cube.sources)
     n_target, target, alpha = cfg["power"]["windows"], cfg["power"]["target"], cfg["alpha"]
+    if n_target == "auto":      # the windows this run has: the fewest of any source (a user's small trace: its own)
+        n_target = min((int(cube.values[s].shape[-1]) for s in sources if s in cube.values), default=2)
     alphas = (alpha, alpha / max(family_size, 1))
     out, rows = {}, []
     for m in head:

@@ -17,7 +17,8 @@ from ...core import figindex
 from ...core import io as fileio
 from ...core.config import TIE_RULES, AnalysisInputs, Config, DataSettings, PathsConfig, SimulationConfig
 from ...core.errors import DataError, PortbenchError
-from ...core.progress import stage
+from ...core.progress import note as progress_note
+from ...core.progress import stage, terminal_progress
 from ...data import windows as windows_mod
 from ...data.windows import Manifest
 from ...sim import profiles
@@ -56,6 +57,8 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
         timings[name] = round(time.perf_counter() - t0 - sum(timings.values()), 3)
         if progress:
             print(f"[analysis] {name}: {timings[name]:.2f} s", flush=True)
+        elif terminal_progress():      # make all: each part of the analysis on the terminal as it ends
+            progress_note(f"analysis: {name} done in {timings[name]:.1f} s")
 
     B = cfg["bootstrap"]
     means, boot = {}, {}

@@ -1,13 +1,27 @@
 """Workers and executors: one shard = every scheduler x replicate of one (window, region), computed in a
-worker (this process, a spawn-context process pool, or Dask); only the main process writes files."""
+worker (this process, a spawn-context process pool, or Dask); only the main process writes files.
+
+**Plug-ins that hang or cheat.** In a shard the built-in schedulers run first; a plug-in scheduler's run then has a
+time limit of ``campaign.time_limit.factor`` x the slowest built-in run of the shard (same window and region), and
+never less than ``floor_s`` (:func:`plugin_limit`). A run past it ends (SIGALRM in the process running it: this
+process or a pool worker; a Dask worker runs tasks in threads, where no limit applies) with a
+:class:`~portbench.core.errors.PluginTimeoutError` naming the scheduler, the window, the region and the limit. A
+plug-in whose run drew no random number from the run's generator has its replicates simulated, not copied: the
+second replicate (another seed) is run and compared with the first across the whole campaign, so a plug-in drawing
+from ``random`` / numpy's global generator (whatever information it declares) is caught wherever it shows.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import math
 import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -20,7 +34,7 @@ import polars as pl
 from ...core import plugins as plugin_loader
 from ...core import procs
 from ...core.config import SimulationConfig
-from ...core.errors import ParameterError, PortbenchError
+from ...core.errors import ParameterError, PluginTimeoutError, PortbenchError
 from .plan import ShardSpec, run_seed
 
 EXECUTORS = ("process", "dask")
@@ -64,6 +78,7 @@ class WorkerContext:
     modules: list = field(default_factory=list)
     plugins: list = field(default_factory=list)   # core.plugins.PluginSpec
     refs: dict = field(default_factory=dict)      # window id -> WindowRef
+    time_limit: tuple = (20.0, 60.0)              # a plug-in run's limit: (factor x slowest built-in, floor_s)
 
 
 _CTX: WorkerContext | None = None
@@ -121,6 +136,57 @@ def _fail(what: str, e: BaseException) -> RunFailed:
     return RunFailed(f"{what} failed: {type(e).__name__}: {e}\n--- worker traceback (last frames) ---\n{tb}")
 
 
+class _Timeout(BaseException):
+    """Raised by the alarm inside a run past its limit (a BaseException: no ``except Exception`` in a policy or the
+    engine swallows it)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise :class:`_Timeout` in this thread after ``seconds`` (SIGALRM; a no-op outside the main thread, where
+    signals cannot be delivered, e.g. a Dask worker's task thread)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread() \
+            or not math.isfinite(seconds):
+        yield
+        return
+
+    def _alarm(signum, frame):
+        raise _Timeout()
+
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 1e-3))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def plugin_limit(ctx: WorkerContext, slowest_builtin_s: float) -> float:
+    """A plug-in run's limit in seconds: ``factor`` x the slowest built-in run of its shard, at least ``floor_s``."""
+    factor, floor = ctx.time_limit
+    return max(float(floor), float(factor) * float(slowest_builtin_s))
+
+
+def _is_plugin(name: str) -> bool:
+    from ...sim import settings as sim_settings
+
+    return sim_settings.is_plugin(name)
+
+
+def _same_run(a, b) -> list[str]:
+    """The metrics and counters in which two results differ (NaN equals NaN)."""
+    diff = []
+    for part in ("metrics", "counters"):
+        x, y = getattr(a, part), getattr(b, part)
+        for k in sorted(set(x) | set(y)):
+            u, v = x.get(k), y.get(k)
+            if u == v or (isinstance(u, float) and isinstance(v, float) and math.isnan(u) and math.isnan(v)):
+                continue
+            diff.append(k)
+    return diff
+
+
 def compute_capacity(ctx: WorkerContext, window_id: str) -> tuple[str, dict, float]:
     """``(window_id, capacity record, wall_s)``: the engine's capacity of the window (a record with
     at least ``capacity_rps``)."""
@@ -165,18 +231,45 @@ def compute_shard(ctx: WorkerContext, shard: ShardSpec, capacity, profile: str,
     recs = []
     n_sim = 0
     nan = float("nan")
-    for sched in shard.schedulers:
+    slowest = 0.0                                           # the slowest built-in run of this shard (s)
+    plug = {s: _is_plugin(s) for s in shard.schedulers}
+    for sched in sorted(shard.schedulers, key=lambda s: plug[s]):     # built-ins first: they set the limit
         res = None
-        for rep in shard.replicates:
+        for k, rep in enumerate(shard.replicates):
             seed = run_seed(base_seed, w.id, sched, shard.region, rep)
+            what = (f"source {w.source}, window {w.id}, region {shard.region} (rho={shard.rho}), scheduler {sched}, "
+                    f"replicate {rep} (seed {seed})")
             # a run that never drew from its random generator is the same run under any seed: its other
-            # replicates are copies of it (an engine that does not report seed_used is always re-run)
-            if res is None or res.counters.get("seed_used", True):
+            # replicates are copies of it (an engine that does not report seed_used is always re-run) -- except a
+            # plug-in's second replicate, run and compared with its first (randomness drawn elsewhere shows there)
+            check_copy = plug[sched] and k == 1 and res is not None and not res.counters.get("seed_used", True)
+            if res is None or res.counters.get("seed_used", True) or check_copy:
+                limit = plugin_limit(ctx, slowest) if plug[sched] else math.inf
+                t1 = time.perf_counter()
                 try:
-                    res = engine.run(scaled, sched, seed, horizon, sim)
+                    with time_limit(limit):
+                        new = engine.run(scaled, sched, seed, horizon, sim)
+                except _Timeout:
+                    raise PluginTimeoutError(
+                        f"{what}: scheduler {sched!r} (a plug-in) did not finish within its time limit of {limit:.0f} s on "
+                        f"window {w.id} (source {w.source}, region {shard.region}); the slowest built-in run there took "
+                        f"{slowest:.2f} s. A policy that never returns (an endless loop, a wait) is stopped here; a "
+                        "slow but correct one needs a higher campaign.time_limit (factor, floor_s)") from None
                 except Exception as e:
-                    raise _fail(f"source {w.source}, window {w.id}, region {shard.region} (rho={shard.rho}), "
-                                f"scheduler {sched}, replicate {rep} (seed {seed})", e) from None
+                    raise _fail(what, e) from None
+                if not plug[sched]:
+                    slowest = max(slowest, time.perf_counter() - t1)
+                if check_copy and res is not None:
+                    diff = _same_run(res, new)
+                    if diff:
+                        raise RunFailed(
+                            f"scheduler {sched!r} (a plug-in) drew no random number from the run's generator, yet "
+                            f"two of its runs of window {w.id} (source {w.source}, region {shard.region}) differ "
+                            f"({', '.join(diff[:4])}): it draws randomness outside the run's generator (random, "
+                            "numpy.random's global state, the clock ...), whatever information it declares. Draw every "
+                            "random number from the generator the engine passes (ctx.rng in reset(ctx)), so that a run "
+                            "is reproducible from its seed")
+                res = new
                 n_sim += 1
             counters, values = res.counters, res.metrics
             row = {"source": w.source, "provenance": w.provenance, "window_id": w.id, "region": shard.region,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -14,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from ...core import io
+from ...core import io, outputs
 from ...core import plugins as plugin_loader
 from ...core.config import CampaignConfig, Config, DataSettings, PathsConfig, PredictorsConfig, SimulationConfig
 from ...core.errors import DataError, check_choice
@@ -142,7 +141,8 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
             loaded = _load_window_tables(cfg.data, cfg.predictors, cfg.simulation, cfg.campaign, plan, needed, manifest)
         ctx = WorkerContext(engine=engine, sim=cfg.simulation, windows=loaded,
                             modules=engine.worker_modules(cfg.simulation),
-                            plugins=plugin_loader.specs(cfg.plugins), refs={w.id: w for w in plan.windows})
+                            plugins=plugin_loader.specs(cfg.plugins), refs={w.id: w for w in plan.windows},
+                            time_limit=cfg.campaign.limit)
         if (executor == "dask" or workers > 1) and isinstance(engine, SimEngine) \
                 and cfg.simulation.engine.core != "reference" and compiled_core.unsupported_here() is None:
             warm_compiled()    # compiled (or loaded from the disk cache) once, before the workers start
@@ -160,7 +160,7 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
                     caps[wid] = rec
                     bar.update(1)
                 bar.close()
-            check_plugins(ctx, todo[0], caps[todo[0].window.id], plan)
+            check_plugins(ctx, todo, caps, plan)
             bar = progress_bar(len(plan.shards), "campaign", "shard", disable=not progress,
                                initial=len(plan.shards) - len(todo))
             by_name = {sh.name: sh for sh in todo}
@@ -203,31 +203,65 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
     return result
 
 
-def check_plugins(ctx: WorkerContext, shard, capacity, plan: Plan) -> None:
-    """The plug-in contract, checked cheaply before the campaign on every plug-in scheduler of the plan (in this
-    process, on the first shard's window and region); RunFailed naming the policy and the rule when it fails:
+def check_shards(shards: Sequence, n_windows: int = 3) -> list:
+    """The shards a plug-in is checked on before the campaign: the lightest and the heaviest region (by rho) of
+    ``n_windows`` windows spread over the sources (at least two sources when there are two: one window per source in
+    turn, each source's windows taken from its middle outwards), so that a defect that shows only under load, on one
+    source or on some windows is met."""
+    if not shards:
+        return []
+    rhos = sorted({sh.rho for sh in shards})
+    ends = {rhos[0], rhos[-1]}
+    by_source: dict[str, list[str]] = {}
+    for sh in shards:
+        ids = by_source.setdefault(sh.window.source, [])
+        if sh.window.id not in ids:
+            ids.append(sh.window.id)
+    for s, ids in by_source.items():   # middle outwards: not only each trace's first minutes
+        mid = len(ids) // 2
+        by_source[s] = sorted(ids, key=lambda i: abs(ids.index(i) - mid))
+    chosen: list[str] = []
+    while len(chosen) < n_windows and any(by_source.values()):
+        for ids in by_source.values():      # one window per source in turn: two sources or more when there are
+            if ids and len(chosen) < n_windows:
+                chosen.append(ids.pop(0))
+    return [sh for sh in shards if sh.window.id in chosen and sh.rho in ends]
 
+
+def check_plugins(ctx: WorkerContext, shards: Sequence, caps: Mapping, plan: Plan) -> None:
+    """The plug-in contract, checked before the campaign on every plug-in scheduler of the plan (in this process, on
+    :func:`check_shards` of the shards to compute: the lightest and heaviest region of at least three windows of at
+    least two sources); RunFailed naming the policy, the cause and the rule when it fails, the causes in this order:
+
+    * a run that ends: each run has the time limit of :func:`~.executors.plugin_limit` (a plug-in that hangs);
     * randomness only from the run's generator: two runs with the same seed give the same results (a policy
       drawing from ``random``, ``numpy.random``'s global state or the clock does not, so its seeds, replicates
-      and cached results would mean nothing);
+      and cached results would mean nothing) -- checked on every chosen shard before the information is, so that
+      randomness is never named as reading the output; the campaign then compares a random-free plug-in's
+      replicates on every shard (:func:`~.executors.compute_shard`);
     * the information it declares: unless it declares ``oracle``, its decisions do not change when only the true
       output lengths are permuted (:func:`portbench.sim.information.reads_true_output`)."""
     plug = [s for s in plan.schedulers if sim_settings.is_plugin(s)]
-    if not plug:
+    chosen = check_shards(shards)
+    if not plug or not chosen:
         return
     load_worker_code(ctx, "the main process")
     for name in plug:
-        one = dataclasses.replace(shard, schedulers=(name,), replicates=tuple(shard.replicates[:1]), record_replicates=())
-        a, b = (compute_shard(ctx, one, capacity, plan.profile, plan.metrics)["runs"] for _ in range(2))
-        if not a.equals(b):
-            diff = [c for c in a.columns if not a[c].equals(b[c])]
-            raise RunFailed(f"scheduler {name!r} (a plug-in): two runs of window {shard.window.id}, region "
-                            f"{shard.region} with the same seed gave different results ({', '.join(diff[:4])}): it "
-                            "draws randomness outside the run's generator (random, numpy.random's global state, the "
-                            "clock ...). Draw every random number from the generator the engine passes (ctx.rng in "
-                            "reset(ctx)), so that a run is reproducible from its seed")
+        for shard in chosen:
+            one = dataclasses.replace(shard, schedulers=(name,), replicates=tuple(shard.replicates[:1]),
+                                      record_replicates=())
+            cap = caps[shard.window.id]
+            a, b = (compute_shard(ctx, one, cap, plan.profile, plan.metrics)["runs"] for _ in range(2))
+            if not a.equals(b):
+                diff = [c for c in a.columns if not a[c].equals(b[c])]
+                raise RunFailed(f"scheduler {name!r} (a plug-in): two runs of window {shard.window.id}, region "
+                                f"{shard.region} with the same seed gave different results ({', '.join(diff[:4])}): it "
+                                "draws randomness outside the run's generator (random, numpy.random's global state, "
+                                "the clock ...). Draw every random number from the generator the engine passes (ctx.rng "
+                                "in reset(ctx)), so that a run is reproducible from its seed")
         declared = scheduler_registry.uses(name)
         prof = ctx.engine.profile(ctx.sim) if hasattr(ctx.engine, "profile") else None
+        shard = chosen[0]
         if "oracle" not in declared and prof is not None and \
                 information.reads_true_output(name, ctx.windows[shard.window.id], ctx.sim, prof):
             raise RunFailed(f"scheduler {name!r} (a plug-in) declares information {', '.join(declared)}, but its "
@@ -267,7 +301,7 @@ def reuse_capacities(source: Config, target: Config) -> int:
     n = 0
     for f in src.glob("*.json"):
         if not (dst / f.name).is_file():
-            shutil.copyfile(f, dst / f.name)
+            outputs.copy(f, dst / f.name)
             n += 1
     return n
 
