@@ -29,6 +29,7 @@ with the headline's own functions (:mod:`portbench.study.analysis.ports`), nothi
 from __future__ import annotations
 
 import hashlib
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -55,6 +56,44 @@ VERDICTS = {
     "equivalent": "{p} and {b} are equivalent (within +-delta) on every side",
     "unresolved": "no side resolves the pair strongly: the windows cannot tell {p} from {b}",
 }
+
+
+def imported_name(spec: str) -> str:
+    """The scheduler name of an imported vLLM class ``module:Class`` / ``file.py:Class``: ``vllm_`` + the class name
+    in lower case."""
+    return "vllm_" + re.sub(r"\W", "_", spec.rsplit(":", 1)[-1]).lower()
+
+
+def imported_runs_dir(results_dir: Path, name: str) -> Path:
+    """Where the campaign of a policy the frozen campaign lacks writes (``{results_dir}/claims/runs/<name>``)."""
+    return Path(results_dir) / "claims" / "runs" / name
+
+
+def sub_config(cfg, names: Sequence[str], sources: Sequence[str], windows_per_source: int | None, *,
+               replicates: int | None = None):
+    """The campaign of the policies ``names`` alone, on the panel's ``sources`` and the study's regions, without
+    request records, in its own results folder (:func:`imported_runs_dir`): its shards never touch the frozen
+    campaign's files. ``replicates``: None keeps the study's."""
+    drop = {f"sources.{s}": None for s in cfg.sources if s not in sources}
+    over = {**drop, "paths.results_dir": str(imported_runs_dir(cfg.paths.results_dir, "+".join(names))),
+            "simulation.schedulers": list(names), "campaign.request_records": None,
+            "campaign.windows_per_source": windows_per_source}
+    if replicates is not None:
+        over["simulation.replicates"] = int(replicates)
+    return cfg.with_overrides(over)
+
+
+def with_extra(runs: pl.DataFrame, extra: pl.DataFrame, policy: str) -> tuple[pl.DataFrame, str | None]:
+    """The frozen campaign's ``runs`` with the ``extra`` runs of ``policy``, restricted to the windows and regions
+    ``policy`` ran on (so every scheduler of the ranking is on the same windows); a note when that drops any."""
+    extra = extra.filter(pl.col("scheduler") == policy).select([c for c in runs.columns if c in extra.columns])
+    keys = extra.select("window_id", "region").unique()
+    base = runs.filter(pl.col("scheduler") != policy).join(keys, on=["window_id", "region"], how="semi")
+    note = None
+    if base.select("window_id").n_unique() < runs.select("window_id").n_unique():
+        note = (f"{policy} ran on {keys['window_id'].n_unique()} windows: every scheduler is compared on those "
+                f"(the frozen campaign has {runs['window_id'].n_unique()})")
+    return pl.concat([base, extra], how="diagonal_relaxed"), note
 
 
 def claimable_metrics(runs: pl.DataFrame, slo) -> list[str]:
@@ -185,9 +224,16 @@ def evaluate(runs: pl.DataFrame, inputs, *, policy: str, baseline: str, metric: 
             "interval": ports.INTERVAL_TEXT[ports.INTERVAL].format(B=B), "block_lengths": blocks,
             "definition": ports.DEFINITION.format(corr=cfg["tie_correction"], alpha=cfg["alpha"]),
             "runs_sha256_16": runs_hash(runs.filter(pl.col("source").is_in(sources))),
-            "notes": list(cube.notes)},
+            "notes": [n for n in cube.notes if "non-finite" not in n] + _missing_note(cube, sources, mi[0], kp, kb)},
     }
     return out
+
+
+def _missing_note(cube: Cube, sources, m: int, kp: int, kb: int) -> list[str]:
+    """How many of the pair's per-window values of the metric are missing (non-finite) on the panel."""
+    n = sum(int(np.isnan(cube.values[s][:, m][:, [kp, kb]]).sum()) for s in sources)
+    tot = sum(int(cube.values[s][:, m][:, [kp, kb]].size) for s in sources)
+    return [f"{n} of the pair's {tot} per-window values of the metric are missing (non-finite) and left out"] if n else []
 
 
 def _tag(side: dict, policy: str, baseline: str) -> str:
@@ -297,10 +343,11 @@ def summary_lines(res: dict) -> list[str]:
     for s in res["sides"]:
         mark = {"policy_better": "+", "baseline_better": "-", "equivalent": "=", "undetermined": "?"}[
             _tag(s, c["policy"], c["baseline"])]
-        by_src.setdefault(s["source"], []).append(f"{s['region']} {mark}{_pct(s['effect'])}")
+        by_src.setdefault(s["source"], []).append(f"{s['region']} {mark} {_pct(s['change'])}")
     for src, items in by_src.items():
         lines.append(f"  {src:11s} " + "  ".join(items))
-    lines.append("  (+ policy strongly better, - baseline strongly better, = equivalent, ? undetermined; signed effect)")
+    lines.append(f"  (+ {c['policy']} strongly better, - {c['baseline']} strongly better, = equivalent, ? undetermined; "
+                 f"then {c['policy']}'s {c['metric']} relative to {c['baseline']}'s)")
     if res["reversals"]:
         lines.append("reverses: " + "; ".join(
             f"{r['source_1']} vs {r['source_2']} @ {r['region']}" if r["kind"] == "across_sources"

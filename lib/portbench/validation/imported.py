@@ -27,7 +27,6 @@ sampled token ids are all the dummy token 1 and reading their *values* is not ca
 from __future__ import annotations
 
 import importlib
-import re
 import sys
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from ..core import plugins
 from ..core.errors import PortbenchError
 from ..sim import schedulers as scheduler_registry
 from ..sim.schedulers import BaseScheduler
+from ..study import claim
 from ..study.campaign.engines import RunResult, scheduler_options
 from ..sim import metrics
 from . import virtual
@@ -69,7 +69,8 @@ def parse_spec(spec: str) -> tuple[str, str]:
 
 def imported_name(spec: str) -> str:
     """The registry name of an imported class: ``vllm_`` + the class name in lower case."""
-    return "vllm_" + re.sub(r"\W", "_", parse_spec(spec)[1]).lower()
+    parse_spec(spec)
+    return claim.imported_name(spec)
 
 
 def load_class(spec: str) -> type:
@@ -132,7 +133,7 @@ class VirtualHooks:
 
     def _preempt_request(self, request, *args, **kwargs):
         self.__dict__.setdefault("_pb_pre", []).append(request.request_id)
-        return super()._preempt_request(request, *args, **kwargs)  # type: ignore[misc]
+        return super()._preempt_request(request, *args, **kwargs)
 
     def pb_take_preempted(self) -> list[str]:
         out = self.__dict__.get("_pb_pre", [])
@@ -250,21 +251,7 @@ def check_deterministic(spec: str, run_once, where: str) -> None:
                                      "function of the requests and the scheduler's state, so that a run is reproducible")
 
 
-def runs_dir(results_dir: Path, name: str) -> Path:
-    """Where the imported class ``name``'s campaign writes (``{results_dir}/claims/runs/<name>``)."""
-    return Path(results_dir) / "claims" / "runs" / name
-
-
 REDUCED_WINDOWS = 10      # the default panel of an imported class: the first 10 windows of each panel source
-
-
-def sub_config(cfg, names: list[str], sources: list[str], windows_per_source: int | None):
-    """The campaign of the imported classes ``names``: the panel's ``sources``, the study's regions, replicate 0
-    (a deterministic class gives the same run under every seed), no request records, its own results folder."""
-    drop = {f"sources.{s}": None for s in cfg.sources if s not in sources}
-    return cfg.with_overrides({**drop, "paths.results_dir": str(runs_dir(cfg.paths.results_dir, "+".join(names))),
-                               "simulation.schedulers": list(names), "simulation.replicates": 1,
-                               "campaign.request_records": None, "campaign.windows_per_source": windows_per_source})
 
 
 def simulate(cfg, specs: list[str], *, panel: str = "real", windows_per_source: int | None = REDUCED_WINDOWS,
@@ -277,6 +264,6 @@ def simulate(cfg, specs: list[str], *, panel: str = "real", windows_per_source: 
     sources = list(cfg.analysis.panels.get(panel) or [])
     if not sources:
         raise ImportedSchedulerError(f"--panel {panel!r}: one of the analysis' panels: {', '.join(cfg.analysis.panels)}")
-    sub = sub_config(cfg, list(names), sources, windows_per_source)
+    sub = claim.sub_config(cfg, list(names), sources, windows_per_source, replicates=1)
     campaign.reuse_capacities(cfg, sub)
     return campaign.run(sub, engine=ImportedEngine(names), progress=progress)

@@ -1,0 +1,186 @@
+"""``portbench claim`` (issue #40): a claim checked with the headline's own tests, on planted run tables.
+
+* the sides of a pair are the classes the headline's ``ports`` table gives that pair (the same function on the same
+  ranking), for every source x region;
+* a planted effect on every side is found (verdict ``holds``), a planted reversal on one region of one source is
+  found and located (verdict ``reverses``, the comparisons that reverse), and a planted null is not called strong;
+* the effect's interval covers the planted effect; the JSON has the issue's keys;
+* the command: the verdict, the JSON and a self-contained HTML page under ``<site>/claims/``; a misspelt policy,
+  metric or panel is one message listing the valid names (no traceback); ``--help`` lists metrics and panels.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import polars as pl
+import pytest
+
+from planted import Effect, make_runs
+from portbench import cli, params
+from portbench.core.errors import ParameterError
+from portbench.present import claim_report
+from portbench.study import claim
+from portbench.study.analysis import ports
+from portbench.study.analysis.cube import build_cube, metric_names, settings
+from portbench.study.analysis.reversals import tenant_na
+from portbench.study.analysis.ties import deltas
+
+SOURCES = ("azure", "burstgpt", "bailian")
+REGIONS = {"light": 0.3, "busy": 0.7, "overload": 1.2}
+SCHEDS = ("fcfs", "sjf_prompt", "las", "random")
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    c = params.load(None, {"analysis": {"bootstrap": 200, "panels": {"study": list(SOURCES)}}}, validate=False)
+    return c
+
+
+def _runs(effects, seed=0, noise_sd=0.08):
+    return make_runs(schedulers=SCHEDS, sources=SOURCES, regions=REGIONS, metrics=("ttft_p90", "e2e_mean"),
+                     n_windows=16, replicates=1, skill={k: 0.0 for k in SCHEDS}, effects=effects,
+                     provenance={s: "real" for s in SOURCES}, seed=seed, noise_sd=noise_sd)
+
+
+def _everywhere(shift, scheduler="sjf_prompt", but=()):
+    return [Effect(scheduler, s, r, "ttft_p90", shift if (s, r) not in but else -shift)
+            for s in SOURCES for r in REGIONS]
+
+
+def _evaluate(cfg, runs, policy="sjf_prompt", baseline="fcfs", metric="ttft_p90"):
+    return claim.evaluate(runs, cfg.analysis_inputs, policy=policy, baseline=baseline, metric=metric, panel="study",
+                          scheduler_order=list(SCHEDS))
+
+
+def test_sides_are_the_headlines_classes(cfg):
+    runs = _runs(_everywhere(0.4, but={("bailian", "overload")}) + [Effect("las", "azure", "busy", "ttft_p90", 0.1)])
+    res = _evaluate(cfg, runs)
+    # the headline's classes of the same ranking, through its own table
+    a = cfg.analysis_inputs
+    st = settings(a.analysis, a.window_size)
+    cube = build_cube(runs, metric_spec=["ttft_p90"], all_metrics=metric_names(a.simulation.slo),
+                      scheduler_order=list(SCHEDS))
+    point, _ = ports.source_classes(cube, [0], st, deltas(cube, st), tenant_na(cube), sources=list(SOURCES))
+    table = ports.ports_table(cube, point, list(SOURCES), [0], "study").filter(
+        (pl.col("kind") == "across_regions") & (pl.col("a") == "fcfs") & (pl.col("b") == "sjf_prompt"))
+    head = {}
+    for r in table.iter_rows(named=True):
+        head[(r["source_1"], r["region_1"])] = r["side_1"]
+        head[(r["source_1"], r["region_2"])] = r["side_2"]
+    mine = {(s["source"], s["region"]): (s["class"] if s["class"] != "strong" else
+                                         ("a" if s["better"] == "fcfs" else "b")) for s in res["sides"]}
+    assert mine == head and len(mine) == len(SOURCES) * len(REGIONS)
+
+
+def test_planted_effect_holds_and_its_interval_covers_it(cfg):
+    res = _evaluate(cfg, _runs(_everywhere(0.4)))
+    assert res["verdict"] == "holds"
+    assert {s["class"] for s in res["sides"]} == {"strong"} and {s["better"] for s in res["sides"]} == {"sjf_prompt"}
+    # a latent shift of 0.4 on a lower-is-better metric: baseline / policy = e^0.4; symmetric relative effect
+    planted = (np.exp(0.4) - 1) / ((np.exp(0.4) + 1) / 2)
+    covered = sum(s["ci"][0] <= planted <= s["ci"][1] for s in res["sides"])
+    assert covered >= len(res["sides"]) - 2              # 95% intervals: nearly all cover the planted value
+    assert all(s["effect"] > 0 and s["ci"][0] > 0 for s in res["sides"])
+    assert res["four_way"]["across_sources"]["same_order"]["count"] == 3 * len(REGIONS)
+    assert res["concordance"]["across_sources"]["value"] == 1.0
+    assert not res["reversals"]
+    # the claim the other way round: the baseline is better everywhere
+    rev = _evaluate(cfg, _runs(_everywhere(0.4)), policy="fcfs", baseline="sjf_prompt")
+    assert rev["verdict"] == "opposite" and all(s["effect"] < 0 for s in rev["sides"])
+
+
+def test_planted_reversal_is_found_and_located(cfg):
+    res = _evaluate(cfg, _runs(_everywhere(0.4, but={("bailian", "overload")})))
+    assert res["verdict"] == "reverses"
+    bad = [s for s in res["sides"] if s["better"] == "fcfs"]
+    assert [(s["source"], s["region"]) for s in bad] == [("bailian", "overload")]
+    across = {(r["source_1"], r["source_2"], r["region"]) for r in res["reversals"] if r["kind"] == "across_sources"}
+    assert across == {("azure", "bailian", "overload"), ("burstgpt", "bailian", "overload")}
+    regions = {(r["source"], r["region_1"], r["region_2"]) for r in res["reversals"] if r["kind"] == "across_regions"}
+    assert regions == {("bailian", "light", "overload"), ("bailian", "busy", "overload")}
+    assert res["four_way"]["across_sources"]["reversal"]["count"] == 2
+    assert res["attribution"]["available"] is False       # no results folder: said, not invented
+
+
+def test_planted_null_is_not_called_strong(cfg):
+    # las = fcfs up to small per-window noise: never strong, mostly shown equivalent (TOST at +-delta = 5%)
+    res = _evaluate(cfg, _runs(_everywhere(0.4), noise_sd=0.03), policy="las")
+    assert res["counts"]["policy_better"] == 0 and res["counts"]["baseline_better"] == 0
+    assert res["counts"]["equivalent"] >= 6
+    assert res["verdict"] in ("equivalent", "unresolved")
+
+
+def test_json_keys_and_classes(cfg):
+    res = _evaluate(cfg, _runs(_everywhere(0.4)))
+    js = json.loads(json.dumps(res, default=str))
+    assert {"verdict", "sides", "four_way"} <= set(js)
+    for s in js["sides"]:
+        assert s["class"] in {"strong", "equivalent", "undetermined"}
+        assert {"better", "effect", "ci", "source", "region"} <= set(s)
+        assert (s["better"] is not None) == (s["class"] == "strong")
+    assert set(js["four_way"]) == {"across_sources", "across_regions"}
+    i = js["inputs"]
+    assert {"delta", "alpha", "regions", "windows_per_source", "metric", "policy", "runs_sha256_16"} <= set(i)
+
+
+@pytest.mark.parametrize("kw, param, listed", [
+    ({"policy": "sjf_promt"}, "--policy", "sjf_prompt"),
+    ({"baseline": "fcfz"}, "--baseline", "fcfs"),
+    ({"metric": "ttft_p9"}, "--metric", "ttft_p90"),
+])
+def test_misspelt_names_list_the_valid_ones(cfg, kw, param, listed):
+    args = {"policy": "sjf_prompt", "baseline": "fcfs", "metric": "ttft_p90", **kw}
+    with pytest.raises(ParameterError, match=re.escape(param) + f".*{listed}"):
+        claim.evaluate(_runs(()), cfg.analysis_inputs, panel="study", scheduler_order=list(SCHEDS), **args)
+
+
+def test_the_command_writes_verdict_json_and_page(tmp_path, capsys):
+    runs = _runs(_everywhere(0.4, but={("bailian", "overload")}))
+    f = tmp_path / "runs.parquet"
+    runs.write_parquet(f)
+    base = ["--set", f"analysis.runs_file={f}", "--set", "analysis.bootstrap=100",
+            "--set", "analysis.panels={study: [azure, burstgpt, bailian]}", "--set", f"paths.results_dir={tmp_path / 'r'}"]
+    site = tmp_path / "site"
+    rc = cli.main(["claim", "--policy", "sjf_prompt", "--baseline", "fcfs", "--metric", "ttft_p90", "--panel", "study",
+                   "--json", str(tmp_path / "c.json"), "--report-dir", str(site), *base])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "verdict: REVERSES" in out and "bailian vs" not in out.split("reverses:")[0]
+    res = json.loads((tmp_path / "c.json").read_text())
+    assert res["verdict"] == "reverses"
+    page = site / "claims" / "sjf_prompt_vs_fcfs_ttft_p90.html"
+    text = page.read_text()
+    assert "REVERSES" in text and "<svg" in text and "δ" in text and "α" in text
+    assert not re.search(r'(src|href)="(https?:|/)', text)           # self-contained: no external file
+    # misspelt panel / policy: one message with the valid names, exit status 2, no traceback
+    for bad, words in ((["--panel", "reel"], "--panel.*study"), (["--policy", "sjf_promt"], "--policy.*sjf_prompt")):
+        argv = ["claim", "--policy", "sjf_prompt", "--panel", "study", *base, "--report-dir", str(site)]
+        argv[argv.index(bad[0]) + 1] = bad[1]
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert re.search(words, err) and "Traceback" not in err
+
+
+def test_help_lists_metrics_and_panels(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["claim", "--help"])
+    out = capsys.readouterr().out
+    assert "metrics: " in out and "ttft_p90" in out and "panels: " in out and "real" in out
+
+
+def test_page_name_is_safe():
+    assert claim_report.page_name("vllm_mysched", "fcfs", "ttft_p90") == "vllm_mysched_vs_fcfs_ttft_p90.html"
+    assert claim_report.page_name("a/b c", "fcfs", "x") == "a_b_c_vs_fcfs_x.html"
+
+
+def test_with_extra_compares_every_scheduler_on_the_policys_windows():
+    runs = _runs(())
+    extra = runs.filter(pl.col("scheduler") == "fcfs").with_columns(pl.lit("mine").alias("scheduler"))
+    extra = extra.filter(pl.col("window_id").is_in(sorted(extra["window_id"].unique().to_list())[:5]))
+    both, note = claim.with_extra(runs.filter(pl.col("scheduler") != "mine"), extra, "mine")
+    assert set(both["window_id"].unique()) == set(extra["window_id"].unique())
+    assert note and "ran on 5 windows" in note
+    assert claim.imported_name("pkg.mod:MySched") == "vllm_mysched"
