@@ -148,7 +148,9 @@ def _delegate_vllm(cfg, args, specs: list[str], panel: str, windows_per_source) 
         cmd += ["--set", o]
     for p in _plugin_paths(args):
         cmd += ["--plugin", p]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+    cache = Path(cfg.paths.build_dir).parent / "vllm-cache" if cfg.paths.run_name else Path(cfg.paths.build_dir) / "vllm-cache"
+    env = {"NUMBA_CACHE_DIR": str(cache / "numba"), "VLLM_CACHE_ROOT": str(cache), "VLLM_NO_USAGE_STATS": "1",
+           "HF_HUB_OFFLINE": "1", **os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                        os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     print(f"[portbench] running the vLLM scheduler class(es) in .venv-vllm: {' '.join(cmd[3:])}", file=sys.stderr,
           flush=True)
