@@ -184,3 +184,58 @@ def test_with_extra_compares_every_scheduler_on_the_policys_windows():
     assert set(both["window_id"].unique()) == set(extra["window_id"].unique())
     assert note and "ran on 5 windows" in note
     assert claim.imported_name("pkg.mod:MySched") == "vllm_mysched"
+
+
+# --------------------------------------------------------------------------- simulation.vllm_schedulers (make all)
+
+
+def test_vllm_schedulers_parameter_is_checked():
+    from portbench.study.campaign import imported
+
+    cfg = params.load(None, {"simulation": {"vllm_schedulers": ["pkg.mod:MySched"]}}, validate=False)
+    assert cfg.simulation.vllm_schedulers == ("pkg.mod:MySched",)
+    assert params.load(None, validate=False).simulation.vllm_schedulers == ()
+    for bad in (["MySched"], "pkg.mod:MySched", [":X"], [3]):
+        with pytest.raises(ParameterError, match="simulation.vllm_schedulers.*MODULE:CLASS"):
+            params.load(None, {"simulation": {"vllm_schedulers": bad}}, validate=False)
+    assert imported.imported_name("pkg/x.py:My-Sched") == "vllm_my_sched"
+
+
+def test_campaign_hook_runs_the_classes_in_vllm_venv_and_the_analysis_reads_them(tmp_path, monkeypatch):
+    from portbench.core.errors import DataError, PortbenchError
+    from portbench.study.campaign import imported
+
+    py = tmp_path / "python"
+    py.write_text("")
+    monkeypatch.setenv("PORTBENCH_VLLM_PYTHON", str(py))
+    cfg = params.load(None, {"simulation": {"vllm_schedulers": ["docs/examples/vllm_prompt_sjf.py:PromptSJF"]},
+                             "paths": {"results_dir": str(tmp_path / "r")}}, validate=False)
+    seen = []
+
+    class Done:
+        returncode = 0
+
+    imported.run_classes(cfg, runner=lambda cmd, env: seen.append((cmd, env)) or Done())
+    cmd, env = seen[0]
+    assert cmd[:4] == [str(py), "-m", "portbench", "simulate"]
+    assert cmd[cmd.index("--vllm-scheduler") + 1] == "docs/examples/vllm_prompt_sjf.py:PromptSJF"
+    assert cmd[cmd.index("--panel") + 1] == "all" and cmd[cmd.index("--windows") + 1] == "all"
+    assert f"paths.results_dir={tmp_path / 'r'}" in cmd and env["PYTHONPATH"].split(":")[0].endswith("lib")
+
+    class Failed:
+        returncode = 3
+
+    with pytest.raises(PortbenchError, match="failed \\(exit 3"):
+        imported.run_classes(cfg, runner=lambda cmd, env: Failed())
+    # the analysis' runs: the campaign's plus the class's; missing runs are one message naming the command
+    runs = _runs(())
+    with pytest.raises(DataError, match="vllm_promptsjf.*missing.*notebook 03"):
+        imported.with_classes(runs, cfg.simulation, tmp_path / "r")
+    mine = runs.filter(pl.col("scheduler") == "fcfs").with_columns(pl.lit("vllm_promptsjf").alias("scheduler"))
+    folder = imported.runs_dir(tmp_path / "r", "vllm_promptsjf")
+    folder.mkdir(parents=True)
+    mine.write_parquet(folder / "runs.parquet")
+    both = imported.with_classes(runs, cfg.simulation, tmp_path / "r")
+    assert both.height == runs.height + mine.height and "vllm_promptsjf" in both["scheduler"].unique().to_list()
+    cube = build_cube(both, metric_spec=["ttft_p90"], all_metrics=metric_names(cfg.simulation.slo))
+    assert "vllm_promptsjf" in cube.schedulers                # ranked beside the others

@@ -113,48 +113,25 @@ def cmd_predict(args):
         print(f"transfer campaign: {runs.height} runs under {honest.transfer_dir(cfg.paths.results_dir)}")
 
 
-def _vllm_python(cfg) -> str | None:
-    """The interpreter of .venv-vllm (``$PORTBENCH_VLLM_PYTHON``, else ``<root>/.venv-vllm/bin/python``), or None
-    when this interpreter has vLLM itself."""
+def _delegate_vllm(cfg, args, specs: list[str], panel: str, windows_per_source) -> None:
+    """Run the vLLM scheduler classes ``specs`` here when this interpreter has vLLM, else ``portbench simulate
+    --vllm-scheduler`` in .venv-vllm (a subprocess, :mod:`portbench.study.campaign.imported`) with the same parameters."""
     import importlib.util
+    import subprocess
 
     if importlib.util.find_spec("vllm") is not None:
-        return None
-    py = os.environ.get("PORTBENCH_VLLM_PYTHON") or str(Path(cfg.paths.root) / ".venv-vllm" / "bin" / "python")
-    if not Path(py).is_file():
-        raise PortbenchError(f"a vLLM scheduler class runs on the virtual vLLM engine, which needs .venv-vllm ({py} is "
-                             "not there): make setup-vllm, or set PORTBENCH_VLLM_PYTHON")
-    return py
-
-
-def _delegate_vllm(cfg, args, specs: list[str], panel: str, windows_per_source) -> None:
-    """Run ``portbench simulate --vllm-scheduler`` for ``specs`` in .venv-vllm (a subprocess) when this interpreter
-    lacks vLLM, else here."""
-    py = _vllm_python(cfg)
-    if py is None:
         from .validation import imported
 
         imported.simulate(cfg, specs, panel=panel, windows_per_source=windows_per_source)
         return
-    import subprocess
-
-    cmd = [py, "-m", "portbench", "simulate", "--panel", panel,
-           "--windows", "all" if windows_per_source is None else str(windows_per_source)]
-    for sp in specs:
-        cmd += ["--vllm-scheduler", sp]
-    if getattr(args, "params", None):
-        cmd += ["--params", str(Path(args.params).resolve())]
+    cmd = campaign.imported.command(cfg, specs, panel=panel, windows_per_source=windows_per_source)
     for o in getattr(args, "set", None) or []:
         cmd += ["--set", o]
     for p in _plugin_paths(args):
         cmd += ["--plugin", p]
-    cache = Path(cfg.paths.build_dir).parent / "vllm-cache" if cfg.paths.run_name else Path(cfg.paths.build_dir) / "vllm-cache"
-    env = {"NUMBA_CACHE_DIR": str(cache / "numba"), "VLLM_CACHE_ROOT": str(cache), "VLLM_NO_USAGE_STATS": "1",
-           "HF_HUB_OFFLINE": "1", **os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                       os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     print(f"[portbench] running the vLLM scheduler class(es) in .venv-vllm: {' '.join(cmd[3:])}", file=sys.stderr,
           flush=True)
-    rc = subprocess.run(cmd, env=env).returncode
+    rc = subprocess.run(cmd, env=campaign.imported.subprocess_env(cfg)).returncode
     if rc:
         raise PortbenchError(f"the vLLM scheduler run in .venv-vllm failed (exit {rc}; its message is above)")
 
@@ -210,8 +187,8 @@ def cmd_claim(args):
         raise ParameterError("--panel", panel, f"one of the analysis' panels: {', '.join(cfg.analysis.panels)}")
     sources = list(cfg.analysis.panels[panel])
     if ":" in policy:                                   # an imported vLLM Scheduler subclass
-        spec, policy = policy, claim_mod.imported_name(policy)
-        folder = claim_mod.imported_runs_dir(cfg.paths.results_dir, policy)
+        spec, policy = policy, campaign.imported.imported_name(policy)
+        folder = campaign.imported.runs_dir(cfg.paths.results_dir, policy)
         if not (folder / "runs.parquet").is_file() or args.resimulate:
             _delegate_vllm(cfg, args, [spec], panel, args.windows)
         extra = pl_read(folder / "runs.parquet")
@@ -517,8 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
     cl = add("claim", cmd_claim, "check a claim: does 'POLICY beats BASELINE on METRIC' port across sources and regions? "
              "From the frozen campaign's runs (a plug-in or a vLLM class is simulated first); prints the verdict and "
              "writes a one-page HTML report into the results site (<report>/claims/)")
-    cl.formatter_class = argparse.RawDescriptionHelpFormatter
-    cl.epilog = _claim_epilog()
+    plain_help = cl.format_help
+    cl.format_help = lambda: plain_help() + "\n" + _claim_epilog()      # the names only on --help
     cl.add_argument("--policy", required=True, metavar="NAME|MODULE:CLASS",
                     help="a scheduler of the campaign, a plug-in's (with --plugin FILE) or a vLLM Scheduler subclass")
     cl.add_argument("--baseline", default="fcfs", help="the scheduler it is claimed to beat (default fcfs)")
@@ -577,11 +554,13 @@ def _claim_epilog() -> str:
     from .sim import metrics as metric_registry
 
     try:
-        panels = ", ".join((params.read(None).get("analysis") or {}).get("panels") or {})
+        tree = params.read(None)
+        panels = ", ".join((tree.get("analysis") or {}).get("panels") or {})
+        metrics = ", ".join(metric_registry.metric_names((tree.get("simulation") or {}).get("slo")))
     except PortbenchError:
-        panels = "(the parameter file's analysis.panels)"
-    return (f"metrics: {', '.join(metric_registry.metric_names())}\npanels: {panels}\n"
-            "example: portbench claim --policy sjf_prompt --baseline fcfs --metric ttft_p90 --panel real --json c.json")
+        panels, metrics = "(the parameter file's analysis.panels)", "(`portbench params --show analysis.metrics`)"
+    return (f"metrics: {metrics}\npanels: {panels} (default: the headline panel)\n"
+            "example: portbench claim --policy sjf_prompt --baseline fcfs --metric ttft_p90 --panel real --json c.json\n")
 
 
 def main(argv=None) -> int:

@@ -29,7 +29,6 @@ with the headline's own functions (:mod:`portbench.study.analysis.ports`), nothi
 from __future__ import annotations
 
 import hashlib
-import re
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,6 +43,7 @@ from .analysis.common import _num, _source_rng, panel_sources
 from .analysis.cube import Cube, build_cube, metric_direction, metric_names, metric_scale, settings
 from .analysis.results import headline_panel_of
 from .analysis.reversals import TENANT_METRICS, tenant_na
+from .campaign.imported import runs_dir as imported_runs_dir
 from .analysis.ties import deltas as metric_deltas
 
 CLASS_NAMES = {stats.STRONG_A: "strong", stats.STRONG_B: "strong", stats.EQUIVALENT: "equivalent",
@@ -58,17 +58,6 @@ VERDICTS = {
 }
 
 
-def imported_name(spec: str) -> str:
-    """The scheduler name of an imported vLLM class ``module:Class`` / ``file.py:Class``: ``vllm_`` + the class name
-    in lower case."""
-    return "vllm_" + re.sub(r"\W", "_", spec.rsplit(":", 1)[-1]).lower()
-
-
-def imported_runs_dir(results_dir: Path, name: str) -> Path:
-    """Where the campaign of a policy the frozen campaign lacks writes (``{results_dir}/claims/runs/<name>``)."""
-    return Path(results_dir) / "claims" / "runs" / name
-
-
 def sub_config(cfg, names: Sequence[str], sources: Sequence[str], windows_per_source: int | None, *,
                replicates: int | None = None):
     """The campaign of the policies ``names`` alone, on the panel's ``sources`` and the study's regions, without
@@ -76,7 +65,7 @@ def sub_config(cfg, names: Sequence[str], sources: Sequence[str], windows_per_so
     campaign's files. ``replicates``: None keeps the study's."""
     drop = {f"sources.{s}": None for s in cfg.sources if s not in sources}
     over = {**drop, "paths.results_dir": str(imported_runs_dir(cfg.paths.results_dir, "+".join(names))),
-            "simulation.schedulers": list(names), "campaign.request_records": None,
+            "simulation.schedulers": list(names), "simulation.vllm_schedulers": [], "campaign.request_records": None,
             "campaign.windows_per_source": windows_per_source}
     if replicates is not None:
         over["simulation.replicates"] = int(replicates)

@@ -35,6 +35,7 @@ from ..core.errors import PortbenchError
 from ..sim import schedulers as scheduler_registry
 from ..sim.schedulers import BaseScheduler
 from ..study import claim
+from ..study.campaign import imported as campaign_imported
 from ..study.campaign.engines import RunResult, scheduler_options
 from ..sim import metrics
 from . import virtual
@@ -70,7 +71,7 @@ def parse_spec(spec: str) -> tuple[str, str]:
 def imported_name(spec: str) -> str:
     """The registry name of an imported class: ``vllm_`` + the class name in lower case."""
     parse_spec(spec)
-    return claim.imported_name(spec)
+    return campaign_imported.imported_name(spec)
 
 
 def load_class(spec: str) -> type:
@@ -254,16 +255,24 @@ def check_deterministic(spec: str, run_once, where: str) -> None:
 REDUCED_WINDOWS = 10      # the default panel of an imported class: the first 10 windows of each panel source
 
 
-def simulate(cfg, specs: list[str], *, panel: str = "real", windows_per_source: int | None = REDUCED_WINDOWS,
-             progress: bool = True):
-    """Run the imported classes of ``specs`` on the panel's sources (module docstring); returns the campaign's result
-    (its runs under :func:`runs_dir`)."""
+def simulate(cfg, specs: list[str], *, panel: str | None = "real", windows_per_source: int | None = REDUCED_WINDOWS,
+             progress: bool = True) -> list:
+    """Run each imported class of ``specs`` on the panel's sources (None or ``all``: every source of ``cfg``), each
+    in a campaign of its own (module docstring); returns the campaigns' results (runs under
+    :func:`portbench.study.campaign.imported.runs_dir`)."""
     from ..study import campaign
 
-    names = {register(s): s for s in specs}
-    sources = list(cfg.analysis.panels.get(panel) or [])
-    if not sources:
-        raise ImportedSchedulerError(f"--panel {panel!r}: one of the analysis' panels: {', '.join(cfg.analysis.panels)}")
-    sub = claim.sub_config(cfg, list(names), sources, windows_per_source, replicates=1)
-    campaign.reuse_capacities(cfg, sub)
-    return campaign.run(sub, engine=ImportedEngine(names), progress=progress)
+    if panel in (None, "all"):
+        sources = list(cfg.sources)
+    else:
+        sources = list(cfg.analysis.panels.get(panel) or [])
+        if not sources:
+            raise ImportedSchedulerError(f"--panel {panel!r}: all or one of the analysis' panels: "
+                                         f"{', '.join(cfg.analysis.panels)}")
+    out = []
+    for spec in specs:
+        name = register(spec)
+        sub = claim.sub_config(cfg, [name], sources, windows_per_source, replicates=1)
+        campaign.reuse_capacities(cfg, sub)
+        out.append(campaign.run(sub, engine=ImportedEngine({name: spec}), progress=progress))
+    return out
