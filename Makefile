@@ -138,7 +138,7 @@ validate-reduced:  ## the reduced CPU validation of `make all` (sized to validat
 
 test-vllm: $(VLLM_STAMP)  ## replay harness, a short validation and the conformance check on vLLM's CPU build (tiny model, dummy weights)
 	mkdir -p $(BUILD)/vllm-cache
-	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_harness.py tests/test_conformance.py
+	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_harness.py tests/test_conformance.py tests/test_vllm_import.py
 
 # gpu-validate: with an NVIDIA GPU (nvidia-smi works) notebook 08 runs in .venv-gpu (CUDA vllm==0.32.0 +
 # portbench, constraints-vllm-gpu.txt; vLLM's numpy pin cannot share the main lock); without one it

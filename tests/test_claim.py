@@ -20,7 +20,7 @@ import pytest
 
 from planted import Effect, make_runs
 from portbench import cli, params
-from portbench.core.errors import ParameterError
+from portbench.core.errors import ParameterError, PortbenchError
 from portbench.present import claim_report
 from portbench.study import claim
 from portbench.study.analysis import ports
@@ -239,3 +239,72 @@ def test_campaign_hook_runs_the_classes_in_vllm_venv_and_the_analysis_reads_them
     assert both.height == runs.height + mine.height and "vllm_promptsjf" in both["scheduler"].unique().to_list()
     cube = build_cube(both, metric_spec=["ttft_p90"], all_metrics=metric_names(cfg.simulation.slo))
     assert "vllm_promptsjf" in cube.schedulers                # ranked beside the others
+
+
+# --------------------------------------------------------------------------- a plug-in file: the same faults
+
+
+RAISING_PLUGIN = """
+from portbench.sim.schedulers import BaseScheduler, register_scheduler
+
+@register_scheduler
+class Fragile(BaseScheduler):
+    name = "fragile_claim"
+    information = "prompt"
+    seen = 0
+
+    def priority(self, r, now):
+        type(self).seen += 1
+        if type(self).seen > 50:
+            raise ZeroDivisionError("the 51st decision")
+        return r.prompt_tokens
+"""
+
+NOT_A_SCHEDULER = """
+from portbench.sim.schedulers import register_scheduler
+
+@register_scheduler
+class NotOne:
+    name = "not_one_claim"
+    information = "prompt"
+"""
+
+
+def test_a_plugin_file_s_faults_are_one_message_each(tmp_path, shared_traces):
+    """The plug-in counterparts of the vLLM class's faults (tests/test_vllm_import.py): a missing file, a class that
+    is not a scheduler, one that raises while running (its line, no traceback); non-deterministic and reading what
+    it does not declare are tests/test_fault_cases.py's."""
+    from pathlib import Path
+
+    from portbench.core import plugins
+    from portbench.sim import schedulers
+    from portbench.study import campaign
+    from portbench.study.campaign.executors import RunFailed
+
+    root = Path(__file__).resolve().parents[1]
+    with pytest.raises(ParameterError, match="plugins.*an existing Python file"):
+        params.load("papermill_params/smoke.yaml", {"plugins": [str(tmp_path / "nope.py")]})
+    bad = tmp_path / "not_one.py"
+    bad.write_text(NOT_A_SCHEDULER)
+    with pytest.raises(PortbenchError, match="not_one_claim.*Scheduler protocol.*missing"):
+        params.load("papermill_params/smoke.yaml", {"plugins": [str(bad)]})
+    f = tmp_path / "fragile.py"
+    f.write_text(RAISING_PLUGIN)
+    o = {"paths": {"data_dir": str(tmp_path / "data"), "results_dir": str(tmp_path / "r"),
+                   "manifest": str(root / "data" / "windows" / "manifest.json")},
+         "plugins": [str(f)], "simulation": {"schedulers": ["fcfs", "fragile_claim"], "regions": ["overload"],
+                                             "replicates": 1},
+         "campaign": {"windows_per_source": 1, "request_records": {"windows_per_source": 0}},
+         "sources": {"bailian": None, "burstgpt": None, "mooncake": None, "azure_code": None}}
+    try:
+        cfg = params.load("papermill_params/smoke.yaml", o)
+        with pytest.raises(RunFailed) as got:
+            campaign.run(cfg, workers=1, progress=False, verbose=False)
+        msg = str(got.value)
+        assert re.search(r"window azure-\d+, region overload .*scheduler fragile_claim.*the plug-in raised "
+                         r"ZeroDivisionError: the 51st decision \(at fragile.py:13\)", msg), msg
+        assert "Traceback" not in msg and "worker traceback" not in msg
+    finally:
+        for n in ("fragile_claim", "not_one_claim"):
+            schedulers.SCHEDULERS.pop(n, None)
+        plugins._LOADED.clear()
