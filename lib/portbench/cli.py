@@ -178,7 +178,7 @@ def cmd_claim(args):
         raise PortbenchError(f"no campaign runs to check the claim on ({e}); run `make all` (or `portbench simulate`) "
                              "with the same --params / --set first") from None
     present = sorted(runs["scheduler"].unique().to_list())
-    policy, prov, note = args.policy, None, None
+    policy, prov, note, note_engine = args.policy, None, None, None
     panel = args.panel or analysis.headline_panel_of(
         analysis.panel_sources({k: list(v) for k, v in cfg.analysis.panels.items()}, sorted(runs["source"].unique()),
                                dict(runs.select("source", "provenance").unique().iter_rows())),
@@ -192,6 +192,10 @@ def cmd_claim(args):
         if not (folder / "runs.parquet").is_file() or args.resimulate:
             _delegate_vllm(cfg, args, [spec], panel, args.windows)
         extra = pl_read(folder / "runs.parquet")
+        note_engine = (f"{policy} ran on the virtual vLLM engine, the campaign's schedulers on the simulator: the two are "
+                       "bit-identical on runs without prefix caching (portbench conform / vllm-virtual); on sources "
+                       "with prefix caching (the trace's hash blocks: mooncake) their cache rules differ, so such sides "
+                       "mix two engines")
         prov = {"name": policy, "kind": "vLLM Scheduler subclass on the virtual vLLM engine (vLLM's scheduler, KV "
                 "manager and preemption; the campaign's cost model in a virtual clock)", "class": spec,
                 **_imported_provenance(folder, policy)}
@@ -214,8 +218,7 @@ def cmd_claim(args):
         runs, note = claim_mod.with_extra(runs, extra, policy)
     res = claim_mod.evaluate(runs, cfg.analysis_inputs, policy=policy, baseline=args.baseline, metric=args.metric,
                              panel=panel, results_dir=cfg.paths.results_dir, provenance_of_policy=prov)
-    if note:
-        res["inputs"]["notes"].append(note)
+    res["inputs"]["notes"] += [n for n in (note, note_engine) if n]
     res["inputs"]["portbench"] = __version__
     res["wall_s"] = round(time.perf_counter() - t0, 2)
     for line in claim_mod.summary_lines(res):
