@@ -45,7 +45,7 @@ def _grid(res: dict) -> str:
     """An SVG grid: one row per source, one column per region; colour = class, text = signed effect [CI]."""
     c = res["claim"]
     srcs, regs = c["sources"], c["regions"]
-    cw, ch, lw, th = 168, 46, 120, 34
+    cw, ch, lw, th = 160, 58, 120, 34
     W, H = lw + cw * len(regs) + 2, th + ch * len(srcs) + 2
     by = {(s["source"], s["region"]): s for s in res["sides"]}
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" role="img" '
@@ -77,8 +77,9 @@ def _grid(res: dict) -> str:
                        f'p_adj {side["p_adj"]}, TOST p_adj {side["p_tost_adj"]}; {side["windows"]} windows</title></rect>'
                        f'<text x="{x + cw / 2}" y="{y + 18}" text-anchor="middle" font-size="13" fill="{ink}" '
                        f'font-weight="bold">{_pct(side["effect"])}</text>'
-                       f'<text x="{x + cw / 2}" y="{y + 34}" text-anchor="middle" font-size="10" fill="{ink}">{cis}'
-                       f'{"  " + c["metric"] + " " + _pct(side["change"]) if side.get("change") is not None else ""}</text>')
+                       f'<text x="{x + cw / 2}" y="{y + 33}" text-anchor="middle" font-size="10" fill="{ink}">{cis}</text>'
+                       f'<text x="{x + cw / 2}" y="{y + 47}" text-anchor="middle" font-size="10" fill="{ink}">'
+                       f'{c["metric"] + " " + _pct(side["change"]) if side.get("change") is not None else ""}</text>')
     out.append("</svg>")
     return "".join(out)
 
