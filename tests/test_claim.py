@@ -308,3 +308,25 @@ def test_a_plugin_file_s_faults_are_one_message_each(tmp_path, shared_traces):
         for n in ("fragile_claim", "not_one_claim"):
             schedulers.SCHEDULERS.pop(n, None)
         plugins._LOADED.clear()
+
+
+def test_a_reversal_gets_the_attributions_leading_property(cfg, tmp_path):
+    folder = tmp_path / "attribution"
+    folder.mkdir()
+    rows = [{"pair": "azure|bailian", "source_a": "azure", "source_b": "bailian", "region": "overload",
+             "metric": "ttft_p90", "player": p, "share": v, "share_ci_low": v - 0.1, "share_ci_high": v + 0.1}
+            for p, v in (("arrival", 0.2), ("output", 0.7), ("prompt", 0.1))]
+    rows.append({**rows[0], "region": "light", "player": "prompt", "share": 0.99})     # not a reversal there
+    pl.DataFrame(rows).write_parquet(folder / "shapley.parquet")
+    pl.DataFrame([{"pair": "azure|bailian", "a": "fcfs", "b": "sjf_prompt", "region": "overload", "metric": "ttft_p90",
+                   "status": "traced", "minimal_sets": "output", "sign_sets": "output"},
+                  {"pair": "azure|burstgpt", "a": "fcfs", "b": "sjf_prompt", "region": "overload", "metric": "ttft_p90",
+                   "status": "traced", "minimal_sets": "arrival", "sign_sets": None}]).write_parquet(folder / "tracing.parquet")
+    res = claim.evaluate(_runs(_everywhere(0.4, but={("bailian", "overload")})), cfg.analysis_inputs,
+                         policy="sjf_prompt", baseline="fcfs", metric="ttft_p90", panel="study",
+                         scheduler_order=list(SCHEDS), results_dir=tmp_path)
+    at = res["attribution"]
+    assert at["available"]
+    assert [(x["sources"], x["region"], x["property"]) for x in at["leading"]] == [("azure vs bailian", "overload", "output")]
+    assert [(x["pair"], x["minimal_sets"]) for x in at["traced"]] == [("azure|bailian", "output")]   # not a reversal: left out
+    assert "leading property output" in "\n".join(claim.summary_lines(res))

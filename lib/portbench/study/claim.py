@@ -112,6 +112,9 @@ def _attribution(results_dir: Path | None, policy: str, baseline: str, metric: s
         t = t.filter(((pl.col("a") == policy) & (pl.col("b") == baseline)) |
                      ((pl.col("a") == baseline) & (pl.col("b") == policy)))
         for r in t.iter_rows(named=True):
+            a_, _, b_ = str(r["pair"]).partition("|")
+            if (a_, b_, r["region"]) not in wanted and (b_, a_, r["region"]) not in wanted:
+                continue                            # a comparison of this pair that does not reverse here
             out["traced"].append({"pair": r["pair"], "region": r["region"], "status": r["status"],
                                   "minimal_sets": r["minimal_sets"], "sign_sets": r.get("sign_sets")})
     if sh.is_file():
