@@ -346,6 +346,9 @@ def summary_lines(res: dict) -> list[str]:
             else f"{r['source']}: {r['region_1']} vs {r['region_2']}" for r in res["reversals"][:8])
             + (f" (+{len(res['reversals']) - 8} more)" if len(res["reversals"]) > 8 else ""))
         at = res["attribution"]
+        for t in [t for t in at.get("traced", []) if t["minimal_sets"]][:3]:
+            lines.append(f"attribution: {t['pair'].replace('|', ' vs ')} @ {t['region']}: the reversal is reproduced by "
+                         f"swapping {t['minimal_sets']} (smallest set)")
         if at.get("leading"):
             lead = at["leading"][0]
             lines.append(f"attribution: leading property {lead['property']} ({_pct(lead['share'])} of the "
