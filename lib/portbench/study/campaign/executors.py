@@ -129,9 +129,14 @@ def _plugin_line(e: BaseException) -> str | None:
     """``file.py:line`` of the innermost frame of ``e`` in a loaded plug-in file, or None."""
     files = {getattr(sys.modules.get(m), "__file__", None) for m in plugin_loader.loaded_modules()}
     files.discard(None)
-    for f in reversed(traceback.extract_tb(e.__traceback__)):
-        if f.filename in files:
-            return f"{Path(f.filename).name}:{f.lineno}"
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:       # the exception and its causes (simpy re-raises a copy)
+        seen.add(id(x))
+        for f in reversed(traceback.extract_tb(x.__traceback__)):
+            if f.filename in files:
+                return f"{Path(f.filename).name}:{f.lineno}"
+        x = x.__cause__ or x.__context__
     return None
 
 
