@@ -182,8 +182,10 @@ def test_with_extra_compares_every_scheduler_on_the_policys_windows():
     extra = extra.filter(pl.col("window_id").is_in(sorted(extra["window_id"].unique().to_list())[:5]))
     both, note = claim.with_extra(runs.filter(pl.col("scheduler") != "mine"), extra, "mine")
     assert set(both["window_id"].unique()) == set(extra["window_id"].unique())
-    assert note and "ran on 5 windows" in note
-    assert claim.imported_name("pkg.mod:MySched") == "vllm_mysched"
+    assert note and "ran on 5 windows per source" in note and "has 16 per source" in note
+    from portbench.study.campaign import imported
+
+    assert imported.imported_name("pkg.mod:MySched") == "vllm_mysched"
 
 
 # --------------------------------------------------------------------------- simulation.vllm_schedulers (make all)

@@ -80,8 +80,11 @@ def with_extra(runs: pl.DataFrame, extra: pl.DataFrame, policy: str) -> tuple[pl
     base = runs.filter(pl.col("scheduler") != policy).join(keys, on=["window_id", "region"], how="semi")
     note = None
     if base.select("window_id").n_unique() < runs.select("window_id").n_unique():
-        note = (f"{policy} ran on {keys['window_id'].n_unique()} windows: every scheduler is compared on those "
-                f"(the frozen campaign has {runs['window_id'].n_unique()})")
+        def per_source(df):
+            return df.group_by("source").agg(pl.col("window_id").n_unique())["window_id"].max()
+
+        note = (f"{policy} ran on {per_source(extra)} windows per source (the first ones): every scheduler is compared "
+                f"on those (the frozen campaign has {per_source(runs)} per source)")
     return pl.concat([base, extra], how="diagonal_relaxed"), note
 
 
