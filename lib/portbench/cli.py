@@ -9,11 +9,15 @@ its manifest, window cache and frozen predictions under build/<run name>/windows
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+import polars as pl
 import yaml
 
 from . import __version__, bench, notebooks, params, validation
@@ -21,8 +25,13 @@ from .core import plugins
 from .core.config import key_doc, parameter_docs
 from .core.errors import DataError, ParameterError, PortbenchError
 from .data import registry, traces, windows
-from .present import attribution_text, plots_analysis, plots_attribution, report, site, text
+from .core.io import read_meta
+from .present import attribution_text, claim_report, plots_analysis, plots_attribution, report, site, text
+from .sim import metrics as metric_registry
+from .sim import schedulers as scheduler_registry
+from .sim import settings as sim_settings
 from .study import analysis, attribution, campaign, honest
+from .study import claim as claim_mod
 
 
 def _plugin_paths(args) -> list[str]:
@@ -116,22 +125,19 @@ def cmd_predict(args):
 def _delegate_vllm(cfg, args, specs: list[str], panel: str, windows_per_source) -> None:
     """Run the vLLM scheduler classes ``specs`` here when this interpreter has vLLM, else ``portbench simulate
     --vllm-scheduler`` in .venv-vllm (a subprocess, :mod:`portbench.study.campaign.imported`) with the same parameters."""
-    import importlib.util
-    import subprocess
-
     if importlib.util.find_spec("vllm") is not None:
         from .validation import imported
 
         imported.simulate(cfg, specs, panel=panel, windows_per_source=windows_per_source)
         return
-    cmd = campaign.imported.command(cfg, specs, panel=panel, windows_per_source=windows_per_source)
+    cmd = campaign.imported.command(cfg.paths, specs, panel=panel, windows_per_source=windows_per_source)
     for o in getattr(args, "set", None) or []:
         cmd += ["--set", o]
     for p in _plugin_paths(args):
         cmd += ["--plugin", p]
     print(f"[portbench] running the vLLM scheduler class(es) in .venv-vllm: {' '.join(cmd[3:])}", file=sys.stderr,
           flush=True)
-    rc = subprocess.run(cmd, env=campaign.imported.subprocess_env(cfg)).returncode
+    rc = subprocess.run(cmd, env=campaign.imported.subprocess_env(cfg.paths)).returncode
     if rc:
         raise PortbenchError(f"the vLLM scheduler run in .venv-vllm failed (exit {rc}; its message is above)")
 
@@ -163,11 +169,6 @@ def cmd_simulate(args):
 
 def cmd_claim(args):
     """Does "policy beats baseline on metric" port? (study.claim; issue #40)"""
-    import time
-
-    from .present import claim_report
-    from .study import claim as claim_mod
-    from .sim import schedulers as scheduler_registry
 
     t0 = time.perf_counter()
     cfg = _params(args)
@@ -209,11 +210,11 @@ def cmd_claim(args):
         print(f"[portbench] {policy} is not in the frozen campaign: simulating it on panel {panel} first",
               file=sys.stderr, flush=True)
         extra = campaign.run(sub).runs
-        prov = {"name": policy, "kind": "plug-in scheduler (simulator)", **_plugin_provenance(cfg, policy)}
+        prov = {"name": policy, "kind": "plug-in scheduler (simulator)", **_plugin_provenance(cfg.plugins, policy)}
     else:
         extra = None
         prov = {"name": policy, "kind": "plug-in scheduler (simulator)" if _is_plugin(policy) else "built-in",
-                **(_plugin_provenance(cfg, policy) if _is_plugin(policy) else {})}
+                **(_plugin_provenance(cfg.plugins, policy) if _is_plugin(policy) else {})}
     if extra is not None:
         runs, note = claim_mod.with_extra(runs, extra, policy)
     res = claim_mod.evaluate(runs, cfg.analysis_inputs, policy=policy, baseline=args.baseline, metric=args.metric,
@@ -231,25 +232,20 @@ def cmd_claim(args):
 
 
 def pl_read(path: Path):
-    import polars as pl
-
     if not Path(path).is_file():
         raise DataError(path, "the vLLM scheduler class's runs are missing (its campaign did not finish)")
     return pl.read_parquet(path)
 
 
 def _is_plugin(name: str) -> bool:
-    from .sim import settings as sim_settings
-
     return sim_settings.is_plugin(name)
 
 
-def _plugin_provenance(cfg, name: str) -> dict:
+def _plugin_provenance(loaded, name: str) -> dict:
     """The plug-in file (or module) that registered ``name`` and its SHA-256."""
-    from .sim import schedulers as scheduler_registry
 
     mod = scheduler_registry.SCHEDULERS[name].__module__
-    for p in plugins.specs(cfg.plugins):
+    for p in plugins.specs(loaded):
         if p.module == mod:
             return {"plugin": p.path or p.spec, "sha256": p.sha256}
     return {"module": mod}
@@ -257,8 +253,6 @@ def _plugin_provenance(cfg, name: str) -> dict:
 
 def _imported_provenance(folder: Path, name: str) -> dict:
     """The class's source SHA-256 and vLLM's version, from the fingerprint its campaign's shards carry."""
-    from .core.io import read_meta
-
     for f in sorted((folder / "runs").glob("*.parquet"))[:1]:
         fp = ((read_meta(f) or {}).get("fingerprint") or {})
         eng = fp.get("engine") if isinstance(fp.get("engine"), dict) else fp
@@ -554,8 +548,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _claim_epilog() -> str:
     """The metric and panel names for ``portbench claim --help`` (the default parameters')."""
-    from .sim import metrics as metric_registry
-
     try:
         tree = params.read(None)
         panels = ", ".join((tree.get("analysis") or {}).get("panels") or {})

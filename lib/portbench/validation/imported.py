@@ -26,7 +26,9 @@ sampled token ids are all the dummy token 1 and reading their *values* is not ca
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -230,9 +232,6 @@ class ImportedEngine(VirtualEngine):
 
 def _class_sha(spec: str) -> str:
     """SHA-256 of the class's module source (what the shard keys and the claim's report cite)."""
-    import hashlib
-    import inspect
-
     cls = load_class(spec)
     try:
         src = Path(inspect.getsourcefile(cls) or "").read_bytes()

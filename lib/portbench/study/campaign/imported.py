@@ -46,20 +46,21 @@ def vllm_python(root: Path) -> str:
     return py
 
 
-def command(cfg, specs: Sequence[str], *, panel: str = "all", windows_per_source: int | None = None) -> list[str]:
-    """The ``portbench simulate --vllm-scheduler`` command line that runs ``specs`` for ``cfg`` in .venv-vllm."""
-    cmd = [vllm_python(cfg.paths.root), "-m", "portbench", "simulate", "--panel", panel,
+def command(paths, specs: Sequence[str], *, panel: str = "all", windows_per_source: int | None = None) -> list[str]:
+    """The ``portbench simulate --vllm-scheduler`` command line that runs ``specs`` in .venv-vllm with the parameter
+    file and results folder of ``paths`` (the ``paths`` section)."""
+    cmd = [vllm_python(paths.root), "-m", "portbench", "simulate", "--panel", panel,
            "--windows", "all" if windows_per_source is None else str(windows_per_source),
-           "--params", str(cfg.paths.params_file), "--set", f"paths.results_dir={cfg.paths.results_dir}"]
+           "--params", str(paths.params_file), "--set", f"paths.results_dir={paths.results_dir}"]
     for sp in specs:
         cmd += ["--vllm-scheduler", sp]
     return cmd
 
 
-def subprocess_env(cfg) -> dict:
+def subprocess_env(paths) -> dict:
     """The environment of the .venv-vllm subprocess: this portbench first on the path, vLLM's and numba's caches in
     the build folder (as the Makefile's VLLM_ENV)."""
-    cache = Path(cfg.paths.build_dir) / "vllm-cache"
+    cache = Path(paths.build_dir) / "vllm-cache"
     lib = str(Path(__file__).resolve().parents[3])
     return {"NUMBA_CACHE_DIR": str(cache / "numba"), "VLLM_CACHE_ROOT": str(cache), "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **os.environ,
@@ -72,10 +73,10 @@ def run_classes(cfg, *, runner=subprocess.run) -> None:
     specs = list(cfg.simulation.vllm_schedulers)
     if not specs:
         return
-    cmd = command(cfg, specs, windows_per_source=cfg.campaign.windows_per_source)
+    cmd = command(cfg.paths, specs, windows_per_source=cfg.campaign.windows_per_source)
     print(f"[portbench] vLLM scheduler classes {', '.join(specs)}: running on the virtual vLLM engine in .venv-vllm",
           file=sys.stderr, flush=True)
-    rc = runner(cmd, env=subprocess_env(cfg)).returncode
+    rc = runner(cmd, env=subprocess_env(cfg.paths)).returncode
     if rc:
         raise PortbenchError(f"simulation.vllm_schedulers: the run of {', '.join(specs)} in .venv-vllm failed (exit "
                              f"{rc}; its message is above)")
