@@ -157,7 +157,7 @@ validate-reduced:  ## the reduced CPU validation of `make all` (2 windows x 2 pa
 test-vllm: $(VLLM_STAMP)  ## replay harness, two validation cases end to end, the GPU run's dry run, the conformance check, the exported scheduler classes and a real `vllm serve --scheduler-cls portbench.vllm.<Class>` on vLLM's CPU build (tiny model, dummy weights)
 	mkdir -p $(BUILD)/vllm-cache
 	$(VLLM_ENV) $(VLLM_VENV)/bin/python -m pytest -m vllm tests/test_vllm_harness.py tests/test_conformance.py \
-		tests/test_vllm_export.py tests/test_vllm_server.py
+		tests/test_vllm_export.py tests/test_vllm_server.py tests/test_vllm_import.py
 
 # gpu-validate: with an NVIDIA GPU (nvidia-smi works) the real-engine verdicts of the plan's two primary cases run in
 # .venv-gpu (CUDA vllm==0.32.0 + portbench, constraints-vllm-gpu.txt) within GPU_BUDGET seconds (default 600: a lent

@@ -45,7 +45,8 @@ OPTIONAL_HEAVY = ("vllm", "distributed", "dask", "papermill", "pooch", "torch", 
                   "scipy", "statsmodels", "lightgbm")   # required, but ~0.5-2 s each: not imported by the campaign's workers
 # (module, function) whose import_module call takes a run-time name: the scheduler modules and plug-ins
 # a campaign names (user code, not the package's).
-DYNAMIC_IMPORTS = {("portbench.core.plugins", "load_spec"), ("portbench.study.campaign.executors", "load_worker_code")}
+DYNAMIC_IMPORTS = {("portbench.core.plugins", "load_spec"), ("portbench.study.campaign.executors", "load_worker_code"),
+                   ("portbench.validation.imported", "load_class")}   # a user's vLLM scheduler class (issue #40)
 DYNAMIC = "<dynamic>"   # target of an import call whose module name is not a literal
 
 
@@ -409,6 +410,9 @@ WHOLE_CONFIG_DRIVERS = frozenset({
     "portbench.study.engine_sensitivity:variant", "portbench.study.engine_sensitivity:batching_variant",
     "portbench.study.engine_sensitivity:swap_variant", "portbench.study.engine_sensitivity:run_variant",
     "portbench.study.engine_sensitivity:batching_sensitivity", "portbench.study.campaign.run:reuse_capacities",
+    # a claim's policy the campaign lacks, and vLLM scheduler classes: their own sub-campaign (issue #40)
+    "portbench.cli:_delegate_vllm", "portbench.study.claim:sub_config", "portbench.study.campaign.imported:run_classes",
+    "portbench.validation.imported:simulate",
 })
 
 # functions still taking the whole Config that are to be narrowed: none left (the list may only shrink)
@@ -426,6 +430,7 @@ LOAD_MANIFEST_SITES = frozenset({
     "portbench.study.honest:run_transfer", "portbench.bench:_bench_campaign",
     "portbench.validation.conformance:run", "portbench.validation.virtual_campaign:check",   # conform / vllm-virtual
     "portbench.validation.pipeline:execute", "portbench.validation.pipeline:pilot",   # validate (a run), its A/A pilot
+    "portbench.cli:cmd_claim",   # portbench claim: the campaign's plan, once
 })
 
 WHOLE, MANIFEST_CALLS = settings_reach.scan()

@@ -9,11 +9,15 @@ its manifest, window cache and frozen predictions under build/<run name>/windows
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+import polars as pl
 import yaml
 
 from . import __version__, bench, notebooks, params
@@ -21,8 +25,13 @@ from .core import plugins
 from .core.config import key_doc, parameter_docs
 from .core.errors import DataError, ParameterError, PortbenchError
 from .data import registry, traces, windows
-from .present import attribution_text, plots_analysis, plots_attribution, report, site, text
+from .core.io import read_meta
+from .present import attribution_text, claim_report, plots_analysis, plots_attribution, report, site, text
+from .sim import metrics as metric_registry
+from .sim import schedulers as scheduler_registry
+from .sim import settings as sim_settings
 from .study import analysis, attribution, campaign, honest
+from .study import claim as claim_mod
 
 
 def _plugin_paths(args) -> list[str]:
@@ -113,14 +122,155 @@ def cmd_predict(args):
         print(f"transfer campaign: {runs.height} runs under {honest.transfer_dir(cfg.paths.results_dir)}")
 
 
+def _delegate_vllm(cfg, args, specs: list[str], panel: str, windows_per_source) -> None:
+    """Run the vLLM scheduler classes ``specs`` here when this interpreter has vLLM, else ``portbench simulate
+    --vllm-scheduler`` in .venv-vllm (a subprocess, :mod:`portbench.study.campaign.imported`) with the same parameters."""
+    if importlib.util.find_spec("vllm") is not None:
+        from .validation import imported
+
+        imported.simulate(cfg, specs, panel=panel, windows_per_source=windows_per_source)
+        return
+    cmd = campaign.imported.command(cfg.paths, specs, panel=panel, windows_per_source=windows_per_source)
+    for o in getattr(args, "set", None) or []:
+        cmd += ["--set", o]
+    for p in _plugin_paths(args):
+        cmd += ["--plugin", p]
+    print(f"[portbench] running the vLLM scheduler class(es) in .venv-vllm: {' '.join(cmd[3:])}", file=sys.stderr,
+          flush=True)
+    rc = subprocess.run(cmd, env=campaign.imported.subprocess_env(cfg.paths)).returncode
+    if rc:
+        raise PortbenchError(f"the vLLM scheduler run in .venv-vllm failed (exit {rc}; its message is above)")
+
+
+def _windows_arg(v: str) -> int | None:
+    if v == "all":
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r}: a number of windows per source or 'all'") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{v!r}: at least 1 window per source (or 'all')")
+    return n
+
+
 def cmd_simulate(args):
     cfg = _params(args)
+    if args.vllm_scheduler:
+        _delegate_vllm(cfg, args, args.vllm_scheduler, args.panel, args.windows)
+        return
     if args.backend == "vllm-virtual":
         from .validation.virtual_campaign import VirtualEngine   # imports vLLM (.venv-vllm)
 
         campaign.run(cfg, engine=VirtualEngine())
     else:
         campaign.run(cfg)
+
+
+def cmd_claim(args):
+    """Does "policy beats baseline on metric" port? (study.claim; issue #40)"""
+
+    t0 = time.perf_counter()
+    cfg = _params(args)
+    manifest = None if cfg.analysis.runs_file else windows.load_manifest(cfg.paths)
+    try:
+        runs = analysis.load_runs(cfg.analysis, cfg.plan_settings, manifest)
+    except DataError as e:
+        raise PortbenchError(f"no campaign runs to check the claim on ({e}); run `make all` (or `portbench simulate`) "
+                             "with the same --params / --set first") from None
+    present = sorted(runs["scheduler"].unique().to_list())
+    policy, prov, note, note_engine = args.policy, None, None, None
+    panel = args.panel or analysis.headline_panel_of(
+        analysis.panel_sources({k: list(v) for k, v in cfg.analysis.panels.items()}, sorted(runs["source"].unique()),
+                               dict(runs.select("source", "provenance").unique().iter_rows())),
+        dict(runs.select("source", "provenance").unique().iter_rows()))
+    if panel not in cfg.analysis.panels:
+        raise ParameterError("--panel", panel, f"one of the analysis' panels: {', '.join(cfg.analysis.panels)}")
+    sources = list(cfg.analysis.panels[panel])
+    if ":" in policy:                                   # an imported vLLM Scheduler subclass
+        spec, policy = policy, campaign.imported.imported_name(policy)
+        folder = campaign.imported.runs_dir(cfg.paths.results_dir, policy)
+        if not (folder / "runs.parquet").is_file() or args.resimulate:
+            _delegate_vllm(cfg, args, [spec], panel, args.windows)
+        extra = pl_read(folder / "runs.parquet")
+        note_engine = (f"{policy} ran on the virtual vLLM engine, the campaign's schedulers on the simulator: the two are "
+                       "bit-identical on runs without prefix caching (portbench conform / vllm-virtual); on sources "
+                       "with prefix caching (the trace's hash blocks: mooncake) their cache rules differ, so such sides "
+                       "mix two engines")
+        prov = {"name": policy, "kind": "vLLM Scheduler subclass on the virtual vLLM engine (vLLM's scheduler, KV "
+                "manager and preemption; the campaign's cost model in a virtual clock)", "class": spec,
+                **_imported_provenance(folder, policy)}
+    elif policy not in present:
+        if policy not in scheduler_registry.SCHEDULERS:
+            raise ParameterError("--policy", policy, "a scheduler of the campaign ("
+                                 + ", ".join(present) + "), a registered plug-in (--plugin FILE), or a vLLM scheduler "
+                                 "class MODULE:CLASS / FILE.py:CLASS")
+        sub = claim_mod.sub_config(cfg, [policy], sources, cfg.campaign.windows_per_source)
+        campaign.reuse_capacities(cfg, sub)
+        print(f"[portbench] {policy} is not in the frozen campaign: simulating it on panel {panel} first",
+              file=sys.stderr, flush=True)
+        extra = campaign.run(sub).runs
+        prov = {"name": policy, "kind": "plug-in scheduler (simulator)", **_plugin_provenance(cfg.plugins, policy)}
+    else:
+        extra = None
+        prov = {"name": policy, "kind": "plug-in scheduler (simulator)" if _is_plugin(policy) else "built-in",
+                **(_plugin_provenance(cfg.plugins, policy) if _is_plugin(policy) else {})}
+    if extra is not None:
+        runs, note = claim_mod.with_extra(runs, extra, policy)
+    res = claim_mod.evaluate(runs, cfg.analysis_inputs, policy=policy, baseline=args.baseline, metric=args.metric,
+                             panel=panel, results_dir=cfg.paths.results_dir, provenance_of_policy=prov)
+    res["inputs"]["notes"] += [n for n in (note, note_engine) if n]
+    res["inputs"]["portbench"] = __version__
+    res["wall_s"] = round(time.perf_counter() - t0, 2)
+    for line in claim_mod.summary_lines(res):
+        print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str) + "\n")
+        print(f"json: {args.json}")
+    page = claim_report.write(res, Path(args.report_dir) if args.report_dir else Path(cfg.paths.build_dir) / "report")
+    print(f"report: {page} ({res['wall_s']:.1f} s)")
+
+
+def pl_read(path: Path):
+    if not Path(path).is_file():
+        raise DataError(path, "the vLLM scheduler class's runs are missing (its campaign did not finish)")
+    return pl.read_parquet(path)
+
+
+def _is_plugin(name: str) -> bool:
+    return sim_settings.is_plugin(name)
+
+
+def _plugin_provenance(loaded, name: str) -> dict:
+    """The plug-in file (or module) that registered ``name`` and its SHA-256."""
+
+    mod = scheduler_registry.SCHEDULERS[name].__module__
+    for p in plugins.specs(loaded):
+        if p.module == mod:
+            return {"plugin": p.path or p.spec, "sha256": p.sha256}
+    return {"module": mod}
+
+
+def _imported_provenance(folder: Path, name: str) -> dict:
+    """The class's source SHA-256 and vLLM's version, from the fingerprint its campaign's shards carry."""
+    for f in sorted((folder / "runs").glob("*.parquet"))[:1]:
+        fp = ((read_meta(f) or {}).get("fingerprint") or {})
+        eng = fp.get("engine") if isinstance(fp.get("engine"), dict) else fp
+        found = _find_key(eng, "imported") or {}
+        rec = found.get(name) or {}
+        return {"source_sha256": rec.get("sha256"), "vllm": _find_key(eng, "vllm")}
+    return {}
+
+
+def _find_key(tree, key):
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        for v in tree.values():
+            got = _find_key(v, key)
+            if got is not None:
+                return got
+    return None
 
 
 def cmd_vllm_virtual(args):
@@ -340,10 +490,34 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--backend", choices=("simulator", "vllm-virtual"), default="simulator", metavar="NAME",
                     help="simulator (default) or vllm-virtual: every run on vLLM's own scheduler (virtual clock; "
                          ".venv-vllm; shards keyed by the engine)")
+    si.add_argument("--vllm-scheduler", action="append", metavar="MODULE:CLASS",
+                    help="run a vLLM Scheduler subclass (mypkg.mod:MySched or path/file.py:MySched) on the virtual vLLM "
+                         "engine on the panel's windows and regions, as scheduler vllm_<class> (runs in .venv-vllm, a "
+                         "subprocess when needed; runs under <results>/claims/runs/vllm_<class>/; repeatable)")
+    si.add_argument("--panel", default="real", help="with --vllm-scheduler: the panel whose sources it runs on "
+                    "(default real)")
+    si.add_argument("--windows", type=_windows_arg, default=10, metavar="N|all",
+                    help="with --vllm-scheduler: the first N windows per source (default 10, the reduced panel; all: "
+                         "every window)")
     vv = add("vllm-virtual", cmd_vllm_virtual, "the headline panel's runs on the simulator and on vLLM's scheduler, "
              "compared run by run and ranking by ranking (needs .venv-vllm; part of make validate)")
     vv.add_argument("--budget", type=float, default=300.0, help="seconds of runs (default 300)")
     add("analyze", cmd_analyze, "run the portability analysis on the campaign's results")
+    cl = add("claim", cmd_claim, "check a claim: does 'POLICY beats BASELINE on METRIC' port across sources and regions? "
+             "From the frozen campaign's runs (a plug-in or a vLLM class is simulated first); prints the verdict and "
+             "writes a one-page HTML report into the results site (<report>/claims/)")
+    plain_help = cl.format_help
+    cl.format_help = lambda: plain_help() + "\n" + _claim_epilog()      # the names only on --help
+    cl.add_argument("--policy", required=True, metavar="NAME|MODULE:CLASS",
+                    help="a scheduler of the campaign, a plug-in's (with --plugin FILE) or a vLLM Scheduler subclass")
+    cl.add_argument("--baseline", default="fcfs", help="the scheduler it is claimed to beat (default fcfs)")
+    cl.add_argument("--metric", default="ttft_p90", help="the metric of the claim (default ttft_p90; list below)")
+    cl.add_argument("--panel", default=None, help="the sources compared (default: the headline panel; list below)")
+    cl.add_argument("--json", default=None, metavar="FILE", help="also write the result as JSON")
+    cl.add_argument("--report-dir", default=None, help="the results site's folder (default <build>/report)")
+    cl.add_argument("--windows", type=_windows_arg, default=10, metavar="N|all",
+                    help="a vLLM class: the first N windows per source it runs on (default 10; all: every window)")
+    cl.add_argument("--resimulate", action="store_true", help="a vLLM class: run it again even when its runs exist")
     at = add("attribute", cmd_attribute, "counterfactual attribution: which workload property (arrival pattern, prompt "
              "or output lengths, coupling, load) moves the ranking between two sources (notebook 09)")
     at.add_argument("--refreeze", action="store_true", help="rewrite the committed hybrid SHA-256s (hybrids.json beside "
@@ -397,6 +571,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="load a plug-in in every point (a .py file or a module name; repeatable)")
     sw.set_defaults(func=cmd_sweep)
     return ap
+
+
+def _claim_epilog() -> str:
+    """The metric and panel names for ``portbench claim --help`` (the default parameters')."""
+    try:
+        tree = params.read(None)
+        panels = ", ".join((tree.get("analysis") or {}).get("panels") or {})
+        metrics = ", ".join(metric_registry.metric_names((tree.get("simulation") or {}).get("slo")))
+    except PortbenchError:
+        panels, metrics = "(the parameter file's analysis.panels)", "(`portbench params --show analysis.metrics`)"
+    return (f"metrics: {metrics}\npanels: {panels} (default: the headline panel)\n"
+            "example: portbench claim --policy sjf_prompt --baseline fcfs --metric ttft_p90 --panel real --json c.json\n")
 
 
 def main(argv=None) -> int:

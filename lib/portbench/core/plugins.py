@@ -128,6 +128,11 @@ def load_spec(p: PluginSpec, where: str = "this process") -> None:
     _LOADED[p.module] = p.sha256
 
 
+def loaded_modules() -> list[str]:
+    """The module names of the plug-ins executed in this process."""
+    return list(_LOADED)
+
+
 def specs(names: Iterable[str]) -> list[PluginSpec]:
     """The resolved plug-ins of ``plugins`` (in order)."""
     return [resolve(n) for n in names]

@@ -429,6 +429,7 @@ class SimulationConfig:
     tenant_model: str = "trace"
     engine: EngineConfig = field(default_factory=EngineConfig)  # the top-level ``engine`` section
     arrival_jitter: bool = False   # spread quantised arrivals within their grid (data.trace_checks), seeded
+    vllm_schedulers: tuple[str, ...] = ()   # vLLM Scheduler subclasses (MODULE:CLASS) run on the virtual vLLM engine
 
     def __post_init__(self):
         if not isinstance(self.engine, EngineConfig):
@@ -1008,7 +1009,19 @@ def _build_simulation(s: Mapping, engine: EngineConfig | None = None) -> Simulat
         "slo": {str(k): SloConfig.from_mapping(f"simulation.slo.{k}", v) for k, v in slo.items()},
         "scheduler_options": {str(k): dict(v) if isinstance(v, Mapping) else v for k, v in opts.items()},
         "engine": engine or EngineConfig(),
+        "vllm_schedulers": _vllm_classes(s.get("vllm_schedulers")),
     })
+
+
+def _vllm_classes(v) -> tuple[str, ...]:
+    """``simulation.vllm_schedulers``: a list of ``MODULE:CLASS`` / ``FILE.py:CLASS`` specs (empty by default)."""
+    if v is None:
+        return ()
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and x.count(":") == 1 and all(x.split(":"))
+                                                   for x in v):
+        raise ParameterError("simulation.vllm_schedulers", v, "a list of vLLM Scheduler subclasses as MODULE:CLASS or "
+                             "FILE.py:CLASS, e.g. [mypkg.sched:MySched]")
+    return tuple(v)
 
 
 def _build_campaign(c: Mapping, region_names) -> CampaignConfig:

@@ -182,7 +182,8 @@ def class_options(policy: str, options: dict, slo) -> dict:
 
 def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed: int, slo=None,
         options: dict | None = None, prefix_caching: bool = False, hash_block_tokens: int | None = None,
-        budget: int | None = None, log_steps: bool = True, online: bool = False) -> VirtualResult:
+        budget: int | None = None, log_steps: bool = True, online: bool = False,
+        scheduler_cls: type | None = None) -> VirtualResult:
     """Replay ``window_df`` (already rescaled to its region) through vLLM's scheduler under ``policy``.
 
     ``profile``: the simulator profile whose cost model gives the step time and whose limits are the
@@ -190,10 +191,13 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
     ``budget``: the policy's token budget when it has its own (sarathi); ``log_steps``: keep the step log
     (False: an empty ``steps`` table, the step count in ``counters`` -- a campaign run needs only the records);
     ``online``: the class learns each request when vLLM adds it, as in a server (tenant and predictions in the
-    request's ``extra_args``) instead of being bound to the window (the export tests hold the two equal).
+    request's ``extra_args``) instead of being bound to the window (the export tests hold the two equal);
+    ``scheduler_cls``: a user's vLLM Scheduler subclass with :class:`.imported.VirtualHooks` mixed in
+    (:func:`.imported.virtual_class`) instead of the project's class; its exceptions are named with the class and
+    the step (:class:`.imported.ImportedSchedulerError`).
     """
     options = dict(options or {})
-    if policies.virtual_mode(policy) == "excluded":
+    if scheduler_cls is None and policies.virtual_mode(policy) == "excluded":
         raise PortbenchError(f"policy {policy!r} cannot run on the virtual vLLM engine: it is not one of the study's "
                              "built-in policies (plug-ins run on the simulator only)")
     s = VirtualSettings.of(profile, budget=budget, prefix_caching=prefix_caching, hash_block_tokens=hash_block_tokens)
@@ -201,11 +205,34 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
     copts = class_options(base, options, slo)
     if online and base == "random":
         copts["seed"] = int(seed)          # the run's seed: the online draws are the bound run's
-    cfg = vllm_config(s, copts)
-    cls = pv_schedulers.scheduler_class(base)
-    sched = cls(cfg, _kv_cache_config(s), StructuredOutputManager(cfg), block_size=s.block_size, log_stats=False)
-    if not online:
-        sched.pb_bind_window(window_df, seed, profile, slo, row_of)
+    H = float(horizon_s)
+    now = 0.0
+    n_steps = 0
+
+    def call(what: str, fn, *a):
+        """``fn(*a)``; a user's class that raises gets one message naming it, the call, the step and the time."""
+        if scheduler_cls is None:
+            return fn(*a)
+        try:
+            return fn(*a)
+        except PortbenchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's code: whatever it raises is named
+            err = getattr(scheduler_cls, "pb_error", PortbenchError)
+            raise err(f"vLLM scheduler {getattr(scheduler_cls, 'pb_spec', scheduler_cls.__name__)} raised "
+                      f"{type(e).__name__}: {e} in {what} at step {n_steps + 1} (virtual time {now:.6g} s)") from None
+
+    if scheduler_cls is None:
+        cfg = vllm_config(s, copts)
+        cls = pv_schedulers.scheduler_class(base)
+        sched = cls(cfg, _kv_cache_config(s), StructuredOutputManager(cfg), block_size=s.block_size, log_stats=False)
+        if not online:
+            sched.pb_bind_window(window_df, seed, profile, slo, row_of)
+    else:
+        cfg = vllm_config(s)
+        sched = call("__init__", lambda: scheduler_cls(cfg, _kv_cache_config(s), StructuredOutputManager(cfg),
+                                                       block_size=s.block_size, log_stats=False))
+    output_cls = getattr(scheduler_cls, "pb_output_cls", ModelRunnerOutput)
     reqs, ctx = requests_from_window(window_df, profile, np.random.default_rng(seed), slo, max_model_len=s.max_model_len)
     n = len(reqs)
     cap_tokens = s.num_blocks * s.block_size
@@ -223,14 +250,11 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
     generated = np.zeros(n, dtype=np.int64)
     preempt = np.zeros(n, dtype=np.int64)
     rejected = np.zeros(n, dtype=bool)
-    H = float(horizon_s)
-    now = 0.0
     cursor = 0
     live: dict[str, int] = {}
     decoding: set[str] = set()
     steps: list[tuple] = []
     n_preempt = 0
-    n_steps = 0
     while True:
         while cursor < n and arr[order[cursor]] <= now:
             r = reqs[order[cursor]]
@@ -252,7 +276,7 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
             vr = VRequest(rid, toks, sp, None, arrival_time=float(r.arrival_s),
                           priority=0, block_hasher=hasher)     # the class sets the policy's priority
             sched.pb_now = now
-            sched.add_request(vr)
+            call("add_request", sched.add_request, vr)
             live[rid] = r.id
         if not live:
             if cursor >= n:
@@ -260,7 +284,7 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
             now = float(arr[order[cursor]])
             continue
         sched.pb_now = now
-        out = sched.schedule()
+        out = call("schedule", sched.schedule)
         preempted_now = sched.pb_take_preempted()
         for rid in preempted_now:
             decoding.discard(rid)
@@ -271,6 +295,11 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
             if preempted_now:          # vLLM preempted the first running request itself: an empty step,
                 continue               # the next schedule() follows at once (the simulator's _plan does the same)
             if cursor >= n:
+                if scheduler_cls is not None:
+                    raise getattr(scheduler_cls, "pb_error", PortbenchError)(
+                        f"vLLM scheduler {getattr(scheduler_cls, 'pb_spec', scheduler_cls.__name__)} scheduled nothing at "
+                        f"step {n_steps + 1} (virtual time {now:.6g} s) with {len(live)} requests waiting or running "
+                        "and no arrival left: a scheduler must make progress")
                 raise RuntimeError(f"vLLM's scheduler made no progress at t={now} with {len(live)} live requests "
                                    f"(policy {policy})")
             now = float(arr[order[cursor]])
@@ -303,7 +332,7 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
                           len(out.preempted_req_ids or ()),
                           ",".join(f"{i}:{k}" for i, k in sorted((live[r], int(k)) for r, k in sched_tok.items()))))
         ids = list(sched_tok)
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+        mro = output_cls(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=[[1] if r in produced else [] for r in ids])
         now = t1
         for rid in produced:
@@ -313,7 +342,7 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
                 first[row] = now
             decoding.add(rid)
         sched.pb_now = now                 # the policy's clock for the step's tokens (the class's on_tokens)
-        sched.update_from_output(out, mro)
+        call("update_from_output", sched.update_from_output, out, mro)
         for rid in produced:
             row = live[rid]
             if generated[row] >= reqs[row].output_tokens:

@@ -16,6 +16,7 @@ from ...data.windows import Manifest
 from ...sim import metrics as metric_registry
 from ...sim import schedulers as scheduler_registry
 from .. import campaign, stats
+from ..campaign import imported
 
 
 
@@ -108,11 +109,12 @@ def runs_file_table(analysis: AnalysisConfig) -> pl.DataFrame:
 
 def load_runs(analysis: AnalysisConfig, plan: PlanSettings, manifest: Mapping | None) -> pl.DataFrame:
     """The runs table: ``analysis.runs_file`` when set, else the campaign's (``campaign.load_runs`` of
-    ``campaign.make_plan(plan, manifest=manifest)``; ``plan``: ``cfg.plan_settings``; ``manifest``: the window
+    ``campaign.make_plan(plan, manifest=manifest)``, with the runs of ``simulation.vllm_schedulers``; ``plan``: ``cfg.plan_settings``; ``manifest``: the window
     manifest the caller's stage loaded, None only with ``analysis.runs_file``)."""
     if analysis.runs_file:
         return runs_file_table(analysis)
-    return campaign.load_runs(plan.paths, campaign.make_plan(plan, manifest=manifest))
+    runs = campaign.load_runs(plan.paths, campaign.make_plan(plan, manifest=manifest))
+    return imported.with_classes(runs, plan.simulation, plan.paths.results_dir)   # simulation.vllm_schedulers
 
 
 @dataclass

@@ -143,6 +143,14 @@ class SimEngine(Engine):
     def metric_names(self, sim: SimulationConfig) -> list[str]:
         return list(metrics.metric_names(sim.slo))
 
+    def capacity_fingerprint(self, sim: SimulationConfig) -> dict:
+        """What a window's capacity depends on (its cache key): the simulator's model -- also for a subclass whose
+        runs differ (the virtual vLLM engine, an imported vLLM class) but whose capacity is this class's, so that
+        such campaigns reuse the study's measured capacities; a subclass with its own ``capacity``: its fingerprint."""
+        if type(self).capacity is not SimEngine.capacity:
+            return self.fingerprint(sim)
+        return {**SimEngine.fingerprint(self, sim), "engine": f"{SimEngine.__module__}.{SimEngine.__qualname__}"}
+
     def capacity(self, window_df, sim: SimulationConfig) -> dict:
         """The window's sustainable throughput (:func:`portbench.sim.regions.saturation`) under
         ``simulation.capacity_policy`` on the reference engine (vLLM V1, recompute: ``engine.reference``,

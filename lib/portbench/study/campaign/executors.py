@@ -27,6 +27,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import polars as pl
@@ -132,6 +133,9 @@ def _fail(what: str, e: BaseException) -> RunFailed:
     (a bug) adds the worker's last frames."""
     if isinstance(e, PortbenchError):
         return RunFailed(f"{what}: {e}")
+    at = _plugin_line(e)
+    if at is not None:           # the user's plug-in raised: its message and line, not portbench's frames
+        return RunFailed(f"{what}: the plug-in raised {type(e).__name__}: {e} (at {at})")
     tb = "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=-4))
     return RunFailed(f"{what} failed: {type(e).__name__}: {e}\n--- worker traceback (last frames) ---\n{tb}")
 
@@ -185,6 +189,20 @@ def _same_run(a, b) -> list[str]:
                 continue
             diff.append(k)
     return diff
+
+def _plugin_line(e: BaseException) -> str | None:
+    """``file.py:line`` of the innermost frame of ``e`` in a loaded plug-in file, or None."""
+    files = {getattr(sys.modules.get(m), "__file__", None) for m in plugin_loader.loaded_modules()}
+    files.discard(None)
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:       # the exception and its causes (simpy re-raises a copy)
+        seen.add(id(x))
+        for f in reversed(traceback.extract_tb(x.__traceback__)):
+            if f.filename in files:
+                return f"{Path(f.filename).name}:{f.lineno}"
+        x = x.__cause__ or x.__context__
+    return None
 
 
 def compute_capacity(ctx: WorkerContext, window_id: str) -> tuple[str, dict, float]:

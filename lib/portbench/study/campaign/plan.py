@@ -231,7 +231,8 @@ def make_plan(settings: PlanSettings, *, engine: Engine | None = None, windows: 
     reps = replicates(s)
     common = plan_common(s, settings.plugins, engine)
     metric_list = common["metrics"]
-    cap_common = {**{k: common[k] for k in ("format", "model", "capacity_policy", "capacity_options")},
+    cap_model = engine.capacity_fingerprint(s) if hasattr(engine, "capacity_fingerprint") else common["model"]
+    cap_common = {**{k: common[k] for k in ("format", "capacity_policy", "capacity_options")}, "model": cap_model,
                   "engine": s.engine.reference.as_dict()}     # capacity is measured on the reference engine
     capacity_keys = {w.id: sha256_hex({"window_sha256": w.sha256, "method": CAPACITY_METHOD, **cap_common,
                                        **({"block_size": w.block_size} if w.block_size else {})})[:16] for w in wins}

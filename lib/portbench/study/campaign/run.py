@@ -29,6 +29,7 @@ from ...sim.engine.simulate import warm_compiled
 from ...sim.metrics import NO_TENANT
 from ...sim.metrics import warm_compiled as warm_metrics
 from .engines import Engine, SimEngine
+from .imported import run_classes
 from .executors import (
     COUNTER_COLUMNS,
     EXECUTORS,
@@ -196,6 +197,8 @@ def run(cfg: Config, *, engine: Engine | None = None, executor: str | None = Non
         "windows": len(plan.windows), "metrics": plan.metrics}, indent=1).encode())
     if verbose:
         print(result.summary(), flush=True)
+    if cfg.simulation.vllm_schedulers and windows is None and type(engine) is SimEngine:
+        run_classes(cfg)          # the imported vLLM classes: on the virtual vLLM engine, in .venv-vllm
     if runs is not None:
         mml = getattr(engine.profile(cfg.simulation), "max_model_len", None) if hasattr(engine, "profile") else None
         for line in refusal_warnings(runs, max_model_len=mml):
