@@ -51,7 +51,9 @@ def test_engine_args_name_the_class_and_carry_validated_options():
 
 
 @pytest.mark.parametrize(("policy", "raw", "words"), [
-    ("las", {"quantum": 3}, "'quantum' is not an option of las (allowed: quantum_tokens)"),
+    ("las", {"quantum": 3}, "'quantum' is not an option of las (allowed: native, quantum_tokens)"),
+    ("las", {"native": "yes"}, "'native' of las = 'yes': expected true or false"),
+    ("sjf_prompt", {"native": True}, "'native' is not an option of sjf_prompt"),
     ("las", {"quantum_tokens": 0}, "'quantum_tokens' of las = 0: expected a positive integer"),
     ("mlfq", {"levels": "six"}, "'levels' of mlfq"),
     ("edf", {}, "edf needs an SLO"),
