@@ -42,6 +42,7 @@ from ..study.campaign.engines import RunResult, scheduler_options
 from ..sim import metrics
 from . import virtual
 from .virtual_campaign import VirtualEngine, prefix_caching_on
+from ..vllm.options import SUPPORTED_VLLM
 
 import portbench  # noqa: E402
 import vllm  # noqa: E402
@@ -99,7 +100,7 @@ def load_class(spec: str) -> type:
     if not isinstance(cls, type) or not issubclass(cls, VllmScheduler):
         bases = ", ".join(f"{b.__module__}.{b.__qualname__}" for b in getattr(cls, "__mro__", ())[1:3]) or type(cls).__name__
         raise ImportedSchedulerError(f"vLLM scheduler {spec}: {cls_name} is not a subclass of {BASE} (its bases: "
-                                     f"{bases}); the virtual engine drives vLLM {virtual.TESTED_VLLM}'s Scheduler "
+                                     f"{bases}); the virtual engine drives vLLM {SUPPORTED_VLLM}'s Scheduler "
                                      "internals, so derive from it (or from AsyncScheduler)")
     return cls
 
