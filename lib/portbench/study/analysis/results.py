@@ -32,7 +32,7 @@ from .power import mde, resolution, warn
 from .reversals import _family_definition, _reversals, tenant_na
 from .ties import RULE_TEXT, deltas, rank, restrict, side_tests, tie_pairs_table, ties_summary
 from .sections import read_sections
-from . import hygiene, ports
+from . import hygiene, multiverse, ports
 from .plan import plan_block, plan_path
 
 # The per-panel sections: each is a dict panel -> section; summary["panels"][name] gathers them, and the
@@ -123,6 +123,14 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
                  f"the two queues (+ 1) are within a factor {hygiene.MATCH_RATIO:g}; a region with no such match is "
                  "left out (unmatched), so every comparison is at the same congestion, not merely the least different")
     tick("headline_what_ports")
+    hsrc = headline_block.get("sources") or cube.sources
+    mv = multiverse.multiverse(cube, cfg, tenant_na(cube), hsrc, [cube.metrics[m] for m in head])
+    robust = {"multiverse": mv,
+              "by_metric": {"definition": "the headline (plan's fork) on each headline metric alone, point estimates "
+                                          "(intervals: headline.breakdowns)",
+                            "metrics": multiverse.by_metrics(mv, [cube.metrics[m] for m in head])},
+              "by_percentile": multiverse.percentile_block(cube, cfg, tenant_na(cube), hsrc)}
+    tick("multiverse")
 
     summary = assemble_summary(
         cube=cube, runs=runs, cfg=cfg, head=head, panels=panels, headline_panel=headline_panel, sections=sections,
@@ -130,7 +138,7 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
         skipped=[s for s in config.source_names() if s not in cube.sources],
         blocks={"headline": headline_block, "controls": controls, "congestion": congestion,
                 "analysis_plan": plan_block(config.paths.root, cfg),
-                "ties": ties, "friedman": fr, "power": {**mdes, "resolution": res, "warnings": res["warnings"]}})
+                **robust, "ties": ties, "friedman": fr, "power": {**mdes, "resolution": res, "warnings": res["warnings"]}})
     timings["total"] = round(time.perf_counter() - t0, 3)
     meta = {"fingerprint": fingerprint(runs, config), "timings_s": timings}
     return Analysis(tables=tables, summary=summary, meta=meta)
