@@ -82,3 +82,45 @@ def test_the_plan_freeze_refuses_a_changed_plan(tmp_path):
 def test_the_repository_plan_is_frozen():
     rec = plan_mod.check_frozen(ROOT, required=True)
     assert rec["sha256"] and rec["code_version"]
+
+
+# --------------------------------------------------------------------------- uncertainty, one side, load distance
+
+def test_an_interval_that_cannot_vary_is_flagged_and_basic_mirrors_percentile():
+    from portbench.study.analysis.uncertainty import interval_entry
+    fixed = interval_entry(np.array([8, 0, 3, 1]), np.tile([8, 0, 3, 1], (50, 1)))
+    assert fixed["value"] == 1.0 and fixed["ci_degenerate"] is True and fixed["ci"] == [1.0, 1.0]
+    rng = np.random.default_rng(0)
+    same = rng.integers(60, 80, 400)
+    b = np.stack([same, 100 - same, np.zeros(400, int), np.zeros(400, int)], axis=1)
+    e = interval_entry(np.array([70, 30, 0, 0]), b)
+    assert e["ci_degenerate"] is False
+    assert abs((e["ci_basic"][0] + e["ci"][1]) - 1.4) < 1e-6 and abs((e["ci_basic"][1] + e["ci"][0]) - 1.4) < 1e-6
+
+
+def test_one_side_split_counts_the_other_sides_class():
+    from portbench.study import stats
+    from portbench.study.analysis.uncertainty import one_side_split
+    S, E, U = stats.STRONG_A, stats.EQUIVALENT, stats.UNDETERMINED
+    point = {"a": np.array([[[S, S, S, E, U]]]), "b": np.array([[[E, U, S, S, U]]])}
+    out = one_side_split(point, ["a", "b"])
+    assert out["strong_vs_equivalent"]["count"] == 2 and out["strong_vs_undetermined"]["count"] == 1
+    assert out["by_source_pair"]["a vs b"]["strong_on_a"] == {"vs_equivalent": 1, "vs_undetermined": 1}
+    assert out["by_source_pair"]["a vs b"]["strong_on_b"] == {"vs_equivalent": 1, "vs_undetermined": 0}
+
+
+def test_load_distance_bins_and_the_gap_at_equal_distance():
+    """Two sources, two regions, one metric, four pairs. Regions of a source are one bin apart in queue; the sources
+    at equal rho are at distance 0. Hand count: regions keep every order (concordance 1), sources reverse one of two
+    orders strong on both (0.5) -> the gap at equal distance is -0.5 when both fall in the same bin."""
+    from portbench.study.analysis.load_distance import load_distance
+    S, B = 1, -1
+    point = {"a": np.array([[[S, S, 0, 2]], [[S, S, 0, 2]]]), "b": np.array([[[S, B, 0, 2]], [[S, B, 0, 2]]])}
+    q = {"light": 0.0, "heavy": 0.1}                     # |log1p(0.1)| = 0.095: every comparison in the first bin
+    cong = {"by_source_region": {s: {r: {"queue_mean": v} for r, v in q.items()} for s in "ab"}}
+    out = load_distance(point, None, ["a", "b"], ["light", "heavy"], cong)
+    first = "[0, 0.25)"
+    assert out["by_distance"]["across_regions"][first]["value"] == 1.0
+    assert out["by_distance"]["across_sources_equal_rho"][first]["value"] == 0.5
+    assert out["like_with_like"]["equal_rho"]["gap"] == -0.5
+    assert out["across_regions_by_steps"]["1"]["n"] == 4

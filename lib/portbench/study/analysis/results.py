@@ -115,7 +115,9 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
     matched, unmatched = hygiene.split_matches(
         hygiene.matched_queue(congestion, hp.get("sources") or cube.sources, cube.regions), hygiene.MATCH_RATIO)
     headline_block, controls, tables["ports"] = ports.compute_block(cube, cfg, delta, tenant_na(cube), panels,
-                                                                    headline_panel, head, matched=matched)
+                                                                    headline_panel, head, matched=matched,
+                                                                    congestion=congestion)
+    load_dist = headline_block.pop("load_distance", None)
     if "matched_congestion" in controls:
         controls["matched_congestion"].update(
             max_ratio=hygiene.MATCH_RATIO, unmatched=unmatched,
@@ -125,7 +127,7 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
     tick("headline_what_ports")
     hsrc = headline_block.get("sources") or cube.sources
     mv = multiverse.multiverse(cube, cfg, tenant_na(cube), hsrc, [cube.metrics[m] for m in head])
-    robust = {"multiverse": mv,
+    robust = {"multiverse": mv, "load_distance": load_dist or {"available": False, "reason": "not computed"},
               "by_metric": {"definition": "the headline (plan's fork) on each headline metric alone, point estimates "
                                           "(intervals: headline.breakdowns)",
                             "metrics": multiverse.by_metrics(mv, [cube.metrics[m] for m in head])},
