@@ -32,7 +32,7 @@ from .power import mde, resolution, warn
 from .reversals import _family_definition, _reversals, tenant_na
 from .ties import RULE_TEXT, deltas, rank, restrict, side_tests, tie_pairs_table, ties_summary
 from .sections import read_sections
-from . import hygiene, multiverse, ports
+from . import hardware, hygiene, multiverse, paper, ports
 from .plan import plan_block, plan_path
 
 # The per-panel sections: each is a dict panel -> section; summary["panels"][name] gathers them, and the
@@ -141,9 +141,22 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
         blocks={"headline": headline_block, "controls": controls, "congestion": congestion,
                 "analysis_plan": plan_block(config.paths.root, cfg),
                 **robust, "ties": ties, "friedman": fr, "power": {**mdes, "resolution": res, "warnings": res["warnings"]}})
+    summary["paper_comparison"] = paper.paper_comparison(summary, tables, config.paths.results_dir)
+    summary["across_hardware"] = across_hardware(config)
+    tick("paper_and_hardware")
     timings["total"] = round(time.perf_counter() - t0, 3)
     meta = {"fingerprint": fingerprint(runs, config), "timings_s": timings}
     return Analysis(tables=tables, summary=summary, meta=meta)
+
+
+def across_hardware(config: AnalysisInputs) -> dict:
+    """``summary.json["across_hardware"]`` from the profiles' runs simulated by notebook 03
+    (:func:`portbench.study.analysis.hardware.run_hardware`), or why it is not there."""
+    root = config.paths.root
+    if not (Path(root) / hardware.PROFILES_FILE).is_file():
+        return {"available": False, "reason": f"no {hardware.PROFILES_FILE}"}
+    runs = hardware.load_hardware(root, config.paths.results_dir)
+    return hardware.hardware_block(config, runs)
 
 
 def _family_size(family: str, cube, n_sources: int) -> int:
