@@ -124,3 +124,34 @@ def test_load_distance_bins_and_the_gap_at_equal_distance():
     assert out["by_distance"]["across_sources_equal_rho"][first]["value"] == 0.5
     assert out["like_with_like"]["equal_rho"]["gap"] == -0.5
     assert out["across_regions_by_steps"]["1"]["n"] == 4
+
+
+# --------------------------------------------------------------------------- hardware profiles, the paper's table
+
+def test_hardware_profiles_file_names_three_cost_structures_and_a_bad_entry_is_named(tmp_path):
+    from portbench.sim import profiles
+    from portbench.study.analysis import hardware
+    rows = hardware.read_profiles(ROOT)
+    assert len(rows) >= 3 and all(r["provenance"] for r in rows)
+    costs = {(round(profiles.get_profile(r["profile"]).c_prefill_s, 9), round(profiles.get_profile(r["profile"]).c0_s, 6))
+             for r in rows}
+    assert len(costs) == len(rows)                        # distinct cost structures, not one profile thrice
+    f = tmp_path / hardware.PROFILES_FILE
+    f.parent.mkdir(parents=True)
+    f.write_text("profiles:\n  - name: mine\n    profile: no/such/profile.json\n")
+    with pytest.raises(DataError, match=r"profiles\[0\] \(mine\)"):
+        hardware.read_profiles(tmp_path)
+
+
+def test_usual_winner_null_counts_pairs_of_metrics_with_different_usual_winners():
+    import polars as pl
+    from portbench.study.analysis.paper import usual_winner_null
+    rows = []
+    for reg in ("r1", "r2", "r3"):
+        w = {"m1": "x", "m2": "x" if reg != "r3" else "y", "m3": "z"}
+        for a, b in (("m1", "m2"), ("m1", "m3"), ("m2", "m3")):
+            rows.append({"source": "s", "region": reg, "metric_1": a, "metric_2": b, "winners_1": w[a],
+                         "winners_2": w[b], "defined": True, "top1_changes": w[a] != w[b]})
+    out = usual_winner_null(pl.DataFrame(rows), ["s"])
+    assert out["usual_winner"] == {"m1": "x", "m2": "x", "m3": "z"}
+    assert abs(out["value"] - 2 / 3) < 1e-6 and out["count"] == 9   # (m1,m3) and (m2,m3) differ, (m1,m2) does not
