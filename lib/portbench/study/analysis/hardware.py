@@ -70,6 +70,18 @@ def hardware_dir(results_dir: Path, name: str) -> Path:
     return Path(results_dir) / "hardware" / name
 
 
+def headline_sources(cfg: Config, manifest: Manifest) -> list[str]:
+    """The headline panel's sources (the first available all-real panel of ``analysis.panels``, as the analysis
+    picks it) among the manifest's sources."""
+    from .results import headline_panel_of
+
+    prov = {e["source"]: e.get("provenance", "real") for e in manifest["windows"]}
+    present = [s for s in cfg.source_names() if s in prov]
+    panels = panel_sources({k: list(v) for k, v in cfg.analysis.panels.items()}, present, prov)
+    hp = headline_panel_of(panels, prov)
+    return list(panels[hp]["sources"]) if hp in panels and panels[hp]["available"] else present
+
+
 def run_hardware(cfg: Config, sources, *, manifest: Manifest, progress: bool = True) -> dict[str, pl.DataFrame]:
     """Simulate ``sources``' windows (every scheduler and region, one replicate) on every profile of
     :data:`PROFILES_FILE`; each profile measures its own capacity. Returns name -> runs (cached by the campaign's
