@@ -155,3 +155,11 @@ def test_usual_winner_null_counts_pairs_of_metrics_with_different_usual_winners(
     out = usual_winner_null(pl.DataFrame(rows), ["s"])
     assert out["usual_winner"] == {"m1": "x", "m2": "x", "m3": "z"}
     assert abs(out["value"] - 2 / 3) < 1e-6 and out["count"] == 9   # (m1,m3) and (m2,m3) differ, (m1,m2) does not
+
+
+def test_stored_profile_files_are_what_the_measured_rows_give(tmp_path):
+    import json
+    from portbench.study.analysis import hardware
+    for path in hardware.write_profile_files(tmp_path):
+        rel = path.relative_to(tmp_path)
+        assert json.loads((ROOT / rel).read_text()) == json.loads(path.read_text()), f"{rel}: rebuild it"

@@ -240,9 +240,6 @@ PROFILE_SPECS: dict[str, ProfileSpec] = {s.name: s for s in (
                 "calibrated directly on the measured A100 Llama-3-8B rows; GQA: KV rarely binds"),
     ProfileSpec("h100_80gb_llama3_8b", "h100_80gb", "llama3_8b",
                 "H100 Llama-2-7B rows scaled by the Llama-3-8B/Llama-2-7B GEMM FLOP ratio"),
-    ProfileSpec("h100_80gb_llama2_7b", "h100_80gb", "llama2_7b",
-                "calibrated directly on the measured H100 Llama-2-7B rows, fitted the same way as "
-                "a100_80gb_llama2_7b on the A100 rows: the A100 -> H100 difference is measured, not assumed"),
 )}
 
 

@@ -32,6 +32,21 @@ from .uncertainty import interval_entry
 
 PROFILES_FILE = "papermill_params/hardware_profiles.yaml"
 HARDWARE_BOOT = 200
+# Profiles stored as data files (portbench.sim.profiles.save_profile) by :func:`write_profile_files`: built the same
+# way as the registered ones (calibration.build_profile) from the measured operator rows; as files, so that adding
+# one does not touch the simulator's code (whose hash is part of every run's key).
+PROFILE_FILES = {
+    "papermill_params/profiles/h100_80gb_llama2_7b.json": profiles_mod.ProfileSpec(
+        "h100_80gb_llama2_7b", "h100_80gb", "llama2_7b",
+        "calibrated directly on the measured H100 Llama-2-7B operator rows (Vidur), fitted the same way as "
+        "a100_80gb_llama2_7b on the A100 rows: the A100 -> H100 difference is measured, not assumed"),
+}
+
+
+def write_profile_files(root: Path) -> list[Path]:
+    """(Re)write the profile files of :data:`PROFILE_FILES` under ``root`` from the measured rows."""
+    return [profiles_mod.save_profile(profiles_mod.build_profile(spec), Path(root) / rel)
+            for rel, spec in PROFILE_FILES.items()]
 
 
 def read_profiles(root: Path) -> list[dict]:
