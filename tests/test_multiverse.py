@@ -163,3 +163,21 @@ def test_stored_profile_files_are_what_the_measured_rows_give(tmp_path):
     for path in hardware.write_profile_files(tmp_path):
         rel = path.relative_to(tmp_path)
         assert json.loads((ROOT / rel).read_text()) == json.loads(path.read_text()), f"{rel}: rebuild it"
+
+
+def test_sampling_error_of_a_window_quantile_shrinks_with_more_requests():
+    import polars as pl
+    from portbench.study.analysis.sampling import sampling_error
+    rng = np.random.default_rng(3)
+    rows = []
+    for w, n in (("small", 100), ("large", 3000)):
+        arr = np.sort(rng.uniform(0, 100, n))
+        ttft = rng.exponential(1.0, n)
+        rows.append(pl.DataFrame({"source": w, "window_id": w, "region": "r", "scheduler": "fcfs", "replicate": 0,
+                                  "arrival_s": arr, "first_token_s": arr + ttft, "finish_s": arr + ttft + 5.0,
+                                  "generated_tokens": 51}))
+    out = sampling_error(pl.concat(rows), 0.05)["metrics"]
+    small, large = out["ttft_p90"]["by_source"]["small"], out["ttft_p90"]["by_source"]["large"]
+    # exponential p90: relative SE ~ sqrt(p (1 - p) / n) / (f(q) q) = sqrt(0.09 / n) / (0.1 x 2.303) ~ 0.13 / sqrt(n/100)
+    assert 0.08 < small < 0.2 and large < small / 3
+    assert out["tpot_p90"]["by_source"]["large"] < 1e-9         # every request's TPOT is the same: no error

@@ -32,7 +32,7 @@ from .power import mde, resolution, warn
 from .reversals import _family_definition, _reversals, tenant_na
 from .ties import RULE_TEXT, deltas, rank, restrict, side_tests, tie_pairs_table, ties_summary
 from .sections import read_sections
-from . import hardware, hygiene, multiverse, paper, ports
+from . import hardware, hygiene, multiverse, paper, ports, sampling
 from .plan import plan_block, plan_path
 
 # The per-panel sections: each is a dict panel -> section; summary["panels"][name] gathers them, and the
@@ -143,6 +143,8 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
                 **robust, "ties": ties, "friedman": fr, "power": {**mdes, "resolution": res, "warnings": res["warnings"]}})
     summary["paper_comparison"] = paper.paper_comparison(summary, tables, config.paths.results_dir)
     summary["across_hardware"] = across_hardware(config)
+    summary["sampling_error"] = sampling.sampling_error(hygiene.load_records(config.paths.results_dir), cfg["delta"],
+                                                        seed=cfg["seed"])
     tick("paper_and_hardware")
     timings["total"] = round(time.perf_counter() - t0, 3)
     meta = {"fingerprint": fingerprint(runs, config), "timings_s": timings}
