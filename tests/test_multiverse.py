@@ -181,3 +181,19 @@ def test_sampling_error_of_a_window_quantile_shrinks_with_more_requests():
     # exponential p90: relative SE ~ sqrt(p (1 - p) / n) / (f(q) q) = sqrt(0.09 / n) / (0.1 x 2.303) ~ 0.13 / sqrt(n/100)
     assert 0.08 < small < 0.2 and large < small / 3
     assert out["tpot_p90"]["by_source"]["large"] < 1e-9         # every request's TPOT is the same: no error
+
+
+def test_the_robustness_sentence_reads_its_numbers_from_the_summary():
+    from portbench.present import robustness_text as rt
+    s = {"multiverse": {"plan_value": {"across_sources": {"concordance": 0.8221}},
+                        "range_multi_metric": {"across_sources": {"min": 0.6805, "max": 0.9093, "forks": 72}},
+                        "range": {"across_sources": {"min": 0.2759, "max": 1.0}}},
+         "headline": {"concordance": {"across_sources": {}}, "uncertainty": {"source_pair_range": [0.78, 0.86]}},
+         "load_distance": {"available": True, "pooled": {"gap_pooled": -0.137},
+                           "like_with_like": {"equal_rho": {"gap": -0.153, "gap_ci": [-0.17, -0.14], "sources": 0.822,
+                                                            "regions_same_distance": 0.975}}}}
+    text = rt.robustness_markdown(s)
+    for want in ("82%", "68% to 91%", "72", "78% to 86%", "-15 points", "98%", "-14 points"):
+        assert want in text, want
+    assert "hardware" not in text                          # not in the summary: not claimed
+    assert "not in this summary" in rt.robustness_markdown({})
