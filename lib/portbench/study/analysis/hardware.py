@@ -25,7 +25,7 @@ from ...data import windows as windows_mod
 from ...data.windows import Manifest
 from ...sim import profiles as profiles_mod
 from .. import campaign, stats
-from .common import panel_sources
+from .common import headline_panel_of, panel_sources
 from .cube import build_cube, metric_names, settings
 from .ties import deltas
 from .uncertainty import interval_entry
@@ -85,16 +85,14 @@ def hardware_dir(results_dir: Path, name: str) -> Path:
     return Path(results_dir) / "hardware" / name
 
 
-def headline_sources(cfg: Config, manifest: Manifest) -> list[str]:
-    """The headline panel's sources (the first available all-real panel of ``analysis.panels``, as the analysis
-    picks it) among the manifest's sources."""
-    from .results import headline_panel_of
-
+def headline_sources(panels: dict, source_names: list[str], manifest: Manifest) -> list[str]:
+    """The headline panel's sources (the first available all-real panel of ``panels``, ``analysis.panels``, as the
+    analysis picks it) among the manifest's sources (``source_names``: ``cfg.source_names()``)."""
     prov = {e["source"]: e.get("provenance", "real") for e in manifest["windows"]}
-    present = [s for s in cfg.source_names() if s in prov]
-    panels = panel_sources({k: list(v) for k, v in cfg.analysis.panels.items()}, present, prov)
-    hp = headline_panel_of(panels, prov)
-    return list(panels[hp]["sources"]) if hp in panels and panels[hp]["available"] else present
+    present = [s for s in source_names if s in prov]
+    pan = panel_sources({k: list(v) for k, v in panels.items()}, present, prov)
+    hp = headline_panel_of(pan, prov)
+    return list(pan[hp]["sources"]) if hp in pan and pan[hp]["available"] else present
 
 
 def run_hardware(cfg: Config, sources, *, manifest: Manifest, progress: bool = True) -> dict[str, pl.DataFrame]:
@@ -155,7 +153,6 @@ def hardware_block(config: AnalysisInputs, runs_by_profile: dict[str, pl.DataFra
             raise DataError(hardware_dir(config.paths.results_dir, n), "the profile's runs cover other schedulers, "
                             "regions or windows than the first profile's: simulate them again (hardware.run_hardware)")
     panels = panel_sources(cfg["panels"], srcs, first.provenance)
-    from .results import headline_panel_of
     hp = headline_panel_of(panels, first.provenance)
     sources = panels[hp]["sources"] if hp in panels and panels[hp]["available"] else srcs
     head = [first.metrics.index(m) for m in cfg["headline_metrics"] if m in first.metrics]

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import yaml
 
-from ... import __version__
 from ...core.errors import DataError
 
 PLAN_FILE = "papermill_params/analysis_plan.yaml"
@@ -58,8 +58,11 @@ def deviations(plan: dict, used: dict) -> dict:
 
 
 def code_version() -> str:
-    """The version of the analysis code a plan is frozen with (``portbench.__version__``)."""
-    return f"portbench {__version__}"
+    """The version of the analysis code a plan is frozen with (the installed portbench's version)."""
+    try:
+        return f"portbench {version('portbench')}"
+    except PackageNotFoundError:
+        return "portbench (not installed)"
 
 
 def freeze(root: Path) -> dict:

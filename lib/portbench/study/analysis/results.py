@@ -25,7 +25,7 @@ from ...sim import schedulers as scheduler_registry
 from .. import campaign, honest, stats
 from .agreement import _cross_region, _cross_source, _rankings_table, _window_values_table
 from .columns import FIGURE_NOTEBOOKS, SCHEMA, TABLES
-from .common import _num, _source_rng, panel_sources, unavailable_reason
+from .common import _num, _source_rng, headline_panel_of, panel_sources, unavailable_reason
 from .cube import Analysis, build_cube, load_runs, metric_names, runs_file_table, settings
 from .metric_agreement import _cross_metric, _friedman, _slo_sensitivity
 from .power import mde, resolution, warn
@@ -168,13 +168,6 @@ def _family_size(family: str, cube, n_sources: int) -> int:
     return per * {"per_metric": R, "per_region": M, "all": R * M}[family]
 
 
-def headline_panel_of(panels: dict, provenance: dict) -> str | None:
-    """The panel the headline numbers come from: the first available panel whose sources are all real
-    (cross-source claims rest first on real data), else the first available one (say, the study's panel with
-    stand-ins when no all-real panel can be formed), else the first configured one."""
-    avail = [n for n, p in panels.items() if p["available"]]
-    real = [n for n in avail if all(provenance.get(s) == "real" for s in panels[n]["sources"])]
-    return (real or avail or list(panels) or [None])[0]
 
 
 def headline_reason(panels: dict, headline: str | None, provenance: dict) -> str:
