@@ -406,7 +406,7 @@ WHOLE_CONFIG_DRIVERS = frozenset({
     "portbench.bench:main", "portbench.bench:_bench_campaign", "portbench.bench:_campaign_once",
     # derive the Config of a sub-campaign (with_overrides) and run it
     "portbench.study.analysis.hygiene:_jitter_config", "portbench.study.analysis.hygiene:run_jitter",
-    "portbench.study.analysis.hygiene:run_equal_information", "portbench.study.honest:_sub_config",
+    "portbench.study.analysis.hygiene:run_equal_information", "portbench.study.analysis.hardware:run_hardware", "portbench.study.honest:_sub_config",
     "portbench.study.engine_sensitivity:variant", "portbench.study.engine_sensitivity:batching_variant",
     "portbench.study.engine_sensitivity:swap_variant", "portbench.study.engine_sensitivity:run_variant",
     "portbench.study.engine_sensitivity:batching_sensitivity", "portbench.study.campaign.run:reuse_capacities",

@@ -42,3 +42,9 @@ def test_congestion_sentence_names_the_lightest_loads_queues_and_says_when_the_r
     assert ct is not None and "no queue column" in s
     assert text.congestion_markdown(None, {}) == (None, "")
     assert text.congestion_markdown({"by_source_region": {}}, {}) == (None, "")
+
+
+def test_an_interval_that_cannot_vary_is_printed_as_a_point():
+    num = numbers.percent(0)
+    assert numbers.with_ci("64%", [0.64, 0.64], num=num) == "64% (the same in every resample: no interval)"
+    assert numbers.with_ci("64%", [0.63, 0.65], num=num) == "64% [63%, 65%]"

@@ -17,7 +17,7 @@ def open_analysis(cfg: Config, *, rankings: bool = False) -> analysis.Analysis:
     from IPython.display import Markdown, display
 
     manifest, why = analysis.stage_manifest(cfg.paths, required=cfg.analysis.runs_file is None)   # once
-    A = analysis.load(cfg, manifest, manifest_error=why)
+    A = analysis.load(cfg, manifest, manifest_error=why, progress=True)   # the steps of a fresh analysis, timed
     display(Markdown(text.banner(A.provenance, A.skipped, A.names)))
     pl.Config.set_fmt_str_lengths(160)
     pl.Config.set_tbl_rows(40)

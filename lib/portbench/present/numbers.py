@@ -22,12 +22,14 @@ def percent(digits: int = 1, sign: bool = True) -> Number:
 def with_ci(value: str, ci: Sequence | None = None, ci_conditions: Sequence | None = None, *, num: Number,
             conditions: str = "slash", count: int | None = None) -> str:
     """``value`` (already formatted) followed by `` [lo, hi]`` (each bound through ``num``) when ``ci`` has both
-    bounds, and the conditions-resampled interval: ``conditions="slash"`` -> `` / [lo, hi]``; ``"words"`` ->
+    bounds (an interval that cannot vary, lower = upper bound, is not printed as one: the value is a point), and
+    the conditions-resampled interval: ``conditions="slash"`` -> `` / [lo, hi]``; ``"words"`` ->
     `` (conditions resampled: [lo, hi])``. With ``count``: `` (n = count)``, or ``(n = count; conditions
     resampled: [lo, hi])`` (the conditions' interval is then only shown there)."""
     out = value
     if ci and ci[0] is not None and ci[1] is not None:
-        out += f" [{num(ci[0])}, {num(ci[1])}]"
+        out += (" (the same in every resample: no interval)" if ci[0] == ci[1]
+                else f" [{num(ci[0])}, {num(ci[1])}]")
     cc = (f"[{num(ci_conditions[0])}, {num(ci_conditions[1])}]"
           if ci_conditions and ci_conditions[0] is not None and ci_conditions[1] is not None else None)
     if count is not None:

@@ -17,7 +17,9 @@ def conc(c: Mapping | None, digits: int = 0) -> str:
         return "n/a (no comparison strong on both sides)"
     ci = c.get("ci") or [None, None]
     out = pct(c["value"], digits)
-    if None not in ci:
+    if None not in ci and (c.get("ci_degenerate") or ci[0] == ci[1]):
+        out += " (the same in every resample)"
+    elif None not in ci:
         out += f" [{100 * ci[0]:.{digits}f}, {100 * ci[1]:.{digits}f}]"
     return out + f" of {c['n']:,}"
 

@@ -64,7 +64,7 @@ def results_markdown(summary: Mapping) -> str:
         + ", ".join(f"{v['n_windows']} {labels[s]}" for s, v in prov.items())
         + f" windows × {len(par['regions'])} regions × {data['replicates']} replicates; "
         f"real sources: {', '.join(real) or 'none'}" + (f"; stand-ins: {', '.join(stand)}" if stand else "")
-        + f". Headline metrics (pre-specified): {', '.join(summary['headline_metrics'])}; headline panel: {panel} "
+        + f". Headline metrics (the analysis plan's, chosen after the first results: see its change log): {', '.join(summary['headline_metrics'])}; headline panel: {panel} "
         + f"({', '.join(labels.get(s, s) for s in (summary.get('panels') or {}).get(panel, {}).get('sources', []))}"
         + (f"; the headline because {summary.get('headline_reason')}"
            if ((summary.get("panels") or {}).get(panel) or {}).get("own_sources") else

@@ -424,7 +424,7 @@ def agreement_markdown(n_schedulers: int) -> str:
 def headline_metrics_markdown(par: Mapping) -> str:
     """Which metrics the headline numbers use, and why (the notebooks' method text)."""
     hm = par.get("headline_metrics") or []
-    return (f"**Headline metrics** (pre-specified in `analysis.headline_metrics`): {', '.join(f'`{m}`' for m in hm)}. "
+    return (f"**Headline metrics** (the analysis plan's `analysis.headline_metrics`, chosen after the first results had been seen): {', '.join(f'`{m}`' for m in hm)}. "
             "TTFT and TPOT are the two latencies a user of a streaming service perceives; the tails are taken at p90 "
             "because a window holds 200 requests, so its p99 is the 2nd–3rd worst request while its p90 rests on 20; "
             "`e2e_mean` is the quantity scheduling theory speaks to (SRPT minimises mean response time); `slo_medium` is "

@@ -308,3 +308,11 @@ def panel_sources(panels: dict, present: list[str], provenance: dict | None = No
                 "extends": base, "own": own}
         out = {"user": user, **{k: v for k, v in out.items() if k != "user"}}
     return out
+
+def headline_panel_of(panels: dict, provenance: dict) -> str | None:
+    """The panel the headline numbers come from: the first available panel whose sources are all real
+    (cross-source claims rest first on real data), else the first available one (say, the study's panel with
+    stand-ins when no all-real panel can be formed), else the first configured one."""
+    avail = [n for n, p in panels.items() if p["available"]]
+    real = [n for n in avail if all(provenance.get(s) == "real" for s in panels[n]["sources"])]
+    return (real or avail or list(panels) or [None])[0]

@@ -53,6 +53,7 @@ INTERVAL_TEXT = {
     "window": "95% percentile hierarchical bootstrap: windows resampled independently within each source (one index "
               "for every region and metric of the source), tests and classes re-run in each of {B} resamples",
 }
+RANDOM_SUBSETS = 20      # random window subsets per size of the windows curve (beside the evenly spaced subset)
 PREDICTOR_POLICIES = ("sjf_predicted", "ltr", "edf")   # the predictor-informed policies (information: predicted)
 DEFINITION = ("each side of a scheduler pair (one source, region and metric) is strong (paired Wilcoxon over windows "
               "significant after {corr} within the ranking, alpha = {alpha}, and effect >= delta), equivalent (paired "
@@ -497,12 +498,18 @@ def headline(cube: Cube, cfg: dict, deltas, na: dict, sources: list[str], metric
 
 def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headline_panel: str | None, metric_idx,
                   *, window_counts=(10, 20, 30, 40), curve_boot: int = 200, control_boot: int = 200,
-                  matched: dict | None = None) -> tuple[dict, dict, pl.DataFrame]:
+                  matched: dict | None = None, congestion: dict | None = None,
+                  random_subsets: int = RANDOM_SUBSETS) -> tuple[dict, dict, pl.DataFrame]:
     """``(headline, controls, table)``: the ``headline`` and ``controls`` blocks of summary.json and the
     per-comparison table, for the headline panel (and the across-sources numbers of every other panel).
     The headline's intervals use ``analysis.bootstrap`` resamples; the windows curve ``curve_boot``, the other
     panels and the controls ``control_boot`` (each re-runs every test per resample). ``matched``: the region
-    pairs of equal congestion (:func:`matched_control`)."""
+    pairs of equal congestion (:func:`matched_control`); ``congestion``: summary.json's congestion block, for the
+    concordance by load distance (``block["load_distance"]``, :mod:`.load_distance`); ``random_subsets``: random
+    window subsets per size of the windows curve (point estimates, :func:`random_subset_curve`)."""
+    from .load_distance import load_distance
+    from .uncertainty import one_side_split, sources_uncertainty
+
     avail = {n: p for n, p in panels.items() if p["available"]}
     name = headline_panel if headline_panel in avail else next(iter(avail), None)
     sources = avail[name]["sources"] if name else list(cube.sources)
@@ -546,6 +553,15 @@ def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headlin
                       "four_way": b["four_way"], "sides": b["sides"]})
     block["by_windows"] = {"definition": f"the headline on n evenly spaced windows per source ({curve_boot} "
                                          "resamples for the intervals; every window: the headline's)", "points": curve}
+    if random_subsets:
+        block["by_windows"]["random_subsets"] = random_subset_curve(cube, cfg, deltas, na, sources, metric_idx,
+                                                                    window_counts, random_subsets)
+    block["by_windows"]["slope_per_10_windows"] = _slope(
+        [(p["windows"], (p.get("across_sources") or {}).get("value")) for p in curve])
+    block["uncertainty"] = sources_uncertainty(point, head_boot, sources)
+    block["one_side_split"] = one_side_split(point, sources)
+    if congestion is not None:
+        block["load_distance"] = load_distance(point, head_boot, sources, cube.regions, congestion)
     controls = {"headline": {k: block["concordance"][k] for k in block["concordance"]}}
     keep = [k for k in cube.schedulers if k not in PREDICTOR_POLICIES]
     b, _ = headline(cube, cfg, deltas, na, sources, metric_idx, keep=keep, details=False, boot=control_boot,
@@ -570,6 +586,53 @@ def compute_block(cube: Cube, cfg: dict, deltas, na: dict, panels: dict, headlin
         if isinstance(c, dict) and "concordance" in c:
             c["bootstrap"] = control_boot
     return block, controls, ports_table(cube, point, sources, metric_idx, name or "all")
+
+
+def _slope(points) -> float | None:
+    """Least-squares slope of the concordance per 10 windows over ``(windows, value)`` points (None with < 2)."""
+    pts = [(n, v) for n, v in points if v is not None]
+    if len(pts) < 2:
+        return None
+    x, y = np.array(pts, float).T
+    return _num(10.0 * np.polyfit(x, y, 1)[0])
+
+
+def random_subset_curve(cube: Cube, cfg: dict, deltas, na: dict, sources: list[str], metric_idx, window_counts,
+                        n_subsets: int) -> dict:
+    """The headline (point estimates) on ``n_subsets`` random subsets of n windows per source for each n of
+    ``window_counts`` below the full count (seeded by ``cfg["seed"]``; Wilcoxon by the normal approximation):
+    mean, 2.5 / 97.5 % quantiles over the subsets, and the slope of the means per 10 windows."""
+    rng = np.random.default_rng([cfg["seed"], 39])
+    ok = _pair_ok(cube, na)
+    sign = cube.sign[metric_idx]
+    scales = [cube.scales[m] for m in metric_idx]
+    dl = np.asarray(deltas)[metric_idx]
+    kw = {"window_size": cfg["window_size"], "alpha": cfg["alpha"], "correction": cfg["tie_correction"], "fast": True}
+    pts = []
+    full = min(len(cube.windows[s]) for s in sources)
+    for n in window_counts:
+        if n >= full:
+            continue
+        vals: dict[str, list] = {"across_sources": [], "across_regions": []}
+        for _ in range(n_subsets):
+            pt = {}
+            for s in sources:
+                w = np.sort(rng.choice(len(cube.windows[s]), n, replace=False))
+                pt[s] = classify(cube.values[s][:, metric_idx][..., w], sign, scales, dl, pair_ok=ok[s], **kw)["classes"]
+            h = headline_numbers(cube, pt, None, sources)
+            for k in vals:
+                vals[k].append((h["concordance"].get(k) or {}).get("value"))
+        row: dict = {"windows": n}
+        for k, v in vals.items():
+            a = np.array([x for x in v if x is not None], float)
+            row[k] = {"mean": _num(a.mean()) if a.size else None,
+                      "q025": _num(np.quantile(a, 0.025)) if a.size else None,
+                      "q975": _num(np.quantile(a, 0.975)) if a.size else None, "subsets": int(a.size)}
+        pts.append(row)
+    return {"definition": f"{n_subsets} random subsets of n windows per source (seeded), point estimates (Wilcoxon by "
+                          "the normal approximation); mean and 2.5-97.5 % range over the subsets",
+            "points": pts,
+            "slope_per_10_windows": _slope([(p["windows"], p["across_sources"]["mean"]) for p in pts])}
 
 
 def matched_control(cube: Cube, point: dict, boot: dict | None, sources: list[str], matched: dict[str, list]) -> dict:

@@ -26,14 +26,14 @@ from ...sim import schedulers as scheduler_registry
 from .. import campaign, honest, stats
 from .agreement import _cross_region, _cross_source, _rankings_table, _window_values_table
 from .columns import FIGURE_NOTEBOOKS, SCHEMA, TABLES
-from .common import _num, _source_rng, panel_sources, unavailable_reason
+from .common import _num, _source_rng, headline_panel_of, panel_sources, unavailable_reason
 from .cube import Analysis, build_cube, load_runs, metric_names, runs_file_table, settings
 from .metric_agreement import _cross_metric, _friedman, _slo_sensitivity
 from .power import mde, resolution, warn
 from .reversals import _family_definition, _reversals, tenant_na
 from .ties import RULE_TEXT, deltas, rank, restrict, side_tests, tie_pairs_table, ties_summary
 from .sections import read_sections
-from . import hygiene, ports
+from . import hardware, hygiene, multiverse, paper, ports, sampling
 from .plan import plan_block, plan_path
 
 # The per-panel sections: each is a dict panel -> section; summary["panels"][name] gathers them, and the
@@ -118,7 +118,9 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
     matched, unmatched = hygiene.split_matches(
         hygiene.matched_queue(congestion, hp.get("sources") or cube.sources, cube.regions), hygiene.MATCH_RATIO)
     headline_block, controls, tables["ports"] = ports.compute_block(cube, cfg, delta, tenant_na(cube), panels,
-                                                                    headline_panel, head, matched=matched)
+                                                                    headline_panel, head, matched=matched,
+                                                                    congestion=congestion)
+    load_dist = headline_block.pop("load_distance", None)
     if "matched_congestion" in controls:
         controls["matched_congestion"].update(
             max_ratio=hygiene.MATCH_RATIO, unmatched=unmatched,
@@ -126,6 +128,14 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
                  f"the two queues (+ 1) are within a factor {hygiene.MATCH_RATIO:g}; a region with no such match is "
                  "left out (unmatched), so every comparison is at the same congestion, not merely the least different")
     tick("headline_what_ports")
+    hsrc = headline_block.get("sources") or cube.sources
+    mv = multiverse.multiverse(cube, cfg, tenant_na(cube), hsrc, [cube.metrics[m] for m in head])
+    robust = {"multiverse": mv, "load_distance": load_dist or {"available": False, "reason": "not computed"},
+              "by_metric": {"definition": "the headline (plan's fork) on each headline metric alone, point estimates "
+                                          "(intervals: headline.breakdowns)",
+                            "metrics": multiverse.by_metrics(mv, [cube.metrics[m] for m in head])},
+              "by_percentile": multiverse.percentile_block(cube, cfg, tenant_na(cube), hsrc)}
+    tick("multiverse")
 
     summary = assemble_summary(
         cube=cube, runs=runs, cfg=cfg, head=head, panels=panels, headline_panel=headline_panel, sections=sections,
@@ -133,10 +143,25 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
         skipped=[s for s in config.source_names() if s not in cube.sources],
         blocks={"headline": headline_block, "controls": controls, "congestion": congestion,
                 "analysis_plan": plan_block(config.paths.root, cfg),
-                "ties": ties, "friedman": fr, "power": {**mdes, "resolution": res, "warnings": res["warnings"]}})
+                **robust, "ties": ties, "friedman": fr, "power": {**mdes, "resolution": res, "warnings": res["warnings"]}})
+    summary["paper_comparison"] = paper.paper_comparison(summary, tables, config.paths.results_dir)
+    summary["across_hardware"] = across_hardware(config)
+    summary["sampling_error"] = sampling.sampling_error(hygiene.load_records(config.paths.results_dir), cfg["delta"],
+                                                        seed=cfg["seed"])
+    tick("paper_and_hardware")
     timings["total"] = round(time.perf_counter() - t0, 3)
     meta = {"fingerprint": fingerprint(runs, config), "timings_s": timings}
     return Analysis(tables=tables, summary=summary, meta=meta)
+
+
+def across_hardware(config: AnalysisInputs) -> dict:
+    """``summary.json["across_hardware"]`` from the profiles' runs simulated by notebook 03
+    (:func:`portbench.study.analysis.hardware.run_hardware`), or why it is not there."""
+    root = config.paths.root
+    if not (Path(root) / hardware.PROFILES_FILE).is_file():
+        return {"available": False, "reason": f"no {hardware.PROFILES_FILE}"}
+    runs = hardware.load_hardware(root, config.paths.results_dir)
+    return hardware.hardware_block(config, runs)
 
 
 def _family_size(family: str, cube, n_sources: int) -> int:
@@ -146,13 +171,6 @@ def _family_size(family: str, cube, n_sources: int) -> int:
     return per * {"per_metric": R, "per_region": M, "all": R * M}[family]
 
 
-def headline_panel_of(panels: dict, provenance: dict) -> str | None:
-    """The panel the headline numbers come from: the first available panel whose sources are all real
-    (cross-source claims rest first on real data), else the first available one (say, the study's panel with
-    stand-ins when no all-real panel can be formed), else the first configured one."""
-    avail = [n for n, p in panels.items() if p["available"]]
-    real = [n for n in avail if all(provenance.get(s) == "real" for s in panels[n]["sources"])]
-    return (real or avail or list(panels) or [None])[0]
 
 
 def headline_reason(panels: dict, headline: str | None, provenance: dict) -> str:
@@ -427,6 +445,33 @@ def jitter_headline(config: AnalysisInputs, runs: pl.DataFrame, what: str = "arr
     """The headline (concordance and four-way table, headline panel) on ``runs``: by default the runs with the
     quantised sources' arrivals spread within their grid (``what``: the control's name)."""
     cfg = settings(config.analysis, config.window_size)
+    # the control's headline re-runs every test in each resample (minutes): kept beside the analysis, keyed by the
+    # runs' content, the settings and the code that computes it, so a notebook re-run reads it
+    key = _control_key(runs, cfg, what)
+    cache = analysis_dir(config.paths.results_dir) / f"control_{what}.json"
+    if cache.is_file():
+        try:
+            got = json.loads(cache.read_text())
+            if got.get("key") == key:
+                return got["block"]
+        except ValueError:
+            pass
+    out = _jitter_headline(config, runs, what, cfg)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    fileio.write_json(cache, {"key": key, "block": out}, indent=None)
+    return out
+
+
+def _control_key(runs: pl.DataFrame, cfg: dict, what: str) -> str:
+    code = b"".join((Path(__file__).parent / f).read_bytes() for f in ("ports.py", "cube.py", "ties.py")) + \
+        (Path(__file__).parents[1] / "stats.py").read_bytes()
+    rows = int(runs.sort(sorted(c for c in ("source", "window_id", "region", "scheduler", "replicate")
+                                if c in runs.columns)).hash_rows(seed=0).sum())
+    return hashlib.sha256(json.dumps([what, rows, runs.height, cfg, JITTER_BOOT, ports.INTERVAL], sort_keys=True,
+                                     default=str).encode() + code).hexdigest()
+
+
+def _jitter_headline(config: AnalysisInputs, runs: pl.DataFrame, what: str, cfg: dict) -> dict:
     cube = build_cube(runs, metric_spec=config.analysis.metrics, all_metrics=metric_names(config.simulation.slo),
                       scheduler_order=config.simulation.schedulers, source_order=config.source_names(),
                       names=config.display_names)
