@@ -201,10 +201,6 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
         raise PortbenchError(f"policy {policy!r} cannot run on the virtual vLLM engine: it is not one of the study's "
                              "built-in policies (plug-ins run on the simulator only)")
     s = VirtualSettings.of(profile, budget=budget, prefix_caching=prefix_caching, hash_block_tokens=hash_block_tokens)
-    base = pv_options.policy_of(policy)
-    copts = class_options(base, options, slo)
-    if online and base == "random":
-        copts["seed"] = int(seed)          # the run's seed: the online draws are the bound run's
     H = float(horizon_s)
     now = 0.0
     n_steps = 0
@@ -223,6 +219,10 @@ def run(window_df: pl.DataFrame, policy: str, profile, *, horizon_s: float, seed
                       f"{type(e).__name__}: {e} in {what} at step {n_steps + 1} (virtual time {now:.6g} s)") from None
 
     if scheduler_cls is None:
+        base = pv_options.policy_of(policy)
+        copts = class_options(base, options, slo)
+        if online and base == "random":
+            copts["seed"] = int(seed)      # the run's seed: the online draws are the bound run's
         cfg = vllm_config(s, copts)
         cls = pv_schedulers.scheduler_class(base)
         sched = cls(cfg, _kv_cache_config(s), StructuredOutputManager(cfg), block_size=s.block_size, log_stats=False)
