@@ -3,7 +3,8 @@ report --readme README.md``; ``make all`` runs it).
 
 Every number in a block is read from the summary the analysis wrote. A block sits between the markers
 ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``, one per name in :data:`BLOCKS` (``study``: what the study
-simulates; ``headline``: the headline in one sentence; ``results``: every headline number), and nothing else in
+simulates; ``headline``: the headline in one sentence; ``robustness``: its range over the forks and the sources-vs-regions
+gap at equal load distance; ``paper``: the original study's findings beside portbench's; ``results``: every headline number), and nothing else in
 the file changes. The README holds the short blocks, ``docs/results.md`` (beside it) the full ``results`` block.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from ..core import outputs
 from ..core.errors import DataError
-from . import numbers, ports_text, text
+from . import numbers, ports_text, robustness_text, text
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
@@ -221,7 +222,8 @@ def headline_markdown(summary: Mapping) -> str:
                if both is not None else "the four-way table is not in this summary."))
 
 
-BLOCKS = {"study": study_markdown, "headline": headline_markdown, "results": results_markdown}
+BLOCKS = {"study": study_markdown, "headline": headline_markdown, "robustness": robustness_text.robustness_markdown,
+          "paper": robustness_text.paper_markdown, "results": results_markdown}
 
 
 def markers(name: str) -> tuple[str, str]:
