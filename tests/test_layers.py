@@ -393,7 +393,7 @@ import settings_reach  # noqa: E402 - the AST scan, shared with the command-line
 WHOLE_CONFIG_DRIVERS = frozenset({
     # command-line, notebook and benchmark entry points, the parameter check, the campaign-level drivers
     "portbench.params:validate_config",
-    "portbench.data.preflight:check", "portbench.data.traces:ingest_all",
+    "portbench.data.preflight:check", "portbench.data.preflight:window_budget", "portbench.data.traces:ingest_all",
     "portbench.data.windows:freeze", "portbench.data.windows:verify",
     "portbench.present.notebook:open_analysis", "portbench.present.plots_analysis:run",
     "portbench.study.analysis.results:load", "portbench.study.analysis.results:write_summary",

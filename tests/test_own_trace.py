@@ -219,7 +219,7 @@ def test_the_readme_example_runs_through_make_all_and_writes_no_tracked_file(tmp
     assert "Traceback" not in out and "KeyboardInterrupt caught in kernel" not in out, out[-4000:]
     assert "mytrace: my_trace.csv has 3,993 records (at most): 19 windows of 200" in out
     assert out.index("19 windows of 200") < out.index("01_ingest.ipynb ...")      # before any notebook
-    run = build / params.load(sized, validate=False).paths.run_name
+    run = build / params.build(params.read(sized)).paths.run_name
     manifest = json.loads((run / "windows" / "manifest.json").read_text())
     counts = {s: sum(e["source"] == s for e in manifest["windows"]) for s in manifest["sources"]}
     assert counts["mytrace"] == 19 and {n for s, n in counts.items() if s != "mytrace"} == {40}

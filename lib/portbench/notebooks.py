@@ -28,8 +28,10 @@ from pathlib import Path
 import yaml
 
 from .core import figindex, io, outputs
+from .core import plugins as _plugins  # noqa: F401 - registers its error classes (_project_error_names)
 from .core.errors import ParameterError, PortbenchError
 from .data import preflight
+from .study.campaign import executors as _executors  # noqa: F401 - its error classes too
 from .params import DEFAULT_FILE, load, project_root, read, undot
 
 DATA_SECTIONS = ("sources", "windows", "standins")
@@ -84,9 +86,6 @@ class NotebookFailed(PortbenchError):
 def _project_error_names() -> set[str]:
     """Names of every project error class (:class:`~portbench.core.errors.PortbenchError` and its subclasses, the
     plug-in and campaign modules' included): an error of one of these in a notebook is a message, not a crash."""
-    from .core import plugins as _plugins  # noqa: F401 - registers its error classes
-    from .study.campaign import executors as _executors  # noqa: F401
-
     names, todo = set(), [PortbenchError]
     while todo:
         c = todo.pop()

@@ -21,10 +21,16 @@ files the campaign's stale-temp cleaner deletes).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+
+try:
+    from .errors import ProtectedFileError
+except ImportError:     # run as a script by `make clean` (no package, no venv): check_write is never called there
+    ProtectedFileError = PermissionError  # type: ignore[misc,assignment]
 
 MARKER = ".portbench-output"
 HEADER = ("# portbench output folder. The lines below are the files portbench wrote here (relative paths);\n"
@@ -139,8 +145,6 @@ def check_write(path: str | os.PathLike, hint: str = "") -> None:
         _TRACKED[key] = tracked_files(root) or set()
     if p.resolve() not in _TRACKED[key]:
         return
-    from .errors import ProtectedFileError
-
     raise ProtectedFileError(
         f"{p.relative_to(root) if _is_within(p, root) else p} is a file of the default study (tracked by git), and "
         f"{_PROTECTED[0]}: a study of your own never writes the default study's files"
@@ -149,8 +153,6 @@ def check_write(path: str | os.PathLike, hint: str = "") -> None:
 
 def copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Copy a file portbench uses into one of its output folders, recorded there (what ``make clean`` removes)."""
-    import shutil
-
     check_write(dst)
     shutil.copyfile(src, dst)
     record(dst)

@@ -515,12 +515,6 @@ class CampaignConfig:
             for k in ("factor", "floor_s"):
                 if k in t and (not _is_num(t[k]) or not t[k] > 0):
                     raise ParameterError(f"campaign.time_limit.{k}", t[k], "a positive number")
-
-    @property
-    def limit(self) -> tuple[float, float]:
-        """``(factor, floor_s)`` of a plug-in's per-run time limit (see :mod:`portbench.study.campaign.executors`)."""
-        t = dict(self.time_limit or {})
-        return float(t.get("factor", 20.0)), float(t.get("floor_s", 60.0))
         _int("campaign.workers", self.workers, 1, "a positive integer (worker processes)")
         a = self.dask_address
         if a is not None and not (isinstance(a, str) and a.strip()):
@@ -529,6 +523,12 @@ class CampaignConfig:
         w = self.windows_per_source
         if w is not None:
             _int("campaign.windows_per_source", w, 1, "null (every window) or a positive integer")
+
+    @property
+    def limit(self) -> tuple[float, float]:
+        """``(factor, floor_s)`` of a plug-in's per-run time limit (see :mod:`portbench.study.campaign.executors`)."""
+        t = dict(self.time_limit or {})
+        return float(t.get("factor", 20.0)), float(t.get("floor_s", 60.0))
 
 
 FAMILIES = ("per_metric", "all", "per_region")

@@ -36,6 +36,7 @@ from ...core import plugins as plugin_loader
 from ...core import procs
 from ...core.config import SimulationConfig
 from ...core.errors import ParameterError, PluginTimeoutError, PortbenchError
+from ...sim import settings as sim_settings
 from .plan import ShardSpec, run_seed
 
 EXECUTORS = ("process", "dask")
@@ -173,8 +174,6 @@ def plugin_limit(ctx: WorkerContext, slowest_builtin_s: float) -> float:
 
 
 def _is_plugin(name: str) -> bool:
-    from ...sim import settings as sim_settings
-
     return sim_settings.is_plugin(name)
 
 
