@@ -210,6 +210,33 @@ def test_summary_of_diverging_cases_with_ints_floats_and_ids():
     assert conformance.summarise([_row("las", "light", None)])["las"]["bit_identical"]
 
 
+def test_a_prefix_cached_divergence_is_counted_apart_and_any_other_fails(capsys, monkeypatch):
+    """`make conform` on its defaults includes Mooncake with prefix caching, which differs by the named cache rule:
+    counted apart, exit 0. A divergence in a case without prefix caching exits 1, whatever else passes."""
+    from portbench import cli
+    from portbench.validation import conformance
+
+    div = {"step": 7, "column": "context_tokens", "simulator": 1.0, "vllm": 2.0}
+    cached = [{**_row("fcfs", "light", div, identical=False), "prefix_caching": True},
+              {**_row("fcfs", "severe", None), "prefix_caching": True},
+              {**_row("fcfs", "light", None), "source": "azure", "window_id": "azure-00", "prefix_caching": False}]
+    s = conformance.summarise(cached)["fcfs"]
+    assert not s["bit_identical"] and s["bit_identical_without_prefix_caching"]
+    assert (s["cases_prefix_cached"], s["cases_prefix_cached_bit_identical"]) == (2, 1)
+    uncached = [*cached[1:], {**_row("fcfs", "busy", div, identical=False), "source": "azure", "prefix_caching": False}]
+    assert not conformance.summarise(uncached)["fcfs"]["bit_identical_without_prefix_caching"]
+
+    def fake_run(rows):
+        return lambda cfg, **kw: {"policies": conformance.summarise(rows), "wall_s": 1.0, "simulator_s": 0.5,
+                                  "vllm_s": 0.5, "vllm_steps_per_s": 100.0}
+
+    monkeypatch.setattr(conformance, "run", fake_run(cached))
+    assert cli.main(["conform"]) == 0
+    assert "1 of 2 cases bit-identical" in capsys.readouterr().out
+    monkeypatch.setattr(conformance, "run", fake_run(uncached))
+    assert cli.main(["conform"]) == 1
+
+
 # --------------------------------------------------------------------------- mutations: the check must catch them
 
 def _reversed_fcfs_tie_break(monkeypatch):
