@@ -703,3 +703,26 @@ def test_what_ports_finds_the_planted_reversal_and_not_the_inconsistent_one(para
     assert all(len(h["concordance"][k]["ci_window"]) == 2 for k in h["concordance"])
     mc = A.summary["controls"]["matched_congestion"]
     assert mc["max_ratio"] == 2.0 and isinstance(mc["unmatched"], list)
+
+
+def test_the_core_analysis_equals_the_whole_one_on_what_it_computes(params_for):
+    """``compute(core=True)`` (the engine-sensitivity comparison's analysis) skips the headline bootstrap, the
+    multiverse, power, Friedman and hardware blocks; what it does compute -- the per-panel sections, the tables and
+    the sensitivity table's numbers -- is the whole analysis' own, and each skipped block says it was not computed."""
+    from portbench.study import engine_sensitivity
+
+    df = small_runs(REVERSAL + INCONSISTENT)
+    P = params_for(df, **{"analysis.bootstrap": 0})
+    whole = analysis.compute(P.analysis_inputs, df)
+    core = analysis.compute(P.analysis_inputs, df, core=True)
+    for key in analysis.PANEL_SECTIONS:
+        assert json.dumps(core.summary[key], sort_keys=True, default=str) == \
+            json.dumps(whole.summary[key], sort_keys=True, default=str), key
+    for name, table in core.tables.items():
+        assert table.equals(whole.tables[name]), name
+    assert engine_sensitivity.headline_numbers(core) == engine_sensitivity.headline_numbers(whole)
+    skipped = analysis.results.CORE_SKIPPED
+    assert {k for k in whole.summary if k not in core.summary or core.summary[k] != whole.summary[k]} - set(skipped) \
+        <= {"figures"}
+    assert all(core.summary[k]["available"] is False for k in skipped)
+    assert "headline" not in core.tables and "ports" not in core.tables and "ports" in whole.tables

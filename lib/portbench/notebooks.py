@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -31,11 +32,13 @@ from .core import figindex, io, outputs
 from .core import plugins as _plugins  # noqa: F401 - registers its error classes (_project_error_names)
 from .core.errors import ParameterError, PortbenchError
 from .data import preflight
+from .sim.engine import ahead
 from .study.campaign import executors as _executors  # noqa: F401 - its error classes too
 from .params import DEFAULT_FILE, load, project_root, read, undot
 
 DATA_SECTIONS = ("sources", "windows", "standins")
 NOTEBOOK_PATTERNS = ("0*.ipynb", "1*.ipynb")     # the numbered notebooks, in pipeline order
+SIMULATION = "03"      # the first notebook that runs the campaign (names compare as strings: 01_.. < 03 <= 03_..)
 
 
 def notebook_paths(only=None) -> list[Path]:
@@ -160,8 +163,15 @@ def run_notebooks(params_file=None, out=None, *, only=None, overrides=None,
           + f": notebooks -> {_rel(out, root)}, results -> {_rel(cfg.paths.results_dir, root)}, "
           f"figures -> {_rel(cfg.paths.figures_dir, root)}, manifest -> {_rel(cfg.paths.manifest, root)}", flush=True)
     done = []
-    with _kernel_environment():
-        for nb in notebook_paths(only):
+    nbs = notebook_paths(only)
+    ahead = _compile_ahead(cfg.simulation.engine.core, nbs, out)
+    with _kernel_environment(), contextlib.ExitStack() as stack:
+        if ahead is not None:
+            stack.callback(_stop, ahead)
+        for nb in nbs:
+            if ahead is not None and nb.name >= SIMULATION:    # the campaign loads what the child compiled
+                ahead.wait()
+                ahead = None
             t0 = time.perf_counter()
             print(f"[portbench] {nb.name} ...", flush=True)
             outputs.record(out / nb.name)      # recorded first: papermill writes the copy even when the notebook fails
@@ -181,6 +191,32 @@ def run_notebooks(params_file=None, out=None, *, only=None, overrides=None,
                   flush=True)
             done.append(out / nb.name)
     return done
+
+
+def _compile_ahead(core: str, nbs: list[Path], out: Path) -> subprocess.Popen | None:
+    """The engine's loops compiled in a low-priority child process (:mod:`portbench.sim.engine.ahead`) while the
+    notebooks before the simulation run -- only when this run includes the simulation and a notebook before it, and
+    the campaign uses the compiled core (``core``: ``simulation.engine.core``). Its output goes to ``<out>/logs/compile_ahead.log``."""
+    names = [nb.name for nb in nbs]
+    if core == "reference" or not any(n >= SIMULATION for n in names) \
+            or not any(n < SIMULATION for n in names):
+        return None
+    log = out / "logs" / "compile_ahead.log"
+    outputs.record(log)            # portbench's own file: make clean removes it
+    try:
+        return ahead.start(log)
+    except OSError:
+        return None         # the campaign compiles itself, as without this
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """A compile still running when the notebooks stop (one failed before the simulation): ended."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _rel(p: Path, root: Path) -> str:

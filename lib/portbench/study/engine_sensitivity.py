@@ -128,13 +128,16 @@ def headline_numbers(A) -> dict:
 def batching_sensitivity(cfg: Config, runs_main: pl.DataFrame, runs_other: pl.DataFrame, *,
                          replicate: int = 0) -> pl.DataFrame:
     """The headline numbers of the study's engine and of the other batching mode side by side, each
-    computed by the study's analysis (no bootstrap: point values) on one replicate, plus the headline
-    study itself (every replicate) for reference."""
+    computed by the study's analysis (its core: the sections these numbers come from; no bootstrap: point values)
+    on one replicate, plus the headline study itself (every replicate) for reference."""
     quick = cfg.with_overrides({"analysis": {"bootstrap": 0}})
     runs_main = runs_main.filter(pl.col("source").is_in(runs_other["source"].unique().to_list()))  # the same sources
-    main = headline_numbers(analysis.compute(quick.analysis_inputs, runs_main))
-    a = headline_numbers(analysis.compute(quick.analysis_inputs, runs_main.filter(pl.col("replicate") == replicate)))
-    b = headline_numbers(analysis.compute(quick.analysis_inputs, runs_other.filter(pl.col("replicate") == replicate)))
+    def numbers(runs: pl.DataFrame) -> dict:
+        return headline_numbers(analysis.compute(quick.analysis_inputs, runs, core=True))
+
+    main = numbers(runs_main)
+    a = numbers(runs_main.filter(pl.col("replicate") == replicate))
+    b = numbers(runs_other.filter(pl.col("replicate") == replicate))
     this, other = cfg.engine.batching, ("v0" if cfg.engine.batching == "v1" else "v1")
 
     def cell(v):

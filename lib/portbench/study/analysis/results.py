@@ -41,9 +41,19 @@ from .plan import plan_block, plan_path
 PANEL_SECTIONS = ("cross_source", "cross_region", "reversals", "cross_metric", "slo_sensitivity")
 
 
-def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progress: bool = False) -> Analysis:
+CORE_SKIPPED = ("friedman", "power", "headline", "controls", "congestion", "multiverse", "load_distance", "by_metric",
+                "by_percentile", "paper_comparison", "across_hardware", "sampling_error")
+
+
+def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progress: bool = False,
+            core: bool = False) -> Analysis:
     """Compute every table and the summary numbers (no files written) of ``runs`` (default: the file
-    ``analysis.runs_file``); ``config``: what the analysis reads (``cfg.analysis_inputs``)."""
+    ``analysis.runs_file``); ``config``: what the analysis reads (``cfg.analysis_inputs``). ``core``: only the
+    rankings, ties and the per-panel sections (cross-source, cross-region, reversals, cross-metric, SLO
+    sensitivity) and their tables -- what a sensitivity campaign compares (:mod:`portbench.study.engine_sensitivity`);
+    the blocks of :data:`CORE_SKIPPED` (the headline "what ports" block with its bootstrap, the multiverse, power,
+    Friedman, hardware, ...) then say ``{"available": False}``. The core's numbers are those of the whole
+    analysis (a test holds them equal)."""
     t0 = time.perf_counter()
     cfg = settings(config.analysis, config.window_size)
     where = cfg["runs_file"] or "campaign runs table"
@@ -104,6 +114,8 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
     tick("cross_metric")
     sections["slo_sensitivity"] = _slo_sensitivity(cube, rk, panels, tables, red)
     tick("slo_sensitivity")
+    if core:
+        return _core_analysis(config, cube, runs, cfg, head, panels, headline_panel, sections, tables, ties, timings, t0)
     rv_head = sections["reversals"].get(headline_panel, {})
     fr = _friedman(cube, cfg, tables, rv_head)
     tick("friedman")
@@ -152,6 +164,22 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
     timings["total"] = round(time.perf_counter() - t0, 3)
     meta = {"fingerprint": fingerprint(runs, config), "timings_s": timings}
     return Analysis(tables=tables, summary=summary, meta=meta)
+
+
+def _core_analysis(config: AnalysisInputs, cube, runs: pl.DataFrame, cfg: dict, head: list[int], panels: dict,
+                   headline_panel: str | None, sections: dict, tables: dict, ties: dict, timings: dict,
+                   t0: float) -> Analysis:
+    """:func:`compute` with ``core=True``: the summary of the sections computed so far, every other block
+    marked as not computed."""
+    skipped = {"available": False, "reason": "not computed: core analysis (rankings and per-panel sections only)"}
+    summary = assemble_summary(
+        cube=cube, runs=runs, cfg=cfg, head=head, panels=panels, headline_panel=headline_panel, sections=sections,
+        names={s: config.display_names.get(s, s) for s in cube.sources},
+        skipped=[s for s in config.source_names() if s not in cube.sources],
+        blocks={"ties": ties, "analysis_plan": plan_block(config.paths.root, cfg),
+                **{k: dict(skipped) for k in CORE_SKIPPED}})
+    timings["total"] = round(time.perf_counter() - t0, 3)
+    return Analysis(tables=tables, summary=summary, meta={"fingerprint": None, "core": True, "timings_s": timings})
 
 
 def across_hardware(config: AnalysisInputs) -> dict:

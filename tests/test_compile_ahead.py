@@ -1,0 +1,31 @@
+"""The engine's loops compiled ahead in a child process while notebooks 01-02 run (portbench.sim.engine.ahead,
+portbench.notebooks): started only when the run includes the simulation and a notebook before it and the campaign
+uses the compiled core; the child leaves numba's disk cache ready and says so in its log; a run that stops early
+ends it."""
+
+from __future__ import annotations
+
+import sys
+
+from portbench import notebooks
+from portbench.notebooks import notebook_paths
+
+
+def test_started_only_when_a_notebook_before_the_simulation_runs_with_the_compiled_core(tmp_path):
+    nbs = notebook_paths()
+    assert notebooks._compile_ahead("auto", [p for p in nbs if p.name >= "03"], tmp_path) is None   # nothing before 03
+    assert notebooks._compile_ahead("auto", [p for p in nbs if p.name < "03"], tmp_path) is None    # no simulation
+    assert notebooks._compile_ahead("reference", nbs, tmp_path) is None                               # no compiled core
+    proc = notebooks._compile_ahead("auto", nbs, tmp_path)
+    assert proc is not None
+    assert proc.wait(timeout=600) == 0
+    log = (tmp_path / "logs" / "compile_ahead.log").read_text()
+    assert "compiled core ready" in log or "compiled core unavailable here" in log, log
+
+
+def test_a_compile_still_running_when_the_notebooks_stop_is_ended(tmp_path):
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    notebooks._stop(proc)
+    assert proc.poll() is not None
