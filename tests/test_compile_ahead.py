@@ -5,6 +5,7 @@ ends it."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 from portbench import notebooks
@@ -24,8 +25,6 @@ def test_started_only_when_a_notebook_before_the_simulation_runs_with_the_compil
 
 
 def test_a_compile_still_running_when_the_notebooks_stop_is_ended(tmp_path):
-    import subprocess
-
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     notebooks._stop(proc)
     assert proc.poll() is not None

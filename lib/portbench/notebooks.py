@@ -164,14 +164,14 @@ def run_notebooks(params_file=None, out=None, *, only=None, overrides=None,
           f"figures -> {_rel(cfg.paths.figures_dir, root)}, manifest -> {_rel(cfg.paths.manifest, root)}", flush=True)
     done = []
     nbs = notebook_paths(only)
-    ahead = _compile_ahead(cfg.simulation.engine.core, nbs, out)
+    compiling = _compile_ahead(cfg.simulation.engine.core, nbs, out)
     with _kernel_environment(), contextlib.ExitStack() as stack:
-        if ahead is not None:
-            stack.callback(_stop, ahead)
+        if compiling is not None:
+            stack.callback(_stop, compiling)
         for nb in nbs:
-            if ahead is not None and nb.name >= SIMULATION:    # the campaign loads what the child compiled
-                ahead.wait()
-                ahead = None
+            if compiling is not None and nb.name >= SIMULATION:    # the campaign loads what the child compiled
+                compiling.wait()
+                compiling = None
             t0 = time.perf_counter()
             print(f"[portbench] {nb.name} ...", flush=True)
             outputs.record(out / nb.name)      # recorded first: papermill writes the copy even when the notebook fails
