@@ -373,3 +373,12 @@ def test_plan_sigma_from_the_pilot(tmp_path):
         plan.pilot_sigma(f, ["slo_medium"])
     with pytest.raises(DataError, match="cannot read"):
         plan.pilot_sigma(tmp_path / "missing.json", ["ttft_p90"])
+    # the file `portbench validate --pilot` itself writes: each metric per source and pooled
+    g = tmp_path / "pilot_run.json"
+    g.write_text(json.dumps({"date": "2026-12-06", "aa_pairs": 12, "region": "overload", "loadavg_start": [0.2, 0.9, 1.2],
+                             "sigma_r": {"ttft_p90": {"azure": 0.016, "pooled": 0.016},
+                                         "e2e_mean": {"azure": 0.04, "pooled": 0.04},
+                                         "tpot_p90": {"azure": 0.0386, "mooncake": 0.01, "pooled": 0.03}}}))
+    s = plan.pilot_sigma(g, ["ttft_p90", "tpot_p90"])
+    assert s["value"] == 0.03 and s["metric"] == "tpot_p90" and s["by_metric"]["ttft_p90"] == 0.016
+    assert "azure, mooncake" in s["source"] and "load average 0.2" in s["source"]

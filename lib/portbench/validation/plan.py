@@ -306,11 +306,14 @@ def entries(doc: Mapping) -> list[dict]:
 
 
 def pilot_sigma(path: Path, metrics: Sequence[str]) -> dict:
-    """A ``sigma_r`` block from the A/A pilot's file (``portbench validate --pilot``): the largest of its per-metric
-    values over ``metrics`` (the cases' metrics), with every value, its date and its machine note."""
+    """A ``sigma_r`` block from the A/A pilot's file (``portbench validate --pilot`` writes ``pilot.json`` with each
+    metric's value per source and ``pooled``; a hand-written file may give one number per metric): the largest of the
+    per-metric (pooled) values over ``metrics`` (the cases' metrics), with every value, its date and its machine note
+    or load average."""
     try:
         d = json.loads(Path(path).read_text())
-        by = {m: float(v) for m, v in d["sigma_r"].items()}
+        by = {m: float(v["pooled"] if isinstance(v, Mapping) else v) for m, v in d["sigma_r"].items()}
+        sources = sorted({s for v in d["sigma_r"].values() if isinstance(v, Mapping) for s in v} - {"pooled"})
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(path, f"cannot read the pilot's sigma_r ({e}): expected its `sigma_r` per metric") from None
     use = [m for m in metrics if m in by]
@@ -318,10 +321,13 @@ def pilot_sigma(path: Path, metrics: Sequence[str]) -> dict:
         raise DataError(path, f"no sigma_r for the cases' metrics {sorted(set(metrics))} (it has {sorted(by)})")
     worst = max(use, key=lambda m: by[m])
     note = (d.get("machine") or {}).get("note", "")
+    load = d.get("loadavg_start")
+    if not note and isinstance(load, list) and load:
+        note = f"load average {float(load[0]):.1f} at its start"
     return {"value": round(by[worst], 4), "metric": worst, "by_metric": by, "measured": True,
             "date": str(d.get("date")), "pairs": d.get("aa_pairs"),
-            "source": f"the A/A pilot ({Path(path).as_posix()}; {d.get('source')}, {d.get('region')}): the largest over "
-                      f"the cases' metrics" + (f"; its note: {note}" if note else "")}
+            "source": f"the A/A pilot ({Path(path).as_posix()}; {d.get('source') or ', '.join(sources)}, "
+                      f"{d.get('region')}): the largest over the cases' metrics" + (f"; its note: {note}" if note else "")}
 
 
 def measured_sigma(value: float, pairs: int, date: str, run: str) -> dict:
