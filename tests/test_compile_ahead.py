@@ -10,9 +10,12 @@ import sys
 
 from portbench import notebooks
 from portbench.notebooks import notebook_paths
+from portbench.sim.engine import ahead
 
 
-def test_started_only_when_a_notebook_before_the_simulation_runs_with_the_compiled_core(tmp_path):
+def test_started_only_when_a_notebook_before_the_simulation_runs_with_the_compiled_core(tmp_path, monkeypatch):
+    # not niced here: beside the test workers a niced child would get almost no CPU (a cold compile is ~50 CPU-s)
+    monkeypatch.setattr(ahead, "NICE", 0)
     nbs = notebook_paths()
     assert notebooks._compile_ahead("auto", [p for p in nbs if p.name >= "03"], tmp_path) is None   # nothing before 03
     assert notebooks._compile_ahead("auto", [p for p in nbs if p.name < "03"], tmp_path) is None    # no simulation
