@@ -31,3 +31,25 @@ def test_a_compile_still_running_when_the_notebooks_stop_is_ended(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     notebooks._stop(proc)
     assert proc.poll() is not None
+
+
+def test_the_wait_for_the_compile_raises_its_priority_back_where_allowed(tmp_path):
+    import os
+
+    import pytest
+
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("only root may raise a process's priority back")
+    ready = tmp_path / "ready"
+    child = ("import os, sys, time\n"
+             "os.nice(10)\n"
+             f"open({str(ready)!r}, 'w').close()\n"
+             "end = time.monotonic() + 60\n"
+             "while os.getpriority(os.PRIO_PROCESS, 0) != 0 and time.monotonic() < end:\n"
+             "    time.sleep(0.05)\n"
+             "print(os.getpriority(os.PRIO_PROCESS, 0))\n")
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    while not ready.exists() and proc.poll() is None:
+        os.sched_yield()
+    notebooks._join(proc)
+    assert proc.returncode == 0 and proc.stdout is not None and proc.stdout.read().strip() == "0"

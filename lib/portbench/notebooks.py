@@ -170,7 +170,7 @@ def run_notebooks(params_file=None, out=None, *, only=None, overrides=None,
             stack.callback(_stop, compiling)
         for nb in nbs:
             if compiling is not None and nb.name >= SIMULATION:    # the campaign loads what the child compiled
-                compiling.wait()
+                _join(compiling)
                 compiling = None
             t0 = time.perf_counter()
             print(f"[portbench] {nb.name} ...", flush=True)
@@ -207,6 +207,15 @@ def _compile_ahead(core: str, nbs: list[Path], out: Path) -> subprocess.Popen | 
         return ahead.start(log)
     except OSError:
         return None         # the campaign compiles itself, as without this
+
+
+def _join(proc: subprocess.Popen) -> None:
+    """Wait for the compile; from now on nothing else of the run needs the CPU, so it runs at normal priority where
+    the system allows raising it back (root; elsewhere it stays niced: on a loaded machine it then waits longer)."""
+    if proc.poll() is None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, proc.pid, 0)
+    proc.wait()
 
 
 def _stop(proc: subprocess.Popen) -> None:
