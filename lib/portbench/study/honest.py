@@ -31,6 +31,8 @@ the seeded synthetic assignment (then labelled synthetic).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -40,6 +42,7 @@ import polars as pl
 from ..core.config import (AnalysisConfig, CampaignConfig, Config, DataSettings, PathsConfig, PredictorsConfig,
                            PredictorTransferConfig, SimulationConfig)
 from ..core.errors import PortbenchError
+from ..core import io
 from ..core.io import write_parquet_atomic
 from ..core.provenance import label
 from ..data import predictors as PR
@@ -291,6 +294,58 @@ def _num(x):
     return None if not np.isfinite(x) else float(f"{x:.6g}")
 
 
+def _accuracy_key(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, manifest: Mapping) -> str:
+    """What :func:`_accuracy_part` depends on: every pair's predictions fingerprint (the ``predictors`` section, the
+    manifest's checksum, the stand-ins' seed, the canonical version, the predictors module's code and the libraries),
+    the accuracy's bootstrap and the noisy oracle's sigma, and this module's code."""
+    fps = [PR.fingerprint_key(PR.fingerprint(P, data.standins, manifest, a, b)) for a, b in PR.all_pairs(manifest)]
+    return io.sha256_hex({"pairs": fps, "bootstrap": int(P.bootstrap), "seed": P.seed,
+                          "sigma": float(sim.predictor_sigma), "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()})[:16]
+
+
+def _accuracy_part(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, *, manifest: Mapping,
+                   workers: int) -> dict:
+    """The part of :func:`predictors_block` that depends on the frozen predictions only: per source its home
+    accuracy, training and checks (``sources``) and every foreign pair's accuracy (``pairs``, ``"a->b"``). Kept beside
+    the predictions (``accuracy__<key>.json``, key :func:`_accuracy_key`): notebook 02 computes it, the analysis
+    (notebook 04) reads it instead of re-training the past-only check and re-reading every training set (~16 s)."""
+    path = PR.predictions_dir(data.paths) / f"accuracy__{_accuracy_key(data, P, sim, manifest)}.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except ValueError:      # a torn or foreign file: computed again and replaced
+            pass
+    frozen = PR.load_predictions(data, P, PR.all_pairs(manifest), manifest=manifest, workers=workers)
+    _, summ = accuracy(data, P, sim, manifest=manifest, workers=workers)
+    stats_ = ("tau", "spearman", "mae_log", "ranker_tau", "ranker_spearman", "noisy_oracle_tau")
+
+    def acc_of(row) -> dict:
+        d = {}
+        for s in stats_:
+            if row.get(s) is None:
+                continue
+            d[s] = _num(row[s])
+            d[f"{s}_ci"] = [_num(row[f"{s}_ci_low"]), _num(row[f"{s}_ci_high"])]
+        d["windows"] = int(row["windows"])
+        return d
+
+    rows = {(r["train"], r["target"]): r for r in summ.iter_rows(named=True)}
+    sources = {}
+    for s in PR.sources_of(manifest):
+        info = frozen[(s, s)].info
+        sources[s] = {"label": info.get("train_label"), **acc_of(rows[(s, s)]), "train_rows": int(info["train_rows"]),
+                      "features": list(info["features"]), "feature_notes": info.get("notes", {}),
+                      "training": info.get("training", {}), "models": info.get("models"),
+                      "regressor": info.get("regressor"), "ranker": info.get("ranker"), "key": info.get("key"),
+                      "repeats": PR.repeat_share(data, P, s, manifest=manifest),
+                      "past_only": PR.past_only_check(data, P, s, manifest=manifest, workers=workers)}
+    pairs = {f"{a}->{b}": {"train": a, "target": b, **acc_of(row), "features": list(frozen[(a, b)].info["features"])}
+             for (a, b), row in rows.items() if a != b}
+    text = json.dumps(io.plain({"sources": sources, "pairs": pairs}))
+    io.write_text(path, text)
+    return json.loads(text)          # the same values whether computed or read
+
+
 def predictors_block(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, analysis: AnalysisConfig, *,
                      manifest: Mapping, main: pl.DataFrame | None = None, workers: int = 1) -> dict:
     """``summary.json["predictors"]``: per source its home predictor's accuracy (tau, spearman, mae_log
@@ -298,9 +353,9 @@ def predictors_block(data: DataSettings, P: PredictorsConfig, sim: SimulationCon
     ``transfer`` every ordered source pair's accuracy and, when the transfer campaign has run (under
     ``data.paths.results_dir``), the mean rank of sjf_predicted / ltr / edf with that predictor (``analysis``:
     headline metrics, rank tolerance; ``main``: the main campaign's runs, :func:`main_runs`, for the check that the
-    transfer campaign's home runs equal them)."""
-    frozen = PR.load_predictions(data, P, PR.all_pairs(manifest), manifest=manifest, workers=workers)
-    _, summ = accuracy(data, P, sim, manifest=manifest, workers=workers)
+    transfer campaign's home runs equal them). The accuracy part is computed once per set of frozen predictions
+    (:func:`_accuracy_part`)."""
+    part = _accuracy_part(data, P, sim, manifest=manifest, workers=workers)
     out: dict = {"definition": (
         "per window: Kendall tau-b and Spearman rho between the frozen predicted output length and the true "
         "one, MAE of natural-log lengths; ranker_* = the LambdaRank score (ltr). Mean over the target's frozen "
@@ -312,36 +367,15 @@ def predictors_block(data: DataSettings, P: PredictorsConfig, sim: SimulationCon
                    "the training requests of the model predicting them (templated traffic, not a leak: no window row "
                    "is a training row); past_only = a real source's predictor trained only on rows before the second "
                    "half of its windows, tau on that half, beside the home predictor's tau there")}
-    stats = ("tau", "spearman", "mae_log", "ranker_tau", "ranker_spearman", "noisy_oracle_tau")
-
-    def acc_of(row) -> dict:
-        d = {}
-        for s in stats:
-            if row.get(s) is None:
-                continue
-            d[s] = _num(row[s])
-            d[f"{s}_ci"] = [_num(row[f"{s}_ci_low"]), _num(row[f"{s}_ci_high"])]
-        d["windows"] = int(row["windows"])
-        return d
-
-    rows = {(r["train"], r["target"]): r for r in summ.iter_rows(named=True)}
-    for s in PR.sources_of(manifest):
-        info = frozen[(s, s)].info
-        out[s] = {"label": info.get("train_label"), **acc_of(rows[(s, s)]), "train_rows": int(info["train_rows"]),
-                  "features": list(info["features"]), "feature_notes": info.get("notes", {}),
-                  "training": info.get("training", {}), "models": info.get("models"),
-                  "regressor": info.get("regressor"), "ranker": info.get("ranker"), "key": info.get("key"),
-                  "repeats": PR.repeat_share(data, P, s, manifest=manifest),
-                  "past_only": PR.past_only_check(data, P, s, manifest=manifest, workers=workers)}
+    out.update(part["sources"])
     transfer = load_transfer(data.paths.results_dir)
     ranks = None
     if transfer is not None:
         ranks = variant_ranks(transfer, list(analysis.headline_metrics), tolerance=analysis.rank_tolerance)
     tr_block: dict = {}
-    for (a, b), row in rows.items():
-        if a == b:
-            continue
-        d = {"train": a, "target": b, **acc_of(row), "features": list(frozen[(a, b)].info["features"])}
+    for name, acc in part["pairs"].items():
+        a, b = acc["train"], acc["target"]
+        d = dict(acc)
         if ranks is not None:
             d["mean_rank"] = {}
             for pol in ORACLE_VARIANT:
@@ -350,7 +384,7 @@ def predictors_block(data: DataSettings, P: PredictorsConfig, sim: SimulationCon
                 own = f.filter(pl.col("variant") == "home")["rank"]
                 if foreign.len():
                     d["mean_rank"][pol] = {"foreign": _num(foreign.mean()), "home": _num(own.mean())}
-        tr_block[f"{a}->{b}"] = d
+        tr_block[name] = d
     out["transfer"] = tr_block
     if ranks is not None:
         T = P.transfer

@@ -45,6 +45,8 @@ import scipy.stats as st
 from scipy import special
 from statsmodels.stats.multitest import multipletests
 
+from ..sim.loops import LazyLoop
+
 ORIENTATION = {"higher": 1.0, "lower": -1.0}
 CORRECTIONS = ("holm", "fdr_bh")
 CI_LEVEL = 0.95
@@ -730,9 +732,9 @@ def tost_from_moments(mean, sd, n, margin) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         se = sd / np.sqrt(n)
         df = np.maximum(n - 1, 1)
-        p_lo = special.stdtr(df, -(mean + margin) / se)          # t survival function
-        p_hi = special.stdtr(df, (mean - margin) / se)
-    p = np.maximum(p_lo, p_hi)
+        # max(P(T <= -(mean + margin) / se), P(T <= (mean - margin) / se)): the t CDF is monotone, so one call
+        # at the larger of the two points (half the work of the headline's resampled TOSTs)
+        p = special.stdtr(df, np.maximum(-(mean + margin) / se, (mean - margin) / se))
     flat = (se == 0) & (n >= 2)
     p = np.where(flat, np.where(np.abs(mean) < margin, 0.0, 1.0), p)
     return np.where((n >= 2) & ~np.isnan(margin), p, np.nan)
@@ -856,6 +858,47 @@ def signed_rank_normal(d) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(p, 0.0, 1.0), np.sign(r_plus - r_minus)
 
 
+def _signed_rank_sums(s, sgn, order, c, signed, n, ties):   # pragma: no cover - compiled (loops.LazyLoop)
+    """The sums of :func:`resampled_signed_rank` as one loop: for every row (sorted keys ``s`` (rows, W), signs
+    ``sgn`` in that order, ``order`` the windows' positions) and resample (window multiplicities ``c`` (B, W)), the
+    tie groups of non-zero |d| in sort order, each with its resampled multiplicity ``tot``, its average rank
+    ``before + (tot + 1) / 2`` and its correction ``tot^3 - tot``. Writes ``signed`` (R+ - R-), ``n`` and ``ties``
+    (B, rows). Every value is a multiple of 1/2 far below 2^52, so the sums are exact whatever their order: the
+    numpy path's numbers, bit for bit (tests)."""
+    rows, W = s.shape
+    for r in range(rows):
+        for b in range(c.shape[0]):
+            cum = 0.0
+            sg = 0.0
+            tt = 0.0
+            j = 0
+            while j < W:
+                if s[r, j] <= 0.0:                       # zero differences (key -1) sort first and drop out
+                    j += 1
+                    continue
+                k = j
+                tot = 0.0
+                ssum = 0.0
+                while k < W and s[r, k] == s[r, j]:
+                    m = c[b, order[r, k]]
+                    tot += m
+                    ssum += m * sgn[r, k]
+                    k += 1
+                sg += ssum * (cum + (tot + 1.0) / 2.0)
+                tt += tot * tot * tot - tot
+                cum += tot
+                j = k
+            signed[b, r] = sg
+            n[b, r] = cum
+            ties[b, r] = tt
+
+
+# :func:`_signed_rank_sums` compiled by numba where numba is loaded (the analysis loads it: ``analysis.compute``),
+# else None and :func:`resampled_signed_rank` takes its numpy path (``loops.NUMBA_LOADED``: a process that runs
+# vLLM's engine in-process must stay free of llvmlite).
+SIGNED_RANK_LOOP = LazyLoop(_signed_rank_sums)
+
+
 def resampled_signed_rank(d, counts) -> tuple[np.ndarray, np.ndarray]:
     """:func:`signed_rank_normal` of every bootstrap resample of ``d`` (rows, W) given as window multiplicities
     ``counts`` (B, W) -- without sorting per resample: a resample's tie groups of |d| are the original groups
@@ -871,6 +914,19 @@ def resampled_signed_rank(d, counts) -> tuple[np.ndarray, np.ndarray]:
     s = np.take_along_axis(key, order, axis=-1)
     sgn = np.take_along_axis(np.sign(np.where(nz, d, 0.0)), order, axis=-1).astype(np.float32)
     nzs = s > 0
+    loop = SIGNED_RANK_LOOP()
+    if loop is not None:
+        shape = (c.shape[0], d.shape[0])
+        signed, n, ties = np.empty(shape), np.empty(shape), np.empty(shape)
+        loop(np.ascontiguousarray(s), np.ascontiguousarray(sgn, dtype=float), np.ascontiguousarray(order),
+             np.ascontiguousarray(c, dtype=float), signed, n, ties)
+    else:
+        signed, n, ties = _signed_rank_sums_numpy(c, order, s, sgn, nzs, W)
+    return _signed_rank_p(signed, n, ties)
+
+
+def _signed_rank_sums_numpy(c, order, s, sgn, nzs, W):
+    """:func:`_signed_rank_sums` with numpy arrays (B, rows, W): the reference path."""
     tied = np.any((s[:, 1:] == s[:, :-1]) & nzs[:, 1:], axis=-1)        # rows with tied non-zero |d|
     cs = c[:, order] * nzs.astype(np.float32)                             # (B, rows, W) multiplicity, zeros dropped
     cum = np.cumsum(cs, axis=-1)
@@ -892,7 +948,10 @@ def resampled_signed_rank(d, counts) -> tuple[np.ndarray, np.ndarray]:
         total = np.take_along_axis(ct, np.broadcast_to(end, ct.shape), -1) - before
         rank[:, t] = before + (total + 1.0) / 2.0
         ties[:, t] = np.sum(np.where(is_end & nzt, total.astype(float) ** 3 - total, 0.0), axis=-1)
-    signed = np.sum(cs * rank * sgn, axis=-1, dtype=float)               # R+ - R-
+    return np.sum(cs * rank * sgn, axis=-1, dtype=float), n, ties            # R+ - R-
+
+
+def _signed_rank_p(signed, n, ties) -> tuple[np.ndarray, np.ndarray]:
     r_plus = (n * (n + 1) / 2.0 + signed) / 2.0
     mean = n * (n + 1) / 4.0
     var = n * (n + 1) * (2 * n + 1) / 24.0 - ties / 48.0

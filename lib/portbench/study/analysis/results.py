@@ -61,6 +61,8 @@ def compute(config: AnalysisInputs, runs: pl.DataFrame | None = None, *, progres
     cube = build_cube(runs, metric_spec=config.analysis.metrics, all_metrics=metric_names(config.simulation.slo),
                       scheduler_order=config.simulation.schedulers, where=str(where),
                       source_order=config.source_names(), names=config.display_names)
+    if not core:   # the headline's resampled signed-rank tests compiled (numba; this process never runs vLLM)
+        stats.SIGNED_RANK_LOOP(may_import=True)
     timings: dict[str, float] = {}
 
     def tick(name):
@@ -450,7 +452,7 @@ def add_design_controls(cfg: AnalysisInputs, data: DataSettings, windows_per_sou
         controls["arrival_jitter"] = jitter_headline(cfg, hygiene.jittered_runs(runs, jit))
     else:
         controls["arrival_jitter"] = {"available": False, "reason": "the jittered runs have not been simulated "
-                                      "(hygiene.run_jitter; notebook 04)"}
+                                      "(hygiene.run_jitter; notebook 03)"}
     eq = hygiene.load_equal_information(cfg.paths.results_dir)
     if eq is not None:
         controls["equal_information"] = {
@@ -461,7 +463,7 @@ def add_design_controls(cfg: AnalysisInputs, data: DataSettings, windows_per_sou
                    "of that noisy length), instead of a predictor whose quality differs from trace to trace"}
     else:
         controls["equal_information"] = {"available": False, "reason": "the oracle variants have not been simulated "
-                                         "(hygiene.run_equal_information; notebook 04)"}
+                                         "(hygiene.run_equal_information; notebook 03)"}
     summary["controls"] = controls
     return summary
 
