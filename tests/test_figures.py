@@ -256,3 +256,25 @@ def test_every_plotting_function_gives_its_figure_a_title(root):
             if makes and not titled:
                 untitled.append(f"{path.name}:{node.name}")
     assert not untitled, f"figures made without a title: {untitled}"
+
+
+def test_across_hardware_figure_names_profiles_and_sources_by_their_labels(tmp_path):
+    """The across-hardware figure on a planted block: every y tick is a display label (a profile's ``label`` from
+    hardware_profiles.yaml, a source's display name), none a raw id (``a100_40gb_…``, ``azure_code``)."""
+    from types import SimpleNamespace
+
+    from portbench.present import plots_robustness
+
+    c = {"value": 0.9, "ci": [0.85, 0.95], "n": 100}
+    prof = {n: {"name": n, "label": lab, "concordance": {"across_sources": c, "across_regions": c}}
+            for n, lab in (("a100_40gb_llama3_1_8b", "A100-40GB · Llama-3.1-8B"), ("h100_80gb_llama2_7b", "H100-80GB · Llama-2-7B"))}
+    summary = {"across_hardware": {"available": True, "across_hardware": c, "profiles": prof,
+                                   "by_profile_pair": {"a100_40gb_llama3_1_8b vs h100_80gb_llama2_7b": c},
+                                   "by_source": {"azure": c, "azure_code": c}}}
+    fig = plots_robustness.across_hardware(SimpleNamespace(figures_dir=tmp_path), summary,
+                                           {"azure": "Azure", "azure_code": "Azure code"})
+    ticks = [t.get_text() for ax in fig.axes for t in ax.get_yticklabels()]
+    plt.close(fig)
+    assert "A100-40GB · Llama-3.1-8B vs H100-80GB · Llama-2-7B" in ticks and "Azure code (all pairs)" in ticks
+    assert "H100-80GB · Llama-2-7B" in ticks
+    assert not [t for t in ticks if "_" in t], ticks

@@ -184,3 +184,50 @@ def test_ks_sanity_of_gamma_gaps_against_scipy():
     w = synth.Renewal("weibull", 2.0, 1.7)
     res = stats.kstest(w.gaps(20_000, synth.rng_from(13)), stats.weibull_min(c=w.shape, scale=w.scale).cdf)
     assert res.pvalue > 1e-4
+
+
+def test_pmf_text_fast_path_reads_what_literal_eval_reads(shared_traces):
+    """EmpiricalPMF.parse reads ServeGen's PMF texts with a regular expression; on the real files (every bucket of the
+    first chunks in ../shared) and on planted edge cases it gives what ast.literal_eval gives -- the same mapping, or
+    the same refusal (leading zeros, underscores, expressions go to literal_eval and fail or pass there)."""
+    import ast
+    import glob
+    import json as _json
+    from pathlib import Path
+
+    from portbench.core.errors import DataError
+    from portbench.data.synth import EmpiricalPMF
+
+    def reference(text):
+        try:
+            obj = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return "refused"
+        if not obj:
+            return None
+        try:
+            return EmpiricalPMF.from_mapping(obj)
+        except DataError:
+            return "refused"
+
+    def fast(text):
+        try:
+            return EmpiricalPMF.parse(text)
+        except DataError:
+            return "refused"
+
+    texts = ["{}", " {}", "{12: 0.5, 40: 0.5}", "{12:0.5,40:5e-1,}", "{1: 1}", "{+3: .5, 7: 5.}", "{3: 1E2, 4: 0}",
+             "{012: 0.5}", "{12: 05}", "{1_000: 0.5}", "{1: 0.5 + 0.5}", "{1: -0.5, 2: 1.5}", "{0: 0.5, 3: 0.5}",
+             "{1: 1e999}", "\n{1: 0.5}", "{1: 0.25, 1: 0.75}", "{-2: 0.5, 4: 0.5}", "{1: 0.5}\n"]
+    root = shared_traces / "servegen"
+    for f in sorted(glob.glob(str(root / "**" / "chunk-*-dataset.json"), recursive=True))[:3]:
+        for fields in _json.loads(Path(f).read_text()).values():
+            texts += [fields["input_tokens"], fields["output_tokens"]]
+    for t in texts:
+        a, b = reference(t), fast(t)
+        if isinstance(a, EmpiricalPMF):
+            assert isinstance(b, EmpiricalPMF), t[:60]
+            assert np.array_equal(a.values, b.values) and np.array_equal(a.probs, b.probs), t[:60]
+        else:
+            assert a == b, (t[:60], a, b)
+    assert len(texts) > 100, "the real ServeGen texts were not found"

@@ -36,6 +36,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -292,6 +293,14 @@ def resample_pairs(n_pool: int, n: int, rng: np.random.Generator,
     return rng.choice(n_pool, size=n, p=w / w.sum())
 
 
+# A PMF text of integer keys and plain decimal numbers ("{12: 0.5, 40: 5e-1}"), read without literal_eval: an
+# integer as Python writes one (no leading zero), a float with a point or an exponent.
+_INT = r"[-+]?(?:0|[1-9]\d*)"
+_NUM = r"[-+]?(?:(?:\d+\.\d*|\.\d+|\d+(?=[eE]))(?:[eE][-+]?\d+)?|(?:0|[1-9]\d*))"
+_PMF_PAIR = re.compile(rf"({_INT})\s*:\s*({_NUM})")
+_PMF_TEXT = re.compile(rf"[ \t]*\{{\s*(?:{_INT}\s*:\s*{_NUM}\s*(?:,\s*|(?=\}})))*\}}\s*")
+
+
 @dataclass(frozen=True)
 class EmpiricalPMF:
     """A PMF over positive integer token counts; ``values`` ascending, ``probs`` summing to 1."""
@@ -331,8 +340,15 @@ class EmpiricalPMF:
     def parse(cls, text: str, where: str = "pmf") -> EmpiricalPMF | None:
         """From the text of a dict (``"{12: 0.5, 40: 0.5}"``); ``None`` for ``"{}"``.
 
-        ``ast.literal_eval`` accepts only literals, so the text can never run code.
+        ``ast.literal_eval`` accepts only literals, so the text can never run code. A text of integer keys and
+        plain decimal numbers only (ServeGen's PMFs) is read by a regular expression instead, ~4x faster, to the
+        same dict (the same keys, values and types; a test holds the two equal); anything else goes to
+        ``literal_eval``.
         """
+        if _PMF_TEXT.fullmatch(text):
+            return cls.from_mapping(
+                {int(k): (float(v) if any(c in v for c in ".eE") else int(v)) for k, v in _PMF_PAIR.findall(text)},
+                where) if _PMF_PAIR.search(text) else None
         try:
             obj = ast.literal_eval(text)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:

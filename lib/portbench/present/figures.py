@@ -8,9 +8,11 @@ notebook that made it and a one-line description (:mod:`portbench.core.figindex`
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+import matplotlib
 import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import seaborn as sns
@@ -119,8 +121,9 @@ def save(fig, name: str, figures_dir: str | Path, *, description: str, notebook:
 
     ``name`` may contain a sub-folder (``"03_simulate/load_curves"``); the first folder is the
     notebook recorded in the index unless ``notebook`` is given. ``description`` is one line
-    saying what the figure shows. The figure stays open (so the notebook shows it) unless ``close``
-    is true. ``measured``: the figure shows timings of this machine (its bytes differ from run to run);
+    saying what the figure shows. Unless ``close`` is true the figure is shown: in a notebook kernel
+    with matplotlib's inline backend as the PNG just saved (:func:`_show_saved`), elsewhere by leaving it open.
+    ``measured``: the figure shows timings of this machine (its bytes differ from run to run);
     it is indexed in its folder's own ``index.json``, not the committed top index (:mod:`~portbench.core.figindex`).
     """
     out = Path(figures_dir)
@@ -136,6 +139,22 @@ def save(fig, name: str, figures_dir: str | Path, *, description: str, notebook:
     figindex.record(out, name, {"name": name, "file": f"{name}.png", "pdf": f"{name}.pdf",
                         "notebook": notebook or (folder if folder != "." else ""),
                         "description": " ".join(description.split())}, measured=measured)
-    if close:
+    if close or _show_saved(Path(paths["png"])):
         plt.close(fig)
     return paths
+
+
+def _show_saved(png: Path) -> bool:
+    """In a notebook kernel drawing with matplotlib's inline backend, show the PNG just saved -- at the size the
+    inline backend would give the figure (``figure.dpi`` / ``savefig.dpi``) -- and answer True (the caller closes
+    the figure): the inline backend would render the figure a third time at the end of the cell (text layout
+    dominates a figure's cost: ~1 s for a heatmap with annotations). Elsewhere (a script, the tests, the validation
+    process) False and nothing happens. Uses IPython only where the kernel has loaded it."""
+    ipd = sys.modules.get("IPython.display")
+    if ipd is None or "inline" not in str(matplotlib.get_backend()).lower():
+        return False
+    data = png.read_bytes()
+    width_px = int.from_bytes(data[16:20], "big")                    # the PNG header's IHDR width
+    scale = float(plt.rcParams["figure.dpi"]) / float(plt.rcParams["savefig.dpi"])
+    ipd.display(ipd.Image(data=data, format="png", width=max(1, round(width_px * scale))))
+    return True

@@ -171,17 +171,25 @@ def what_ports(paths: PathsConfig, summary: Mapping, controls: Mapping | None = 
     return fig
 
 
-def across_hardware(paths: PathsConfig, summary: Mapping, close: bool = False):
+def across_hardware(paths: PathsConfig, summary: Mapping, labels: Mapping[str, str] | None = None,
+                    close: bool = False):
     """Concordance across hardware per profile pair and per source, beside each profile's own across-sources and
-    across-regions concordance. Saved as ``04_cross_workload/across_hardware``; None when not available."""
+    across-regions concordance; profiles by their ``label`` (``hardware_profiles.yaml``), sources by ``labels``
+    (display names). Saved as ``04_cross_workload/across_hardware``; None when not available."""
     hw = summary.get("across_hardware") or {}
     if not hw.get("available"):
         return None
-    fig, axes = figures.figure(1, 2, figsize=(12, 3.8))
+    src = dict(labels or {})
+    prof = {n: str(p.get("label") or n) for n, p in hw["profiles"].items()}
+
+    def pair_label(key: str) -> str:
+        return " vs ".join(prof.get(n, n) for n in key.split(" vs "))
+
+    fig, axes = figures.figure(1, 2, figsize=(13, 3.9))
     pal = sns.color_palette("colorblind")
     ax = axes[0]
-    rows = [("all profile pairs", hw["across_hardware"])] + list(hw["by_profile_pair"].items()) + \
-        [(f"{s} (all pairs)", e) for s, e in hw["by_source"].items()]
+    rows = [("all profile pairs", hw["across_hardware"])] + [(pair_label(k), e) for k, e in hw["by_profile_pair"].items()] + \
+        [(f"{src.get(s, s)} (all pairs)", e) for s, e in hw["by_source"].items()]
     for i, (_, e) in enumerate(rows):
         er = _err(e)
         if er:
@@ -199,11 +207,12 @@ def across_hardware(paths: PathsConfig, summary: Mapping, close: bool = False):
             if er:
                 ax.errorbar(er[0], i + (j - 0.5) * 0.25, xerr=[[er[1]], [er[2]]], fmt="os"[j], color=col, capsize=3,
                             label=k.replace("_", " ") if i == 0 else None)
-    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_yticks(range(len(names)), [prof[n] for n in names], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("concordance on each profile")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))   # below: clear of the points
     ax.set_title("each profile's own headline")
+    fig.suptitle("Does the ranking port across hardware? The same comparisons on other cost profiles", fontsize=11)
     fig.tight_layout()
     figures.save(fig, "04_cross_workload/across_hardware", paths.figures_dir, close=close,
                  description="Concordance across hardware (cost profiles: A100 and H100 fitted from measured operator "

@@ -304,11 +304,12 @@ def _accuracy_key(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig
 
 
 def _accuracy_part(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, *, manifest: Mapping,
-                   workers: int) -> dict:
+                   workers: int, summary: pl.DataFrame | None = None) -> dict:
     """The part of :func:`predictors_block` that depends on the frozen predictions only: per source its home
     accuracy, training and checks (``sources``) and every foreign pair's accuracy (``pairs``, ``"a->b"``). Kept beside
     the predictions (``accuracy__<key>.json``, key :func:`_accuracy_key`): notebook 02 computes it, the analysis
-    (notebook 04) reads it instead of re-training the past-only check and re-reading every training set (~16 s)."""
+    (notebook 04) reads it instead of re-training the past-only check and re-reading every training set (~16 s).
+    ``summary``: :func:`accuracy`'s summary table when the caller has it (notebook 02)."""
     path = PR.predictions_dir(data.paths) / f"accuracy__{_accuracy_key(data, P, sim, manifest)}.json"
     if path.is_file():
         try:
@@ -316,7 +317,7 @@ def _accuracy_part(data: DataSettings, P: PredictorsConfig, sim: SimulationConfi
         except ValueError:      # a torn or foreign file: computed again and replaced
             pass
     frozen = PR.load_predictions(data, P, PR.all_pairs(manifest), manifest=manifest, workers=workers)
-    _, summ = accuracy(data, P, sim, manifest=manifest, workers=workers)
+    summ = accuracy(data, P, sim, manifest=manifest, workers=workers)[1] if summary is None else summary
     stats_ = ("tau", "spearman", "mae_log", "ranker_tau", "ranker_spearman", "noisy_oracle_tau")
 
     def acc_of(row) -> dict:
@@ -347,15 +348,17 @@ def _accuracy_part(data: DataSettings, P: PredictorsConfig, sim: SimulationConfi
 
 
 def predictors_block(data: DataSettings, P: PredictorsConfig, sim: SimulationConfig, analysis: AnalysisConfig, *,
-                     manifest: Mapping, main: pl.DataFrame | None = None, workers: int = 1) -> dict:
+                     manifest: Mapping, main: pl.DataFrame | None = None, workers: int = 1,
+                     accuracy_summary: pl.DataFrame | None = None) -> dict:
     """``summary.json["predictors"]``: per source its home predictor's accuracy (tau, spearman, mae_log
     with CIs, the ranker's tau, the noisy oracle's tau for reference), train rows and features; under
     ``transfer`` every ordered source pair's accuracy and, when the transfer campaign has run (under
     ``data.paths.results_dir``), the mean rank of sjf_predicted / ltr / edf with that predictor (``analysis``:
     headline metrics, rank tolerance; ``main``: the main campaign's runs, :func:`main_runs`, for the check that the
     transfer campaign's home runs equal them). The accuracy part is computed once per set of frozen predictions
-    (:func:`_accuracy_part`)."""
-    part = _accuracy_part(data, P, sim, manifest=manifest, workers=workers)
+    (:func:`_accuracy_part`; ``accuracy_summary``: :func:`accuracy`'s summary of the same predictions, when the caller
+    has computed it)."""
+    part = _accuracy_part(data, P, sim, manifest=manifest, workers=workers, summary=accuracy_summary)
     out: dict = {"definition": (
         "per window: Kendall tau-b and Spearman rho between the frozen predicted output length and the true "
         "one, MAE of natural-log lengths; ranker_* = the LambdaRank score (ltr). Mean over the target's frozen "

@@ -50,8 +50,9 @@ def write_profile_files(root: Path) -> list[Path]:
 
 
 def read_profiles(root: Path) -> list[dict]:
-    """The profiles of :data:`PROFILES_FILE` (each ``name``, ``profile``, ``what``, ``provenance``); DataError naming the
-    file and entry when one is malformed or names no profile."""
+    """The profiles of :data:`PROFILES_FILE` (each ``name``, ``profile``, ``label`` -- the figures' name for it, default
+    ``name`` --, ``what``, ``provenance``); DataError naming the file and entry when one is malformed or names no
+    profile."""
     path = Path(root) / PROFILES_FILE
     try:
         data = yaml.safe_load(path.read_text())
@@ -71,7 +72,8 @@ def read_profiles(root: Path) -> list[dict]:
                 raise DataError(path, f"profiles[{i}] ({e['name']}): {prof} is neither a registered profile ("
                                       f"{', '.join(profiles_mod.PROFILES)}) nor an existing profile JSON")
             prof = str(p)
-        out.append({"name": str(e["name"]), "profile": prof, "what": str(e.get("what", "")),
+        out.append({"name": str(e["name"]), "profile": prof, "label": str(e.get("label") or e["name"]),
+                    "what": str(e.get("what", "")),
                     "provenance": str(e.get("provenance", ""))})
     return out
 
