@@ -52,7 +52,7 @@ def cross_source_row(summary: dict, tables: dict) -> dict:
     if t is not None and t.height and sp:
         f = t.filter((pl.col("panel") == "study") & (pl.col("metric") == sp["metric"]) & pl.col("region").is_in(regions)
                      & pl.col("tau").is_not_nan())
-        for (a, b), g in f.group_by(["source_1", "source_2"]):
+        for (a, b), g in f.group_by(["source_1", "source_2"], maintain_order=True):   # the order of the README row
             preset[f"{a}|{b}"] = _num(g["tau"].mean())
     prov = summary.get("provenance") or {}
     standin = sorted({s for k in default for s in k.split("|") if (prov.get(s) or {}).get("provenance") != "real"})
