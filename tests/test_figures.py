@@ -278,3 +278,28 @@ def test_across_hardware_figure_names_profiles_and_sources_by_their_labels(tmp_p
     assert "A100-40GB · Llama-3.1-8B vs H100-80GB · Llama-2-7B" in ticks and "Azure code (all pairs)" in ticks
     assert "H100-80GB · Llama-2-7B" in ticks
     assert not [t for t in ticks if "_" in t], ticks
+
+
+def test_in_a_notebook_kernel_save_shows_the_saved_png_once_and_closes_the_figure(tmp_path, monkeypatch):
+    """With the inline backend in a kernel, save displays the PNG it wrote (at the inline backend's size: figure.dpi /
+    savefig.dpi of its width) and closes the figure, so the backend does not render it again; elsewhere the figure
+    stays open and nothing is displayed."""
+    import sys
+    from types import SimpleNamespace
+
+    import matplotlib
+
+    shown = []
+    fake = SimpleNamespace(display=lambda obj: shown.append(obj),
+                           Image=lambda data, format, width: SimpleNamespace(data=data, format=format, width=width))
+    fig = _draw()
+    monkeypatch.delitem(sys.modules, "IPython.display", raising=False)
+    figures.save(fig, "nb/plain", tmp_path, description="outside a kernel")
+    assert not shown and plt.fignum_exists(fig.number)                      # a script: left open, nothing shown
+    monkeypatch.setitem(sys.modules, "IPython.display", fake)
+    monkeypatch.setattr(matplotlib, "get_backend", lambda: "module://matplotlib_inline.backend_inline")
+    paths = figures.save(fig, "nb/shown", tmp_path, description="in a kernel")
+    assert len(shown) == 1 and shown[0].data == open(paths["png"], "rb").read()
+    width_px = int.from_bytes(shown[0].data[16:20], "big")
+    assert shown[0].width == round(width_px * plt.rcParams["figure.dpi"] / plt.rcParams["savefig.dpi"]) < width_px
+    assert not plt.fignum_exists(fig.number)
