@@ -93,7 +93,9 @@ def open_page(page: Path, screenshot: Path | None = None, width: int = 1280, hei
     if exe is None:
         raise RuntimeError("no Chromium on PATH: `make browser` installs Debian's chromium")
     url = Path(page).resolve().as_uri()
-    with tempfile.TemporaryDirectory(prefix="portbench-chromium-") as profile:
+    # Chromium's helper processes may still write to the profile after the browser has exited: a cleanup that finds
+    # the folder not yet empty is not the page's failure (it failed test_site once on a busy machine)
+    with tempfile.TemporaryDirectory(prefix="portbench-chromium-", ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen([exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                                  "--no-default-browser-check", "--remote-debugging-port=0", "--remote-allow-origins=*",
                                  f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank"],
